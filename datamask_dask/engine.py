@@ -1,0 +1,229 @@
+"""The DATAMASK learner on one chunk: tensors in, an exact-size mask out. No dataframe, no I/O.
+
+One logit per row; a mask is k draws without replacement from softmax(logits), i.e. the top-k of
+logits + Gumbel noise (Plackett-Luce), so its size is exact by construction. Each step takes a
+batch of the chunk (``partial``), samples ``n_rollout`` masks inside it, scores them with
+``lamb * quality + (1 - lamb) * diversity`` and moves the batch's logits (see ``update``). The
+final mask is the top-k of the learned logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import InputDataError, OptionError
+from .objectives import build_metrics, normalise_quality
+from .options import DataMaskOptions
+
+MIN_BATCH = 256  # a step's batch never has fewer rows than this (or the whole chunk)
+
+
+@dataclass
+class MaskResult:
+    """Output of :func:`learn_mask`.
+
+    Attributes
+    ----------
+    mask : numpy bool array (n,), exactly ``k`` True
+    scores : numpy float32 array (n,), the learned logits (``-inf`` for pruned rows)
+    history : numpy float32 array (n_epochs,), mean in-batch reward of the rollouts per step
+    """
+
+    mask: np.ndarray
+    scores: np.ndarray
+    history: np.ndarray
+
+
+def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = None, *,
+               device: str | torch.device = "cpu", quality_range: tuple[float, float] | None = None,
+               **overrides) -> MaskResult:
+    """Select exactly ``k`` rows of one chunk jointly for quality and diversity (DATAMASK).
+
+    Parameters
+    ----------
+    quality : array-like or tensor (n,)
+        Quality scores, finite; higher is better.
+    embeddings : array-like or tensor (n, d)
+        Embeddings, finite and non-zero; they are L2-normalised here.
+    k : int
+        Rows to select, 1 <= k <= rows left after pruning.
+    options : DataMaskOptions, optional
+        Learner settings; keyword ``overrides`` replace single options.
+    device : str or torch.device
+        ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; the loop runs there end to end.
+    quality_range : (float, float), optional
+        Min and max used to scale quality to [0, 1]; the chunk's own range by default. The Dask
+        operator passes the whole table's range so every partition scores alike.
+
+    Returns
+    -------
+    MaskResult
+    """
+    opts = (options or DataMaskOptions()).replace(**overrides) if overrides else (options or DataMaskOptions())
+    device = torch.device(device)
+    q, emb = _as_inputs(quality, embeddings, device)
+    n = q.shape[0]
+    k = _check_quota(k, n, opts.prune)
+    qn = normalise_quality(q, quality_range)
+
+    # Quality pruning: the worst `prune` share never takes part (ties broken by position).
+    eligible = torch.arange(n, device=device)
+    n_keep = n - int(math.floor(opts.prune * n))
+    if n_keep < n:
+        eligible = torch.sort(torch.argsort(q, descending=True, stable=True)[:n_keep]).values
+    gen = torch.Generator(device=device).manual_seed(opts.seed)
+    logits = _initial_logits(qn[eligible], opts.init)
+    history = _optimise(logits, qn[eligible], emb[eligible], k, opts, gen)
+
+    if opts.final == "sample":
+        chosen = torch.topk(logits + _gumbel(logits.shape, gen, device), k).indices
+    else:
+        chosen = torch.topk(logits, k).indices
+    mask = torch.zeros(n, dtype=torch.bool, device=device)
+    mask[eligible[chosen]] = True
+    scores = torch.full((n,), -math.inf, device=device)
+    scores[eligible] = logits
+    return MaskResult(mask.cpu().numpy(), scores.cpu().numpy().astype(np.float32), history)
+
+
+def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen) -> np.ndarray:
+    """Run the policy-gradient steps in place on ``logits``; return the reward history."""
+    n = logits.shape[0]
+    history = np.zeros(opts.n_epochs, dtype=np.float32)
+    if k == n:
+        return history  # nothing to choose
+    metrics = build_metrics(opts.metric_weights, opts.reference_size)
+    batch = min(n, max(math.ceil(opts.partial * n), min(n, MIN_BATCH)), opts.max_batch)
+    k_batch = min(batch - 1, max(1, round(k * batch / n)))
+    order = torch.empty(0, dtype=torch.long, device=logits.device)
+    for step in range(opts.n_epochs):
+        # Rows are visited in shuffled passes so each takes part equally often.
+        if order.numel() < batch:
+            order = torch.cat([order, torch.randperm(n, generator=gen, device=logits.device)])
+        rows, order = order[:batch], order[batch:]
+        lr = opts.max_lr + (opts.min_lr - opts.max_lr) * step / max(opts.n_epochs - 1, 1)
+        keys = logits[rows][None] + _gumbel((opts.n_rollout, batch), gen, logits.device)
+        idx = keys.topk(k_batch, dim=1).indices  # (G, k_batch), in draw order
+        step_reward, direction = _step_direction(logits[rows], qn[rows], emb[rows], idx, metrics,
+                                                 opts, gen)
+        logits[rows] += lr * direction
+        history[step] = step_reward
+    return history
+
+
+def _step_direction(theta, qn, emb, idx, metrics, opts: DataMaskOptions, gen):
+    """Mean reward of the rollouts and the update direction of the batch's logits."""
+    g, b = idx.shape[0], emb.shape[0]
+    states = [metric.prepare(emb, gen) for metric, _ in metrics]
+    rewards = torch.empty(g, device=emb.device)
+    gains = torch.zeros(b, device=emb.device)
+    for start in range(0, g, opts.rollout_chunk):
+        part = idx[start:start + opts.rollout_chunk]
+        member = torch.zeros((part.shape[0], b), dtype=torch.bool, device=emb.device)
+        member.scatter_(1, part, True)
+        q_sel = qn[part].mean(1)
+        reward = opts.lamb * q_sel
+        if opts.update == "credit":
+            k = part.shape[1]
+            q_gain = (qn[None] - q_sel[:, None]) / torch.where(member, k - 1, k + 1).clamp(min=1)
+            gain = opts.lamb * q_gain.sum(0)
+        for (metric, weight), state in zip(metrics, states, strict=True):
+            reward = reward + (1 - opts.lamb) * weight * metric.rewards(emb, part, state)
+            if opts.update == "credit" and opts.lamb < 1:
+                gain = gain + (1 - opts.lamb) * weight * _sum_rows(metric.gains(emb, part, state, member),
+                                                                  part.shape[0])
+        rewards[start:start + part.shape[0]] = reward
+        if opts.update == "credit":
+            gains += gain
+    if opts.update == "credit":
+        return float(rewards.mean()), _standardise(gains)
+    advantage = _standardise(rewards)
+    if opts.update == "paper":
+        member = torch.zeros((g, b), device=emb.device).scatter_(1, idx, 1.0)
+        return float(rewards.mean()), (advantage @ member) / member.sum(0).clamp(min=1)
+    return float(rewards.mean()), _plackett_luce_direction(theta, idx, advantage)
+
+
+def _sum_rows(gain, n_rollouts):
+    """Sum a metric's (G, b) gains over rollouts; a (1, b) estimate already stands for all of them."""
+    return gain.sum(0) if gain.shape[0] == n_rollouts else gain[0] * n_rollouts
+
+
+def _plackett_luce_direction(theta, idx, advantage):
+    """Exact score-function gradient of the ordered Gumbel-top-k (Plackett-Luce) sample.
+
+    d log P(sigma) / d theta_j = 1[j picked] - p_j * sum_{t <= pos(j)} 1 / Z_t, with Z_t the
+    softmax mass not yet drawn at pick t (pos(j) = k for rows never drawn). It is scaled by the
+    inverse inclusion rate b / k so ``max_lr`` means the same as for the other updates.
+    """
+    g, k = idx.shape
+    b = theta.shape[0]
+    p = torch.exp(theta - theta.max())
+    picked = p[idx]  # (G, k)
+    remaining = p.sum() - torch.cumsum(picked, 1) + picked  # Z_t before pick t
+    cum_inv = torch.cumsum(1.0 / remaining.clamp(min=1e-30), 1)  # (G, k)
+    grad = -p[None] * cum_inv[:, -1:]  # every row, as if never picked
+    grad.scatter_(1, idx, 1.0 - picked * cum_inv)
+    return (advantage @ grad) / g * (b / k)
+
+
+def _standardise(x):
+    std = x.std() if x.numel() > 1 else x.new_tensor(0.0)
+    return (x - x.mean()) / (std + 1e-8)
+
+
+def _gumbel(shape, gen, device):
+    u = torch.rand(shape, generator=gen, device=device).clamp_(1e-20, 1.0 - 1e-7)
+    return -torch.log(-torch.log(u))
+
+
+def _initial_logits(qn, init: str):
+    if init == "same":
+        return torch.zeros_like(qn)
+    return torch.log(qn.clamp(min=1e-3))  # initial probabilities follow quality
+
+
+def _as_inputs(quality, embeddings, device):
+    """Check and convert the chunk to float32 tensors on ``device`` (embeddings L2-normalised)."""
+    q = torch.as_tensor(np.asarray(quality) if not torch.is_tensor(quality) else quality)
+    emb = torch.as_tensor(np.asarray(embeddings) if not torch.is_tensor(embeddings) else embeddings)
+    if q.ndim != 1 or not (q.dtype.is_floating_point or not q.dtype.is_complex and q.dtype != torch.bool):
+        raise InputDataError(f"quality must be a 1-d numeric array, got shape {tuple(q.shape)} "
+                             f"and dtype {q.dtype}")
+    if emb.ndim != 2 or emb.shape[0] != q.shape[0] or emb.shape[1] < 2:
+        raise InputDataError(
+            f"embeddings must be a 2-d array (n rows x d >= 2 dims) with one row per quality score "
+            f"({q.shape[0]}), got shape {tuple(emb.shape)}")
+    if q.shape[0] == 0:
+        raise InputDataError("the chunk is empty: there is nothing to select from")
+    q = q.to(device=device, dtype=torch.float32)
+    emb = emb.to(device=device, dtype=torch.float32)
+    bad = (~torch.isfinite(q)).nonzero().flatten()
+    if bad.numel():
+        raise InputDataError(f"quality has {bad.numel()} NaN or infinite value(s) at rows "
+                             f"{bad[:5].tolist()}: fill or drop them before selecting")
+    bad = (~torch.isfinite(emb).all(1)).nonzero().flatten()
+    if bad.numel():
+        raise InputDataError(f"embeddings have NaN or infinite values in {bad.numel()} row(s), first "
+                             f"{bad[:5].tolist()}: re-embed or drop those rows")
+    norms = emb.norm(dim=1, keepdim=True)
+    bad = (norms[:, 0] == 0).nonzero().flatten()
+    if bad.numel():
+        raise InputDataError(f"embeddings are all-zero in {bad.numel()} row(s), first {bad[:5].tolist()}: "
+                             "a zero vector has no direction; re-embed or drop those rows")
+    return q, emb / norms
+
+
+def _check_quota(k, n, prune) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise OptionError(f"quota k={k!r} must be an integer")
+    n_keep = n - int(math.floor(prune * n))
+    if not 1 <= k <= n_keep:
+        raise OptionError(
+            f"quota k={k} is out of range: it must be between 1 and the {n_keep} row(s) left after "
+            f"pruning {prune:.0%} of {n}; lower the ratio or the prune share")
+    return int(k)

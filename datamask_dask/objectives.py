@@ -1,0 +1,276 @@
+"""The joint objective: quality plus diversity metrics, batched over rollouts, never n x n.
+
+Every term lies in [0, 1] so that ``lamb`` means what it says:
+
+- quality(U)  = mean over U of the min-max normalised quality score (range of the chunk, or of
+  the whole table when the Dask operator passes it);
+- Pair_simi   = 1 - mean pairwise cosine similarity of U (computed from w = sum of U's unit
+  vectors: sum_{i != j} s_ij = |w|^2 - k, so O(k d));
+- Facility    = mean over a reference set V of max over U of the cosine similarity clamped at 0
+  (V is every row when evaluating, a sample of the batch while learning);
+- DiSF        = 1 - mean squared off-diagonal entry of the d x d correlation matrix of U's
+  standardised features (DiSF, Fan et al., ICLR 2025).
+
+A metric is an object with four methods (see :class:`DiversityMetric`); users register their own
+with :func:`register_metric`, and ``algorithm={"Facility": 0.7, "DiSF": 0.3}`` combines several.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from .errors import OptionError
+
+Tensor = torch.Tensor
+_EVAL_BLOCK = 4096  # rows of the chunk compared with the selection at once when evaluating
+
+
+class DiversityMetric:
+    """Interface of a diversity metric; higher values mean a more diverse set, ideally in [0, 1].
+
+    Subclasses implement :meth:`rewards`. Overriding :meth:`gains` with the exact marginal gain of
+    each row makes the default ``update="credit"`` learner much more sample-efficient; the default
+    estimates it from the rewards alone (mean reward of the rollouts with the row minus without).
+    """
+
+    name = "metric"
+
+    def prepare(self, emb: Tensor, generator: torch.Generator) -> object:
+        """Per-step precomputation on the batch embeddings ``emb`` (b x d); returned as ``state``."""
+        return None
+
+    def rewards(self, emb: Tensor, idx: Tensor, state: object) -> Tensor:
+        """Diversity of each rollout: ``idx`` (G x k) indexes rows of ``emb``; returns (G,)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rewards()")
+
+    def gains(self, emb: Tensor, idx: Tensor, state: object, member: Tensor) -> Tensor:
+        """Marginal gain of each batch row for each rollout, f(U + j) - f(U - j); (G x b) or (1 x b).
+
+        ``member`` (G x b, bool) tells which rows each rollout holds.
+        """
+        reward = self.rewards(emb, idx, state)
+        centred = (reward - reward.mean())[:, None]
+        inside = member.to(reward.dtype)
+        n_in = inside.sum(0).clamp(min=1)
+        n_out = (1 - inside).sum(0).clamp(min=1)
+        return ((centred * inside).sum(0) / n_in - (centred * (1 - inside)).sum(0) / n_out)[None]
+
+    def evaluate(self, emb: Tensor, selected: Tensor) -> float:
+        """Diversity of one selection (indices into ``emb``) measured on the whole chunk."""
+        return float(self.rewards(emb, selected[None], self.prepare(emb, _fixed_generator(emb)))[0])
+
+
+class PairSimi(DiversityMetric):
+    """1 - mean pairwise cosine similarity of the selected unit vectors."""
+
+    name = "Pair_simi"
+
+    def rewards(self, emb, idx, state):
+        k = idx.shape[1]
+        w = emb[idx].sum(1)  # (G, d)
+        pair_sum = (w * w).sum(1) - k
+        return 1.0 - pair_sum / max(k * (k - 1), 1)
+
+    def gains(self, emb, idx, state, member):
+        k = idx.shape[1]
+        w = emb[idx].sum(1)  # (G, d)
+        pair_sum = ((w * w).sum(1) - k)[:, None]
+        dots = w @ emb.T  # e_j . w, (G, b)
+        mean_with = pair_sum / max(k * (k - 1), 1)
+        # A member j leaves: its k - 1 similarities go, twice. A non-member joins: k new ones, twice.
+        mean_without = (pair_sum - 2 * (dots - 1)) / max((k - 1) * (k - 2), 1)
+        mean_plus = (pair_sum + 2 * dots) / ((k + 1) * k)
+        return torch.where(member, mean_without - mean_with, mean_with - mean_plus)
+
+    def evaluate(self, emb, selected):
+        return float(self.rewards(emb, selected[None], None)[0])
+
+
+class Facility(DiversityMetric):
+    """Facility location: mean over a reference set of the best clamped similarity to U."""
+
+    name = "Facility"
+
+    def __init__(self, reference_size: int = 1024):
+        self.reference_size = reference_size
+
+    def prepare(self, emb, generator):
+        b = emb.shape[0]
+        m = min(b, self.reference_size)
+        ref = torch.randperm(b, generator=generator, device="cpu")[:m].to(emb.device)
+        return (emb[ref] @ emb.T).clamp_(min=0)  # (m, b)
+
+    def rewards(self, emb, idx, state):
+        return state[:, idx].amax(-1).mean(0)
+
+    def gains(self, emb, idx, state, member):
+        m, k = state.shape[0], idx.shape[1]
+        gathered = state[:, idx]  # (m, G, k)
+        if k > 1:
+            top = gathered.topk(2, dim=-1)
+            best, second, arg = top.values[..., 0], top.values[..., 1], top.indices[..., 0]
+        else:
+            best, arg = gathered[..., 0], torch.zeros_like(gathered[..., 0], dtype=torch.long)
+            second = torch.zeros_like(best)
+        # Joining: how much j raises each reference row's best similarity.
+        gain = (state[:, None, :] - best[:, :, None]).clamp_(min=0).sum(0)  # (G, b)
+        # Leaving: a member loses what it alone provides (best - second where it is the best).
+        owner = idx.gather(1, arg.T)  # (G, m) batch row that is best for each reference row
+        gain.scatter_add_(1, owner, (best - second).T)
+        return gain / m
+
+    def evaluate(self, emb, selected):
+        sel = emb[selected]
+        total = 0.0
+        for start in range(0, emb.shape[0], _EVAL_BLOCK):
+            block = emb[start:start + _EVAL_BLOCK] @ sel.T
+            total += float(block.amax(1).clamp(min=0).sum())
+        return total / emb.shape[0]
+
+
+class DiSF(DiversityMetric):
+    """1 - mean squared off-diagonal correlation between feature dimensions over U."""
+
+    name = "DiSF"
+
+    @staticmethod
+    def _standardise(x: Tensor) -> Tensor:
+        x = x - x.mean(-2, keepdim=True)
+        std = x.pow(2).mean(-2, keepdim=True).sqrt()
+        # A dimension constant over U carries no correlation: leave it at 0 instead of NaN.
+        return x / torch.where(std > 0, std, torch.ones_like(std))
+
+    def _offdiag_parts(self, z: Tensor):
+        """Gram-side form: sum_ab C_ab^2 = |Z Z^T|_F^2 / k^2 (cheap when k < d)."""
+        k, d = z.shape[-2], z.shape[-1]
+        gram = z @ z.transpose(-1, -2)  # (G, k, k)
+        diag_c = z.pow(2).sum(-2) / k  # C_aa, (G, d)
+        total = gram.pow(2).sum((-1, -2)) / k**2
+        return gram, (total - diag_c.pow(2).sum(-1)) / (d * (d - 1))
+
+    def rewards(self, emb, idx, state):
+        z = self._standardise(emb[idx])
+        if idx.shape[1] > z.shape[-1]:
+            return torch.stack([torch.tensor(self._evaluate_z(zg), device=emb.device) for zg in z])
+        return 1.0 - self._offdiag_parts(z)[1]
+
+    def gains(self, emb, idx, state, member):
+        # First order: j adds (or, as a member, takes away) its row and column of the k x k Gram
+        # matrix of standardised features; the shift of U's per-dimension mean and std is ignored.
+        k, d = idx.shape[1], emb.shape[1]
+        x = emb[idx]
+        mean = x.mean(1, keepdim=True)
+        std = (x - mean).pow(2).mean(1, keepdim=True).sqrt()
+        std = torch.where(std > 0, std, torch.ones_like(std))
+        z_u = (x - mean) / std  # (G, k, d)
+        z_all = (emb[None] - mean) / std  # (G, b, d)
+        cross = z_all @ z_u.transpose(1, 2)  # (G, b, k)
+        row = cross.pow(2).sum(-1)
+        self_sq = z_all.pow(2).sum(-1).pow(2)
+        change = torch.where(member, 2 * row - self_sq, 2 * row + self_sq) / (k * k * d * (d - 1))
+        return -change  # both a member's stay and a newcomer's arrival add correlation mass
+
+    def _evaluate_z(self, z: Tensor) -> float:
+        k, d = z.shape
+        corr = (z.T @ z) / k
+        off = corr.pow(2).sum() - torch.diagonal(corr).pow(2).sum()
+        return float(1.0 - off / (d * (d - 1)))
+
+    def evaluate(self, emb, selected):
+        return self._evaluate_z(self._standardise(emb[selected].double()))
+
+
+_REGISTRY: dict[str, type[DiversityMetric] | DiversityMetric] = {}
+
+
+def register_metric(name: str, metric: type[DiversityMetric] | DiversityMetric) -> None:
+    """Make ``algorithm=name`` (case-insensitive) use ``metric`` (a class or an instance)."""
+    _REGISTRY[name.lower()] = metric
+
+
+for _cls, _aliases in ((PairSimi, ("pair_simi", "pairsimi", "pair", "pairwise")),
+                       (Facility, ("facility", "facility_location", "fl")),
+                       (DiSF, ("disf",))):
+    for _alias in _aliases:
+        register_metric(_alias, _cls)
+
+
+def resolve_metrics(algorithm) -> list[tuple[str, float]]:
+    """Normalise ``algorithm`` to a list of (registered name, weight), weights summing to 1."""
+    items = algorithm.items() if isinstance(algorithm, Mapping) else [(algorithm, 1.0)]
+    out = []
+    for name, weight in items:
+        if not isinstance(name, str) or name.lower() not in _REGISTRY:
+            raise OptionError(
+                f"option algorithm={name!r} is unknown: use one of DiSF, Facility, Pair_simi, "
+                f"a name registered with register_metric() ({sorted(_REGISTRY)}), or a mapping "
+                "{name: weight}")
+        if not (isinstance(weight, int | float) and weight > 0):
+            raise OptionError(f"option algorithm: weight of {name!r} must be > 0, got {weight!r}")
+        out.append((name.lower(), float(weight)))
+    total = sum(w for _, w in out)
+    if not out:
+        raise OptionError("option algorithm is empty: name at least one metric")
+    return [(n, w / total) for n, w in out]
+
+
+def build_metrics(metric_weights, reference_size: int = 1024) -> list[tuple[DiversityMetric, float]]:
+    """Instantiate the resolved metrics."""
+    out = []
+    for name, weight in metric_weights:
+        metric = _REGISTRY[name]
+        if isinstance(metric, type):
+            metric = metric(reference_size) if metric is Facility else metric()
+        out.append((metric, weight))
+    return out
+
+
+def normalise_quality(quality: Tensor, quality_range: tuple[float, float] | None = None) -> Tensor:
+    """Min-max scale quality to [0, 1] (by the chunk's range unless ``quality_range`` is given)."""
+    lo, hi = (float(quality.min()), float(quality.max())) if quality_range is None else quality_range
+    if hi <= lo:
+        return torch.full_like(quality, 0.5)
+    return ((quality - lo) / (hi - lo)).clamp_(0, 1)
+
+
+def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float = 0.5,
+                       quality_range=None, device="cpu") -> dict:
+    """Objective of any selection, on the whole chunk (for Facility the reference set is every row).
+
+    Parameters
+    ----------
+    quality : array-like (n,)
+    embeddings : array-like (n, d), rows L2-normalised
+    selected : array-like of bool (n,) or of int indices
+    algorithm, lamb, quality_range
+        As for the learner.
+
+    Returns
+    -------
+    dict
+        ``objective`` (lamb * quality + (1 - lamb) * diversity), ``quality``, ``diversity`` and
+        each metric's value under ``metrics``.
+    """
+    q = torch.as_tensor(np.asarray(quality), dtype=torch.float32, device=device)
+    emb = torch.as_tensor(np.asarray(embeddings), dtype=torch.float32, device=device)
+    sel = torch.as_tensor(np.asarray(selected), device=device)
+    if sel.dtype == torch.bool:
+        sel = sel.nonzero().flatten()
+    sel = sel.long()
+    if sel.numel() == 0:
+        raise OptionError("selected is empty: evaluate a selection of at least one row")
+    metrics = {}
+    diversity = 0.0
+    for metric, weight in build_metrics(resolve_metrics(algorithm)):
+        metrics[metric.name] = metric.evaluate(emb, sel)
+        diversity += weight * metrics[metric.name]
+    qual = float(normalise_quality(q, quality_range)[sel].mean())
+    return {"objective": lamb * qual + (1 - lamb) * diversity, "quality": qual,
+            "diversity": diversity, "metrics": metrics}
+
+
+def _fixed_generator(emb: Tensor) -> torch.Generator:
+    return torch.Generator(device="cpu").manual_seed(0)

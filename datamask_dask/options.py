@@ -1,0 +1,118 @@
+"""Options of the mask learner, with the reference tool's names, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import OptionError
+
+UPDATES = ("credit", "paper", "plackett_luce")
+INITS = ("quality", "same")
+FINALS = ("topk", "sample")
+
+
+@dataclass(frozen=True)
+class DataMaskOptions:
+    """Settings of one DATAMASK run (names follow the paper's reference command).
+
+    Parameters
+    ----------
+    n_epochs : int
+        Optimisation steps.
+    partial : float
+        Share of the chunk that takes part in each step, in (0, 1]. Rollouts and rewards are
+        computed inside that batch and only its logits move.
+    algorithm : str or mapping
+        Diversity metric: ``"DiSF"``, ``"Facility"``, ``"Pair_simi"`` (case-insensitive), a
+        registered user metric, or a mapping ``{name: weight}`` combining several.
+    max_lr, min_lr : float
+        Learning rate, decayed linearly from ``max_lr`` to ``min_lr`` over ``n_epochs`` steps.
+    lamb : float
+        Weight of quality in the reward, in [0, 1]: ``lamb * quality + (1 - lamb) * diversity``.
+    n_rollout : int
+        Masks sampled per step (G). At least 2: advantages are standardised within the group.
+    init : {"quality", "same"}
+        Initial logits: log of the normalised quality, or all zero.
+    prune : float
+        Share of the chunk, worst quality first, made ineligible before learning, in [0, 1).
+    seed : int
+        Seed of every random draw; the same seed gives the same selection.
+    update : {"credit", "paper", "plackett_luce"}
+        ``"paper"``: each logit moves by the mean group advantage of the rollouts that contained
+        it (the published method). ``"plackett_luce"``: the exact score-function gradient of the
+        ordered Plackett-Luce sample. ``"credit"`` (default): each selected row is credited with
+        its own leave-one-out contribution to the reward, a far less noisy signal (see README).
+    final : {"topk", "sample"}
+        Final mask: top-k of the learned logits, or one Gumbel-top-k draw from them.
+    max_batch : int
+        Upper bound on the rows of one step's batch, so memory stays bounded for any chunk size.
+    reference_size : int
+        Rows of the batch used as the reference set of ``Facility`` in each step.
+    rollout_chunk : int
+        Rollouts evaluated at once; bounds the memory of the reward computation.
+    """
+
+    n_epochs: int = 300
+    partial: float = 0.1
+    algorithm: str | Mapping[str, float] = "Pair_simi"
+    max_lr: float = 10.0
+    min_lr: float = 1.0
+    lamb: float = 0.5
+    n_rollout: int = 64
+    init: str = "quality"
+    prune: float = 0.0
+    seed: int = 0
+    update: str = "credit"
+    final: str = "topk"
+    max_batch: int = 8192
+    reference_size: int = 1024
+    rollout_chunk: int = 32
+    metric_weights: tuple = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        from .objectives import resolve_metrics
+
+        _check(self.n_epochs >= 1, "n_epochs", self.n_epochs, "an integer >= 1")
+        _check(0 < self.partial <= 1, "partial", self.partial, "a share in (0, 1]")
+        _check(self.max_lr >= self.min_lr >= 0, "max_lr/min_lr", (self.max_lr, self.min_lr),
+               "0 <= min_lr <= max_lr")
+        _check(0 <= self.lamb <= 1, "lamb", self.lamb, "a weight in [0, 1]")
+        _check(self.n_rollout >= 2, "n_rollout", self.n_rollout,
+               "an integer >= 2 (advantages are standardised within the group; the paper uses 128)")
+        _check(0 <= self.prune < 1, "prune", self.prune, "a share in [0, 1)")
+        _check(self.init in INITS, "init", self.init, f"one of {INITS}")
+        _check(self.update in UPDATES, "update", self.update, f"one of {UPDATES}")
+        _check(self.final in FINALS, "final", self.final, f"one of {FINALS}")
+        _check(self.max_batch >= 2, "max_batch", self.max_batch, "an integer >= 2")
+        _check(self.reference_size >= 1, "reference_size", self.reference_size, "an integer >= 1")
+        _check(self.rollout_chunk >= 1, "rollout_chunk", self.rollout_chunk, "an integer >= 1")
+        # Resolve metric names now so a typo fails before any compute.
+        object.__setattr__(self, "metric_weights", tuple(resolve_metrics(self.algorithm)))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping) -> DataMaskOptions:
+        """Build options from a mapping, rejecting unknown keys with the list of known ones."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"metric_weights"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise OptionError(f"unknown option(s) {unknown}; known options are {sorted(known)}")
+        return cls(**dict(values))
+
+    def replace(self, **changes) -> DataMaskOptions:
+        """A copy with some options changed (validated again)."""
+        return DataMaskOptions.from_mapping({**self.as_dict(), **changes})
+
+    def as_dict(self) -> dict:
+        """The options as plain data (for manifests and configs)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out.pop("metric_weights")
+        if isinstance(out["algorithm"], Mapping):
+            out["algorithm"] = dict(out["algorithm"])
+        return out
+
+
+def _check(ok: bool, name: str, value, expected: str) -> None:
+    if not ok:
+        raise OptionError(f"option {name}={value!r} is invalid: expected {expected}")
