@@ -75,11 +75,36 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     n_keep = n - int(math.floor(opts.prune * n))
     if n_keep < n:
         eligible = torch.sort(torch.argsort(q, descending=True, stable=True)[:n_keep]).values
+    if opts.lamb == 1:
+        # Pure quality: the mean-quality objective is maximised exactly by quality top-k.
+        mask = torch.zeros(n, dtype=torch.bool, device=device)
+        mask[torch.argsort(q, descending=True, stable=True)[:k]] = True
+        scores = torch.where(mask, qn, qn - 2.0)  # the chosen rows rank first
+        return MaskResult(mask.cpu().numpy(), scores.cpu().numpy().astype(np.float32),
+                          np.zeros(0, dtype=np.float32))
     gen = torch.Generator(device=device).manual_seed(opts.seed)
     logits = _initial_logits(qn[eligible], opts.init)
-    history = _optimise(logits, qn[eligible], emb[eligible], k, opts, gen)
-
-    if opts.final == "sample":
+    q_e, emb_e = qn[eligible], emb[eligible]
+    history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
+                              partial=opts.partial, lr=(opts.max_lr, opts.min_lr))
+    pool_size = min(logits.shape[0], math.ceil(opts.refine * k))
+    if opts.refine and pool_size > k and best is None:  # best is set when one batch held every row
+        # Refine: learn again, every step over the whole pool of the best candidates, with the
+        # reference rows drawn from the whole chunk. Rows learned in different batches never met
+        # in the first stage; here near-duplicates compete and only one keeps a high logit.
+        pool = torch.topk(logits, pool_size).indices
+        pool_logits = logits[pool]
+        refined, best = _optimise(pool_logits, q_e[pool], emb_e[pool], k, opts, gen,
+                                  n_steps=opts.refine_epochs, partial=1.0,
+                                  lr=(opts.refine_lr, opts.refine_lr / 10),
+                                  reference=_sample_rows(emb_e, opts.refine_reference, gen))
+        history = np.concatenate([history, refined])
+        best = None if best is None else pool[best]
+        # Rows outside the pool stay below every pool row.
+        logits[pool] = pool_logits - pool_logits.min() + logits.max() + 1.0
+    if opts.final == "best" and best is not None:
+        chosen = best
+    elif opts.final == "sample":
         chosen = torch.topk(logits + _gumbel(logits.shape, gen, device), k).indices
     else:
         chosen = torch.topk(logits, k).indices
@@ -90,35 +115,48 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     return MaskResult(mask.cpu().numpy(), scores.cpu().numpy().astype(np.float32), history)
 
 
-def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen) -> np.ndarray:
-    """Run the policy-gradient steps in place on ``logits``; return the reward history."""
+def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr,
+              reference=None):
+    """Run policy-gradient steps in place on ``logits``.
+
+    Returns the mean in-batch reward per step and, when every row took part in every step, the
+    best rollout drawn (row indices), else None.
+    """
     n = logits.shape[0]
-    history = np.zeros(opts.n_epochs, dtype=np.float32)
+    history = np.zeros(n_steps, dtype=np.float32)
     if k == n:
-        return history  # nothing to choose
+        return history, None  # nothing to choose
     metrics = build_metrics(opts.metric_weights, opts.reference_size)
-    batch = min(n, max(math.ceil(opts.partial * n), min(n, MIN_BATCH)), opts.max_batch)
+    batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), opts.max_batch)
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
     order = torch.empty(0, dtype=torch.long, device=logits.device)
-    for step in range(opts.n_epochs):
-        # Rows are visited in shuffled passes so each takes part equally often.
-        if order.numel() < batch:
-            order = torch.cat([order, torch.randperm(n, generator=gen, device=logits.device)])
-        rows, order = order[:batch], order[batch:]
-        lr = opts.max_lr + (opts.min_lr - opts.max_lr) * step / max(opts.n_epochs - 1, 1)
+    states, best, best_reward = None, None, -math.inf
+    if batch == n:
+        # Every row takes part in every step: precompute the metrics' state once.
+        rows = torch.arange(n, device=logits.device)
+        states = [metric.prepare(emb, gen, reference) for metric, _ in metrics]
+    for step in range(n_steps):
+        if states is None:
+            # Rows are visited in shuffled passes so each takes part equally often.
+            if order.numel() < batch:
+                order = torch.cat([order, torch.randperm(n, generator=gen, device=logits.device)])
+            rows, order = order[:batch], order[batch:]
+        step_lr = lr[0] + (lr[1] - lr[0]) * step / max(n_steps - 1, 1)
         keys = logits[rows][None] + _gumbel((opts.n_rollout, batch), gen, logits.device)
         idx = keys.topk(k_batch, dim=1).indices  # (G, k_batch), in draw order
-        step_reward, direction = _step_direction(logits[rows], qn[rows], emb[rows], idx, metrics,
-                                                 opts, gen)
-        logits[rows] += lr * direction
-        history[step] = step_reward
-    return history
+        step_states = states or [metric.prepare(emb[rows], gen, reference) for metric, _ in metrics]
+        rewards, direction = _step_direction(logits[rows], qn[rows], emb[rows], idx, metrics,
+                                             step_states, opts)
+        logits[rows] += step_lr * direction
+        history[step] = float(rewards.mean())
+        if states is not None and float(rewards.max()) > best_reward:
+            best_reward, best = float(rewards.max()), idx[int(rewards.argmax())]
+    return history, best
 
 
-def _step_direction(theta, qn, emb, idx, metrics, opts: DataMaskOptions, gen):
-    """Mean reward of the rollouts and the update direction of the batch's logits."""
+def _step_direction(theta, qn, emb, idx, metrics, states, opts: DataMaskOptions):
+    """Reward of each rollout and the update direction of the batch's logits."""
     g, b = idx.shape[0], emb.shape[0]
-    states = [metric.prepare(emb, gen) for metric, _ in metrics]
     rewards = torch.empty(g, device=emb.device)
     gains = torch.zeros(b, device=emb.device)
     for start in range(0, g, opts.rollout_chunk):
@@ -140,12 +178,12 @@ def _step_direction(theta, qn, emb, idx, metrics, opts: DataMaskOptions, gen):
         if opts.update == "credit":
             gains += gain
     if opts.update == "credit":
-        return float(rewards.mean()), _standardise(gains)
+        return rewards, _standardise(gains)
     advantage = _standardise(rewards)
     if opts.update == "paper":
         member = torch.zeros((g, b), device=emb.device).scatter_(1, idx, 1.0)
-        return float(rewards.mean()), (advantage @ member) / member.sum(0).clamp(min=1)
-    return float(rewards.mean()), _plackett_luce_direction(theta, idx, advantage)
+        return rewards, (advantage @ member) / member.sum(0).clamp(min=1)
+    return rewards, _plackett_luce_direction(theta, idx, advantage)
 
 
 def _sum_rows(gain, n_rollouts):
@@ -171,6 +209,13 @@ def _plackett_luce_direction(theta, idx, advantage):
     return (advantage @ grad) / g * (b / k)
 
 
+def _sample_rows(x, m, gen):
+    """At most ``m`` rows of ``x``, drawn without replacement."""
+    if x.shape[0] <= m:
+        return x
+    return x[torch.randperm(x.shape[0], generator=gen, device=x.device)[:m]]
+
+
 def _standardise(x):
     std = x.std() if x.numel() > 1 else x.new_tensor(0.0)
     return (x - x.mean()) / (std + 1e-8)
@@ -189,11 +234,9 @@ def _initial_logits(qn, init: str):
 
 def _as_inputs(quality, embeddings, device):
     """Check and convert the chunk to float32 tensors on ``device`` (embeddings L2-normalised)."""
-    q = torch.as_tensor(np.asarray(quality) if not torch.is_tensor(quality) else quality)
-    emb = torch.as_tensor(np.asarray(embeddings) if not torch.is_tensor(embeddings) else embeddings)
-    if q.ndim != 1 or not (q.dtype.is_floating_point or not q.dtype.is_complex and q.dtype != torch.bool):
-        raise InputDataError(f"quality must be a 1-d numeric array, got shape {tuple(q.shape)} "
-                             f"and dtype {q.dtype}")
+    q, emb = _numeric_tensor(quality, "quality"), _numeric_tensor(embeddings, "embeddings")
+    if q.ndim != 1:
+        raise InputDataError(f"quality must be a 1-d numeric array, got shape {tuple(q.shape)}")
     if emb.ndim != 2 or emb.shape[0] != q.shape[0] or emb.shape[1] < 2:
         raise InputDataError(
             f"embeddings must be a 2-d array (n rows x d >= 2 dims) with one row per quality score "
@@ -216,6 +259,17 @@ def _as_inputs(quality, embeddings, device):
         raise InputDataError(f"embeddings are all-zero in {bad.numel()} row(s), first {bad[:5].tolist()}: "
                              "a zero vector has no direction; re-embed or drop those rows")
     return q, emb / norms
+
+
+def _numeric_tensor(values, name):
+    if not torch.is_tensor(values):
+        values = np.asarray(values)
+        if values.dtype.kind not in "iuf":
+            raise InputDataError(f"{name} must be a 1-d numeric array, got dtype {values.dtype}: "
+                                 "cast the column to float")
+    elif values.dtype.is_complex or values.dtype == torch.bool:
+        raise InputDataError(f"{name} must be numeric (float), got dtype {values.dtype}")
+    return torch.as_tensor(values)
 
 
 def _check_quota(k, n, prune) -> int:

@@ -38,8 +38,12 @@ class DiversityMetric:
 
     name = "metric"
 
-    def prepare(self, emb: Tensor, generator: torch.Generator) -> object:
-        """Per-step precomputation on the batch embeddings ``emb`` (b x d); returned as ``state``."""
+    def prepare(self, emb: Tensor, generator: torch.Generator, reference: Tensor | None = None) -> object:
+        """Per-step precomputation on the batch embeddings ``emb`` (b x d); returned as ``state``.
+
+        ``reference`` holds rows the selection should represent when they are not the batch itself
+        (the whole chunk, while refining a candidate pool).
+        """
         return None
 
     def rewards(self, emb: Tensor, idx: Tensor, state: object) -> Tensor:
@@ -90,36 +94,51 @@ class PairSimi(DiversityMetric):
 
 
 class Facility(DiversityMetric):
-    """Facility location: mean over a reference set of the best clamped similarity to U."""
+    """Facility location: mean over a reference set of the best clamped similarity to U.
+
+    While learning, each reference row keeps only its ``neighbours`` most similar batch rows
+    (a sparse k-NN graph, as large-scale facility location does): a row's best similarity to U
+    almost always comes from one of them, and each step then costs O(G m t) instead of O(G m b).
+    """
 
     name = "Facility"
 
-    def __init__(self, reference_size: int = 1024):
+    def __init__(self, reference_size: int = 1024, neighbours: int = 64):
         self.reference_size = reference_size
+        self.neighbours = neighbours
 
-    def prepare(self, emb, generator):
-        b = emb.shape[0]
-        m = min(b, self.reference_size)
-        ref = torch.randperm(b, generator=generator, device="cpu")[:m].to(emb.device)
-        return (emb[ref] @ emb.T).clamp_(min=0)  # (m, b)
+    def prepare(self, emb, generator, reference=None):
+        if reference is None:  # represent the batch itself, through a sample of its rows
+            rows = torch.randperm(emb.shape[0], generator=generator, device=generator.device)
+            reference = emb[rows[:self.reference_size]]
+        t = min(self.neighbours, emb.shape[0])
+        values, neighbours = [], []
+        for start in range(0, reference.shape[0], _EVAL_BLOCK):
+            top = (reference[start:start + _EVAL_BLOCK] @ emb.T).topk(t, dim=1)
+            values.append(top.values.clamp_(min=0))
+            neighbours.append(top.indices)
+        return torch.cat(values), torch.cat(neighbours)  # (m, t) each
 
     def rewards(self, emb, idx, state):
-        return state[:, idx].amax(-1).mean(0)
+        values, neighbours = state
+        member = torch.zeros((idx.shape[0], emb.shape[0]), dtype=torch.bool, device=idx.device)
+        member.scatter_(1, idx, True)
+        return (values[None] * member[:, neighbours]).amax(-1).mean(1)
 
     def gains(self, emb, idx, state, member):
-        m, k = state.shape[0], idx.shape[1]
-        gathered = state[:, idx]  # (m, G, k)
-        if k > 1:
-            top = gathered.topk(2, dim=-1)
-            best, second, arg = top.values[..., 0], top.values[..., 1], top.indices[..., 0]
-        else:
-            best, arg = gathered[..., 0], torch.zeros_like(gathered[..., 0], dtype=torch.long)
-            second = torch.zeros_like(best)
-        # Joining: how much j raises each reference row's best similarity.
-        gain = (state[:, None, :] - best[:, :, None]).clamp_(min=0).sum(0)  # (G, b)
+        values, neighbours = state
+        held = values[None] * member[:, neighbours]  # (G, m, t)
+        top = held.topk(min(2, held.shape[-1]), dim=-1)
+        best = top.values[..., 0]
+        second = top.values[..., 1] if held.shape[-1] > 1 else torch.zeros_like(best)
+        owner = neighbours[None].expand_as(held).gather(2, top.indices[..., :1])[..., 0]  # (G, m)
+        g, m = best.shape
+        # Joining: how much j raises each reference row's best similarity (0 for members).
+        joining = (values[None] - best[..., None]).clamp_(min=0)
+        gain = torch.zeros_like(member, dtype=values.dtype)
+        gain.scatter_add_(1, neighbours.reshape(1, -1).expand(g, -1), joining.reshape(g, -1))
         # Leaving: a member loses what it alone provides (best - second where it is the best).
-        owner = idx.gather(1, arg.T)  # (G, m) batch row that is best for each reference row
-        gain.scatter_add_(1, owner, (best - second).T)
+        gain.scatter_add_(1, owner, best - second)
         return gain / m
 
     def evaluate(self, emb, selected):
@@ -143,23 +162,22 @@ class DiSF(DiversityMetric):
         # A dimension constant over U carries no correlation: leave it at 0 instead of NaN.
         return x / torch.where(std > 0, std, torch.ones_like(std))
 
-    def _offdiag_parts(self, z: Tensor):
-        """Gram-side form: sum_ab C_ab^2 = |Z Z^T|_F^2 / k^2 (cheap when k < d)."""
-        k, d = z.shape[-2], z.shape[-1]
-        gram = z @ z.transpose(-1, -2)  # (G, k, k)
-        diag_c = z.pow(2).sum(-2) / k  # C_aa, (G, d)
-        total = gram.pow(2).sum((-1, -2)) / k**2
-        return gram, (total - diag_c.pow(2).sum(-1)) / (d * (d - 1))
+    @staticmethod
+    def _second_moment(z: Tensor) -> Tensor:
+        """Z^T Z (G, d, d) or Z Z^T (G, k, k), whichever is smaller: both have the same |.|_F^2."""
+        return z.transpose(-1, -2) @ z if z.shape[-2] > z.shape[-1] else z @ z.transpose(-1, -2)
 
     def rewards(self, emb, idx, state):
         z = self._standardise(emb[idx])
-        if idx.shape[1] > z.shape[-1]:
-            return torch.stack([torch.tensor(self._evaluate_z(zg), device=emb.device) for zg in z])
-        return 1.0 - self._offdiag_parts(z)[1]
+        k, d = z.shape[-2], z.shape[-1]
+        total = self._second_moment(z).pow(2).sum((-1, -2)) / k**2  # sum_ab C_ab^2
+        diag = (z.pow(2).sum(-2) / k).pow(2).sum(-1)  # sum_a C_aa^2
+        return 1.0 - (total - diag) / (d * (d - 1))
 
     def gains(self, emb, idx, state, member):
         # First order: j adds (or, as a member, takes away) its row and column of the k x k Gram
-        # matrix of standardised features; the shift of U's per-dimension mean and std is ignored.
+        # matrix of standardised features, sum_i (z_j . z_i)^2 = z_j^T (Z^T Z) z_j; the shift of
+        # U's per-dimension mean and std is ignored.
         k, d = idx.shape[1], emb.shape[1]
         x = emb[idx]
         mean = x.mean(1, keepdim=True)
@@ -167,8 +185,10 @@ class DiSF(DiversityMetric):
         std = torch.where(std > 0, std, torch.ones_like(std))
         z_u = (x - mean) / std  # (G, k, d)
         z_all = (emb[None] - mean) / std  # (G, b, d)
-        cross = z_all @ z_u.transpose(1, 2)  # (G, b, k)
-        row = cross.pow(2).sum(-1)
+        if k > d:
+            row = ((z_all @ (z_u.transpose(1, 2) @ z_u)) * z_all).sum(-1)
+        else:
+            row = (z_all @ z_u.transpose(1, 2)).pow(2).sum(-1)  # (G, b)
         self_sq = z_all.pow(2).sum(-1).pow(2)
         change = torch.where(member, 2 * row - self_sq, 2 * row + self_sq) / (k * k * d * (d - 1))
         return -change  # both a member's stay and a newcomer's arrival add correlation mass
@@ -198,32 +218,41 @@ for _cls, _aliases in ((PairSimi, ("pair_simi", "pairsimi", "pair", "pairwise"))
         register_metric(_alias, _cls)
 
 
-def resolve_metrics(algorithm) -> list[tuple[str, float]]:
-    """Normalise ``algorithm`` to a list of (registered name, weight), weights summing to 1."""
+def resolve_metrics(algorithm) -> list[tuple[str | DiversityMetric, float]]:
+    """Normalise ``algorithm`` to a list of (metric, weight), weights summing to 1.
+
+    A metric is a registered name (case-insensitive) or a :class:`DiversityMetric` instance or
+    subclass; pass objects rather than names for metrics defined in a notebook, so they travel
+    to Dask workers with the options.
+    """
     items = algorithm.items() if isinstance(algorithm, Mapping) else [(algorithm, 1.0)]
     out = []
     for name, weight in items:
-        if not isinstance(name, str) or name.lower() not in _REGISTRY:
+        if isinstance(name, DiversityMetric) or isinstance(name, type) and issubclass(name, DiversityMetric):
+            key = name
+        elif isinstance(name, str) and name.lower() in _REGISTRY:
+            key = name.lower()
+        else:
             raise OptionError(
                 f"option algorithm={name!r} is unknown: use one of DiSF, Facility, Pair_simi, "
-                f"a name registered with register_metric() ({sorted(_REGISTRY)}), or a mapping "
-                "{name: weight}")
-        if not (isinstance(weight, int | float) and weight > 0):
+                f"a name registered with register_metric() ({sorted(_REGISTRY)}), a DiversityMetric, "
+                "or a mapping {metric: weight}")
+        if isinstance(weight, bool) or not (isinstance(weight, int | float) and weight > 0):
             raise OptionError(f"option algorithm: weight of {name!r} must be > 0, got {weight!r}")
-        out.append((name.lower(), float(weight)))
-    total = sum(w for _, w in out)
+        out.append((key, float(weight)))
     if not out:
         raise OptionError("option algorithm is empty: name at least one metric")
+    total = sum(w for _, w in out)
     return [(n, w / total) for n, w in out]
 
 
 def build_metrics(metric_weights, reference_size: int = 1024) -> list[tuple[DiversityMetric, float]]:
     """Instantiate the resolved metrics."""
     out = []
-    for name, weight in metric_weights:
-        metric = _REGISTRY[name]
+    for key, weight in metric_weights:
+        metric = _REGISTRY[key] if isinstance(key, str) else key
         if isinstance(metric, type):
-            metric = metric(reference_size) if metric is Facility else metric()
+            metric = metric(reference_size) if issubclass(metric, Facility) else metric()
         out.append((metric, weight))
     return out
 

@@ -10,7 +10,7 @@ from .errors import OptionError
 
 UPDATES = ("credit", "paper", "plackett_luce")
 INITS = ("quality", "same")
-FINALS = ("topk", "sample")
+FINALS = ("best", "topk", "sample")
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,22 @@ class DataMaskOptions:
         it (the published method). ``"plackett_luce"``: the exact score-function gradient of the
         ordered Plackett-Luce sample. ``"credit"`` (default): each selected row is credited with
         its own leave-one-out contribution to the reward, a far less noisy signal (see README).
-    final : {"topk", "sample"}
-        Final mask: top-k of the learned logits, or one Gumbel-top-k draw from them.
+    final : {"best", "topk", "sample"}
+        Final mask: ``"best"``, the best mask the policy drew in a stage where every row took
+        part in every step (the refinement stage, or a chunk small enough for one batch), else
+        the top-k of the learned logits; ``"topk"``, the top-k of the learned logits (the paper);
+        ``"sample"``, one Gumbel-top-k draw from them. Independent logits cannot say "one of
+        these two near-duplicates", so the policy's best draw beats the top-k of its logits.
+    refine : float
+        Size of the candidate pool refined after the first stage, as a multiple of k (0 turns the
+        stage off, which is the published method). The pool is the top rows by learned logit; it
+        is re-learned with every pool row in every step and the whole chunk as reference.
+    refine_epochs : int
+        Steps of the refinement stage.
+    refine_lr : float
+        Learning rate of the refinement stage, decayed linearly to a tenth of it.
+    refine_reference : int
+        Rows of the chunk (all, up to this many) that the refined pool must represent.
     max_batch : int
         Upper bound on the rows of one step's batch, so memory stays bounded for any chunk size.
     reference_size : int
@@ -65,7 +79,11 @@ class DataMaskOptions:
     prune: float = 0.0
     seed: int = 0
     update: str = "credit"
-    final: str = "topk"
+    final: str = "best"
+    refine: float = 2.0
+    refine_epochs: int = 100
+    refine_lr: float = 1.0
+    refine_reference: int = 32768
     max_batch: int = 8192
     reference_size: int = 1024
     rollout_chunk: int = 32
@@ -85,6 +103,11 @@ class DataMaskOptions:
         _check(self.init in INITS, "init", self.init, f"one of {INITS}")
         _check(self.update in UPDATES, "update", self.update, f"one of {UPDATES}")
         _check(self.final in FINALS, "final", self.final, f"one of {FINALS}")
+        _check(self.refine == 0 or self.refine >= 1, "refine", self.refine,
+               "0 (off) or a pool size of at least 1 x k")
+        _check(self.refine_epochs >= 0, "refine_epochs", self.refine_epochs, "an integer >= 0")
+        _check(self.refine_lr > 0, "refine_lr", self.refine_lr, "a learning rate > 0")
+        _check(self.refine_reference >= 1, "refine_reference", self.refine_reference, "an integer >= 1")
         _check(self.max_batch >= 2, "max_batch", self.max_batch, "an integer >= 2")
         _check(self.reference_size >= 1, "reference_size", self.reference_size, "an integer >= 1")
         _check(self.rollout_chunk >= 1, "rollout_chunk", self.rollout_chunk, "an integer >= 1")

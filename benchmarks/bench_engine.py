@@ -1,0 +1,245 @@
+"""Objective and wall time of the DATAMASK engine against the baselines, side by side in one process.
+
+For each chunk size n, diversity metric and lamb, every method selects k = ratio * n rows of
+``make_embeddings(n, dim, seed)``; each selection is scored with ``evaluate_selection`` on the
+whole chunk (Facility's reference set is every row), so all rows of a block are comparable. Wall
+time covers the selection only (inputs already in memory; apricot's includes its similarity
+matrix), not the evaluation.
+
+    python benchmarks/bench_engine.py --sizes 20000 --out results.md
+    python benchmarks/bench_engine.py --sizes 20000 200000 --algorithms Facility --lambs 0.5 \
+        --engine-opt n_epochs=1000 --engine-opt n_rollout=128
+
+Methods: ``engine`` (``learn_mask`` with default options plus any ``--engine-opt``), ``engine
+(paper)`` (the same with ``update="paper"``, the published update), ``random``, ``quality top-k``,
+``lazy greedy`` (the reference of the ``% of greedy`` column), ``stochastic greedy`` (eps 0.1),
+``DiSF batched greedy`` (DiSF only) and ``apricot`` (Facility only: apricot-select's
+``FacilityLocationSelection(k, metric="cosine", optimizer="lazy")``; note apricot's "cosine"
+similarity is the *squared* cosine and it ignores quality, so it optimises a different objective
+than the one reported). apricot-select is an optional, benchmark-only dependency.
+
+Lazy greedy is skipped, with the reason printed, where it would not fit in time: exact DiSF greedy
+costs O(k n d^2) (``--disf-greedy-max-n``), the others O(k n d) or less (``--greedy-max-n``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from datamask_dask.baselines import (
+    disf_batched_greedy,
+    lazy_greedy,
+    quality_topk,
+    random_selection,
+    stochastic_greedy,
+)
+from datamask_dask.engine import learn_mask
+from datamask_dask.objectives import evaluate_selection
+from datamask_dask.options import DataMaskOptions
+from datamask_dask.sample_data import make_embeddings
+
+REFERENCE = "lazy greedy"
+
+
+@dataclass
+class Row:
+    n: int
+    algorithm: str
+    lamb: float
+    method: str
+    objective: float | None = None
+    quality: float | None = None
+    diversity: float | None = None
+    seconds: float | None = None
+    note: str = ""
+    percent: float | None = None
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine_opts = dict(_parse_opt(o) for o in args.engine_opt)
+    DataMaskOptions().replace(**engine_opts)  # fail on a bad option before any compute
+    print(_machine_header(engine_opts), flush=True)
+    rows: list[Row] = []
+    for n in args.sizes:
+        t0 = time.perf_counter()
+        quality, emb = make_embeddings(n, args.dim, seed=args.seed)
+        k = max(1, round(args.ratio * n))
+        print(f"\n# n={n} d={args.dim} k={k}: data made in {time.perf_counter() - t0:.1f} s", flush=True)
+        for algorithm in args.algorithms:
+            for lamb in args.lambs:
+                block = _run_block(quality, emb, k, algorithm, lamb, engine_opts, args)
+                _add_percent(block)
+                rows.extend(block)
+    table = _markdown(rows)
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(_machine_header(engine_opts) + "\n\nCommand: `" + " ".join(sys.argv) + "`\n\n" + table)
+        print(f"\nwritten to {args.out}")
+    return 0
+
+
+def _run_block(quality, emb, k, algorithm, lamb, engine_opts, args) -> list[Row]:
+    n = emb.shape[0]
+    common = {"algorithm": algorithm, "lamb": lamb, "seed": args.seed}
+    methods = []  # (name, selector or None, skip reason)
+    methods.append(("engine", lambda: _engine(quality, emb, k, algorithm, lamb, engine_opts), ""))
+    methods.append(("engine (paper)", lambda: _engine(quality, emb, k, algorithm, lamb,
+                                                      {**engine_opts, "update": "paper"}), ""))
+    methods.append(("random", lambda: random_selection(quality, emb, k, **common), ""))
+    methods.append(("quality top-k", lambda: quality_topk(quality, emb, k, **common), ""))
+    limit = args.disf_greedy_max_n if algorithm.lower() == "disf" else args.greedy_max_n
+    reason = ""
+    if n > limit:
+        cost = "O(k n d^2)" if algorithm.lower() == "disf" else "O(k n d)"
+        flag = "--disf-greedy-max-n" if algorithm.lower() == "disf" else "--greedy-max-n"
+        reason = f"skipped: exact greedy costs {cost} per run, n={n} > {flag}={limit}"
+    methods.append((REFERENCE, lambda: lazy_greedy(quality, emb, k, max_memory_bytes=args.max_memory,
+                                                   **common), reason))
+    methods.append(("stochastic greedy", lambda: stochastic_greedy(
+        quality, emb, k, eps=args.eps, max_memory_bytes=args.max_memory, **common), ""))
+    if algorithm.lower() == "disf":
+        methods.append(("DiSF batched greedy", lambda: disf_batched_greedy(
+            quality, emb, k, batch_size=args.disf_batch_size, **common), ""))
+    if algorithm.lower() == "facility":
+        need = 2 * n * n * 8  # apricot's dense float64 similarity matrix, plus sklearn's copy
+        reason = "" if n <= args.apricot_max_n else (
+            f"skipped: apricot builds a dense n x n float64 matrix (~{need / 2**30:.0f} GiB), "
+            f"n={n} > --apricot-max-n={args.apricot_max_n}")
+        methods.append(("apricot", lambda: _apricot(emb, k), reason))
+
+    block = []
+    for name, select, reason in methods:
+        if args.methods and name not in args.methods:
+            continue
+        row = Row(n, algorithm, lamb, name)
+        block.append(row)
+        if reason:
+            row.note = reason
+            print(f"  {algorithm} lamb={lamb} {name}: {reason}", flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            sel = select()
+        except _Unavailable as exc:
+            row.note = str(exc)
+            print(f"  {algorithm} lamb={lamb} {name}: {exc}", flush=True)
+            continue
+        row.seconds = time.perf_counter() - t0
+        sel = np.asarray(sel)
+        if len(np.unique(sel)) != k:
+            raise AssertionError(f"{name} returned {len(np.unique(sel))} distinct rows, expected {k}")
+        t1 = time.perf_counter()
+        ev = evaluate_selection(quality, emb, sel, algorithm=algorithm, lamb=lamb)
+        row.objective, row.quality, row.diversity = ev["objective"], ev["quality"], ev["diversity"]
+        print(f"  {algorithm} lamb={lamb} {name}: objective {row.objective:.5f} in {row.seconds:.1f} s "
+              f"(evaluated in {time.perf_counter() - t1:.1f} s)", flush=True)
+    return block
+
+
+def _engine(quality, emb, k, algorithm, lamb, opts):
+    result = learn_mask(quality, emb, k, **{**opts, "algorithm": algorithm, "lamb": lamb})
+    return np.flatnonzero(result.mask)
+
+
+class _Unavailable(RuntimeError):
+    """An optional benchmark dependency is missing."""
+
+
+def _apricot(emb, k):
+    try:
+        from apricot import FacilityLocationSelection
+    except ImportError as exc:  # optional, benchmark-only dependency
+        raise _Unavailable(f"skipped: apricot-select is not importable ({exc}); "
+                           "pip install apricot-select scikit-learn") from exc
+    selector = FacilityLocationSelection(k, metric="cosine", optimizer="lazy", verbose=False)
+    selector.fit(emb)
+    return np.asarray(selector.ranking, dtype=np.int64)
+
+
+def _add_percent(block: list[Row]) -> None:
+    ref = next((r.objective for r in block if r.method == REFERENCE and r.objective is not None), None)
+    for row in block:
+        if ref and row.objective is not None:
+            row.percent = 100.0 * row.objective / ref
+
+
+def _markdown(rows: list[Row]) -> str:
+    head = ("| n | algorithm | lamb | method | objective | % of lazy greedy | quality | diversity "
+            "| wall s | note |\n|---:|---|---:|---|---:|---:|---:|---:|---:|---|")
+    lines = [head]
+    for r in rows:
+        def fmt(v, spec):
+            return "—" if v is None else format(v, spec)
+
+        lines.append(f"| {r.n} | {r.algorithm} | {r.lamb:g} | {r.method} | {fmt(r.objective, '.5f')} "
+                     f"| {fmt(r.percent, '.2f')} | {fmt(r.quality, '.4f')} | {fmt(r.diversity, '.4f')} "
+                     f"| {fmt(r.seconds, '.1f')} | {r.note} |")
+    return "\n".join(lines)
+
+
+def _machine_header(engine_opts) -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    opts = DataMaskOptions().replace(**engine_opts).as_dict()
+    for per_row in ("algorithm", "lamb"):
+        opts.pop(per_row)
+    return (f"CPU: {model}; {os.cpu_count()} logical cores; torch {torch.__version__} with "
+            f"{torch.get_num_threads()} threads; numpy {np.__version__}; Python {platform.python_version()}\n"
+            f"Engine options (algorithm and lamb set per row): {opts}")
+
+
+def _parse_opt(text: str):
+    if "=" not in text:
+        raise SystemExit(f"--engine-opt {text!r}: expected KEY=VALUE, e.g. n_epochs=300")
+    key, value = text.split("=", 1)
+    try:
+        return key.strip(), ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key.strip(), value  # a bare word such as update=paper
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000], help="chunk sizes n")
+    p.add_argument("--dim", type=int, default=768, help="embedding dimension d")
+    p.add_argument("--ratio", type=float, default=0.1, help="share of rows selected, k = ratio * n")
+    p.add_argument("--algorithms", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
+    p.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="run only these methods (names as in the table, e.g. 'engine' 'lazy greedy')")
+    p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine option (repeatable), e.g. --engine-opt n_epochs=1000")
+    p.add_argument("--greedy-max-n", type=int, default=200_000,
+                   help="largest n for lazy greedy on Pair_simi / Facility")
+    p.add_argument("--disf-greedy-max-n", type=int, default=5_000,
+                   help="largest n for exact DiSF greedy, O(k n d^2): ~75 min at n=20000, d=768 on 2 cores")
+    p.add_argument("--apricot-max-n", type=int, default=30_000, help="largest n for apricot (dense n x n)")
+    p.add_argument("--max-memory", type=int, default=4 * 2**30,
+                   help="bytes for the Facility similarity cache of the greedy baselines")
+    p.add_argument("--eps", type=float, default=0.1, help="stochastic greedy's eps")
+    p.add_argument("--disf-batch-size", type=int, default=1024, help="DiSF batched greedy's batch size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--out", default=None, help="also write the markdown table to this file")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

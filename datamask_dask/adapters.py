@@ -1,0 +1,234 @@
+"""Partition adapters: the only place that knows pandas from cuDF.
+
+Backends accepted
+-----------------
+- **pandas** partitions: numeric columns of any numpy, nullable or Arrow dtype; embeddings as an
+  Arrow ``list`` / ``large_list`` / ``fixed_size_list`` column (what parquet readers give back),
+  converted to an ``(n, d)`` float32 array through the Arrow buffers (``flatten`` + reshape, no
+  Python loop per row), or, as a fallback, an object column holding one array per row
+  (``np.stack``).
+- **cuDF** partitions: embeddings as a cuDF list column, handed to torch on the GPU through
+  DLPack (cupy), without a copy to the host. cuDF and cupy are imported only when a cuDF
+  partition arrives, so the package imports on machines that have neither.
+
+Everything else in the package sees numpy arrays (quality, ids, groups, tokens: small, on the
+host) and, for embeddings, a numpy array or a torch tensor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .errors import InputDataError
+
+_SHOW = 5  # rows or values quoted in an error message
+
+
+def is_cudf(obj) -> bool:
+    """Whether ``obj`` is a cuDF object (checked by module name, so cuDF is never imported)."""
+    return type(obj).__module__.split(".", 1)[0] == "cudf"
+
+
+def require_columns(frame, names, where: str) -> None:
+    """Raise :class:`InputDataError` naming the first missing column and listing the others."""
+    available = [str(c) for c in frame.columns]
+    for name in names:
+        if name not in frame.columns:
+            raise InputDataError(
+                f"{where}: there is no column {name!r}; available columns are {available}. Name "
+                "yours with id_column=, quality_column=, embedding_column=, token_column= or by=")
+
+
+def numeric_values(frame, name: str, where: str) -> np.ndarray:
+    """A numeric column as a float64 numpy array on the host (nulls become NaN)."""
+    series = frame[name]
+    if not pd.api.types.is_numeric_dtype(series.dtype):
+        raise InputDataError(f"{where}: column {name!r} must be numeric, got dtype {series.dtype}")
+    if is_cudf(series):
+        return series.astype("float64").to_numpy(na_value=np.nan)
+    return series.to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def host_values(frame, name: str) -> pd.Series:
+    """A column as a pandas Series (ids and group labels: small, compared on the host)."""
+    series = frame[name]
+    return series.to_pandas() if is_cudf(series) else series
+
+
+def group_codes(frame, name: str, where: str) -> tuple[np.ndarray, list]:
+    """Integer code of each row's group and the group labels, in order of first appearance."""
+    codes, labels = pd.factorize(host_values(frame, name), use_na_sentinel=True)
+    if (codes < 0).any():
+        bad = np.flatnonzero(codes < 0)
+        raise InputDataError(f"{where}: group column {name!r} has {bad.size} null value(s) at rows "
+                             f"{bad[:_SHOW].tolist()}: fill them (e.g. 'unknown') or drop those rows")
+    return codes.astype(np.int64), [_plain(v) for v in labels]
+
+
+def _plain(value):
+    """numpy scalars to Python ones, so labels compare and print the same in every process."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def fixed_dimension(dtype) -> int | None:
+    """The embedding dimension a column's dtype promises (Arrow fixed-size lists), else None."""
+    pa_type = getattr(dtype, "pyarrow_dtype", None)
+    if pa_type is not None and pa.types.is_fixed_size_list(pa_type):
+        return int(pa_type.list_size)
+    return None
+
+
+def embedding_source(series, where: str, expected_dim: int | None = None):
+    """Check an embedding column's structure and return an object that converts rows of it.
+
+    Checks: no null rows, one length for every row (not ragged), at least 2 dimensions, and
+    ``expected_dim`` when given (the dimension seen elsewhere in the table).
+
+    Returns
+    -------
+    object with ``dim`` (int) and ``rows(positions) -> (m, d)`` float32 numpy array (pandas)
+    or torch tensor on the GPU (cuDF).
+    """
+    check_embedding_dtype(series.dtype, series.name, where)
+    if is_cudf(series):
+        source = _CudfEmbeddings(series, where)
+    elif isinstance(series.dtype, pd.ArrowDtype) and _is_list_type(series.dtype.pyarrow_dtype):
+        source = _ArrowEmbeddings(series, where)
+    elif series.dtype == object:
+        source = _ObjectEmbeddings(series, where)
+    else:
+        raise InputDataError(
+            f"{where}: embedding column {series.name!r} has dtype {series.dtype}; expected a list "
+            "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
+    if len(series) and source.dim < 2:
+        raise InputDataError(f"{where}: embedding column {series.name!r} has {source.dim} "
+                             "dimension(s); at least 2 are needed")
+    if len(series) and expected_dim is not None and source.dim != expected_dim:
+        raise InputDataError(
+            f"{where}: embedding column {series.name!r} has {source.dim} dimensions but {expected_dim} "
+            "elsewhere in the table; every row must come from the same embedding model (mixed "
+            "dimensions across partitions)")
+    return source
+
+
+def check_embedding_dtype(dtype, name, where: str) -> None:
+    """Reject string dtypes early: Dask turns object columns of arrays into their text."""
+    pa_type = getattr(dtype, "pyarrow_dtype", None)
+    is_text = isinstance(dtype, pd.StringDtype) or (
+        pa_type is not None and (pa.types.is_string(pa_type) or pa.types.is_large_string(pa_type)))
+    if is_text:
+        raise InputDataError(
+            f"{where}: embedding column {name!r} has dtype {dtype}, i.e. text. If it held arrays, Dask "
+            "converted them to strings (dataframe.convert-string): store embeddings as an Arrow list "
+            "column (pd.ArrowDtype, or parquet read with dtype_backend='pyarrow'), or build the Dask "
+            "frame inside dask.config.set({'dataframe.convert-string': False})")
+
+
+def _is_list_type(pa_type) -> bool:
+    return (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
+            or pa.types.is_fixed_size_list(pa_type))
+
+
+def _ragged_error(where: str, name, lengths: np.ndarray) -> InputDataError:
+    values, counts = np.unique(lengths, return_counts=True)
+    common = values[np.argmax(counts)]
+    bad = np.flatnonzero(lengths != common)
+    return InputDataError(
+        f"{where}: embedding column {name!r} is ragged: rows have lengths {values[:_SHOW].tolist()}; "
+        f"{bad.size} row(s) differ from the usual {int(common)}, first at rows {bad[:_SHOW].tolist()}. "
+        "Every embedding must have the same dimension")
+
+
+def _null_error(where: str, name, null_rows: np.ndarray) -> InputDataError:
+    return InputDataError(f"{where}: embedding column {name!r} is null in {null_rows.size} row(s), first "
+                          f"{null_rows[:_SHOW].tolist()}: embed or drop those rows")
+
+
+class _ArrowEmbeddings:
+    """Arrow list column: structure from the offsets, values from the flat child buffer."""
+
+    def __init__(self, series: pd.Series, where: str):
+        self.name = series.name
+        # Keep the chunks as they are: combining them would copy the whole column.
+        self.array = series.array.__arrow_array__()
+        if self.array.null_count:
+            nulls = np.asarray(self.array.is_null().to_numpy())
+            raise _null_error(where, self.name, np.flatnonzero(nulls))
+        if pa.types.is_fixed_size_list(self.array.type):
+            self.dim = int(self.array.type.list_size)
+        else:
+            lengths = np.concatenate([np.diff(np.asarray(chunk.offsets)) for chunk in self.array.chunks]
+                                     or [np.zeros(0, dtype=np.int64)])
+            if lengths.size and (lengths != lengths[0]).any():
+                raise _ragged_error(where, self.name, lengths)
+            self.dim = int(lengths[0]) if lengths.size else 0
+
+    def rows(self, positions: np.ndarray) -> np.ndarray:
+        taken = self.array.take(pa.array(np.asarray(positions, dtype=np.int64))).combine_chunks()
+        flat = taken.flatten().to_numpy(zero_copy_only=False)  # nulls inside a vector become NaN
+        matrix = np.asarray(flat, dtype=np.float32).reshape(len(positions), self.dim)
+        # A zero-copy view of Arrow memory is read-only, which torch warns about: copy this small chunk.
+        return matrix if matrix.flags.writeable else matrix.copy()
+
+
+class _ObjectEmbeddings:
+    """Fallback: an object column of arrays or lists, stacked once per partition."""
+
+    def __init__(self, series: pd.Series, where: str):
+        self.name = series.name
+        values = series.to_numpy()
+        nulls = np.flatnonzero(pd.isna(values))
+        if nulls.size:
+            raise _null_error(where, self.name, nulls)
+        if values.size == 0:
+            self.matrix, self.dim = np.zeros((0, 0), dtype=np.float32), 0
+            return
+        try:
+            self.matrix = np.stack(values).astype(np.float32, copy=False)
+        except (ValueError, TypeError) as exc:
+            lengths = np.array([np.size(v) for v in values])  # error path only
+            if (lengths != lengths[0]).any():
+                raise _ragged_error(where, self.name, lengths) from exc
+            raise InputDataError(f"{where}: embedding column {self.name!r} holds values that are not "
+                                 f"numeric vectors ({exc})") from exc
+        if self.matrix.ndim != 2:
+            raise InputDataError(f"{where}: embedding column {self.name!r} must hold 1-d vectors, got "
+                                 f"shape {self.matrix.shape[1:]} per row")
+        self.dim = int(self.matrix.shape[1])
+
+    def rows(self, positions: np.ndarray) -> np.ndarray:
+        return self.matrix[positions]
+
+
+class _CudfEmbeddings:
+    """cuDF list column: lengths and leaves on the GPU, handed to torch through DLPack."""
+
+    def __init__(self, series, where: str):
+        import cupy as cp  # noqa: F401  (lazy: only GPU partitions get here)
+
+        self.name = series.name
+        self.series = series
+        if series.null_count:
+            raise _null_error(where, self.name, np.flatnonzero(series.isna().to_numpy()))
+        lengths = series.list.len()
+        if len(series) and int(lengths.min()) != int(lengths.max()):
+            raise _ragged_error(where, self.name, lengths.to_numpy())
+        self.dim = int(lengths.iloc[0]) if len(series) else 0
+
+    def rows(self, positions: np.ndarray):
+        import cupy as cp
+        import torch
+
+        taken = self.series.take(cp.asarray(positions))
+        flat = taken.list.leaves.astype("float32").to_cupy(na_value=np.nan)
+        return torch.from_dlpack(flat.reshape(len(positions), self.dim))
+
+
+def with_columns(frame, columns: dict):
+    """``frame`` with the (host numpy) ``columns`` appended, in the frame's own backend.
+
+    The input frame is not modified; its rows, index and columns are kept as they are.
+    """
+    return frame.assign(**columns)

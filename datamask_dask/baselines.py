@@ -1,0 +1,564 @@
+"""Selection baselines on the very objective DATAMASK optimises, for comparison.
+
+Every function here scores sets with the joint objective of :mod:`datamask_dask.objectives`,
+``f(U) = lamb * Q(U) + (1 - lamb) * D(U)``: ``Q`` is the mean min-max normalised quality of ``U``
+(:func:`~datamask_dask.objectives.normalise_quality`, the chunk's range unless ``quality_range``
+is given) and ``D`` the diversity metric(s) named by ``algorithm`` (``Pair_simi``, ``Facility``,
+``DiSF`` or a weighted mapping of them), each as defined there. So a baseline's selection and a
+learned mask are compared with :func:`~datamask_dask.objectives.evaluate_selection` on equal terms.
+
+Functions (all ``fn(quality, embeddings, k, *, algorithm=..., lamb=..., seed=..., device=...)``,
+returning ``k`` distinct int64 row indices in the order they were chosen):
+
+- :func:`random_selection`, :func:`quality_topk`: the trivial references;
+- :func:`greedy`: plain greedy, every candidate scored exactly at every step;
+- :func:`lazy_greedy`: Minoux's lazy greedy on the Facility term (plain greedy otherwise);
+- :func:`stochastic_greedy`: Mirzasoleiman et al. (2015), a random candidate sample per step;
+- :func:`disf_batched_greedy`: DiSF's greedy, run independently on random batches of the chunk.
+
+Embeddings are L2-normalised on the way in (as :func:`~datamask_dask.engine.learn_mask` does), so
+cosine similarity is a dot product. Nothing n x n is built unless it fits ``max_memory_bytes``.
+
+How ``D(U + j)`` is obtained for many candidates ``j`` at once (``m = |U|``):
+
+- Pair_simi: with ``w`` the sum of ``U``'s unit vectors, ``sum_{i != l} s_il`` grows by ``2 e_j . w``,
+  so one mat-vec ``E w`` scores every candidate, O(n d) per step.
+- Facility: each reference row keeps its best (clamped) similarity to ``U``; the value with ``j``
+  is ``mean_v max(best_v, s_vj)``, O(|V|) per candidate given the similarity column of ``j``.
+- DiSF: ``U``'s population covariance ``S`` and mean ``mu`` are kept; adding ``x`` (``y = x - mu``)
+  gives ``S' = a S + b y y^T`` with ``a = m/(m+1)``, ``b = m/(m+1)^2`` (Welford). With
+  ``w_c = 1 / S'_cc`` the sum of squared correlations is
+  ``a^2 w^T (S o S) w + 2ab (w o y)^T S (w o y) + b^2 (y^T (w o y))^2``: O(d^2) per candidate
+  (the middle term O(m d) while ``m < d``) instead of re-standardising ``U + j``, O(m d^2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .engine import _as_inputs
+from .errors import OptionError
+from .objectives import DiSF, Facility, PairSimi, build_metrics, normalise_quality, resolve_metrics
+
+Tensor = torch.Tensor
+DEFAULT_MAX_MEMORY = 4 * 2**30  # bytes the Facility similarity cache may take (float32)
+_BLOCK_BYTES = 2**27  # scratch memory of one block of candidate evaluations (~128 MiB)
+_LAZY_BLOCK = 32  # candidates whose exact gain lazy greedy refreshes at once
+
+
+# --------------------------------------------------------------------------- public baselines
+
+
+def random_selection(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5,
+                     seed: int = 0, device="cpu", quality_range=None) -> np.ndarray:
+    """``k`` rows drawn uniformly without replacement.
+
+    ``algorithm``, ``lamb``, ``device`` and ``quality_range`` are accepted so every baseline has
+    the same signature; they do not change the draw.
+
+    Parameters
+    ----------
+    quality : array-like (n,)
+        Quality scores.
+    embeddings : array-like (n, d)
+        Embeddings (only their row count is used).
+    k : int
+        Rows to select, ``1 <= k <= n``.
+    seed : int
+        Seed of the draw.
+
+    Returns
+    -------
+    numpy.ndarray of int64 (k,)
+        Distinct row indices.
+
+    Notes
+    -----
+    O(n) time and memory.
+    """
+    n = _check_k(k, len(np.asarray(quality)))
+    return np.random.default_rng(seed).choice(n, size=k, replace=False).astype(np.int64)
+
+
+def quality_topk(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5,
+                 seed: int = 0, device="cpu", quality_range=None) -> np.ndarray:
+    """The ``k`` rows of highest quality (ties broken by position), best first.
+
+    Ignores diversity altogether: the reference for what diversity adds. Other keywords are
+    accepted for a uniform signature.
+
+    Returns
+    -------
+    numpy.ndarray of int64 (k,)
+
+    Notes
+    -----
+    O(n log n) time, O(n) memory.
+    """
+    q = torch.as_tensor(np.asarray(quality), dtype=torch.float32)
+    _check_k(k, q.shape[0])
+    return torch.argsort(q, descending=True, stable=True)[:k].numpy().astype(np.int64)
+
+
+def greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5, seed: int = 0,
+           device="cpu", quality_range=None, max_memory_bytes: int = DEFAULT_MAX_MEMORY,
+           reference_size: int | None = None) -> np.ndarray:
+    """Plain greedy: each step adds the row that maximises ``f(U + j)``, all rows scored exactly.
+
+    ``Q`` is a mean, so ``f`` is not monotone submodular and the (1 - 1/e) guarantee only holds for
+    ``lamb = 0`` with Facility; greedy is still the standard strong baseline for every metric.
+
+    Parameters
+    ----------
+    quality : array-like (n,)
+        Quality scores, finite.
+    embeddings : array-like (n, d)
+        Embeddings, finite, non-zero rows (L2-normalised here).
+    k : int
+        Rows to select, ``1 <= k <= n``.
+    algorithm : str or mapping
+        ``"Pair_simi"``, ``"Facility"``, ``"DiSF"`` or ``{name: weight}`` of those.
+    lamb : float
+        Weight of quality in ``[0, 1]``.
+    seed : int
+        Seed of the Facility reference subset (used only when the similarity matrix does not fit).
+    device : str or torch.device
+        Where the computation runs.
+    quality_range : (float, float), optional
+        Range used to normalise quality (as for :func:`~datamask_dask.objectives.evaluate_selection`).
+    max_memory_bytes : int
+        Budget of the Facility similarity cache, default 4 GiB. The ``|V| x n`` float32 matrix of
+        clamped similarities between the reference rows ``V`` and all rows is precomputed when it
+        fits; with ``reference_size=None``, ``V`` is every row if ``n * n * 4`` bytes fit, else the
+        largest uniform random subset that fits (the selection then optimises an unbiased estimate
+        of the Facility term; evaluate it on every row with ``evaluate_selection``). An explicit
+        ``reference_size`` that does not fit is served by computing similarity columns on demand.
+    reference_size : int, optional
+        Size of the Facility reference set ``V`` (see ``max_memory_bytes``).
+
+    Returns
+    -------
+    numpy.ndarray of int64 (k,)
+        Distinct row indices in the order chosen.
+
+    Notes
+    -----
+    Time per step: Pair_simi O(n d); Facility O(n |V|) (plus O(n |V| d) once for the cache);
+    DiSF O(n d^2). Memory: O(n d) for the inputs, plus the Facility cache (<= ``max_memory_bytes``)
+    or two d x d float64 matrices for DiSF.
+    """
+    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
+    obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
+                     reference_size=reference_size)
+    return _greedy_loop(obj, k).cpu().numpy()
+
+
+def lazy_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5, seed: int = 0,
+                device="cpu", quality_range=None, max_memory_bytes: int = DEFAULT_MAX_MEMORY,
+                reference_size: int | None = None) -> np.ndarray:
+    """Minoux's lazy greedy: the same selection as :func:`greedy`, far fewer gain evaluations.
+
+    Laziness is only valid for a submodular term, here Facility: a row's Facility gain can only
+    shrink as ``U`` grows, so a stale gain is an upper bound. The quality term
+    ``lamb * (q_j - Q(U)) / (m + 1)`` is not (``Q`` is a mean, its gains change sign and scale), so
+    it and any Pair_simi / DiSF term are computed exactly for all rows each step (cheap, closed
+    form), and only the Facility gain is lazy. Each step the bound of every row is its exact
+    non-Facility value plus its stale Facility gain; rows are refreshed in descending order of
+    bound, a block at a time, until the best bound belongs to a refreshed row, which is then
+    exactly the row plain greedy picks (ties aside). The bounds live in a vector rather than a heap
+    because the exact part changes for every row at every step; a heap would need n re-keys.
+
+    Without a Facility term (or with ``lamb = 1``) nothing is lazy and this is :func:`greedy`.
+    Parameters and returns are those of :func:`greedy`.
+
+    Notes
+    -----
+    Time per step: O(n) for the bounds (plus the exact Pair_simi / DiSF terms, if any, as in
+    :func:`greedy`) and O(|V|) per refreshed row, usually a block or two; the first step computes
+    every Facility gain, O(n |V|). Memory as for :func:`greedy`.
+    """
+    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
+    obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
+                     reference_size=reference_size)
+    n = emb.shape[0]
+    if obj.facility is None:
+        return _greedy_loop(obj, k).cpu().numpy()
+    fac, fac_weight = obj.facility
+    stale = fac.gains(None)  # exact at the first step, upper bounds afterwards
+    taken = torch.zeros(n, dtype=torch.bool, device=emb.device)
+    chosen = torch.empty(k, dtype=torch.long, device=emb.device)
+    for step in range(k):
+        base = obj.values_with(None, skip_facility=True)
+        fac_now = fac.value()
+        bound = obj.combine(base, fac_weight * (fac_now + stale))
+        bound[taken] = -math.inf
+        fresh = torch.zeros(n, dtype=torch.bool, device=emb.device)
+        while True:
+            j = int(torch.argmax(bound))
+            if fresh[j]:
+                break
+            top = torch.topk(bound, min(_LAZY_BLOCK, n - step)).indices
+            top = top[~fresh[top]]
+            gain = fac.gains(top)
+            stale[top] = gain
+            bound[top] = obj.combine(base[top], fac_weight * (fac_now + gain))
+            fresh[top] = True
+        chosen[step] = j
+        taken[j] = True
+        obj.add(j)
+    return chosen.cpu().numpy()
+
+
+def stochastic_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5,
+                      seed: int = 0, device="cpu", quality_range=None, eps: float = 0.1,
+                      max_memory_bytes: int = DEFAULT_MAX_MEMORY,
+                      reference_size: int | None = None) -> np.ndarray:
+    """Stochastic greedy (Mirzasoleiman et al., AAAI 2015, "Lazier than lazy greedy").
+
+    Each step scores only ``s = ceil((n / k) * log(1 / eps))`` rows drawn uniformly from those not
+    yet selected, and adds the best of them. For monotone submodular ``f`` it reaches
+    ``(1 - 1/e - eps)`` of the optimum in expectation with O(n log(1/eps)) evaluations in all.
+
+    Parameters
+    ----------
+    eps : float
+        Accuracy parameter in (0, 1); smaller means larger samples. Default 0.1.
+    seed : int
+        Seed of the candidate samples (and of the Facility reference subset).
+    Other parameters
+        As for :func:`greedy`.
+
+    Returns
+    -------
+    numpy.ndarray of int64 (k,)
+        Distinct row indices in the order chosen.
+
+    Notes
+    -----
+    Time: k steps of ``s`` evaluations, so O(n log(1/eps)) evaluations; Pair_simi O(d), DiSF O(d^2),
+    Facility O(|V|) each (plus the Facility cache, O(n |V| d) once). Memory as for :func:`greedy`.
+    """
+    if not 0 < eps < 1:
+        raise OptionError(f"option eps={eps!r} is invalid: expected a number in (0, 1)")
+    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
+    obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
+                     reference_size=reference_size)
+    n = emb.shape[0]
+    sample = min(n, math.ceil(n / k * math.log(1 / eps)))
+    rng = np.random.default_rng(seed)
+    remaining = np.arange(n)  # rows not selected; the chosen one is swapped with the last live one
+    chosen = np.empty(k, dtype=np.int64)
+    for step in range(k):
+        live = n - step
+        pos = rng.choice(live, size=min(sample, live), replace=False)
+        cand = torch.as_tensor(remaining[pos], device=emb.device)
+        best = int(torch.argmax(obj.values_with(cand)))
+        j = int(remaining[pos[best]])
+        remaining[pos[best]] = remaining[live - 1]
+        chosen[step] = j
+        obj.add(j)
+    return chosen
+
+
+def disf_batched_greedy(quality, embeddings, k: int, *, algorithm="DiSF", lamb: float = 0.5, seed: int = 0,
+                        device="cpu", quality_range=None, batch_size: int = 1024,
+                        max_memory_bytes: int = DEFAULT_MAX_MEMORY) -> np.ndarray:
+    """DiSF's batched greedy (Fan et al., ICLR 2025, arXiv 2504.20644, ``DISF/select_disf.py``).
+
+    The reference implementation cuts the corpus into batches of ``batch_size`` files (1024 in its
+    default run) and, independently in each batch, picks ``top_k`` files (16) greedily: the first
+    at random, then each time the file whose addition minimises the squared Frobenius norm of the
+    off-diagonal part of the correlation matrix of that batch's selected features. This does the
+    same, with three documented changes:
+
+    - batches are a seeded random partition of the chunk (the reference slices files in storage
+      order, which is only random if storage is), of near-equal sizes so no row is left out;
+    - each batch's quota is its share of ``k`` (largest remainder), so exactly ``k`` rows come out;
+    - the criterion is the joint objective ``lamb * Q + (1 - lamb) * D`` on the batch's selected
+      set, which for ``lamb = 0`` and ``algorithm="DiSF"`` is the reference criterion up to an
+      affine map (``D = 1 - offdiag / (d (d - 1))``; the reference's unbiased variance with
+      ``eps = 1e-8`` gives the same correlations). At ``lamb = 0`` every single row ties, so the
+      first pick is the batch's first row: random, as in the reference.
+
+    Candidates are scored all at once per step (the reference loops over them one by one).
+
+    Parameters
+    ----------
+    batch_size : int
+        Rows per batch (the reference's ``batchsize * scale`` = 1024).
+    algorithm : str or mapping
+        ``"DiSF"`` by default; the other metrics work too (batched greedy on them).
+    Other parameters
+        As for :func:`greedy`.
+
+    Returns
+    -------
+    numpy.ndarray of int64 (k,)
+        Distinct row indices, batch by batch, each batch's in the order chosen.
+
+    Notes
+    -----
+    Time: O(k * batch_size * d^2) for DiSF (each of the k steps scores one batch), independent of
+    the batch count otherwise, so linear in n at a fixed ratio. Memory: O(n d) for the inputs plus
+    O(d^2) float64 (DiSF) or ``batch_size^2`` floats (Facility) for the current batch.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        raise OptionError(f"option batch_size={batch_size!r} is invalid: expected an integer >= 1")
+    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
+    n = emb.shape[0]
+    n_batches = math.ceil(n / batch_size)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    perm = torch.randperm(n, generator=gen).to(emb.device)
+    batches = torch.tensor_split(perm, n_batches)
+    sizes = np.array([b.numel() for b in batches])
+    quotas = _largest_remainder(k, sizes)
+    out = []
+    for rows, quota in zip(batches, quotas, strict=True):
+        if quota == 0:
+            continue
+        obj = _Objective(qn[rows], emb[rows], algorithm, lamb, seed=seed,
+                         max_memory_bytes=max_memory_bytes, reference_size=None)
+        local = _greedy_loop(obj, int(quota))
+        out.append(rows[local])
+    return torch.cat(out).cpu().numpy()
+
+
+# --------------------------------------------------------------------------- the objective
+
+
+class _Objective:
+    """Incremental ``f(U) = lamb * Q(U) + (1 - lamb) * sum_m w_m D_m(U)`` with batched ``f(U + j)``."""
+
+    def __init__(self, qn: Tensor, emb: Tensor, algorithm, lamb: float, *, seed: int,
+                 max_memory_bytes: int, reference_size: int | None):
+        if not 0 <= lamb <= 1:
+            raise OptionError(f"option lamb={lamb!r} is invalid: expected a weight in [0, 1]")
+        self.qn, self.emb, self.lamb = qn, emb, float(lamb)
+        self.q_sum, self.m = 0.0, 0
+        self.terms: list[tuple[object, float]] = []
+        self.facility: tuple[_FacilityState, float] | None = None
+        for metric, weight in build_metrics(resolve_metrics(algorithm)):
+            if isinstance(metric, PairSimi):
+                state = _PairState(emb)
+            elif isinstance(metric, Facility):
+                state = _FacilityState(emb, seed=seed, max_memory_bytes=max_memory_bytes,
+                                       reference_size=reference_size)
+            elif isinstance(metric, DiSF):
+                state = _DisfState(emb)
+            else:
+                raise OptionError(
+                    f"algorithm {metric.name!r}: the baselines implement the built-in metrics "
+                    "(Pair_simi, Facility, DiSF) only; a user metric has no closed-form marginal gain")
+            if lamb == 1:
+                continue  # diversity has no weight: skip its (possibly costly) bookkeeping
+            if isinstance(state, _FacilityState):
+                self.facility = (state, weight)
+            else:
+                self.terms.append((state, weight))
+
+    def values_with(self, cand: Tensor | None, *, skip_facility: bool = False) -> Tensor:
+        """``f(U + j)`` for each candidate ``j``, every row if ``cand`` is None (no gather).
+
+        Facility is left out if ``skip_facility``.
+        """
+        quality = (self.q_sum + _take(self.qn, cand)) / (self.m + 1)
+        diversity = torch.zeros_like(quality)
+        for state, weight in self.terms:
+            diversity += weight * state.values_with(cand).to(quality.dtype)
+        base = self.lamb * quality + (1 - self.lamb) * diversity
+        if skip_facility or self.facility is None:
+            return base
+        fac, weight = self.facility
+        return self.combine(base, weight * fac.values_with(cand))
+
+    def combine(self, base: Tensor, weighted_facility: Tensor) -> Tensor:
+        # One function for plain and lazy greedy so both round the same way and pick the same row.
+        return base + (1 - self.lamb) * weighted_facility
+
+    def add(self, j: int) -> None:
+        self.q_sum += float(self.qn[j])
+        self.m += 1
+        for state, _ in self.terms:
+            state.add(j)
+        if self.facility is not None:
+            self.facility[0].add(j)
+
+
+class _PairState:
+    """Pair_simi of ``U + j`` from ``w`` = sum of ``U``'s unit vectors: O(d) per candidate."""
+
+    def __init__(self, emb: Tensor):
+        self.emb = emb
+        self.w = torch.zeros(emb.shape[1], dtype=torch.float64, device=emb.device)
+        self.pair_sum, self.m = 0.0, 0  # sum over ordered pairs i != l of s_il
+
+    def values_with(self, cand: Tensor) -> Tensor:
+        m1 = self.m + 1
+        pair = self.pair_sum + 2 * (_take(self.emb, cand) @ self.w.to(self.emb.dtype)).double()
+        return 1.0 - pair / max(m1 * (m1 - 1), 1)
+
+    def add(self, j: int) -> None:
+        e = self.emb[j].double()
+        self.pair_sum += 2 * float(e @ self.w)
+        self.w += e
+        self.m += 1
+
+
+class _FacilityState:
+    """Facility: each reference row's best clamped similarity to ``U``; columns cached when they fit."""
+
+    def __init__(self, emb: Tensor, *, seed: int, max_memory_bytes: int, reference_size: int | None):
+        n = emb.shape[0]
+        per_row = n * 4  # bytes of one reference row of the float32 cache
+        if reference_size is None:
+            size = n if n * per_row <= max_memory_bytes else max(1, max_memory_bytes // per_row)
+        else:
+            if isinstance(reference_size, bool) or not isinstance(reference_size, int) or reference_size < 1:
+                raise OptionError(f"option reference_size={reference_size!r} is invalid: "
+                                  "expected an integer >= 1 or None")
+            size = min(reference_size, n)
+        if size < n:
+            gen = torch.Generator(device="cpu").manual_seed(seed)
+            ref = torch.randperm(n, generator=gen)[:size].sort().values.to(emb.device)
+            self.ref_emb = emb[ref]
+        else:
+            self.ref_emb = emb
+        self.emb = emb
+        self.best = torch.zeros(size, dtype=emb.dtype, device=emb.device)
+        self.block = max(1, _BLOCK_BYTES // (4 * size))  # candidates per block of size x block floats
+        self.cache = None
+        if size * per_row <= max_memory_bytes:
+            # Stored candidate-major (n x |V|) so a column is a contiguous row.
+            cache = torch.empty((n, size), dtype=emb.dtype, device=emb.device)
+            for start in range(0, n, self.block):
+                cache[start:start + self.block] = self.columns(None, start, start + self.block)
+            self.cache = cache
+
+    def columns(self, cand: Tensor | None, start: int = 0, stop: int | None = None) -> Tensor:
+        """Clamped similarities of candidates ``start:stop`` to the reference rows, (rows, |V|)."""
+        if self.cache is not None:
+            return _take(self.cache, cand, start, stop)
+        return (_take(self.emb, cand, start, stop) @ self.ref_emb.T).clamp_(min=0)
+
+    def gains(self, cand: Tensor | None) -> Tensor:
+        """``D(U + j) - D(U)`` for each candidate, in blocks so scratch memory stays bounded."""
+        count = self.emb.shape[0] if cand is None else cand.numel()
+        out = torch.empty(count, dtype=self.best.dtype, device=self.best.device)
+        for start in range(0, count, self.block):
+            cols = self.columns(cand, start, start + self.block)
+            out[start:start + self.block] = (cols - self.best).clamp_(min=0).sum(1)
+        return out / self.best.numel()
+
+    def value(self) -> float:
+        return float(self.best.mean())
+
+    def values_with(self, cand: Tensor | None) -> Tensor:
+        return self.value() + self.gains(cand)
+
+    def add(self, j: int) -> None:
+        torch.maximum(self.best, self.columns(None, j, j + 1)[0], out=self.best)
+
+
+class _DisfState:
+    """DiSF of ``U + j`` from ``U``'s mean and covariance (Welford), float64, O(d^2) per candidate."""
+
+    def __init__(self, emb: Tensor):
+        self.emb = emb
+        n, d = emb.shape
+        dev = emb.device
+        self.d, self.m = d, 0
+        self.mean = torch.zeros(d, dtype=torch.float64, device=dev)
+        self.cov = torch.zeros((d, d), dtype=torch.float64, device=dev)
+        self.cov_sq = torch.zeros_like(self.cov)  # cov o cov, kept to score candidates
+        self.rows: list[Tensor] = []  # U's rows while m < d (cheaper middle term)
+        self.block = max(1, _BLOCK_BYTES // (8 * 4 * d))
+
+    @staticmethod
+    def _inverse(var: Tensor) -> Tensor:
+        # A dimension constant over the set has no correlation (objectives.DiSF leaves it at 0).
+        return torch.where(var > 1e-12, 1.0 / var.clamp(min=1e-12), torch.zeros_like(var))
+
+    def values_with(self, cand: Tensor | None) -> Tensor:
+        m, d = self.m, self.d
+        count = self.emb.shape[0] if cand is None else cand.numel()
+        if m == 0:  # one row: every standardised feature is 0, no correlation at all
+            return torch.ones(count, dtype=torch.float64, device=self.emb.device)
+        a, b = m / (m + 1), m / (m + 1) ** 2
+        diag = torch.diagonal(self.cov)
+        rows = torch.stack(self.rows) - self.mean if m < d else None
+        out = []
+        for start in range(0, count, self.block):
+            y = _take(self.emb, cand, start, start + self.block).double() - self.mean
+            inv = self._inverse(a * diag + b * y * y)
+            t = inv * y
+            first = ((inv @ self.cov_sq) * inv).sum(1)
+            # t^T cov t: through U's centred rows while they are fewer than the dimensions.
+            middle = (t @ rows.T).pow(2).sum(1) / m if rows is not None else ((t @ self.cov) * t).sum(1)
+            last = (y * t).sum(1).pow(2)
+            total = a * a * first + 2 * a * b * middle + b * b * last
+            off = total - (inv > 0).sum(1)  # each kept dimension's own correlation is 1
+            out.append(1.0 - off / (d * (d - 1)))
+        return torch.cat(out)
+
+    def add(self, j: int) -> None:
+        m = self.m
+        x = self.emb[j].double()
+        y = x - self.mean
+        self.cov.mul_(m / (m + 1)).add_(torch.outer(y, y), alpha=m / (m + 1) ** 2)
+        self.mean += y / (m + 1)
+        torch.mul(self.cov, self.cov, out=self.cov_sq)
+        self.m += 1
+        if self.m < self.d:
+            self.rows.append(x)
+        else:
+            self.rows = []
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _greedy_loop(obj: _Objective, k: int) -> Tensor:
+    """Plain greedy over every row of ``obj``; returns the chosen rows in order."""
+    dev = obj.emb.device
+    taken = torch.zeros(obj.emb.shape[0], dtype=torch.bool, device=dev)
+    chosen = torch.empty(k, dtype=torch.long, device=dev)
+    for step in range(k):
+        values = obj.values_with(None)
+        values[taken] = -math.inf
+        j = int(torch.argmax(values))  # first maximum: ties go to the earliest row
+        taken[j] = True
+        chosen[step] = j
+        obj.add(j)
+    return chosen
+
+
+def _take(x: Tensor, cand: Tensor | None, start: int = 0, stop: int | None = None) -> Tensor:
+    """Rows ``cand[start:stop]`` of ``x``; with ``cand`` None a view of rows ``start:stop``, no copy."""
+    return x[start:stop] if cand is None else x[cand[start:stop]]
+
+
+def _inputs(quality, embeddings, k, device, quality_range):
+    q, emb = _as_inputs(quality, embeddings, torch.device(device))
+    k = _check_k(k, q.shape[0])
+    return normalise_quality(q, quality_range), emb, k
+
+
+def _check_k(k, n: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int | np.integer):
+        raise OptionError(f"quota k={k!r} must be an integer")
+    if not 1 <= k <= n:
+        raise OptionError(f"quota k={k} is out of range: it must be between 1 and the {n} row(s)")
+    return int(k)
+
+
+def _largest_remainder(k: int, sizes: np.ndarray) -> np.ndarray:
+    """Integer quotas proportional to ``sizes`` summing to ``k`` (none above its size)."""
+    share = k * sizes / sizes.sum()
+    quotas = np.floor(share).astype(np.int64)
+    order = np.argsort(-(share - quotas), kind="stable")
+    # Only rows with a fractional share get the extra one, so no quota exceeds its batch.
+    quotas[order[:k - quotas.sum()]] += 1
+    return quotas

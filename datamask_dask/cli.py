@@ -1,0 +1,211 @@
+"""Command line: ``datamask select --input IN --output OUT [options]`` and ``datamask demo``.
+
+``IN`` is a parquet file or a directory of parquet files (partitioned dataset); ``OUT`` is written
+as a file when ``IN`` is a file, else as a directory, with every input row and column plus
+``selected``. The output appears only when complete: it is written to a hidden sibling path
+and renamed into place.
+
+The learner flags are the reference tool's (``--n_epochs --algorithm --partial --max_lr --min_lr
+--n_rollout --select_ratio --init --lamb``; hyphenated spellings work too). Flags override a
+``--config`` file, which overrides ``dask.config``'s ``datamask`` namespace.
+
+With no input at all (``datamask``, ``datamask demo`` or ``datamask select --demo``) the job runs
+end to end on the embedded synthetic corpus and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DataMaskError
+
+_INITS = ("quality", "same")
+_DEVICES = ("auto", "cpu", "cuda")
+
+
+def _weights(text: str):
+    """``"a"`` -> "a"; ``"a,b"`` -> ["a", "b"]; ``"a=0.7,b=0.3"`` -> {"a": 0.7, "b": 0.3}."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if any("=" in p for p in parts):
+        try:
+            return {name.strip(): float(weight) for name, weight in (p.split("=", 1) for p in parts)}
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"expected name=weight pairs, got {text!r}") from exc
+    return parts[0] if len(parts) == 1 else parts
+
+
+def _add_job_options(parser: argparse.ArgumentParser) -> None:
+    learner = parser.add_argument_group("learner (reference tool's flags)")
+    learner.add_argument("--n_epochs", "--n-epochs", type=int, help="optimisation steps")
+    learner.add_argument("--algorithm", type=_weights,
+                         help="diversity metric: DiSF, Facility, Pair_simi, or e.g. Facility=0.7,DiSF=0.3")
+    learner.add_argument("--partial", type=float, help="share of a chunk taking part in each step")
+    learner.add_argument("--max_lr", "--max-lr", type=float)
+    learner.add_argument("--min_lr", "--min-lr", type=float)
+    learner.add_argument("--n_rollout", "--n-rollout", type=int, help="masks sampled per step")
+    learner.add_argument("--select_ratio", "--select-ratio", "--ratio", dest="ratio", type=float,
+                         help="share of rows to select (default 0.1)")
+    learner.add_argument("--init", choices=_INITS)
+    learner.add_argument("--lamb", type=float, help="weight of quality in the reward, in [0, 1]")
+    learner.add_argument("--seed", type=int)
+    learner.add_argument("--prune", type=float, help="share of worst-quality rows made ineligible")
+    job = parser.add_argument_group("job")
+    job.add_argument("--config", help="YAML config file (e.g. conf/cpu.yaml); flags override it")
+    job.add_argument("--device", choices=_DEVICES)
+    job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
+    job.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
+                     help="start a local cluster with this many worker processes (default: threads)")
+    job.add_argument("--threads-per-worker", dest="threads_per_worker", type=int, default=1)
+    job.add_argument("--id-column", "--id_column", dest="id_column")
+    job.add_argument("--quality-column", "--quality_column", dest="quality_column", type=_weights,
+                     help="a column, or weighted columns: a=0.7,b=0.3")
+    job.add_argument("--embedding-column", "--embedding_column", dest="embedding_column")
+    job.add_argument("--by", help="group column: quotas per group")
+    job.add_argument("--budget-tokens", "--budget_tokens", dest="budget_tokens", type=int,
+                     help="select by token budget instead of ratio")
+    job.add_argument("--token-column", "--token_column", dest="token_column")
+    job.add_argument("--score-column", "--score_column", dest="score_column",
+                     help="also write the learned scores under this name")
+    job.add_argument("--max-chunk-rows", "--max_chunk_rows", dest="max_chunk_rows", type=int)
+
+
+_OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
+                "seed", "prune", "device", "id_column", "quality_column", "embedding_column", "by",
+                "budget_tokens", "token_column", "score_column", "max_chunk_rows")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``datamask`` argument parser."""
+    parser = argparse.ArgumentParser(prog="datamask",
+                                     description="DATAMASK data selection on Dask dataframes.")
+    commands = parser.add_subparsers(dest="command")
+    select = commands.add_parser("select", help="select rows of a parquet file or directory",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    select.add_argument("--input", help="parquet file or directory")
+    select.add_argument("--output", help="output file (if --input is a file) or directory")
+    select.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    select.add_argument("--demo", action="store_true", help="run on the embedded sample corpus instead")
+    _add_corpus_options(select)
+    _add_job_options(select)
+    demo = commands.add_parser("demo", help="run end to end on the embedded sample corpus")
+    demo.add_argument("--output", help="also write the result here (parquet directory)")
+    demo.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    _add_corpus_options(demo)
+    _add_job_options(demo)
+    return parser
+
+
+def _add_corpus_options(parser: argparse.ArgumentParser) -> None:
+    corpus = parser.add_argument_group("demo corpus")
+    corpus.add_argument("--rows", type=int, default=4000, help="rows of the synthetic corpus")
+    corpus.add_argument("--dim", type=int, default=64, help="embedding dimension")
+    corpus.add_argument("--partitions", type=int, default=4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``datamask`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["demo", *(argv if argv is not None else sys.argv[1:])])
+    if args.command == "select" and not args.demo and args.input is None:
+        if args.output is not None:
+            parser.error("select: --output needs --input (or run the demo with --demo)")
+        args.demo = True
+    if args.command == "select" and args.input is not None and args.output is None:
+        parser.error("select: --input needs --output")
+    options = {key: getattr(args, key) for key in _OPTION_KEYS if getattr(args, key, None) is not None}
+    client = None
+    try:
+        client = _start_client(args)
+        if args.command == "demo" or args.demo:
+            _run_demo(args, options)
+        else:
+            _run_select(args, options)
+    except (DataMaskError, FileExistsError, FileNotFoundError) as exc:
+        print(f"datamask: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if client is not None:
+            client.close() if args.scheduler else client.shutdown()
+    return 0
+
+
+def _start_client(args):
+    from .cluster import get_client
+
+    if args.scheduler:
+        return get_client(args.scheduler)
+    if args.n_workers:
+        kind = "cuda" if args.device == "cuda" else "cpu"
+        return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
+                          dashboard_address=":0")
+    return None  # Dask's threaded scheduler
+
+
+def _run_select(args, options: dict) -> None:
+    from .config import load_config
+    from .dask_select import datamask_select
+    from .parquet import read_parquet, selected_counts, write_parquet
+
+    source, target = Path(args.input), Path(args.output)
+    if not source.exists():
+        raise FileNotFoundError(f"--input {source} does not exist")
+    if target.exists() and not args.overwrite:
+        raise FileExistsError(f"--output {target} exists; pass --overwrite to replace it")
+    start = time.perf_counter()
+    result = datamask_select(read_parquet(source), config=args.config, **options)
+    write_parquet(result, target, single_file=source.is_file(), overwrite=args.overwrite)
+    rows, selected = selected_counts(target, load_config(args.config, **options)["selected_column"])
+    print(f"datamask: {rows} rows, {selected} selected ({selected / max(rows, 1):.1%}) "
+          f"in {time.perf_counter() - start:.1f} s -> {target}")
+
+
+def _run_demo(args, options: dict) -> None:
+    import dask.dataframe as dd
+
+    from .adapters import embedding_source
+    from .config import load_config
+    from .dask_select import datamask_select
+    from .objectives import evaluate_selection
+    from .sample_data import make_corpus
+
+    rows, dim, n_parts = args.rows, args.dim, args.partitions
+    settings = load_config(args.config, **options)
+    print(f"datamask demo: synthetic corpus of {rows} rows, {dim}-d embeddings, {n_parts} partitions")
+    corpus = make_corpus(rows, dim, seed=0)
+    start = time.perf_counter()
+    result = datamask_select(dd.from_pandas(corpus, npartitions=n_parts), config=args.config, **options)
+    frame = result.compute()
+    elapsed = time.perf_counter() - start
+    mask = frame[settings["selected_column"]].to_numpy(copy=True)
+    k = int(mask.sum())
+    print(f"selected {k} of {len(frame)} rows ({k / len(frame):.1%}) in {elapsed:.1f} s")
+    if k:
+        quality = corpus["quality_score"].to_numpy(copy=True)
+        embeddings = embedding_source(corpus["feature_arr"], "demo").rows(np.arange(len(corpus)))
+        rng = np.random.default_rng(int(settings["seed"]))
+        picks = {"datamask": mask, "random": rng.choice(len(corpus), k, replace=False),
+                 "quality top-k": np.argsort(-quality, kind="stable")[:k]}
+        scores = {name: evaluate_selection(quality, embeddings, pick, algorithm=settings["algorithm"],
+                                           lamb=settings["lamb"]) for name, pick in picks.items()}
+        print(f"objective (lamb={settings['lamb']}, {settings['algorithm']}), higher is better:")
+        for name, score in scores.items():
+            print(f"  {name:<14} objective {score['objective']:.4f}  quality {score['quality']:.4f}  "
+                  f"diversity {score['diversity']:.4f}")
+    output = getattr(args, "output", None)
+    if output:
+        from .parquet import write_parquet
+
+        computed = dd.from_pandas(frame, npartitions=n_parts, sort=False)  # write what was shown
+        write_parquet(computed, output, overwrite=args.overwrite)
+        print(f"written to {output}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

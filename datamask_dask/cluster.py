@@ -1,0 +1,103 @@
+"""``get_client``: a distributed Client on a local CPU cluster, a local GPU cluster or a scheduler.
+
+dask-cuda (and rmm) are imported only for ``kind="cuda"``, so CPU machines never need them.
+Workers get ``threads_per_worker`` threads for BLAS/OpenMP and torch, so ``n_workers *
+threads_per_worker`` threads share the cores instead of every worker grabbing all of them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import dask
+from distributed import Client, WorkerPlugin
+
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+class TorchThreads(WorkerPlugin):
+    """Worker plugin: cap torch's intra-op threads (BLAS threads follow the spawn environment)."""
+
+    name = "datamask-torch-threads"
+
+    def __init__(self, n_threads: int):
+        self.n_threads = int(n_threads)
+
+    def setup(self, worker) -> None:
+        import torch
+
+        torch.set_num_threads(self.n_threads)
+
+
+def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_worker: int = 1,
+               memory_limit: str | int | float | None = "auto", set_as_default: bool = True,
+               **cluster_kwargs) -> Client:
+    """A distributed Client for a selection job.
+
+    Parameters
+    ----------
+    kind : str
+        ``"cpu"``: a ``LocalCluster`` of worker processes. ``"cuda"``: a ``LocalCUDACluster``
+        (dask-cuda), one worker per visible GPU, with an rmm pool shared with torch when rmm is
+        installed. Anything else is taken as the address of a running scheduler
+        (``"tcp://host:8786"``); the other arguments are then ignored.
+    n_workers : int, optional
+        Workers to start: by default as many as the cores allow at ``threads_per_worker`` each
+        (``"cpu"``), or one per GPU (``"cuda"``).
+    threads_per_worker : int
+        Threads of each worker, also used for its BLAS/OpenMP and torch threads.
+    memory_limit : str, int or float, optional
+        Memory limit per worker, as Dask accepts it (``"4GiB"``, ``"auto"``...).
+    set_as_default : bool
+        Make the client Dask's default scheduler (``compute()`` then runs on it).
+    **cluster_kwargs
+        Passed to ``LocalCluster`` / ``LocalCUDACluster`` (e.g. ``dashboard_address=":0"``,
+        ``rmm_pool_size="20GB"``).
+
+    Returns
+    -------
+    distributed.Client
+        ``client.shutdown()`` stops a cluster started here (``client.close()`` also does for
+        ``"cpu"``, but only disconnects for ``"cuda"``).
+    """
+    if kind not in ("cpu", "cuda"):
+        return Client(kind, set_as_default=set_as_default)
+    threads_per_worker = int(threads_per_worker)
+    if threads_per_worker < 1:
+        raise ValueError(f"threads_per_worker={threads_per_worker} must be >= 1")
+    # BLAS and OpenMP read these when they load, so they must be set before the worker spawns;
+    # they also go to the Nanny's env, which wins over whatever the parent process has set.
+    environ = {name: str(threads_per_worker) for name in _THREAD_VARIABLES}
+    cluster_kwargs = {**cluster_kwargs, "env": {**environ, **cluster_kwargs.get("env", {})}}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {
+            **dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **environ}}):
+        if kind == "cpu":
+            if n_workers is None:
+                n_workers = max(1, (os.cpu_count() or 1) // threads_per_worker)
+            client = Client(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
+                            memory_limit=memory_limit, set_as_default=set_as_default, **cluster_kwargs)
+        else:
+            client = Client(_cuda_cluster(n_workers, threads_per_worker, memory_limit, cluster_kwargs),
+                            set_as_default=set_as_default)
+    client.register_plugin(TorchThreads(threads_per_worker))
+    return client
+
+
+def _cuda_cluster(n_workers, threads_per_worker, memory_limit, cluster_kwargs):
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError as exc:
+        raise ImportError("get_client('cuda') needs dask-cuda: pip install 'datamask-dask[gpu]'") from exc
+    kwargs = dict(cluster_kwargs)
+    try:
+        import rmm  # noqa: F401
+
+        # One rmm pool per GPU, used by cuDF and, where dask-cuda can set it up, by torch too.
+        kwargs.setdefault("rmm_pool_size", 0.5)  # a fraction of each GPU's memory
+        if "rmm_allocator_external_lib_list" in inspect.signature(LocalCUDACluster).parameters:
+            kwargs.setdefault("rmm_allocator_external_lib_list", ["torch", "cupy"])
+    except ImportError:
+        pass
+    return LocalCUDACluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
+                            memory_limit=memory_limit, **kwargs)

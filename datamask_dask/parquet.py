@@ -1,0 +1,183 @@
+"""Parquet in and out for selection jobs: a tolerant reader and an atomic writer.
+
+Why not only ``dd.read_parquet`` / ``to_parquet``: pandas stores each column's dtype as a string
+in the file's ``pandas`` metadata, and for Arrow list types (``fixed_size_list<...>[16][pyarrow]``,
+the embedding column) pandas cannot parse that string back. Such files then fail to load, or
+load only when every list column is read, which breaks column projection (the quota planning
+pass reads only the small columns). So:
+
+- :func:`read_parquet` reads files or (hive-)partitioned directories with pyarrow, ignores the
+  stored pandas dtypes and maps every column to its Arrow dtype (``pd.ArrowDtype``), with column
+  projection. Index columns stored by pandas/Dask become ordinary columns, except the unnamed
+  ones (``__index_level_0__``, ``__null_dask_index__``), which are dropped.
+- :func:`write_parquet` writes one file per partition without pandas metadata (the Arrow schema
+  is kept, so list sizes and types survive), into a hidden sibling path that is renamed into
+  place once complete: readers never see a half-written output.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import dask
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+_ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
+
+
+def _natural_key(path: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+
+
+def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
+                 rows_per_partition: int = 1_000_000):
+    """Read a parquet file or directory into a Dask DataFrame of Arrow-typed pandas partitions.
+
+    Parameters
+    ----------
+    path : str or path
+        A parquet file, or a directory of them (hive ``key=value`` subdirectories become columns).
+    columns : list of str, optional
+        Columns to read (all by default).
+    rows_per_partition : int
+        Consecutive row groups of a file are read together up to about this many rows; every
+        partition comes from one file, in natural file-name order.
+
+    Returns
+    -------
+    dask.dataframe.DataFrame
+    """
+    dataset = ds.dataset(os.fspath(path), format="parquet", partitioning="hive")
+    schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
+    pieces, partition_names = [], {}
+    for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
+        keys = ds.get_partition_keys(fragment.partition_expression)
+        partition_names.update(dict.fromkeys(keys))
+        groups, rows = [], 0
+        metadata = fragment.metadata
+        for index in range(metadata.num_row_groups):
+            n_rows = metadata.row_group(index).num_rows
+            if groups and rows + n_rows > rows_per_partition:
+                pieces.append((fragment.path, tuple(groups), keys))
+                groups, rows = [], 0
+            groups.append(index)
+            rows += n_rows
+        pieces.append((fragment.path, tuple(groups), keys))
+    meta = _to_pandas(schema.empty_table())
+    import dask.dataframe as dd
+
+    frame = dd.from_map(_read_piece, pieces, schema=schema, partition_names=list(partition_names), meta=meta,
+                        label="datamask-read-parquet", enforce_metadata=False)
+    return frame if columns is None else frame[list(columns)]
+
+
+def _read_piece(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None = None):
+    """Row groups of one file as an Arrow-typed pandas frame (``columns``: Dask's projection)."""
+    path, groups, keys = piece
+    columns = list(schema.names) if columns is None else list(columns)
+    file_columns = [c for c in columns if c not in partition_names]
+    table = pq.ParquetFile(path).read_row_groups(list(groups), columns=file_columns)
+    arrays = []
+    for name in columns:
+        field = schema.field(name)
+        if name in partition_names:
+            arrays.append(pa.repeat(pa.scalar(keys.get(name), type=field.type), table.num_rows))
+        else:
+            arrays.append(table.column(name).cast(field.type))
+    return _to_pandas(pa.table(arrays, names=columns))
+
+
+def _to_pandas(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
+
+
+def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
+                  overwrite: bool = False) -> dict:
+    """Compute ``ddf`` and write it as parquet, atomically.
+
+    Parameters
+    ----------
+    ddf : dask.dataframe.DataFrame
+    path : str or path
+        Target directory (``part.N.parquet`` per non-empty partition), or file if ``single_file``.
+    single_file : bool
+        Write one file, the partitions' rows in order (streamed, one partition at a time).
+    overwrite : bool
+        Replace ``path`` if it exists; otherwise an existing path raises ``FileExistsError``.
+
+    Returns
+    -------
+    dict
+        ``rows``: rows written per partition (list of int).
+    """
+    target = Path(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    parts_dir = staging.with_name(staging.name + "-parts") if single_file else staging
+    try:
+        parts_dir.mkdir(parents=True)
+        tasks = [dask.delayed(_write_part, pure=True)(part, os.fspath(parts_dir / f"part.{i}.parquet"))
+                 for i, part in enumerate(ddf.to_delayed())]
+        rows = list(dask.compute(*tasks))
+        files = [parts_dir / f"part.{i}.parquet" for i, n in enumerate(rows) if n]
+        if not files:  # an empty table still gets its schema
+            _write_table(pa.Table.from_pandas(ddf._meta, preserve_index=False), parts_dir / "part.0.parquet")
+            files = [parts_dir / "part.0.parquet"]
+        if single_file:
+            _concatenate(files, staging)
+        _move_into_place(staging, target)
+    finally:
+        _remove(staging)
+        _remove(parts_dir)
+    return {"rows": rows}
+
+
+def _write_part(frame: pd.DataFrame, path: str) -> int:
+    if len(frame):
+        _write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
+    return len(frame)
+
+
+def _write_table(table: pa.Table, path) -> None:
+    # Drop the pandas metadata: its dtype strings for Arrow list columns cannot be read back.
+    pq.write_table(table.replace_schema_metadata(None), path)
+
+
+def _concatenate(files: list[Path], target: Path) -> None:
+    schema = pq.read_schema(files[0]).remove_metadata()
+    with pq.ParquetWriter(target, schema) as writer:
+        for file in files:
+            table = pq.read_table(file)
+            writer.write_table(table.cast(schema) if not table.schema.equals(schema) else table)
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(staging, target)
+        _remove(old)
+    else:
+        os.replace(staging, target)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def selected_counts(path: str | os.PathLike, column: str) -> tuple[int, int]:
+    """Rows and selected rows of a written output (reads only ``column``)."""
+    values = pq.read_table(os.fspath(path), columns=[column]).column(0).to_numpy(zero_copy_only=False)
+    return int(values.size), int(np.count_nonzero(values))

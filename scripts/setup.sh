@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv and install the package with its test tools. Without a GPU it pins torch's CPU
+# build (on these machines torch==2.13.0 is a CPU wheel on local disk; elsewhere set
+# TORCH_INDEX_URL to a CPU wheel index); with nvidia-smi present pip picks torch's CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    python -m pip install -q "torch==2.13.0"
+  else
+    python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  fi
+fi
+python -m pip install -q -e ".[test]"

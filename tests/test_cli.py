@@ -1,0 +1,128 @@
+"""The ``datamask`` command, end to end on parquet files and directories."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dask.dataframe as dd
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import FAST
+
+from datamask_dask.cli import main
+
+FAST_FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"])]
+
+
+def _embeddings(table) -> np.ndarray:
+    column = table.column("feature_arr").combine_chunks()
+    return np.asarray(column.flatten()).reshape(len(column), -1)
+
+
+def test_select_file_to_file(tmp_path, corpus, capsys):
+    source, target = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    corpus.to_parquet(source)  # written by pandas, with its dtype metadata
+    assert main(["select", "--input", str(source), "--output", str(target), "--select_ratio", "0.1",
+                 *FAST_FLAGS]) == 0
+    assert "1600 rows, 160 selected" in capsys.readouterr().out
+    table = pq.read_table(target)
+    assert table.column_names == [*corpus.columns, "selected"]
+    assert table.column("chunk_id").to_pylist() == corpus["chunk_id"].tolist()
+    assert table.column("text").to_pylist() == corpus["text"].tolist()
+    np.testing.assert_array_equal(table.column("quality_score").to_numpy(),
+                                  corpus["quality_score"].to_numpy())
+    source_table = pq.read_table(source)
+    np.testing.assert_array_equal(_embeddings(table), _embeddings(source_table))
+    assert table.schema.field("feature_arr").type == source_table.schema.field("feature_arr").type
+    assert int(table.column("selected").to_numpy().sum()) == 160
+    assert sorted(os.listdir(tmp_path)) == ["in.parquet", "out.parquet"]  # no staging left behind
+
+
+def test_select_directory_on_the_cluster(tmp_path, corpus, client, capsys):
+    source, target = tmp_path / "in", tmp_path / "out"
+    dd.from_pandas(corpus, npartitions=3, sort=False).to_parquet(source)  # written by dask
+    config = tmp_path / "job.yaml"
+    config.write_text("n_rollout: 1\nn_epochs: 20\n")  # n_rollout 1 is invalid: the flag must win
+    args = ["select", "--input", str(source), "--output", str(target), "--config", str(config),
+            "--n_rollout", "8", "--select-ratio", "0.05", "--scheduler", client.scheduler.address,
+            "--id-column", "chunk_id", "--quality-column", "quality_score",
+            "--embedding-column", "feature_arr", "--score-column", "score", "--seed", "4"]
+    assert main(args) == 0
+    assert "1600 rows, 80 selected" in capsys.readouterr().out
+    assert sorted(p.name for p in target.iterdir()) == ["part.0.parquet", "part.1.parquet", "part.2.parquet"]
+    table = pq.read_table(target)
+    assert table.column_names == [*corpus.columns, "selected", "score"]
+    assert table.column("chunk_id").to_pylist() == corpus["chunk_id"].tolist()
+    assert int(table.column("selected").to_numpy().sum()) == 80
+
+
+def test_hive_partitioned_directory_with_groups(tmp_path, corpus, capsys):
+    source, target = tmp_path / "in", tmp_path / "out"
+    frame = corpus.assign(lang=np.where(np.arange(len(corpus)) % 4 == 0, "de", "en"))
+    dd.from_pandas(frame, npartitions=2, sort=False).to_parquet(source, partition_on=["lang"])
+    assert main(["select", "--input", str(source), "--output", str(target), "--by", "lang",
+                 "--select_ratio", "0.1", *FAST_FLAGS]) == 0
+    table = pq.read_table(target).to_pandas()
+    assert len(table) == 1600 and sorted(table["chunk_id"]) == list(range(1600))
+    assert table.groupby("lang")["selected"].sum().to_dict() == {"de": 40, "en": 120}
+
+
+def test_config_file_value_is_used_without_the_flag(tmp_path, corpus, capsys):
+    source = tmp_path / "in.parquet"
+    corpus.iloc[:200].to_parquet(source)
+    config = tmp_path / "job.yaml"
+    config.write_text("n_rollout: 1\n")
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "out.parquet"),
+                 "--config", str(config)]) == 1
+    assert "n_rollout" in capsys.readouterr().err
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_bad_input_fails_cleanly_without_output(tmp_path, corpus, capsys):
+    frame = corpus.copy()
+    frame.loc[5, "quality_score"] = np.nan
+    source, target = tmp_path / "bad.parquet", tmp_path / "out.parquet"
+    frame.to_parquet(source)
+    assert main(["select", "--input", str(source), "--output", str(target), *FAST_FLAGS]) == 1
+    err = capsys.readouterr().err
+    assert "partition 0: quality column 'quality_score' has 1 NaN" in err and "ids [5]" in err
+    assert sorted(os.listdir(tmp_path)) == ["bad.parquet"]
+
+
+def test_existing_output_needs_overwrite(tmp_path, corpus, capsys):
+    source, target = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    corpus.iloc[:300].to_parquet(source)
+    target.write_text("keep me")
+    args = ["select", "--input", str(source), "--output", str(target), *FAST_FLAGS]
+    assert main(args) == 1
+    assert "exists" in capsys.readouterr().err and target.read_text() == "keep me"
+    assert main([*args, "--overwrite"]) == 0
+    assert pq.read_table(target).num_rows == 300
+
+
+def test_select_without_input_runs_the_demo(capsys):
+    assert main(["select", "--rows", "400", "--partitions", "2", *FAST_FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "selected 40 of 400 rows" in out and "random" in out
+
+
+def test_usage_errors():
+    with pytest.raises(SystemExit):
+        main(["select", "--output", "x.parquet"])
+    with pytest.raises(SystemExit):
+        main(["select", "--n_epochs", "many"])
+
+
+def test_console_script_demo(tmp_path):
+    script = shutil.which("datamask", path=str(Path(sys.executable).parent))
+    assert script, "the datamask entry point is not installed in this environment"
+    run = subprocess.run([script, "demo", "--rows", "600", "--partitions", "3", *FAST_FLAGS, "--output",
+                          str(tmp_path / "demo")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "selected 60 of 600 rows" in run.stdout and "objective" in run.stdout
+    assert pq.read_table(tmp_path / "demo").num_rows == 600

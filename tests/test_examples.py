@@ -1,0 +1,36 @@
+"""The examples run as shipped: the quickstart notebook and the batch job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pyarrow.parquet as pq
+from nbclient import NotebookClient
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_quickstart_notebook(tmp_path):
+    notebook = nbformat.read(EXAMPLES / "quickstart.ipynb", as_version=4)
+    # "python3" is the kernel of the running interpreter (jupyter_client maps it to sys.executable).
+    NotebookClient(notebook, kernel_name="python3", timeout=300,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "\n".join(output.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                     for output in cell.outputs)
+    assert "4000 rows, 400 selected" in text
+    assert "datamask" in text and "random" in text
+
+
+def test_batch_job(tmp_path, client):
+    target = tmp_path / "selected"
+    # On the session's LocalCluster (by address): the job's own cluster start is tested elsewhere.
+    run = subprocess.run([sys.executable, str(EXAMPLES / "batch_job.py"), "--output", str(target),
+                          "--rows", "3000", "--cluster", client.scheduler.address, "--n-epochs", "20",
+                          "--n-rollout", "8"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "3000 rows, 300 selected" in run.stdout
+    table = pq.read_table(target)
+    assert table.num_rows == 3000 and int(table.column("selected").to_numpy().sum()) == 300

@@ -1,0 +1,115 @@
+"""The operator on a LocalCUDACluster with cuDF partitions (GPU machines with RAPIDS only).
+
+The same checks as on CPU: exact count, rows and columns unchanged, quotas follow quality, groups,
+token budgets, determinism, and bad input reported by partition.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import FAST
+
+pytestmark = pytest.mark.gpu
+
+cudf = pytest.importorskip("cudf")
+dask_cudf = pytest.importorskip("dask_cudf")
+pytest.importorskip("dask_cuda")
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no GPU", allow_module_level=True)
+
+import dask.dataframe as dd  # noqa: E402
+
+from datamask_dask import datamask_select, get_client  # noqa: E402
+from datamask_dask.errors import InputDataError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cuda_client():
+    client = get_client("cuda", n_workers=1, set_as_default=False, dashboard_address=":0",
+                        rmm_pool_size="1GB")
+    yield client
+    client.shutdown()
+
+
+def _to_cudf(frame):
+    """A pandas corpus frame as cuDF, embeddings as a cuDF list column."""
+    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+    for name in table.column_names:
+        column = table.column(name)
+        if pa.types.is_fixed_size_list(column.type):
+            column = column.cast(pa.list_(column.type.value_type))
+        elif pa.types.is_large_string(column.type):
+            column = column.cast(pa.string())
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    return cudf.DataFrame.from_arrow(table)
+
+
+def _gpu_frame(frame, npartitions):
+    return dask_cudf.from_cudf(_to_cudf(frame), npartitions=npartitions, sort=False)
+
+
+def test_cudf_partitions_exact_count_and_unchanged_rows(cuda_client, corpus):
+    ddf = _gpu_frame(corpus, 4)
+    result = datamask_select(ddf, ratio=0.1, score_column="score", **FAST).compute(scheduler=cuda_client)
+    assert isinstance(result, cudf.DataFrame)
+    host = result.to_pandas()
+    assert list(host.columns) == [*corpus.columns, "selected", "score"]
+    assert host["chunk_id"].tolist() == corpus["chunk_id"].tolist()
+    np.testing.assert_array_equal(host["quality_score"].to_numpy(), corpus["quality_score"].to_numpy())
+    assert host["selected"].dtype == bool and int(host["selected"].sum()) == 160
+    assert np.isfinite(host["score"].to_numpy()).all()
+
+
+def test_cudf_quotas_follow_quality(cuda_client, corpus):
+    frame = corpus.copy()
+    frame.loc[frame.index < 800, "quality_score"] *= 0.05
+    out = datamask_select(_gpu_frame(frame, 2), ratio=0.1, **FAST)
+    result = out.compute(scheduler=cuda_client).to_pandas()
+    low, high = result["selected"].iloc[:800].sum(), result["selected"].iloc[800:].sum()
+    assert low + high == 160 and low < 0.2 * high
+
+
+def test_cudf_groups_and_budget(cuda_client, corpus):
+    rng = np.random.default_rng(5)
+    frame = corpus.assign(language=np.where(rng.random(len(corpus)) < 0.3, "de", "en"),
+                          n_tokens=rng.integers(20, 400, len(corpus)))
+    ddf = _gpu_frame(frame, 3)
+    counts = frame["language"].value_counts()
+    result = datamask_select(ddf, ratio=0.1, by="language", **FAST).compute(scheduler=cuda_client).to_pandas()
+    per_group = result.groupby("language")["selected"].sum().to_dict()
+    assert per_group == {g: round(0.1 * n) for g, n in counts.items()}
+    budget = int(0.1 * frame["n_tokens"].sum())
+    result = datamask_select(ddf, budget_tokens=budget, **FAST).compute(scheduler=cuda_client).to_pandas()
+    used = result.loc[result["selected"], "n_tokens"].sum()
+    assert budget - 3 * 400 <= used <= budget
+
+
+def test_cudf_determinism(cuda_client, corpus):
+    ddf = _gpu_frame(corpus, 4)
+    out = datamask_select(ddf, ratio=0.1, seed=3, **FAST)
+    first = out.compute(scheduler=cuda_client).to_pandas()["selected"].to_numpy()
+    again = out.compute(scheduler=cuda_client).to_pandas()["selected"].to_numpy()
+    local = out.compute(scheduler="sync").to_pandas()["selected"].to_numpy()
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(first, local)
+
+
+def test_pandas_partitions_on_the_gpu(cuda_client, corpus):
+    ddf = dd.from_pandas(corpus, npartitions=2, sort=False)
+    result = datamask_select(ddf, ratio=0.1, device="cuda", **FAST).compute(scheduler=cuda_client)
+    assert int(result["selected"].sum()) == 160
+
+
+def test_cudf_bad_input_names_the_partition(cuda_client, corpus):
+    frame = corpus.copy()
+    frame.loc[900, "quality_score"] = np.nan
+    with pytest.raises(InputDataError, match="partition 2: quality column 'quality_score'"):
+        datamask_select(_gpu_frame(frame, 4), ratio=0.1, **FAST).compute(scheduler=cuda_client)
+    ragged = cudf.DataFrame({"chunk_id": [0, 1, 2], "quality_score": [0.1, 0.5, 0.9],
+                             "feature_arr": [[1.0, 0.0], [0.0, 1.0, 0.5], [1.0, 1.0]]})
+    with pytest.raises(InputDataError, match="partition 0: embedding column 'feature_arr' is ragged"):
+        datamask_select(dask_cudf.from_cudf(ragged, npartitions=1), ratio=0.5,
+                        **FAST).compute(scheduler=cuda_client)

@@ -1,0 +1,435 @@
+"""The Dask operator on a real LocalCluster (worker processes) and on the local schedulers."""
+
+from __future__ import annotations
+
+import os
+
+import dask
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import torch
+from conftest import FAST
+
+from datamask_dask import datamask_select, get_client, load_config
+from datamask_dask.errors import InputDataError, OptionError
+from datamask_dask.sample_data import make_corpus
+
+
+def _from_frames(frames: list[pd.DataFrame]) -> dd.DataFrame:
+    """A dask DataFrame whose partitions are exactly ``frames`` (empty ones included)."""
+    with dask.config.set({"dataframe.convert-string": False}):  # keep object columns of arrays as they are
+        return dd.from_map(lambda i: frames[i], range(len(frames)), meta=frames[0].iloc[:0],
+                           enforce_metadata=False)
+
+
+def _from_pandas(frame: pd.DataFrame, npartitions: int) -> dd.DataFrame:
+    """``dd.from_pandas`` that keeps object columns of arrays (Dask would turn them into text)."""
+    with dask.config.set({"dataframe.convert-string": False}):
+        return dd.from_pandas(frame, npartitions=npartitions, sort=False)
+
+
+def _object_embeddings(frame: pd.DataFrame) -> pd.DataFrame:
+    """The same frame with embeddings as an object column of numpy arrays (the fallback format)."""
+    vectors = np.asarray(frame["feature_arr"].array.__arrow_array__().combine_chunks().flatten())
+    d = vectors.size // max(len(frame), 1)
+    column = pd.Series(list(vectors.reshape(len(frame), d)), index=frame.index, dtype=object)
+    return frame.assign(feature_arr=column)
+
+
+def _selected(out, scheduler="sync") -> np.ndarray:
+    return out.compute(scheduler=scheduler)["selected"].to_numpy()
+
+
+# ------------------------------------------------------------------ contract: rows, columns, count
+
+
+def test_exact_count_and_rows_columns_unchanged_on_cluster(client, parquet_dir):
+    ddf = dd.read_parquet(parquet_dir, dtype_backend="pyarrow")
+    out = datamask_select(ddf, ratio=0.1, **FAST)
+    assert isinstance(out, dd.DataFrame) and out.npartitions == ddf.npartitions  # lazy, same partitions
+    result = out.compute(scheduler=client)
+    expected = ddf.compute(scheduler="sync")
+    assert list(result.columns) == [*expected.columns, "selected"]
+    assert result["selected"].dtype == bool
+    pd.testing.assert_frame_equal(result.drop(columns="selected"), expected)
+    assert int(result["selected"].sum()) == round(0.1 * len(expected))
+
+
+def test_pipe_is_the_same_as_a_direct_call(corpus):
+    ddf = dd.from_pandas(corpus, npartitions=3, sort=False)
+    direct = _selected(datamask_select(ddf, ratio=0.2, **FAST), "threads")
+    piped = _selected(ddf.pipe(datamask_select, ratio=0.2, **FAST), "threads")
+    np.testing.assert_array_equal(direct, piped)
+
+
+def test_object_column_embeddings_give_the_same_selection(corpus):
+    arrow = dd.from_pandas(corpus, npartitions=3, sort=False)
+    objects = _from_pandas(_object_embeddings(corpus), npartitions=3)
+    assert objects["feature_arr"].dtype == object
+    np.testing.assert_array_equal(_selected(datamask_select(arrow, ratio=0.1, **FAST)),
+                                  _selected(datamask_select(objects, ratio=0.1, **FAST)))
+
+
+def test_default_parquet_read_gives_object_embeddings_and_works(parquet_dir):
+    ddf = dd.read_parquet(parquet_dir)  # no Arrow dtypes: embeddings arrive as numpy arrays
+    result = datamask_select(ddf, ratio=0.05, **FAST).compute(scheduler="threads")
+    assert int(result["selected"].sum()) == round(0.05 * len(result))
+
+
+def test_score_column_and_index_preserved(corpus):
+    frame = corpus.set_index(corpus.index * 10 + 7)
+    result = datamask_select(dd.from_pandas(frame, npartitions=2, sort=False), ratio=0.1,
+                             score_column="datamask_score", **FAST).compute(scheduler="sync")
+    assert result.index.equals(frame.index)
+    scores = result["datamask_score"]
+    assert scores.dtype == np.float32 and np.isfinite(scores).all()  # every row was learned
+    # within a partition the learner's final mask is the top-k of its scores
+    first = result.iloc[:800]
+    k = int(first["selected"].sum())
+    assert set(first["datamask_score"].nlargest(k).index) == set(first.index[first["selected"]])
+
+
+# ------------------------------------------------------------------ quotas across partitions
+
+
+def _skewed(corpus: pd.DataFrame) -> pd.DataFrame:
+    frame = corpus.copy()
+    frame.loc[frame.index < 800, "quality_score"] *= 0.05  # first half: uniformly poor rows
+    return frame
+
+
+def test_partition_of_low_quality_rows_gets_fewer(client, corpus):
+    ddf = dd.from_pandas(_skewed(corpus), npartitions=2, sort=False)
+    result = datamask_select(ddf, ratio=0.1, **FAST).compute(scheduler=client)
+    low, high = result["selected"].iloc[:800].sum(), result["selected"].iloc[800:].sum()
+    assert low + high == 160
+    assert low < 0.2 * high
+
+
+def test_random_partitions_get_shares_by_size(corpus):
+    shuffled = corpus.sample(frac=1.0, random_state=0)
+    frames = [shuffled.iloc[:400], shuffled.iloc[400:1600]]
+    out = datamask_select(_from_frames(frames), ratio=0.1, oversample=4.0, **FAST)
+    result = out.compute(scheduler="sync")
+    first = int(result["selected"].iloc[:400].sum())
+    assert result["selected"].sum() == 160
+    assert 25 <= first <= 55  # about a quarter
+
+
+def test_prune_is_table_wide(corpus):
+    frame = _skewed(corpus)
+    result = datamask_select(dd.from_pandas(frame, npartitions=2, sort=False), ratio=0.1, prune=0.5,
+                             score_column="s", **FAST).compute(scheduler="sync")
+    threshold = np.sort(frame["quality_score"].to_numpy())[::-1][799]  # the best 800 rows stay eligible
+    chosen = result.loc[result["selected"], "quality_score"]
+    assert len(chosen) == 160 and (chosen >= threshold).all()
+    pruned = result["quality_score"] < threshold
+    assert np.isneginf(result.loc[pruned, "s"]).all()
+
+
+def test_partitions_above_the_sketch_size_still_give_an_exact_count():
+    frame = make_corpus(6000, 8, seed=4)  # 3000-row partitions: the plan works from binned sketches
+    frame["quality_score"] *= np.repeat([0.5, 1.0], 3000)
+    out = datamask_select(dd.from_pandas(frame, npartitions=2, sort=False), ratio=0.1, prune=0.2, **FAST)
+    selected = out.compute(scheduler="threads")["selected"].to_numpy()
+    assert selected.sum() == 600 and selected[:3000].sum() < selected[3000:].sum()
+    threshold = np.quantile(frame["quality_score"], 0.2)  # about the table-wide prune line
+    assert np.quantile(frame["quality_score"].to_numpy()[selected], 0.01) > 0.9 * threshold
+
+
+def test_large_partitions_are_learned_in_chunks(corpus):
+    ddf = dd.from_pandas(corpus, npartitions=2, sort=False)
+    result = datamask_select(ddf, ratio=0.15, max_chunk_rows=150, **FAST).compute(scheduler="threads")
+    assert int(result["selected"].sum()) == 240
+
+
+def test_weighted_quality_columns(corpus):
+    rng = np.random.default_rng(0)
+    frame = corpus.assign(a=rng.random(len(corpus)), b=rng.random(len(corpus)))
+    frame = frame.assign(combined=0.7 * frame["a"] + 0.3 * frame["b"])
+    ddf = dd.from_pandas(frame, npartitions=2, sort=False)
+    weighted = _selected(datamask_select(ddf, ratio=0.1, quality={"a": 0.7, "b": 0.3}, **FAST))
+    single = _selected(datamask_select(ddf, ratio=0.1, quality_column="combined", **FAST))
+    np.testing.assert_array_equal(weighted, single)
+
+
+# ------------------------------------------------------------------ groups and token budgets
+
+
+def _with_groups_and_tokens(corpus: pd.DataFrame) -> pd.DataFrame:
+    rng = np.random.default_rng(5)
+    language = np.where(rng.random(len(corpus)) < 0.3, "de", "en")
+    return corpus.assign(language=language, n_tokens=rng.integers(20, 400, len(corpus)))
+
+
+def test_per_group_quotas(client, corpus):
+    frame = _with_groups_and_tokens(corpus)
+    ddf = dd.from_pandas(frame, npartitions=3, sort=False)
+    counts = frame["language"].value_counts()
+    result = datamask_select(ddf, ratio=0.1, by="language", **FAST).compute(scheduler=client)
+    per_group = result.groupby("language")["selected"].sum()
+    assert per_group.to_dict() == {g: round(0.1 * n) for g, n in counts.items()}
+    out = datamask_select(ddf, ratio={"de": 0.3, "en": 0.05}, by="language", **FAST)
+    result = out.compute(scheduler="sync")
+    per_group = result.groupby("language")["selected"].sum()
+    assert per_group.to_dict() == {"de": round(0.3 * counts["de"]), "en": round(0.05 * counts["en"])}
+
+
+def test_token_budget(client, corpus):
+    frame = _with_groups_and_tokens(corpus)
+    ddf = dd.from_pandas(frame, npartitions=4, sort=False)
+    budget = int(0.1 * frame["n_tokens"].sum())
+    result = datamask_select(ddf, budget_tokens=budget, **FAST).compute(scheduler=client)
+    used = int(result.loc[result["selected"], "n_tokens"].sum())
+    assert used <= budget
+    assert used >= budget - 4 * frame["n_tokens"].max()  # short by less than a row per partition
+    chunked = datamask_select(ddf, budget_tokens=budget, max_chunk_rows=120, **FAST).compute(scheduler="sync")
+    assert budget - 4 * 400 <= chunked.loc[chunked["selected"], "n_tokens"].sum() <= budget
+
+
+def test_token_budget_per_group(corpus):
+    frame = _with_groups_and_tokens(corpus)
+    ddf = dd.from_pandas(frame, npartitions=2, sort=False)
+    budgets = {"de": 5000, "en": 20000}
+    result = datamask_select(ddf, by="language", budget_tokens=budgets, **FAST).compute(scheduler="sync")
+    used = result[result["selected"]].groupby("language")["n_tokens"].sum()
+    for group, budget in budgets.items():
+        assert budget - 2 * 400 <= used[group] <= budget
+
+
+# ------------------------------------------------------------------ determinism
+
+
+def test_same_selection_on_every_scheduler_and_worker_count(client, corpus):
+    ddf = dd.from_pandas(_with_groups_and_tokens(corpus), npartitions=4, sort=False)
+    out = datamask_select(ddf, ratio=0.1, seed=11, score_column="score", **FAST)
+    reference = out.compute(scheduler="sync")
+    runs = {"threads": out.compute(scheduler="threads"), "2 workers": out.compute(scheduler=client)}
+    # A second LocalCluster, started by the package's own helper: 1 worker with 2 threads.
+    with get_client("cpu", n_workers=1, threads_per_worker=2, memory_limit="2GiB", set_as_default=False,
+                    dashboard_address=":0") as one:
+        threads = one.run(lambda: (torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]))
+        assert list(threads.values()) == [(2, "2")]  # BLAS and torch threads follow threads_per_worker
+        runs["1 worker"] = out.compute(scheduler=one)
+    for name, run in runs.items():
+        np.testing.assert_array_equal(run["selected"].to_numpy(), reference["selected"].to_numpy(),
+                                      err_msg=name)
+        np.testing.assert_array_equal(run["score"].to_numpy(), reference["score"].to_numpy(), err_msg=name)
+    again = datamask_select(ddf, ratio=0.1, seed=11, **FAST).compute(scheduler="threads")
+    np.testing.assert_array_equal(again["selected"].to_numpy(), reference["selected"].to_numpy())
+    other_seed = datamask_select(ddf, ratio=0.1, seed=12, **FAST).compute(scheduler="threads")
+    assert other_seed["selected"].sum() == reference["selected"].sum()
+    assert (other_seed["selected"] != reference["selected"]).any()
+
+
+# ------------------------------------------------------------------ small and odd partitions
+
+
+def test_empty_and_one_row_partitions(client, corpus):
+    frames = [corpus.iloc[a:b] for a, b in ((0, 0), (0, 1), (1, 500), (500, 500), (500, 502))]
+    ddf = _from_frames(frames)
+    result = datamask_select(ddf, ratio=0.1, **FAST).compute(scheduler=client)
+    assert result["chunk_id"].tolist() == corpus["chunk_id"].iloc[:502].tolist()
+    assert int(result["selected"].sum()) == round(0.1 * 502)
+    out = datamask_select(ddf, ratio=0.1, **FAST)
+    parts = [out.get_partition(i).compute(scheduler="sync") for i in (0, 3)]
+    assert all(len(p) == 0 and "selected" in p.columns for p in parts)
+    one = dd.from_pandas(corpus.iloc[:1], npartitions=1)
+    assert not datamask_select(one, ratio=0.1, **FAST).compute(scheduler="sync")["selected"].any()  # quota 0
+    assert datamask_select(one, ratio=1.0, **FAST).compute(scheduler="sync")["selected"].all()
+
+
+def test_everything_empty():
+    empty = dd.from_pandas(make_corpus(10, 4).iloc[:0], npartitions=1)
+    result = datamask_select(empty, ratio=0.5).compute(scheduler="sync")
+    assert len(result) == 0 and list(result.columns)[-1] == "selected"
+
+
+def test_string_ids(client, corpus):
+    frame = corpus.assign(chunk_id=[f"doc-{i:05d}" for i in range(len(corpus))])
+    result = datamask_select(dd.from_pandas(frame, npartitions=3, sort=False), ratio=0.1,
+                             **FAST).compute(scheduler=client)
+    assert result["chunk_id"].tolist() == frame["chunk_id"].tolist()
+    assert int(result["selected"].sum()) == 160
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_missing_column_is_named_with_the_available_ones(corpus):
+    ddf = dd.from_pandas(corpus.drop(columns="quality_score"), npartitions=2)
+    with pytest.raises(InputDataError, match=r"no column 'quality_score'.*chunk_id"):
+        datamask_select(ddf, ratio=0.1)
+    with pytest.raises(InputDataError, match="'emb'"):
+        datamask_select(dd.from_pandas(corpus, npartitions=2), embedding_column="emb")
+
+
+def test_column_missing_from_one_partition(corpus):
+    frames = [corpus.iloc[:400], corpus.iloc[400:800], corpus.iloc[800:].drop(columns="quality_score")]
+    with pytest.raises(InputDataError, match=r"partition 2: there is no column 'quality_score'"):
+        datamask_select(_from_frames(frames), ratio=0.1, **FAST).compute(scheduler="sync")
+
+
+def test_nan_quality_names_partition_column_and_ids(client, corpus):
+    frame = corpus.copy()
+    frame.loc[[900, 905], "quality_score"] = np.nan
+    ddf = dd.from_pandas(frame, npartitions=4, sort=False)
+    message = r"partition 2: quality column 'quality_score' has 2 NaN.*ids \[900, 905\]"
+    with pytest.raises(InputDataError, match=message):
+        datamask_select(ddf, ratio=0.1, **FAST).compute(scheduler=client)
+
+
+def test_ragged_embeddings(corpus):
+    frame = _object_embeddings(corpus.iloc[:600])
+    frame.at[450, "feature_arr"] = frame.at[450, "feature_arr"][:10]
+    ddf = _from_pandas(frame, npartitions=2)
+    message = r"partition 1: embedding column 'feature_arr' is ragged.*rows \[150\]"
+    with pytest.raises(InputDataError, match=message):
+        datamask_select(ddf, ratio=0.1, **FAST).compute(scheduler="sync")
+    arrow = pa.array([[1.0, 0.0], [0.0, 1.0, 0.5], [1.0, 1.0]], pa.list_(pa.float32()))
+    small = pd.DataFrame({"chunk_id": [0, 1, 2], "quality_score": [0.1, 0.5, 0.9],
+                          "feature_arr": pd.arrays.ArrowExtensionArray(arrow)})
+    with pytest.raises(InputDataError, match="partition 0: embedding column 'feature_arr' is ragged"):
+        datamask_select(dd.from_pandas(small, npartitions=1), ratio=0.5, **FAST).compute(scheduler="sync")
+
+
+def test_mixed_dimensions_across_partitions():
+    frames = [_object_embeddings(make_corpus(300, 16, seed=1)),
+              _object_embeddings(make_corpus(300, 8, seed=2)).assign(chunk_id=np.arange(300, 600))]
+    with pytest.raises(InputDataError, match=r"partition 1: .* has 8 dimensions but 16 elsewhere"):
+        datamask_select(_from_frames(frames), ratio=0.1, **FAST).compute(scheduler="sync")
+
+
+def test_zero_embedding_is_reported_with_its_id(corpus):
+    frame = _object_embeddings(corpus.iloc[:400])
+    frame.at[123, "feature_arr"] = np.zeros(16, dtype=np.float32)
+    with pytest.raises(InputDataError, match=r"partition 0: .*all-zero.*ids \[123\]"):
+        datamask_select(_from_pandas(frame, npartitions=1), ratio=0.1, **FAST).compute(scheduler="sync")
+
+
+def test_embeddings_turned_into_text_by_dask(corpus):
+    ddf = dd.from_pandas(_object_embeddings(corpus), npartitions=2)  # convert-string is on by default
+    with pytest.raises(InputDataError, match="convert-string"):
+        datamask_select(ddf, ratio=0.1)
+
+
+@pytest.mark.parametrize("ratio", [0, -0.1, 1.5, "0.1", True])
+def test_ratio_out_of_range(corpus, ratio):
+    with pytest.raises(OptionError, match="ratio"):
+        datamask_select(dd.from_pandas(corpus, npartitions=2), ratio=ratio)
+
+
+def test_ratio_above_eligible_share(corpus):
+    out = datamask_select(dd.from_pandas(corpus, npartitions=2), ratio=0.8, prune=0.4, **FAST)
+    with pytest.raises(OptionError, match=r"ratio=0.8 cannot be met.*eligible"):
+        out.compute(scheduler="sync")
+
+
+def test_budget_that_cannot_be_met(corpus):
+    frame = _with_groups_and_tokens(corpus)
+    ddf = dd.from_pandas(frame, npartitions=2)
+    total = int(frame["n_tokens"].sum())
+    with pytest.raises(OptionError, match=rf"budget_tokens={total + 1} cannot be met.*{total} tokens"):
+        datamask_select(ddf, budget_tokens=total + 1, **FAST).compute(scheduler="sync")
+    with pytest.raises(OptionError, match="not both"):
+        datamask_select(ddf, ratio=0.1, budget_tokens=1000)
+    with pytest.raises(OptionError, match="by="):
+        datamask_select(ddf, budget_tokens=1000, by="language")
+    with pytest.raises(InputDataError, match="'n_tokens'"):
+        datamask_select(dd.from_pandas(corpus, npartitions=2), budget_tokens=1000)
+
+
+def test_duplicate_ids_across_partitions(client, corpus):
+    frame = corpus.copy()
+    frame.loc[1500, "chunk_id"] = 3
+    frame.loc[1501, "chunk_id"] = 7
+    ddf = dd.from_pandas(frame, npartitions=4, sort=False)
+    with pytest.raises(InputDataError, match=r"'chunk_id' has 2 duplicate.*3 \(partitions \[0, 3\]\).*7"):
+        datamask_select(ddf, ratio=0.1, **FAST).compute(scheduler=client)
+    result = datamask_select(ddf, ratio=0.1, check_ids=False, **FAST).compute(scheduler="sync")
+    assert int(result["selected"].sum()) == 160
+    frame = corpus.assign(chunk_id=corpus["chunk_id"].astype("Int64"))
+    frame.loc[1203, "chunk_id"] = None
+    with pytest.raises(InputDataError, match=r"partition 3: id column 'chunk_id' has 1 null.*rows \[3\]"):
+        datamask_select(dd.from_pandas(frame, npartitions=4, sort=False), ratio=0.1).compute(scheduler="sync")
+
+
+def test_bad_options(corpus):
+    ddf = dd.from_pandas(corpus, npartitions=2)
+    with pytest.raises(OptionError, match="unknown option 'n_epoch'"):
+        datamask_select(ddf, n_epoch=3)
+    with pytest.raises(OptionError, match="n_rollout"):
+        datamask_select(ddf, n_rollout=1)
+    with pytest.raises(OptionError, match="already has a column 'quality_score'"):
+        datamask_select(ddf, selected_column="quality_score")
+    with pytest.raises(OptionError, match="device"):
+        datamask_select(ddf, device="tpu")
+    with pytest.raises(OptionError, match=r"\{group: ratio\} needs by="):
+        datamask_select(ddf, ratio={"en": 0.1})
+    with pytest.raises(TypeError, match="dask DataFrame"):
+        datamask_select(corpus)
+
+
+# ------------------------------------------------------------------ configuration
+
+
+def test_config_precedence(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_text("n_epochs: 30\nlamb: 0.2\nselect_ratio: 0.3\n")
+    with dask.config.set({"datamask.n_epochs": 50, "datamask.lamb": 0.4, "datamask.n-rollout": 16}):
+        assert load_config()["n_epochs"] == 50  # dask.config > defaults
+        settings = load_config(config, lamb=0.1)
+    assert settings["n_epochs"] == 30  # file > dask.config
+    assert settings["lamb"] == 0.1  # kwargs > file
+    assert settings["n_rollout"] == 16  # dask.config, hyphens accepted
+    assert settings["ratio"] == 0.3  # the reference tool's name is an alias
+    assert load_config()["n_epochs"] == load_config(None)["n_epochs"] != 50
+
+
+def test_config_files_in_the_repository():
+    from pathlib import Path
+
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    gpu = load_config(conf / "gpu.yaml")
+    assert {k: gpu[k] for k in ("n_epochs", "partial", "n_rollout", "max_lr", "min_lr", "init", "lamb",
+                                "algorithm")} == {"n_epochs": 5000, "partial": 0.1, "n_rollout": 128,
+                                                  "max_lr": 10.0, "min_lr": 1.0, "init": "quality",
+                                                  "lamb": 0.5, "algorithm": "DiSF"}
+    cpu = load_config(conf / "cpu.yaml")
+    assert cpu["n_epochs"] < gpu["n_epochs"] and cpu["n_rollout"] < gpu["n_rollout"]
+
+
+def test_bad_config_files(tmp_path):
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("n_epochs: 10\nlearning_rate: 3\n")
+    with pytest.raises(OptionError, match="unknown option 'learning_rate'.*known options"):
+        load_config(unknown)
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text("n_epochs: !!python/object/apply:os.system ['echo hi']\n")
+    with pytest.raises(OptionError, match="not valid YAML"):
+        load_config(unsafe)
+    with pytest.raises(OptionError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("datamask:\n  n_epochs: 7\n")
+    assert load_config(nested)["n_epochs"] == 7
+    with dask.config.set({"datamask.n_epochz": 5}), pytest.raises(OptionError, match="dask.config"):
+        load_config()
+
+
+def test_operator_honours_the_precedence(tmp_path, corpus):
+    ddf = dd.from_pandas(corpus, npartitions=2)
+    bad, good = tmp_path / "bad.yaml", tmp_path / "good.yaml"
+    bad.write_text("n_rollout: 1\n")  # invalid: it must reach the learner options to fail
+    good.write_text("n_rollout: 8\nn_epochs: 20\n")
+    with pytest.raises(OptionError, match="n_rollout"):
+        datamask_select(ddf, config=bad)
+    datamask_select(ddf, config=bad, n_rollout=8)  # kwargs win over the file
+    with dask.config.set({"datamask.n_rollout": 1}):
+        with pytest.raises(OptionError, match="n_rollout"):
+            datamask_select(ddf)
+        result = datamask_select(ddf, ratio=0.1, config=good).compute(scheduler="sync")  # file wins
+    assert int(result["selected"].sum()) == 160
