@@ -11,10 +11,13 @@ from .engine import MaskResult, learn_mask
 from .errors import DataMaskError, InputDataError, OptionError
 from .objectives import DiversityMetric, evaluate_selection, register_metric
 from .options import DataMaskOptions
+from .resume import ResumeError, SelectionReport, write_selection
+from .validate import ValidationReport, validate_table
 
 __all__ = [
     "DataMaskError", "DataMaskOptions", "DiversityMetric", "InputDataError", "MaskResult",
     "OptionError", "datamask_select", "evaluate_selection", "get_client", "learn_mask",
     "load_config", "register_metric",
+    "ResumeError", "SelectionReport", "ValidationReport", "validate_table", "write_selection",
 ]
 __version__ = "0.1.0"

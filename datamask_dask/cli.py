@@ -1,9 +1,16 @@
-"""Command line: ``datamask select --input IN --output OUT [options]`` and ``datamask demo``.
+"""Command line: ``datamask select --input IN --output OUT [options]``, ``datamask validate --input IN``
+and ``datamask demo``.
 
 ``IN`` is a parquet file or a directory of parquet files (partitioned dataset); ``OUT`` is written
 as a file when ``IN`` is a file, else as a directory, with every input row and column plus
-``selected``. The output appears only when complete: it is written to a hidden sibling path
-and renamed into place.
+``selected``. The output appears only when complete: partitions are written as they finish to
+a hidden work directory next to ``OUT`` (with completion markers and a manifest), then published
+in one rename. Running the same command again after an interruption resumes: finished
+partitions are not recomputed (``--no-resume`` starts over). See :mod:`datamask_dask.resume`.
+
+``datamask validate`` runs the input checks alone (schema, types, NaN/inf, embedding dimension
+and norm, duplicate ids, option ranges) and exits 0 with a one-line summary, or 1 with every
+problem found.
 
 The learner flags are the reference tool's (``--n_epochs --algorithm --partial --max_lr --min_lr
 --n_rollout --select_ratio --init --lamb``; hyphenated spellings work too). Flags override a
@@ -23,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataMaskError
+
+# Failures reported as one line (no traceback): bad input or options, files, unreadable parquet.
+_REPORTED = (DataMaskError, OSError)
 
 _INITS = ("quality", "same")
 _DEVICES = ("auto", "cpu", "cuda")
@@ -72,11 +82,16 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--score-column", "--score_column", dest="score_column",
                      help="also write the learned scores under this name")
     job.add_argument("--max-chunk-rows", "--max_chunk_rows", dest="max_chunk_rows", type=int)
+    job.add_argument("--memory-budget", "--memory_budget", dest="memory_budget",
+                     help="working memory per selection task, e.g. 2GiB (default: from the workers' limit)")
+    job.add_argument("--validate", choices=("full", "light"),
+                     help="full (default): check every embedding before learning; light: small columns only")
 
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "seed", "prune", "device", "id_column", "quality_column", "embedding_column", "by",
-                "budget_tokens", "token_column", "score_column", "max_chunk_rows")
+                "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
+                "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,9 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--input", help="parquet file or directory")
     select.add_argument("--output", help="output file (if --input is a file) or directory")
     select.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    select.add_argument("--no-resume", dest="resume", action="store_false",
+                        help="discard the finished partitions of an interrupted run instead of reusing them")
     select.add_argument("--demo", action="store_true", help="run on the embedded sample corpus instead")
     _add_corpus_options(select)
     _add_job_options(select)
+    validate = commands.add_parser("validate", help="check an input and the options, select nothing",
+                                   description="Run the input checks of `datamask select` alone: exit 0 "
+                                   "with a summary, or 1 with every problem found.")
+    validate.add_argument("--input", required=True, help="parquet file or directory")
+    _add_job_options(validate)
     demo = commands.add_parser("demo", help="run end to end on the embedded sample corpus")
     demo.add_argument("--output", help="also write the result here (parquet directory)")
     demo.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
@@ -123,12 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     client = None
     try:
         client = _start_client(args)
+        if args.command == "validate":
+            return _run_validate(args, options)
         if args.command == "demo" or args.demo:
             _run_demo(args, options)
         else:
             _run_select(args, options)
-    except (DataMaskError, FileExistsError, FileNotFoundError) as exc:
+    except _REPORTED as exc:
         print(f"datamask: error: {exc}", file=sys.stderr)
+        if args.command == "select" and getattr(args, "output", None):
+            from .resume import work_dir
+
+            work = work_dir(args.output)
+            if work.exists():
+                print(f"datamask: finished partitions are kept in {work}; run the same command again to "
+                      "resume", file=sys.stderr)
         return 1
     finally:
         if client is not None:
@@ -149,21 +180,47 @@ def _start_client(args):
 
 
 def _run_select(args, options: dict) -> None:
-    from .config import load_config
-    from .dask_select import datamask_select
-    from .parquet import read_parquet, selected_counts, write_parquet
+    from .parquet import read_parquet
+    from .resume import write_selection
 
     source, target = Path(args.input), Path(args.output)
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
     if target.exists() and not args.overwrite:
         raise FileExistsError(f"--output {target} exists; pass --overwrite to replace it")
-    start = time.perf_counter()
-    result = datamask_select(read_parquet(source), config=args.config, **options)
-    write_parquet(result, target, single_file=source.is_file(), overwrite=args.overwrite)
-    rows, selected = selected_counts(target, load_config(args.config, **options)["selected_column"])
-    print(f"datamask: {rows} rows, {selected} selected ({selected / max(rows, 1):.1%}) "
-          f"in {time.perf_counter() - start:.1f} s -> {target}")
+    report = write_selection(read_parquet(source), target, config=args.config, overwrite=args.overwrite,
+                             resume=args.resume, single_file=source.is_file(),
+                             input_fingerprint=input_fingerprint(source), **options)
+    resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
+              "reused from the interrupted run" if report.reused else ""
+    print(f"datamask: {report.rows} rows, {report.selected} selected "
+          f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s{resumed} -> {target}")
+
+
+def input_fingerprint(source: Path) -> list:
+    """Names, sizes and modification times of the input's data files (a resume must see the same)."""
+    if source.is_file():
+        files = [source]
+    else:
+        files = sorted(p for p in source.rglob("*") if p.is_file()
+                       and not any(part.startswith((".", "_")) for part in p.relative_to(source).parts))
+    return [[p.relative_to(source).as_posix() if p != source else p.name, p.stat().st_size,
+             p.stat().st_mtime_ns] for p in files]
+
+
+def _run_validate(args, options: dict) -> int:
+    from .parquet import read_parquet
+    from .validate import validate_table
+
+    source = Path(args.input)
+    if not source.exists():
+        raise FileNotFoundError(f"--input {source} does not exist")
+    report = validate_table(read_parquet(source), config=args.config, **options)
+    if report.ok:
+        print(f"datamask validate: {source}: {report.summary()}")
+        return 0
+    print(f"datamask validate: {source}: {report.summary()}", file=sys.stderr)
+    return 1
 
 
 def _run_demo(args, options: dict) -> None:

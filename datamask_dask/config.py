@@ -36,6 +36,8 @@ OPERATOR_DEFAULTS: dict = {
     "max_chunk_rows": 200_000,  # larger partitions are learned in chunks of at most this many rows
     "oversample": 2.0,  # candidate pool = table-wide quality top (oversample * quota) rows
     "check_ids": True,  # fail on duplicate ids (needs every id in one task: turn off for huge tables)
+    "validate": "full",  # "full": the plan pass checks every embedding too; "light": small columns only
+    "memory_budget": None,  # bytes (or "2GiB") per selection task; None: from the workers' limits
 }
 
 #: Other spellings accepted for a key (the reference tool's and the issue's).

@@ -4,77 +4,59 @@ Backends accepted: Dask DataFrames with pandas or cuDF partitions (see :mod:`.ad
 
 The result is lazy. Its graph has two passes over the input:
 
-1. **Plan** (small): the id, quality, group and token columns only. Each partition sends a
-   quality sketch (:mod:`.quotas`); a tree reduction checks that ids are unique; the first
-   non-empty partitions give the embedding dimension when the dtype does not say it. One task
-   then turns the sketches into integer quotas (or token budgets) per partition and group, so
-   the selected total is exact, and fixes the table-wide quality range.
+1. **Plan** (small): the id, quality, group and token columns, and with ``validate="full"`` (the
+   default) the embeddings too. Each partition is checked first (:mod:`.validate`: NaN quality,
+   null ids, ragged, NaN or zero embeddings...), so bad input fails here, before any learning,
+   naming the column, partition and rows. Each partition then sends a quality sketch
+   (:mod:`.quotas`); a tree reduction checks that ids are unique. One task turns the sketches
+   into integer quotas (or token budgets) per partition and group, so the selected total is
+   exact, and fixes the table-wide quality range and the embedding dimension.
 2. **Select**: ``map_partitions`` with an explicit ``meta``. Each partition keeps its eligible
    rows (its best by quality, as many as the plan says), splits them into chunks of at most
-   ``max_chunk_rows`` rows, and runs the learner (:func:`~datamask_dask.engine.learn_mask`) on
-   each chunk with a seed derived from (seed, partition, group, chunk). Every input row and
-   column comes back unchanged and in order, plus ``selected``.
+   ``max_chunk_rows`` rows (fewer when a ``memory_budget`` asks for it, see :mod:`.memory`),
+   and runs the learner (:func:`~datamask_dask.engine.learn_mask`) on each chunk with a seed
+   derived from (seed, partition, group, chunk). Every input row and column comes back
+   unchanged and in order, plus ``selected``.
 
 Same input, partitioning and seed give the same ``selected`` on any scheduler and any number of
-workers: nothing depends on where or when a task runs.
+workers: nothing depends on where or when a task runs. :func:`plan_selection` and
+:func:`apply_plan` expose the two passes separately (the resumable writer,
+:func:`datamask_dask.write_selection`, computes the plan once and records it).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import dask
 import numpy as np
-import pandas as pd
+from dask.delayed import Delayed
 
 from . import adapters
-from .config import learner_options, load_config
+from .config import load_config
 from .engine import learn_mask
 from .errors import InputDataError, OptionError
-from .options import DataMaskOptions
+from .memory import plan_memory
 from .quotas import fit_budget, make_sketch, plan_rows, plan_tokens, split_budget, split_quota
+from .validate import (
+    SelectSpec,
+    check_partition,
+    check_vectors,
+    dimension_problems,
+    duplicate_problems,
+    group_codes,
+    id_graph,
+    make_spec,
+    problems_error,
+    quality_values,
+    token_values,
+)
 
-_PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when the dtype does not say
-_SPLIT_EVERY = 8  # fan-in of the duplicate-id tree reduction
-_SHOW = 5
-_DEVICES = ("auto", "cpu", "cuda")
+__all__ = ["SelectSpec", "apply_plan", "datamask_select", "make_plan", "make_spec", "plan_selection",
+           "select_partition"]
 
-
-@dataclass(frozen=True)
-class SelectSpec:
-    """Resolved, validated settings of one ``datamask_select`` call (travels inside the plan)."""
-
-    id_column: str
-    quality: tuple  # ((column, weight), ...), weights summing to 1
-    embedding_column: str
-    selected_column: str
-    score_column: str | None
-    by: str | None
-    ratio: float | dict | None
-    budget: int | dict | None
-    token_column: str | None
-    prune: float
-    oversample: float
-    max_chunk_rows: int
-    device: str
-    check_ids: bool
-    options: DataMaskOptions  # the learner's, with prune=0: pruning is table-wide, done here
-
-    @property
-    def plan_columns(self) -> list[str]:
-        names = ([self.id_column] if self.check_ids else []) + [c for c, _ in self.quality]
-        names += [self.by] if self.by else []
-        names += [self.token_column] if self.budget is not None else []
-        return list(dict.fromkeys(names))
-
-    @property
-    def select_columns(self) -> list[str]:
-        names = [c for c, _ in self.quality] + [self.embedding_column]
-        names += [self.by] if self.by else []
-        names += [self.token_column] if self.budget is not None else []
-        return list(dict.fromkeys(names))
+_PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when nothing else says it
 
 
 def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -129,6 +111,17 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         check_ids : bool, default True
             Fail on duplicate or null ids. The check is a tree reduction whose last task holds
             every distinct id: turn it off for tables whose ids do not fit in one worker.
+        validate : {"full", "light"}, default "full"
+            ``"full"``: the plan pass also reads every embedding and checks it (null, ragged,
+            dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
+            ``"light"``: the plan pass reads only the small columns (one read of the embeddings
+            less); embeddings are then checked chunk by chunk just before they are learned.
+        memory_budget : int or str, optional
+            Working memory of one selection task beyond its partition, in bytes or as text
+            (``"2GiB"``): chunks and the learner's batches are sized to fit (see
+            :mod:`datamask_dask.memory`). Default: half the per-thread memory limit of the
+            current distributed cluster's workers, or most of a GPU's free memory when learning
+            on one; no bound on the local schedulers. ``"off"``: no bound.
 
     Returns
     -------
@@ -150,10 +143,40 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
     >>> out = ddf.pipe(datamask_select, ratio=0.1, n_epochs=200)   # doctest: +SKIP
     >>> out.to_parquet("s3://bucket/selected/")                     # doctest: +SKIP
     """
+    spec, plan = plan_selection(ddf, ratio, config=config, **options)
+    return apply_plan(ddf, spec, plan)
+
+
+def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, scheduler=None, **options):
+    """Validate the options against ``ddf``'s schema and build the lazy plan pass.
+
+    Parameters
+    ----------
+    ddf, ratio, config, **options
+        As for :func:`datamask_select`.
+    scheduler : optional
+        The scheduler the job will run on (a distributed Client gives the default
+        ``memory_budget``); by default the current default Client, if any.
+
+    Returns
+    -------
+    spec : SelectSpec
+    plan : dask.delayed.Delayed
+        Computes to the plan dict that :func:`apply_plan` and :func:`select_partition` follow.
+    """
     settings = load_config(config, ratio=ratio, **options)
     ratio_given = ratio is not None or "select_ratio" in options
-    spec = make_spec(ddf, settings, ratio_given=ratio_given)
-    plan = _plan_graph(ddf, spec)
+    spec = make_spec(ddf, settings, ratio_given=ratio_given, scheduler=scheduler)
+    return spec, plan_graph(ddf, spec)
+
+
+def apply_plan(ddf, spec: SelectSpec, plan):
+    """The select pass: ``ddf`` plus the ``selected`` column (lazy), following ``plan``.
+
+    ``plan`` is the Delayed from :func:`plan_selection` or the dict it computes to.
+    """
+    if not isinstance(plan, Delayed):  # one graph node that every partition's task refers to
+        plan = dask.delayed(plan, traverse=False)
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
@@ -161,143 +184,23 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
     return ddf.map_partitions(select_partition, plan, meta=meta)
 
 
-# --------------------------------------------------------------------------- call-time checks
-
-
-def make_spec(ddf, settings: Mapping, *, ratio_given: bool = True) -> SelectSpec:
-    """Validate resolved settings against ``ddf``'s schema (no data is read)."""
-    import dask.dataframe as dd
-
-    if not isinstance(ddf, dd.DataFrame):
-        raise TypeError(f"datamask_select needs a dask DataFrame, got {type(ddf).__name__}; wrap a pandas "
-                        "frame with dask.dataframe.from_pandas(df, npartitions=...)")
-    meta = ddf._meta
-    options = learner_options(settings)
-    quality = _quality_weights(settings["quality_column"])
-    by = settings["by"]
-    budget, ratio = settings["budget_tokens"], settings["ratio"]
-    if budget is not None:
-        if ratio_given:
-            raise OptionError("give either ratio (a share of rows) or budget_tokens (a token budget), "
-                              "not both")
-        ratio = None
-        budget = _check_budget(budget, by)
-    else:
-        ratio = _check_ratio(ratio, by)
-    spec = SelectSpec(
-        id_column=str(settings["id_column"]), quality=quality,
-        embedding_column=str(settings["embedding_column"]),
-        selected_column=str(settings["selected_column"]),
-        score_column=None if settings["score_column"] is None else str(settings["score_column"]),
-        by=None if by is None else str(by), ratio=ratio, budget=budget,
-        token_column=str(settings["token_column"]) if budget is not None else None,
-        prune=options.prune, oversample=_check_number(settings["oversample"], "oversample", 1.0),
-        max_chunk_rows=int(_check_number(settings["max_chunk_rows"], "max_chunk_rows", 2, integer=True)),
-        device=_check_device(settings["device"]), check_ids=bool(settings["check_ids"]),
-        options=options.replace(prune=0.0))
-    adapters.require_columns(meta, list(dict.fromkeys(spec.plan_columns + spec.select_columns)),
-                             "the dataframe")
-    adapters.check_embedding_dtype(meta[spec.embedding_column].dtype, spec.embedding_column, "the dataframe")
-    for name, _ in quality:
-        if not pd.api.types.is_numeric_dtype(meta[name].dtype):
-            raise InputDataError(f"quality column {name!r} must be numeric, got dtype {meta[name].dtype}")
-    for name in filter(None, (spec.selected_column, spec.score_column)):
-        if name in meta.columns:
-            raise OptionError(f"the dataframe already has a column {name!r}: pick another output name "
-                              "with selected_column= / score_column= (the input is never overwritten)")
-    if spec.score_column == spec.selected_column:
-        raise OptionError("score_column and selected_column must differ")
-    return spec
-
-
-def _quality_weights(value) -> tuple:
-    if isinstance(value, str):
-        return ((value, 1.0),)
-    if isinstance(value, Mapping):
-        items = list(value.items())
-    elif isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
-        items = [(v, 1.0) for v in value]
-    else:
-        raise OptionError(f"option quality_column={value!r} must be a column name, a list of names or "
-                          "{name: weight}")
-    if not items or any(not isinstance(w, int | float) or isinstance(w, bool) or not w > 0 for _, w in items):
-        raise OptionError(f"option quality_column={value!r}: weights must be numbers > 0")
-    total = float(sum(w for _, w in items))
-    return tuple((str(name), float(w) / total) for name, w in items)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
-
-
-def _check_ratio(ratio, by):
-    if isinstance(ratio, Mapping):
-        if by is None:
-            raise OptionError("ratio given as {group: ratio} needs by= (the group column)")
-        for group, value in ratio.items():
-            if not _is_number(value) or not 0 <= value <= 1:
-                raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
-        return {adapters._plain(k): float(v) for k, v in ratio.items()}
-    if not _is_number(ratio) or not 0 < ratio <= 1:
-        raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
-    return float(ratio)
-
-
-def _check_budget(budget, by):
-    if isinstance(budget, Mapping):
-        if by is None:
-            raise OptionError("budget_tokens given as {group: tokens} needs by= (the group column)")
-        for group, value in budget.items():
-            if not _is_number(value) or value < 0 or value != int(value):
-                raise OptionError(f"budget_tokens for group {group!r} is {value!r}: expected a whole "
-                                  "number of tokens >= 0")
-        return {adapters._plain(k): int(v) for k, v in budget.items()}
-    if by is not None:
-        raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would not say "
-                          "how to share it between groups)")
-    if not _is_number(budget) or budget < 1 or budget != int(budget):
-        raise OptionError(f"budget_tokens={budget!r} is invalid: expected a whole number of tokens >= 1")
-    return int(budget)
-
-
-def _check_number(value, name: str, minimum: float, integer: bool = False):
-    if not _is_number(value) or value < minimum or (integer and value != int(value)):
-        kind = "an integer" if integer else "a number"
-        raise OptionError(f"option {name}={value!r} is invalid: expected {kind} >= {minimum}")
-    return value
-
-
-def _check_device(device) -> str:
-    device = str(device)
-    if device not in _DEVICES and not (device.startswith("cuda:") and device[5:].isdigit()):
-        raise OptionError(f"option device={device!r} is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    return device
-
-
 # --------------------------------------------------------------------------- plan pass
 
 
-def _plan_graph(ddf, spec: SelectSpec):
-    """The lazy plan: per-partition sketches, id check and dimension probe, reduced to one task."""
-    parts = _plan_input(ddf, spec.plan_columns).to_delayed()
+def plan_graph(ddf, spec: SelectSpec):
+    """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
+    parts = plan_input(ddf, spec.plan_columns).to_delayed()
     summaries = [dask.delayed(summarise_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
-    ids = None
-    if spec.check_ids:
-        level = [dask.delayed(_partition_ids, pure=True)(part, i, spec.id_column)
-                 for i, part in enumerate(parts)]
-        while len(level) > 1:
-            level = [dask.delayed(_merge_ids, pure=True)(level[i:i + _SPLIT_EVERY])
-                     for i in range(0, len(level), _SPLIT_EVERY)]
-        ids = dask.delayed(_id_report, pure=True)(level[0])
+    ids = id_graph(parts, spec.id_column) if spec.check_ids else None
     dim = adapters.fixed_dimension(ddf._meta[spec.embedding_column].dtype)
-    if dim is None:
+    if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
         n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
         probes = ddf[spec.embedding_column].partitions[list(range(n_probe))].to_delayed()
         dim = dask.delayed(_probe_dimension, pure=True)(probes)
     return dask.delayed(make_plan, pure=True)(summaries, ids, dim, spec)
 
 
-def _plan_input(ddf, columns: list[str]):
+def plan_input(ddf, columns: list[str]):
     """``ddf[columns]``, read column-pruned where the source allows it.
 
     Where the source cannot prune columns (the projection would run on whole partitions), a
@@ -321,85 +224,25 @@ def _take_columns(frame, columns: list[str], partition_info=None):
     return frame[columns]
 
 
-def combined_quality(frame, spec: SelectSpec, where: str) -> np.ndarray:
-    """The (weighted) quality of each row; NaN or infinite values raise, naming the column."""
-    total = np.zeros(len(frame), dtype=np.float64)
-    for name, weight in spec.quality:
-        values = adapters.numeric_values(frame, name, where)
-        bad = np.flatnonzero(~np.isfinite(values))
-        if bad.size:
-            raise InputDataError(f"{where}: quality column {name!r} has {bad.size} NaN or infinite value(s) "
-                                 f"at rows {bad[:_SHOW].tolist()}{_ids_of(frame, spec, bad)}: fill or drop "
-                                 "them before selecting")
-        total += weight * values
-    return total
-
-
-def _token_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
-    values = adapters.numeric_values(frame, spec.token_column, where)
-    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
-    if bad.size:
-        raise InputDataError(f"{where}: token column {spec.token_column!r} has {bad.size} missing or "
-                             f"negative value(s) at rows {bad[:_SHOW].tolist()}{_ids_of(frame, spec, bad)}")
-    return values
-
-
-def _ids_of(frame, spec: SelectSpec, rows: np.ndarray) -> str:
-    if spec.id_column not in frame.columns:
-        return ""
-    return f" (ids {adapters.host_values(frame, spec.id_column).iloc[rows[:_SHOW]].tolist()})"
-
-
-def _groups(frame, spec: SelectSpec, where: str) -> tuple[np.ndarray, list]:
-    if spec.by is None:
-        return np.zeros(len(frame), dtype=np.int64), ([None] if len(frame) else [])
-    return adapters.group_codes(frame, spec.by, where)
-
-
 def summarise_partition(frame, number: int, spec: SelectSpec) -> dict:
-    """One partition's contribution to the plan: row count and, per group, a quality sketch."""
-    where = f"partition {number}"
-    adapters.require_columns(frame, spec.plan_columns, where)
-    quality = combined_quality(frame, spec, where)
-    tokens = _token_values(frame, spec, where) if spec.budget is not None else None
-    codes, labels = _groups(frame, spec, where)
+    """One partition's contribution to the plan, after its checks: rows, dimension, sketches."""
+    check = check_partition(frame, number, spec)
+    check.raise_if_failed()
+    return summarise_check(check)
+
+
+def summarise_check(check) -> dict:
+    """The plan summary of a partition that passed :func:`~datamask_dask.validate.check_partition`."""
+    codes, labels = check.codes, check.labels
+    if codes is None:  # no group column: one group
+        codes, labels = np.zeros(check.rows, dtype=np.int64), ([None] if check.rows else [])
     cells = {}
     for code, label in enumerate(labels):
         rows = codes == code
-        q = quality[rows]
-        cells[label] = {"sketch": make_sketch(q, None if tokens is None else tokens[rows]),
+        q = check.quality[rows]
+        cells[label] = {"sketch": make_sketch(q, None if check.tokens is None else check.tokens[rows]),
                         "min": float(q.min()), "max": float(q.max())}
-    return {"n": len(frame), "cells": cells}
-
-
-def _partition_ids(frame, number: int, id_column: str):
-    ids = adapters.host_values(frame, id_column)
-    nulls = np.flatnonzero(ids.isna().to_numpy())
-    if nulls.size:
-        raise InputDataError(f"partition {number}: id column {id_column!r} has {nulls.size} null value(s) at "
-                             f"rows {nulls[:_SHOW].tolist()}: every row needs an id")
-    first = pd.Series(number, index=pd.Index(ids.to_numpy()), dtype=np.int64)
-    return _dedupe(first, 0, [])
-
-
-def _dedupe(series: pd.Series, n_dup: int, examples: list):
-    dup = series.index.duplicated(keep="first")
-    if dup.any():
-        n_dup += int(dup.sum())
-        for value in series.index[dup].unique()[:max(0, _SHOW - len(examples))]:
-            examples.append((adapters._plain(value), sorted({int(p) for p in series.loc[[value]]})))
-        series = series[~dup]
-    return series, n_dup, examples
-
-
-def _merge_ids(results: list):
-    series = pd.concat([r[0] for r in results])
-    examples = [e for r in results for e in r[2]][:_SHOW]
-    return _dedupe(series, sum(r[1] for r in results), examples)
-
-
-def _id_report(result) -> tuple[int, list]:
-    return result[1], result[2]
+    return {"n": check.rows, "cells": cells, "dim": check.dim, "digest": check.digest}
 
 
 def _probe_dimension(parts: list) -> int | None:
@@ -414,13 +257,21 @@ def _group_sort_key(label):
 
 
 def make_plan(summaries: list[dict], ids, dim, spec: SelectSpec) -> dict:
-    """Integer quotas (or token budgets) per partition and group, and the table-wide quality range."""
-    if ids is not None and ids[0]:
-        shown = ", ".join(f"{value!r} (partitions {parts})" for value, parts in ids[1])
-        raise InputDataError(
-            f"id column {spec.id_column!r} has {ids[0]} duplicate value(s), e.g. {shown}; ids must be "
-            f"unique across the table: deduplicate first (e.g. ddf.drop_duplicates(subset=["
-            f"{spec.id_column!r}])) or pass check_ids=False")
+    """Integer quotas (or token budgets) per partition and group, and the table-wide quality range.
+
+    Raises
+    ------
+    InputDataError
+        For duplicate ids or mixed embedding dimensions across partitions.
+    OptionError
+        For a ratio or token budget the data cannot meet.
+    """
+    dims = [s.get("dim") for s in summaries]
+    problems = duplicate_problems(ids, spec.id_column) + dimension_problems(dims, spec.embedding_column)
+    if problems:
+        raise problems_error(problems)
+    if dim is None:
+        dim = next((d for d in dims if d is not None), None)
     labels = sorted({label for s in summaries for label in s["cells"]}, key=_group_sort_key)
     cells: dict[int, list] = {}
     ranges = {}
@@ -456,7 +307,8 @@ def make_plan(summaries: list[dict], ids, dim, spec: SelectSpec) -> dict:
         for (partition, _), (eligible, quota, budget) in zip(members, plan.T, strict=True):
             cells.setdefault(partition, []).append(
                 (label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
-    return {"spec": spec, "cells": cells, "rows": [s["n"] for s in summaries], "dim": dim, "ranges": ranges}
+    return {"spec": spec, "cells": cells, "rows": [s["n"] for s in summaries], "dim": dim, "ranges": ranges,
+            "digests": [s.get("digest", "") for s in summaries]}
 
 
 # --------------------------------------------------------------------------- select pass
@@ -480,16 +332,17 @@ def select_partition(frame, plan: dict, partition_info=None):
     if n and cells:
         adapters.require_columns(frame, spec.select_columns, where)
         source = adapters.embedding_source(frame[spec.embedding_column], where, plan["dim"])
-        quality = combined_quality(frame, spec, where)
-        tokens = _token_values(frame, spec, where) if spec.budget is not None else None
-        codes, labels = _groups(frame, spec, where)
+        quality = quality_values(frame, spec, where)
+        tokens = token_values(frame, spec, where) if spec.budget is not None else None
+        codes, labels = group_codes(frame, spec, where)
         device = _resolve_device(spec.device, frame, where)
+        memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
         code_of = {label: code for code, label in enumerate(labels)}
         for label, index, eligible, quota, budget in cells:
             rows = np.flatnonzero(codes == code_of[label])
             context = where if spec.by is None else f"{where}, group {label!r}"
             _select_cell(rows, eligible, quota, budget, index, quality, tokens, source, frame, spec, plan,
-                         number, device, context, selected, scores)
+                         number, device, context, selected, scores, memory)
     columns = {spec.selected_column: selected}
     if spec.score_column:
         columns[spec.score_column] = scores
@@ -497,7 +350,7 @@ def select_partition(frame, plan: dict, partition_info=None):
 
 
 def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, source, frame, spec, plan,
-                 number, device, context, selected, scores) -> None:
+                 number, device, context, selected, scores, memory) -> None:
     """Select inside one group of one partition: eligible rows, chunks, learner, budget."""
     order = np.argsort(-quality[rows], kind="stable")
     eligible = np.sort(rows[order[:n_eligible]])
@@ -506,7 +359,7 @@ def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, 
         scores[eligible] = np.nan
     if eligible.size == 0 or (quota == 0 if budget is None else budget == 0):
         return
-    n_chunks = math.ceil(eligible.size / spec.max_chunk_rows)
+    n_chunks = math.ceil(eligible.size / memory.max_chunk_rows)
     chunk_of_row = np.arange(eligible.size) * n_chunks // eligible.size  # contiguous, near-equal
     if budget is None:
         quotas, budgets = split_quota(quality[eligible], chunk_of_row, n_chunks, quota, spec.oversample), None
@@ -521,7 +374,7 @@ def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, 
         where = context if n_chunks == 1 else f"{context}, chunk {chunk_number}"
         if 0 < k < chunk.size:
             result = _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number,
-                            device, where)
+                            device, where, memory.options)
             mask, preference = result.mask, result.scores.astype(np.float64)
             if scores is not None:
                 scores[chunk] = result.scores
@@ -541,30 +394,17 @@ def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
-def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number, device, where):
+def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number, device, where,
+           options):
     embeddings = source.rows(chunk)
-    _check_vectors(embeddings, chunk, frame, spec, where)
+    if spec.validate != "full":  # "full" checked every row in the plan pass
+        check_vectors(embeddings, chunk, frame, spec, where)
     try:
-        return learn_mask(quality[chunk], embeddings, k, spec.options, device=device,
+        return learn_mask(quality[chunk], embeddings, k, options, device=device,
                           quality_range=plan["ranges"][group_index],
-                          seed=derive_seed(spec.options.seed, number, group_index, chunk_number))
+                          seed=derive_seed(options.seed, number, group_index, chunk_number))
     except InputDataError as exc:
         raise InputDataError(f"{where}: {exc}") from exc
-
-
-def _check_vectors(embeddings, chunk, frame, spec: SelectSpec, where: str) -> None:
-    """NaN, infinite or all-zero embeddings, reported with partition row numbers and ids."""
-    if isinstance(embeddings, np.ndarray):
-        norms = np.linalg.norm(embeddings.astype(np.float64, copy=False), axis=1)
-    else:  # a torch tensor (cuDF partitions): reduce on the device, bring back n floats
-        norms = embeddings.double().norm(dim=1).cpu().numpy()
-    bad = np.flatnonzero(~np.isfinite(norms) | (norms == 0))
-    if bad.size:
-        rows = chunk[bad]
-        raise InputDataError(
-            f"{where}: embedding column {spec.embedding_column!r} has NaN, infinite or all-zero vectors in "
-            f"{bad.size} row(s), first at rows {rows[:_SHOW].tolist()}{_ids_of(frame, spec, rows)}: re-embed "
-            "or drop those rows")
 
 
 def _resolve_device(device: str, frame, where: str) -> str:

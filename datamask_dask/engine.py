@@ -9,6 +9,7 @@ final mask is the top-k of the learned logits.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -85,9 +86,12 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     gen = torch.Generator(device=device).manual_seed(opts.seed)
     logits = _initial_logits(qn[eligible], opts.init)
     q_e, emb_e = qn[eligible], emb[eligible]
-    history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
-                              partial=opts.partial, lr=(opts.max_lr, opts.min_lr))
     pool_size = min(logits.shape[0], math.ceil(opts.refine * k))
+    history, best = np.zeros(0, dtype=np.float32), None
+    if not (opts.refine and pool_size == logits.shape[0]):  # else the pool is everything: refine only
+        history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
+                                  partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
+                                  max_batch=opts.max_batch)
     if opts.refine and pool_size > k and best is None:  # best is set when one batch held every row
         # Refine: learn again, every step over the whole pool of the best candidates, with the
         # reference rows drawn from the whole chunk. Rows learned in different batches never met
@@ -95,7 +99,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         pool = torch.topk(logits, pool_size).indices
         pool_logits = logits[pool]
         refined, best = _optimise(pool_logits, q_e[pool], emb_e[pool], k, opts, gen,
-                                  n_steps=opts.refine_epochs, partial=1.0,
+                                  n_steps=opts.refine_epochs, partial=1.0, max_batch=pool_size,
                                   lr=(opts.refine_lr, opts.refine_lr / 10),
                                   reference=_sample_rows(emb_e, opts.refine_reference, gen))
         history = np.concatenate([history, refined])
@@ -115,7 +119,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     return MaskResult(mask.cpu().numpy(), scores.cpu().numpy().astype(np.float32), history)
 
 
-def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr,
+def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr, max_batch,
               reference=None):
     """Run policy-gradient steps in place on ``logits``.
 
@@ -126,31 +130,41 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     history = np.zeros(n_steps, dtype=np.float32)
     if k == n:
         return history, None  # nothing to choose
-    metrics = build_metrics(opts.metric_weights, opts.reference_size)
-    batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), opts.max_batch)
+    metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours,
+                            _precision(opts.precision, logits.device))
+    batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), max_batch)
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
     order = torch.empty(0, dtype=torch.long, device=logits.device)
     states, best, best_reward = None, None, -math.inf
     if batch == n:
         # Every row takes part in every step: precompute the metrics' state once.
-        rows = torch.arange(n, device=logits.device)
         states = [metric.prepare(emb, gen, reference) for metric, _ in metrics]
+    ordered = opts.update == "plackett_luce"  # only its gradient needs the draw order
     for step in range(n_steps):
         if states is None:
             # Rows are visited in shuffled passes so each takes part equally often.
             if order.numel() < batch:
                 order = torch.cat([order, torch.randperm(n, generator=gen, device=logits.device)])
             rows, order = order[:batch], order[batch:]
+            theta, q_b, emb_b = logits[rows], qn[rows], emb[rows]
+            step_states = [metric.prepare(emb_b, gen, reference) for metric, _ in metrics]
+        else:
+            theta, q_b, emb_b, step_states = logits, qn, emb, states  # views, no copies
         step_lr = lr[0] + (lr[1] - lr[0]) * step / max(n_steps - 1, 1)
-        keys = logits[rows][None] + _gumbel((opts.n_rollout, batch), gen, logits.device)
-        idx = keys.topk(k_batch, dim=1).indices  # (G, k_batch), in draw order
-        step_states = states or [metric.prepare(emb[rows], gen, reference) for metric, _ in metrics]
-        rewards, direction = _step_direction(logits[rows], qn[rows], emb[rows], idx, metrics,
-                                             step_states, opts)
-        logits[rows] += step_lr * direction
+        keys = theta[None] + _gumbel((opts.n_rollout, batch), gen, logits.device)
+        idx = keys.topk(k_batch, dim=1, sorted=ordered).indices  # (G, k_batch)
+        rewards, direction = _step_direction(theta, q_b, emb_b, idx, metrics, step_states, opts)
+        if states is None:
+            logits[rows] += step_lr * direction
+        else:
+            logits += step_lr * direction
         history[step] = float(rewards.mean())
         if states is not None and float(rewards.max()) > best_reward:
             best_reward, best = float(rewards.max()), idx[int(rewards.argmax())]
+    if states is not None:  # the policy's mode is a candidate too
+        top = logits.topk(k_batch).indices[None]
+        if float(_step_direction(logits, qn, emb, top, metrics, states, opts)[0][0]) > best_reward:
+            best = top[0]
     return history, best
 
 
@@ -170,10 +184,13 @@ def _step_direction(theta, qn, emb, idx, metrics, states, opts: DataMaskOptions)
             q_gain = (qn[None] - q_sel[:, None]) / torch.where(member, k - 1, k + 1).clamp(min=1)
             gain = opts.lamb * q_gain.sum(0)
         for (metric, weight), state in zip(metrics, states, strict=True):
-            reward = reward + (1 - opts.lamb) * weight * metric.rewards(emb, part, state)
-            if opts.update == "credit" and opts.lamb < 1:
-                gain = gain + (1 - opts.lamb) * weight * _sum_rows(metric.gains(emb, part, state, member),
-                                                                  part.shape[0])
+            share = (1 - opts.lamb) * weight
+            if opts.update == "credit":
+                metric_reward, metric_gain = metric.rewards_and_gains(emb, part, state, member)
+                gain = gain + share * _sum_rows(metric_gain, part.shape[0])
+            else:
+                metric_reward = metric.rewards(emb, part, state)
+            reward = reward + share * metric_reward
         rewards[start:start + part.shape[0]] = reward
         if opts.update == "credit":
             gains += gain
@@ -207,6 +224,23 @@ def _plackett_luce_direction(theta, idx, advantage):
     grad = -p[None] * cum_inv[:, -1:]  # every row, as if never picked
     grad.scatter_(1, idx, 1.0 - picked * cum_inv)
     return (advantage @ grad) / g * (b / k)
+
+
+@functools.cache
+def _cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def _precision(precision: str, device: torch.device) -> str:
+    """Similarity precision: "auto" takes bfloat16 where it is fast (CUDA, AMX / AVX512-BF16)."""
+    if precision != "auto":
+        return precision
+    return "bfloat16" if device.type == "cuda" or _cpu_has_bf16() else "float32"
 
 
 def _sample_rows(x, m, gen):

@@ -11,6 +11,7 @@ from .errors import OptionError
 UPDATES = ("credit", "paper", "plackett_luce")
 INITS = ("quality", "same")
 FINALS = ("best", "topk", "sample")
+PRECISIONS = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,12 @@ class DataMaskOptions:
         Upper bound on the rows of one step's batch, so memory stays bounded for any chunk size.
     reference_size : int
         Rows of the batch used as the reference set of ``Facility`` in each step.
+    neighbours : int
+        Most similar rows each ``Facility`` reference row keeps (its sparse k-NN graph).
+    precision : {"auto", "float32", "bfloat16"}
+        Precision of the ``Facility`` similarity graph; "auto" takes bfloat16 on CUDA and on CPUs
+        with AMX / AVX512-BF16, where it is about 4x faster. Objectives are always evaluated in
+        float32.
     rollout_chunk : int
         Rollouts evaluated at once; bounds the memory of the reward computation.
     """
@@ -74,18 +81,20 @@ class DataMaskOptions:
     max_lr: float = 10.0
     min_lr: float = 1.0
     lamb: float = 0.5
-    n_rollout: int = 64
+    n_rollout: int = 4
     init: str = "quality"
     prune: float = 0.0
     seed: int = 0
     update: str = "credit"
     final: str = "best"
-    refine: float = 2.0
-    refine_epochs: int = 100
-    refine_lr: float = 1.0
+    refine: float = 10.0
+    refine_epochs: int = 50
+    refine_lr: float = 0.5
     refine_reference: int = 32768
     max_batch: int = 8192
     reference_size: int = 1024
+    neighbours: int = 32
+    precision: str = "auto"
     rollout_chunk: int = 32
     metric_weights: tuple = field(default=(), repr=False)
 
@@ -110,6 +119,8 @@ class DataMaskOptions:
         _check(self.refine_reference >= 1, "refine_reference", self.refine_reference, "an integer >= 1")
         _check(self.max_batch >= 2, "max_batch", self.max_batch, "an integer >= 2")
         _check(self.reference_size >= 1, "reference_size", self.reference_size, "an integer >= 1")
+        _check(self.neighbours >= 1, "neighbours", self.neighbours, "an integer >= 1")
+        _check(self.precision in PRECISIONS, "precision", self.precision, f"one of {PRECISIONS}")
         _check(self.rollout_chunk >= 1, "rollout_chunk", self.rollout_chunk, "an integer >= 1")
         # Resolve metric names now so a typo fails before any compute.
         object.__setattr__(self, "metric_weights", tuple(resolve_metrics(self.algorithm)))

@@ -1,0 +1,278 @@
+"""Memory budget of a selection task: parse it, find its default, size chunks and batches from it.
+
+A selection task holds one partition and learns it chunk by chunk. Its working memory beyond
+the partition itself is modelled as (float32 values, ``d`` the embedding dimension):
+
+- bookkeeping, ``ROW_BYTES`` per row of the partition (quality, ids, group codes, sort orders,
+  masks, chunk numbers, in the plan pass and the select pass): it cannot be chunked, so the
+  budget must cover it;
+- the chunk being learned, ``rows * d * 4 * CHUNK_COPIES`` bytes: that many copies of its
+  embeddings are alive at once (the rows gathered from Arrow, the float32 matrix, the learner's
+  normalised and eligible copies, the refinement pool);
+- one learning step over a batch of ``b`` rows: ``n_rollout * b`` Gumbel keys, and while the
+  rewards and gains of ``rollout_chunk`` rollouts are evaluated at once,
+  ``rollout_chunk * b * d * 4 * STEP_COPIES`` bytes for DiSF (its standardised batch, centring
+  and products) and user metrics, ``PAIR_COPIES`` instead of ``STEP_COPIES`` for Pair_simi, and
+  for Facility the similarity block of ``min(reference, EVAL_BLOCK) x b`` values and the
+  neighbour lists of its reference rows. ``b`` is the whole chunk when the refinement stage is on
+  (it learns its whole candidate pool, up to the chunk, in every step), else ``max_batch``.
+
+:func:`plan_memory` takes the largest chunk whose modelled bytes fit in what the bookkeeping
+leaves; when that chunk would be small (under ``GOOD_CHUNK`` rows) it first lowers
+``rollout_chunk`` (speed only), then Facility's ``reference_size`` / ``refine_reference``. Each
+is only ever lowered from the value the options give. Embeddings are validated in blocks of at
+most a quarter of the budget. The factors are conservative: ``tests/test_memory.py`` measures
+the peak resident memory of a partition larger than its budget on CPU.
+
+The budget is resolved once, when the selection is set up, not inside each task: chunk and batch
+sizes change the result, so they must not depend on which worker runs a partition. Without an
+explicit ``memory_budget`` it defaults to ``WORKER_SHARE`` of the smallest per-thread memory
+limit of the current distributed cluster's workers (``memory_limit / nthreads``), or, when
+learning on a GPU, ``GPU_SHARE`` of its free memory per thread; on the local schedulers with
+no GPU there is no default bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import OptionError
+from .options import DataMaskOptions
+
+ROW_BYTES = 128  # bookkeeping per partition row (about a dozen int64/float64/bool arrays)
+CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while it is learned
+STEP_COPIES = 6  # (rollout_chunk x batch x d) float32 temporaries of a DiSF (or unknown) evaluation
+PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
+NEIGHBOURS = 64  # Facility's neighbours per reference row, when the options do not say
+GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
+EVAL_BLOCK = 4096  # reference rows compared with a batch at once (objectives._EVAL_BLOCK)
+WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
+GPU_SHARE = 0.8  # of a GPU's free memory (per worker thread) when learning on it
+MIN_BUDGET = 2**20  # below this nothing useful fits
+
+
+def parse_budget(value) -> int | None:
+    """Bytes of a ``memory_budget`` option: a number of bytes, or text such as ``"2GiB"``.
+
+    ``None`` and ``"auto"`` mean the default (see :func:`resolve_budget`); ``"off"`` means no
+    bound, returned as ``0``.
+    """
+    from dask.utils import parse_bytes
+
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("off", "none", "unbounded"):
+        return 0
+    try:
+        budget = parse_bytes(value) if isinstance(value, str) else value
+        valid = not isinstance(budget, bool) and float(budget) == int(budget) and budget >= MIN_BUDGET
+    except (TypeError, ValueError, OverflowError):
+        valid = False
+    if not valid:
+        raise OptionError(f"option memory_budget={value!r} is invalid: expected bytes >= {MIN_BUDGET} "
+                          "(e.g. 4_000_000_000 or '4GiB'), 'auto' or 'off'")
+    return int(budget)
+
+
+def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) -> int | None:
+    """The memory budget of each selection task, in bytes (None: no bound).
+
+    Parameters
+    ----------
+    value : int, str or None
+        The ``memory_budget`` option (see :func:`parse_budget`).
+    device : str
+        The ``device`` option: a GPU's free memory sets the default when learning runs on one.
+    meta : DataFrame, optional
+        The dataframe's meta (``device="auto"`` learns on the GPU for cuDF partitions).
+    scheduler : optional
+        The scheduler the job will run on; a distributed ``Client`` gives the workers' limits.
+        By default, the current default Client, if any.
+    """
+    budget = parse_budget(value)
+    if budget is not None:
+        return budget or None
+    on_gpu = device.startswith("cuda") or (device == "auto" and meta is not None and _is_cudf(meta))
+    client = _client(scheduler)
+    if client is not None:
+        return _cluster_budget(client, on_gpu)
+    if on_gpu:
+        import torch
+
+        if torch.cuda.is_available():
+            return int(GPU_SHARE * torch.cuda.mem_get_info()[0])
+    return None
+
+
+def _is_cudf(obj) -> bool:
+    return type(obj).__module__.split(".", 1)[0] == "cudf"
+
+
+def _client(scheduler):
+    try:
+        from distributed import Client, default_client, get_worker
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    if isinstance(scheduler, Client):
+        return scheduler
+    if scheduler is not None:
+        return None  # a local scheduler was asked for
+    try:
+        get_worker()
+        return None  # inside a task: use the local defaults, never block on the scheduler
+    except ValueError:
+        pass
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+def _cluster_budget(client, on_gpu: bool) -> int | None:
+    info = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) else client.scheduler_info()
+    workers = info.get("workers", {})
+    if on_gpu:
+        free = client.run(_free_gpu_memory)
+        shares = [free[address] / max(1, w.get("nthreads", 1)) * GPU_SHARE
+                  for address, w in workers.items() if free.get(address)]
+    else:
+        shares = [w["memory_limit"] / max(1, w.get("nthreads", 1)) * WORKER_SHARE
+                  for w in workers.values() if w.get("memory_limit")]
+    return int(min(shares)) if shares else None
+
+
+def _takes_n_workers(client) -> bool:
+    import inspect
+
+    return "n_workers" in inspect.signature(client.scheduler_info).parameters
+
+
+def _free_gpu_memory() -> int:
+    import torch
+
+    return int(torch.cuda.mem_get_info()[0]) if torch.cuda.is_available() else 0
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Chunk and learner sizes that keep one partition's selection within a budget."""
+
+    max_chunk_rows: int
+    options: DataMaskOptions
+
+
+def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOptions,
+                max_chunk_rows: int) -> MemoryPlan:
+    """Size chunks and learner batches for a partition of ``n_rows`` rows of ``dim``-d embeddings.
+
+    The largest chunk that fits is kept as long as it holds at least ``GOOD_CHUNK`` rows (or
+    ``max_chunk_rows``); below that, ``rollout_chunk`` is lowered first (it changes only speed),
+    then Facility's reference sizes (``reference_size``, ``refine_reference``).
+
+    Parameters
+    ----------
+    budget : int or None
+        Bytes of working memory allowed beyond the partition itself; None: no bound (the values
+        given are returned unchanged).
+    n_rows, dim : int
+    options : DataMaskOptions
+        The learner's options; ``rollout_chunk``, ``reference_size`` and ``refine_reference`` are
+        lowered where needed, never raised.
+    max_chunk_rows : int
+        The chunk size asked for; lowered where needed.
+
+    Returns
+    -------
+    MemoryPlan
+
+    Raises
+    ------
+    OptionError
+        If not even a chunk of 2 rows fits in the budget.
+    """
+    if not budget:
+        return MemoryPlan(int(max_chunk_rows), options)
+    dim = max(int(dim), 1)
+    metrics = metric_kinds(options)
+    work = budget - n_rows * ROW_BYTES
+    rollouts = options.rollout_chunk
+    reference, refine_reference = options.reference_size, options.refine_reference
+    wanted = min(int(max_chunk_rows), GOOD_CHUNK)
+    while True:
+        rows = _largest_chunk(work, int(max_chunk_rows), dim, options, rollouts, reference, refine_reference,
+                              metrics)
+        if rows >= wanted:
+            break
+        if rollouts > 1:
+            rollouts = max(1, rollouts // 2)
+        elif "facility" in metrics and max(reference, refine_reference) > _neighbours(options):
+            reference = max(_neighbours(options), reference // 2)
+            refine_reference = max(_neighbours(options), refine_reference // 2)
+        elif rows >= 2:
+            break  # as small as the learner's settings go: take the chunk that fits
+        else:
+            raise _too_small(budget, n_rows, dim)
+    changes = {name: value for name, value in (("rollout_chunk", rollouts), ("reference_size", reference),
+                                                ("refine_reference", refine_reference))
+               if value != getattr(options, name)}
+    return MemoryPlan(rows, options.replace(**changes) if changes else options)
+
+
+def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, reference: int,
+                refine_reference: int, metrics: tuple) -> int:
+    """Modelled peak bytes of learning one chunk of ``rows`` rows (see the module notes).
+
+    A step's batch is at most ``max_batch`` rows, but the refinement stage takes its whole
+    candidate pool (up to ``refine x k`` rows, i.e. up to the chunk) in every step: with
+    ``refine`` on, the batch is modelled as the whole chunk. ``metrics`` holds the kinds of the
+    diversity metrics (:func:`metric_kinds`); they run one after the other, so the largest counts.
+    """
+    batch = rows if options.refine else min(rows, options.max_batch)
+    need = rows * (CHUNK_COPIES * 4 * dim + 64) + options.n_rollout * batch * 24
+    step = 0
+    for kind in metrics:
+        if kind == "facility":
+            t = _neighbours(options)
+            m = min(rows, max(reference, refine_reference if options.refine else 0))
+            cost = min(m, EVAL_BLOCK) * batch * 8 + m * (t * 12 + 4 * dim)
+            cost += rollouts * (m * t * 16 + batch * 16)
+        else:  # Pair_simi gathers the selected rows (at most the batch); DiSF and unknown metrics more
+            copies = PAIR_COPIES if kind == "pair" else STEP_COPIES
+            cost = rollouts * batch * (copies * 4 * dim + 64)
+        step = max(step, cost)
+    return need + step
+
+
+def metric_kinds(options: DataMaskOptions) -> tuple:
+    """``"pair"``, ``"facility"`` or ``"other"`` for each diversity metric of the options."""
+    from .objectives import Facility, PairSimi, build_metrics
+
+    kinds = []
+    for metric, _ in build_metrics(options.metric_weights):
+        kinds.append("facility" if isinstance(metric, Facility) else "pair" if type(metric) is PairSimi
+                     else "other")
+    return tuple(kinds)
+
+
+def _largest_chunk(work, limit, dim, options, rollouts, reference, refine_reference, metrics) -> int:
+    """Largest chunk (<= ``limit`` rows) whose modelled bytes fit in ``work``; 0 if none."""
+    low, high = 0, limit
+    while low < high:  # the model grows with the rows: bisect
+        middle = (low + high + 1) // 2
+        if chunk_bytes(middle, dim, options, rollouts, reference, refine_reference, metrics) <= work:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _neighbours(options: DataMaskOptions) -> int:
+    return int(getattr(options, "neighbours", NEIGHBOURS))
+
+
+def _too_small(budget: int, n_rows: int, dim: int) -> OptionError:
+    floor = n_rows * ROW_BYTES + 64 * (CHUNK_COPIES + STEP_COPIES) * 4 * dim
+    return OptionError(
+        f"memory_budget={budget} bytes is too small for a partition of {n_rows} rows with {dim}-d "
+        f"embeddings (it needs at least about {floor} bytes, {ROW_BYTES} per row for bookkeeping): raise "
+        "memory_budget, or split the input into smaller partitions (ddf.repartition(npartitions=...))")

@@ -1,0 +1,411 @@
+"""Resumable, atomic selection runs: :func:`write_selection` (what ``datamask select`` runs).
+
+A run over ``OUT`` keeps its work in a hidden sibling directory until it is complete::
+
+    .OUT.datamask-work/                 (next to OUT, never inside it)
+        manifest.json                   options, seed, input fingerprint, quota plan digest, run log
+        part-00042.parquet              partition 42 with ``selected``: complete and fsynced
+        part-00042.done                 its completion marker (JSON: rows, selected, bytes, run id)
+        part-00042.parquet.tmp-<hex>    a part being written (ignored; gone with the directory)
+
+- **Markers.** Each partition's task writes its part under a temporary name, fsyncs it, renames
+  it into place, then writes its ``.done`` marker the same way (and fsyncs the directory). A
+  marker therefore only ever names a complete part. A task that runs twice (a worker died after
+  writing, the task was retried) writes the same bytes again: the selection is deterministic.
+- **Resume.** Running again with the same output finds the work directory, checks that the
+  options, the input and the quota plan are those of the manifest, and recomputes only the
+  partitions without a valid marker (marker readable, same run id, row count as planned, part
+  file present with the recorded size and rows). Anything else in the manifest refuses with a
+  :class:`ResumeError` that names what changed. The plan is computed again (it is cheap, and it
+  re-validates the input) and must hash to the recorded digest; the input fingerprint combines
+  each partition's content digest from the plan pass (ids, quality, tokens, groups, embedding
+  norms and projections) with an optional caller-given fingerprint (``datamask select`` passes
+  the input files' names, sizes and modification times, which covers the other columns).
+- **Commit.** When every partition has its marker, the parts are hard-linked (copied where links
+  are not possible) into a hidden staging directory as ``part.N.parquet`` (or streamed into one
+  file), which is fsynced and renamed onto ``OUT``; an existing ``OUT`` is renamed aside first
+  and removed after. Readers never see a partial output, and a run that fails leaves any
+  previous ``OUT`` as it was. The work directory is removed last.
+
+Run one job per output at a time: two concurrent runs on the same output are not coordinated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import dask
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import adapters
+from .config import load_config
+from .dask_select import apply_plan, plan_selection
+from .errors import DataMaskError
+
+FORMAT = 1  # version of the work directory layout
+MANIFEST = "manifest.json"
+# Settings that change how a run checks its input, not what it selects.
+_NOT_IN_FINGERPRINT = ("check_ids", "validate", "memory_budget")
+
+
+class ResumeError(DataMaskError):
+    """An unfinished run's work directory does not match this run (options or input changed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionReport:
+    """Outcome of :func:`write_selection`.
+
+    Attributes
+    ----------
+    path : str
+        The output written.
+    rows, selected : int
+        Rows written and rows selected.
+    computed, reused : tuple of int
+        Partitions computed by this run, and partitions taken from an interrupted run.
+    seconds : float
+    """
+
+    path: str
+    rows: int
+    selected: int
+    computed: tuple
+    reused: tuple
+    seconds: float
+
+
+def work_dir(path: str | os.PathLike) -> Path:
+    """The work directory of a run writing to ``path``: a hidden sibling of it."""
+    target = Path(path)
+    return target.parent / f".{target.name}.datamask-work"
+
+
+def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, overwrite: bool = False,
+                    resume: bool = True, single_file: bool = False, scheduler=None,
+                    input_fingerprint=None, **options) -> SelectionReport:
+    """Select rows (as :func:`~datamask_dask.datamask_select`) and write the result, resumably.
+
+    Parameters
+    ----------
+    ddf : dask.dataframe.DataFrame
+    path : str or path
+        Output directory (``part.N.parquet`` per non-empty partition), or file with
+        ``single_file``. It appears only once complete.
+    ratio, config, **options
+        As for :func:`~datamask_dask.datamask_select` (``memory_budget``, ``validate``...).
+    overwrite : bool
+        Replace ``path`` if it exists (only once the new output is complete); otherwise an
+        existing ``path`` raises ``FileExistsError`` before anything is computed.
+    resume : bool
+        Reuse the finished partitions of an interrupted run on the same ``path`` (see the module
+        notes). ``False`` discards them and starts again.
+    single_file : bool
+        Write one parquet file (the partitions' rows in order) instead of a directory.
+    scheduler : optional
+        Passed to ``dask.compute``: a distributed Client, ``"threads"``, ``"sync"``...
+    input_fingerprint : str or JSON-able, optional
+        Extra identity of the input recorded in the manifest (e.g. file names, sizes and
+        modification times); a resume with another value refuses.
+
+    Returns
+    -------
+    SelectionReport
+
+    Raises
+    ------
+    FileExistsError
+        ``path`` exists and ``overwrite`` is False.
+    ResumeError
+        An interrupted run on ``path`` used other options or another input.
+    OptionError, InputDataError
+        As :func:`~datamask_dask.datamask_select`, before anything is written.
+    """
+    start = time.perf_counter()
+    target, work = Path(path), work_dir(path)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    manifest = read_manifest(work) if resume else None
+    if manifest is not None and options.get("memory_budget") is None:
+        # The budget sizes chunks, which changes the result: keep the one the run started with.
+        options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
+    settings = load_config(config, ratio=ratio, **options)
+    spec, plan = plan_selection(ddf, ratio, config=config, scheduler=scheduler, **options)
+    plan = dask.compute(plan, scheduler=scheduler)[0]  # validates the input: fails before any write
+    record = _record(ddf, settings, spec, plan, input_fingerprint)
+    if manifest is not None:
+        _check_same_run(manifest, record, target, work)
+    else:
+        _remove(work)  # a stale directory without a readable manifest, or resume=False
+        work.mkdir(parents=True)
+        manifest = {**record, "format": FORMAT, "run_id": uuid.uuid4().hex, "runs": []}
+    done = finished_partitions(work, manifest, plan["rows"])
+    todo = [i for i in range(ddf.npartitions) if i not in done]
+    manifest["runs"].append({"started": _now(), "computed": todo, "reused": sorted(done)})
+    _write_json(work / MANIFEST, manifest)
+
+    parts = apply_plan(ddf, spec, plan).to_delayed()
+    tasks = [dask.delayed(write_part, pure=False)(parts[i], os.fspath(work), i, manifest["run_id"],
+                                                 spec.selected_column) for i in todo]
+    markers = {**done, **dict(zip(todo, dask.compute(*tasks, scheduler=scheduler), strict=True))}
+    manifest["runs"][-1]["finished"] = _now()
+    _write_json(work / MANIFEST, manifest)
+
+    files = [work / markers[i]["file"] for i in sorted(markers) if markers[i]["file"]]
+    empty = _empty_table(ddf, spec) if not files else None
+    commit(files, target, single_file=single_file, empty=empty)
+    _remove(work)
+    return SelectionReport(os.fspath(target), sum(m["rows"] for m in markers.values()),
+                           sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
+                           time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def read_manifest(work: Path) -> dict | None:
+    """The manifest of an unfinished run, or None when there is none (or it is unreadable)."""
+    try:
+        manifest = json.loads((work / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def _record(ddf, settings: Mapping, spec, plan: dict, input_fingerprint) -> dict:
+    """What identifies a run: its options and its input (as the manifest stores them)."""
+    options = {k: v for k, v in settings.items() if k not in _NOT_IN_FINGERPRINT}
+    return json.loads(json.dumps({
+        "settings": options,
+        "memory_budget": spec.memory_budget,
+        "input": {
+            "partitions": ddf.npartitions,
+            "columns": {str(c): str(t) for c, t in ddf._meta.dtypes.items()},
+            "rows": plan["rows"],
+            "content": _hash(plan.get("digests", [])),
+            "fingerprint": input_fingerprint,
+        },
+        "plan": _hash({"cells": plan["cells"], "ranges": plan["ranges"], "dim": plan["dim"]}),
+    }, default=_plain, sort_keys=True))
+
+
+def _plain(value):
+    """JSON form of what settings and plans hold beyond plain data (metric objects, numpy scalars)."""
+    if hasattr(value, "item"):
+        return value.item()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__qualname__, **dataclasses.asdict(value)}
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return {"type": f"{type(value).__module__}.{type(value).__qualname__}",
+            "state": {k: v for k, v in sorted(vars(value).items())} if hasattr(value, "__dict__") else None}
+
+
+def _hash(value) -> str:
+    text = json.dumps(value, default=_plain, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _check_same_run(manifest: dict, record: dict, target: Path, work: Path) -> None:
+    """Refuse to resume into a run started with other options or on another input."""
+    hint = (f"Run again with the original options and input to resume, pass resume=False (--no-resume) "
+            f"to discard the finished partitions in {work}, or write to another output than {target}.")
+    old, new = manifest["settings"], record["settings"]
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if changed:
+        shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
+        raise ResumeError(f"cannot resume the unfinished run on {target}: it was started with other "
+                          f"options ({shown}). {hint}")
+    if manifest["memory_budget"] != record["memory_budget"]:
+        raise ResumeError(f"cannot resume the unfinished run on {target}: it was started with "
+                          f"memory_budget={manifest['memory_budget']}, this run has "
+                          f"{record['memory_budget']} (the budget sizes chunks, which changes the "
+                          f"selection). {hint}")
+    old, new = manifest["input"], record["input"]
+    keys = ("partitions", "columns", "rows", "content", "fingerprint")
+    changed = [k for k in keys if old.get(k) != new.get(k)]
+    if changed:
+        raise ResumeError(f"cannot resume the unfinished run on {target}: the input changed since it "
+                          f"started (different {', '.join(changed)}). {hint}")
+    if manifest["plan"] != record["plan"]:
+        raise ResumeError(f"cannot resume the unfinished run on {target}: the quota plan differs from the "
+                          f"one it started with although options and input match. {hint}")
+
+
+def finished_partitions(work: Path, manifest: dict, rows: list[int]) -> dict[int, dict]:
+    """Partitions with a valid completion marker: ``{partition: marker}``."""
+    done = {}
+    for number, n_rows in enumerate(rows):
+        marker_path = work / f"{_stem(number)}.done"
+        try:
+            marker = json.loads(marker_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if marker.get("run_id") != manifest["run_id"] or marker.get("rows") != n_rows:
+            continue
+        if marker.get("file"):
+            part = work / marker["file"]
+            try:
+                if part.stat().st_size != marker["bytes"] or pq.ParquetFile(part).metadata.num_rows != n_rows:
+                    continue
+            except (OSError, pa.ArrowException):
+                continue
+        done[number] = marker
+    return done
+
+
+# --------------------------------------------------------------------------- parts and markers
+
+
+def _stem(number: int) -> str:
+    return f"part-{number:05d}"
+
+
+def write_part(frame, work: str, number: int, run_id: str, selected_column: str) -> dict:
+    """Write one partition's part file and then its completion marker (both atomically, fsynced).
+
+    Returns
+    -------
+    dict
+        The marker: ``partition``, ``rows``, ``selected``, ``file`` (None for an empty
+        partition), ``bytes``, ``run_id``.
+    """
+    work_path = Path(work)
+    rows = len(frame)
+    selected = int(adapters.host_values(frame, selected_column).sum()) if rows else 0
+    marker = {"partition": number, "rows": rows, "selected": selected, "file": None, "bytes": 0,
+              "run_id": run_id}
+    if rows:
+        name = f"{_stem(number)}.parquet"
+        _write_atomic(work_path / name, lambda handle: pq.write_table(_to_arrow(frame), handle))
+        marker.update(file=name, bytes=(work_path / name).stat().st_size)
+    _write_json(work_path / f"{_stem(number)}.done", marker)
+    return marker
+
+
+def _to_arrow(frame) -> pa.Table:
+    table = frame.to_arrow(preserve_index=False) if adapters.is_cudf(frame) else pa.Table.from_pandas(
+        frame, preserve_index=False)
+    # Drop the pandas metadata: its dtype strings for Arrow list columns cannot be read back.
+    return table.replace_schema_metadata(None)
+
+
+def _write_atomic(path: Path, write) -> None:
+    """``write(handle)`` into a temporary sibling, fsync it, rename it onto ``path``, fsync the directory."""
+    temporary = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex}")
+    try:
+        with open(temporary, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+    _fsync_dir(path.parent)
+
+
+def _write_json(path: Path, value: dict) -> None:
+    data = json.dumps(value, indent=1, sort_keys=True, default=_plain).encode()
+    _write_atomic(path, lambda handle: handle.write(data))
+
+
+def _fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# --------------------------------------------------------------------------- commit
+
+
+def _empty_table(ddf, spec) -> pa.Table:
+    """The output schema with no rows (an empty table still gets a file)."""
+    import numpy as np
+
+    columns = {spec.selected_column: np.zeros(0, dtype=bool)}
+    if spec.score_column:
+        columns[spec.score_column] = np.zeros(0, dtype=np.float32)
+    return _to_arrow(adapters.with_columns(ddf._meta, columns))
+
+
+def commit(files: list[Path], target: Path, *, single_file: bool = False,
+           empty: pa.Table | None = None) -> None:
+    """Publish finished part files as ``target`` in one rename (see the module notes).
+
+    Parameters
+    ----------
+    files : list of Path
+        Part files in partition order; they are linked or copied, not moved.
+    target : Path
+    single_file : bool
+        Stream the parts into one file instead of a directory of ``part.N.parquet``.
+    empty : pyarrow.Table, optional
+        Schema written when there are no parts.
+    """
+    staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex}"
+    try:
+        if single_file:
+            _write_atomic(staging, lambda handle: _concatenate(files, handle, empty))
+        else:
+            staging.mkdir()
+            for file in files:
+                _link(file, staging / f"part.{int(file.stem.split('-')[1])}.parquet")
+            if not files:
+                _write_atomic(staging / "part.0.parquet", lambda handle: pq.write_table(empty, handle))
+            _fsync_dir(staging)
+        _move_into_place(staging, target)
+        _fsync_dir(target.parent)
+    finally:
+        _remove(staging)
+
+
+def _concatenate(files: list[Path], handle, empty: pa.Table | None) -> None:
+    schema = pq.read_schema(files[0]).remove_metadata() if files else empty.schema
+    with pq.ParquetWriter(handle, schema) as writer:
+        for file in files:
+            table = pq.read_table(file)
+            writer.write_table(table if table.schema.equals(schema) else table.cast(schema))
+
+
+def _link(source: Path, destination: Path) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # no hard links here (another filesystem): copy, then make it durable
+        shutil.copyfile(source, destination)
+        with open(destination, "rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    if staging.is_file() and (target.is_file() or not os.path.lexists(target)):
+        os.replace(staging, target)  # a file is replaced in one atomic rename
+        return
+    # A directory cannot be swapped in one rename: move the old one aside first, remove it after.
+    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex}")
+    if os.path.lexists(target):
+        os.replace(target, old)
+    os.replace(staging, target)
+    _remove(old)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
