@@ -64,7 +64,9 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     -------
     MaskResult
     """
-    opts = (options or DataMaskOptions()).replace(**overrides) if overrides else (options or DataMaskOptions())
+    opts = options or DataMaskOptions()
+    if overrides:
+        opts = opts.replace(**overrides)
     device = torch.device(device)
     q, emb = _as_inputs(quality, embeddings, device)
     n = q.shape[0]

@@ -195,7 +195,7 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
     dim = max(int(dim), 1)
     metrics = metric_kinds(options)
     work = budget - n_rows * ROW_BYTES
-    rollouts = options.rollout_chunk
+    rollouts = min(options.rollout_chunk, options.n_rollout)  # the learner never evaluates more at once
     reference, refine_reference = options.reference_size, options.refine_reference
     wanted = min(int(max_chunk_rows), GOOD_CHUNK)
     while True:

@@ -82,7 +82,7 @@ def test_matches_brute_force_on_tiny_chunks(algorithm):
         q, e = make_embeddings(12, 8, n_clusters=3, seed=seed)
         k, lamb = 4, 0.5
 
-        def objective(sel, q=q, e=e):
+        def objective(sel, q=q, e=e, lamb=lamb):
             return evaluate_selection(q, e, np.array(sel), algorithm=algorithm, lamb=lamb)["objective"]
 
         best = max(objective(s) for s in itertools.combinations(range(12), k))
