@@ -21,3 +21,4 @@ __all__ = [
     "ResumeError", "SelectionReport", "ValidationReport", "validate_table", "write_selection",
 ]
 __version__ = "0.1.0"
+from .baselines import *  # noqa: F403  (random, top-k and greedy baselines: see baselines.__all__)

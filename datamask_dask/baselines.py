@@ -43,6 +43,9 @@ from .engine import _as_inputs
 from .errors import OptionError
 from .objectives import DiSF, Facility, PairSimi, build_metrics, normalise_quality, resolve_metrics
 
+__all__ = ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "greedy", "lazy_greedy", "quality_topk",
+           "random_selection", "stochastic_greedy"]
+
 Tensor = torch.Tensor
 DEFAULT_MAX_MEMORY = 4 * 2**30  # bytes the Facility similarity cache may take (float32)
 _BLOCK_BYTES = 2**27  # scratch memory of one block of candidate evaluations (~128 MiB)

@@ -165,47 +165,88 @@ class Facility(DiversityMetric):
 
 
 class DiSF(DiversityMetric):
-    """1 - mean squared off-diagonal correlation between feature dimensions over U."""
+    """1 - mean squared off-diagonal correlation between feature dimensions over U.
+
+    Gains are first order: row j joining (or, as a member, leaving) U adds (removes) its row and
+    column of the Gram matrix of standardised features, sum_i (z_j . z_i)^2 = z_j^T M z_j with
+    M = Z^T Z; the shift of U's per-dimension mean and std is ignored. When k exceeds ``rank``,
+    M is replaced by its top ``rank`` eigenpairs (randomised subspace iteration): the large
+    eigenvalues are the correlated directions DiSF penalises, and each step then costs
+    O(G b d rank) instead of O(G b d^2).
+    """
 
     name = "DiSF"
 
+    def __init__(self, precision: str = "float32", rank: int = 64):
+        self.precision = precision
+        self.rank = rank
+        self._basis = None  # leading eigenvectors of the last step (see _top_eigen_factor)
+
     @staticmethod
-    def _standardise(x: Tensor) -> Tensor:
-        x = x - x.mean(-2, keepdim=True)
-        std = x.pow(2).mean(-2, keepdim=True).sqrt()
-        # A dimension constant over U carries no correlation: leave it at 0 instead of NaN.
-        return x / torch.where(std > 0, std, torch.ones_like(std))
+    def _moments(x: Tensor):
+        """Per-rollout mean and std (zeros replaced by 1: a constant dimension carries nothing)."""
+        mean = x.mean(-2, keepdim=True)
+        std = (x - mean).pow(2).mean(-2, keepdim=True).sqrt()
+        return mean, torch.where(std > 0, std, torch.ones_like(std))
+
+    @classmethod
+    def _standardise(cls, x: Tensor) -> Tensor:
+        mean, std = cls._moments(x)
+        return (x - mean) / std
 
     @staticmethod
     def _second_moment(z: Tensor) -> Tensor:
         """Z^T Z (G, d, d) or Z Z^T (G, k, k), whichever is smaller: both have the same |.|_F^2."""
         return z.transpose(-1, -2) @ z if z.shape[-2] > z.shape[-1] else z @ z.transpose(-1, -2)
 
-    def rewards(self, emb, idx, state):
-        z = self._standardise(emb[idx])
+    @staticmethod
+    def _reward(z: Tensor, moment: Tensor) -> Tensor:
         k, d = z.shape[-2], z.shape[-1]
-        total = self._second_moment(z).pow(2).sum((-1, -2)) / k**2  # sum_ab C_ab^2
+        total = moment.pow(2).sum((-1, -2)) / k**2  # sum_ab C_ab^2
         diag = (z.pow(2).sum(-2) / k).pow(2).sum(-1)  # sum_a C_aa^2
         return 1.0 - (total - diag) / (d * (d - 1))
 
+    def rewards(self, emb, idx, state):
+        z = self._standardise(emb[idx])
+        return self._reward(z, self._second_moment(z))
+
     def gains(self, emb, idx, state, member):
-        # First order: j adds (or, as a member, takes away) its row and column of the k x k Gram
-        # matrix of standardised features, sum_i (z_j . z_i)^2 = z_j^T (Z^T Z) z_j; the shift of
-        # U's per-dimension mean and std is ignored.
+        return self.rewards_and_gains(emb, idx, state, member)[1]
+
+    def rewards_and_gains(self, emb, idx, state, member):
         k, d = idx.shape[1], emb.shape[1]
-        x = emb[idx]
-        mean = x.mean(1, keepdim=True)
-        std = (x - mean).pow(2).mean(1, keepdim=True).sqrt()
-        std = torch.where(std > 0, std, torch.ones_like(std))
-        z_u = (x - mean) / std  # (G, k, d)
-        z_all = (emb[None] - mean) / std  # (G, b, d)
-        if k > d:
-            row = ((z_all @ (z_u.transpose(1, 2) @ z_u)) * z_all).sum(-1)
-        else:
-            row = (z_all @ z_u.transpose(1, 2)).pow(2).sum(-1)  # (G, b)
-        self_sq = z_all.pow(2).sum(-1).pow(2)
+        mean, std = self._moments(emb[idx])
+        z = (emb[idx] - mean) / std  # (G, k, d)
+        moment = self._second_moment(z)
+        # A factor F with F^T F ~= M (rows of Z, or the top eigenpairs of M when k > rank), so that
+        # z_j^T M z_j = |F z_j|^2 and F z_j = (F / std) e_j - (F / std) mean: no (G, b, d) tensor.
+        factor = z if k <= self.rank else self._top_eigen_factor(moment if k > d else z.transpose(1, 2) @ z)
+        scaled = factor / std  # (G, s, d)
+        low = torch.bfloat16 if self.precision == "bfloat16" else emb.dtype
+        proj = (emb.to(low) @ scaled.to(low).transpose(1, 2)).float()  # (G, b, s)
+        row = (proj - mean @ scaled.transpose(1, 2)).pow(2).sum(-1)  # (G, b)
+        inv_var = std.pow(-2)[:, 0]  # (G, d)
+        self_sq = (emb.pow(2) @ inv_var.T - 2 * emb @ (mean[:, 0] * inv_var).T).T
+        self_sq = (self_sq + (mean[:, 0].pow(2) * inv_var).sum(-1, keepdim=True)).pow(2)
         change = torch.where(member, 2 * row - self_sq, 2 * row + self_sq) / (k * k * d * (d - 1))
-        return -change  # both a member's stay and a newcomer's arrival add correlation mass
+        # Both a member's stay and a newcomer's arrival add correlation mass.
+        return self._reward(z, moment), -change
+
+    def _top_eigen_factor(self, m: Tensor) -> Tensor:
+        """sqrt(lambda) V^T for the top ``rank`` eigenpairs of the PSD matrices ``m`` (G, d, d).
+
+        Subspace iteration, warm-started from the previous step's basis: U changes little from
+        one step to the next, so one iteration a step tracks the leading eigenvectors.
+        """
+        q = self._basis
+        if q is None or q.shape[0] != m.shape[0] or q.shape[1] != m.shape[-1]:
+            gen = torch.Generator(device=m.device).manual_seed(0)  # fixed: same input, same factor
+            q = torch.randn(m.shape[-1], self.rank, generator=gen, device=m.device, dtype=m.dtype)
+            q = torch.linalg.qr(m @ q).Q
+        q = torch.linalg.qr(m @ q).Q
+        self._basis = q
+        values, vectors = torch.linalg.eigh(q.transpose(1, 2) @ m @ q)
+        return (q @ vectors * values.clamp(min=0).sqrt()[:, None, :]).transpose(1, 2)
 
     def _evaluate_z(self, z: Tensor) -> float:
         k, d = z.shape
@@ -262,13 +303,15 @@ def resolve_metrics(algorithm) -> list[tuple[str | DiversityMetric, float]]:
 
 def build_metrics(metric_weights, reference_size: int = 1024, neighbours: int = 64,
                   precision: str = "float32") -> list[tuple[DiversityMetric, float]]:
-    """Instantiate the resolved metrics (``precision``: "float32" or "bfloat16" similarities)."""
+    """Instantiate the resolved metrics (``precision``: "float32" or "bfloat16" for their big products)."""
     out = []
     for key, weight in metric_weights:
         metric = _REGISTRY[key] if isinstance(key, str) else key
         if isinstance(metric, type):
-            metric = (metric(reference_size, neighbours, precision) if issubclass(metric, Facility)
-                      else metric())
+            if issubclass(metric, Facility):
+                metric = metric(reference_size, neighbours, precision)
+            else:
+                metric = metric(precision) if issubclass(metric, DiSF) else metric()
         out.append((metric, weight))
     return out
 

@@ -135,10 +135,12 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
     manifest = read_manifest(work) if resume else None
-    if manifest is not None and options.get("memory_budget") is None:
-        # The budget sizes chunks, which changes the result: keep the one the run started with.
-        options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
     settings = load_config(config, ratio=ratio, **options)
+    if manifest is not None and settings["memory_budget"] is None:
+        # The default budget comes from the cluster, and it sizes chunks, which changes the
+        # result: a resume keeps the one the run started with.
+        options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
+        settings = load_config(config, ratio=ratio, **options)
     spec, plan = plan_selection(ddf, ratio, config=config, scheduler=scheduler, **options)
     plan = dask.compute(plan, scheduler=scheduler)[0]  # validates the input: fails before any write
     record = _record(ddf, settings, spec, plan, input_fingerprint)

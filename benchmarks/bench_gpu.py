@@ -1,0 +1,263 @@
+"""The pipeline benchmark on GPUs: LocalCUDACluster, cuDF partitions, learning on ``device="cuda"``.
+
+Same data, job and table as ``bench_pipeline.py`` (see its docstring), except:
+
+- the cluster is :func:`datamask_dask.cluster.get_client` ``("cuda")`` (dask-cuda's
+  ``LocalCUDACluster``, one worker per visible GPU, rmm pool when rmm is installed);
+- the input is read with ``dd.read_parquet`` under ``dataframe.backend = "cudf"`` (cuDF
+  partitions; the embedding column arrives as a cuDF list column and reaches torch through
+  DLPack without a host copy);
+- the learner runs with ``device="cuda"`` and ``--config conf/gpu.yaml`` by default;
+- ``read`` is not timed on its own (dask-cudf's reader is not wrapped): it falls in
+  ``idle/other``; ``extract`` times the cuDF list column -> CUDA tensor step;
+- memory: peak host RSS per worker process (psutil) and peak GPU memory allocated by torch per
+  worker (``torch.cuda.max_memory_allocated``; cuDF's own allocations through rmm are not in it).
+
+    python benchmarks/bench_gpu.py --sizes 1000000 4000000 --algorithms Pair_simi Facility
+
+Every GPU library is imported lazily; on a machine without a CUDA GPU, torch with CUDA, cuDF,
+dask-cudf or dask-cuda, the script says which is missing and exits with status 2. No figure of
+this script has been measured yet (the development machine has no GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_pipeline as pipeline  # noqa: E402  (data generation, timers, memory sampler, objective)
+
+GIB = pipeline.GIB
+STAGES = ("plan", "extract", "learn", "select other", "write")
+
+
+def gpu_problem() -> str | None:
+    """Why this machine cannot run the GPU benchmark, or None."""
+    for module, package in (
+        ("cudf", "cudf-cu12"),
+        ("dask_cudf", "dask-cudf-cu12"),
+        ("dask_cuda", "dask-cuda"),
+        ("cupy", "cupy-cuda12x"),
+    ):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install 'datamask-dask[gpu]', or {package})"
+    import torch
+
+    if not torch.cuda.is_available():
+        return (
+            f"torch {torch.__version__} sees no CUDA device (CPU-only build, no driver, or "
+            "CUDA_VISIBLE_DEVICES is empty)"
+        )
+    return None
+
+
+def install_gpu_timers() -> None:
+    """Inside a worker: the pipeline timers plus the cuDF extraction step."""
+    import functools
+
+    import datamask_dask as state
+    from datamask_dask import adapters
+
+    pipeline.install_timers()
+    totals = state._BENCH_TIMERS
+    if getattr(adapters._CudfEmbeddings.rows, "_bench_timed", False):
+        return
+    original = adapters._CudfEmbeddings.rows
+
+    @functools.wraps(original)
+    def rows(self, positions):
+        import torch
+
+        started = time.perf_counter()
+        try:
+            out = original(self, positions)
+            torch.cuda.synchronize()
+            return out
+        finally:
+            totals["extract"] = totals.get("extract", 0.0) + time.perf_counter() - started
+
+    rows._bench_timed = True
+    adapters._CudfEmbeddings.rows = rows
+
+
+def gpu_peak_and_reset() -> int:
+    import torch
+
+    peak = int(torch.cuda.max_memory_allocated())
+    torch.cuda.reset_peak_memory_stats()
+    return peak
+
+
+def run_job(source: Path, target: Path, n_workers: int | None, config: str, overrides: dict) -> dict:
+    import dask
+    import dask.dataframe as dd
+
+    from datamask_dask.cli import input_fingerprint
+    from datamask_dask.cluster import get_client
+    from datamask_dask.resume import write_selection
+
+    client = get_client("cuda", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
+    try:
+        client.run(install_gpu_timers)
+        client.run(gpu_peak_and_reset)
+        pids = list(client.run(os.getpid).values())
+        workers = len(pids)
+        with pipeline.MemorySampler(pids) as sampler:
+            started = time.perf_counter()
+            with dask.config.set({"dataframe.backend": "cudf"}):
+                ddf = dd.read_parquet(os.fspath(source))
+            report = write_selection(
+                ddf,
+                target,
+                config=config,
+                overwrite=True,
+                resume=False,
+                input_fingerprint=input_fingerprint(source),
+                **{"device": "cuda", **overrides},
+            )
+            wall = time.perf_counter() - started
+        stages: dict[str, float] = {}
+        for totals in client.run(pipeline.collect_timers).values():
+            for name, seconds in totals.items():
+                stages[name] = stages.get(name, 0.0) + seconds
+        gpu_peak = max(client.run(gpu_peak_and_reset).values())
+    finally:
+        client.shutdown()
+    stages["select other"] = max(
+        0.0, stages.pop("select total", 0.0) - stages.get("learn", 0.0) - stages.get("extract", 0.0)
+    )
+    return {
+        "wall": wall,
+        "rows": report.rows,
+        "workers": workers,
+        "stages": stages,
+        "peak_rss": max(sampler.peaks.values()),
+        "gpu_peak": gpu_peak,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000])
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[0], help="GPU workers per run (0: one per visible GPU)"
+    )
+    parser.add_argument("--algorithms", nargs="+", default=["Pair_simi", "Facility"])
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--rows-per-partition", type=int, default=100_000)
+    parser.add_argument("--clusters", type=int, default=2000)
+    parser.add_argument("--config", default=str(HERE.parent / "conf" / "gpu.yaml"))
+    parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--cache", default=str(HERE.parent / ".benchmark-cache"))
+    parser.add_argument("--no-objective", dest="objective", action="store_false")
+    parser.add_argument("--greedy-max-n", type=int, default=100_000)
+    parser.add_argument("--greedy-reference", type=int, default=8192)
+    parser.add_argument("--keep-output", action="store_true")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+
+    problem = gpu_problem()
+    if problem:
+        print(
+            f"bench_gpu: cannot run here: {problem}. Run benchmarks/bench_pipeline.py for the CPU figures.",
+            file=sys.stderr,
+        )
+        return 2
+
+    import torch
+
+    from datamask_dask.config import load_config
+
+    overrides = {}
+    for item in args.opt:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[key] = value
+    cache = Path(args.cache)
+    out_root = cache / "pipeline-gpu-out"
+    memory_target = 2 * args.rows_per_partition * args.dim * 4 + GIB
+    lines = [
+        f"# datamask select on GPU, end to end (d = {args.dim}, "
+        f"{args.rows_per_partition:,} rows per partition)",
+        "",
+        f"Command: `python benchmarks/bench_gpu.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}; config {args.config}"
+        + (f" + {overrides}" if overrides else ""),
+        "",
+        "| rows | algorithm | workers | wall s | rows/s | peak host RSS / worker (target) | peak torch GPU "
+        "memory | " + " | ".join(STAGES) + " | read + idle/other |",
+        "|---:|---|---:|---:|---:|---:|---:|" + "---:|" * (len(STAGES) + 1),
+    ]
+    for size in args.sizes:
+        source = pipeline.ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
+        for algorithm in args.algorithms:
+            for workers in args.workers:
+                target = out_root / f"n{size}-{algorithm}-w{workers}"
+                print(
+                    f"running {size} rows, {algorithm}, {workers or 'all'} GPU worker(s)...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                r = run_job(
+                    source, target, workers or None, args.config, {"algorithm": algorithm, **overrides}
+                )
+                busy = r["workers"] * r["wall"]
+                idle = max(0.0, busy - sum(r["stages"].get(s, 0.0) for s in STAGES))
+                lines.append(
+                    f"| {size:,} | {algorithm} | {r['workers']} | {r['wall']:.1f} | "
+                    f"{size / r['wall']:,.0f} | {r['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
+                    f"{r['gpu_peak'] / GIB:.2f} GiB | "
+                    + " | ".join(pipeline._fmt_seconds(r["stages"], s, busy) for s in STAGES)
+                    + f" | {idle:.1f} ({idle / busy:.0%}) |"
+                )
+                print(lines[-1], file=sys.stderr, flush=True)
+    lines += ["", "Stage columns: worker-seconds summed over workers (share of workers x wall).", ""]
+    if args.objective:
+        size, workers = min(args.sizes), max(args.workers)
+        lines += [
+            f"## Objective on partition 0 ({args.rows_per_partition:,} rows of the {size:,}-row run)",
+            "",
+            "| algorithm | lamb | method | k | objective | quality | diversity | selection s |",
+            "|---|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for algorithm in args.algorithms:
+            settings = load_config(args.config, algorithm=algorithm, **overrides)
+            source = pipeline.ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
+            for r in pipeline.objective_block(
+                source,
+                out_root / f"n{size}-{algorithm}-w{workers}",
+                algorithm,
+                float(settings["lamb"]),
+                args.greedy_max_n,
+                args.greedy_reference,
+            ):
+                seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
+                lines.append(
+                    f"| {algorithm} | {settings['lamb']} | {r['method']} | {r['k']:,} | {r['objective']:.4f} "
+                    f"| {r['quality']:.4f} | {r['diversity']:.4f} | {seconds} |"
+                )
+        lines.append("")
+    if not args.keep_output:
+        shutil.rmtree(out_root, ignore_errors=True)
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,490 @@
+"""End-to-end throughput of ``datamask select`` on partitioned parquet, with a breakdown by stage.
+
+One command prints markdown tables (and writes them to ``--out``)::
+
+    python benchmarks/bench_pipeline.py --sizes 100000 1000000 --workers 1 2 \
+        --algorithms Pair_simi Facility --config conf/cpu.yaml --out results.md
+
+What runs, for every (size, algorithm, workers):
+
+- **Data**: a synthetic table generated once into ``--cache`` (default ``.benchmark-cache/``):
+  ``rows_per_partition`` rows per parquet file (default 100,000), columns ``chunk_id`` (int64),
+  ``quality_score`` (float64), ``feature_arr`` (fixed_size_list<float32>[d], d = 768 by default)
+  and ``text`` (a short string, standing for the columns a selection job carries along). The
+  embeddings are clustered around cluster centres shared by every partition (Zipf-like cluster
+  sizes over the whole table), 20% of each partition's rows are near-duplicates of another of its
+  rows, and quality is log-normal and correlated with the cluster (as in
+  :func:`datamask_dask.sample_data.make_embeddings`); partition ``i`` is drawn with seed ``i``,
+  so a size of N rows is the first N / rows_per_partition files (hard links into one folder).
+- **Job**: exactly what ``datamask select --input IN --output OUT --config CONFIG --n-workers W``
+  runs (``write_selection(read_parquet(IN), OUT, ...)``, resumable writer included), on a
+  ``LocalCluster`` from :func:`datamask_dask.cluster.get_client` with W worker processes of one
+  thread each. ``rows/s`` = input rows / wall time of that call (plan pass, select pass and
+  write, cluster start-up excluded).
+- **Peak memory per worker**: the largest resident set size (psutil, sampled every 50 ms) of any
+  worker process during the job, next to the target ``2 x (one partition's embedding bytes) +
+  1 GiB``.
+- **Stages**: worker-seconds spent in each stage, summed over the workers (functions wrapped
+  with timers inside the worker processes; nothing in the package is changed):
+  ``read`` (parquet -> Arrow-backed pandas, both passes), ``plan`` (per-partition checks,
+  sketches and the quota plan), ``extract`` (Arrow list column -> float32 matrix),
+  ``learn`` (:func:`~datamask_dask.engine.learn_mask`), ``select other`` (the rest of the select
+  task: eligibility, chunking, quotas, adding the column) and ``write`` (Arrow conversion,
+  parquet encoding, fsync and markers). ``idle/other`` = W x wall - the sum: scheduling,
+  serialisation, the driver's commit, and waiting.
+- **Objective** (``--objective``, on by default): on partition 0 of the smallest size (its first
+  ``rows_per_partition`` rows), the rows the job selected there (k rows) are scored with
+  :func:`~datamask_dask.objectives.evaluate_selection` on the whole partition (Facility's
+  reference set is every row of the partition; quality normalised by the whole table's range, as
+  the job does), next to ``random``, ``quality top-k`` and ``stochastic greedy`` (eps = 0.1, the
+  same joint objective) with the same k on the same rows. Stochastic greedy runs when the
+  partition has at most ``--greedy-max-n`` rows (Facility: with a reference set of
+  ``--greedy-reference`` rows, scored on every row like the others).
+
+The selected column of the runs with 1 and with 2 workers is compared: the selection must not
+depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+GIB = 2**30
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("read", "plan", "extract", "learn", "select other", "write")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _cluster_model(d: int, n_clusters: int, seed: int = 12345):
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((n_clusters, d), dtype=np.float32)
+    sizes = 1.0 / np.arange(1, n_clusters + 1) ** 0.8
+    spread = rng.uniform(0.5, 1.2, n_clusters).astype(np.float32)
+    bias = rng.standard_normal(n_clusters).astype(np.float32)
+    return centres, sizes / sizes.sum(), spread, bias
+
+
+def make_partition(number: int, rows: int, d: int, model, duplicate_share: float = 0.2):
+    """Quality and unit embeddings of partition ``number`` (seeded by it; shared cluster centres)."""
+    centres, probabilities, spread, bias = model
+    rng = np.random.default_rng(number)
+    cluster = rng.choice(len(centres), size=rows, p=probabilities)
+    emb = rng.standard_normal((rows, d), dtype=np.float32)
+    emb *= spread[cluster, None]
+    emb += centres[cluster]
+    n_dup = int(duplicate_share * rows)
+    if n_dup:
+        dup, src = rng.choice(rows, n_dup, replace=False), rng.integers(0, rows, n_dup)
+        emb[dup] = emb[src] + 0.05 * rng.standard_normal((n_dup, d), dtype=np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    quality = np.exp(0.6 * bias[cluster] + 0.5 * rng.standard_normal(rows).astype(np.float32))
+    return quality.astype(np.float64), emb
+
+
+def ensure_dataset(cache: Path, n_rows: int, d: int, rows_per_partition: int, n_clusters: int) -> Path:
+    """The folder of an ``n_rows`` table (generated once; partitions shared between sizes)."""
+    if n_rows % rows_per_partition:
+        raise SystemExit(f"--sizes: {n_rows} is not a multiple of --rows-per-partition {rows_per_partition}")
+    base = cache / f"pipeline-d{d}-p{rows_per_partition}-c{n_clusters}"
+    parts = base / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    model = None
+    n_parts = n_rows // rows_per_partition
+    for i in range(n_parts):
+        path = parts / f"part.{i:05d}.parquet"
+        if path.exists():
+            continue
+        model = model or _cluster_model(d, n_clusters)
+        started = time.perf_counter()
+        quality, emb = make_partition(i, rows_per_partition, d, model)
+        ids = np.arange(i * rows_per_partition, (i + 1) * rows_per_partition, dtype=np.int64)
+        table = pa.table(
+            {
+                "chunk_id": ids,
+                "quality_score": quality,
+                "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), d),
+                "text": pa.array([f"document {j} of the benchmark corpus" for j in ids.tolist()]),
+            }
+        )
+        temporary = path.with_suffix(".tmp")
+        pq.write_table(table, temporary, row_group_size=25_000)
+        os.replace(temporary, path)
+        print(
+            f"  generated {path.name} ({rows_per_partition} rows) in {time.perf_counter() - started:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    folder = base / f"n{n_rows}"
+    if not folder.exists() or len(list(folder.glob("*.parquet"))) != n_parts:
+        shutil.rmtree(folder, ignore_errors=True)
+        staging = base / f".n{n_rows}.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        for i in range(n_parts):
+            os.link(parts / f"part.{i:05d}.parquet", staging / f"part.{i:05d}.parquet")
+        os.replace(staging, folder)
+    return folder
+
+
+# --------------------------------------------------------------------------- worker instrumentation
+
+
+def install_timers() -> None:
+    """Inside a worker: wrap the pipeline's stage functions with timers (idempotent)."""
+    import functools
+
+    import datamask_dask as state  # a module every worker has: holds the totals
+    from datamask_dask import adapters, dask_select, parquet, resume
+
+    if getattr(state, "_BENCH_TIMERS", None) is not None:
+        return
+    totals: dict[str, float] = {}
+    state._BENCH_TIMERS = totals
+
+    def timed(stage, function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                totals[stage] = totals.get(stage, 0.0) + time.perf_counter() - started
+
+        return wrapper
+
+    parquet._read_piece = timed("read", parquet._read_piece)
+    dask_select.summarise_partition = timed("plan", dask_select.summarise_partition)
+    dask_select.make_plan = timed("plan", dask_select.make_plan)
+    adapters._ArrowEmbeddings.rows = timed("extract", adapters._ArrowEmbeddings.rows)
+    dask_select.learn_mask = timed("learn", dask_select.learn_mask)
+    dask_select.select_partition = timed("select total", dask_select.select_partition)
+    resume.write_part = timed("write", resume.write_part)
+
+
+def collect_timers() -> dict:
+    """Inside a worker: the stage totals so far, then reset them."""
+    import datamask_dask as state
+
+    totals = getattr(state, "_BENCH_TIMERS", None) or {}
+    out = dict(totals)
+    totals.clear()
+    return out
+
+
+class MemorySampler:
+    """Peak RSS of a set of processes, sampled in a background thread."""
+
+    def __init__(self, pids, interval: float = 0.05):
+        import psutil
+
+        self.processes = {pid: psutil.Process(pid) for pid in pids}
+        self.peaks = dict.fromkeys(pids, 0)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            for pid, process in self.processes.items():
+                try:
+                    self.peaks[pid] = max(self.peaks[pid], process.memory_info().rss)
+                except Exception:  # a worker restarted: keep what was seen
+                    pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# --------------------------------------------------------------------------- one job
+
+
+def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: dict) -> dict:
+    """``datamask select`` on ``source`` with ``n_workers`` single-thread workers; timings and memory."""
+    from datamask_dask.cli import input_fingerprint
+    from datamask_dask.cluster import get_client
+    from datamask_dask.parquet import read_parquet
+    from datamask_dask.resume import write_selection
+
+    client = get_client("cpu", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
+    try:
+        client.run(install_timers)
+        pids = list(client.run(os.getpid).values())
+        with MemorySampler(pids) as sampler:
+            started = time.perf_counter()
+            report = write_selection(
+                read_parquet(source),
+                target,
+                config=config,
+                overwrite=True,
+                resume=False,
+                input_fingerprint=input_fingerprint(source),
+                **overrides,
+            )
+            wall = time.perf_counter() - started
+        stages: dict[str, float] = {}
+        for totals in client.run(collect_timers).values():
+            for name, seconds in totals.items():
+                stages[name] = stages.get(name, 0.0) + seconds
+    finally:
+        client.shutdown()
+    stages["select other"] = max(
+        0.0, stages.pop("select total", 0.0) - stages.get("learn", 0.0) - stages.get("extract", 0.0)
+    )
+    return {
+        "wall": wall,
+        "rows": report.rows,
+        "selected": report.selected,
+        "stages": stages,
+        "peak_rss": max(sampler.peaks.values()),
+    }
+
+
+# --------------------------------------------------------------------------- objective
+
+
+def objective_block(
+    source: Path,
+    output: Path,
+    algorithm: str,
+    lamb: float,
+    greedy_max_n: int,
+    greedy_reference: int,
+    seed: int = 0,
+) -> list[dict]:
+    """Scores of the job's selection on partition 0 and of the baselines with the same k there."""
+    from datamask_dask.adapters import embedding_source
+    from datamask_dask.baselines import quality_topk, random_selection, stochastic_greedy
+    from datamask_dask.objectives import evaluate_selection
+    from datamask_dask.parquet import read_parquet
+
+    quality_all = read_parquet(source, columns=["quality_score"]).compute()["quality_score"]
+    quality_range = (float(quality_all.min()), float(quality_all.max()))
+    first_input = sorted(source.glob("*.parquet"))[0]
+    frame = pq.read_table(first_input, columns=["quality_score", "feature_arr"]).to_pandas(
+        types_mapper=__import__("pandas").ArrowDtype
+    )
+    quality = frame["quality_score"].to_numpy(dtype=np.float64)
+    emb = embedding_source(frame["feature_arr"], "partition 0").rows(np.arange(len(frame)))
+    out_file = output / "part.0.parquet"
+    selected = pq.read_table(out_file, columns=["selected"]).column(0).to_numpy(zero_copy_only=False)
+    k = int(selected.sum())
+    rows = []
+
+    def score(method, pick, seconds):
+        result = evaluate_selection(
+            quality, emb, pick, algorithm=algorithm, lamb=lamb, quality_range=quality_range
+        )
+        rows.append({"method": method, "k": k, "n": len(quality), "seconds": seconds, **result})
+
+    score("datamask (the job)", selected, None)
+    common = dict(algorithm=algorithm, lamb=lamb, seed=seed, quality_range=quality_range)
+    for method, function, extra in (("random", random_selection, {}), ("quality top-k", quality_topk, {})):
+        started = time.perf_counter()
+        pick = function(quality, emb, k, **common, **extra)
+        score(method, pick, time.perf_counter() - started)
+    if len(quality) <= greedy_max_n:
+        extra = {"reference_size": greedy_reference} if algorithm.lower() == "facility" else {}
+        started = time.perf_counter()
+        pick = stochastic_greedy(quality, emb, k, eps=0.1, **common, **extra)
+        label = "stochastic greedy" + (f" (ref {greedy_reference})" if extra else "")
+        score(label, pick, time.perf_counter() - started)
+    return rows
+
+
+def same_selection(a: Path, b: Path) -> bool:
+    def column(path):
+        return pq.read_table(path, columns=["selected"]).column(0).to_numpy(zero_copy_only=False)
+
+    return all(np.array_equal(column(a / f.name), column(b / f.name)) for f in sorted(a.glob("*.parquet")))
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt_seconds(stages: dict, name: str, total: float) -> str:
+    seconds = stages.get(name, 0.0)
+    return f"{seconds:.1f} ({seconds / total:.0%})" if total > 0 else f"{seconds:.1f}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--algorithms", nargs="+", default=["Pair_simi", "Facility"])
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--rows-per-partition", type=int, default=100_000)
+    parser.add_argument("--clusters", type=int, default=2000, help="cluster centres shared by all partitions")
+    parser.add_argument("--config", default=str(ROOT / "conf" / "cpu.yaml"))
+    parser.add_argument(
+        "--opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra option for the job (repeatable), e.g. --opt refine_epochs=20",
+    )
+    parser.add_argument("--cache", default=str(ROOT / ".benchmark-cache"))
+    parser.add_argument("--no-objective", dest="objective", action="store_false")
+    parser.add_argument("--greedy-max-n", type=int, default=100_000)
+    parser.add_argument("--greedy-reference", type=int, default=8192)
+    parser.add_argument("--keep-output", action="store_true", help="keep the selection outputs")
+    parser.add_argument("--out", help="also write the tables to this markdown file")
+    args = parser.parse_args(argv)
+
+    from datamask_dask.config import load_config
+
+    overrides = {}
+    for item in args.opt:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            overrides[key] = value
+    cache = Path(args.cache)
+    out_root = cache / "pipeline-out"
+    part_bytes = args.rows_per_partition * args.dim * 4
+    memory_target = 2 * part_bytes + GIB
+    lines = [
+        f"# datamask select, end to end (d = {args.dim}, {args.rows_per_partition:,} rows per partition)",
+        "",
+        "Command: `python benchmarks/bench_pipeline.py "
+        f"{' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, "
+        f"Python {platform.python_version()}; config {args.config}"
+        + (f" + {overrides}" if overrides else ""),
+        "",
+        "| rows | algorithm | workers | wall s | rows/s | peak RSS / worker (target) | "
+        + " | ".join(STAGES)
+        + " | idle/other |",
+        "|---:|---|---:|---:|---:|---:|" + "---:|" * (len(STAGES) + 1),
+    ]
+    results = {}
+    for size in args.sizes:
+        source = ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
+        for algorithm in args.algorithms:
+            for workers in args.workers:
+                target = out_root / f"n{size}-{algorithm}-w{workers}"
+                print(
+                    f"running {size} rows, {algorithm}, {workers} worker(s)...", file=sys.stderr, flush=True
+                )
+                result = run_job(source, target, workers, args.config, {"algorithm": algorithm, **overrides})
+                results[size, algorithm, workers] = result
+                stages, wall = result["stages"], result["wall"]
+                busy = workers * wall
+                idle = max(0.0, busy - sum(stages.get(s, 0.0) for s in STAGES))
+                row = (
+                    f"| {size:,} | {algorithm} | {workers} | {wall:.1f} | {size / wall:,.0f} | "
+                    f"{result['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
+                    + " | ".join(_fmt_seconds(stages, s, busy) for s in STAGES)
+                    + f" | {idle:.1f} ({idle / busy:.0%}) |"
+                )
+                lines.append(row)
+                print(row, file=sys.stderr, flush=True)
+    lines += ["", "Stage columns: worker-seconds summed over workers (share of workers x wall).", ""]
+
+    # Checks against the issue's targets.
+    lines += ["## Targets", ""]
+    for algorithm in args.algorithms:
+        floor = 50_000 if algorithm.lower() == "pair_simi" else 20_000
+        for (size, alg, workers), result in sorted(results.items()):
+            if alg == algorithm and workers == max(args.workers):
+                rate = size / result["wall"]
+                lines.append(
+                    f"- {algorithm}, {size:,} rows, {workers} workers: {rate:,.0f} rows/s "
+                    f"(target >= {floor:,}: {'met' if rate >= floor else 'NOT met'})"
+                )
+        sizes = sorted({s for s, a, _ in results if a == algorithm})
+        for workers in args.workers:
+            if len(sizes) > 1 and (sizes[0], algorithm, workers) in results:
+                small, large = results[sizes[0], algorithm, workers], results[sizes[-1], algorithm, workers]
+                ratio = large["wall"] / small["wall"]
+                allowed = 1.1 * sizes[-1] / sizes[0]
+                lines.append(
+                    f"- {algorithm}, {workers} worker(s): {sizes[-1]:,} rows take {ratio:.1f}x the time "
+                    f"of {sizes[0]:,} (target <= {allowed:.0f}x: {'met' if ratio <= allowed else 'NOT met'})"
+                )
+        if len(args.workers) > 1:
+            one, many = min(args.workers), max(args.workers)
+            for size in sizes:
+                if (size, algorithm, one) in results and (size, algorithm, many) in results:
+                    speedup = results[size, algorithm, one]["wall"] / results[size, algorithm, many]["wall"]
+                    same = same_selection(
+                        out_root / f"n{size}-{algorithm}-w{one}", out_root / f"n{size}-{algorithm}-w{many}"
+                    )
+                    lines.append(
+                        f"- {algorithm}, {size:,} rows: {many} workers {speedup:.2f}x faster than {one} "
+                        f"(target >= 1.7x at 1M rows: {'met' if speedup >= 1.7 else 'NOT met'}); "
+                        f"same selection: {same}"
+                    )
+        peak = max(r["peak_rss"] for (s, a, w), r in results.items() if a == algorithm)
+        lines.append(
+            f"- {algorithm}: peak RSS per worker {peak / GIB:.2f} GiB (target <= "
+            f"{memory_target / GIB:.2f} GiB: {'met' if peak <= memory_target else 'NOT met'})"
+        )
+    lines.append("")
+
+    if args.objective:
+        size = min(args.sizes)
+        workers = max(args.workers)
+        lines += [
+            f"## Objective on partition 0 ({args.rows_per_partition:,} rows of the {size:,}-row run)",
+            "",
+            "Every selection is scored with `evaluate_selection` on all rows of partition 0 "
+            "(quality normalised by the table's range); the baselines select the same k there.",
+            "",
+            "| algorithm | lamb | method | k | objective | quality | diversity | selection s |",
+            "|---|---:|---|---:|---:|---:|---:|---:|",
+        ]
+        for algorithm in args.algorithms:
+            settings = load_config(args.config, algorithm=algorithm, **overrides)
+            source = ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
+            rows = objective_block(
+                source,
+                out_root / f"n{size}-{algorithm}-w{workers}",
+                algorithm,
+                float(settings["lamb"]),
+                args.greedy_max_n,
+                args.greedy_reference,
+            )
+            for r in rows:
+                seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
+                line = (
+                    f"| {algorithm} | {settings['lamb']} | {r['method']} | {r['k']:,} | "
+                    f"{r['objective']:.4f} | "
+                    f"{r['quality']:.4f} | {r['diversity']:.4f} | {seconds} |"
+                )
+                lines.append(line)
+                print(line, file=sys.stderr, flush=True)
+        lines.append("")
+    if not args.keep_output:
+        shutil.rmtree(out_root, ignore_errors=True)
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

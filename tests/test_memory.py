@@ -1,0 +1,164 @@
+"""Bounded memory: the budget option, its default, the sizes derived from it, and the peak resident
+memory of a partition larger than the budget (measured in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import dask.dataframe as dd
+import numpy as np
+import pytest
+
+from datamask_dask import OptionError, datamask_select
+from datamask_dask.dask_select import plan_selection
+from datamask_dask.memory import (
+    ROW_BYTES,
+    chunk_bytes,
+    metric_kinds,
+    parse_budget,
+    plan_memory,
+    resolve_budget,
+)
+from datamask_dask.options import DataMaskOptions
+from datamask_dask.sample_data import make_corpus
+
+BUDGET = 24 * 2**20
+
+# Peak resident memory of one selection, above the process's resident memory once the data are
+# loaded and the libraries warmed up. Linux resets the peak ("VmHWM") when 5 is written to
+# /proc/self/clear_refs; where that is not allowed, a thread samples the resident size instead.
+SCRIPT = r"""
+import json, sys, threading, time
+import dask.dataframe as dd, numpy as np, pandas as pd, psutil, pyarrow as pa
+from datamask_dask import datamask_select
+from datamask_dask.dask_select import plan_selection
+from datamask_dask.memory import plan_memory
+
+n, d, budget = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+options = dict(ratio=0.1, n_epochs=3, refine_epochs=3, n_rollout=4)
+rng = np.random.default_rng(0)
+vectors = pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(n * d, dtype=np.float32)), d)
+frame = pd.DataFrame({"chunk_id": np.arange(n), "quality_score": rng.random(n),
+                      "feature_arr": pd.arrays.ArrowExtensionArray(vectors)})
+del vectors
+process = psutil.Process()
+
+def peak_of(run):
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        resettable = True
+    except OSError:
+        resettable = False
+    base = process.memory_info().rss
+    samples, done = [base], threading.Event()
+    def sample():
+        while not done.is_set():
+            samples.append(process.memory_info().rss)
+            time.sleep(0.001)
+    sampler = None if resettable else threading.Thread(target=sample, daemon=True)
+    if sampler:
+        sampler.start()
+    value = run()
+    done.set()
+    if sampler:
+        sampler.join()
+    peak = max(samples)
+    if resettable:
+        status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+        peak = int(status["VmHWM"].split()[0]) * 1024
+    return peak - base, value
+
+def select(memory_budget):
+    ddf = dd.from_pandas(frame, npartitions=1, sort=False)
+    return int(datamask_select(ddf, memory_budget=memory_budget, **options)["selected"].sum()
+               .compute(scheduler="sync"))
+
+warm = dd.from_pandas(frame.iloc[:3000], npartitions=1, sort=False)  # loads torch and its kernels
+datamask_select(warm, **options)["selected"].sum().compute(scheduler="sync")
+spec, _ = plan_selection(dd.from_pandas(frame, npartitions=1, sort=False), memory_budget=budget, **options)
+sizes = plan_memory(spec.memory_budget, n, d, spec.options, spec.max_chunk_rows)
+bounded = peak_of(lambda: select(budget))
+unbounded = peak_of(lambda: select("off"))
+print(json.dumps({"partition_bytes": int(frame.memory_usage(deep=True).sum()),
+                  "chunk_rows": sizes.max_chunk_rows, "bounded": bounded, "unbounded": unbounded}))
+"""
+
+
+def test_a_partition_larger_than_the_budget_stays_under_it():
+    n, d = 40_000, 192
+    run = subprocess.run([sys.executable, "-c", SCRIPT, str(n), str(d), str(BUDGET)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["partition_bytes"] > BUDGET  # the partition alone is larger than the budget
+    assert result["chunk_rows"] < n // 4  # so it is learned in chunks...
+    extra, selected = result["bounded"]
+    assert selected == round(0.1 * n)
+    assert extra <= BUDGET, f"peak {extra / 2**20:.1f} MiB above the baseline, budget {BUDGET / 2**20} MiB"
+    # ...and that is what keeps it down: the same selection without a budget goes far above it.
+    extra_unbounded, selected = result["unbounded"]
+    assert selected == round(0.1 * n) and extra_unbounded > 2 * BUDGET
+
+
+def test_parse_budget():
+    assert parse_budget("2GiB") == 2 * 2**30
+    assert parse_budget(50_000_000) == 50_000_000
+    assert parse_budget(None) is None and parse_budget("auto") is None
+    assert parse_budget("off") == 0
+    for bad in ("lots", -1, 1000, True, 1.5e6 + 0.5, [1]):
+        with pytest.raises(OptionError, match="memory_budget"):
+            parse_budget(bad)
+
+
+@pytest.mark.parametrize("algorithm", ["Pair_simi", "DiSF", "Facility", {"Facility": 0.5, "DiSF": 0.5}])
+def test_sizes_follow_the_budget(algorithm):
+    options = DataMaskOptions(algorithm=algorithm, n_rollout=64)
+    assert plan_memory(None, 10**6, 768, options, 200_000) == plan_memory(0, 10**6, 768, options, 200_000)
+    assert plan_memory(None, 10**6, 768, options, 200_000).options is options
+    n_rows, dim, budget = 10**6, 768, 2 * 2**30
+    sizes = plan_memory(budget, n_rows, dim, options, 200_000)
+    assert 2 <= sizes.max_chunk_rows < 200_000
+    lowered = sizes.options
+    assert lowered.rollout_chunk <= options.rollout_chunk and lowered.reference_size <= options.reference_size
+    assert lowered.n_epochs == options.n_epochs and lowered.seed == options.seed  # nothing else changes
+    need = chunk_bytes(sizes.max_chunk_rows, dim, lowered, min(lowered.rollout_chunk, lowered.n_rollout),
+                       lowered.reference_size, lowered.refine_reference, metric_kinds(lowered))
+    assert n_rows * ROW_BYTES + need <= budget
+    bigger = plan_memory(4 * budget, n_rows, dim, options, 200_000)
+    assert bigger.max_chunk_rows >= sizes.max_chunk_rows
+    # A generous budget changes nothing.
+    assert plan_memory(2**40, 1000, 16, options, 200_000) == plan_memory(None, 1000, 16, options, 200_000)
+
+
+def test_too_small_a_budget_says_what_to_do():
+    with pytest.raises(OptionError, match=r"too small for a partition of 1000000 rows.*repartition"):
+        plan_memory(2**20, 10**6, 768, DataMaskOptions(), 200_000)
+
+
+def test_default_budget_comes_from_the_workers(client, corpus):
+    ddf = dd.from_pandas(corpus, npartitions=2, sort=False)
+    worker = next(iter(client.scheduler_info()["workers"].values()))
+    expected = int(worker["memory_limit"] / worker["nthreads"] * 0.5)  # the conftest cluster: 3 GiB, 1 thread
+    assert resolve_budget(None, scheduler=client) == expected
+    assert plan_selection(ddf, scheduler=client)[0].memory_budget == expected
+    assert plan_selection(ddf, scheduler=client, memory_budget="off")[0].memory_budget is None
+    assert plan_selection(ddf, scheduler="threads")[0].memory_budget is None  # local scheduler: no bound
+    assert plan_selection(ddf, memory_budget="64MiB")[0].memory_budget == 64 * 2**20
+
+
+def test_a_binding_budget_gives_the_same_selection_everywhere(client):
+    corpus = make_corpus(1200, 128, seed=8)
+    ddf = dd.from_pandas(corpus, npartitions=2, sort=False)
+    options = {"n_epochs": 10, "n_rollout": 4, "refine_epochs": 5}
+    out = datamask_select(ddf, ratio=0.1, memory_budget="1MiB", **options)
+    spec = plan_selection(ddf, memory_budget="1MiB", **options)[0]
+    assert plan_memory(spec.memory_budget, 600, 128, spec.options, spec.max_chunk_rows).max_chunk_rows < 300
+    local = out.compute(scheduler="sync")["selected"].to_numpy()  # 600-row partitions, in chunks
+    assert local.sum() == 120
+    np.testing.assert_array_equal(out.compute(scheduler=client)["selected"].to_numpy(), local)
+    unbounded = datamask_select(ddf, ratio=0.1, memory_budget="off", **options).compute(scheduler="sync")
+    generous = datamask_select(ddf, ratio=0.1, memory_budget="1GiB", **options).compute(scheduler="sync")
+    np.testing.assert_array_equal(generous["selected"].to_numpy(), unbounded["selected"].to_numpy())
