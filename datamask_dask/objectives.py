@@ -78,7 +78,7 @@ class PairSimi(DiversityMetric):
 
     def rewards(self, emb, idx, state):
         k = idx.shape[1]
-        w = emb[idx].sum(1)  # (G, d)
+        w = torch.stack([emb.index_select(0, rows).sum(0) for rows in idx])  # (G, d), no (G, k, d) copy
         pair_sum = (w * w).sum(1) - k
         return 1.0 - pair_sum / max(k * (k - 1), 1)
 
@@ -87,7 +87,7 @@ class PairSimi(DiversityMetric):
 
     def rewards_and_gains(self, emb, idx, state, member):
         k = idx.shape[1]
-        w = emb[idx].sum(1)  # (G, d)
+        w = member.to(emb.dtype) @ emb  # sum of U's vectors, (G, d): one matrix product
         pair_sum = ((w * w).sum(1) - k)[:, None]
         dots = w @ emb.T  # e_j . w, (G, b)
         mean_with = pair_sum / max(k * (k - 1), 1)
