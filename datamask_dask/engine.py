@@ -3,8 +3,10 @@
 One logit per row; a mask is k draws without replacement from softmax(logits), i.e. the top-k of
 logits + Gumbel noise (Plackett-Luce), so its size is exact by construction. Each step takes a
 batch of the chunk (``partial``), samples ``n_rollout`` masks inside it, scores them with
-``lamb * quality + (1 - lamb) * diversity`` and moves the batch's logits (see ``update``). The
-final mask is the top-k of the learned logits.
+``lamb * quality + (1 - lamb) * diversity`` and moves the batch's logits (see ``update``). A
+refinement stage then learns the best ``refine * k`` rows (the whole chunk at ratio >= 0.1)
+with every row in every step, and the final mask is the policy's best draw (``final``); the
+published method is ``update="paper", refine=0, final="topk"``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ class MaskResult:
     Attributes
     ----------
     mask : numpy bool array (n,), exactly ``k`` True
-    scores : numpy float32 array (n,), the learned logits (``-inf`` for pruned rows)
-    history : numpy float32 array (n_epochs,), mean in-batch reward of the rollouts per step
+    scores : numpy float32 array (n,), the learned logits (``-inf`` for pruned rows); with
+        ``final="best"`` the mask is the best draw, which need not be the logits' top-k
+    history : numpy float32 array, mean in-batch reward of the rollouts per step of the
+        partial-batch stage (if it ran) followed by the refinement stage
     """
 
     mask: np.ndarray
