@@ -78,8 +78,8 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     qn = normalise_quality(q, quality_range)
 
     # Quality pruning: the worst `prune` share never takes part (ties broken by position).
-    eligible = torch.arange(n, device=device)
     n_keep = n - int(math.floor(opts.prune * n))
+    eligible = None  # every row; else the sorted indices of the rows kept
     if n_keep < n:
         eligible = torch.sort(torch.argsort(q, descending=True, stable=True)[:n_keep]).values
     if opts.lamb == 1:
@@ -90,11 +90,16 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         return MaskResult(mask.cpu().numpy(), scores.cpu().numpy().astype(np.float32),
                           np.zeros(0, dtype=np.float32))
     gen = torch.Generator(device=device).manual_seed(opts.seed)
-    logits = _initial_logits(qn[eligible], opts.init)
-    q_e, emb_e = qn[eligible], emb[eligible]
-    pool_size = min(logits.shape[0], math.ceil(opts.refine * k))
-    history, best = np.zeros(0, dtype=np.float32), None
-    if not (opts.refine and pool_size == logits.shape[0]):  # else the pool is everything: refine only
+    q_e, emb_e = (qn, emb) if eligible is None else (qn[eligible], emb[eligible])
+    logits = _initial_logits(q_e, opts.init)
+    n_e = n_keep
+    pool_size = min(n_e, math.ceil(opts.refine * k))
+    if 2 * pool_size >= n_e:
+        # Refining the whole chunk costs at most twice refining the pool, and less than the
+        # partial-batch stage that would choose the pool: refine everything, skip that stage.
+        pool_size = n_e
+    history, best = torch.zeros(0), None
+    if not (opts.refine and pool_size == n_e):
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
                                   max_batch=opts.max_batch)
@@ -102,16 +107,21 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         # Refine: learn again, every step over the whole pool of the best candidates, with the
         # reference rows drawn from the whole chunk. Rows learned in different batches never met
         # in the first stage; here near-duplicates compete and only one keeps a high logit.
-        pool = torch.topk(logits, pool_size).indices
-        pool_logits = logits[pool]
-        refined, best = _optimise(pool_logits, q_e[pool], emb_e[pool], k, opts, gen,
-                                  n_steps=opts.refine_epochs, partial=1.0, max_batch=pool_size,
-                                  lr=(opts.refine_lr, opts.refine_lr / 10),
-                                  reference=_sample_rows(emb_e, opts.refine_reference, gen))
-        history = np.concatenate([history, refined])
-        best = None if best is None else pool[best]
-        # Rows outside the pool stay below every pool row.
-        logits[pool] = pool_logits - pool_logits.min() + logits.max() + 1.0
+        whole = pool_size == n_e
+        pool = None if whole else torch.topk(logits, pool_size).indices
+        # Refining everything works on the chunk's own tensors (views, no copies).
+        pool_logits, q_pool, emb_pool = (logits, q_e, emb_e) if whole else (
+            logits[pool], q_e[pool], emb_e[pool])
+        reference_rows = _sample_indices(n_e, opts.refine_reference, gen)
+        reference = emb_e if reference_rows is None else None
+        refined, best = _optimise(pool_logits, q_pool, emb_pool, k, opts, gen, n_steps=opts.refine_epochs,
+                                  partial=1.0, max_batch=pool_size, lr=(opts.refine_lr, opts.refine_lr / 10),
+                                  reference=lambda: emb_e[reference_rows] if reference is None else reference)
+        history = torch.cat([history.to(refined.device), refined])
+        if not whole:
+            best = None if best is None else pool[best]
+            # Rows outside the pool stay below every pool row.
+            logits[pool] = pool_logits - pool_logits.min() + logits.max() + 1.0
     if opts.final == "best" and best is not None:
         chosen = best
     elif opts.final == "sample":
@@ -119,21 +129,24 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     else:
         chosen = torch.topk(logits, k).indices
     mask = torch.zeros(n, dtype=torch.bool, device=device)
-    mask[eligible[chosen]] = True
-    scores = torch.full((n,), -math.inf, device=device)
-    scores[eligible] = logits
-    return MaskResult(mask.cpu().numpy(), scores.cpu().numpy().astype(np.float32), history)
+    mask[chosen if eligible is None else eligible[chosen]] = True
+    scores = logits if eligible is None else torch.full((n,), -math.inf, device=device).index_put_(
+        (eligible,), logits)
+    return MaskResult(mask.cpu().numpy(), scores.cpu().numpy().astype(np.float32),
+                      history.cpu().numpy().astype(np.float32))
 
 
 def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr, max_batch,
               reference=None):
     """Run policy-gradient steps in place on ``logits``.
 
-    Returns the mean in-batch reward per step and, when every row took part in every step, the
-    best rollout drawn (row indices), else None.
+    ``reference`` (a callable, called at most once) gives the rows the selection should
+    represent, for metrics that use them. Returns the mean in-batch reward per step and, when
+    every row took part in every step, the best rollout drawn (row indices), else None. Nothing
+    leaves the device inside the loop: the history and the best draw are tensors.
     """
     n = logits.shape[0]
-    history = np.zeros(n_steps, dtype=np.float32)
+    history = torch.zeros(n_steps, device=logits.device)
     if k == n:
         return history, None  # nothing to choose
     metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours,
@@ -141,10 +154,12 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), max_batch)
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
     order = torch.empty(0, dtype=torch.long, device=logits.device)
-    states, best, best_reward = None, None, -math.inf
+    states, best, best_reward = None, None, torch.tensor(-math.inf, device=logits.device)
     if batch == n:
         # Every row takes part in every step: precompute the metrics' state once.
-        states = [metric.prepare(emb, gen, reference) for metric, _ in metrics]
+        wanted = reference is not None and any(metric.uses_reference for metric, _ in metrics)
+        rows_to_represent = reference() if wanted else None
+        states = [metric.prepare(emb, gen, rows_to_represent) for metric, _ in metrics]
     ordered = opts.update == "plackett_luce"  # only its gradient needs the draw order
     for step in range(n_steps):
         if states is None:
@@ -153,7 +168,7 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
                 order = torch.cat([order, torch.randperm(n, generator=gen, device=logits.device)])
             rows, order = order[:batch], order[batch:]
             theta, q_b, emb_b = logits[rows], qn[rows], emb[rows]
-            step_states = [metric.prepare(emb_b, gen, reference) for metric, _ in metrics]
+            step_states = [metric.prepare(emb_b, gen) for metric, _ in metrics]
         else:
             theta, q_b, emb_b, step_states = logits, qn, emb, states  # views, no copies
         step_lr = lr[0] + (lr[1] - lr[0]) * step / max(n_steps - 1, 1)
@@ -164,14 +179,23 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
             logits[rows] += step_lr * direction
         else:
             logits += step_lr * direction
-        history[step] = float(rewards.mean())
-        if states is not None and float(rewards.max()) > best_reward:
-            best_reward, best = float(rewards.max()), idx[int(rewards.argmax())]
+        history[step] = rewards.mean()
+        if states is not None:
+            best_reward, best = _keep_best(rewards, idx, best_reward, best)
     if states is not None:  # the policy's mode is a candidate too
         top = logits.topk(k_batch).indices[None]
-        if float(_step_direction(logits, qn, emb, top, metrics, states, opts)[0][0]) > best_reward:
-            best = top[0]
+        top_reward = _step_direction(logits, qn, emb, top, metrics, states, opts)[0]
+        best = _keep_best(top_reward, top, best_reward, best)[1]
     return history, best
+
+
+def _keep_best(rewards, idx, best_reward, best):
+    """The better of the best draw so far and this step's best, chosen on the device (no sync)."""
+    j = rewards.argmax()
+    if best is None:
+        return rewards[j], idx[j]
+    better = rewards[j] > best_reward
+    return torch.where(better, rewards[j], best_reward), torch.where(better, idx[j], best)
 
 
 def _step_direction(theta, qn, emb, idx, metrics, states, opts: DataMaskOptions):
@@ -249,11 +273,11 @@ def _precision(precision: str, device: torch.device) -> str:
     return "bfloat16" if device.type == "cuda" or _cpu_has_bf16() else "float32"
 
 
-def _sample_rows(x, m, gen):
-    """At most ``m`` rows of ``x``, drawn without replacement."""
-    if x.shape[0] <= m:
-        return x
-    return x[torch.randperm(x.shape[0], generator=gen, device=x.device)[:m]]
+def _sample_indices(n, m, gen):
+    """``m`` of ``n`` row indices drawn without replacement, or None (every row) when ``n <= m``."""
+    if n <= m:
+        return None
+    return torch.randperm(n, generator=gen, device=gen.device)[:m]
 
 
 def _standardise(x):
@@ -289,11 +313,12 @@ def _as_inputs(quality, embeddings, device):
     if bad.numel():
         raise InputDataError(f"quality has {bad.numel()} NaN or infinite value(s) at rows "
                              f"{bad[:5].tolist()}: fill or drop them before selecting")
-    bad = (~torch.isfinite(emb).all(1)).nonzero().flatten()
+    norms = emb.norm(dim=1, keepdim=True)
+    # A row's norm is finite exactly when all its values are (barring overflow, > 1e19): one pass.
+    bad = (~torch.isfinite(norms[:, 0])).nonzero().flatten()
     if bad.numel():
         raise InputDataError(f"embeddings have NaN or infinite values in {bad.numel()} row(s), first "
                              f"{bad[:5].tolist()}: re-embed or drop those rows")
-    norms = emb.norm(dim=1, keepdim=True)
     bad = (norms[:, 0] == 0).nonzero().flatten()
     if bad.numel():
         raise InputDataError(f"embeddings are all-zero in {bad.numel()} row(s), first {bad[:5].tolist()}: "

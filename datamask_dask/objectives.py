@@ -37,12 +37,14 @@ class DiversityMetric:
     """
 
     name = "metric"
+    uses_reference = False  # True: prepare() wants the rows to represent (the learner then builds them)
 
     def prepare(self, emb: Tensor, generator: torch.Generator, reference: Tensor | None = None) -> object:
         """Per-step precomputation on the batch embeddings ``emb`` (b x d); returned as ``state``.
 
         ``reference`` holds rows the selection should represent when they are not the batch itself
-        (the whole chunk, while refining a candidate pool).
+        (the whole chunk, while refining a candidate pool); the learner passes it only to metrics
+        whose ``uses_reference`` is True.
         """
         return None
 
@@ -68,18 +70,27 @@ class DiversityMetric:
 
     def evaluate(self, emb: Tensor, selected: Tensor) -> float:
         """Diversity of one selection (indices into ``emb``) measured on the whole chunk."""
-        return float(self.rewards(emb, selected[None], self.prepare(emb, _fixed_generator(emb)))[0])
+        return float(self.rewards(emb, selected[None], self.prepare(emb, _fixed_generator(emb.device)))[0])
 
 
 class PairSimi(DiversityMetric):
-    """1 - mean pairwise cosine similarity of the selected unit vectors."""
+    """1 - mean pairwise cosine similarity of the selected unit vectors.
+
+    Per step it reads the k selected rows (to sum them, in float32) and the batch once (every
+    row's dot product with that sum, in ``precision``): memory-bound, so bfloat16 halves it.
+    """
 
     name = "Pair_simi"
 
+    def __init__(self, precision: str = "float32"):
+        self.precision = precision
+
+    def prepare(self, emb, generator, reference=None):
+        return emb.to(torch.bfloat16) if self.precision == "bfloat16" else None  # the batch, for dots
+
     def rewards(self, emb, idx, state):
         k = idx.shape[1]
-        w = torch.stack([emb.index_select(0, rows).sum(0) for rows in idx])  # (G, d), no (G, k, d) copy
-        pair_sum = (w * w).sum(1) - k
+        pair_sum = _selection_sums(emb, idx).pow(2).sum(1) - k
         return 1.0 - pair_sum / max(k * (k - 1), 1)
 
     def gains(self, emb, idx, state, member):
@@ -87,9 +98,10 @@ class PairSimi(DiversityMetric):
 
     def rewards_and_gains(self, emb, idx, state, member):
         k = idx.shape[1]
-        w = member.to(emb.dtype) @ emb  # sum of U's vectors, (G, d): one matrix product
+        w = _selection_sums(emb, idx)
         pair_sum = ((w * w).sum(1) - k)[:, None]
-        dots = w @ emb.T  # e_j . w, (G, b)
+        low = emb if state is None else state
+        dots = (w.to(low.dtype) @ low.T).float()  # e_j . w, (G, b)
         mean_with = pair_sum / max(k * (k - 1), 1)
         # A member j leaves: its k - 1 similarities go, twice. A non-member joins: k new ones, twice.
         mean_without = (pair_sum - 2 * (dots - 1)) / max((k - 1) * (k - 2), 1)
@@ -109,6 +121,7 @@ class Facility(DiversityMetric):
     """
 
     name = "Facility"
+    uses_reference = True
 
     def __init__(self, reference_size: int = 1024, neighbours: int = 64, precision: str = "float32"):
         self.reference_size = reference_size
@@ -311,7 +324,7 @@ def build_metrics(metric_weights, reference_size: int = 1024, neighbours: int = 
             if issubclass(metric, Facility):
                 metric = metric(reference_size, neighbours, precision)
             else:
-                metric = metric(precision) if issubclass(metric, DiSF) else metric()
+                metric = metric(precision) if issubclass(metric, DiSF | PairSimi) else metric()
         out.append((metric, weight))
     return out
 
@@ -360,5 +373,10 @@ def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", 
             "diversity": diversity, "metrics": metrics}
 
 
-def _fixed_generator(emb: Tensor) -> torch.Generator:
-    return torch.Generator(device="cpu").manual_seed(0)
+def _selection_sums(emb: Tensor, idx: Tensor) -> Tensor:
+    """Sum of each rollout's rows, (G, d): reads only the selected rows, no (G, k, d) copy."""
+    return torch.nn.functional.embedding_bag(idx, emb, mode="sum")
+
+
+def _fixed_generator(device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(0)

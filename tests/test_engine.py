@@ -77,7 +77,7 @@ def test_beats_random_and_quality_topk_at_lamb_half(chunk, algorithm):
 def test_matches_brute_force_on_tiny_chunks(algorithm):
     """n <= 20: the learner finds the exact optimum for most seeds."""
     hits = 0
-    seeds = range(6)
+    seeds = range(12)
     for seed in seeds:
         q, e = make_embeddings(12, 8, n_clusters=3, seed=seed)
         k, lamb = 4, 0.5
@@ -88,7 +88,7 @@ def test_matches_brute_force_on_tiny_chunks(algorithm):
         best = max(objective(s) for s in itertools.combinations(range(12), k))
         found = learn_mask(q, e, k, algorithm=algorithm, lamb=lamb, seed=seed, n_rollout=8)
         hits += np.isclose(objective(np.flatnonzero(found.mask)), best, rtol=1e-5)
-    assert hits >= 4, f"optimum found for {hits} of {len(seeds)} seeds"
+    assert hits > len(seeds) / 2, f"optimum found for {hits} of {len(seeds)} seeds"
 
 
 def test_history_improves(chunk):

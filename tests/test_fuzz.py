@@ -44,7 +44,7 @@ def tables(draw):
     ids = pd.array(np.arange(n), dtype="Int64")
     defects = draw(st.sets(st.sampled_from(ROW_DEFECTS), max_size=2)) if n else set()
     row = draw(st.integers(0, max(n - 1, 0)))
-    for defect in defects:
+    for defect in sorted(defects, key=ROW_DEFECTS.index):  # null_embedding last: it replaces the row
         if defect == "nan_quality":
             quality[row] = np.nan
         elif defect == "inf_quality":
@@ -58,15 +58,16 @@ def tables(draw):
         elif defect == "zero_embedding":
             vectors[row] = np.zeros(d, dtype=np.float32)
         elif defect == "nan_embedding":
-            vectors[row] = np.where(np.arange(d) == 0, np.nan, vectors[row]).astype(np.float32)
+            vectors[row] = vectors[row].copy()
+            vectors[row][0] = np.nan
         elif defect == "huge_embedding":
             vectors[row] = vectors[row] * np.float32(1e30)
-        elif defect == "ragged_embedding" and layout != "fixed_size_list":
+        elif defect == "ragged_embedding" and layout != "fixed_size_list" and n > 1:
             vectors[row] = np.append(vectors[row], np.float32(1.0))
         elif defect == "null_embedding":
             vectors[row] = None
     applied = {d_ for d_ in defects if not (d_ == "duplicate_id" and n < 2)
-               and not (d_ == "ragged_embedding" and layout == "fixed_size_list")}
+               and not (d_ == "ragged_embedding" and (layout == "fixed_size_list" or n < 2))}
     table_defect = draw(st.sampled_from([None] * 6 + list(TABLE_DEFECTS)))
     frame = pd.DataFrame({"chunk_id": ids, "quality_score": quality,
                           "feature_arr": _embedding_column(vectors, d, layout)})
