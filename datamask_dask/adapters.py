@@ -153,6 +153,7 @@ class _ArrowEmbeddings:
         self.name = series.name
         # Keep the chunks as they are: combining them would copy the whole column.
         self.array = series.array.__arrow_array__()
+        self._views = None  # per-chunk numpy views of the values, made on first use
         if self.array.null_count:
             nulls = np.asarray(self.array.is_null().to_numpy())
             raise _null_error(where, self.name, np.flatnonzero(nulls))
@@ -166,11 +167,35 @@ class _ArrowEmbeddings:
             self.dim = int(lengths[0]) if lengths.size else 0
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
-        taken = self.array.take(pa.array(np.asarray(positions, dtype=np.int64))).combine_chunks()
-        flat = taken.flatten().to_numpy(zero_copy_only=False)  # nulls inside a vector become NaN
-        matrix = np.asarray(flat, dtype=np.float32).reshape(len(positions), self.dim)
-        # A zero-copy view of Arrow memory is read-only, which torch warns about: copy this small chunk.
-        return matrix if matrix.flags.writeable else matrix.copy()
+        """The rows at ``positions`` as a new float32 matrix: one copy, straight from Arrow memory."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size > 1 and (np.diff(positions) < 0).any():
+            order = np.argsort(positions, kind="stable")
+            out = np.empty((positions.size, self.dim), dtype=np.float32)
+            out[order] = self.rows(positions[order])
+            return out
+        out = np.empty((positions.size, self.dim), dtype=np.float32)
+        starts, matrices = self._matrices()
+        # positions are sorted: each chunk's rows are one segment of them
+        bounds = np.searchsorted(positions, [*starts, starts[-1] + len(matrices[-1])] if matrices else [0])
+        for start, matrix, lo, hi in zip(starts, matrices, bounds[:-1], bounds[1:], strict=True):
+            if hi > lo:
+                out[lo:hi] = matrix[positions[lo:hi] - start]
+        return out
+
+    def _matrices(self):
+        """Each Arrow chunk as an (rows, dim) numpy view of its values (a copy only if they hold nulls)."""
+        if self._views is None:
+            starts, matrices, start = [], [], 0
+            for chunk in self.array.chunks:
+                values = chunk.flatten()  # the chunk's own slice of the child values, zero-copy
+                flat = values.to_numpy(zero_copy_only=values.null_count == 0 and not pa.types.is_boolean(
+                    values.type))  # nulls inside a vector become NaN (and are reported as such)
+                starts.append(start)
+                matrices.append(flat.reshape(len(chunk), self.dim))
+                start += len(chunk)
+            self._views = (np.asarray(starts, dtype=np.int64), matrices)
+        return self._views
 
 
 class _ObjectEmbeddings:

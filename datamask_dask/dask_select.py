@@ -396,9 +396,11 @@ def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
 
 def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number, device, where,
            options):
-    embeddings = source.rows(chunk)
+    embeddings = source.rows(chunk)  # our own copy
     if spec.validate != "full":  # "full" checked every row in the plan pass
-        check_vectors(embeddings, chunk, frame, spec, where)
+        norms = check_vectors(embeddings, chunk, frame, spec, where)
+        if isinstance(embeddings, np.ndarray):
+            embeddings /= norms[:, None]  # in place: the learner finds unit rows and copies nothing
     try:
         return learn_mask(quality[chunk], embeddings, k, options, device=device,
                           quality_range=plan["ranges"][group_index],

@@ -108,7 +108,12 @@ def _read_piece(piece, schema: pa.Schema, partition_names: list[str], columns: l
     path, groups, keys = piece
     columns = list(schema.names) if columns is None else list(columns)
     file_columns = [c for c in columns if c not in partition_names]
-    table = pq.ParquetFile(path).read_row_groups(list(groups), columns=file_columns)
+    source = pq.ParquetFile(path)
+    # One row group at a time, kept as chunks (no concatenation copy): decoding a list column
+    # needs transient level buffers several times the data, so this bounds the peak; then the
+    # allocator gives what decoding freed back to the OS instead of holding it for the worker.
+    table = pa.concat_tables([source.read_row_group(group, columns=file_columns) for group in groups])
+    pa.default_memory_pool().release_unused()
     arrays = []
     for name in columns:
         field = schema.field(name)

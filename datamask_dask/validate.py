@@ -557,15 +557,25 @@ def vector_problems(norms: np.ndarray, positions: np.ndarray, frame, spec: Selec
     return problems
 
 
-def check_vectors(embeddings, positions: np.ndarray, frame, spec: SelectSpec, where: str) -> None:
-    """Raise on NaN, infinite, all-zero or out-of-range rows of a chunk about to be learned."""
-    step = max(1, _BLOCK_BYTES // 16 // (8 * max(1, embeddings.shape[1])))  # float64 blocks of ~4 MiB
-    direction = np.zeros(embeddings.shape[1])
-    norms = np.concatenate([_vector_summary(embeddings[i:i + step], direction)[:, 0]
-                            for i in range(0, embeddings.shape[0], step)] or [np.zeros(0)])
-    problems = vector_problems(norms, positions, frame, spec, where)
-    if problems:
-        raise problems_error(problems)
+def check_vectors(embeddings, positions: np.ndarray, frame, spec: SelectSpec, where: str) -> np.ndarray:
+    """Raise on NaN, infinite, all-zero or out-of-range rows of a chunk about to be learned.
+
+    ``embeddings``: float32 numpy array, or torch tensor (GPU partitions). Returns the rows'
+    norms (float32, host), so the caller can normalise without another pass.
+    """
+    if isinstance(embeddings, np.ndarray):
+        norms = np.sqrt(np.einsum("ij,ij->i", embeddings, embeddings))  # float32, no (n, d) temporary
+    else:
+        norms = embeddings.norm(dim=1).cpu().numpy()
+    low, high = NORM_RANGE
+    suspect = np.flatnonzero(~((norms >= low) & (norms <= high)))
+    if suspect.size:  # error path: classify these rows from exact float64 norms
+        exact = norms.astype(np.float64)
+        exact[suspect] = _vector_summary(embeddings[suspect], np.zeros(embeddings.shape[1]))[:, 0]
+        problems = vector_problems(exact, positions, frame, spec, where)
+        if problems:
+            raise problems_error(problems)
+    return norms
 
 
 def _digest(frame, spec: SelectSpec, check: PartitionCheck, vectors: np.ndarray | None) -> str:
