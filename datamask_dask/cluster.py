@@ -16,18 +16,20 @@ from distributed import Client, WorkerPlugin
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
-class TorchThreads(WorkerPlugin):
-    """Worker plugin: cap torch's intra-op threads (BLAS threads follow the spawn environment)."""
+class WorkerThreads(WorkerPlugin):
+    """Worker plugin: cap torch's and Arrow's CPU threads (BLAS threads follow the spawn environment)."""
 
-    name = "datamask-torch-threads"
+    name = "datamask-worker-threads"
 
     def __init__(self, n_threads: int):
         self.n_threads = int(n_threads)
 
     def setup(self, worker) -> None:
+        import pyarrow
         import torch
 
         torch.set_num_threads(self.n_threads)
+        pyarrow.set_cpu_count(self.n_threads)  # parquet decoding: workers must not share cores
 
 
 def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_worker: int = 1,
@@ -70,8 +72,11 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     # they also go to the Nanny's env, which wins over whatever the parent process has set.
     environ = {name: str(threads_per_worker) for name in _THREAD_VARIABLES}
     cluster_kwargs = {**cluster_kwargs, "env": {**environ, **cluster_kwargs.get("env", {})}}
+    # The workers' statistical profiler samples the running task every 10 ms; on long numeric
+    # tasks it cost ~15% of the throughput of 2 workers on 2 cores (benchmarks/README.md).
     with dask.config.set({"distributed.nanny.pre-spawn-environ": {
-            **dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **environ}}):
+            **dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **environ},
+            "distributed.worker.profile.enabled": False}):
         if kind == "cpu":
             if n_workers is None:
                 n_workers = max(1, (os.cpu_count() or 1) // threads_per_worker)
@@ -80,7 +85,7 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
         else:
             client = Client(_cuda_cluster(n_workers, threads_per_worker, memory_limit, cluster_kwargs),
                             set_as_default=set_as_default)
-    client.register_plugin(TorchThreads(threads_per_worker))
+    client.register_plugin(WorkerThreads(threads_per_worker))
     return client
 
 

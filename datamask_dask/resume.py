@@ -43,12 +43,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import dask
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import adapters
 from .config import load_config
-from .dask_select import apply_plan, plan_selection
+from .dask_select import plan_selection, select_partition
 from .errors import DataMaskError
 from .parquet import concatenate, write_table
 
@@ -156,10 +157,20 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     manifest["runs"].append({"started": _now(), "computed": todo, "reused": sorted(done)})
     _write_json(work / MANIFEST, manifest)
 
-    parts = apply_plan(ddf, spec, plan).to_delayed()
-    tasks = [dask.delayed(write_part, pure=False)(parts[i], os.fspath(work), i, manifest["run_id"],
-                                                 spec.selected_column) for i in todo]
-    markers = {**done, **dict(zip(todo, dask.compute(*tasks, scheduler=scheduler), strict=True))}
+    markers = dict(done)
+    if todo:
+        # One task per partition reads, selects and writes it (Dask fuses the chain), so a worker
+        # holds one partition at a time and nothing but a marker row travels back.
+        plan_node = dask.delayed(plan, traverse=False)
+        pending = ddf if len(todo) == ddf.npartitions else ddf.partitions[todo]
+        written = pending.map_partitions(
+            _select_and_write, plan_node, todo, os.fspath(work), manifest["run_id"], meta=_MARKER_META,
+            enforce_metadata=False)
+        # to_delayed() hands over the fused graph (a collection's compute() on a distributed
+        # client did not fuse the read into this task: each partition then waited in memory).
+        for frame in dask.compute(*written.to_delayed(), scheduler=scheduler):
+            marker = frame.to_dict("records")[0]
+            markers[int(marker["partition"])] = {**marker, "file": marker["file"] or None}
     manifest["runs"][-1]["finished"] = _now()
     _write_json(work / MANIFEST, manifest)
 
@@ -271,6 +282,19 @@ def finished_partitions(work: Path, manifest: dict, rows: list[int]) -> dict[int
 
 def _stem(number: int) -> str:
     return f"part-{number:05d}"
+
+
+_MARKER_META = pd.DataFrame({"partition": pd.Series(dtype="int64"), "rows": pd.Series(dtype="int64"),
+                             "selected": pd.Series(dtype="int64"), "file": pd.Series(dtype=object),
+                             "bytes": pd.Series(dtype="int64"), "run_id": pd.Series(dtype=object)})
+
+
+def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: str, partition_info=None):
+    """Select one input partition (number ``numbers[i]`` of the table) and write it; its marker as a row."""
+    number = numbers[partition_info["number"] if partition_info is not None else 0]
+    selected = select_partition(frame, plan, {"number": number})
+    marker = write_part(selected, work, number, run_id, plan["spec"].selected_column)
+    return pd.DataFrame([{**marker, "file": marker["file"] or ""}]).astype(_MARKER_META.dtypes.to_dict())
 
 
 def write_part(frame, work: str, number: int, run_id: str, selected_column: str) -> dict:
