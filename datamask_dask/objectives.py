@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .errors import OptionError
+from .knn import top_neighbours
 
 Tensor = torch.Tensor
 _EVAL_BLOCK = 4096  # rows of the chunk compared with the selection at once when evaluating
@@ -123,26 +124,23 @@ class Facility(DiversityMetric):
     name = "Facility"
     uses_reference = True
 
-    def __init__(self, reference_size: int = 1024, neighbours: int = 64, precision: str = "float32"):
+    def __init__(self, reference_size: int = 1024, neighbours: int = 64, precision: str = "float32",
+                 exact_max: int = 32768):
         self.reference_size = reference_size
         self.neighbours = neighbours
         self.precision = precision
+        self.exact_max = exact_max  # batches larger than this get an approximate graph (see knn)
 
     def prepare(self, emb, generator, reference=None):
         if reference is None:  # represent the batch itself, through a sample of its rows
             rows = torch.randperm(emb.shape[0], generator=generator, device=generator.device)
             reference = emb[rows[:self.reference_size]]
-        t = min(self.neighbours, emb.shape[0])
         # bfloat16 similarities (3 significant digits) are plenty to rank neighbours and cost
         # a quarter of float32 on GPUs and on CPUs with AMX / AVX512-BF16.
         dtype = torch.bfloat16 if self.precision == "bfloat16" else emb.dtype
-        emb_t = emb.to(dtype).T
-        values, neighbours = [], []
-        for start in range(0, reference.shape[0], _EVAL_BLOCK):
-            top = (reference[start:start + _EVAL_BLOCK].to(dtype) @ emb_t).topk(t, dim=1)
-            values.append(top.values.float().clamp_(min=0))
-            neighbours.append(top.indices)
-        return torch.cat(values), torch.cat(neighbours)  # (m, t) each
+        values, neighbours = top_neighbours(reference, emb, self.neighbours, dtype=dtype, generator=generator,
+                                            exact_max=self.exact_max)
+        return values.clamp_(min=0), neighbours  # (m, t) each
 
     def rewards(self, emb, idx, state):
         values, neighbours = state
@@ -315,14 +313,15 @@ def resolve_metrics(algorithm) -> list[tuple[str | DiversityMetric, float]]:
 
 
 def build_metrics(metric_weights, reference_size: int = 1024, neighbours: int = 64,
-                  precision: str = "float32") -> list[tuple[DiversityMetric, float]]:
+                  precision: str = "float32", exact_neighbours: int = 32768,
+                  ) -> list[tuple[DiversityMetric, float]]:
     """Instantiate the resolved metrics (``precision``: "float32" or "bfloat16" for their big products)."""
     out = []
     for key, weight in metric_weights:
         metric = _REGISTRY[key] if isinstance(key, str) else key
         if isinstance(metric, type):
             if issubclass(metric, Facility):
-                metric = metric(reference_size, neighbours, precision)
+                metric = metric(reference_size, neighbours, precision, exact_neighbours)
             else:
                 metric = metric(precision) if issubclass(metric, DiSF | PairSimi) else metric()
         out.append((metric, weight))

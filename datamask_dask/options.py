@@ -67,6 +67,10 @@ class DataMaskOptions:
         Rows of the batch used as the reference set of ``Facility`` in each step.
     neighbours : int
         Most similar rows each ``Facility`` reference row keeps (its sparse k-NN graph).
+    exact_neighbours : int
+        Up to this many rows in a step's batch, the ``Facility`` graph is exact; above it the
+        neighbours are searched in the nearest clusters only (see :mod:`datamask_dask.knn`),
+        which costs about the same per row whatever the chunk size.
     precision : {"auto", "float32", "bfloat16"}
         Precision of the ``Facility`` similarity graph; "auto" takes bfloat16 on CUDA and on CPUs
         with AMX / AVX512-BF16, where it is about 4x faster. Objectives are always evaluated in
@@ -94,6 +98,7 @@ class DataMaskOptions:
     max_batch: int = 8192
     reference_size: int = 1024
     neighbours: int = 32
+    exact_neighbours: int = 32768
     precision: str = "auto"
     rollout_chunk: int = 32
     metric_weights: tuple = field(default=(), repr=False)
@@ -120,6 +125,7 @@ class DataMaskOptions:
         _check(self.max_batch >= 2, "max_batch", self.max_batch, "an integer >= 2")
         _check(self.reference_size >= 1, "reference_size", self.reference_size, "an integer >= 1")
         _check(self.neighbours >= 1, "neighbours", self.neighbours, "an integer >= 1")
+        _check(self.exact_neighbours >= 0, "exact_neighbours", self.exact_neighbours, "an integer >= 0")
         _check(self.precision in PRECISIONS, "precision", self.precision, f"one of {PRECISIONS}")
         _check(self.rollout_chunk >= 1, "rollout_chunk", self.rollout_chunk, "an integer >= 1")
         # Resolve metric names now so a typo fails before any compute.
