@@ -7,6 +7,15 @@ the ``datamask`` namespace of ``dask.config`` (e.g. ``dask.config.set({"datamask
 A config file is a flat YAML mapping (optionally nested under a top-level ``datamask:`` key) of
 the learner options (:class:`~datamask_dask.options.DataMaskOptions`) and the operator settings
 below. Files are read with ``yaml.safe_load`` only; unknown keys raise :class:`OptionError`.
+
+A profile can tune each metric apart: under ``algorithms:``, a section per metric name holds
+settings that apply only when that metric is the one chosen (by the profile or by a keyword
+argument); they win over the profile's other keys and lose to keyword arguments::
+
+    algorithm: Pair_simi
+    refine_epochs: 5
+    algorithms:
+      Facility: {refine_epochs: 50, max_chunk_rows: 20000}
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ ALIASES = {"select_ratio": "ratio", "quality": "quality_column", "embedding": "e
            "id": "id_column"}
 
 LEARNER_KEYS = tuple(f.name for f in dataclasses.fields(DataMaskOptions) if f.name != "metric_weights")
+SECTIONS = "algorithms"  # key of the per-metric sections
 
 
 def known_keys() -> list[str]:
@@ -75,12 +85,24 @@ def read_config_file(path: str | os.PathLike) -> dict:
     return normalise_keys(data, f"config file {os.fspath(path)!r}")
 
 
-def normalise_keys(values: Mapping, source: str) -> dict:
-    """Canonical keys (hyphens to underscores, aliases resolved); unknown keys raise OptionError."""
+def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
+    """Canonical keys (hyphens to underscores, aliases resolved); unknown keys raise OptionError.
+
+    With ``sections``, an ``algorithms`` mapping of per-metric sections is accepted too (each
+    normalised the same way, without sections of its own or an ``algorithm`` key).
+    """
     out: dict = {}
     for key, value in values.items():
         name = str(key).replace("-", "_")
         name = ALIASES.get(name, name)
+        if name == SECTIONS and sections:
+            if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+                raise OptionError(f"{SECTIONS!r} in {source} must map metric names to mappings of settings")
+            out[name] = {str(metric): normalise_keys(section, f"{source}, section {SECTIONS}.{metric}", False)
+                         for metric, section in value.items()}
+            if any("algorithm" in section for section in out[name].values()):
+                raise OptionError(f"a section under {SECTIONS!r} in {source} cannot set 'algorithm'")
+            continue
         if name not in OPERATOR_DEFAULTS and name not in LEARNER_KEYS:
             raise OptionError(f"unknown option {key!r} in {source}; known options are {known_keys()} "
                               f"(aliases: {sorted(ALIASES)})")
@@ -113,15 +135,39 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, **override
     50
     """
     settings = default_settings()
-    settings.update(normalise_keys(dask.config.get("datamask", default=None) or {},
-                                   "dask.config namespace 'datamask'"))
+    from_dask = dask.config.get("datamask", default=None) or {}
+    layers = [normalise_keys(from_dask, "dask.config namespace 'datamask'")]
     if isinstance(config, Mapping):
-        settings.update(normalise_keys(config, "config mapping"))
+        layers.append(normalise_keys(config, "config mapping"))
     elif config is not None:
-        settings.update(read_config_file(config))
-    given = {k: v for k, v in overrides.items() if v is not None}
-    settings.update(normalise_keys(given, "keyword arguments"))
+        layers.append(read_config_file(config))
+    given = normalise_keys({k: v for k, v in overrides.items() if v is not None}, "keyword arguments", False)
+    sections: dict = {}
+    for layer in layers:
+        for metric, section in layer.pop(SECTIONS, {}).items():
+            sections.setdefault(_metric_key(metric, strict=True), {}).update(section)
+        settings.update(layer)
+    algorithm = given.get("algorithm", settings["algorithm"])
+    if isinstance(algorithm, str):
+        settings.update(sections.get(_metric_key(algorithm), {}))
+    settings.update(given)
     return settings
+
+
+def _metric_key(name: str, strict: bool = False):
+    """One key per metric whatever the spelling ("Facility", "fl"...).
+
+    Unknown names raise with ``strict`` (a section for a misspelt metric would never apply);
+    otherwise they stay as they are (the learner's options report them).
+    """
+    from .objectives import registered_metric
+
+    try:
+        return registered_metric(name)
+    except OptionError as exc:
+        if strict:
+            raise OptionError(f"section {SECTIONS}.{name}: {exc}") from exc
+        return name
 
 
 def learner_options(settings: Mapping) -> DataMaskOptions:

@@ -284,6 +284,12 @@ for _cls, _aliases in ((PairSimi, ("pair_simi", "pairsimi", "pair", "pairwise"))
         register_metric(_alias, _cls)
 
 
+def registered_metric(name: str) -> type[DiversityMetric] | DiversityMetric:
+    """What ``algorithm=name`` uses (the same object for every alias of a metric)."""
+    key = resolve_metrics(name)[0][0]
+    return _REGISTRY[key] if isinstance(key, str) else key
+
+
 def resolve_metrics(algorithm) -> list[tuple[str | DiversityMetric, float]]:
     """Normalise ``algorithm`` to a list of (metric, weight), weights summing to 1.
 

@@ -389,6 +389,25 @@ def test_config_precedence(tmp_path):
     assert load_config()["n_epochs"] == load_config(None)["n_epochs"] != 50
 
 
+def test_config_sections_per_algorithm(tmp_path):
+    config = tmp_path / "profile.yaml"
+    config.write_text("algorithm: Pair_simi\nrefine_epochs: 5\nalgorithms:\n"
+                      "  Facility: {refine_epochs: 40, max_chunk_rows: 123}\n  pair_simi: {n_rollout: 6}\n")
+    pair = load_config(config)
+    assert (pair["refine_epochs"], pair["n_rollout"], pair["max_chunk_rows"]) == (5, 6, 200_000)
+    facility = load_config(config, algorithm="fl")  # any spelling of the metric picks its section
+    assert (facility["refine_epochs"], facility["max_chunk_rows"], facility["n_rollout"]) == (40, 123, 4)
+    assert load_config(config, algorithm="Facility", refine_epochs=7)["refine_epochs"] == 7  # kwargs win
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("algorithms:\n  Facilty: {refine_epochs: 40}\n")
+    with pytest.raises(OptionError, match="algorithms.Facilty.*unknown"):
+        load_config(typo)
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("algorithms:\n  DiSF: {algorithm: Facility}\n")
+    with pytest.raises(OptionError, match="cannot set 'algorithm'"):
+        load_config(nested)
+
+
 def test_config_files_in_the_repository():
     from pathlib import Path
 
