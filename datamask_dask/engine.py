@@ -113,10 +113,13 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         pool_logits, q_pool, emb_pool = (logits, q_e, emb_e) if whole else (
             logits[pool], q_e[pool], emb_e[pool])
         reference_rows = _sample_indices(n_e, opts.refine_reference, gen)
-        reference = emb_e if reference_rows is None else None
+
+        def reference():  # built only if a metric uses it
+            return emb_e if reference_rows is None else emb_e[reference_rows]
+
         refined, best = _optimise(pool_logits, q_pool, emb_pool, k, opts, gen, n_steps=opts.refine_epochs,
                                   partial=1.0, max_batch=pool_size, lr=(opts.refine_lr, opts.refine_lr / 10),
-                                  reference=lambda: emb_e[reference_rows] if reference is None else reference)
+                                  reference=reference)
         history = torch.cat([history.to(refined.device), refined])
         if not whole:
             best = None if best is None else pool[best]
