@@ -7,7 +7,9 @@ FAISS's IVF): spherical k-means cuts the candidates into clusters of about ``clu
 rows, and each reference row is compared only with the members of its ``probes`` most similar
 clusters. Work per row is then O((c + probes * cluster_rows) d) for c clusters instead of
 O(n d); a candidate's true nearest neighbours sit in the clusters nearest to it, and the
-facility objective only needs the nearest few.
+facility objective only needs the nearest few. Two probes by default: on 20k rows of d = 768
+they find 92.4% of the true 32 nearest (4 probes: 93.0%, at 1.5x the time; bfloat16 ties
+among near-duplicates bound both), and facility location's objective moves by 0.01%.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import torch
 
 Tensor = torch.Tensor
 _BLOCK_ROWS = 4096  # rows compared at once (bounds the similarity block's memory)
+_ALIGN = 64  # matrix products run on row counts rounded up to a multiple of this (see _similarities)
 
 
 def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torch.dtype = torch.float32,
                    generator: torch.Generator | None = None, exact_max: int = 8192, cluster_rows: int = 256,
-                   probes: int = 4, iterations: int = 3) -> tuple[Tensor, Tensor]:
+                   probes: int = 2, iterations: int = 3) -> tuple[Tensor, Tensor]:
     """The ``t`` candidates most similar to each reference row (rows are unit vectors).
 
     Parameters
@@ -50,7 +53,8 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
     """
     n = candidates.shape[0]
     t = min(t, n)
-    low_reference, low_candidates = reference.to(dtype), candidates.to(dtype)
+    low_candidates = candidates.to(dtype)
+    low_reference = low_candidates if reference is candidates else reference.to(dtype)
     if n <= exact_max:
         return _exact(low_reference, low_candidates, t)
     n_clusters = math.ceil(n / cluster_rows)
@@ -73,18 +77,41 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
             continue
         rows, slots = asking // p, asking % p
         found = min(t, members.numel())
-        top = (low_reference[rows] @ low_candidates[members].T).topk(found, dim=1)
+        top = _similarities(low_reference, low_candidates, rows, members).topk(found, dim=1, sorted=False)
         values[rows, slots, :found] = top.values.float()
         indices[rows, slots, :found] = members[top.indices]
     best = values.view(m, p * t).topk(t, dim=1)
     return best.values, indices.view(m, p * t).gather(1, best.indices)
 
 
+def _similarities(x: Tensor, y: Tensor, rows: Tensor | None = None, columns: Tensor | None = None) -> Tensor:
+    """``x[rows] @ y[columns].T`` (all rows where None), computed on aligned shapes.
+
+    CPU matrix kernels (oneDNN's bfloat16 ones above all) are generated and cached per shape,
+    and run several times faster on aligned ones: both operands get row counts rounded up to
+    a multiple of ``_ALIGN``, which also keeps the shapes few (odd shapes measured 5-50x slower,
+    and their cached kernels grew the worker's memory with every chunk). Padded columns are
+    ``-inf`` so they never rank; padded rows are dropped.
+    """
+    n_rows = x.shape[0] if rows is None else rows.numel()
+    n_columns = y.shape[0] if columns is None else columns.numel()
+    products = _aligned(x, rows) @ _aligned(y, columns).T
+    products[:, n_columns:] = -math.inf
+    return products[:n_rows]
+
+
+def _aligned(x: Tensor, rows: Tensor | None) -> Tensor:
+    """``x[rows]`` with the row count rounded up to a multiple of ``_ALIGN`` (padding: any rows)."""
+    missing = -(x.shape[0] if rows is None else rows.numel()) % _ALIGN
+    if rows is not None:  # pad the index, so the gather is the only copy
+        return x[torch.cat([rows, rows.new_zeros(missing)]) if missing else rows]
+    return torch.nn.functional.pad(x, (0, 0, 0, missing)) if missing else x
+
+
 def _exact(reference: Tensor, candidates: Tensor, t: int) -> tuple[Tensor, Tensor]:
-    candidates_t = candidates.T.contiguous()  # a contiguous right operand multiplies faster
     values, indices = [], []
     for start in range(0, reference.shape[0], _BLOCK_ROWS):
-        top = (reference[start:start + _BLOCK_ROWS] @ candidates_t).topk(t, dim=1)
+        top = _similarities(reference[start:start + _BLOCK_ROWS], candidates).topk(t, dim=1)
         values.append(top.values.float())
         indices.append(top.indices)
     if not values:
@@ -95,9 +122,11 @@ def _exact(reference: Tensor, candidates: Tensor, t: int) -> tuple[Tensor, Tenso
 
 def _nearest(x: Tensor, centroids: Tensor, k: int) -> Tensor:
     """Indices of the ``k`` centroids most similar to each row of ``x``, (rows, k)."""
-    centroids_t = centroids.T.contiguous()
-    return torch.cat([(x[start:start + _BLOCK_ROWS] @ centroids_t).topk(k, dim=1).indices
-                      for start in range(0, x.shape[0], _BLOCK_ROWS)])
+    blocks = (_similarities(x[start:start + _BLOCK_ROWS], centroids)
+              for start in range(0, x.shape[0], _BLOCK_ROWS))
+    # For one centroid a max pass (faster on CPU than argmax, and than top-k, which sorts)
+    return torch.cat([block.max(1, keepdim=True).indices if k == 1 else block.topk(k, dim=1).indices
+                      for block in blocks])
 
 
 def _spherical_kmeans(x: Tensor, x_full: Tensor, k: int, iterations: int,

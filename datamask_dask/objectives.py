@@ -143,25 +143,32 @@ class Facility(DiversityMetric):
         return values.clamp_(min=0), neighbours  # (m, t) each
 
     def rewards(self, emb, idx, state):
-        values, neighbours = state
         member = torch.zeros((idx.shape[0], emb.shape[0]), dtype=torch.bool, device=idx.device)
-        member.scatter_(1, idx, True)
-        return (values[None] * member[:, neighbours]).amax(-1).mean(1)
+        return self._held(state, member.scatter_(1, idx, True))[0].amax(-1).mean(1)
+
+    @staticmethod
+    def _held(state, member):
+        """Each reference row's neighbours' similarities where the neighbour is in U, else 0 (G, m, t)."""
+        values, neighbours = state
+        # A float mask and a flat gather: torch's CPU kernels are several times slower on bool
+        # operands and on member[:, neighbours] indexing.
+        flat = neighbours.view(1, -1).expand(member.shape[0], -1)
+        return values * member.to(values.dtype).gather(1, flat).view(-1, *values.shape), flat
 
     def gains(self, emb, idx, state, member):
         return self.rewards_and_gains(emb, idx, state, member)[1]
 
     def rewards_and_gains(self, emb, idx, state, member):
         values, neighbours = state
-        held = values[None] * member[:, neighbours]  # (G, m, t), 0 where the neighbour is not in U
-        best, arg = held.max(-1)
+        held, flat = self._held(state, member)
+        best, arg = held.max(-1)  # (G, m): each reference row's best similarity to U, and where
         second = held.scatter_(-1, arg[..., None], 0.0).amax(-1)  # held is not needed any more
         owner = neighbours.gather(1, arg.T).T  # (G, m) batch row that is best for each reference row
         g, m = best.shape
         # Joining: how much j raises each reference row's best similarity (0 for members).
         joining = (values[None] - best[..., None]).clamp_(min=0)
         gain = torch.zeros_like(member, dtype=values.dtype)
-        gain.scatter_add_(1, neighbours.reshape(1, -1).expand(g, -1), joining.reshape(g, -1))
+        gain.scatter_add_(1, flat, joining.view(g, -1))
         # Leaving: a member loses what it alone provides (best - second where it is the best).
         gain.scatter_add_(1, owner, best - second)
         return best.mean(1), gain / m
