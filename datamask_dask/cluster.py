@@ -14,6 +14,11 @@ import dask
 from distributed import Client, WorkerPlugin
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# Dask's nanny sets MALLOC_TRIM_THRESHOLD_ (64 KiB) for its workers, which also pins glibc's
+# mmap threshold at 128 KiB: every larger tensor or array is then mmapped afresh and page-faulted
+# on each use, and the learner allocates MBs of step tensors per step (measured 1.3-1.5x slower
+# end to end). Blocks up to 32 MiB (glibc's maximum) come from the heap instead and are reused.
+_MALLOC_VARIABLES = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 
 
 class WorkerThreads(WorkerPlugin):
@@ -74,9 +79,10 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     cluster_kwargs = {**cluster_kwargs, "env": {**environ, **cluster_kwargs.get("env", {})}}
     # The workers' statistical profiler samples the running task every 10 ms; on long numeric
     # tasks it cost ~15% of the throughput of 2 workers on 2 cores (benchmarks/README.md).
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": {
-            **dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **environ},
-            "distributed.worker.profile.enabled": False}):
+    configured = dask.config.get("distributed.nanny.pre-spawn-environ", default={})
+    spawn_environ = {**_MALLOC_VARIABLES, **configured, **environ}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_environ,
+                          "distributed.worker.profile.enabled": False}):
         if kind == "cpu":
             if n_workers is None:
                 n_workers = max(1, (os.cpu_count() or 1) // threads_per_worker)

@@ -213,6 +213,8 @@ def test_same_selection_on_every_scheduler_and_worker_count(client, corpus):
                     dashboard_address=":0") as one:
         threads = one.run(lambda: (torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]))
         assert list(threads.values()) == [(2, "2")]  # BLAS and torch threads follow threads_per_worker
+        malloc = one.run(lambda: os.environ.get("MALLOC_MMAP_THRESHOLD_"))  # see cluster.py
+        assert list(malloc.values()) == [str(32 * 2**20)]
         runs["1 worker"] = out.compute(scheduler=one)
     for name, run in runs.items():
         np.testing.assert_array_equal(run["selected"].to_numpy(), reference["selected"].to_numpy(),
