@@ -101,8 +101,9 @@ class PairSimi(DiversityMetric):
         k = idx.shape[1]
         w = _selection_sums(emb, idx)
         pair_sum = ((w * w).sum(1) - k)[:, None]
-        low = emb if state is None else state
-        dots = (w.to(low.dtype) @ low.T).float()  # e_j . w, (G, b)
+        # e_j . w, (G, b); the bfloat16 copy multiplies as (b, d) @ (d, G), which oneDNN runs
+        # ~1.7x faster than (G, d) @ (d, b) (float32 is the other way round)
+        dots = w @ emb.T if state is None else (state @ w.to(state.dtype).T).float().T
         mean_with = pair_sum / max(k * (k - 1), 1)
         # A member j leaves: its k - 1 similarities go, twice. A non-member joins: k new ones, twice.
         mean_without = (pair_sum - 2 * (dots - 1)) / max((k - 1) * (k - 2), 1)
