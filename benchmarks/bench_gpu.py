@@ -26,7 +26,6 @@ import argparse
 import ast
 import importlib.util
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -177,8 +176,6 @@ def main(argv=None) -> int:
 
     import torch
 
-    from datamask_dask.config import load_config
-
     overrides = {}
     for item in args.opt:
         key, _, value = item.partition("=")
@@ -225,38 +222,7 @@ def main(argv=None) -> int:
                 )
                 print(lines[-1], file=sys.stderr, flush=True)
     lines += ["", "Stage columns: worker-seconds summed over workers (share of workers x wall).", ""]
-    if args.objective:
-        size, workers = min(args.sizes), max(args.workers)
-        lines += [
-            f"## Objective on partition 0 ({args.rows_per_partition:,} rows of the {size:,}-row run)",
-            "",
-            "| algorithm | lamb | method | k | objective | quality | diversity | selection s |",
-            "|---|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for algorithm in args.algorithms:
-            settings = load_config(args.config, algorithm=algorithm, **overrides)
-            source = pipeline.ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
-            for r in pipeline.objective_block(
-                source,
-                out_root / f"n{size}-{algorithm}-w{workers}",
-                algorithm,
-                float(settings["lamb"]),
-                args.greedy_max_n,
-                args.greedy_reference,
-            ):
-                seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
-                lines.append(
-                    f"| {algorithm} | {settings['lamb']} | {r['method']} | {r['k']:,} | {r['objective']:.4f} "
-                    f"| {r['quality']:.4f} | {r['diversity']:.4f} | {seconds} |"
-                )
-        lines.append("")
-    if not args.keep_output:
-        shutil.rmtree(out_root, ignore_errors=True)
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    return 0
+    return pipeline.finish_report(args, lines, cache, out_root, overrides)
 
 
 if __name__ == "__main__":

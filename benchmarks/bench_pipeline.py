@@ -330,6 +330,45 @@ def _fmt_seconds(stages: dict, name: str, total: float) -> str:
     return f"{seconds:.1f} ({seconds / total:.0%})" if total > 0 else f"{seconds:.1f}"
 
 
+def objective_lines(args, cache: Path, out_root: Path, overrides: dict) -> list[str]:
+    """The objective table (markdown lines): the job's selection on partition 0 against the baselines."""
+    from datamask_dask.config import load_config
+
+    size, workers = min(args.sizes), max(args.workers)
+    lines = [
+        f"## Objective on partition 0 ({args.rows_per_partition:,} rows of the {size:,}-row run)",
+        "",
+        "Every selection is scored with `evaluate_selection` on all rows of partition 0 "
+        "(quality normalised by the table's range); the baselines select the same k there.",
+        "",
+        "| algorithm | lamb | method | k | objective | quality | diversity | selection s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for algorithm in args.algorithms:
+        settings = load_config(args.config, algorithm=algorithm, **overrides)
+        source = ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
+        for r in objective_block(source, out_root / f"n{size}-{algorithm}-w{workers}", algorithm,
+                                 float(settings["lamb"]), args.greedy_max_n, args.greedy_reference):
+            seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
+            lines.append(f"| {algorithm} | {settings['lamb']} | {r['method']} | {r['k']:,} "
+                         f"| {r['objective']:.4f} | {r['quality']:.4f} | {r['diversity']:.4f} | {seconds} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines + [""]
+
+
+def finish_report(args, lines: list[str], cache: Path, out_root: Path, overrides: dict) -> int:
+    """Add the objective table (unless ``--no-objective``), remove the outputs, print and save the report."""
+    if args.objective:
+        lines = lines + objective_lines(args, cache, out_root, overrides)
+    if not args.keep_output:
+        shutil.rmtree(out_root, ignore_errors=True)
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -355,8 +394,6 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-output", action="store_true", help="keep the selection outputs")
     parser.add_argument("--out", help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
-
-    from datamask_dask.config import load_config
 
     overrides = {}
     for item in args.opt:
@@ -450,46 +487,7 @@ def main(argv=None) -> int:
         )
     lines.append("")
 
-    if args.objective:
-        size = min(args.sizes)
-        workers = max(args.workers)
-        lines += [
-            f"## Objective on partition 0 ({args.rows_per_partition:,} rows of the {size:,}-row run)",
-            "",
-            "Every selection is scored with `evaluate_selection` on all rows of partition 0 "
-            "(quality normalised by the table's range); the baselines select the same k there.",
-            "",
-            "| algorithm | lamb | method | k | objective | quality | diversity | selection s |",
-            "|---|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for algorithm in args.algorithms:
-            settings = load_config(args.config, algorithm=algorithm, **overrides)
-            source = ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
-            rows = objective_block(
-                source,
-                out_root / f"n{size}-{algorithm}-w{workers}",
-                algorithm,
-                float(settings["lamb"]),
-                args.greedy_max_n,
-                args.greedy_reference,
-            )
-            for r in rows:
-                seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
-                line = (
-                    f"| {algorithm} | {settings['lamb']} | {r['method']} | {r['k']:,} | "
-                    f"{r['objective']:.4f} | "
-                    f"{r['quality']:.4f} | {r['diversity']:.4f} | {seconds} |"
-                )
-                lines.append(line)
-                print(line, file=sys.stderr, flush=True)
-        lines.append("")
-    if not args.keep_output:
-        shutil.rmtree(out_root, ignore_errors=True)
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    return 0
+    return finish_report(args, lines, cache, out_root, overrides)
 
 
 if __name__ == "__main__":

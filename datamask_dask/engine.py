@@ -153,7 +153,7 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     if k == n:
         return history, None  # nothing to choose
     metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours,
-                            _precision(opts.precision, logits.device), opts.exact_neighbours)
+                            _precision(opts.precision, logits.device), opts.exact_neighbours, opts.probes)
     batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), max_batch)
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
     order = torch.empty(0, dtype=torch.long, device=logits.device)

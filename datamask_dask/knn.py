@@ -77,9 +77,12 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
             continue
         rows, slots = asking // p, asking % p
         found = min(t, members.numel())
-        top = _similarities(low_reference, low_candidates, rows, members).topk(found, dim=1, sorted=False)
+        # With one probe these are the final neighbours (sorted); else the merge below sorts.
+        top = _similarities(low_reference, low_candidates, rows, members).topk(found, dim=1, sorted=p == 1)
         values[rows, slots, :found] = top.values.float()
         indices[rows, slots, :found] = members[top.indices]
+    if p == 1:
+        return values[:, 0], indices[:, 0]
     best = values.view(m, p * t).topk(t, dim=1)
     return best.values, indices.view(m, p * t).gather(1, best.indices)
 

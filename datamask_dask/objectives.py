@@ -126,11 +126,12 @@ class Facility(DiversityMetric):
     uses_reference = True
 
     def __init__(self, reference_size: int = 1024, neighbours: int = 64, precision: str = "float32",
-                 exact_max: int = 32768):
+                 exact_max: int = 32768, probes: int = 2):
         self.reference_size = reference_size
         self.neighbours = neighbours
         self.precision = precision
         self.exact_max = exact_max  # batches larger than this get an approximate graph (see knn)
+        self.probes = probes
 
     def prepare(self, emb, generator, reference=None):
         if reference is None:  # represent the batch itself, through a sample of its rows
@@ -140,7 +141,7 @@ class Facility(DiversityMetric):
         # a quarter of float32 on GPUs and on CPUs with AMX / AVX512-BF16.
         dtype = torch.bfloat16 if self.precision == "bfloat16" else emb.dtype
         values, neighbours = top_neighbours(reference, emb, self.neighbours, dtype=dtype, generator=generator,
-                                            exact_max=self.exact_max)
+                                            exact_max=self.exact_max, probes=self.probes)
         return values.clamp_(min=0), neighbours  # (m, t) each
 
     def rewards(self, emb, idx, state):
@@ -327,7 +328,7 @@ def resolve_metrics(algorithm) -> list[tuple[str | DiversityMetric, float]]:
 
 
 def build_metrics(metric_weights, reference_size: int = 1024, neighbours: int = 64,
-                  precision: str = "float32", exact_neighbours: int = 32768,
+                  precision: str = "float32", exact_neighbours: int = 32768, probes: int = 2,
                   ) -> list[tuple[DiversityMetric, float]]:
     """Instantiate the resolved metrics (``precision``: "float32" or "bfloat16" for their big products)."""
     out = []
@@ -335,7 +336,7 @@ def build_metrics(metric_weights, reference_size: int = 1024, neighbours: int = 
         metric = _REGISTRY[key] if isinstance(key, str) else key
         if isinstance(metric, type):
             if issubclass(metric, Facility):
-                metric = metric(reference_size, neighbours, precision, exact_neighbours)
+                metric = metric(reference_size, neighbours, precision, exact_neighbours, probes)
             else:
                 metric = metric(precision) if issubclass(metric, DiSF | PairSimi) else metric()
         out.append((metric, weight))

@@ -71,6 +71,10 @@ class DataMaskOptions:
         Up to this many rows in a step's batch, the ``Facility`` graph is exact; above it the
         neighbours are searched in the nearest clusters only (see :mod:`datamask_dask.knn`),
         which costs about the same per row whatever the chunk size.
+    probes : int
+        Clusters searched per row in that case (FAISS's ``nprobe``): more find more of the true
+        neighbours and cost more (on 20k rows of d = 768: 1 probe 88.6% of the true 32 nearest,
+        2 probes 92.4%, 4 probes 93.0%).
     precision : {"auto", "float32", "bfloat16"}
         Precision of the ``Facility`` similarity graph; "auto" takes bfloat16 on CUDA and on CPUs
         with AMX / AVX512-BF16, where it is about 4x faster. Objectives are always evaluated in
@@ -99,6 +103,7 @@ class DataMaskOptions:
     reference_size: int = 1024
     neighbours: int = 32
     exact_neighbours: int = 32768
+    probes: int = 2
     precision: str = "auto"
     rollout_chunk: int = 32
     metric_weights: tuple = field(default=(), repr=False)
@@ -126,6 +131,7 @@ class DataMaskOptions:
         _check(self.reference_size >= 1, "reference_size", self.reference_size, "an integer >= 1")
         _check(self.neighbours >= 1, "neighbours", self.neighbours, "an integer >= 1")
         _check(self.exact_neighbours >= 0, "exact_neighbours", self.exact_neighbours, "an integer >= 0")
+        _check(self.probes >= 1, "probes", self.probes, "an integer >= 1")
         _check(self.precision in PRECISIONS, "precision", self.precision, f"one of {PRECISIONS}")
         _check(self.rollout_chunk >= 1, "rollout_chunk", self.rollout_chunk, "an integer >= 1")
         # Resolve metric names now so a typo fails before any compute.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from datamask_dask.knn import top_neighbours
@@ -21,16 +22,17 @@ def test_exact_search_is_the_brute_force_top_k():
     torch.testing.assert_close(torch.gather(x[:100] @ x.T, 1, indices), brute.values)
 
 
-def test_clustered_search_finds_most_true_neighbours():
+@pytest.mark.parametrize("probes, least_recall", [(1, 0.75), (4, 0.9)])
+def test_clustered_search_finds_most_true_neighbours(probes, least_recall):
     x = _unit_rows(4000)
     t = 16
     generator = torch.Generator().manual_seed(0)
-    values, indices = top_neighbours(x[:500], x, t, exact_max=100, cluster_rows=100, probes=4,
+    values, indices = top_neighbours(x[:500], x, t, exact_max=100, cluster_rows=100, probes=probes,
                                      generator=generator)
     truth = (x[:500] @ x.T).topk(t, dim=1).indices
     shared = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(indices, truth, strict=True))
     recall = shared / truth.numel()
-    assert recall > 0.9, recall
+    assert recall > least_recall, recall
     # the values are the true similarities of the rows returned, best first, no row twice
     found = values > -torch.inf
     torch.testing.assert_close(values[found], torch.gather(x[:500] @ x.T, 1, indices)[found])
