@@ -24,7 +24,7 @@ _MALLOC_VARIABLES = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 class WorkerSetup(WorkerPlugin):
     """Worker plugin: cap torch's and Arrow's CPU threads (BLAS threads follow the spawn environment),
     and import the selection code while the cluster starts rather than in the first task (pandas,
-    dask.dataframe and torch: ~1 s on a fresh worker, measured on the critical path of every job).
+    dask.dataframe and torch: 1-2 s on a fresh worker, measured on the critical path of every job).
     """
 
     name = "datamask-worker-setup"
@@ -33,10 +33,11 @@ class WorkerSetup(WorkerPlugin):
         self.n_threads = int(n_threads)
 
     def setup(self, worker) -> None:
+        import dask.dataframe  # noqa: F401  (with dask.array, fsspec, scipy...: ~1 s, 300 modules)
         import pyarrow
         import torch
 
-        from . import dask_select, resume  # noqa: F401  (the modules a selection task runs)
+        from . import dask_select, parquet, resume  # noqa: F401  (the modules a selection task runs)
 
         torch.set_num_threads(self.n_threads)
         pyarrow.set_cpu_count(self.n_threads)  # parquet decoding: workers must not share cores
