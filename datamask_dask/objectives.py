@@ -150,7 +150,8 @@ class Facility(DiversityMetric):
 
     @staticmethod
     def _held(state, member):
-        """Each reference row's neighbours' similarities where the neighbour is in U, else 0 (G, m, t)."""
+        """Each reference row's neighbours' similarities where the neighbour is in U, else 0 (G, m, t),
+        and the flat (G, m * t) gather index of the neighbours."""
         values, neighbours = state
         # A float mask and a flat gather: torch's CPU kernels are several times slower on bool
         # operands and on member[:, neighbours] indexing.
