@@ -92,14 +92,13 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     gen = torch.Generator(device=device).manual_seed(opts.seed)
     q_e, emb_e = (qn, emb) if eligible is None else (qn[eligible], emb[eligible])
     logits = _initial_logits(q_e, opts.init)
-    n_e = n_keep
-    pool_size = min(n_e, math.ceil(opts.refine * k))
-    if 2 * pool_size >= n_e:
+    pool_size = min(n_keep, math.ceil(opts.refine * k))
+    if 2 * pool_size >= n_keep:
         # Refining the whole chunk costs at most twice refining the pool, and less than the
         # partial-batch stage that would choose the pool: refine everything, skip that stage.
-        pool_size = n_e
+        pool_size = n_keep
     history, best = torch.zeros(0), None
-    if not (opts.refine and pool_size == n_e):
+    if not (opts.refine and pool_size == n_keep):
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
                                   max_batch=opts.max_batch)
@@ -107,12 +106,12 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         # Refine: learn again, every step over the whole pool of the best candidates, with the
         # reference rows drawn from the whole chunk. Rows learned in different batches never met
         # in the first stage; here near-duplicates compete and only one keeps a high logit.
-        whole = pool_size == n_e
+        whole = pool_size == n_keep
         pool = None if whole else torch.topk(logits, pool_size).indices
         # Refining everything works on the chunk's own tensors (views, no copies).
         pool_logits, q_pool, emb_pool = (logits, q_e, emb_e) if whole else (
             logits[pool], q_e[pool], emb_e[pool])
-        reference_rows = _sample_indices(n_e, opts.refine_reference, gen)
+        reference_rows = _sample_indices(n_keep, opts.refine_reference, gen)
 
         def reference():  # built only if a metric uses it
             return emb_e if reference_rows is None else emb_e[reference_rows]

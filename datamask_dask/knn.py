@@ -78,7 +78,9 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
         rows, slots = asking // p, asking % p
         found = min(t, members.numel())
         # With one probe these are the final neighbours (sorted); else the merge below sorts.
-        top = _similarities(low_reference, low_candidates, rows, members).topk(found, dim=1, sorted=p == 1)
+        products = _similarities(_aligned(low_reference, rows), _aligned(low_candidates, members),
+                                 rows.numel(), members.numel())
+        top = products.topk(found, dim=1, sorted=p == 1)
         values[rows, slots, :found] = top.values.float()
         indices[rows, slots, :found] = members[top.indices]
     if p == 1:
@@ -87,34 +89,39 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
     return best.values, indices.view(m, p * t).gather(1, best.indices)
 
 
-def _similarities(x: Tensor, y: Tensor, rows: Tensor | None = None, columns: Tensor | None = None) -> Tensor:
-    """``x[rows] @ y[columns].T`` (all rows where None), computed on aligned shapes.
+def _similarities(left: Tensor, right: Tensor, n_rows: int, n_columns: int) -> Tensor:
+    """``left @ right.T`` for operands padded by :func:`_aligned`: the first ``n_rows`` rows,
+    with the padded columns (from ``n_columns`` on) at ``-inf`` so they never rank.
 
     CPU matrix kernels (oneDNN's bfloat16 ones above all) are generated and cached per shape,
-    and run several times faster on aligned ones: both operands get row counts rounded up to
-    a multiple of ``_ALIGN``, which also keeps the shapes few (odd shapes measured 5-50x slower,
-    and their cached kernels grew the worker's memory with every chunk). Padded columns are
-    ``-inf`` so they never rank; padded rows are dropped.
+    and run several times faster on aligned ones; padding also keeps the shapes few (odd shapes
+    measured 5-50x slower, and their cached kernels grew the worker's memory with every chunk).
     """
-    n_rows = x.shape[0] if rows is None else rows.numel()
-    n_columns = y.shape[0] if columns is None else columns.numel()
-    products = _aligned(x, rows) @ _aligned(y, columns).T
+    products = left @ right.T
     products[:, n_columns:] = -math.inf
     return products[:n_rows]
 
 
-def _aligned(x: Tensor, rows: Tensor | None) -> Tensor:
-    """``x[rows]`` with the row count rounded up to a multiple of ``_ALIGN`` (padding: any rows)."""
+def _aligned(x: Tensor, rows: Tensor | None = None) -> Tensor:
+    """``x[rows]`` (all rows where None) with the row count rounded up to a multiple of ``_ALIGN``."""
     missing = -(x.shape[0] if rows is None else rows.numel()) % _ALIGN
-    if rows is not None:  # pad the index, so the gather is the only copy
+    if rows is not None:  # pad the index (with any row), so the gather is the only copy
         return x[torch.cat([rows, rows.new_zeros(missing)]) if missing else rows]
     return torch.nn.functional.pad(x, (0, 0, 0, missing)) if missing else x
 
 
+def _blocks(x: Tensor, right: Tensor):
+    """``x @ right.T`` block by block (``_BLOCK_ROWS`` rows of ``x`` at a time), on aligned shapes."""
+    aligned = _aligned(right)  # once for every block
+    for start in range(0, x.shape[0], _BLOCK_ROWS):
+        block = x[start:start + _BLOCK_ROWS]
+        yield _similarities(_aligned(block), aligned, block.shape[0], right.shape[0])
+
+
 def _exact(reference: Tensor, candidates: Tensor, t: int) -> tuple[Tensor, Tensor]:
     values, indices = [], []
-    for start in range(0, reference.shape[0], _BLOCK_ROWS):
-        top = _similarities(reference[start:start + _BLOCK_ROWS], candidates).topk(t, dim=1)
+    for products in _blocks(reference, candidates):
+        top = products.topk(t, dim=1)
         values.append(top.values.float())
         indices.append(top.indices)
     if not values:
@@ -125,11 +132,9 @@ def _exact(reference: Tensor, candidates: Tensor, t: int) -> tuple[Tensor, Tenso
 
 def _nearest(x: Tensor, centroids: Tensor, k: int) -> Tensor:
     """Indices of the ``k`` centroids most similar to each row of ``x``, (rows, k)."""
-    blocks = (_similarities(x[start:start + _BLOCK_ROWS], centroids)
-              for start in range(0, x.shape[0], _BLOCK_ROWS))
     # For one centroid a max pass (faster on CPU than argmax, and than top-k, which sorts)
     return torch.cat([block.max(1, keepdim=True).indices if k == 1 else block.topk(k, dim=1).indices
-                      for block in blocks])
+                      for block in _blocks(x, centroids)])
 
 
 def _spherical_kmeans(x: Tensor, x_full: Tensor, k: int, iterations: int,
