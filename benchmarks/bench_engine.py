@@ -35,17 +35,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from datamask_dask.baselines import (
+from datamask_dask import (
+    DataMaskOptions,
     disf_batched_greedy,
+    evaluate_selection,
     lazy_greedy,
+    learn_mask,
+    make_embeddings,
     quality_topk,
     random_selection,
     stochastic_greedy,
 )
-from datamask_dask.engine import learn_mask
-from datamask_dask.objectives import evaluate_selection
-from datamask_dask.options import DataMaskOptions
-from datamask_dask.sample_data import make_embeddings
 
 REFERENCE = "lazy greedy"
 

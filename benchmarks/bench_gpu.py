@@ -8,10 +8,11 @@ Same data, job and table as ``bench_pipeline.py`` (see its docstring), except:
   partitions; the embedding column arrives as a cuDF list column and reaches torch through
   DLPack without a host copy);
 - the learner runs with ``device="cuda"`` and ``--config conf/gpu.yaml`` by default;
-- ``read`` is not timed on its own (dask-cudf's reader is not wrapped): it falls in
-  ``idle/other``; ``extract`` times the cuDF list column -> CUDA tensor step;
-- memory: peak host RSS per worker process (psutil) and peak GPU memory allocated by torch per
-  worker (``torch.cuda.max_memory_allocated``; cuDF's own allocations through rmm are not in it).
+- ``read`` is not timed on its own (dask-cudf's reader is not the package's): it falls in
+  ``idle/other``; ``extract`` times the cuDF list column -> CUDA tensor step (asynchronous
+  GPU work lands in ``learn``, which ends on the host);
+- memory: peak host RSS per worker process (psutil) and peak GPU memory per worker, from RMM's
+  statistics when RMM is the allocator, else ``torch.cuda.max_memory_allocated``.
 
     python benchmarks/bench_gpu.py --sizes 1000000 4000000 --algorithms Pair_simi Facility
 
@@ -59,41 +60,38 @@ def gpu_problem() -> str | None:
     return None
 
 
-def install_gpu_timers() -> None:
-    """Inside a worker: the pipeline timers plus the cuDF extraction step."""
-    import functools
-
-    import datamask_dask as state
-    from datamask_dask import adapters
-
-    pipeline.install_timers()
-    totals = state._BENCH_TIMERS
-    if getattr(adapters._CudfEmbeddings.rows, "_bench_timed", False):
-        return
-    original = adapters._CudfEmbeddings.rows
-
-    @functools.wraps(original)
-    def rows(self, positions):
-        import torch
-
-        started = time.perf_counter()
-        try:
-            out = original(self, positions)
-            torch.cuda.synchronize()
-            return out
-        finally:
-            totals["extract"] = totals.get("extract", 0.0) + time.perf_counter() - started
-
-    rows._bench_timed = True
-    adapters._CudfEmbeddings.rows = rows
-
-
 def gpu_peak_and_reset() -> int:
+    """Peak GPU bytes allocated on this worker since the last call.
+
+    From RMM's statistics when RMM is the allocator (dask-cuda's pool: torch's own counters are
+    unavailable then, "CUDAPluggableAllocator does not yet support getDeviceStats"), else torch's.
+    """
+    try:
+        import rmm.statistics
+
+        stats = rmm.statistics.get_statistics()
+        if stats is not None:
+            peak = int(stats.peak_bytes)
+            rmm.statistics.pop_statistics()
+            rmm.statistics.push_statistics()
+            return peak
+    except ImportError:
+        pass
     import torch
 
     peak = int(torch.cuda.max_memory_allocated())
     torch.cuda.reset_peak_memory_stats()
     return peak
+
+
+def enable_rmm_statistics() -> None:
+    """Count allocations through RMM on this worker (a no-op without RMM)."""
+    try:
+        import rmm.statistics
+
+        rmm.statistics.enable_statistics()
+    except ImportError:
+        pass
 
 
 def run_job(source: Path, target: Path, n_workers: int | None, config: str, overrides: dict) -> dict:
@@ -102,11 +100,11 @@ def run_job(source: Path, target: Path, n_workers: int | None, config: str, over
 
     from datamask_dask.cli import input_fingerprint
     from datamask_dask.cluster import get_client
-    from datamask_dask.resume import write_selection
+    from datamask_dask.io.writer import write_selection
 
     client = get_client("cuda", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
     try:
-        client.run(install_gpu_timers)
+        client.run(enable_rmm_statistics)
         client.run(gpu_peak_and_reset)
         pids = list(client.run(os.getpid).values())
         workers = len(pids)
@@ -124,21 +122,14 @@ def run_job(source: Path, target: Path, n_workers: int | None, config: str, over
                 **{"device": "cuda", **overrides},
             )
             wall = time.perf_counter() - started
-        stages: dict[str, float] = {}
-        for totals in client.run(pipeline.collect_timers).values():
-            for name, seconds in totals.items():
-                stages[name] = stages.get(name, 0.0) + seconds
         gpu_peak = max(client.run(gpu_peak_and_reset).values())
     finally:
         client.shutdown()
-    stages["select other"] = max(
-        0.0, stages.pop("select total", 0.0) - stages.get("learn", 0.0) - stages.get("extract", 0.0)
-    )
     return {
         "wall": wall,
         "rows": report.rows,
         "workers": workers,
-        "stages": stages,
+        "stages": pipeline.stage_columns(report.stages),
         "peak_rss": max(sampler.peaks.values()),
         "gpu_peak": gpu_peak,
     }

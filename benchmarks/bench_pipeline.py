@@ -24,17 +24,17 @@ What runs, for every (size, algorithm, workers):
 - **Peak memory per worker**: the largest resident set size (psutil, sampled every 50 ms) of any
   worker process during the job, next to the target ``2 x (one partition's embedding bytes) +
   1 GiB``.
-- **Stages**: worker-seconds spent in each stage, summed over the workers (functions wrapped
-  with timers inside the worker processes; nothing in the package is changed):
+- **Stages**: worker-seconds spent in each stage, summed over the workers, as the package
+  reports them (``SelectionReport.stages``, see :mod:`datamask_dask.stages`):
   ``read`` (parquet -> Arrow-backed pandas, both passes), ``plan`` (per-partition checks,
   sketches and the quota plan), ``extract`` (Arrow list column -> float32 matrix),
-  ``learn`` (:func:`~datamask_dask.engine.learn_mask`), ``select other`` (the rest of the select
+  ``learn`` (:func:`~datamask_dask.learn.engine.learn_mask`), ``select other`` (the rest of the select
   task: eligibility, chunking, quotas, adding the column) and ``write`` (Arrow conversion,
   parquet encoding, fsync and markers). ``idle/other`` = W x wall - the sum: scheduling,
   serialisation, the driver's commit, and waiting.
 - **Objective** (``--objective``, on by default): on partition 0 of the smallest size (its first
   ``rows_per_partition`` rows), the rows the job selected there (k rows) are scored with
-  :func:`~datamask_dask.objectives.evaluate_selection` on the whole partition (Facility's
+  :func:`~datamask_dask.learn.objectives.evaluate_selection` on the whole partition (Facility's
   reference set is every row of the partition; quality normalised by the whole table's range, as
   the job does), next to ``random``, ``quality top-k`` and ``stochastic greedy`` (eps = 0.1, the
   same joint objective) with the same k on the same rows. Stochastic greedy runs when the
@@ -140,50 +140,7 @@ def ensure_dataset(cache: Path, n_rows: int, d: int, rows_per_partition: int, n_
     return folder
 
 
-# --------------------------------------------------------------------------- worker instrumentation
-
-
-def install_timers() -> None:
-    """Inside a worker: wrap the pipeline's stage functions with timers (idempotent)."""
-    import functools
-
-    import datamask_dask as state  # a module every worker has: holds the totals
-    from datamask_dask import adapters, dask_select, parquet, resume
-
-    if getattr(state, "_BENCH_TIMERS", None) is not None:
-        return
-    totals: dict[str, float] = {}
-    state._BENCH_TIMERS = totals
-
-    def timed(stage, function):
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                totals[stage] = totals.get(stage, 0.0) + time.perf_counter() - started
-
-        return wrapper
-
-    parquet._read_piece = timed("read", parquet._read_piece)
-    dask_select.summarise_partition = timed("plan", dask_select.summarise_partition)
-    dask_select.make_plan = timed("plan", dask_select.make_plan)
-    adapters._ArrowEmbeddings.rows = timed("extract", adapters._ArrowEmbeddings.rows)
-    dask_select.learn_mask = timed("learn", dask_select.learn_mask)
-    dask_select.select_partition = timed("select total", dask_select.select_partition)
-    resume.select_partition = dask_select.select_partition  # the writer's task calls it from there
-    resume.write_part = timed("write", resume.write_part)
-
-
-def collect_timers() -> dict:
-    """Inside a worker: the stage totals so far, then reset them."""
-    import datamask_dask as state
-
-    totals = getattr(state, "_BENCH_TIMERS", None) or {}
-    out = dict(totals)
-    totals.clear()
-    return out
+# --------------------------------------------------------------------------- memory
 
 
 class MemorySampler:
@@ -221,14 +178,11 @@ class MemorySampler:
 
 def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: dict) -> dict:
     """``datamask select`` on ``source`` with ``n_workers`` single-thread workers; timings and memory."""
+    from datamask_dask import get_client, read_parquet, write_selection
     from datamask_dask.cli import input_fingerprint
-    from datamask_dask.cluster import get_client
-    from datamask_dask.parquet import read_parquet
-    from datamask_dask.resume import write_selection
 
     client = get_client("cpu", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
     try:
-        client.run(install_timers)
         pids = list(client.run(os.getpid).values())
         shutil.rmtree(target, ignore_errors=True)  # not timed: replacing a previous run's output
         import dask.dataframe  # noqa: F401  (not timed: a one-off import, ~2 s on a cold process)
@@ -245,22 +199,25 @@ def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: 
                 **overrides,
             )
             wall = time.perf_counter() - started
-        stages: dict[str, float] = {}
-        for totals in client.run(collect_timers).values():
-            for name, seconds in totals.items():
-                stages[name] = stages.get(name, 0.0) + seconds
     finally:
         client.shutdown()
-    stages["select other"] = max(
-        0.0, stages.pop("select total", 0.0) - stages.get("learn", 0.0) - stages.get("extract", 0.0)
-    )
     return {
         "wall": wall,
         "rows": report.rows,
         "selected": report.selected,
-        "stages": stages,
+        "stages": stage_columns(report.stages),
         "peak_rss": max(sampler.peaks.values()),
     }
+
+
+def stage_columns(seconds: dict) -> dict:
+    """The report's worker seconds per stage, in the table's columns (``plan`` = its read and checks)."""
+    out = {"read": seconds.get("read", 0.0),
+           "plan": seconds.get("plan read", 0.0) + seconds.get("plan check", 0.0),
+           "extract": seconds.get("extract", 0.0), "learn": seconds.get("learn", 0.0),
+           "write": seconds.get("write", 0.0)}
+    out["select other"] = max(0.0, seconds.get("select", 0.0) - out["learn"] - out["extract"])
+    return out
 
 
 # --------------------------------------------------------------------------- objective
@@ -276,10 +233,14 @@ def objective_block(
     seed: int = 0,
 ) -> list[dict]:
     """Scores of the job's selection on partition 0 and of the baselines with the same k there."""
-    from datamask_dask.adapters import embedding_source
-    from datamask_dask.baselines import quality_topk, random_selection, stochastic_greedy
-    from datamask_dask.objectives import evaluate_selection
-    from datamask_dask.parquet import read_parquet
+    from datamask_dask import (
+        embedding_matrix,
+        evaluate_selection,
+        quality_topk,
+        random_selection,
+        read_parquet,
+        stochastic_greedy,
+    )
 
     quality_all = read_parquet(source, columns=["quality_score"]).compute()["quality_score"]
     quality_range = (float(quality_all.min()), float(quality_all.max()))
@@ -288,7 +249,7 @@ def objective_block(
         types_mapper=__import__("pandas").ArrowDtype
     )
     quality = frame["quality_score"].to_numpy(dtype=np.float64)
-    emb = embedding_source(frame["feature_arr"], "partition 0").rows(np.arange(len(frame)))
+    emb = embedding_matrix(frame["feature_arr"])
     out_file = output / "part.0.parquet"
     selected = pq.read_table(out_file, columns=["selected"]).column(0).to_numpy(zero_copy_only=False)
     k = int(selected.sum())

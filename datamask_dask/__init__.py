@@ -2,23 +2,38 @@
 for Dask dataframes, pandas or cuDF partitions, on CPU or GPU.
 
     out = ddf.pipe(datamask_select, ratio=0.1)   # lazy; adds a boolean `selected` column
+
+The package reads as its pipeline, one direction of imports (each room uses only those below it):
+
+    cli, cluster        the command line and Dask clusters
+    io/                 parquet in and out, the atomic resumable writer
+    ops/                the Dask operator (datamask_select) and validate_table
+    partition/          one partition (pandas or cuDF): adapters, spec, checks, the select step
+    plan/               quotas, memory budget, the reduction to one plan (no Dask, no Spark)
+    learn/              the learner on one chunk: torch and numpy only, no dataframe
+    config, errors      settings and exceptions, used everywhere
+
+Public names are imported on first use, so ``import datamask_dask.learn`` loads neither pandas,
+Dask nor pyarrow.
 """
 
-from .cluster import get_client
-from .config import load_config
-from .dask_select import datamask_select
-from .engine import MaskResult, learn_mask
-from .errors import DataMaskError, InputDataError, OptionError
-from .objectives import DiversityMetric, evaluate_selection, register_metric
-from .options import DataMaskOptions
-from .resume import ResumeError, SelectionReport, write_selection
-from .validate import ValidationReport, validate_table
+from ._lazy import attach
 
-__all__ = [
-    "DataMaskError", "DataMaskOptions", "DiversityMetric", "InputDataError", "MaskResult",
-    "OptionError", "datamask_select", "evaluate_selection", "get_client", "learn_mask",
-    "load_config", "register_metric",
-    "ResumeError", "SelectionReport", "ValidationReport", "validate_table", "write_selection",
-]
 __version__ = "0.1.0"
-from .baselines import *  # noqa: F403  (random, top-k and greedy baselines: see baselines.__all__)
+
+__getattr__, __dir__, __all__ = attach(__name__, {
+    "cluster": ["get_client"],
+    "config": ["load_config"],
+    "ops.operator": ["datamask_select"],
+    "ops.validate": ["ValidationReport", "validate_table"],
+    "io.parquet": ["read_parquet", "selected_counts", "write_parquet"],
+    "io.writer": ["ResumeError", "SelectionReport", "write_selection"],
+    "learn.engine": ["MaskResult", "learn_mask"],
+    "learn.objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
+    "learn.options": ["DataMaskOptions"],
+    "learn.baselines": ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "greedy", "lazy_greedy", "quality_topk",
+                        "random_selection", "stochastic_greedy"],
+    "partition.adapters": ["embedding_matrix"],
+    "sample_data": ["make_corpus", "make_embeddings"],
+    "errors": ["DataMaskError", "InputDataError", "OptionError"],
+})

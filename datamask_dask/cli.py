@@ -6,7 +6,7 @@ as a file when ``IN`` is a file, else as a directory, with every input row and c
 ``selected``. The output appears only when complete: partitions are written as they finish to
 a hidden work directory next to ``OUT`` (with completion markers and a manifest), then published
 in one rename. Running the same command again after an interruption resumes: finished
-partitions are not recomputed (``--no-resume`` starts over). See :mod:`datamask_dask.resume`.
+partitions are not recomputed (``--no-resume`` starts over). See :mod:`datamask_dask.io.writer`.
 
 ``datamask validate`` runs the input checks alone (schema, types, NaN/inf, embedding dimension
 and norm, duplicate ids, option ranges) and exits 0 with a one-line summary, or 1 with every
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     except _REPORTED as exc:
         print(f"datamask: error: {exc}", file=sys.stderr)
         if args.command == "select" and getattr(args, "output", None):
-            from .resume import work_dir
+            from .io.writer import work_dir
 
             work = work_dir(args.output)
             if work.exists():
@@ -180,17 +180,17 @@ def _start_client(args):
 
 
 def _run_select(args, options: dict) -> None:
-    from .parquet import read_parquet
-    from .resume import write_selection
+    from .io.output import check_target
+    from .io.parquet import read_parquet
+    from .io.writer import write_selection
 
     source, target = Path(args.input), Path(args.output)
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
-    if target.exists() and not args.overwrite:
-        raise FileExistsError(f"--output {target} exists; pass --overwrite to replace it")
+    check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
     report = write_selection(read_parquet(source), target, config=args.config, overwrite=args.overwrite,
                              resume=args.resume, single_file=source.is_file(),
-                             input_fingerprint=input_fingerprint(source), **options)
+                             input_fingerprint=input_fingerprint(source), input_location=source, **options)
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
               "reused from the interrupted run" if report.reused else ""
     print(f"datamask: {report.rows} rows, {report.selected} selected "
@@ -209,8 +209,8 @@ def input_fingerprint(source: Path) -> list:
 
 
 def _run_validate(args, options: dict) -> int:
-    from .parquet import read_parquet
-    from .validate import validate_table
+    from .io.parquet import read_parquet
+    from .ops.validate import validate_table
 
     source = Path(args.input)
     if not source.exists():
@@ -226,10 +226,10 @@ def _run_validate(args, options: dict) -> int:
 def _run_demo(args, options: dict) -> None:
     import dask.dataframe as dd
 
-    from .adapters import embedding_source
     from .config import load_config
-    from .dask_select import datamask_select
-    from .objectives import evaluate_selection
+    from .learn.objectives import evaluate_selection
+    from .ops.operator import datamask_select
+    from .partition.adapters import embedding_matrix
     from .sample_data import make_corpus
 
     rows, dim, n_parts = args.rows, args.dim, args.partitions
@@ -245,7 +245,7 @@ def _run_demo(args, options: dict) -> None:
     print(f"selected {k} of {len(frame)} rows ({k / len(frame):.1%}) in {elapsed:.1f} s")
     if k:
         quality = corpus["quality_score"].to_numpy(copy=True)
-        embeddings = embedding_source(corpus["feature_arr"], "demo").rows(np.arange(len(corpus)))
+        embeddings = embedding_matrix(corpus["feature_arr"])
         rng = np.random.default_rng(int(settings["seed"]))
         picks = {"datamask": mask, "random": rng.choice(len(corpus), k, replace=False),
                  "quality top-k": np.argsort(-quality, kind="stable")[:k]}
@@ -257,7 +257,7 @@ def _run_demo(args, options: dict) -> None:
                   f"diversity {score['diversity']:.4f}")
     output = getattr(args, "output", None)
     if output:
-        from .parquet import write_parquet
+        from .io.parquet import write_parquet
 
         computed = dd.from_pandas(frame, npartitions=n_parts, sort=False)  # write what was shown
         write_parquet(computed, output, overwrite=args.overwrite)

@@ -37,7 +37,7 @@ class WorkerSetup(WorkerPlugin):
         import pyarrow
         import torch
 
-        from . import dask_select, parquet, resume  # noqa: F401  (the modules a selection task runs)
+        from .io import parquet, writer  # noqa: F401  (the modules a selection task runs)
 
         torch.set_num_threads(self.n_threads)
         pyarrow.set_cpu_count(self.n_threads)  # parquet decoding: workers must not share cores

@@ -5,7 +5,7 @@ the ``datamask`` namespace of ``dask.config`` (e.g. ``dask.config.set({"datamask
 ``DASK_DATAMASK__N_EPOCHS=50`` or a ``datamask:`` section in a Dask YAML file) > the defaults.
 
 A config file is a flat YAML mapping (optionally nested under a top-level ``datamask:`` key) of
-the learner options (:class:`~datamask_dask.options.DataMaskOptions`) and the operator settings
+the learner options (:class:`~datamask_dask.learn.options.DataMaskOptions`) and the operator settings
 below. Files are read with ``yaml.safe_load`` only; unknown keys raise :class:`OptionError`.
 
 A profile can tune each metric apart: under ``algorithms:``, a section per metric name holds
@@ -28,7 +28,7 @@ import dask
 import yaml
 
 from .errors import OptionError
-from .options import DataMaskOptions
+from .learn.options import DataMaskOptions
 
 #: Operator settings and their defaults (the learner's come from DataMaskOptions).
 OPERATOR_DEFAULTS: dict = {
@@ -160,7 +160,7 @@ def _metric_key(name: str, strict: bool = False):
     Unknown names raise with ``strict`` (a section for a misspelt metric would never apply);
     otherwise they stay as they are (the learner's options report them).
     """
-    from .objectives import registered_metric
+    from .learn.objectives import registered_metric
 
     try:
         return registered_metric(name)

@@ -1,5 +1,9 @@
 """The project's own exceptions: every bad input ends here, with a message that says what to do."""
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 
 class DataMaskError(ValueError):
     """Base class of every error datamask-dask raises on bad input or options."""
@@ -11,3 +15,34 @@ class OptionError(DataMaskError):
 
 class InputDataError(DataMaskError):
     """The input data breaks the data contract (the message names the column, partition and rows)."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input or the options.
+
+    Attributes
+    ----------
+    message : str
+        One line saying what is wrong, where (column, partition, first rows) and what to do.
+    column : str, optional
+    partition : int, optional
+    rows : tuple of int
+        First few row positions inside the partition (empty when not row-specific).
+    """
+
+    message: str
+    column: str | None = None
+    partition: int | None = None
+    rows: tuple = ()
+
+    def __str__(self) -> str:
+        return self.message
+
+
+
+def problems_error(problems: list[Problem], kind: type[DataMaskError] = InputDataError) -> DataMaskError:
+    """One exception for a list of problems: the first on the first line, the others after it."""
+    error = kind("\n".join(p.message for p in problems))
+    error.problems = list(problems)
+    return error

@@ -21,9 +21,14 @@ from pathlib import Path
 
 import dask.dataframe as dd
 
-from datamask_dask import datamask_select, get_client
-from datamask_dask.parquet import read_parquet, selected_counts, write_parquet
-from datamask_dask.sample_data import make_corpus
+from datamask_dask import (
+    datamask_select,
+    get_client,
+    make_corpus,
+    read_parquet,
+    selected_counts,
+    write_parquet,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from datamask_dask.baselines import (
+from datamask_dask.errors import OptionError
+from datamask_dask.learn.baselines import (
     _Objective,
     disf_batched_greedy,
     greedy,
@@ -18,8 +19,12 @@ from datamask_dask.baselines import (
     random_selection,
     stochastic_greedy,
 )
-from datamask_dask.errors import OptionError
-from datamask_dask.objectives import DiversityMetric, evaluate_selection, normalise_quality, register_metric
+from datamask_dask.learn.objectives import (
+    DiversityMetric,
+    evaluate_selection,
+    normalise_quality,
+    register_metric,
+)
 from datamask_dask.sample_data import make_embeddings
 
 ALGORITHMS = ["Pair_simi", "Facility", "DiSF"]

@@ -54,7 +54,8 @@ def test_select_directory_on_the_cluster(tmp_path, corpus, client, capsys):
             "--embedding-column", "feature_arr", "--score-column", "score", "--seed", "4"]
     assert main(args) == 0
     assert "1600 rows, 80 selected" in capsys.readouterr().out
-    assert sorted(p.name for p in target.iterdir()) == ["part.0.parquet", "part.1.parquet", "part.2.parquet"]
+    assert sorted(p.name for p in target.iterdir()) == ["_datamask_run.json", "part.0.parquet", "part.1.parquet",
+                                                        "part.2.parquet"]
     table = pq.read_table(target)
     assert table.column_names == [*corpus.columns, "selected", "score"]
     assert table.column("chunk_id").to_pylist() == corpus["chunk_id"].tolist()
@@ -97,12 +98,16 @@ def test_bad_input_fails_cleanly_without_output(tmp_path, corpus, capsys):
 def test_existing_output_needs_overwrite(tmp_path, corpus, capsys):
     source, target = tmp_path / "in.parquet", tmp_path / "out.parquet"
     corpus.iloc[:300].to_parquet(source)
-    target.write_text("keep me")
     args = ["select", "--input", str(source), "--output", str(target), *FAST_FLAGS]
+    assert main(args) == 0
+    first = target.read_bytes()
     assert main(args) == 1
-    assert "exists" in capsys.readouterr().err and target.read_text() == "keep me"
-    assert main([*args, "--overwrite"]) == 0
+    assert "exists; pass --overwrite" in capsys.readouterr().err and target.read_bytes() == first
+    assert main([*args, "--overwrite"]) == 0  # an output of an earlier run is replaced
     assert pq.read_table(target).num_rows == 300
+    target.write_text("keep me")  # ... and nothing else is
+    assert main([*args, "--overwrite"]) == 1
+    assert "not parquet" in capsys.readouterr().err and target.read_text() == "keep me"
 
 
 def test_select_without_input_runs_the_demo(capsys):

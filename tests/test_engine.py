@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from datamask_dask.engine import learn_mask
 from datamask_dask.errors import DataMaskError, InputDataError, OptionError
-from datamask_dask.objectives import DiversityMetric, evaluate_selection, register_metric
-from datamask_dask.options import DataMaskOptions
+from datamask_dask.learn.engine import learn_mask
+from datamask_dask.learn.objectives import DiversityMetric, evaluate_selection, register_metric
+from datamask_dask.learn.options import DataMaskOptions
 from datamask_dask.sample_data import make_embeddings
 
 FAST = dict(n_epochs=30, n_rollout=8, refine_epochs=30)
@@ -140,7 +140,7 @@ def test_memory_does_not_grow_with_n_squared():
     """100k rows: an n x n float matrix would need 40 GB; the learner must stay far below 2 GB."""
     code = (
         "import resource, numpy as np\n"
-        "from datamask_dask.engine import learn_mask\n"
+        "from datamask_dask.learn.engine import learn_mask\n"
         "rng = np.random.default_rng(0)\n"
         "e = rng.standard_normal((100_000, 16), dtype=np.float32); q = rng.random(100_000)\n"
         "for alg in ('Facility', 'Pair_simi', 'DiSF'):\n"

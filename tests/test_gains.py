@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamask_dask.objectives import DiSF, Facility, PairSimi
+from datamask_dask.learn.objectives import DiSF, Facility, PairSimi
 from datamask_dask.sample_data import make_embeddings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datamask_dask.knn import top_neighbours
+from datamask_dask.learn.knn import top_neighbours
 from datamask_dask.sample_data import make_embeddings
 
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from datamask_dask import OptionError, datamask_select
-from datamask_dask.dask_select import plan_selection
-from datamask_dask.memory import (
+from datamask_dask.learn.options import DataMaskOptions
+from datamask_dask.ops.operator import plan_selection
+from datamask_dask.plan.memory import (
     ROW_BYTES,
     chunk_bytes,
     metric_kinds,
@@ -21,7 +22,6 @@ from datamask_dask.memory import (
     plan_memory,
     resolve_budget,
 )
-from datamask_dask.options import DataMaskOptions
 from datamask_dask.sample_data import make_corpus
 
 BUDGET = 24 * 2**20
@@ -33,8 +33,8 @@ SCRIPT = r"""
 import json, sys, threading, time
 import dask.dataframe as dd, numpy as np, pandas as pd, psutil, pyarrow as pa
 from datamask_dask import datamask_select
-from datamask_dask.dask_select import plan_selection
-from datamask_dask.memory import plan_memory
+from datamask_dask.ops.operator import plan_selection
+from datamask_dask.plan.memory import plan_memory
 
 n, d, budget = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 options = dict(ratio=0.1, n_epochs=3, refine_epochs=3, n_rollout=4)

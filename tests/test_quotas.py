@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from datamask_dask.quotas import (
+from datamask_dask.plan.quotas import (
     allocate,
     fit_budget,
     make_sketch,

@@ -18,8 +18,9 @@ import pytest
 
 from datamask_dask import ResumeError, datamask_select, write_selection
 from datamask_dask.cli import input_fingerprint, main
-from datamask_dask.parquet import read_parquet, write_parquet
-from datamask_dask.resume import read_manifest, work_dir
+from datamask_dask.io.parquet import read_parquet, write_parquet
+from datamask_dask.io.output import UnsafeOutputError
+from datamask_dask.io.writer import read_manifest, work_dir
 from datamask_dask.sample_data import make_corpus
 
 N_PARTS = 8
@@ -70,7 +71,8 @@ def _restore(killed, target: Path) -> list[int]:
 
 
 def _bytes(path: Path) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+    """The data files' bytes (the run record differs between runs: its id, times and stage seconds)."""
+    return {p.name: p.read_bytes() for p in sorted(path.glob("*.parquet"))}
 
 
 def test_uninterrupted_run_matches_the_operator(eight_parts, reference):
@@ -79,7 +81,8 @@ def test_uninterrupted_run_matches_the_operator(eight_parts, reference):
     np.testing.assert_array_equal(table.column("selected").to_numpy(), expected["selected"].to_numpy())
     assert table.column("chunk_id").to_pylist() == list(range(2400))
     assert int(table.column("selected").to_numpy().sum()) == 240
-    assert sorted(p.name for p in reference.iterdir()) == [f"part.{i}.parquet" for i in range(N_PARTS)]
+    assert sorted(p.name for p in reference.iterdir()) == ["_datamask_run.json",
+                                                            *(f"part.{i}.parquet" for i in range(N_PARTS))]
     assert not work_dir(reference).exists()  # the work directory goes once the output is published
 
 
@@ -177,7 +180,12 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(tmp_path, eight_p
     (target / "keep.txt").write_text("previous output")
     with pytest.raises(FileExistsError, match="overwrite"):
         write_selection(read_parquet(eight_parts), target, **OPTIONS)
+    with pytest.raises(UnsafeOutputError, match="keep.txt"):  # not an output of datamask
+        write_selection(read_parquet(eight_parts), target, overwrite=True, **OPTIONS)
     assert (target / "keep.txt").read_text() == "previous output"
+    (target / "keep.txt").unlink()
+    target.rmdir()
+    write_selection(read_parquet(eight_parts), target, scheduler="threads", **OPTIONS)
     report = write_selection(read_parquet(eight_parts), target, overwrite=True, scheduler="threads",
                              **OPTIONS)
     assert report.rows == 2400

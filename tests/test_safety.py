@@ -15,7 +15,7 @@ from conftest import FAST
 
 from datamask_dask import OptionError, load_config, write_selection
 from datamask_dask.cli import main
-from datamask_dask.resume import work_dir
+from datamask_dask.io.writer import work_dir
 
 PACKAGE = Path(__file__).resolve().parents[1] / "datamask_dask"
 FAST_FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"])]

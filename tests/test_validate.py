@@ -12,8 +12,8 @@ from conftest import FAST
 
 from datamask_dask import InputDataError, OptionError, datamask_select, validate_table, write_selection
 from datamask_dask.cli import main
-from datamask_dask.parquet import read_parquet, write_parquet
-from datamask_dask.resume import work_dir
+from datamask_dask.io.parquet import read_parquet, write_parquet
+from datamask_dask.io.writer import work_dir
 from datamask_dask.sample_data import make_corpus
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .errors import InputDataError
+from ..errors import InputDataError
 
 _SHOW = 5  # rows or values quoted in an error message
 
@@ -111,6 +111,14 @@ def embedding_source(series, where: str, expected_dim: int | None = None):
             "elsewhere in the table; every row must come from the same embedding model (mixed "
             "dimensions across partitions)")
     return source
+
+
+def embedding_matrix(series):
+    """Every row of an embedding column as one ``(n, d)`` float32 matrix (checked as below).
+
+    A numpy array for pandas columns, a torch tensor on the GPU for cuDF ones.
+    """
+    return embedding_source(series, f"column {series.name!r}").rows(np.arange(len(series)))
 
 
 def check_embedding_dtype(dtype, name, where: str) -> None:

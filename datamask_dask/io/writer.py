@@ -27,7 +27,10 @@ A run over ``OUT`` keeps its work in a hidden sibling directory until it is comp
   and removed after. Readers never see a partial output, and a run that fails leaves any
   previous ``OUT`` as it was. The work directory is removed last.
 
-Run one job per output at a time: two concurrent runs on the same output are not coordinated.
+Safety (:mod:`datamask_dask.io.output`): the output may not overlap the input, ``overwrite``
+replaces only an output of an earlier datamask run (it carries a run record,
+``_datamask_run.json`` or a ``datamask.run`` footer key: options, seed, versions, input, rows,
+stage times), and a second run on the same output refuses while the first holds its lock.
 """
 
 from __future__ import annotations
@@ -47,10 +50,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import adapters
-from .config import load_config
-from .dask_select import plan_selection, select_partition
-from .errors import DataMaskError
+from .. import stages
+from ..config import load_config
+from ..errors import DataMaskError
+from ..ops.operator import plan_selection
+from ..partition import adapters
+from ..partition.select import select_partition
+from .output import FOOTER_KEY, RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
 from .parquet import concatenate, write_table
 
 FORMAT = 1  # version of the work directory layout
@@ -76,6 +82,12 @@ class SelectionReport:
     computed, reused : tuple of int
         Partitions computed by this run, and partitions taken from an interrupted run.
     seconds : float
+        Wall time of the whole call.
+    phases : dict
+        Wall seconds of the driver's phases: ``plan``, ``select and write``, ``commit``.
+    stages : dict
+        Worker seconds summed over tasks, per stage (:mod:`datamask_dask.stages`): ``plan read``,
+        ``plan check``, ``read``, ``select`` (of which ``extract`` and ``learn``), ``write``.
     """
 
     path: str
@@ -84,6 +96,8 @@ class SelectionReport:
     computed: tuple
     reused: tuple
     seconds: float
+    phases: dict = dataclasses.field(default_factory=dict)
+    stages: dict = dataclasses.field(default_factory=dict)
 
 
 def work_dir(path: str | os.PathLike) -> Path:
@@ -94,7 +108,7 @@ def work_dir(path: str | os.PathLike) -> Path:
 
 def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, overwrite: bool = False,
                     resume: bool = True, single_file: bool = False, scheduler=None,
-                    input_fingerprint=None, **options) -> SelectionReport:
+                    input_fingerprint=None, input_location=None, **options) -> SelectionReport:
     """Select rows (as :func:`~datamask_dask.datamask_select`) and write the result, resumably.
 
     Parameters
@@ -106,8 +120,9 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     ratio, config, **options
         As for :func:`~datamask_dask.datamask_select` (``memory_budget``, ``validate``...).
     overwrite : bool
-        Replace ``path`` if it exists (only once the new output is complete); otherwise an
-        existing ``path`` raises ``FileExistsError`` before anything is computed.
+        Replace ``path`` if it exists and an earlier datamask run wrote it (only once the new
+        output is complete; see :mod:`datamask_dask.io.output`); otherwise an existing ``path``
+        raises before anything is computed.
     resume : bool
         Reuse the finished partitions of an interrupted run on the same ``path`` (see the module
         notes). ``False`` discards them and starts again.
@@ -118,6 +133,9 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     input_fingerprint : str or JSON-able, optional
         Extra identity of the input recorded in the manifest (e.g. file names, sizes and
         modification times); a resume with another value refuses.
+    input_location : str or path, optional
+        Where the input lives: recorded in the run record, and ``path`` may not be it, contain it
+        or lie inside it.
 
     Returns
     -------
@@ -127,15 +145,27 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     ------
     FileExistsError
         ``path`` exists and ``overwrite`` is False.
+    UnsafeOutputError
+        ``path`` overlaps the input, exists but was not written by datamask, or another run is
+        writing it now.
     ResumeError
         An interrupted run on ``path`` used other options or another input.
     OptionError, InputDataError
         As :func:`~datamask_dask.datamask_select`, before anything is written.
     """
+    target = Path(path)
+    inputs = [input_location] if input_location is not None and "://" not in str(input_location) else []
+    check_target(target, overwrite=overwrite, inputs=inputs)
+    with output_lock(target):
+        check_target(target, overwrite=overwrite, inputs=inputs)  # as it is now that we hold the lock
+        return _write_selection(ddf, target, ratio, config, resume, single_file, scheduler, input_fingerprint,
+                                input_location, options)
+
+
+def _write_selection(ddf, target: Path, ratio, config, resume, single_file, scheduler, input_fingerprint,
+                     input_location, options) -> SelectionReport:
     start = time.perf_counter()
-    target, work = Path(path), work_dir(path)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
+    work = work_dir(target)
     manifest = read_manifest(work) if resume else None
     settings = load_config(config, ratio=ratio, **options)
     if manifest is not None and settings["memory_budget"] is None:
@@ -145,11 +175,12 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
         settings = load_config(config, ratio=ratio, **options)
     spec, plan = plan_selection(ddf, ratio, config=config, scheduler=scheduler, **options)
     plan = dask.compute(plan, scheduler=scheduler)[0]  # validates the input: fails before any write
+    phases = {"plan": time.perf_counter() - start}
     record = _record(ddf, settings, spec, plan, input_fingerprint)
     if manifest is not None:
         _check_same_run(manifest, record, target, work)
     else:
-        _remove(work)  # a stale directory without a readable manifest, or resume=False
+        remove_own(work)  # our hidden work directory: a stale one without a manifest, or resume=False
         work.mkdir(parents=True)
         manifest = {**record, "format": FORMAT, "run_id": uuid.uuid4().hex, "runs": []}
     done = finished_partitions(work, manifest, plan["rows"])
@@ -157,7 +188,8 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     manifest["runs"].append({"started": _now(), "computed": todo, "reused": sorted(done)})
     _write_json(work / MANIFEST, manifest)
 
-    markers = dict(done)
+    markers, computed = dict(done), []
+    started = time.perf_counter()
     if todo:
         # One task per partition reads, selects and writes it (Dask fuses the chain), so a worker
         # holds one partition at a time and nothing but a marker row travels back.
@@ -170,17 +202,24 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
         # client did not fuse the read into this task: each partition then waited in memory).
         for frame in dask.compute(*written.to_delayed(), scheduler=scheduler):
             marker = frame.to_dict("records")[0]
+            computed.append(json.loads(marker.pop("stages")))
             markers[int(marker["partition"])] = {**marker, "file": marker["file"] or None}
+    phases["select and write"] = time.perf_counter() - started
     manifest["runs"][-1]["finished"] = _now()
     _write_json(work / MANIFEST, manifest)
 
     files = [work / markers[i]["file"] for i in sorted(markers) if markers[i]["file"]]
     empty = _empty_table(ddf, spec) if not files else None
-    commit(files, target, single_file=single_file, empty=empty)
-    _remove(work)
-    return SelectionReport(os.fspath(target), sum(m["rows"] for m in markers.values()),
-                           sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
-                           time.perf_counter() - start)
+    report = SelectionReport(os.fspath(target), sum(m["rows"] for m in markers.values()),
+                             sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
+                             time.perf_counter() - start, phases,
+                             stages.add_up([plan.get("stages"), *computed]))
+    started = time.perf_counter()
+    record = run_record(report, settings, manifest, markers, input_location)
+    commit(files, target, single_file=single_file, empty=empty, record=record)
+    remove_own(work)
+    phases["commit"] = time.perf_counter() - started
+    return dataclasses.replace(report, seconds=time.perf_counter() - start)
 
 
 # --------------------------------------------------------------------------- manifest
@@ -286,15 +325,21 @@ def _stem(number: int) -> str:
 
 _MARKER_META = pd.DataFrame({"partition": pd.Series(dtype="int64"), "rows": pd.Series(dtype="int64"),
                              "selected": pd.Series(dtype="int64"), "file": pd.Series(dtype=object),
-                             "bytes": pd.Series(dtype="int64"), "run_id": pd.Series(dtype=object)})
+                             "bytes": pd.Series(dtype="int64"), "run_id": pd.Series(dtype=object),
+                             "stages": pd.Series(dtype=object)})
 
 
 def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: str, partition_info=None):
     """Select one input partition (number ``numbers[i]`` of the table) and write it; its marker as a row."""
     number = numbers[partition_info["number"] if partition_info is not None else 0]
-    selected = select_partition(frame, plan, {"number": number})
-    marker = write_part(selected, work, number, run_id, plan["spec"].selected_column)
-    return pd.DataFrame([{**marker, "file": marker["file"] or ""}]).astype(_MARKER_META.dtypes.to_dict())
+    with stages.timed("select"):
+        selected = select_partition(frame, plan, {"number": number})
+    with stages.timed("write"):
+        marker = write_part(selected, work, number, run_id, plan["spec"].selected_column)
+    # This thread's stage seconds since the last take: the read fused in front of this task too.
+    seconds = json.dumps(stages.take())
+    return pd.DataFrame([{**marker, "file": marker["file"] or "", "stages": seconds}]).astype(
+        _MARKER_META.dtypes.to_dict())
 
 
 def write_part(frame, work: str, number: int, run_id: str, selected_column: str) -> dict:
@@ -341,8 +386,12 @@ def _write_atomic(path: Path, write) -> None:
     _fsync_dir(path.parent)
 
 
+def _dumps(value: dict) -> bytes:
+    return json.dumps(value, indent=1, sort_keys=True, default=_plain).encode()
+
+
 def _write_json(path: Path, value: dict) -> None:
-    data = json.dumps(value, indent=1, sort_keys=True, default=_plain).encode()
+    data = _dumps(value)
     _write_atomic(path, lambda handle: handle.write(data))
 
 
@@ -372,7 +421,7 @@ def _empty_table(ddf, spec) -> pa.Table:
 
 
 def commit(files: list[Path], target: Path, *, single_file: bool = False,
-           empty: pa.Table | None = None) -> None:
+           empty: pa.Table | None = None, record: dict | None = None) -> None:
     """Publish finished part files as ``target`` in one rename (see the module notes).
 
     Parameters
@@ -384,22 +433,53 @@ def commit(files: list[Path], target: Path, *, single_file: bool = False,
         Stream the parts into one file instead of a directory of ``part.N.parquet``.
     empty : pyarrow.Table, optional
         Schema written when there are no parts.
+    record : dict, optional
+        The run record: ``_datamask_run.json`` in a directory (with the list of files written
+        added), or the ``datamask.run`` footer key of a single file.
     """
-    staging = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex}"
+    record = dict(record or {})
+    staging = staging_path(target)
     try:
         if single_file:
-            _write_atomic(staging, lambda handle: concatenate(files, handle, None if files else empty.schema))
+            schema = pq.read_schema(files[0]).remove_metadata() if files else empty.schema
+            schema = schema.with_metadata({FOOTER_KEY: _dumps(record)})
+            _write_atomic(staging, lambda handle: concatenate(files, handle, schema))
         else:
             staging.mkdir()
-            for file in files:
-                _link(file, staging / f"part.{int(file.stem.split('-')[1])}.parquet")
+            names = [f"part.{int(file.stem.split('-')[1])}.parquet" for file in files]
+            for file, name in zip(files, names, strict=True):
+                _link(file, staging / name)
             if not files:
-                _write_atomic(staging / "part.0.parquet", lambda handle: write_table(empty, handle))
-            _fsync_dir(staging)
-        _move_into_place(staging, target)
+                names = ["part.0.parquet"]
+                _write_atomic(staging / names[0], lambda handle: write_table(empty, handle))
+            _write_json(staging / RUN_RECORD, {**record, "files": names})
+        publish(staging, target)
         _fsync_dir(target.parent)
     finally:
-        _remove(staging)
+        remove_own(staging)
+
+
+def run_record(report: SelectionReport, settings: Mapping, manifest: dict, markers: dict,
+               input_location) -> dict:
+    """What a finished output keeps about the run that made it (see :mod:`datamask_dask.io.output`)."""
+    import platform
+
+    from .. import __version__
+
+    versions = {"python": platform.python_version(), "datamask-dask": __version__}
+    for module in ("numpy", "pandas", "pyarrow", "dask", "distributed", "torch"):
+        versions[module] = getattr(__import__(module), "__version__", None)
+    per_partition = [{"partition": i, "rows": markers[i]["rows"], "selected": markers[i]["selected"]}
+                     for i in sorted(markers)]
+    return json.loads(json.dumps({
+        "format": FORMAT, "tool": "datamask-dask", "kind": "selection", "run_id": manifest["run_id"],
+        "finished": _now(), "input": {"location": None if input_location is None else str(input_location),
+                                      **manifest["input"]},
+        "settings": manifest["settings"], "seed": manifest["settings"].get("seed"),
+        "profile": settings.get("profile"), "memory_budget": manifest["memory_budget"],
+        "rows": report.rows, "selected": report.selected, "partitions": per_partition,
+        "phases": report.phases, "stages": report.stages, "versions": versions,
+    }, default=_plain, sort_keys=True))
 
 
 def _link(source: Path, destination: Path) -> None:
@@ -409,22 +489,3 @@ def _link(source: Path, destination: Path) -> None:
         shutil.copyfile(source, destination)
         with open(destination, "rb") as handle:
             os.fsync(handle.fileno())
-
-
-def _move_into_place(staging: Path, target: Path) -> None:
-    if staging.is_file() and (target.is_file() or not os.path.lexists(target)):
-        os.replace(staging, target)  # a file is replaced in one atomic rename
-        return
-    # A directory cannot be swapped in one rename: move the old one aside first, remove it after.
-    old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex}")
-    if os.path.lexists(target):
-        os.replace(target, old)
-    os.replace(staging, target)
-    _remove(old)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()

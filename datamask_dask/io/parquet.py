@@ -17,9 +17,9 @@ pass reads only the small columns). So:
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import dask
@@ -28,6 +28,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+from .. import stages
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -105,6 +107,11 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
 
 def _read_piece(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None = None):
     """Row groups of one file as an Arrow-typed pandas frame (``columns``: Dask's projection)."""
+    with stages.timed("read"):
+        return _read_groups(piece, schema, partition_names, columns)
+
+
+def _read_groups(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None):
     path, groups, keys = piece
     columns = list(schema.names) if columns is None else list(columns)
     file_columns = [c for c in columns if c not in partition_names]
@@ -130,7 +137,7 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
                   overwrite: bool = False) -> dict:
-    """Compute ``ddf`` and write it as parquet, atomically.
+    """Compute ``ddf`` and write it as parquet, atomically (the rules of :mod:`.output`).
 
     Parameters
     ----------
@@ -140,34 +147,42 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
     single_file : bool
         Write one file, the partitions' rows in order (streamed, one partition at a time).
     overwrite : bool
-        Replace ``path`` if it exists; otherwise an existing path raises ``FileExistsError``.
+        Replace ``path`` if an earlier datamask writer made it; otherwise an existing path raises
+        ``FileExistsError`` (and anything else :class:`~.output.UnsafeOutputError`).
 
     Returns
     -------
     dict
         ``rows``: rows written per partition (list of int).
     """
+    from .output import FOOTER_KEY, RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
+
     target = Path(path)
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists; pass overwrite=True (--overwrite) to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    parts_dir = staging.with_name(staging.name + "-parts") if single_file else staging
-    try:
-        parts_dir.mkdir(parents=True)
-        tasks = [dask.delayed(_write_part, pure=True)(part, os.fspath(parts_dir / f"part.{i}.parquet"))
-                 for i, part in enumerate(ddf.to_delayed())]
-        rows = list(dask.compute(*tasks))
-        files = [parts_dir / f"part.{i}.parquet" for i, n in enumerate(rows) if n]
-        if not files:  # an empty table still gets its schema
-            _write_table(pa.Table.from_pandas(ddf._meta, preserve_index=False), parts_dir / "part.0.parquet")
-            files = [parts_dir / "part.0.parquet"]
-        if single_file:
-            concatenate(files, staging)
-        _move_into_place(staging, target)
-    finally:
-        _remove(staging)
-        _remove(parts_dir)
+    check_target(target, overwrite=overwrite)
+    with output_lock(target):
+        check_target(target, overwrite=overwrite)
+        staging = staging_path(target)
+        parts_dir = staging_path(target, "parts") if single_file else staging
+        try:
+            parts_dir.mkdir(parents=True)
+            tasks = [dask.delayed(_write_part, pure=True)(part, os.fspath(parts_dir / f"part.{i}.parquet"))
+                     for i, part in enumerate(ddf.to_delayed())]
+            rows = list(dask.compute(*tasks))
+            names = [f"part.{i}.parquet" for i, n in enumerate(rows) if n]
+            if not names:  # an empty table still gets its schema
+                names = ["part.0.parquet"]
+                _write_table(pa.Table.from_pandas(ddf._meta, preserve_index=False), parts_dir / names[0])
+            record = {"tool": "datamask-dask", "kind": "write_parquet", "rows": sum(rows)}
+            if single_file:
+                files = [parts_dir / name for name in names]
+                schema = pq.read_schema(files[0]).remove_metadata()
+                concatenate(files, staging, schema.with_metadata({FOOTER_KEY: json.dumps(record)}))
+            else:
+                (staging / RUN_RECORD).write_text(json.dumps({**record, "files": names}), encoding="utf-8")
+            publish(staging, target)
+        finally:
+            remove_own(staging)
+            remove_own(parts_dir)
     return {"rows": rows}
 
 
@@ -197,23 +212,6 @@ def concatenate(files: list[Path], where, schema: pa.Schema | None = None) -> No
             for index in range(source.num_row_groups):
                 table = source.read_row_group(index)
                 writer.write_table(table if table.schema.equals(schema) else table.cast(schema))
-
-
-def _move_into_place(staging: Path, target: Path) -> None:
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        os.replace(target, old)
-        os.replace(staging, target)
-        _remove(old)
-    else:
-        os.replace(staging, target)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
 
 
 def selected_counts(path: str | os.PathLike, column: str) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import InputDataError, OptionError
+from ..errors import InputDataError, OptionError
 from .objectives import build_metrics, normalise_quality
 from .options import DataMaskOptions
 

@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import OptionError
-from .options import DataMaskOptions
+from ..errors import OptionError
+from ..learn.options import DataMaskOptions
 
 ROW_BYTES = 128  # bookkeeping per partition row (about a dozen int64/float64/bool arrays)
 CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while it is learned
@@ -245,7 +245,7 @@ def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, re
 
 def metric_kinds(options: DataMaskOptions) -> tuple:
     """``"pair"``, ``"facility"`` or ``"other"`` for each diversity metric of the options."""
-    from .objectives import Facility, PairSimi, build_metrics
+    from ..learn.objectives import Facility, PairSimi, build_metrics
 
     kinds = []
     for metric, _ in build_metrics(options.metric_weights):

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import OptionError
+from ..errors import OptionError
 
 UPDATES = ("credit", "paper", "plackett_luce")
 INITS = ("quality", "same")
@@ -69,7 +69,7 @@ class DataMaskOptions:
         Most similar rows each ``Facility`` reference row keeps (its sparse k-NN graph).
     exact_neighbours : int
         Up to this many rows in a step's batch, the ``Facility`` graph is exact; above it the
-        neighbours are searched in the nearest clusters only (see :mod:`datamask_dask.knn`),
+        neighbours are searched in the nearest clusters only (see :mod:`datamask_dask.learn.knn`),
         which costs about the same per row whatever the chunk size.
     probes : int
         Clusters searched per row in that case (FAISS's ``nprobe``): more find more of the true

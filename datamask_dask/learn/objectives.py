@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .errors import OptionError
+from ..errors import OptionError
 from .knn import top_neighbours
 
 Tensor = torch.Tensor

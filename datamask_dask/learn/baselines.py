@@ -1,11 +1,11 @@
 """Selection baselines on the very objective DATAMASK optimises, for comparison.
 
-Every function here scores sets with the joint objective of :mod:`datamask_dask.objectives`,
+Every function here scores sets with the joint objective of :mod:`datamask_dask.learn.objectives`,
 ``f(U) = lamb * Q(U) + (1 - lamb) * D(U)``: ``Q`` is the mean min-max normalised quality of ``U``
-(:func:`~datamask_dask.objectives.normalise_quality`, the chunk's range unless ``quality_range``
+(:func:`~datamask_dask.learn.objectives.normalise_quality`, the chunk's range unless ``quality_range``
 is given) and ``D`` the diversity metric(s) named by ``algorithm`` (``Pair_simi``, ``Facility``,
 ``DiSF`` or a weighted mapping of them), each as defined there. So a baseline's selection and a
-learned mask are compared with :func:`~datamask_dask.objectives.evaluate_selection` on equal terms.
+learned mask are compared with :func:`~datamask_dask.learn.objectives.evaluate_selection` on equal terms.
 
 Functions (all ``fn(quality, embeddings, k, *, algorithm=..., lamb=..., seed=..., device=...)``,
 returning ``k`` distinct int64 row indices in the order they were chosen):
@@ -16,7 +16,7 @@ returning ``k`` distinct int64 row indices in the order they were chosen):
 - :func:`stochastic_greedy`: Mirzasoleiman et al. (2015), a random candidate sample per step;
 - :func:`disf_batched_greedy`: DiSF's greedy, run independently on random batches of the chunk.
 
-Embeddings are L2-normalised on the way in (as :func:`~datamask_dask.engine.learn_mask` does), so
+Embeddings are L2-normalised on the way in (as :func:`~datamask_dask.learn.engine.learn_mask` does), so
 cosine similarity is a dot product. Nothing n x n is built unless it fits ``max_memory_bytes``.
 
 How ``D(U + j)`` is obtained for many candidates ``j`` at once (``m = |U|``):
@@ -39,8 +39,8 @@ import math
 import numpy as np
 import torch
 
+from ..errors import OptionError
 from .engine import _as_inputs
-from .errors import OptionError
 from .objectives import DiSF, Facility, PairSimi, build_metrics, normalise_quality, resolve_metrics
 
 __all__ = ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "greedy", "lazy_greedy", "quality_topk",
@@ -131,7 +131,7 @@ def greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 
     device : str or torch.device
         Where the computation runs.
     quality_range : (float, float), optional
-        Range used to normalise quality (as for :func:`~datamask_dask.objectives.evaluate_selection`).
+        Range used to normalise quality (as for :func:`~datamask_dask.learn.objectives.evaluate_selection`).
     max_memory_bytes : int
         Budget of the Facility similarity cache, default 4 GiB. The ``|V| x n`` float32 matrix of
         clamped similarities between the reference rows ``V`` and all rows is precomputed when it

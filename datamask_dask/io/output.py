@@ -1,0 +1,186 @@
+"""Where an output lands, safely: guards, one writer at a time, a run record, an atomic publish.
+
+Rules every writer of the package follows (``write_selection``, ``write_parquet``, the CLI):
+
+- **The input is never touched.** The output may not be the input, contain it, or lie inside it
+  (:func:`check_target` with ``inputs=``).
+- **Only our own outputs are replaced.** With ``overwrite``, an existing target is replaced only
+  when a previous datamask run wrote it, recognised by its run record: ``_datamask_run.json``
+  inside a directory output, listing every file the run wrote, or the ``datamask.run`` key in the
+  footer of a single-file output. Anything else (a user's directory, a file the record does not
+  list, a symlink, a parquet file of other origin) is refused with a message that says what is there.
+- **One run per output.** :func:`output_lock` holds an exclusive ``flock`` on a hidden sibling
+  ``.OUT.datamask-lock``; a second run on the same output refuses instead of interleaving. The
+  lock dies with its process, so a killed run never leaves a stale lock behind.
+- **All or nothing.** The output is built in a hidden staging sibling and renamed into place
+  (:func:`publish`); a replaced output is renamed aside first and removed only after the new one
+  is in place.
+
+Paths the package creates are all hidden siblings of the target (``.OUT.*``); nothing else is
+ever removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from ..errors import DataMaskError
+
+RUN_RECORD = "_datamask_run.json"  # a leading underscore: parquet readers skip it
+FOOTER_KEY = b"datamask.run"
+
+
+class UnsafeOutputError(DataMaskError):
+    """The output would overwrite the input, someone else's data, or a run in progress."""
+
+
+def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
+                 flag: str = "--overwrite (overwrite=True)") -> None:
+    """Refuse an output that would lose data; return quietly when writing it is safe.
+
+    Parameters
+    ----------
+    target : path
+        The output file or directory.
+    overwrite : bool
+        Whether an existing output of a previous datamask run may be replaced.
+    inputs : iterable of path
+        The job's input locations: the output may not be, contain or lie inside any of them.
+    flag : str
+        How the caller spells the overwrite switch, for messages (``--overwrite`` in the CLI).
+
+    Raises
+    ------
+    UnsafeOutputError
+        The output overlaps an input, or exists and was not written by datamask.
+    FileExistsError
+        The output exists and ``overwrite`` is False.
+    """
+    target = Path(target)
+    resolved = target.resolve()
+    for source in inputs:
+        if source is None:
+            continue
+        source = Path(source).resolve()
+        if resolved == source or source in resolved.parents or resolved in source.parents:
+            relation = ("is the input" if resolved == source else "lies inside the input"
+                        if source in resolved.parents else "contains the input")
+            raise UnsafeOutputError(f"the output {target} {relation} {source}: write the selection somewhere "
+                                    "else (the input is never modified or removed)")
+    if not os.path.lexists(target):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{target} exists; pass {flag} to replace it (only an output of an earlier "
+                              "datamask run is ever replaced)")
+    problem = _not_ours(target)
+    if problem:
+        raise UnsafeOutputError(f"{flag} refused: {target} {problem}. datamask replaces only outputs it "
+                                "wrote itself (they carry a run record); move it away or choose another "
+                                "output")
+
+
+def _not_ours(target: Path) -> str | None:
+    """Why ``target`` is not a replaceable datamask output, or None when it is."""
+    if target.is_symlink():
+        return "is a symbolic link"
+    if target.is_file():
+        try:
+            metadata = pq.read_schema(target).metadata or {}
+        except Exception:  # not parquet at all
+            return "is a file that is not parquet"
+        return None if FOOTER_KEY in metadata else "is a parquet file without a datamask run record"
+    if not target.is_dir():
+        return "is not a regular file or directory"
+    record = read_record(target)
+    if record is None:
+        entries = sorted(p.name for p in target.iterdir())
+        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+        return f"is a directory without a datamask run record ({RUN_RECORD}); it holds: {shown or 'nothing'}"
+    known = set(record.get("files", [])) | {RUN_RECORD}
+    foreign = sorted(p.name for p in target.iterdir() if p.name not in known or p.is_dir() or p.is_symlink())
+    if foreign:
+        return (f"holds entries the datamask run did not write: {', '.join(foreign[:5])}"
+                + (" ..." if len(foreign) > 5 else ""))
+    return None
+
+
+def read_record(path: str | os.PathLike) -> dict | None:
+    """The run record of a datamask output (directory or single file), or None."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            record = json.loads((path / RUN_RECORD).read_text(encoding="utf-8"))
+        else:
+            record = json.loads((pq.read_schema(path).metadata or {})[FOOTER_KEY])
+    except (OSError, KeyError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@contextlib.contextmanager
+def output_lock(target: str | os.PathLike):
+    """Hold the exclusive lock of ``target`` for the ``with`` block; refuse if another run holds it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = target.parent / f".{target.name}.datamask-lock"
+    while True:
+        handle = open(lock, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise UnsafeOutputError(f"another datamask run is writing {target} ({holder}); wait for it to "
+                                    "finish (two runs on one output would interleave)") from None
+        # The lock file may have been removed by the run that held it before we locked it: lock again.
+        try:
+            if os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {os.uname().nodename}")
+        handle.flush()
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)  # ours: created (or taken over) under the lock
+        handle.close()
+
+
+def staging_path(target: Path, kind: str = "tmp") -> Path:
+    """A fresh hidden sibling of ``target`` for building or moving aside (never a user's path)."""
+    return target.parent / f".{target.name}.{kind}-{uuid.uuid4().hex}"
+
+
+def publish(staging: Path, target: Path) -> None:
+    """Rename the finished ``staging`` onto ``target``, replacing a checked earlier output."""
+    if staging.is_file() and (target.is_file() or not os.path.lexists(target)) and not target.is_symlink():
+        os.replace(staging, target)  # a file is replaced in one atomic rename
+        return
+    # A directory cannot be swapped in one rename: move the old one aside first, remove it after.
+    old = staging_path(target, "old")
+    if os.path.lexists(target):
+        os.replace(target, old)
+    os.replace(staging, target)
+    remove_own(old)
+
+
+def remove_own(path: Path) -> None:
+    """Remove a path this package created (a staging, work or moved-aside sibling)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

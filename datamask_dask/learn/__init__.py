@@ -1,0 +1,19 @@
+"""The learner on one chunk: quality scores and unit embeddings in, an exact-size mask out.
+
+torch and numpy only: no pandas, Dask, pyarrow or cuDF is imported here or below, so a Spark
+executor or a GPU worker that needs only the learner pays for nothing else.
+
+- :mod:`.engine`: :func:`learn_mask`, the policy-gradient mask learner (DATAMASK and its fixes)
+- :mod:`.objectives`: quality and diversity terms (Pair_simi, Facility, DiSF, user metrics)
+- :mod:`.knn`: Facility's sparse neighbour graph (exact or clustered)
+- :mod:`.options`: :class:`DataMaskOptions`, the reference tool's option names
+- :mod:`.baselines`: random, quality top-k, greedy, lazy and stochastic greedy, DiSF batched greedy
+"""
+
+from .._lazy import attach
+
+__getattr__, __dir__, __all__ = attach(__name__, {
+    "engine": ["MaskResult", "learn_mask"],
+    "objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
+    "options": ["DataMaskOptions"],
+})

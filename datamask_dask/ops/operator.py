@@ -1,0 +1,247 @@
+"""The Dask operator: ``datamask_select(ddf, ratio=0.1)`` adds a boolean ``selected`` column.
+
+Backends accepted: Dask DataFrames with pandas or cuDF partitions (see
+:mod:`datamask_dask.partition.adapters`).
+
+The result is lazy. Its graph has two passes over the input:
+
+1. **Plan** (small): the id, quality, group and token columns, and with ``validate="full"`` (the
+   default) the embeddings too. Each partition is checked first
+   (:mod:`datamask_dask.partition.checks`: NaN quality, null ids, ragged, NaN or zero
+   embeddings...), so bad input fails here, before any learning, naming the column, partition and
+   rows. Each partition then sends a quality sketch (:mod:`datamask_dask.plan.quotas`); a tree
+   reduction checks that ids are unique. One task (:func:`datamask_dask.plan.reduce.make_plan`)
+   turns the sketches into integer quotas (or token budgets) per partition and group, so the
+   selected total is exact, and fixes the table-wide quality range and the embedding dimension.
+2. **Select**: ``map_partitions`` of :func:`datamask_dask.partition.select.select_partition`
+   with an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
+   many as the plan says), splits them into chunks of at most ``max_chunk_rows`` rows (fewer
+   when a ``memory_budget`` asks for it, see :mod:`datamask_dask.plan.memory`), and runs the
+   learner (:func:`datamask_dask.learn.learn_mask`) on each chunk with a seed derived from
+   (seed, partition, group, chunk). Every input row and column comes back unchanged and in
+   order, plus ``selected``.
+
+Same input, partitioning and seed give the same ``selected`` on any scheduler and any number of
+workers: nothing depends on where or when a task runs. :func:`plan_selection` and
+:func:`apply_plan` expose the two passes separately (the resumable writer,
+:func:`datamask_dask.write_selection`, computes the plan once and records it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import dask
+import numpy as np
+from dask.delayed import Delayed
+
+from ..config import load_config
+from ..partition import adapters
+from ..partition.checks import id_report, merge_ids, partition_ids, summarise_partition
+from ..partition.select import select_partition
+from ..partition.spec import SelectSpec, spec_from_meta
+from ..plan.reduce import make_plan
+
+__all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
+
+_PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when nothing else says it
+_SPLIT_EVERY = 8  # fan-in of the duplicate-id tree reduction
+
+
+def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, **options):
+    """Select a share of rows that is both high in quality and diverse (DATAMASK), lazily.
+
+    Parameters
+    ----------
+    ddf : dask.dataframe.DataFrame
+        pandas- or cuDF-backed; one row per document with an id, quality score(s) and an
+        embedding (list or fixed-size list of floats, one dimension for the whole table).
+    ratio : float or mapping, default 0.1
+        Share of rows to select, in (0, 1]: exactly ``round(ratio * N)`` rows (Python rounding)
+        are selected. With ``by``, a float applies to every group and a mapping
+        ``{group: ratio}`` (ratios in [0, 1]) gives each group its own; groups it does not name
+        get none.
+    config : path or mapping, optional
+        YAML config file (see :mod:`datamask_dask.config`); keyword arguments win over it, and it
+        wins over ``dask.config``'s ``datamask`` namespace.
+    **options
+        Learner options (``n_epochs``, ``partial``, ``algorithm``, ``max_lr``, ``min_lr``,
+        ``lamb``, ``n_rollout``, ``init``, ``seed``, ``update``, ``final``, ...) and:
+
+        prune : float
+            Share of the table, worst quality first, made ineligible (table-wide, not per
+            partition; per group with ``by``).
+        id_column : str, default ``"chunk_id"``
+            Ids must be unique across the table (checked unless ``check_ids=False``).
+        quality_column (alias ``quality``) : str, list or mapping, default ``"quality_score"``
+            One column, several (equal weights) or ``{column: weight}``; the weighted sum is
+            the quality (put the columns on comparable scales first).
+        embedding_column (alias ``embedding``) : str, default ``"feature_arr"``
+        by : str, optional
+            Group column: quotas are planned per group (each group like a table of its own).
+        budget_tokens : int or mapping, optional
+            Select by tokens instead of rows: the selected rows' ``token_column`` values sum to
+            at most this (``{group: tokens}`` with ``by``). Guarantee: never above the budget;
+            in each partition (and group) no unselected eligible row would still fit in what its
+            share of the budget has left, so the total falls short by less than about one row's
+            tokens per partition.
+        token_column : str, default ``"n_tokens"``
+        device : {"auto", "cpu", "cuda", "cuda:N"}
+            ``"auto"`` learns on the GPU when the partition is cuDF.
+        max_chunk_rows : int, default 200_000
+            Partitions with more eligible rows are learned in chunks of at most this many rows.
+        oversample : float, default 2
+            Size of the table-wide quality pool that sets partition quotas, as a multiple of
+            the quota (see :mod:`datamask_dask.plan.quotas`); >= 1.
+        selected_column : str, default ``"selected"``
+        score_column : str, optional
+            Also output the learned logits (float32) under this name: NaN where no learning
+            ran (quota 0, or every eligible row taken), ``-inf`` for rows made ineligible.
+        check_ids : bool, default True
+            Fail on duplicate or null ids. The check is a tree reduction whose last task holds
+            every distinct id: turn it off for tables whose ids do not fit in one worker.
+        validate : {"full", "light"}, default "full"
+            ``"full"``: the plan pass also reads every embedding and checks it (null, ragged,
+            dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
+            ``"light"``: the plan pass reads only the small columns (one read of the embeddings
+            less); embeddings are then checked chunk by chunk just before they are learned.
+        memory_budget : int or str, optional
+            Working memory of one selection task beyond its partition, in bytes or as text
+            (``"2GiB"``): chunks and the learner's batches are sized to fit (see
+            :mod:`datamask_dask.plan.memory`). Default: half the per-thread memory limit of the
+            current distributed cluster's workers, or most of a GPU's free memory when learning
+            on one; no bound on the local schedulers. ``"off"``: no bound.
+
+    Returns
+    -------
+    dask.dataframe.DataFrame
+        ``ddf`` with the same partitions, rows, index and columns, plus the boolean
+        ``selected`` column (and the score column if asked). Nothing is computed yet.
+
+    Raises
+    ------
+    OptionError
+        At call time for bad or unknown options; at compute time for a ratio or budget the
+        data cannot meet.
+    InputDataError
+        At call time for columns missing from the schema; at compute time, naming the
+        partition, for NaN quality, ragged or mixed-dimension embeddings, duplicate ids...
+
+    Examples
+    --------
+    >>> out = ddf.pipe(datamask_select, ratio=0.1, n_epochs=200)   # doctest: +SKIP
+    >>> out.to_parquet("s3://bucket/selected/")                     # doctest: +SKIP
+    """
+    spec, plan = plan_selection(ddf, ratio, config=config, **options)
+    return apply_plan(ddf, spec, plan)
+
+
+def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, scheduler=None, **options):
+    """Validate the options against ``ddf``'s schema and build the lazy plan pass.
+
+    Parameters
+    ----------
+    ddf, ratio, config, **options
+        As for :func:`datamask_select`.
+    scheduler : optional
+        The scheduler the job will run on (a distributed Client gives the default
+        ``memory_budget``); by default the current default Client, if any.
+
+    Returns
+    -------
+    spec : SelectSpec
+    plan : dask.delayed.Delayed
+        Computes to the plan dict that :func:`apply_plan` and :func:`select_partition` follow.
+    """
+    settings = load_config(config, ratio=ratio, **options)
+    ratio_given = ratio is not None or "select_ratio" in options
+    spec = make_spec(ddf, settings, ratio_given=ratio_given, scheduler=scheduler)
+    return spec, plan_graph(ddf, spec)
+
+
+def make_spec(ddf, settings: Mapping, *, ratio_given: bool = True, scheduler=None) -> SelectSpec:
+    """Validate resolved settings against a Dask dataframe's schema (no data is read).
+
+    Raises
+    ------
+    TypeError
+        If ``ddf`` is not a Dask DataFrame.
+    OptionError, InputDataError
+        For the first bad option, or the columns the schema lacks or types wrongly.
+    """
+    import dask.dataframe as dd
+
+    if not isinstance(ddf, dd.DataFrame):
+        raise TypeError(f"datamask_select needs a dask DataFrame, got {type(ddf).__name__}; wrap a pandas "
+                        "frame with dask.dataframe.from_pandas(df, npartitions=...)")
+    return spec_from_meta(ddf._meta, settings, ratio_given=ratio_given, scheduler=scheduler)
+
+
+def apply_plan(ddf, spec: SelectSpec, plan):
+    """The select pass: ``ddf`` plus the ``selected`` column (lazy), following ``plan``.
+
+    ``plan`` is the Delayed from :func:`plan_selection` or the dict it computes to.
+    """
+    if not isinstance(plan, Delayed):  # one graph node that every partition's task refers to
+        plan = dask.delayed(plan, traverse=False)
+    out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
+    if spec.score_column:
+        out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
+    meta = adapters.with_columns(ddf._meta, out_columns)
+    return ddf.map_partitions(select_partition, plan, meta=meta)
+
+
+# --------------------------------------------------------------------------- plan pass
+
+
+def plan_graph(ddf, spec: SelectSpec):
+    """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
+    parts = plan_input(ddf, spec.plan_columns).to_delayed()
+    summaries = [dask.delayed(summarise_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
+    ids = id_graph(parts, spec.id_column) if spec.check_ids else None
+    dim = adapters.fixed_dimension(ddf._meta[spec.embedding_column].dtype)
+    if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
+        n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
+        probes = ddf[spec.embedding_column].partitions[list(range(n_probe))].to_delayed()
+        dim = dask.delayed(_probe_dimension, pure=True)(probes)
+    return dask.delayed(make_plan, pure=True)(summaries, ids, dim, spec)
+
+
+def plan_input(ddf, columns: list[str]):
+    """``ddf[columns]``, read column-pruned where the source allows it.
+
+    Where the source cannot prune columns (the projection would run on whole partitions), a
+    checked projection is used instead, so a partition that lacks a column is reported by
+    number rather than as a bare KeyError; nothing more is read either way.
+    """
+    projected = ddf[columns]
+    try:
+        tree = projected.optimize(fuse=False).expr.walk()
+        pushed_down = not any(type(e).__name__ == "Projection" for e in tree)
+    except Exception:  # an expression dask cannot optimise here: take the checked path
+        pushed_down = False
+    if pushed_down:
+        return projected
+    return ddf.map_partitions(_take_columns, columns, meta=ddf._meta[columns])
+
+
+def _take_columns(frame, columns: list[str], partition_info=None):
+    number = partition_info["number"] if partition_info is not None else 0
+    adapters.require_columns(frame, columns, f"partition {number}")
+    return frame[columns]
+
+
+def _probe_dimension(parts: list) -> int | None:
+    for number, series in enumerate(parts):
+        if len(series):
+            return adapters.embedding_source(series, f"partition {number}").dim
+    return None
+
+
+def id_graph(parts: list, id_column: str):
+    """Lazy duplicate-id report over the partitions ``parts`` (a tree reduction)."""
+    level = [dask.delayed(partition_ids, pure=True)(part, i, id_column) for i, part in enumerate(parts)]
+    while len(level) > 1:
+        level = [dask.delayed(merge_ids, pure=True)(level[i:i + _SPLIT_EVERY])
+                 for i in range(0, len(level), _SPLIT_EVERY)]
+    return dask.delayed(id_report, pure=True)(level[0])

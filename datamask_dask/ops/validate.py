@@ -1,0 +1,126 @@
+"""``validate_table`` (``datamask validate``): every check of a selection, no selection.
+
+Runs the operator's checks (:mod:`datamask_dask.partition.checks`, the same functions as the
+plan pass) on every partition and collects every problem instead of stopping at the first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import dask
+
+from ..config import load_config
+from ..errors import DataMaskError, Problem, problems_error
+from ..partition.checks import check_partition, summarise_check
+from ..partition.spec import SelectSpec
+from ..plan.reduce import dimension_problems, duplicate_problems, make_plan
+from .operator import id_graph, make_spec, plan_input
+
+
+@dataclass
+class ValidationReport:
+    """Outcome of :func:`validate_table`.
+
+    Attributes
+    ----------
+    rows : int
+        Rows checked (0 when the checks could not start).
+    partitions : int
+    dim : int or None
+        Embedding dimension (None when no row has one).
+    columns : dict
+        Column name -> dtype, as the dataframe declares them.
+    problems : list of Problem
+    """
+
+    rows: int = 0
+    partitions: int = 0
+    dim: int | None = None
+    columns: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether no problem was found."""
+        return not self.problems
+
+    def summary(self) -> str:
+        """A short, human-readable outcome: the OK line or the numbered problems."""
+        if self.ok:
+            dim = "no embeddings" if self.dim is None else f"{self.dim}-d embeddings"
+            return (f"OK: {self.rows} rows in {self.partitions} partition(s), {dim}, "
+                    f"{len(self.columns)} columns")
+        lines = [f"{len(self.problems)} problem(s) found:"]
+        lines += [f"  {i}. {p.message}" for i, p in enumerate(self.problems, 1)]
+        return "\n".join(lines)
+
+    def raise_if_failed(self) -> None:
+        """Raise :class:`InputDataError` (or :class:`OptionError`) listing the problems, if any."""
+        if self.problems:
+            raise problems_error(self.problems)
+
+
+
+# --------------------------------------------------------------------------- the whole table
+
+
+def _validate_partition(frame, number: int, spec: SelectSpec) -> dict:
+    check = check_partition(frame, number, spec, embeddings=True)
+    summary = summarise_check(check) if not check.problems else None
+    return {"rows": check.rows, "dim": check.dim, "problems": check.problems, "summary": summary}
+
+
+def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -> ValidationReport:
+    """Check a table and the options of a selection on it, without selecting anything.
+
+    Runs the operator's checks (the same functions as the plan pass of
+    :func:`~datamask_dask.datamask_select`) on every partition, reading the columns the selection
+    would read, and collects every problem instead of stopping at the first. When the data pass,
+    the quota plan is also made, so a ratio or token budget the data cannot meet is reported too.
+
+    Parameters
+    ----------
+    ddf : dask.dataframe.DataFrame
+    ratio, config, **options
+        As for :func:`~datamask_dask.datamask_select`.
+    scheduler : optional
+        Passed to ``dask.compute`` (e.g. a distributed Client, ``"threads"``).
+
+    Returns
+    -------
+    ValidationReport
+        ``report.ok``, ``report.summary()``, ``report.raise_if_failed()``.
+
+    Examples
+    --------
+    >>> report = validate_table(ddf, id_column="doc_id")   # doctest: +SKIP
+    >>> print(report.summary())                            # doctest: +SKIP
+    """
+    report = ValidationReport(partitions=ddf.npartitions,
+                              columns={str(c): str(t) for c, t in ddf._meta.dtypes.items()})
+    try:
+        settings = load_config(config, ratio=ratio, **options)
+        spec = make_spec(ddf, settings, ratio_given=ratio is not None or "select_ratio" in options,
+                         scheduler=scheduler)
+    except DataMaskError as exc:
+        report.problems = list(getattr(exc, "problems", None) or [Problem(str(exc))])
+        return report
+    spec = dataclasses.replace(spec, validate="full")
+    parts = plan_input(ddf, spec.plan_columns).to_delayed()
+    checks = [dask.delayed(_validate_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
+    ids = id_graph(parts, spec.id_column) if spec.check_ids else None
+    checks, ids = dask.compute(checks, ids, scheduler=scheduler)
+    report.rows = sum(c["rows"] for c in checks)
+    dims = [c["dim"] for c in checks]
+    report.dim = next((d for d in dims if d is not None), None)
+    report.problems = [p for c in checks for p in c["problems"]]
+    report.problems += dimension_problems(dims, spec.embedding_column)
+    report.problems += duplicate_problems(ids, spec.id_column)
+    if report.ok:  # the data are fine: can the quotas be met?
+        try:
+            make_plan([c["summary"] for c in checks], None, report.dim, spec)
+        except DataMaskError as exc:
+            report.problems.append(Problem(str(exc)))
+    return report

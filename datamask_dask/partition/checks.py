@@ -1,0 +1,350 @@
+"""The checks of one partition's rows, before any learning, and its summary for the quota plan.
+
+One set of checks serves every caller: the plan pass of the Dask operator and of the Spark
+integration (each partition's :func:`check_partition` runs before its quality sketch is made, and
+the first bad partition stops the job with an :class:`~datamask_dask.errors.InputDataError`),
+and ``datamask validate`` (:func:`datamask_dask.validate_table`), which collects every problem.
+
+What is checked
+---------------
+Per partition: NaN or infinite quality, missing or negative token counts, null group labels,
+null ids, embeddings that are null, ragged, of another dimension than the rest of the table, NaN
+or infinite, all-zero, or with a norm outside ``NORM_RANGE`` (float32 arithmetic loses them).
+Across partitions (:mod:`datamask_dask.plan.reduce`): duplicate ids and mixed embedding
+dimensions. Each problem names the column, the partition, the first rows (positions inside the
+partition, and their ids) and what to do. Options and schema: :mod:`.spec`.
+
+Embeddings are checked in blocks of rows, so validating a partition needs about
+``block_bytes`` of memory beyond the partition itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .. import stages
+from ..errors import InputDataError, Problem, problems_error
+from ..plan.quotas import make_sketch
+from . import adapters
+from .spec import SelectSpec, check_embedding_type
+
+SHOW = 5  # rows or values quoted in a message
+NORM_RANGE = (1e-12, 1e12)  # usable embedding norms: float32 squares stay normal numbers inside it
+_BLOCK_BYTES = 64 * 2**20  # embedding bytes checked at once (less when the memory budget is smaller)
+
+
+@dataclass
+class PartitionCheck:
+    """What :func:`check_partition` found in one partition.
+
+    ``quality``, ``tokens``, ``codes`` and ``labels`` are the partition's combined quality, token
+    counts and group codes, kept for the caller (the plan pass) so nothing is read twice; they are
+    None when a problem prevented computing them.
+    """
+
+    rows: int
+    problems: list
+    dim: int | None = None
+    quality: np.ndarray | None = None
+    tokens: np.ndarray | None = None
+    codes: np.ndarray | None = None
+    labels: list | None = None
+    digest: str = ""
+
+    def raise_if_failed(self) -> None:
+        """Raise :class:`InputDataError` listing this partition's problems, if any."""
+        if self.problems:
+            raise problems_error(self.problems)
+
+
+def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | None = None,
+                    expected_dim: int | None = None) -> PartitionCheck:
+    """Run every per-partition check on ``frame`` (partition ``number``); never raises for bad data.
+
+    Parameters
+    ----------
+    frame : pandas or cuDF DataFrame
+    number : int
+        The partition's number, used in messages.
+    spec : SelectSpec
+    embeddings : bool, optional
+        Also check the embedding column (default: when ``spec.validate == "full"``).
+    expected_dim : int, optional
+        Embedding dimension the rest of the table has.
+
+    Returns
+    -------
+    PartitionCheck
+    """
+    where = f"partition {number}"
+    embeddings = spec.validate == "full" if embeddings is None else embeddings
+    columns = spec.plan_columns + ([spec.embedding_column] if embeddings else [])
+    check = PartitionCheck(rows=len(frame), problems=[])
+    available = [str(c) for c in frame.columns]
+    missing = [c for c in dict.fromkeys(columns) if c not in frame.columns]
+    if missing:
+        check.problems = [Problem(
+            f"{where}: there is no column {name!r}; available columns are {available}. Name yours with "
+            "id_column=, quality_column=, embedding_column=, token_column= or by=", name, number)
+            for name in missing]
+        return check
+    problems = check.problems
+    check.quality = _collect(problems, quality_values, frame, spec, where, number)
+    if spec.budget is not None:
+        check.tokens = _collect(problems, token_values, frame, spec, where, number)
+    if spec.by is not None:
+        groups = _collect(problems, group_codes, frame, spec, where, number)
+        if groups is not None:
+            check.codes, check.labels = groups
+    if spec.check_ids:
+        problems.extend(id_problems(frame, number, spec.id_column))
+    vectors = None
+    if embeddings:
+        check.dim, found, vectors = embedding_problems(frame, number, spec, expected_dim)
+        problems.extend(found)
+    if not problems:
+        check.digest = _digest(frame, spec, check, vectors)
+    return check
+
+
+def _collect(problems: list, function, frame, spec, where: str, number: int):
+    try:
+        return function(frame, spec, where)
+    except InputDataError as exc:
+        problems.append(Problem(str(exc), getattr(exc, "column", None), number, getattr(exc, "rows", ())))
+        return None
+
+
+def _error(message: str, column: str, rows=()) -> InputDataError:
+    error = InputDataError(message)
+    error.column, error.rows = column, tuple(int(r) for r in rows[:SHOW])
+    return error
+
+
+def ids_of(frame, spec: SelectSpec, rows: np.ndarray) -> str:
+    """`` (ids [...])`` for the first rows, when the frame has the id column."""
+    if spec.id_column not in frame.columns or not len(rows):
+        return ""
+    return f" (ids {adapters.host_values(frame, spec.id_column).iloc[rows[:SHOW]].tolist()})"
+
+
+def quality_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
+    """The (weighted) quality of each row, float64; NaN, infinite or overflowing values raise."""
+    total = np.zeros(len(frame), dtype=np.float64)
+    for name, weight in spec.quality:
+        values = adapters.numeric_values(frame, name, where)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            raise _error(f"{where}: quality column {name!r} has {bad.size} NaN or infinite value(s) at rows "
+                         f"{bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: fill or drop them before "
+                         "selecting", name, bad)
+        total += weight * values
+    # The learner works in float32: larger magnitudes would become infinite there.
+    bad = np.flatnonzero(~(np.abs(total) <= np.finfo(np.float32).max))
+    if bad.size:
+        names = [c for c, _ in spec.quality]
+        raise _error(f"{where}: quality {names} is too large for float32 in {bad.size} row(s) at rows "
+                     f"{bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: rescale the scores (e.g. to [0, 1])",
+                     names[0], bad)
+    return total
+
+
+def token_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
+    """Token counts as float64; missing, infinite or negative counts raise."""
+    values = adapters.numeric_values(frame, spec.token_column, where)
+    bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
+    if bad.size:
+        raise _error(f"{where}: token column {spec.token_column!r} has {bad.size} missing, infinite or "
+                     f"negative value(s) at rows {bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: fill them "
+                     "with the documents' token counts or drop those rows", spec.token_column, bad)
+    return values
+
+
+def group_codes(frame, spec: SelectSpec, where: str) -> tuple[np.ndarray, list]:
+    """Integer group code of each row and the labels (a single group without ``by``)."""
+    if spec.by is None:
+        return np.zeros(len(frame), dtype=np.int64), ([None] if len(frame) else [])
+    try:
+        return adapters.group_codes(frame, spec.by, where)
+    except InputDataError as exc:
+        raise _error(str(exc), spec.by) from exc
+
+
+def id_problems(frame, number: int, id_column: str) -> list[Problem]:
+    """Null ids in one partition (duplicates are found across partitions by :func:`id_graph`)."""
+    ids = adapters.host_values(frame, id_column)
+    nulls = np.flatnonzero(ids.isna().to_numpy())
+    if not nulls.size:
+        return []
+    return [Problem(f"partition {number}: id column {id_column!r} has {nulls.size} null value(s) at rows "
+                    f"{nulls[:SHOW].tolist()}: every row needs an id", id_column, number,
+                    tuple(nulls[:SHOW].tolist()))]
+
+
+def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int | None = None,
+                       block_bytes: int | None = None) -> tuple[int | None, list[Problem], np.ndarray | None]:
+    """Structure and values of one partition's embeddings.
+
+    Returns
+    -------
+    dim : int or None
+        The partition's embedding dimension (None when it has no rows or a structural problem).
+    problems : list of Problem
+    summary : float64 array (n, 2) or None
+        Each row's norm and projection on a fixed random direction (a cheap content summary).
+    """
+    where = f"partition {number}"
+    name = spec.embedding_column
+    series = frame[name]
+    try:
+        check_embedding_type(series.dtype, name, where)
+        source = adapters.embedding_source(series, where, expected_dim)
+    except InputDataError as exc:
+        return None, [Problem(str(exc), name, number)], None
+    n = len(series)
+    if n == 0:
+        return None, [], None
+    block_bytes = block_bytes or min(_BLOCK_BYTES, (spec.memory_budget or _BLOCK_BYTES) // 4)
+    # A block lives as gathered float32 rows, their writable copy and a float64 copy: 5 x 4 bytes.
+    step = max(1, block_bytes // (20 * source.dim))
+    direction = np.random.default_rng(0).standard_normal(source.dim)
+    summary = np.empty((n, 2), dtype=np.float64)
+    for start in range(0, n, step):
+        positions = np.arange(start, min(n, start + step))
+        summary[positions] = _vector_summary(source.rows(positions), direction)
+    return source.dim, vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number), summary
+
+
+def _vector_summary(block, direction: np.ndarray) -> np.ndarray:
+    """Norm (float64) and projection of each row of a block (numpy array or torch tensor)."""
+    if isinstance(block, np.ndarray):
+        wide = block.astype(np.float64)
+        return np.stack([np.sqrt(np.einsum("ij,ij->i", wide, wide)), wide @ direction], axis=1)
+    import torch
+
+    wide = block.double()
+    along = torch.as_tensor(direction, dtype=torch.float64, device=wide.device)
+    return torch.stack([wide.norm(dim=1), wide @ along], dim=1).cpu().numpy()
+
+
+def vector_problems(norms: np.ndarray, positions: np.ndarray, frame, spec: SelectSpec, where: str,
+                    number: int | None = None) -> list[Problem]:
+    """NaN or infinite, all-zero and out-of-range embeddings, from the rows' float64 norms."""
+    name = spec.embedding_column
+    low, high = NORM_RANGE
+    finite = np.isfinite(norms)
+    kinds = (
+        (~finite, "NaN or infinite values", "re-embed or drop those rows"),
+        (finite & (norms == 0), "all-zero vectors",
+         "a zero vector has no direction; re-embed or drop those rows"),
+        (finite & (norms != 0) & ((norms < low) | (norms > high)), f"vectors with a norm outside [{low:g}, "
+         f"{high:g}]", "float32 arithmetic cannot normalise them; rescale them (e.g. L2-normalise)"),
+    )
+    problems = []
+    for bad, what, todo in kinds:
+        rows = positions[np.flatnonzero(bad)]
+        if rows.size:
+            problems.append(Problem(
+                f"{where}: embedding column {name!r} has {what} in {rows.size} row(s), first at rows "
+                f"{rows[:SHOW].tolist()}{ids_of(frame, spec, rows)}: {todo}", name, number,
+                tuple(rows[:SHOW].tolist())))
+    return problems
+
+
+def check_vectors(embeddings, positions: np.ndarray, frame, spec: SelectSpec, where: str) -> np.ndarray:
+    """Raise on NaN, infinite, all-zero or out-of-range rows of a chunk about to be learned.
+
+    ``embeddings``: float32 numpy array, or torch tensor (GPU partitions). Returns the rows'
+    norms (float32, host), so the caller can normalise without another pass.
+    """
+    if isinstance(embeddings, np.ndarray):
+        norms = np.sqrt(np.einsum("ij,ij->i", embeddings, embeddings))  # float32, no (n, d) temporary
+    else:
+        norms = embeddings.norm(dim=1).cpu().numpy()
+    low, high = NORM_RANGE
+    suspect = np.flatnonzero(~((norms >= low) & (norms <= high)))
+    if suspect.size:  # error path: classify these rows from exact float64 norms
+        exact = norms.astype(np.float64)
+        exact[suspect] = _vector_summary(embeddings[suspect], np.zeros(embeddings.shape[1]))[:, 0]
+        problems = vector_problems(exact, positions, frame, spec, where)
+        if problems:
+            raise problems_error(problems)
+    return norms
+
+
+def _digest(frame, spec: SelectSpec, check: PartitionCheck, vectors: np.ndarray | None) -> str:
+    """Fingerprint of what the checks saw: ids, quality, tokens, groups and embedding summaries."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.int64(check.rows).tobytes())
+    if spec.check_ids:
+        ids = adapters.host_values(frame, spec.id_column)
+        digest.update(pd.util.hash_pandas_object(ids, index=False).to_numpy().tobytes())
+    for values in (check.quality, check.tokens, check.codes, vectors):
+        if values is not None:
+            digest.update(np.ascontiguousarray(values).tobytes())
+    if check.labels is not None:
+        digest.update(repr(check.labels).encode())
+    return digest.hexdigest()
+
+
+
+def summarise_partition(frame, number: int, spec: SelectSpec) -> dict:
+    """One partition's contribution to the plan, after its checks: rows, dimension, sketches."""
+    with stages.timed("check"):
+        check = check_partition(frame, number, spec)
+        check.raise_if_failed()
+        summary = summarise_check(check)
+    # this thread's stage seconds since the last take: the read of these columns and the checks
+    return {**summary, "stages": {f"plan {stage}": s for stage, s in stages.take().items()}}
+
+
+def summarise_check(check) -> dict:
+    """The plan summary of a partition that passed :func:`~datamask_dask.partition.checks.check_partition`."""
+    codes, labels = check.codes, check.labels
+    if codes is None:  # no group column: one group
+        codes, labels = np.zeros(check.rows, dtype=np.int64), ([None] if check.rows else [])
+    cells = {}
+    for code, label in enumerate(labels):
+        rows = codes == code
+        q = check.quality[rows]
+        cells[label] = {"sketch": make_sketch(q, None if check.tokens is None else check.tokens[rows]),
+                        "min": float(q.min()), "max": float(q.max())}
+    return {"n": check.rows, "cells": cells, "dim": check.dim, "digest": check.digest}
+
+
+
+# --------------------------------------------------------------------------- ids across partitions
+
+
+def partition_ids(frame, number: int, id_column: str):
+    """A partition's distinct non-null ids, for the duplicate-id tree reduction."""
+    ids = adapters.host_values(frame, id_column)
+    ids = ids[~ids.isna().to_numpy()]
+    first = pd.Series(number, index=pd.Index(ids.to_numpy()), dtype=np.int64)
+    return _dedupe(first, 0, [])
+
+
+def _dedupe(series: pd.Series, n_dup: int, examples: list):
+    dup = series.index.duplicated(keep="first")
+    if dup.any():
+        n_dup += int(dup.sum())
+        for value in series.index[dup].unique()[:max(0, SHOW - len(examples))]:
+            examples.append((adapters._plain(value), sorted({int(p) for p in series.loc[[value]]})))
+        series = series[~dup]
+    return series, n_dup, examples
+
+
+def merge_ids(results: list):
+    """Merge partial results of the duplicate-id reduction."""
+    series = pd.concat([r[0] for r in results])
+    examples = [e for r in results for e in r[2]][:SHOW]
+    return _dedupe(series, sum(r[1] for r in results), examples)
+
+
+def id_report(result) -> tuple[int, list]:
+    """Number of duplicate ids and a few examples ``(id, [partitions])``."""
+    return result[1], result[2]

@@ -1,0 +1,129 @@
+"""The select step of one partition: eligible rows, chunks, the learner, ``selected``.
+
+Engine-agnostic: :func:`select_partition` takes a pandas or cuDF frame and the plan of
+:mod:`datamask_dask.plan.reduce`; the Dask operator maps it over partitions, the Spark
+integration calls it inside ``mapInArrow``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import stages
+from ..errors import InputDataError, OptionError
+from ..learn.engine import learn_mask
+from ..plan.memory import plan_memory
+from ..plan.quotas import fit_budget, split_budget, split_quota
+from . import adapters
+from .checks import check_vectors, group_codes, quality_values, token_values
+from .spec import SelectSpec
+
+
+def select_partition(frame, plan: dict, partition_info=None):
+    """Add ``selected`` (and the score column) to one partition, following the plan."""
+    spec: SelectSpec = plan["spec"]
+    number = partition_info["number"] if partition_info is not None else 0
+    where = f"partition {number}"
+    n = len(frame)
+    planned = plan["rows"][number] if number < len(plan["rows"]) else 0
+    if n != planned:
+        raise InputDataError(
+            f"{where} has {n} rows now but had {planned} when quotas were planned: the input must give "
+            "the same rows each time it is computed (persist() it, or fix the non-deterministic step "
+            "before datamask_select)")
+    selected = np.zeros(n, dtype=bool)
+    scores = np.full(n, np.nan, dtype=np.float32) if spec.score_column else None
+    cells = plan["cells"].get(number, [])
+    if n and cells:
+        adapters.require_columns(frame, spec.select_columns, where)
+        source = adapters.embedding_source(frame[spec.embedding_column], where, plan["dim"])
+        quality = quality_values(frame, spec, where)
+        tokens = token_values(frame, spec, where) if spec.budget is not None else None
+        codes, labels = group_codes(frame, spec, where)
+        device = _resolve_device(spec.device, frame, where)
+        memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
+        code_of = {label: code for code, label in enumerate(labels)}
+        for label, index, eligible, quota, budget in cells:
+            rows = np.flatnonzero(codes == code_of[label])
+            context = where if spec.by is None else f"{where}, group {label!r}"
+            _select_cell(rows, eligible, quota, budget, index, quality, tokens, source, frame, spec, plan,
+                         number, device, context, selected, scores, memory)
+    columns = {spec.selected_column: selected}
+    if spec.score_column:
+        columns[spec.score_column] = scores
+    return adapters.with_columns(frame, columns)
+
+
+def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, source, frame, spec, plan,
+                 number, device, context, selected, scores, memory) -> None:
+    """Select inside one group of one partition: eligible rows, chunks, learner, budget."""
+    order = np.argsort(-quality[rows], kind="stable")
+    eligible = np.sort(rows[order[:n_eligible]])
+    if scores is not None:
+        scores[rows] = -np.inf
+        scores[eligible] = np.nan
+    if eligible.size == 0 or (quota == 0 if budget is None else budget == 0):
+        return
+    n_chunks = math.ceil(eligible.size / memory.max_chunk_rows)
+    chunk_of_row = np.arange(eligible.size) * n_chunks // eligible.size  # contiguous, near-equal
+    if budget is None:
+        quotas, budgets = split_quota(quality[eligible], chunk_of_row, n_chunks, quota, spec.oversample), None
+    else:
+        budgets, quotas = split_budget(quality[eligible], tokens[eligible], chunk_of_row, n_chunks, budget,
+                                       spec.oversample)
+    for chunk_number in range(n_chunks):
+        chunk = eligible[chunk_of_row == chunk_number]
+        k = int(quotas[chunk_number])
+        mask = np.zeros(chunk.size, dtype=bool)
+        preference = quality[chunk]
+        where = context if n_chunks == 1 else f"{context}, chunk {chunk_number}"
+        if 0 < k < chunk.size:
+            result = _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number,
+                            device, where, memory.options)
+            mask, preference = result.mask, result.scores.astype(np.float64)
+            if scores is not None:
+                scores[chunk] = result.scores
+        elif k >= chunk.size:
+            mask[:] = True
+        if budgets is not None:
+            mask = fit_budget(mask, tokens[chunk], preference, budgets[chunk_number])
+        selected[chunk[mask]] = True
+    if budget is not None and n_chunks > 1:
+        # Chunks round their budgets down separately: spend what is left on the best rows that fit.
+        selected[eligible] = fit_budget(selected[eligible], tokens[eligible], quality[eligible], budget)
+
+
+def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
+    """Seed of one learner run, from (seed, partition, group, chunk) only: where it runs never matters."""
+    sequence = np.random.SeedSequence([int(seed) % 2**64, partition, group, chunk])
+    return int(sequence.generate_state(1, dtype=np.uint32)[0])
+
+
+def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number, device, where,
+           options):
+    with stages.timed("extract"):
+        embeddings = source.rows(chunk)  # our own copy
+    if spec.validate != "full":  # "full" checked every row in the plan pass
+        norms = check_vectors(embeddings, chunk, frame, spec, where)
+        if isinstance(embeddings, np.ndarray):
+            embeddings /= norms[:, None]  # in place: the learner finds unit rows and copies nothing
+    try:
+        with stages.timed("learn"):
+            return learn_mask(quality[chunk], embeddings, k, options, device=device,
+                              quality_range=plan["ranges"][group_index],
+                              seed=derive_seed(options.seed, number, group_index, chunk_number))
+    except InputDataError as exc:
+        raise InputDataError(f"{where}: {exc}") from exc
+
+
+def _resolve_device(device: str, frame, where: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if adapters.is_cudf(frame) and torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise OptionError(f"{where}: device={device!r} but torch on this worker sees no CUDA device; use "
+                          "device='auto' or 'cpu'")
+    return device

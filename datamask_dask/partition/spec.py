@@ -1,0 +1,237 @@
+"""The resolved options of one selection (:class:`SelectSpec`), checked against the table's schema.
+
+Engine-agnostic: :func:`make_spec` takes the schema as an empty pandas (or cuDF) frame, the
+``meta`` of a Dask dataframe or the schema of a Spark one converted to pandas, and no data is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ..config import learner_options
+from ..errors import InputDataError, OptionError, Problem, problems_error
+from ..learn.options import DataMaskOptions
+from ..plan.memory import resolve_budget
+from . import adapters
+
+VALIDATE_MODES = ("full", "light")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class SelectSpec:
+    """Resolved, validated settings of one selection (travels inside the plan)."""
+
+    id_column: str
+    quality: tuple  # ((column, weight), ...), weights summing to 1
+    embedding_column: str
+    selected_column: str
+    score_column: str | None
+    by: str | None
+    ratio: float | dict | None
+    budget: int | dict | None
+    token_column: str | None
+    prune: float
+    oversample: float
+    max_chunk_rows: int
+    device: str
+    check_ids: bool
+    options: DataMaskOptions  # the learner's, with prune=0: pruning is table-wide, done by the plan
+    validate: str = "full"  # "full": the plan pass also reads and checks every embedding
+    memory_budget: int | None = None  # bytes of working memory per task (None: no bound)
+
+    @property
+    def plan_columns(self) -> list[str]:
+        """Columns the plan pass reads."""
+        names = ([self.id_column] if self.check_ids else []) + [c for c, _ in self.quality]
+        names += [self.by] if self.by else []
+        names += [self.token_column] if self.budget is not None else []
+        names += [self.embedding_column] if self.validate == "full" else []
+        return list(dict.fromkeys(names))
+
+    @property
+    def select_columns(self) -> list[str]:
+        """Columns the select pass reads."""
+        names = [c for c, _ in self.quality] + [self.embedding_column]
+        names += [self.by] if self.by else []
+        names += [self.token_column] if self.budget is not None else []
+        return list(dict.fromkeys(names))
+
+
+def spec_from_meta(meta, settings: Mapping, *, ratio_given: bool = True, scheduler=None) -> SelectSpec:
+    """Validate resolved settings against a table's schema, given as an empty frame (``meta``).
+
+    Parameters
+    ----------
+    meta : pandas or cuDF DataFrame
+        The table's columns and dtypes (no rows needed).
+    settings : mapping
+        From :func:`datamask_dask.config.load_config`.
+    ratio_given : bool
+        Whether the caller named a ratio (a ratio and a token budget together are refused).
+    scheduler : optional
+        The Dask scheduler the job will run on (it gives the default ``memory_budget``).
+
+    Raises
+    ------
+    OptionError, InputDataError
+        For the first bad option, or the columns the schema lacks or types wrongly.
+    """
+    spec = _spec_from_settings(settings, ratio_given, meta, scheduler)
+    for name in filter(None, (spec.selected_column, spec.score_column)):
+        if name in meta.columns:
+            raise OptionError(f"the dataframe already has a column {name!r}: pick another output name "
+                              "with selected_column= / score_column= (the input is never overwritten)")
+    if spec.score_column == spec.selected_column:
+        raise OptionError("score_column and selected_column must differ")
+    problems = schema_problems(meta, spec)
+    if problems:
+        raise problems_error(problems)
+    return spec
+
+
+def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -> SelectSpec:
+    options = learner_options(settings)
+    quality = _quality_weights(settings["quality_column"])
+    by = settings["by"]
+    budget, ratio = settings["budget_tokens"], settings["ratio"]
+    if budget is not None:
+        if ratio_given:
+            raise OptionError("give either ratio (a share of rows) or budget_tokens (a token budget), "
+                              "not both")
+        ratio = None
+        budget = _check_budget(budget, by)
+    else:
+        ratio = _check_ratio(ratio, by)
+    validate = settings.get("validate", "full")
+    if validate not in VALIDATE_MODES:
+        raise OptionError(f"option validate={validate!r} is invalid: expected one of {VALIDATE_MODES} "
+                          "('full' checks every embedding before learning, 'light' only the small columns)")
+    device = _check_device(settings["device"])
+    return SelectSpec(
+        id_column=str(settings["id_column"]), quality=quality,
+        embedding_column=str(settings["embedding_column"]),
+        selected_column=str(settings["selected_column"]),
+        score_column=None if settings["score_column"] is None else str(settings["score_column"]),
+        by=None if by is None else str(by), ratio=ratio, budget=budget,
+        token_column=str(settings["token_column"]) if budget is not None else None,
+        prune=options.prune, oversample=_check_number(settings["oversample"], "oversample", 1.0),
+        max_chunk_rows=int(_check_number(settings["max_chunk_rows"], "max_chunk_rows", 2, integer=True)),
+        device=device, check_ids=bool(settings["check_ids"]),
+        options=options.replace(prune=0.0), validate=validate,
+        memory_budget=resolve_budget(settings.get("memory_budget"), device=device, meta=meta,
+                                     scheduler=scheduler))
+
+
+def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
+    """What the dataframe's declared schema (``meta``) lacks or types wrongly for ``spec``."""
+    problems: list[Problem] = []
+    available = [str(c) for c in meta.columns]
+    for name in dict.fromkeys(spec.plan_columns + spec.select_columns + ([spec.id_column] if spec.check_ids
+                                                                         else [])):
+        if name not in meta.columns:
+            problems.append(Problem(
+                f"the dataframe: there is no column {name!r}; available columns are {available}. Name "
+                "yours with id_column=, quality_column=, embedding_column=, token_column= or by=", name))
+    if problems:
+        return problems
+    try:
+        check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column, "the dataframe")
+    except InputDataError as exc:
+        problems.append(Problem(str(exc), spec.embedding_column))
+    numeric = [(name, "quality") for name, _ in spec.quality]
+    numeric += [(spec.token_column, "token")] if spec.budget is not None else []
+    for name, kind in numeric:
+        dtype = meta[name].dtype
+        if not pd.api.types.is_numeric_dtype(dtype):
+            problems.append(Problem(f"{kind} column {name!r} must be numeric, got dtype {dtype}: cast it "
+                                    "(e.g. ddf[col].astype('float64')) or pick another column", name))
+    return problems
+
+
+def check_embedding_type(dtype, name, where: str) -> None:
+    """Reject embedding dtypes that cannot hold numeric vectors (text, lists of text...)."""
+    adapters.check_embedding_dtype(dtype, name, where)
+    pa_type = getattr(dtype, "pyarrow_dtype", None)
+    if pa_type is None:
+        if not (pd.api.types.is_object_dtype(dtype) or adapters.is_cudf(dtype)):
+            raise InputDataError(f"{where}: embedding column {name!r} has dtype {dtype}; expected a list "
+                                 "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
+        return
+    if not adapters._is_list_type(pa_type):
+        raise InputDataError(f"{where}: embedding column {name!r} has Arrow type {pa_type}; expected a list "
+                             "or fixed-size list of floats")
+    value = pa_type.value_type
+    if not (pa.types.is_floating(value) or pa.types.is_integer(value) or pa.types.is_decimal(value)):
+        raise InputDataError(f"{where}: embedding column {name!r} holds lists of {value}, not numbers: "
+                             "store the vectors as lists of float32")
+
+
+def _quality_weights(value) -> tuple:
+    if isinstance(value, str):
+        return ((value, 1.0),)
+    if isinstance(value, Mapping):
+        items = list(value.items())
+    elif isinstance(value, list | tuple) and value and all(isinstance(v, str) for v in value):
+        items = [(v, 1.0) for v in value]
+    else:
+        raise OptionError(f"option quality_column={value!r} must be a column name, a list of names or "
+                          "{name: weight}")
+    if not items or any(not _is_number(w) or not (w > 0 and np.isfinite(w)) for _, w in items):
+        raise OptionError(f"option quality_column={value!r}: weights must be finite numbers > 0")
+    total = float(sum(w for _, w in items))
+    return tuple((str(name), float(w) / total) for name, w in items)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+
+
+def _check_ratio(ratio, by):
+    if isinstance(ratio, Mapping):
+        if by is None:
+            raise OptionError("ratio given as {group: ratio} needs by= (the group column)")
+        for group, value in ratio.items():
+            if not _is_number(value) or not 0 <= value <= 1:
+                raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
+        return {adapters._plain(k): float(v) for k, v in ratio.items()}
+    if not _is_number(ratio) or not 0 < ratio <= 1:
+        raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
+    return float(ratio)
+
+
+def _check_budget(budget, by):
+    if isinstance(budget, Mapping):
+        if by is None:
+            raise OptionError("budget_tokens given as {group: tokens} needs by= (the group column)")
+        for group, value in budget.items():
+            if not _is_number(value) or not np.isfinite(value) or value < 0 or value != int(value):
+                raise OptionError(f"budget_tokens for group {group!r} is {value!r}: expected a whole "
+                                  "number of tokens >= 0")
+        return {adapters._plain(k): int(v) for k, v in budget.items()}
+    if by is not None:
+        raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would not say "
+                          "how to share it between groups)")
+    if not _is_number(budget) or not np.isfinite(budget) or budget < 1 or budget != int(budget):
+        raise OptionError(f"budget_tokens={budget!r} is invalid: expected a whole number of tokens >= 1")
+    return int(budget)
+
+
+def _check_number(value, name: str, minimum: float, integer: bool = False):
+    if (not _is_number(value) or not np.isfinite(value) or value < minimum
+            or (integer and value != int(value))):
+        kind = "an integer" if integer else "a number"
+        raise OptionError(f"option {name}={value!r} is invalid: expected {kind} >= {minimum}")
+    return value
+
+
+def _check_device(device) -> str:
+    device = str(device)
+    if device not in DEVICES and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise OptionError(f"option device={device!r} is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return device

@@ -1,0 +1,100 @@
+"""The reduction step: partition summaries -> the quota plan every partition's task follows.
+
+Engine-agnostic: the Dask operator and the Spark integration collect one summary per partition
+(:func:`datamask_dask.partition.checks.summarise_partition`) and the duplicate-id report, and
+call :func:`make_plan` once. The plan is a small dict: the spec, integer quotas (or token
+budgets) per partition and group, the table-wide quality range per group, rows per partition,
+the embedding dimension and each partition's content digest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import stages
+from ..errors import OptionError, Problem, problems_error
+from .quotas import plan_rows, plan_tokens
+
+SHOW = 5  # values quoted in a message
+
+
+def _group_sort_key(label):
+    return (type(label).__name__, label)
+
+
+def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
+    """Integer quotas (or token budgets) per partition and group, and the table-wide quality range.
+
+    Raises
+    ------
+    InputDataError
+        For duplicate ids or mixed embedding dimensions across partitions.
+    OptionError
+        For a ratio or token budget the data cannot meet.
+    """
+    dims = [s.get("dim") for s in summaries]
+    problems = duplicate_problems(ids, spec.id_column) + dimension_problems(dims, spec.embedding_column)
+    if problems:
+        raise problems_error(problems)
+    if dim is None:
+        dim = next((d for d in dims if d is not None), None)
+    labels = sorted({label for s in summaries for label in s["cells"]}, key=_group_sort_key)
+    cells: dict[int, list] = {}
+    ranges = {}
+    for index, label in enumerate(labels):
+        where = "" if spec.by is None else f" in group {label!r} of {spec.by!r}"
+        members = [(p, s["cells"][label]) for p, s in enumerate(summaries) if label in s["cells"]]
+        sketches = [cell["sketch"] for _, cell in members]
+        n_rows = sum(sk.n_rows for sk in sketches)
+        ranges[index] = (min(c["min"] for _, c in members), max(c["max"] for _, c in members))
+        if spec.budget is not None:
+            budget = spec.budget if spec.by is None else spec.budget.get(label, 0)
+            if budget == 0:
+                plan = np.zeros((3, len(members)), dtype=np.int64)
+            else:
+                try:
+                    result = plan_tokens(sketches, budget, spec.prune, spec.oversample)
+                except ValueError as exc:
+                    total = sum(float(sk.tokens.sum()) for sk in sketches)
+                    raise OptionError(
+                        f"budget_tokens={budget} cannot be met{where}: {exc} (the rows hold {total:.0f} "
+                        f"tokens in column {spec.token_column!r}; prune={spec.prune}); lower the budget"
+                    ) from exc
+                plan = np.stack([result.eligible, result.quota, result.budget])
+        else:
+            ratio = spec.ratio if not isinstance(spec.ratio, dict) else spec.ratio.get(label, 0.0)
+            quota = int(round(ratio * n_rows))
+            try:
+                result = plan_rows(sketches, quota, spec.prune, spec.oversample)
+            except ValueError as exc:
+                raise OptionError(f"ratio={ratio} cannot be met{where}: {exc} after prune={spec.prune}; "
+                                  "lower the ratio or the prune share") from exc
+            plan = np.stack([result.eligible, result.quota, np.full(len(members), -1)])
+        for (partition, _), (eligible, quota, budget) in zip(members, plan.T, strict=True):
+            cells.setdefault(partition, []).append(
+                (label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
+    return {"spec": spec, "cells": cells, "rows": [s["n"] for s in summaries], "dim": dim, "ranges": ranges,
+            "digests": [s.get("digest", "") for s in summaries],
+            "stages": stages.add_up(s.get("stages") for s in summaries)}
+
+
+
+def duplicate_problems(ids, id_column: str) -> list[Problem]:
+    """The duplicate ids found by :func:`id_graph`, as one problem (or none)."""
+    if ids is None or not ids[0]:
+        return []
+    shown = ", ".join(f"{value!r} (partitions {parts})" for value, parts in ids[1])
+    return [Problem(f"id column {id_column!r} has {ids[0]} duplicate value(s), e.g. {shown}; ids must be "
+                    f"unique across the table: deduplicate first (e.g. ddf.drop_duplicates(subset=["
+                    f"{id_column!r}])) or pass check_ids=False", id_column)]
+
+
+def dimension_problems(dims: list, column: str) -> list[Problem]:
+    """Partitions whose embedding dimension differs from the first non-empty partition's."""
+    seen = [(p, d) for p, d in enumerate(dims) if d is not None]
+    if not seen:
+        return []
+    reference = seen[0][1]
+    return [Problem(f"partition {p}: embedding column {column!r} has {d} dimensions but {reference} "
+                    "elsewhere in the table; every row must come from the same embedding model (mixed "
+                    "dimensions across partitions)", column, p) for p, d in seen if d != reference][:SHOW]
