@@ -4,10 +4,10 @@ Same data, job and table as ``bench_pipeline.py`` (see its docstring), except:
 
 - the cluster is :func:`datamask_dask.cluster.get_client` ``("cuda")`` (dask-cuda's
   ``LocalCUDACluster``, one worker per visible GPU, rmm pool when rmm is installed);
-- the input is read with ``dd.read_parquet`` under ``dataframe.backend = "cudf"`` (cuDF
-  partitions; the embedding column arrives as a cuDF list column and reaches torch through
-  DLPack without a host copy);
-- the learner runs with ``device="cuda"`` and ``--config conf/gpu.yaml`` by default;
+- the input is read with ``datamask_dask.read_parquet(..., backend="cudf")`` (cuDF's own
+  parquet reader, one partition per file; the embedding column arrives as a cuDF list column
+  and reaches torch through DLPack without a host copy), written by cuDF's parquet writer;
+- the learner runs with ``device="cuda"`` and the ``gpu`` profile by default;
 - ``read`` is not timed on its own (dask-cudf's reader is not the package's): it falls in
   ``idle/other``; ``extract`` times the cuDF list column -> CUDA tensor step (asynchronous
   GPU work lands in ``learn``, which ends on the host);
@@ -49,7 +49,8 @@ def gpu_problem() -> str | None:
         ("cupy", "cupy-cuda12x"),
     ):
         if importlib.util.find_spec(module) is None:
-            return f"{module} is not installed (pip install 'datamask-dask[gpu]', or {package})"
+            return (f"{module} is not installed (pip install 'datamask-dask[gpu-cu12]' or [gpu-cu13], "
+                    f"or {package})")
     import torch
 
     if not torch.cuda.is_available():
@@ -95,12 +96,8 @@ def enable_rmm_statistics() -> None:
 
 
 def run_job(source: Path, target: Path, n_workers: int | None, config: str, overrides: dict) -> dict:
-    import dask
-    import dask.dataframe as dd
-
+    from datamask_dask import get_client, read_parquet, write_selection
     from datamask_dask.cli import input_fingerprint
-    from datamask_dask.cluster import get_client
-    from datamask_dask.io.writer import write_selection
 
     client = get_client("cuda", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
     try:
@@ -110,8 +107,8 @@ def run_job(source: Path, target: Path, n_workers: int | None, config: str, over
         workers = len(pids)
         with pipeline.MemorySampler(pids) as sampler:
             started = time.perf_counter()
-            with dask.config.set({"dataframe.backend": "cudf"}):
-                ddf = dd.read_parquet(os.fspath(source))
+            # cuDF's reader, one partition per file in file order: output part i is input file i
+            ddf = read_parquet(source, backend="cudf")
             report = write_selection(
                 ddf,
                 target,
@@ -147,7 +144,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--rows-per-partition", type=int, default=100_000)
     parser.add_argument("--clusters", type=int, default=2000)
-    parser.add_argument("--config", default=str(HERE.parent / "conf" / "gpu.yaml"))
+    parser.add_argument("--config", default=None, help="a profile or YAML file (default: the gpu profile)")
     parser.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--cache", default=str(HERE.parent / ".benchmark-cache"))
     parser.add_argument("--no-objective", dest="objective", action="store_false")

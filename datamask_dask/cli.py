@@ -1,37 +1,43 @@
-"""Command line: ``datamask select --input IN --output OUT [options]``, ``datamask validate --input IN``
-and ``datamask demo``.
+"""Command line: datamask select --input IN --output OUT [options], datamask validate --input IN
+and datamask demo.
 
-``IN`` is a parquet file or a directory of parquet files (partitioned dataset); ``OUT`` is written
-as a file when ``IN`` is a file, else as a directory, with every input row and column plus
-``selected``. The output appears only when complete: partitions are written as they finish to
-a hidden work directory next to ``OUT`` (with completion markers and a manifest), then published
-in one rename. Running the same command again after an interruption resumes: finished
-partitions are not recomputed (``--no-resume`` starts over). See :mod:`datamask_dask.io.writer`.
+IN is a parquet file or a directory of parquet files (partitioned dataset); OUT is written as a
+file when IN is a file, else as a directory, with every input row and column plus `selected`.
+The output appears only when complete: partitions are written as they finish to a hidden work
+directory next to OUT (with completion markers and a manifest), then published in one rename,
+with a run record (_datamask_run.json). Running the same command again after an interruption
+resumes: finished partitions are not recomputed (--no-resume starts over). OUT may not be IN,
+contain it or lie inside it; --overwrite replaces only an output of an earlier datamask run.
 
-``datamask validate`` runs the input checks alone (schema, types, NaN/inf, embedding dimension
-and norm, duplicate ids, option ranges) and exits 0 with a one-line summary, or 1 with every
-problem found.
+datamask validate runs the input checks alone (schema, types, NaN/inf, embedding dimension and
+norm, duplicate ids, option ranges) and exits 0 with a one-line summary, or 1 with every problem.
 
-The learner flags are the reference tool's (``--n_epochs --algorithm --partial --max_lr --min_lr
---n_rollout --select_ratio --init --lamb``; hyphenated spellings work too). Flags override a
-``--config`` file, which overrides ``dask.config``'s ``datamask`` namespace.
+The learner flags are the reference tool's (--n_epochs --algorithm --partial --max_lr --min_lr
+--n_rollout --select_ratio --init --lamb; hyphenated spellings work too). Flags override a
+--config (a profile: cpu, gpu, reference; or a YAML file), which overrides dask.config's
+`datamask` namespace. Without --config the device's profile applies (cpu, or gpu for --device
+cuda); the printed summary names it.
 
-With no input at all (``datamask``, ``datamask demo`` or ``datamask select --demo``) the job runs
-end to end on the embedded synthetic corpus and prints a summary.
+With no input at all (datamask, datamask demo or datamask select --demo) the job runs end to
+end on the embedded synthetic corpus and prints a summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
+import re
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 
 from .errors import DataMaskError
 
-# Failures reported as one line (no traceback): bad input or options, files, unreadable parquet.
+# Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
 
 _INITS = ("quality", "same")
@@ -53,7 +59,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     learner = parser.add_argument_group("learner (reference tool's flags)")
     learner.add_argument("--n_epochs", "--n-epochs", type=int, help="optimisation steps")
     learner.add_argument("--algorithm", type=_weights,
-                         help="diversity metric: DiSF, Facility, Pair_simi, or e.g. Facility=0.7,DiSF=0.3")
+                         help="diversity metric: DiSF, Facility, Pair_simi, or e.g. Facility=0.7,DiSF=0.3 "
+                         "(default: Pair_simi, from the cpu and gpu profiles)")
     learner.add_argument("--partial", type=float, help="share of a chunk taking part in each step")
     learner.add_argument("--max_lr", "--max-lr", type=float)
     learner.add_argument("--min_lr", "--min-lr", type=float)
@@ -61,17 +68,22 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     learner.add_argument("--select_ratio", "--select-ratio", "--ratio", dest="ratio", type=float,
                          help="share of rows to select (default 0.1)")
     learner.add_argument("--init", choices=_INITS)
-    learner.add_argument("--lamb", type=float, help="weight of quality in the reward, in [0, 1]")
+    learner.add_argument("--lamb", type=float,
+                         help="weight of quality in the reward, in [0, 1] (default: 0.5)")
     learner.add_argument("--seed", type=int)
     learner.add_argument("--prune", type=float, help="share of worst-quality rows made ineligible")
     job = parser.add_argument_group("job")
-    job.add_argument("--config", help="YAML config file (e.g. conf/cpu.yaml); flags override it")
-    job.add_argument("--device", choices=_DEVICES)
+    job.add_argument("--config", help="a profile (cpu, gpu, reference) or a YAML file; flags override it "
+                     "(default: the device's profile)")
+    job.add_argument("--device", choices=_DEVICES,
+                     help="auto (default: the GPU for cuDF partitions), cpu or cuda")
     job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
     job.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
                      help="start a local cluster with this many worker processes (default: threads)")
     job.add_argument("--threads-per-worker", dest="threads_per_worker", type=int, default=1)
-    job.add_argument("--id-column", "--id_column", dest="id_column")
+    job.add_argument("--id-column", "--id_column", dest="id_column", help="default: chunk_id")
+    job.add_argument("--no-check-ids", dest="check_ids", action="store_const", const=False,
+                     help="skip the duplicate-id check (it holds every distinct id in one task)")
     job.add_argument("--quality-column", "--quality_column", dest="quality_column", type=_weights,
                      help="a column, or weighted columns: a=0.7,b=0.3")
     job.add_argument("--embedding-column", "--embedding_column", dest="embedding_column")
@@ -85,25 +97,32 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--memory-budget", "--memory_budget", dest="memory_budget",
                      help="working memory per selection task, e.g. 2GiB (default: from the workers' limit)")
     job.add_argument("--validate", choices=("full", "light"),
-                     help="full (default): check every embedding before learning; light: small columns only")
+                     help="full: check every embedding before learning; light (cpu profile): small "
+                     "columns first, embeddings chunk by chunk")
+    job.add_argument("--verbose", action="store_true", help="show tracebacks and Dask's logs on errors")
 
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "seed", "prune", "device", "id_column", "quality_column", "embedding_column", "by",
                 "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
-                "validate")
+                "validate", "check_ids")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``datamask`` argument parser."""
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="datamask",
                                      description="DATAMASK data selection on Dask dataframes.")
+    parser.add_argument("--version", action="version", version=f"datamask-dask {__version__}")
     commands = parser.add_subparsers(dest="command")
     select = commands.add_parser("select", help="select rows of a parquet file or directory",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     select.add_argument("--input", help="parquet file or directory")
     select.add_argument("--output", help="output file (if --input is a file) or directory")
-    select.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    select.add_argument("--overwrite", action="store_true",
+                        help="replace --output if an earlier datamask run wrote it (nothing else is "
+                        "replaced)")
     select.add_argument("--no-resume", dest="resume", action="store_false",
                         help="discard the finished partitions of an interrupted run instead of reusing them")
     select.add_argument("--demo", action="store_true", help="run on the embedded sample corpus instead")
@@ -114,9 +133,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "with a summary, or 1 with every problem found.")
     validate.add_argument("--input", required=True, help="parquet file or directory")
     _add_job_options(validate)
+    sample = commands.add_parser("sample", help="write the synthetic sample corpus as a parquet directory",
+                                 description="Write the synthetic corpus (chunk_id, quality_score, "
+                                 "feature_arr, text, language) to try datamask on.")
+    sample.add_argument("--output", required=True, help="parquet directory to create")
+    _add_corpus_options(sample)
+    sample.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     demo = commands.add_parser("demo", help="run end to end on the embedded sample corpus")
     demo.add_argument("--output", help="also write the result here (parquet directory)")
-    demo.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    demo.add_argument("--overwrite", action="store_true",
+                      help="replace --output if an earlier datamask run wrote it")
     _add_corpus_options(demo)
     _add_job_options(demo)
     return parser
@@ -131,6 +157,7 @@ def _add_corpus_options(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``datamask`` command; returns the exit status."""
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -142,29 +169,92 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "select" and args.input is not None and args.output is None:
         parser.error("select: --input needs --output")
     options = {key: getattr(args, key) for key in _OPTION_KEYS if getattr(args, key, None) is not None}
+    if not args.verbose:
+        _quiet_dask()
     client = None
     try:
-        client = _start_client(args)
+        client = _start_client(args) if args.command != "sample" else None
         if args.command == "validate":
             return _run_validate(args, options)
+        if args.command == "sample":
+            return _run_sample(args)
         if args.command == "demo" or args.demo:
             _run_demo(args, options)
         else:
-            _run_select(args, options)
-    except _REPORTED as exc:
-        print(f"datamask: error: {exc}", file=sys.stderr)
-        if args.command == "select" and getattr(args, "output", None):
-            from .io.writer import work_dir
-
-            work = work_dir(args.output)
-            if work.exists():
-                print(f"datamask: finished partitions are kept in {work}; run the same command again to "
-                      "resume", file=sys.stderr)
+            _run_select(args, options, started)
+    except KeyboardInterrupt:
+        print("datamask: interrupted", file=sys.stderr)
+        _say_what_is_kept(args)
+        return 130
+    except Exception as exc:  # one clear line for the user; the traceback with --verbose
+        if not isinstance(exc, _REPORTED) and not _is_arrow_error(exc):
+            raise
+        if args.verbose:
+            traceback.print_exc()
+        print(f"datamask: error: {as_cli_message(_message(exc, args))}", file=sys.stderr)
+        _say_what_is_kept(args)
         return 1
     finally:
         if client is not None:
             client.close() if args.scheduler else client.shutdown()
     return 0
+
+
+def _is_arrow_error(exc: BaseException) -> bool:
+    return type(exc).__module__.startswith("pyarrow")
+
+
+def _message(exc: BaseException, args) -> str:
+    if _is_arrow_error(exc):  # the input is not what it claims to be
+        where = getattr(args, "input", None)
+        return f"--input {where} could not be read as parquet: {exc}"
+    return str(exc)
+
+
+def _say_what_is_kept(args) -> None:
+    """After a failed select: how many partitions finished, and how to resume or start over."""
+    if args.command != "select" or not getattr(args, "output", None):
+        return
+    from .io.writer import work_dir
+
+    work = work_dir(args.output)
+    if not work.exists():
+        return
+    done = len(list(work.glob("*.done")))
+    print(f"datamask: {done} finished partition(s) are kept in {work}: run the same command again to "
+          "resume, or add --no-resume to start over", file=sys.stderr)
+
+
+def _quiet_dask() -> None:
+    """Keep Dask's own logs (worker tracebacks, heartbeats on shutdown) out of a clean error line."""
+    import dask
+
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "critical"  # worker processes read it when they start
+    dask.config.set({"logging.distributed": "critical"})
+    for name in ("distributed", "distributed.worker", "distributed.nanny", "distributed.scheduler",
+                 "distributed.core", "distributed.client"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+# Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
+_FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
+                   "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
+
+
+def as_cli_message(message: str) -> str:
+    """``message`` with the package's keyword spellings (``id_column=``) as CLI flags (``--id-column``)."""
+    for python, cli in _FLAG_SPELLINGS.items():
+        message = message.replace(python, cli)
+    flags = {key.replace("_", "-") for key in _OPTION_KEYS}
+
+    def flag(match: re.Match) -> str:
+        name = match.group(1).replace("_", "-")
+        if name not in flags:
+            return match.group(0)
+        return f"--{name}" if match.group("bare") is not None else f"--{name}="
+
+    # "option id_column=x" -> "--id-column=x", "with id_column=, ..." -> "with --id-column, ..."
+    return re.sub(r"(?<![\w.-])(?:option )?([a-z_]+)=(?P<bare>(?=[,;.\s)]|$))?", flag, message)
 
 
 def _start_client(args):
@@ -179,7 +269,7 @@ def _start_client(args):
     return None  # Dask's threaded scheduler
 
 
-def _run_select(args, options: dict) -> None:
+def _run_select(args, options: dict, started: float) -> None:
     from .io.output import check_target
     from .io.parquet import read_parquet
     from .io.writer import write_selection
@@ -188,13 +278,24 @@ def _run_select(args, options: dict) -> None:
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
     check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
-    report = write_selection(read_parquet(source), target, config=args.config, overwrite=args.overwrite,
+    ddf = read_parquet(source, backend=_backend(args))
+    report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
                              resume=args.resume, single_file=source.is_file(),
                              input_fingerprint=input_fingerprint(source), input_location=source, **options)
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
               "reused from the interrupted run" if report.reused else ""
+    profile = report.record.get("profile") if report.record else None
     print(f"datamask: {report.rows} rows, {report.selected} selected "
-          f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s{resumed} -> {target}")
+          f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s "
+          f"({time.perf_counter() - started:.1f} s with start-up){resumed}, profile {profile} -> {target}")
+
+
+def _backend(args) -> str:
+    """cuDF partitions (read, learned and written on the GPU) for --device cuda where cuDF is installed."""
+    import importlib.util
+
+    wants_gpu = str(args.device or "").startswith("cuda")
+    return "cudf" if wants_gpu and importlib.util.find_spec("cudf") is not None else "pandas"
 
 
 def input_fingerprint(source: Path) -> list:
@@ -208,6 +309,20 @@ def input_fingerprint(source: Path) -> list:
              p.stat().st_mtime_ns] for p in files]
 
 
+def _run_sample(args) -> int:
+    import dask.dataframe as dd
+
+    from .io.parquet import write_parquet
+    from .sample_data import make_corpus
+
+    corpus = make_corpus(args.rows, args.dim, seed=0)
+    corpus["language"] = np.where(corpus["chunk_id"] % 3 == 0, "de", "en")  # a group column for by=
+    write_parquet(dd.from_pandas(corpus, npartitions=args.partitions, sort=False), args.output)
+    print(f"datamask sample: {args.rows} rows, {args.dim}-d embeddings, {args.partitions} files -> "
+          f"{args.output}")
+    return 0
+
+
 def _run_validate(args, options: dict) -> int:
     from .io.parquet import read_parquet
     from .ops.validate import validate_table
@@ -215,7 +330,7 @@ def _run_validate(args, options: dict) -> int:
     source = Path(args.input)
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
-    report = validate_table(read_parquet(source), config=args.config, **options)
+    report = validate_table(read_parquet(source, backend=_backend(args)), config=args.config, **options)
     if report.ok:
         print(f"datamask validate: {source}: {report.summary()}")
         return 0

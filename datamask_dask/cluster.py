@@ -8,6 +8,7 @@ threads_per_worker`` threads share the cores instead of every worker grabbing al
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import os
 
 import dask
@@ -43,6 +44,11 @@ class WorkerSetup(WorkerPlugin):
         pyarrow.set_cpu_count(self.n_threads)  # parquet decoding: workers must not share cores
 
 
+_MAIN_GUARD = ("the local cluster's worker processes could not start: when get_client() runs in a script, "
+               "call it under `if __name__ == \"__main__\":`, since worker processes start by importing the "
+               "script again and must not start a cluster of their own")
+
+
 def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_worker: int = 1,
                memory_limit: str | int | float | None = "auto", set_as_default: bool = True,
                **cluster_kwargs) -> Client:
@@ -76,6 +82,8 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     """
     if kind not in ("cpu", "cuda"):
         return Client(kind, set_as_default=set_as_default)
+    if multiprocessing.parent_process() is not None:
+        raise RuntimeError(_MAIN_GUARD + " (this process is a worker that re-imported the script)")
     threads_per_worker = int(threads_per_worker)
     if threads_per_worker < 1:
         raise ValueError(f"threads_per_worker={threads_per_worker} must be >= 1")
@@ -89,14 +97,21 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     spawn_environ = {**_MALLOC_VARIABLES, **configured, **environ}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_environ,
                           "distributed.worker.profile.enabled": False}):
-        if kind == "cpu":
-            if n_workers is None:
-                n_workers = max(1, (os.cpu_count() or 1) // threads_per_worker)
-            client = Client(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
-                            memory_limit=memory_limit, set_as_default=set_as_default, **cluster_kwargs)
-        else:
-            client = Client(_cuda_cluster(n_workers, threads_per_worker, memory_limit, cluster_kwargs),
-                            set_as_default=set_as_default)
+        try:
+            if kind == "cpu":
+                if n_workers is None:
+                    n_workers = max(1, (os.cpu_count() or 1) // threads_per_worker)
+                client = Client(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
+                                memory_limit=memory_limit, set_as_default=set_as_default, **cluster_kwargs)
+            else:
+                client = Client(_cuda_cluster(n_workers, threads_per_worker, memory_limit, cluster_kwargs),
+                                set_as_default=set_as_default)
+        except RuntimeError as exc:
+            import __main__
+
+            if getattr(__main__, "__file__", None) and "failed to start" in str(exc):
+                raise RuntimeError(f"{_MAIN_GUARD} ({exc})") from exc
+            raise
     client.register_plugin(WorkerSetup(threads_per_worker))
     return client
 
@@ -105,7 +120,8 @@ def _cuda_cluster(n_workers, threads_per_worker, memory_limit, cluster_kwargs):
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError as exc:
-        raise ImportError("get_client('cuda') needs dask-cuda: pip install 'datamask-dask[gpu]'") from exc
+        raise ImportError("get_client('cuda') needs dask-cuda: pip install 'datamask-dask[gpu-cu12]' "
+                          "(or [gpu-cu13] for CUDA 13)") from exc
     kwargs = dict(cluster_kwargs)
     try:
         import rmm  # noqa: F401

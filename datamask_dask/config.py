@@ -1,8 +1,21 @@
 """Settings of a selection job, merged from four places.
 
-Precedence, highest first: keyword arguments > a YAML config file (``config=`` / ``--config``) >
-the ``datamask`` namespace of ``dask.config`` (e.g. ``dask.config.set({"datamask.n_epochs": 50})``,
-``DASK_DATAMASK__N_EPOCHS=50`` or a ``datamask:`` section in a Dask YAML file) > the defaults.
+Precedence, highest first: keyword arguments > a config (``config=`` / ``--config``: a profile
+name or a YAML file) > the ``datamask`` namespace of ``dask.config`` (e.g.
+``dask.config.set({"datamask.n_epochs": 50})``, ``DASK_DATAMASK__N_EPOCHS=50`` or a ``datamask:``
+section in a Dask YAML file) > the device's profile > the built-in defaults.
+
+Profiles ship inside the package (``datamask_dask/profiles/``; ``conf/`` in the repository links
+to them) and are named by their stem:
+
+- ``cpu``: measured on CPU workers; the default when the job runs on CPU;
+- ``gpu``: the default when it runs on a GPU (``device="cuda"``, or cuDF partitions with
+  ``device="auto"``);
+- ``reference``: the published method with the reference tool's settings (the paper's loop).
+
+With no ``config``, the device's profile applies under ``dask.config`` and the keyword arguments;
+a ``config`` replaces it (a file starts from the built-in defaults, so copy a profile to tune
+it). The resolved settings name what was used under ``"profile"``.
 
 A config file is a flat YAML mapping (optionally nested under a top-level ``datamask:`` key) of
 the learner options (:class:`~datamask_dask.learn.options.DataMaskOptions`) and the operator settings
@@ -21,8 +34,10 @@ argument); they win over the profile's other keys and lose to keyword arguments:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import dask
 import yaml
@@ -52,6 +67,8 @@ OPERATOR_DEFAULTS: dict = {
 #: Other spellings accepted for a key (the reference tool's and the issue's).
 ALIASES = {"select_ratio": "ratio", "quality": "quality_column", "embedding": "embedding_column",
            "id": "id_column"}
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
 
 LEARNER_KEYS = tuple(f.name for f in dataclasses.fields(DataMaskOptions) if f.name != "metric_weights")
 SECTIONS = "algorithms"  # key of the per-metric sections
@@ -112,20 +129,50 @@ def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
     return out
 
 
-def load_config(config: str | os.PathLike | Mapping | None = None, /, **overrides) -> dict:
+def profile_names() -> list[str]:
+    """The profiles shipped with the package."""
+    return sorted(p.stem for p in PROFILES.glob("*.yaml"))
+
+
+def profile_path(config: str | os.PathLike) -> Path:
+    """The file a ``config`` names: a profile (``"cpu"``, ``"gpu"``, ``"reference"``) or a path."""
+    text = os.fspath(config)
+    if text in profile_names():
+        return PROFILES / f"{text}.yaml"
+    path = Path(text)
+    if not path.exists() and os.sep not in text and not path.suffix:
+        close = difflib.get_close_matches(text, profile_names(), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise OptionError(f"config {text!r} is neither a profile nor a file: {hint}profiles are "
+                          f"{profile_names()}, or give the path of a YAML file")
+    return path
+
+
+def device_profile(device, backend: str | None = None) -> str:
+    """The profile for where a job runs: ``gpu`` for CUDA devices or cuDF data on ``auto``, else ``cpu``."""
+    device = str(device or "auto")
+    return "gpu" if device.startswith("cuda") or (device == "auto" and backend == "cudf") else "cpu"
+
+
+def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend: str | None = None,
+                **overrides) -> dict:
     """Resolve the settings of a selection job.
 
     Parameters
     ----------
-    config : path or mapping, optional
-        A YAML config file, or a mapping with the same keys.
+    config : str, path or mapping, optional
+        A profile name (``"cpu"``, ``"gpu"``, ``"reference"``), a YAML config file, or a mapping
+        with the same keys. Default: the profile of the device the job runs on.
+    backend : {"pandas", "cudf"}, optional
+        The partitions' backend: with ``device="auto"``, cuDF data get the ``gpu`` profile.
     **overrides
         Settings that win over everything else; ``None`` values count as not given.
 
     Returns
     -------
     dict
-        Every setting (learner options and operator settings), with canonical names.
+        Every setting (learner options and operator settings), with canonical names, and
+        ``"profile"``: the profile name, the config file's path, or ``"mapping"``.
 
     Examples
     --------
@@ -135,13 +182,18 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, **override
     50
     """
     settings = default_settings()
-    from_dask = dask.config.get("datamask", default=None) or {}
-    layers = [normalise_keys(from_dask, "dask.config namespace 'datamask'")]
-    if isinstance(config, Mapping):
-        layers.append(normalise_keys(config, "config mapping"))
-    elif config is not None:
-        layers.append(read_config_file(config))
+    from_dask = normalise_keys(dask.config.get("datamask", default=None) or {},
+                               "dask.config namespace 'datamask'")
     given = normalise_keys({k: v for k, v in overrides.items() if v is not None}, "keyword arguments", False)
+    if isinstance(config, Mapping):
+        layers, profile = [from_dask, normalise_keys(config, "config mapping")], "mapping"
+    elif config is not None:
+        path = profile_path(config)
+        layers = [from_dask, read_config_file(path)]
+        profile = os.fspath(config) if path.parent != PROFILES else path.stem
+    else:
+        profile = device_profile(given.get("device", from_dask.get("device")), backend)
+        layers = [read_config_file(PROFILES / f"{profile}.yaml"), from_dask]
     sections: dict = {}
     for layer in layers:
         for metric, section in layer.pop(SECTIONS, {}).items():
@@ -151,6 +203,7 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, **override
     if isinstance(algorithm, str):
         settings.update(sections.get(_metric_key(algorithm), {}))
     settings.update(given)
+    settings["profile"] = profile
     return settings
 
 

@@ -7,7 +7,7 @@ Run it as is to try it on the embedded synthetic corpus (written to a temporary 
 or point it at your own data, and at a GPU cluster (one worker per GPU, cuDF partitions):
 
     python examples/batch_job.py --input s3://bucket/corpus/ --output s3://bucket/selected/ \\
-        --cluster cuda --config conf/gpu.yaml
+        --cluster cuda            # the gpu profile applies; --config reference for the paper's loop
 
 The same job from the command line is ``datamask select --input ... --output ...``.
 """
@@ -37,7 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--input", help="parquet file or directory (default: a generated sample corpus)")
     parser.add_argument("--output", required=True, help="output parquet directory")
     parser.add_argument("--ratio", type=float, default=0.1, help="share of rows to select")
-    parser.add_argument("--config", help="YAML config, e.g. conf/cpu.yaml or conf/gpu.yaml")
+    parser.add_argument("--config",
+                        help="a profile (cpu, gpu, reference) or a YAML file (default: the device's)")
     parser.add_argument("--cluster", default="cpu", help="'cpu', 'cuda' or a scheduler address")
     parser.add_argument("--n-workers", type=int, default=2)
     parser.add_argument("--rows", type=int, default=20_000, help="rows of the sample corpus")

@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-test}
+# Reinstall only when what the install depends on changed (a stamp of it lives in .venv).
+stamp=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$EXTRAS
+if [ -x .venv/bin/python ] && [ "$(cat .venv/.datamask-installed 2>/dev/null)" = "$stamp" ]; then
+  exit 0
+fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
@@ -15,4 +21,5 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install -q "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
   fi
 fi
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[$EXTRAS]"
+echo "$stamp" > .venv/.datamask-installed

@@ -414,13 +414,18 @@ def test_config_files_in_the_repository():
     from pathlib import Path
 
     conf = Path(__file__).resolve().parents[1] / "conf"
-    gpu = load_config(conf / "gpu.yaml")
-    assert {k: gpu[k] for k in ("n_epochs", "partial", "n_rollout", "max_lr", "min_lr", "init", "lamb",
-                                "algorithm")} == {"n_epochs": 5000, "partial": 0.1, "n_rollout": 128,
-                                                  "max_lr": 10.0, "min_lr": 1.0, "init": "quality",
-                                                  "lamb": 0.5, "algorithm": "DiSF"}
-    cpu = load_config(conf / "cpu.yaml")
-    assert cpu["n_epochs"] < gpu["n_epochs"] and cpu["n_rollout"] < gpu["n_rollout"]
+    reference = load_config(conf / "reference.yaml")
+    assert {k: reference[k] for k in ("n_epochs", "partial", "n_rollout", "max_lr", "min_lr", "init", "lamb",
+                                      "algorithm", "update", "refine", "final")} == {
+        "n_epochs": 5000, "partial": 0.1, "n_rollout": 128, "max_lr": 10.0, "min_lr": 1.0, "init": "quality",
+        "lamb": 0.5, "algorithm": "DiSF", "update": "paper", "refine": 0, "final": "topk"}
+    assert load_config("reference") == {**reference, "profile": "reference"}  # the name, or the file
+    cpu, gpu = load_config(conf / "cpu.yaml"), load_config("gpu")
+    assert cpu["refine_epochs"] < gpu["refine_epochs"] and cpu["max_chunk_rows"] < gpu["max_chunk_rows"]
+    # without a config: the profile of the device the job runs on
+    assert load_config()["profile"] == "cpu" and load_config(device="cuda")["profile"] == "gpu"
+    assert load_config(backend="cudf")["profile"] == "gpu"
+    assert load_config(backend="pandas")["profile"] == "cpu"
 
 
 def test_bad_config_files(tmp_path):

@@ -64,8 +64,9 @@ def _natural_key(path: str) -> list:
 
 
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
-                 rows_per_partition: int = 1_000_000):
-    """Read a parquet file or directory into a Dask DataFrame of Arrow-typed pandas partitions.
+                 rows_per_partition: int = 1_000_000, backend: str = "pandas"):
+    """Read a parquet file or directory into a Dask DataFrame of Arrow-typed pandas partitions
+    (or cuDF partitions, read on the GPU by cuDF's own reader).
 
     Parameters
     ----------
@@ -73,6 +74,10 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
         A parquet file, or a directory of them (hive ``key=value`` subdirectories become columns).
     columns : list of str, optional
         Columns to read (all by default).
+    backend : {"pandas", "cudf"}
+        ``"cudf"`` reads each piece with ``cudf.read_parquet`` straight into GPU memory
+        (fixed-size lists arrive as cuDF lists; dask-cudf's own reader rejects them), with the
+        same pieces, order and partition columns as on pandas.
     rows_per_partition : int
         Consecutive row groups of a file are read together up to about this many rows; every
         partition comes from one file, in natural file-name order.
@@ -97,23 +102,53 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
             groups.append(index)
             rows += n_rows
         pieces.append((fragment.path, tuple(groups), keys))
-    meta = _to_pandas(schema.empty_table())
+    if backend not in ("pandas", "cudf"):
+        raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")
+    meta = _to_pandas(schema.empty_table()) if backend == "pandas" else _to_cudf(schema.empty_table())
     import dask.dataframe as dd
 
     frame = dd.from_map(_read_piece, pieces, schema=schema, partition_names=list(partition_names), meta=meta,
-                        label="datamask-read-parquet", enforce_metadata=False)
+                        backend=backend, label="datamask-read-parquet", enforce_metadata=False)
     return frame if columns is None else frame[list(columns)]
 
 
-def _read_piece(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None = None):
+def _read_piece(piece, schema: pa.Schema, partition_names: list[str], backend: str = "pandas",
+                columns: list[str] | None = None):
     """Row groups of one file as an Arrow-typed pandas frame (``columns``: Dask's projection)."""
     with stages.timed("read"):
+        columns = list(schema.names) if columns is None else list(columns)
+        if backend == "cudf":
+            return _read_groups_cudf(piece, schema, partition_names, columns)
         return _read_groups(piece, schema, partition_names, columns)
 
 
-def _read_groups(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None):
+def _read_groups_cudf(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]):
+    import cudf
+
     path, groups, keys = piece
-    columns = list(schema.names) if columns is None else list(columns)
+    file_columns = [c for c in columns if c not in partition_names]
+    frame = cudf.read_parquet(path, columns=file_columns, row_groups=[list(groups)])
+    for name in columns:
+        if name in partition_names:
+            value = pa.repeat(pa.scalar(keys.get(name), type=schema.field(name).type), len(frame))
+            frame[name] = cudf.Series.from_arrow(value)
+    return frame[columns]
+
+
+def _to_cudf(table: pa.Table):
+    import cudf
+
+    return cudf.DataFrame.from_arrow(table.cast(_variable_lists(table.schema)))
+
+
+def _variable_lists(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with fixed-size lists as lists (what cuDF holds them as)."""
+    return pa.schema([pa.field(f.name, pa.list_(f.type.value_type)) if pa.types.is_fixed_size_list(f.type)
+                      else f for f in schema])
+
+
+def _read_groups(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]):
+    path, groups, keys = piece
     file_columns = [c for c in columns if c not in partition_names]
     source = pq.ParquetFile(path)
     # One row group at a time, kept as chunks (no concatenation copy): decoding a list column

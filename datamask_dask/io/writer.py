@@ -88,6 +88,9 @@ class SelectionReport:
     stages : dict
         Worker seconds summed over tasks, per stage (:mod:`datamask_dask.stages`): ``plan read``,
         ``plan check``, ``read``, ``select`` (of which ``extract`` and ``learn``), ``write``.
+    record : dict
+        The run record kept with the output (:mod:`datamask_dask.io.output`): settings after
+        profile and config (``record["profile"]`` names the profile), versions, input, counts.
     """
 
     path: str
@@ -98,6 +101,7 @@ class SelectionReport:
     seconds: float
     phases: dict = dataclasses.field(default_factory=dict)
     stages: dict = dataclasses.field(default_factory=dict)
+    record: dict = dataclasses.field(default_factory=dict)
 
 
 def work_dir(path: str | os.PathLike) -> Path:
@@ -167,12 +171,12 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
     start = time.perf_counter()
     work = work_dir(target)
     manifest = read_manifest(work) if resume else None
-    settings = load_config(config, ratio=ratio, **options)
+    settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     if manifest is not None and settings["memory_budget"] is None:
         # The default budget comes from the cluster, and it sizes chunks, which changes the
         # result: a resume keeps the one the run started with.
         options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
-        settings = load_config(config, ratio=ratio, **options)
+        settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     spec, plan = plan_selection(ddf, ratio, config=config, scheduler=scheduler, **options)
     plan = dask.compute(plan, scheduler=scheduler)[0]  # validates the input: fails before any write
     phases = {"plan": time.perf_counter() - start}
@@ -200,7 +204,13 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
             enforce_metadata=False)
         # to_delayed() hands over the fused graph (a collection's compute() on a distributed
         # client did not fuse the read into this task: each partition then waited in memory).
-        for frame in dask.compute(*written.to_delayed(), scheduler=scheduler):
+        try:
+            frames = dask.compute(*written.to_delayed(), scheduler=scheduler)
+        except BaseException:
+            if not any(work.glob("*.done")):  # nothing finished: nothing to resume, nothing to refuse
+                remove_own(work)
+            raise
+        for frame in frames:
             marker = frame.to_dict("records")[0]
             computed.append(json.loads(marker.pop("stages")))
             markers[int(marker["partition"])] = {**marker, "file": marker["file"] or None}
@@ -219,7 +229,7 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
     commit(files, target, single_file=single_file, empty=empty, record=record)
     remove_own(work)
     phases["commit"] = time.perf_counter() - started
-    return dataclasses.replace(report, seconds=time.perf_counter() - start)
+    return dataclasses.replace(report, seconds=time.perf_counter() - start, record=record)
 
 
 # --------------------------------------------------------------------------- manifest
@@ -358,10 +368,18 @@ def write_part(frame, work: str, number: int, run_id: str, selected_column: str)
               "run_id": run_id}
     if rows:
         name = f"{_stem(number)}.parquet"
-        _write_atomic(work_path / name, lambda handle: write_table(_to_arrow(frame), handle))
+        _write_atomic(work_path / name, lambda handle: _write_frame(frame, handle))
         marker.update(file=name, bytes=(work_path / name).stat().st_size)
     _write_json(work_path / f"{_stem(number)}.done", marker)
     return marker
+
+
+def _write_frame(frame, handle) -> None:
+    """A partition as parquet: cuDF's own GPU writer for cuDF frames (nothing goes through the host)."""
+    if adapters.is_cudf(frame):
+        frame.to_parquet(handle, index=False)
+    else:
+        write_table(_to_arrow(frame), handle)
 
 
 def _to_arrow(frame) -> pa.Table:

@@ -300,6 +300,21 @@ def registered_metric(name: str) -> type[DiversityMetric] | DiversityMetric:
     return _REGISTRY[key] if isinstance(key, str) else key
 
 
+def _metric_names() -> list[str]:
+    """The registered metrics under their own names (aliases left out)."""
+    return sorted({getattr(m, "name", None) or key for key, m in _REGISTRY.items()}, key=str.lower)
+
+
+def _suggest(name) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(name).lower(), list(_REGISTRY), n=1, cutoff=0.6)
+    if not close:
+        return ""
+    metric = _REGISTRY[close[0]]
+    return f"did you mean {getattr(metric, 'name', None) or close[0]!r}? "
+
+
 def resolve_metrics(algorithm) -> list[tuple[str | DiversityMetric, float]]:
     """Normalise ``algorithm`` to a list of (metric, weight), weights summing to 1.
 
@@ -315,10 +330,8 @@ def resolve_metrics(algorithm) -> list[tuple[str | DiversityMetric, float]]:
         elif isinstance(name, str) and name.lower() in _REGISTRY:
             key = name.lower()
         else:
-            raise OptionError(
-                f"option algorithm={name!r} is unknown: use one of DiSF, Facility, Pair_simi, "
-                f"a name registered with register_metric() ({sorted(_REGISTRY)}), a DiversityMetric, "
-                "or a mapping {metric: weight}")
+            raise OptionError(f"option algorithm={name!r} is unknown: {_suggest(name)}use one of "
+                              f"{_metric_names()}, a DiversityMetric, or a mapping {{metric: weight}}")
         if isinstance(weight, bool) or not (isinstance(weight, int | float) and weight > 0):
             raise OptionError(f"option algorithm: weight of {name!r} must be > 0, got {weight!r}")
         out.append((key, float(weight)))

@@ -153,7 +153,8 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     plan : dask.delayed.Delayed
         Computes to the plan dict that :func:`apply_plan` and :func:`select_partition` follow.
     """
-    settings = load_config(config, ratio=ratio, **options)
+    _require_dask(ddf)
+    settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     ratio_given = ratio is not None or "select_ratio" in options
     spec = make_spec(ddf, settings, ratio_given=ratio_given, scheduler=scheduler)
     return spec, plan_graph(ddf, spec)
@@ -169,12 +170,16 @@ def make_spec(ddf, settings: Mapping, *, ratio_given: bool = True, scheduler=Non
     OptionError, InputDataError
         For the first bad option, or the columns the schema lacks or types wrongly.
     """
+    _require_dask(ddf)
+    return spec_from_meta(ddf._meta, settings, ratio_given=ratio_given, scheduler=scheduler)
+
+
+def _require_dask(ddf) -> None:
     import dask.dataframe as dd
 
     if not isinstance(ddf, dd.DataFrame):
         raise TypeError(f"datamask_select needs a dask DataFrame, got {type(ddf).__name__}; wrap a pandas "
                         "frame with dask.dataframe.from_pandas(df, npartitions=...)")
-    return spec_from_meta(ddf._meta, settings, ratio_given=ratio_given, scheduler=scheduler)
 
 
 def apply_plan(ddf, spec: SelectSpec, plan):

@@ -13,6 +13,7 @@ import dask
 
 from ..config import load_config
 from ..errors import DataMaskError, Problem, problems_error
+from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
 from ..partition.spec import SelectSpec
 from ..plan.reduce import dimension_problems, duplicate_problems, make_plan
@@ -101,7 +102,7 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
     report = ValidationReport(partitions=ddf.npartitions,
                               columns={str(c): str(t) for c, t in ddf._meta.dtypes.items()})
     try:
-        settings = load_config(config, ratio=ratio, **options)
+        settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
         spec = make_spec(ddf, settings, ratio_given=ratio is not None or "select_ratio" in options,
                          scheduler=scheduler)
     except DataMaskError as exc:

@@ -31,6 +31,16 @@ def is_cudf(obj) -> bool:
     return type(obj).__module__.split(".", 1)[0] == "cudf"
 
 
+def is_numeric_dtype(dtype) -> bool:
+    """pandas' test, safe on cuDF's own dtypes (lists, structs), which pandas' tests raise on."""
+    return not is_cudf(dtype) and pd.api.types.is_numeric_dtype(dtype)
+
+
+def backend(frame) -> str:
+    """``"cudf"`` or ``"pandas"``: the library behind a partition (or a Dask dataframe's meta)."""
+    return "cudf" if is_cudf(frame) else "pandas"
+
+
 def require_columns(frame, names, where: str) -> None:
     """Raise :class:`InputDataError` naming the first missing column and listing the others."""
     available = [str(c) for c in frame.columns]
@@ -44,7 +54,7 @@ def require_columns(frame, names, where: str) -> None:
 def numeric_values(frame, name: str, where: str) -> np.ndarray:
     """A numeric column as a float64 numpy array on the host (nulls become NaN)."""
     series = frame[name]
-    if not pd.api.types.is_numeric_dtype(series.dtype):
+    if not is_numeric_dtype(series.dtype):
         raise InputDataError(f"{where}: column {name!r} must be numeric, got dtype {series.dtype}")
     if is_cudf(series):
         return series.astype("float64").to_numpy(na_value=np.nan)

@@ -148,7 +148,7 @@ def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
     numeric += [(spec.token_column, "token")] if spec.budget is not None else []
     for name, kind in numeric:
         dtype = meta[name].dtype
-        if not pd.api.types.is_numeric_dtype(dtype):
+        if not adapters.is_numeric_dtype(dtype):
             problems.append(Problem(f"{kind} column {name!r} must be numeric, got dtype {dtype}: cast it "
                                     "(e.g. ddf[col].astype('float64')) or pick another column", name))
     return problems
@@ -159,7 +159,8 @@ def check_embedding_type(dtype, name, where: str) -> None:
     adapters.check_embedding_dtype(dtype, name, where)
     pa_type = getattr(dtype, "pyarrow_dtype", None)
     if pa_type is None:
-        if not (pd.api.types.is_object_dtype(dtype) or adapters.is_cudf(dtype)):
+        # cuDF first: pandas' dtype tests raise on cuDF's list dtype ("issubclass() arg 1 must be a class")
+        if not (adapters.is_cudf(dtype) or pd.api.types.is_object_dtype(dtype)):
             raise InputDataError(f"{where}: embedding column {name!r} has dtype {dtype}; expected a list "
                                  "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
         return

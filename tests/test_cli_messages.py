@@ -1,0 +1,125 @@
+"""The CLI behaves like a finished tool: one clear line per error naming the flag to change,
+profiles by name, a version, help without markup, resumable failures only when something finished."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import dask.dataframe as dd
+import numpy as np
+import pytest
+import torch
+from conftest import FAST
+
+from datamask_dask import write_parquet
+from datamask_dask.cli import as_cli_message, build_parser, main
+from datamask_dask.io.writer import work_dir
+
+FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"])]
+
+
+@pytest.fixture
+def source(tmp_path, corpus):
+    path = tmp_path / "in"
+    write_parquet(dd.from_pandas(corpus, npartitions=2, sort=False), path)
+    return path
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("datamask-dask ")
+
+
+def test_help_has_no_markup_and_names_the_defaults():
+    select = build_parser()._subparsers._group_actions[0].choices["select"]
+    text = select.format_help()
+    assert "``" not in text and ":mod:" not in text and ":func:" not in text
+    for flag, default in (("--algorithm", "Pair_simi"), ("--lamb", "0.5"), ("--device", "auto")):
+        start = text.index(f"\n  {flag}")  # its entry in the option list, not the usage line
+        line = text[start:start + 300]
+        assert "default" in line and default in line, line
+
+
+def test_profiles_by_name_and_the_summary_names_it(source, tmp_path, capsys):
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o1"), *FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "profile cpu" in out and "with start-up" in out
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o2"), "--config", "gpu",
+                 "--device", "cpu", *FLAGS]) == 0
+    assert "profile gpu" in capsys.readouterr().out
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o3"), "--config", "cpx"]) == 1
+    assert "did you mean 'cpu'" in capsys.readouterr().err
+
+
+def test_misspelt_algorithm_gets_a_suggestion(source, tmp_path, capsys):
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--algorithm",
+                 "Faciltiy"]) == 1
+    err = capsys.readouterr().err
+    assert "did you mean 'Facility'" in err and "'fl'" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+def test_a_failure_before_any_partition_finished_leaves_nothing_to_resume(source, tmp_path, capsys):
+    target = tmp_path / "out"
+    assert main(["select", "--input", str(source), "--output", str(target), "--device", "cuda", *FLAGS]) == 1
+    err = capsys.readouterr().err
+    assert "--device" in err and "resume" not in err and not work_dir(target).exists()
+    # the corrected command is not refused as "started with other options"
+    assert main(["select", "--input", str(source), "--output", str(target), "--device", "cpu", *FLAGS]) == 0
+
+
+def test_messages_name_cli_flags(tmp_path, corpus, capsys):
+    frame = corpus.copy()
+    frame["chunk_id"] = frame["chunk_id"] % 100  # duplicate ids
+    source = tmp_path / "dup"
+    write_parquet(dd.from_pandas(frame, npartitions=2, sort=False), source)
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), *FLAGS]) == 1
+    err = capsys.readouterr().err
+    assert "--no-check-ids" in err and "check_ids=False" not in err
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--no-check-ids",
+                 *FLAGS]) == 0
+    capsys.readouterr()
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "p"), "--id-column", "doc",
+                 *FLAGS]) == 1
+    err = capsys.readouterr().err
+    assert "--id-column" in err and "id_column=" not in err
+
+
+def test_as_cli_message_translates_keywords_only():
+    message = "option ratio=2 is out of range; name yours with id_column=, quality_column= or by=; lamb"
+    assert as_cli_message(message) == ("--ratio=2 is out of range; name yours with --id-column, "
+                                       "--quality-column or --by; lamb")
+
+
+def test_non_parquet_input_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "notes.parquet"
+    bad.write_text("this is not parquet")
+    assert main(["select", "--input", str(bad), "--output", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--input" in err[0] and "parquet" in err[0]
+
+
+def test_errors_on_a_cluster_are_one_line(tmp_path, corpus):
+    frame = corpus.copy()
+    frame.loc[3, "quality_score"] = np.nan
+    source = tmp_path / "bad"
+    write_parquet(dd.from_pandas(frame, npartitions=2, sort=False), source)
+    run = subprocess.run([sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source),
+                          "--output", str(tmp_path / "o"), "--n-workers", "2", *FLAGS],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) <= 2, run.stderr  # the error, and at most a line on what is kept
+    assert lines[0].startswith("datamask: error: partition 0: quality column 'quality_score'")
+
+
+def test_a_script_without_main_guard_is_told_so(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("from datamask_dask import get_client\nclient = get_client('cpu', n_workers=1)\n"
+                      "client.shutdown()\n")
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert run.returncode != 0
+    assert 'if __name__ == "__main__":' in run.stderr
