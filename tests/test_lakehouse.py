@@ -232,6 +232,26 @@ def test_iceberg_failure_in_the_middle_of_a_write_leaves_the_table(catalog, cata
         write_iceberg(replacement, catalog, "ns.source", mode="append")
 
 
+def test_iceberg_catalog_by_name_from_pyiceberg_configuration(tmp_path, catalog_properties, iceberg_source):
+    """``iceberg://local/...``, the catalog only in ``$PYICEBERG_HOME/.pyiceberg.yaml`` (read at import)."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".pyiceberg.yaml").write_text("catalog:\n  local:\n" + "".join(
+        f"    {key}: {value}\n" for key, value in catalog_properties.items()))
+    env = {**os.environ, "PYICEBERG_HOME": str(home)}
+    script = ("from datamask_dask.io.tables import read_table; t = read_table('iceberg://local/ns.source', "
+              "columns=['chunk_id']); print(t.version, t.files, len(t.frame))")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    version, files, rows = result.stdout.split()
+    assert (int(files), int(rows)) == (2, N) and int(version) != iceberg_source
+
+
 def test_iceberg_incremental_run(catalog, catalog_properties, iceberg_source):
     first = select_table(f"iceberg://local/ns.source?snapshot_id={iceberg_source}", "iceberg://local/out.inc",
                          RATIO, output_columns="selection", catalog_properties=catalog_properties, **OPTIONS)
@@ -242,6 +262,9 @@ def test_iceberg_incremental_run(catalog, catalog_properties, iceberg_source):
     data = catalog.load_table("out.inc").scan().to_arrow()
     assert np.array_equal(_ids(data), np.arange(N))
     assert int(data.column("selected").to_numpy().sum()) == round(RATIO * FIRST) + round(RATIO * (N - FIRST))
+    with pytest.raises(ValueError, match="appends"):
+        select_table("iceberg://local/ns.source", "iceberg://local/out.inc", RATIO, output_columns=SELECTION,
+                     incremental=True, mode="overwrite", catalog_properties=catalog_properties, **OPTIONS)
 
 
 # --------------------------------------------------------------------------- parquet and URIs

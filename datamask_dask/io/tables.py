@@ -305,6 +305,10 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
             if seen.get("table") != list(source_uri.key):
                 raise ValueError(f"the output {target.uri} was made from {seen.get('uri')}, not "
                                  f"{source_uri.uri}: an incremental run continues the runs of the same input")
+            if mode == "overwrite":
+                raise ValueError("an incremental run appends to its output; mode='overwrite' would drop the "
+                                 "earlier selections (run without incremental to select the whole input "
+                                 "again)")
             since = seen.get("version")
             mode = "append"
             if ratio is None and not options and config is None:
