@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .. import stages
+from ..errors import InputDataError, OptionError
 from ._lake import RECORD_KEY, compute_arrow, dumps, empty_frame, to_pandas
 from .output import UnsafeOutputError, output_lock
 
@@ -54,7 +55,7 @@ def _open(path, version=None, timestamp=None, storage_options=None):
     table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
     if timestamp is not None:
         if version is not None:
-            raise ValueError("pass version or timestamp, not both")
+            raise OptionError("pass version or timestamp, not both")
         table.load_as_version(timestamp)
     return table
 
@@ -89,7 +90,7 @@ def read_delta(path, version: int | None = None, timestamp=None, columns: list[s
     since_version : int, optional
         Read only the data files added after this version (incremental runs). The table must
         have only been appended to since: a file of that version that is gone now (an
-        overwrite, a delete, a compaction) raises ``ValueError``.
+        overwrite, a delete, a compaction) raises ``InputDataError``.
 
     Returns
     -------
@@ -112,7 +113,7 @@ def read_delta_source(path, version=None, timestamp=None, columns=None, *, stora
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise KeyError(f"columns not in the Delta table {path}: {missing} (it has {schema.names})")
+            raise InputDataError(f"columns not in the Delta table {path}: {missing} (it has {schema.names})")
         schema = pa.schema([schema.field(c) for c in columns])
     fragments = list(dataset.get_fragments())
     if since_version is not None:
@@ -120,7 +121,7 @@ def read_delta_source(path, version=None, timestamp=None, columns=None, *, stora
         now = {f.path for f in fragments}
         gone = old - now
         if gone:
-            raise ValueError(f"the Delta table {path} lost {len(gone)} data file(s) of version "
+            raise InputDataError(f"the Delta table {path} lost {len(gone)} data file(s) of version "
                              f"{since_version} since (an overwrite, delete or compaction): an "
                              "incremental run needs a table that was only appended to; run on the "
                              "whole table instead")
@@ -232,7 +233,7 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
     """
     deltalake = _deltalake()
     if mode not in ("error", "append", "overwrite"):
-        raise ValueError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
     location = os.fspath(path)
     _check_delta_target(location, mode, list(inputs), storage_options)
     rows = None

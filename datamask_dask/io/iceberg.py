@@ -25,6 +25,7 @@ import json
 import pyarrow as pa
 
 from .. import stages
+from ..errors import InputDataError, OptionError
 from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow, dumps, empty_frame, to_pandas
 from .output import UnsafeOutputError
 
@@ -105,7 +106,7 @@ def read_iceberg(catalog, identifier, snapshot_id: int | None = None, columns: l
         E.g. ``"quality_score > 0.5"``; pushed down (file pruning, row-group pruning, filtering).
     since_snapshot_id : int, optional
         Read only the data files added after this snapshot (incremental runs); the table must
-        only have been appended to since (otherwise ``ValueError``).
+        only have been appended to since (otherwise ``InputDataError``).
 
     Returns
     -------
@@ -144,7 +145,7 @@ def read_iceberg_source(catalog, identifier, snapshot_id=None, columns=None, row
         now = {task.file.file_path for task in table.scan(snapshot_id=scan.snapshot_id).plan_files()} \
             if snapshot is not None else set()
         if old - now:
-            raise ValueError(f"the Iceberg table {_identifier(identifier)} lost {len(old - now)} data "
+            raise InputDataError(f"the Iceberg table {_identifier(identifier)} lost {len(old - now)} data "
                              "file(s) "
                              f"of snapshot {since_snapshot_id} since (an overwrite, delete or compaction): "
                              "an incremental run needs a table that was only appended to")
@@ -230,7 +231,7 @@ def write_iceberg(data, catalog, identifier, *, mode: str = "error", record: dic
         ``snapshot_id`` committed and ``rows`` written.
     """
     if mode not in ("error", "append", "overwrite"):
-        raise ValueError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
     cat = get_catalog(catalog, **properties)
     name = _identifier(identifier)
     for source in inputs:
@@ -270,7 +271,7 @@ def _plain_target(target, schema: pa.Schema) -> pa.Schema:
     wanted = _plain_schema(target.schema().as_arrow())
     missing = [n for n in schema.names if n not in wanted.names]
     if missing or len(wanted) != len(schema):
-        raise ValueError(f"the result's columns {schema.names} do not match the Iceberg table's "
+        raise InputDataError(f"the result's columns {schema.names} do not match the Iceberg table's "
                          f"{wanted.names}")
     return pa.schema([wanted.field(n) for n in schema.names])
 

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs
 
 import pyarrow.compute as pc
 
+from ..errors import OptionError
 from ._lake import compute_arrow, dumps, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
 
@@ -69,11 +70,12 @@ def parse_table_uri(uri) -> TableURI:
     params = {k: v[-1] for k, v in parse_qs(query).items()}
     unknown = set(params) - {"version", "timestamp", "snapshot_id"}
     if unknown:
-        raise ValueError(f"unknown option(s) {sorted(unknown)} in the table URI {text}")
+        raise OptionError(f"unknown option(s) {sorted(unknown)} in the table URI {text}")
     if base.startswith("delta://"):
         location = base[len("delta://"):]
         if not location.startswith("/"):
-            raise ValueError(f"a local Delta table URI is delta:///absolute/path (three slashes), not {text}")
+            raise OptionError(f"a local Delta table URI is delta:///absolute/path (three slashes), "
+                              f"not {text}")
         return TableURI(text, "delta", location, version=_int(params.get("version")),
                         timestamp=params.get("timestamp"))
     if base.startswith("delta+"):
@@ -82,7 +84,7 @@ def parse_table_uri(uri) -> TableURI:
     if base.startswith("iceberg://"):
         catalog, _, identifier = base[len("iceberg://"):].partition("/")
         if not catalog or "." not in identifier:
-            raise ValueError(f"an Iceberg table URI is iceberg://CATALOG/namespace.table, not {text}")
+            raise OptionError(f"an Iceberg table URI is iceberg://CATALOG/namespace.table, not {text}")
         return TableURI(text, "iceberg", identifier, catalog=catalog,
                         snapshot_id=_int(params.get("snapshot_id")))
     if "://" in base and not base.startswith("file://"):
@@ -141,7 +143,7 @@ def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_proper
                                           row_filter, since_snapshot_id=since, **(catalog_properties or {}))
         return TableInput(frame, table, read["snapshot_id"], since, read["files"])
     if row_filter is not None or since is not None:
-        raise ValueError("row filters and incremental runs need a Delta or Iceberg input, not parquet")
+        raise OptionError("row filters and incremental runs need a Delta or Iceberg input, not parquet")
     from .parquet import read_parquet
 
     frame = read_parquet(table.location, columns=columns)
@@ -213,7 +215,7 @@ def write_table_output(data, uri, *, mode: str = "error", record: dict | None = 
                              inputs=[(s.catalog, s.location) for s in sources if s.format == "iceberg"],
                              scheduler=scheduler, **(catalog_properties or {}))
     if mode == "append":
-        raise ValueError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
+        raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
     return _write_parquet_dir(data, Path(table.location), overwrite=mode == "overwrite", record=record,
                               inputs=[s.location for s in sources if "://" not in s.location],
                               scheduler=scheduler)
@@ -291,22 +293,22 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
 
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:
-        raise ValueError(f"output_columns must be one of {OUTPUT_COLUMNS}, not {output_columns!r}")
+        raise OptionError(f"output_columns must be one of {OUTPUT_COLUMNS}, not {output_columns!r}")
     source_uri, target = parse_table_uri(input_uri), parse_table_uri(output_uri)
     since, previous = None, None
     if incremental:
         if source_uri.format == "parquet":
-            raise ValueError("an incremental run needs a Delta or Iceberg input (it is keyed on their "
+            raise OptionError("an incremental run needs a Delta or Iceberg input (it is keyed on their "
                              "versions)")
         previous = table_record(target, catalog_properties=catalog_properties,
                                 storage_options=storage_options)
         if previous is not None:
             seen = previous.get("input", {})
             if seen.get("table") != list(source_uri.key):
-                raise ValueError(f"the output {target.uri} was made from {seen.get('uri')}, not "
+                raise OptionError(f"the output {target.uri} was made from {seen.get('uri')}, not "
                                  f"{source_uri.uri}: an incremental run continues the runs of the same input")
             if mode == "overwrite":
-                raise ValueError("an incremental run appends to its output; mode='overwrite' would drop the "
+                raise OptionError("an incremental run appends to its output; mode='overwrite' would drop the "
                                  "earlier selections (run without incremental to select the whole input "
                                  "again)")
             since = seen.get("version")
