@@ -8,6 +8,8 @@
   (data files written before the failure are not part of any version; ``vacuum`` removes them).
   ``mode`` is explicit: ``"error"`` (default: the table may not exist), ``"append"`` or
   ``"overwrite"``. The run record goes into the commit's custom metadata (``datamask.run``).
+  A new local table is written in a hidden sibling and renamed into place, so a failed first
+  write leaves nothing behind.
 
 Safety (the rules of :mod:`datamask_dask.io.output`): an existing table is appended to or
 overwritten only when every commit in its history carries a datamask run record; a directory
@@ -27,7 +29,7 @@ import pyarrow as pa
 from .. import stages
 from ..errors import InputDataError, OptionError
 from ._lake import RECORD_KEY, compute_arrow, dumps, empty_frame, to_pandas
-from .output import UnsafeOutputError, output_lock
+from .output import UnsafeOutputError, output_lock, publish, remove_own, staging_path
 
 __all__ = ["DeltaSource", "delta_record", "delta_source", "read_delta", "read_delta_source", "write_delta"]
 
@@ -246,8 +248,21 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
     with lock:
         if local:
             _check_delta_target(location, mode, list(inputs), storage_options)
-        deltalake.write_deltalake(location, data, mode=mode, partition_by=partition_by,
-                                  storage_options=storage_options, commit_properties=properties)
+        if local and not os.path.lexists(location):
+            # A new local table is built in a hidden sibling and renamed into place (Delta's log
+            # holds relative paths): a failed first write leaves nothing at the path, not even
+            # the data files written before the failure.
+            target = Path(location)
+            staging = staging_path(target)
+            try:
+                deltalake.write_deltalake(os.fspath(staging), data, mode=mode, partition_by=partition_by,
+                                          storage_options=storage_options, commit_properties=properties)
+                publish(staging, target)
+            finally:
+                remove_own(staging)
+        else:
+            deltalake.write_deltalake(location, data, mode=mode, partition_by=partition_by,
+                                      storage_options=storage_options, commit_properties=properties)
     return {"version": _open(location, storage_options=storage_options).version(), "rows": rows}
 
 
