@@ -276,6 +276,18 @@ def test_iceberg_incremental_run(catalog, catalog_properties, iceberg_source):
                      incremental=True, mode="overwrite", catalog_properties=catalog_properties, **OPTIONS)
 
 
+def test_read_tasks_survive_pickling(delta_source, catalog, iceberg_source):
+    """The graphs ship to distributed workers: pickled and run again, each partition reads the same."""
+    import cloudpickle
+    import dask
+
+    for frame in (read_delta(delta_source, columns=["chunk_id"]),
+                  read_iceberg(catalog, "ns.source", columns=["chunk_id"], row_filter="chunk_id < 1300")):
+        graph = cloudpickle.loads(cloudpickle.dumps(dict(frame.__dask_graph__())))
+        parts = dask.get(graph, frame.__dask_keys__())
+        assert [len(p) for p in parts] == [len(p) for p in frame.to_delayed() for p in [p.compute()]]
+
+
 # --------------------------------------------------------------------------- parquet and URIs
 
 

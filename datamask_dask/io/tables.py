@@ -320,7 +320,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     settings = load_config(config, ratio=ratio, **options)
     run_id = uuid.uuid4().hex
     record = {"format": 1, "tool": "datamask-dask", "kind": "selection", "run_id": run_id,
-              "input": {**source.describe(), "table": list(source_uri.key)},
+              "input": {**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
               "output": {"uri": target.uri, "columns": output_columns, "mode": mode},
               "incremental": {"since": since, "previous_run": previous.get("run_id")} if previous else None,
               "settings": settings, "seed": settings.get("seed"), "profile": settings.get("profile"),
