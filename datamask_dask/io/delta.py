@@ -1,0 +1,275 @@
+"""Delta Lake tables in and out (the ``deltalake`` package, ``pip install datamask-dask[lakehouse]``).
+
+- :func:`read_delta`: a table (at a version or a timestamp: time travel) as a Dask DataFrame of
+  Arrow-typed pandas partitions, one partition per data file of the snapshot, column
+  projection done by the reader. :func:`read_delta_source` also returns the version read.
+- :func:`write_delta`: one committed transaction (``write_deltalake`` once, with the whole
+  result already computed): a failure anywhere before the commit leaves the table as it was
+  (data files written before the failure are not part of any version; ``vacuum`` removes them).
+  ``mode`` is explicit: ``"error"`` (default: the table may not exist), ``"append"`` or
+  ``"overwrite"``. The run record goes into the commit's custom metadata (``datamask.run``).
+  A new local table is written in a hidden sibling and renamed into place, so a failed first
+  write leaves nothing behind.
+
+Safety (the rules of :mod:`datamask_dask.io.output`): an existing table is appended to or
+overwritten only when every commit in its history carries a datamask run record; a directory
+that is not a Delta table is never written into; the output may not be the input. An overwrite
+is itself a new version: the previous one stays readable by time travel until someone vacuums.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+
+from .. import stages
+from ..errors import InputDataError, OptionError
+from ._lake import RECORD_KEY, compute_arrow, dumps, empty_frame, to_pandas
+from .output import UnsafeOutputError, output_lock, publish, remove_own, staging_path
+
+__all__ = ["DeltaSource", "delta_record", "delta_source", "read_delta", "read_delta_source", "write_delta"]
+
+
+def _deltalake():
+    try:
+        import deltalake
+    except ImportError as error:  # pragma: no cover - exercised only without the extra
+        raise ImportError("Delta Lake tables need the deltalake package: pip install "
+                          "'datamask-dask[lakehouse]'") from error
+    return deltalake
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaSource:
+    """Which snapshot of a Delta table a read saw: ``uri``, ``version``, ``files`` (paths)."""
+
+    uri: str
+    version: int
+    files: tuple
+
+
+def _open(path, version=None, timestamp=None, storage_options=None):
+    deltalake = _deltalake()
+    table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
+    if timestamp is not None:
+        if version is not None:
+            raise OptionError("pass version or timestamp, not both")
+        table.load_as_version(timestamp)
+    return table
+
+
+def delta_source(path, version=None, timestamp=None, storage_options=None) -> DeltaSource:
+    """The version (and its data files) that :func:`read_delta` with these arguments reads."""
+    table = _open(path, version, timestamp, storage_options)
+    return DeltaSource(os.fspath(path), table.version(), tuple(sorted(_paths(table))))
+
+
+def _paths(table) -> list[str]:
+    actions = pa.table(table.get_add_actions(flatten=True))
+    return [str(p) for p in actions.column("path").to_pylist()]
+
+
+def read_delta(path, version: int | None = None, timestamp=None, columns: list[str] | None = None, *,
+               storage_options: dict | None = None, since_version: int | None = None):
+    """Read a Delta table as a Dask DataFrame of Arrow-typed pandas partitions.
+
+    Parameters
+    ----------
+    path : str or path
+        Table location (a local path or any URI deltalake takes: ``s3://``, ``az://``...).
+    version : int, optional
+        Read this version (time travel); the latest by default.
+    timestamp : datetime or str, optional
+        Read the version current at this time (RFC 3339 text or a datetime); not with ``version``.
+    columns : list of str, optional
+        Columns to read (the others are never read from the files).
+    storage_options : dict, optional
+        Passed to deltalake (credentials, endpoints).
+    since_version : int, optional
+        Read only the data files added after this version (incremental runs). The table must
+        have only been appended to since: a file of that version that is gone now (an
+        overwrite, a delete, a compaction) raises ``InputDataError``.
+
+    Returns
+    -------
+    dask.dataframe.DataFrame
+        One partition per data file (one empty partition for a table without files).
+        :func:`~datamask_dask.io.tables.read_table` also returns the version read.
+    """
+    return read_delta_source(path, version, timestamp, columns, storage_options=storage_options,
+                             since_version=since_version)[0]
+
+
+def read_delta_source(path, version=None, timestamp=None, columns=None, *, storage_options=None,
+                      since_version=None):
+    """:func:`read_delta`, and what it read: ``{"format", "uri", "version", "files"}`` (files: partitions)."""
+    import dask.dataframe as dd
+
+    table = _open(path, version, timestamp, storage_options)
+    dataset = table.to_pyarrow_dataset()
+    schema = dataset.schema
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise InputDataError(f"columns not in the Delta table {path}: {missing} (it has {schema.names})")
+        schema = pa.schema([schema.field(c) for c in columns])
+    fragments = list(dataset.get_fragments())
+    if since_version is not None:
+        old = set(_paths(_open(path, since_version, None, storage_options)))
+        now = {f.path for f in fragments}
+        gone = old - now
+        if gone:
+            raise InputDataError(f"the Delta table {path} lost {len(gone)} data file(s) of version "
+                             f"{since_version} since (an overwrite, delete or compaction): an "
+                             "incremental run needs a table that was only appended to; run on the "
+                             "whole table instead")
+        fragments = [f for f in fragments if f.path not in old]
+    fragments.sort(key=lambda f: f.path)
+    meta = empty_frame(schema)
+    if not fragments:
+        frame = dd.from_pandas(meta, npartitions=1)
+    else:
+        frame = dd.from_map(_read_fragment, fragments, schema=schema, meta=meta,
+                            label="datamask-read-delta", enforce_metadata=False)
+    return frame, {"format": "delta", "uri": os.fspath(path), "version": table.version(),
+                   "files": len(fragments)}
+
+
+def _read_fragment(fragment, schema: pa.Schema):
+    with stages.timed("read"):
+        table = fragment.to_table(schema=schema, columns=schema.names)
+        return to_pandas(table.cast(schema) if not table.schema.equals(schema) else table)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def delta_history_records(path, storage_options=None) -> list[dict | None]:
+    """The datamask run record of every commit, newest first (None where a commit has none)."""
+    table = _open(path, storage_options=storage_options)
+    records = []
+    for commit in table.history():
+        text = commit.get(RECORD_KEY)
+        try:
+            records.append(json.loads(text) if text else None)
+        except ValueError:
+            records.append(None)
+    return records
+
+
+def delta_record(path, storage_options=None) -> dict | None:
+    """The run record of the newest datamask commit of a Delta table, or None."""
+    deltalake = _deltalake()
+    if not deltalake.DeltaTable.is_deltatable(os.fspath(path), storage_options=storage_options):
+        return None
+    return next((r for r in delta_history_records(path, storage_options) if r), None)
+
+
+def _check_delta_target(path, mode: str, inputs, storage_options) -> None:
+    deltalake = _deltalake()
+    location = os.fspath(path)
+    local = "://" not in location or location.startswith("file://")
+    local_path = Path(location.removeprefix("file://")) if local else None
+    for source in inputs:
+        if source is not None and str(source).rstrip("/") == location.rstrip("/"):
+            raise UnsafeOutputError(f"the output Delta table {location} is the input: write the selection to "
+                                    "another table (the input is never modified)")
+    if local:
+        _check_overlap(local_path, [s for s in inputs if s is not None and "://" not in str(s)])
+    if not deltalake.DeltaTable.is_deltatable(location, storage_options=storage_options):
+        if local and local_path.exists() and (not local_path.is_dir() or any(local_path.iterdir())):
+            raise UnsafeOutputError(f"{location} exists and is not a Delta table: datamask writes a Delta "
+                                    "output only into a new location or a Delta table it wrote")
+        return
+    if mode == "error":
+        raise FileExistsError(f"the Delta table {location} exists; pass mode='append' or 'overwrite' "
+                              "(--mode) to write into it (only a table datamask wrote)")
+    records = delta_history_records(location, storage_options)
+    foreign = sum(1 for r in records if r is None)
+    if foreign:
+        raise UnsafeOutputError(f"mode={mode!r} refused: the Delta table {location} has {foreign} commit(s) "
+                                "without a datamask run record (someone else's table); choose another output")
+
+
+def _check_overlap(target: Path, inputs) -> None:
+    """The output may not be, contain or lie inside a local input (as :func:`.output.check_target`)."""
+    resolved = target.resolve()
+    for source in inputs:
+        source = Path(source).resolve()
+        if resolved == source or source in resolved.parents or resolved in source.parents:
+            raise UnsafeOutputError(f"the output {target} overlaps the input {source}: write the selection "
+                                    "somewhere else (the input is never modified or removed)")
+
+
+def write_delta(data, path, *, mode: str = "error", record: dict | None = None, inputs=(),
+                partition_by=None, storage_options: dict | None = None, scheduler=None) -> dict:
+    """Write a result (usually a selection) as one committed Delta transaction.
+
+    Parameters
+    ----------
+    data : dask.dataframe.DataFrame, pandas.DataFrame, pyarrow.Table or pyarrow.RecordBatchReader
+        Computed completely (a Dask DataFrame) before anything is written; a reader is streamed
+        into the single write (a reader that fails mid-way aborts the transaction).
+    path : str or path
+        The Delta table.
+    mode : {"error", "append", "overwrite"}
+        ``"error"``: the table may not exist yet. ``"append"`` / ``"overwrite"``: it may exist
+        only as a table datamask wrote (every commit carries a run record).
+    record : dict, optional
+        The run record, stored as JSON under ``datamask.run`` in the commit's custom metadata.
+    inputs : iterable of str
+        Input locations the output may not be.
+    partition_by : list of str, optional
+    storage_options : dict, optional
+    scheduler : optional
+        For ``dask.compute``.
+
+    Returns
+    -------
+    dict
+        ``version``: the version committed; ``rows``: rows written (None for a reader).
+    """
+    deltalake = _deltalake()
+    if mode not in ("error", "append", "overwrite"):
+        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+    location = os.fspath(path)
+    _check_delta_target(location, mode, list(inputs), storage_options)
+    rows = None
+    if not isinstance(data, pa.RecordBatchReader):
+        data = compute_arrow(data, scheduler=scheduler)
+        rows = data.num_rows
+    properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record or {})})
+    local = "://" not in location
+    lock = output_lock(Path(location)) if local else _null()
+    with lock:
+        if local:
+            _check_delta_target(location, mode, list(inputs), storage_options)
+        if local and not os.path.lexists(location):
+            # A new local table is built in a hidden sibling and renamed into place (Delta's log
+            # holds relative paths): a failed first write leaves nothing at the path, not even
+            # the data files written before the failure.
+            target = Path(location)
+            staging = staging_path(target)
+            try:
+                deltalake.write_deltalake(os.fspath(staging), data, mode=mode, partition_by=partition_by,
+                                          storage_options=storage_options, commit_properties=properties)
+                publish(staging, target)
+            finally:
+                remove_own(staging)
+        else:
+            deltalake.write_deltalake(location, data, mode=mode, partition_by=partition_by,
+                                      storage_options=storage_options, commit_properties=properties)
+    return {"version": _open(location, storage_options=storage_options).version(), "rows": rows}
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+

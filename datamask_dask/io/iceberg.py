@@ -1,0 +1,286 @@
+"""Iceberg tables in and out (``pyiceberg``, ``pip install datamask-dask[lakehouse]``).
+
+- :func:`get_catalog`: a catalog by name from pyiceberg's usual configuration
+  (``~/.pyiceberg.yaml``, ``$PYICEBERG_HOME/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__<NAME>__*``
+  environment variables) and/or explicit properties; a ``Catalog`` object passes through.
+- :func:`read_iceberg`: a table (at a snapshot: time travel) as a Dask DataFrame with one
+  partition per scan task of ``table.scan(...).plan_files()``; the column projection and the
+  row filter are pushed down (manifests and file statistics prune files, the reader prunes
+  row groups and filters rows; delete files are applied).
+- :func:`write_iceberg`: one transaction, ``mode`` explicit: ``"error"`` (default: the table
+  may not exist; it is created and filled in one commit), ``"append"`` or ``"overwrite"``.
+  The run record goes into the snapshot's summary properties (``datamask.run``).
+
+Safety (:mod:`datamask_dask.io.output`): an existing table is appended to or overwritten only
+when datamask created it (table property ``datamask.output``) and every snapshot carries a run
+record; the output may not be the input table. An overwrite is a new snapshot: the previous
+one stays readable until snapshots are expired.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow as pa
+
+from .. import stages
+from ..errors import InputDataError, OptionError
+from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow, dumps, empty_frame, to_pandas
+from .output import UnsafeOutputError
+
+__all__ = ["IcebergSource", "get_catalog", "iceberg_record", "iceberg_source", "read_iceberg",
+           "read_iceberg_source", "write_iceberg"]
+
+
+def _pyiceberg():
+    try:
+        import pyiceberg.catalog
+    except ImportError as error:  # pragma: no cover - exercised only without the extra
+        raise ImportError("Iceberg tables need pyiceberg: pip install 'datamask-dask[lakehouse]'") from error
+    return pyiceberg
+
+
+def get_catalog(catalog, **properties):
+    """A pyiceberg catalog: a ``Catalog`` as is, or one loaded by name (config file, environment)."""
+    _pyiceberg()
+    from pyiceberg.catalog import Catalog, load_catalog
+
+    if isinstance(catalog, Catalog):
+        return catalog
+    return load_catalog(catalog, **properties)
+
+
+@dataclasses.dataclass(frozen=True)
+class IcebergSource:
+    """Which snapshot of an Iceberg table a read saw (``snapshot_id`` None: an empty table)."""
+
+    catalog: str
+    identifier: str
+    snapshot_id: int | None
+
+
+def _identifier(identifier) -> str:
+    return identifier if isinstance(identifier, str) else ".".join(identifier)
+
+
+def iceberg_source(catalog, identifier, snapshot_id=None, **properties) -> IcebergSource:
+    cat = get_catalog(catalog, **properties)
+    table = cat.load_table(identifier)
+    snapshot = table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
+    return IcebergSource(cat.name, _identifier(identifier),
+                         None if snapshot is None else snapshot.snapshot_id)
+
+
+def _plain_schema(schema: pa.Schema) -> pa.Schema:
+    """Large Arrow types (pyiceberg's reads) as their plain forms; field-id metadata dropped."""
+    def plain(kind):
+        if pa.types.is_large_string(kind):
+            return pa.string()
+        if pa.types.is_large_binary(kind):
+            return pa.binary()
+        if pa.types.is_large_list(kind) or pa.types.is_list(kind):
+            return pa.list_(plain(kind.value_type))
+        return kind
+
+    return pa.schema([pa.field(f.name, plain(f.type), f.nullable) for f in schema])
+
+
+def read_iceberg(catalog, identifier, snapshot_id: int | None = None, columns: list[str] | None = None,
+                 row_filter=None, *, since_snapshot_id: int | None = None, case_sensitive: bool = True,
+                 **properties):
+    """Read an Iceberg table as a Dask DataFrame, one partition per scan task.
+
+    Parameters
+    ----------
+    catalog : str or pyiceberg Catalog
+        A catalog name (pyiceberg's configuration: ``.pyiceberg.yaml``, ``PYICEBERG_HOME``,
+        environment) or a catalog object; ``**properties`` are passed to ``load_catalog``.
+    identifier : str or tuple
+        ``"namespace.table"``.
+    snapshot_id : int, optional
+        Read this snapshot (time travel); the current one by default.
+    columns : list of str, optional
+        Projection, pushed down to the scan.
+    row_filter : str or pyiceberg BooleanExpression, optional
+        E.g. ``"quality_score > 0.5"``; pushed down (file pruning, row-group pruning, filtering).
+    since_snapshot_id : int, optional
+        Read only the data files added after this snapshot (incremental runs); the table must
+        only have been appended to since (otherwise ``InputDataError``).
+
+    Returns
+    -------
+    dask.dataframe.DataFrame
+        One partition per scan task (one empty partition when there is none).
+        :func:`read_iceberg_source` also returns the snapshot read.
+    """
+    return read_iceberg_source(catalog, identifier, snapshot_id, columns, row_filter,
+                               since_snapshot_id=since_snapshot_id, case_sensitive=case_sensitive,
+                               **properties)[0]
+
+
+def read_iceberg_source(catalog, identifier, snapshot_id=None, columns=None, row_filter=None, *,
+                        since_snapshot_id=None, case_sensitive=True, **properties):
+    """:func:`read_iceberg`, and what it read.
+
+    Returns ``(frame, {"format", "catalog", "identifier", "snapshot_id", "files"})``.
+    """
+    import dask.dataframe as dd
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    cat = get_catalog(catalog, **properties)
+    table = cat.load_table(identifier)
+    scan = table.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue(),
+                      selected_fields=tuple(columns) if columns is not None else ("*",),
+                      case_sensitive=case_sensitive, snapshot_id=snapshot_id)
+    args = (table.metadata, table.io, scan.projection(), scan.row_filter, scan.case_sensitive)
+    schema = _plain_schema(ArrowScan(*args).to_table([]).schema)
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    snapshot = scan.snapshot()
+    tasks = list(scan.plan_files()) if snapshot is not None else []
+    if since_snapshot_id is not None:
+        old = {task.file.file_path for task in table.scan(snapshot_id=since_snapshot_id).plan_files()}
+        now = {task.file.file_path for task in table.scan(snapshot_id=scan.snapshot_id).plan_files()} \
+            if snapshot is not None else set()
+        if old - now:
+            raise InputDataError(f"the Iceberg table {_identifier(identifier)} lost {len(old - now)} data "
+                             "file(s) "
+                             f"of snapshot {since_snapshot_id} since (an overwrite, delete or compaction): "
+                             "an incremental run needs a table that was only appended to")
+        tasks = [task for task in tasks if task.file.file_path not in old]
+    tasks.sort(key=lambda task: task.file.file_path)
+    meta = empty_frame(schema)
+    if not tasks:
+        frame = dd.from_pandas(meta, npartitions=1)
+    else:
+        frame = dd.from_map(_read_task, tasks, scan=args, schema=schema, meta=meta,
+                            label="datamask-read-iceberg", enforce_metadata=False)
+    source = {"format": "iceberg", "catalog": cat.name, "identifier": _identifier(identifier),
+              "snapshot_id": None if snapshot is None else snapshot.snapshot_id, "files": len(tasks)}
+    return frame, source
+
+
+def _read_task(task, scan, schema: pa.Schema):
+    from pyiceberg.io.pyarrow import ArrowScan
+
+    with stages.timed("read"):
+        table = ArrowScan(*scan).to_table([task]).replace_schema_metadata(None)
+        table = table.select(schema.names)
+        return to_pandas(table if table.schema.equals(schema) else table.cast(schema))
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _records(table) -> list[dict | None]:
+    """Run records of the snapshots, newest first along the current branch's ancestry."""
+    records, snapshot = [], table.current_snapshot()
+    while snapshot is not None:
+        text = (snapshot.summary.additional_properties or {}).get(RECORD_KEY) if snapshot.summary else None
+        try:
+            records.append(json.loads(text) if text else None)
+        except ValueError:
+            records.append(None)
+        parent = snapshot.parent_snapshot_id
+        snapshot = table.snapshot_by_id(parent) if parent is not None else None
+    return records
+
+
+def iceberg_record(catalog, identifier, **properties) -> dict | None:
+    """The run record of the newest datamask snapshot of an Iceberg table, or None."""
+    cat = get_catalog(catalog, **properties)
+    if not cat.table_exists(identifier):
+        return None
+    return next((r for r in _records(cat.load_table(identifier)) if r), None)
+
+
+def _iceberg_schema(schema: pa.Schema) -> pa.Schema:
+    """Arrow types Iceberg has: fixed-size lists (embeddings) become lists."""
+    def plain(kind):
+        if pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind) or pa.types.is_list(kind):
+            return pa.list_(plain(kind.value_type))
+        return kind
+
+    return pa.schema([pa.field(f.name, plain(f.type), f.nullable) for f in schema])
+
+
+def write_iceberg(data, catalog, identifier, *, mode: str = "error", record: dict | None = None,
+                  inputs=(), scheduler=None, **properties) -> dict:
+    """Write a result (usually a selection) as one Iceberg transaction.
+
+    Parameters
+    ----------
+    data : dask.dataframe.DataFrame, pandas.DataFrame or pyarrow.Table
+        Computed completely before anything is written.
+    catalog, identifier
+        As :func:`read_iceberg`. A missing namespace is created.
+    mode : {"error", "append", "overwrite"}
+        ``"error"``: the table is created, with its rows, in one commit (it may not exist).
+        ``"append"`` (created if missing) / ``"overwrite"``: an existing table must be one
+        datamask created and wrote (see the module notes).
+    record : dict, optional
+        The run record: JSON under ``datamask.run`` in the snapshot summary.
+    inputs : iterable of (catalog name, identifier)
+        Input tables the output may not be.
+
+    Returns
+    -------
+    dict
+        ``snapshot_id`` committed and ``rows`` written.
+    """
+    if mode not in ("error", "append", "overwrite"):
+        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+    cat = get_catalog(catalog, **properties)
+    name = _identifier(identifier)
+    for source in inputs:
+        if source is not None and tuple(source) == (cat.name, name):
+            raise UnsafeOutputError(f"the output Iceberg table {name} is the input: write the selection to "
+                                    "another table (the input is never modified)")
+    exists = cat.table_exists(name)
+    if exists:
+        if mode == "error":
+            raise FileExistsError(f"the Iceberg table {name} exists; pass mode='append' or 'overwrite' "
+                                  "(--mode) to write into it (only a table datamask wrote)")
+        _check_ours(cat.load_table(name), name, mode)
+    table = compute_arrow(data, scheduler=scheduler)
+    table = table.cast(_iceberg_schema(table.schema))
+    summary = {RECORD_KEY: dumps(record or {})}
+    if not exists:
+        namespace = name.rsplit(".", 1)[0] if "." in name else None
+        if namespace:
+            cat.create_namespace_if_not_exists(namespace)
+        transaction = cat.create_table_transaction(name, schema=table.schema, properties={TABLE_MARK: "true"})
+        transaction.append(table, snapshot_properties=summary)
+        transaction.commit_transaction()
+    else:
+        target = cat.load_table(name)
+        table = table.cast(_plain_target(target, table.schema))
+        with target.transaction() as transaction:
+            if mode == "overwrite":
+                transaction.overwrite(table, snapshot_properties=summary)
+            else:
+                transaction.append(table, snapshot_properties=summary)
+    snapshot = cat.load_table(name).current_snapshot()
+    return {"snapshot_id": snapshot.snapshot_id, "rows": table.num_rows}
+
+
+def _plain_target(target, schema: pa.Schema) -> pa.Schema:
+    """The target table's Arrow schema (field order of ``schema``), for an append or overwrite."""
+    wanted = _plain_schema(target.schema().as_arrow())
+    missing = [n for n in schema.names if n not in wanted.names]
+    if missing or len(wanted) != len(schema):
+        raise InputDataError(f"the result's columns {schema.names} do not match the Iceberg table's "
+                         f"{wanted.names}")
+    return pa.schema([wanted.field(n) for n in schema.names])
+
+
+def _check_ours(table, name: str, mode: str) -> None:
+    if table.properties.get(TABLE_MARK) != "true":
+        raise UnsafeOutputError(f"mode={mode!r} refused: the Iceberg table {name} was not created by "
+                                f"datamask (no {TABLE_MARK} property); choose another output")
+    foreign = sum(1 for r in _records(table) if r is None)
+    if foreign:
+        raise UnsafeOutputError(f"mode={mode!r} refused: the Iceberg table {name} has {foreign} snapshot(s) "
+                                "without a datamask run record; choose another output")

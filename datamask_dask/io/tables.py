@@ -1,0 +1,351 @@
+"""Table URIs for the CLI and the API: parquet paths, Delta Lake and Iceberg tables, in and out.
+
+URIs (a query string picks a snapshot: time travel)::
+
+    /data/corpus  or  file.parquet           parquet file or (hive-)partitioned directory
+    delta:///abs/path/table[?version=N | ?timestamp=2026-01-01T00:00:00Z]
+    delta+s3://bucket/table                  any deltalake URI after ``delta+``
+    iceberg://CATALOG/namespace.table[?snapshot_id=N]
+
+- :func:`read_table`: any of them as a Dask DataFrame, with the snapshot read (:class:`TableInput`).
+- :func:`write_table_output`: a result as a parquet directory, Delta commit or Iceberg snapshot,
+  each with the run record (``_datamask_run.json``, the commit's custom metadata, the snapshot's
+  summary); the Delta and Iceberg writes are one transaction.
+- :func:`selection_columns`: the selection-only output (id, selected, optional score, run id),
+  which joins back to the source on the id.
+- :func:`select_table`: read, select, write, with an optional incremental run: only the rows
+  added to the source since the snapshot the output's last run recorded are selected (under the
+  same ratio), and appended; earlier selections are kept as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import parse_qs
+
+import pyarrow.compute as pc
+
+from ..errors import OptionError
+from ._lake import compute_arrow, dumps, lake_versions
+from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
+
+__all__ = ["TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table", "select_table",
+           "selection_columns", "table_record", "write_table_output"]
+
+OUTPUT_COLUMNS = ("all", "selection")
+RUN_ID_COLUMN = "run_id"
+
+
+@dataclasses.dataclass(frozen=True)
+class TableURI:
+    """A parsed table URI: ``format`` is ``"parquet"``, ``"delta"`` or ``"iceberg"``."""
+
+    uri: str
+    format: str
+    location: str  # parquet / delta: the path or URI; iceberg: the identifier
+    catalog: str | None = None
+    version: int | None = None
+    timestamp: str | None = None
+    snapshot_id: int | None = None
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the table (not the snapshot), to compare an output with an input."""
+        if self.format == "iceberg":
+            return ("iceberg", self.catalog, self.location)
+        location = self.location
+        if "://" not in location:
+            location = str(Path(location).resolve())
+        return (self.format, location.rstrip("/"))
+
+
+def parse_table_uri(uri) -> TableURI:
+    """Parse a table URI (see the module notes); anything else is a parquet path."""
+    text = os.fspath(uri)
+    base, _, query = text.partition("?") if text.startswith(("delta", "iceberg://")) else (text, "", "")
+    params = {k: v[-1] for k, v in parse_qs(query).items()}
+    unknown = set(params) - {"version", "timestamp", "snapshot_id"}
+    if unknown:
+        raise OptionError(f"unknown option(s) {sorted(unknown)} in the table URI {text}")
+    if base.startswith("delta://"):
+        location = base[len("delta://"):]
+        if not location.startswith("/"):
+            raise OptionError(f"a local Delta table URI is delta:///absolute/path (three slashes), "
+                              f"not {text}")
+        return TableURI(text, "delta", location, version=_int(params.get("version")),
+                        timestamp=params.get("timestamp"))
+    if base.startswith("delta+"):
+        return TableURI(text, "delta", base[len("delta+"):], version=_int(params.get("version")),
+                        timestamp=params.get("timestamp"))
+    if base.startswith("iceberg://"):
+        catalog, _, identifier = base[len("iceberg://"):].partition("/")
+        if not catalog or "." not in identifier:
+            raise OptionError(f"an Iceberg table URI is iceberg://CATALOG/namespace.table, not {text}")
+        return TableURI(text, "iceberg", identifier, catalog=catalog,
+                        snapshot_id=_int(params.get("snapshot_id")))
+    if "://" in base and not base.startswith("file://"):
+        return TableURI(text, "parquet", base)
+    return TableURI(text, "parquet", base.removeprefix("file://"))
+
+
+def _int(value):
+    return None if value is None else int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableInput:
+    """What :func:`read_table` read: the frame, the table, and the snapshot (``version``)."""
+
+    frame: object
+    table: TableURI
+    version: int | None  # Delta version or Iceberg snapshot id; None for parquet (or an empty table)
+    since: int | None = None
+    files: int | None = None  # data files (partitions) read
+
+    def describe(self) -> dict:
+        return {"uri": self.table.uri, "format": self.table.format, "version": self.version,
+                "since": self.since}
+
+
+def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_properties=None,
+               storage_options=None) -> TableInput:
+    """Read a table URI as a Dask DataFrame (parquet, ``delta://``, ``iceberg://``).
+
+    Parameters
+    ----------
+    uri : str or path or TableURI
+    columns : list of str, optional
+        Projection (pushed down for every format).
+    row_filter : str, optional
+        Iceberg only: a pyiceberg row filter, pushed down.
+    since : int, optional
+        Delta version / Iceberg snapshot: read only the rows added after it.
+    catalog_properties : dict, optional
+        Iceberg catalog properties (beyond pyiceberg's configuration).
+    storage_options : dict, optional
+        Delta storage options.
+    """
+    table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
+    if table.format == "delta":
+        from .delta import read_delta_source
+
+        frame, read = read_delta_source(table.location, table.version, table.timestamp, columns,
+                                        storage_options=storage_options, since_version=since)
+        return TableInput(frame, table, read["version"], since, read["files"])
+    if table.format == "iceberg":
+        from .iceberg import read_iceberg_source
+
+        frame, read = read_iceberg_source(table.catalog, table.location, table.snapshot_id, columns,
+                                          row_filter, since_snapshot_id=since, **(catalog_properties or {}))
+        return TableInput(frame, table, read["snapshot_id"], since, read["files"])
+    if row_filter is not None or since is not None:
+        raise OptionError("row filters and incremental runs need a Delta or Iceberg input, not parquet")
+    from .parquet import read_parquet
+
+    frame = read_parquet(table.location, columns=columns)
+    return TableInput(frame, table, None, None, frame.npartitions)
+
+
+def selection_columns(ddf, run_id: str, *, id_column="chunk_id", selected_column="selected",
+                      score_column=None):
+    """The selection-only result: id, selected, the score if there is one, and the run id."""
+    names = [id_column, selected_column] + ([score_column] if score_column else [])
+    frame = ddf[names]
+    return frame.assign(**{RUN_ID_COLUMN: run_id}).astype({RUN_ID_COLUMN: "string[pyarrow]"})
+
+
+def table_record(uri, *, catalog_properties=None, storage_options=None) -> dict | None:
+    """The run record of the newest datamask write to a table output, or None (no table, no record)."""
+    table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
+    if table.format == "delta":
+        from .delta import delta_record
+
+        return delta_record(table.location, storage_options)
+    if table.format == "iceberg":
+        from .iceberg import iceberg_record
+
+        return iceberg_record(table.catalog, table.location, **(catalog_properties or {}))
+    return read_record(table.location) if os.path.exists(table.location) else None
+
+
+def write_table_output(data, uri, *, mode: str = "error", record: dict | None = None, inputs=(),
+                       catalog_properties=None, storage_options=None, scheduler=None) -> dict:
+    """Write a result to a table URI, all or nothing, with its run record.
+
+    Parameters
+    ----------
+    data : dask.dataframe.DataFrame, pandas.DataFrame or pyarrow.Table
+        Computed completely before anything is written.
+    uri : str or path or TableURI
+        Parquet directory, ``delta://...`` or ``iceberg://...``.
+    mode : {"error", "append", "overwrite"}
+        ``"append"`` for Delta and Iceberg only. Existing outputs are written into only when
+        datamask wrote them (:mod:`datamask_dask.io.output`).
+    record : dict, optional
+        The run record.
+    inputs : iterable of str or TableURI
+        The job's inputs: the output may not be one of them.
+
+    Returns
+    -------
+    dict
+        ``rows`` and, for tables, ``version`` (Delta) or ``snapshot_id`` (Iceberg).
+    """
+    table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
+    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
+    for source in sources:
+        if source.key == table.key:
+            from .output import UnsafeOutputError
+
+            raise UnsafeOutputError(f"the output {table.uri} is the input {source.uri}: write the selection "
+                                    "elsewhere (the input is never modified)")
+    if table.format == "delta":
+        from .delta import write_delta
+
+        return write_delta(data, table.location, mode=mode, record=record, storage_options=storage_options,
+                           inputs=[s.location for s in sources if s.format != "iceberg"], scheduler=scheduler)
+    if table.format == "iceberg":
+        from .iceberg import write_iceberg
+
+        return write_iceberg(data, table.catalog, table.location, mode=mode, record=record,
+                             inputs=[(s.catalog, s.location) for s in sources if s.format == "iceberg"],
+                             scheduler=scheduler, **(catalog_properties or {}))
+    if mode == "append":
+        raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
+    return _write_parquet_dir(data, Path(table.location), overwrite=mode == "overwrite", record=record,
+                              inputs=[s.location for s in sources if "://" not in s.location],
+                              scheduler=scheduler)
+
+
+def _write_parquet_dir(data, target: Path, *, overwrite: bool, record, inputs, scheduler) -> dict:
+    """One ``part.0.parquet`` and the run record, published by the rules of :mod:`.output`."""
+    from .parquet import write_table
+    from .writer import _dumps, _fsync_dir, _write_atomic
+
+    check_target(target, overwrite=overwrite, inputs=inputs)
+    result = compute_arrow(data, scheduler=scheduler)  # before the lock: a failing selection writes nothing
+    with output_lock(target):
+        check_target(target, overwrite=overwrite, inputs=inputs)
+        staging = staging_path(target)
+        try:
+            staging.mkdir()
+            _write_atomic(staging / "part.0.parquet", lambda handle: write_table(result, handle))
+            _write_atomic(staging / RUN_RECORD, lambda handle: handle.write(
+                _dumps({**(record or {}), "files": ["part.0.parquet"]})))
+            publish(staging, target)
+            _fsync_dir(target.parent)
+        finally:
+            remove_own(staging)
+    return {"rows": result.num_rows}
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclasses.dataclass(frozen=True)
+class TableRunReport:
+    """Outcome of :func:`select_table`: the output written, what was read, the run record."""
+
+    output: str
+    rows: int
+    selected: int
+    run_id: str
+    source: dict
+    written: dict
+    record: dict
+    seconds: float
+
+
+def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",
+                 incremental: bool = False, config=None, scheduler=None, row_filter=None,
+                 catalog_properties=None, storage_options=None, **options) -> TableRunReport:
+    """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
+
+    Parameters
+    ----------
+    input_uri, output_uri : str or path
+        Table URIs (see the module notes).
+    ratio, config, **options
+        As for :func:`~datamask_dask.datamask_select`.
+    output_columns : {"all", "selection"}
+        Every column plus ``selected`` (and the score), or the selection table only: id,
+        ``selected``, the score column if asked, ``run_id``.
+    mode : {"error", "append", "overwrite"}
+        How the output is written (see :func:`write_table_output`).
+    incremental : bool
+        Select only among the rows added to the input (Delta or Iceberg, appended to only)
+        since the version/snapshot recorded by the output's newest run, and append them to the
+        output; earlier selections stay as they are. With no earlier run, the whole input is
+        selected (and written with ``mode``). With no new rows nothing is written.
+    row_filter : str, optional
+        Iceberg input only: rows to consider, pushed down.
+
+    Returns
+    -------
+    TableRunReport
+    """
+    from ..config import load_config
+    from ..ops.operator import datamask_select
+
+    start = time.perf_counter()
+    if output_columns not in OUTPUT_COLUMNS:
+        raise OptionError(f"output_columns must be one of {OUTPUT_COLUMNS}, not {output_columns!r}")
+    source_uri, target = parse_table_uri(input_uri), parse_table_uri(output_uri)
+    since, previous = None, None
+    if incremental:
+        if source_uri.format == "parquet":
+            raise OptionError("an incremental run needs a Delta or Iceberg input (it is keyed on their "
+                             "versions)")
+        previous = table_record(target, catalog_properties=catalog_properties,
+                                storage_options=storage_options)
+        if previous is not None:
+            seen = previous.get("input", {})
+            if seen.get("table") != list(source_uri.key):
+                raise OptionError(f"the output {target.uri} was made from {seen.get('uri')}, not "
+                                 f"{source_uri.uri}: an incremental run continues the runs of the same input")
+            if mode == "overwrite":
+                raise OptionError("an incremental run appends to its output; mode='overwrite' would drop the "
+                                 "earlier selections (run without incremental to select the whole input "
+                                 "again)")
+            since = seen.get("version")
+            mode = "append"
+            if ratio is None and not options and config is None:
+                ratio = previous.get("settings", {}).get("ratio")
+    source = read_table(source_uri, row_filter=row_filter, since=since, catalog_properties=catalog_properties,
+                        storage_options=storage_options)
+    settings = load_config(config, ratio=ratio, **options)
+    run_id = uuid.uuid4().hex
+    record = {"format": 1, "tool": "datamask-dask", "kind": "selection", "run_id": run_id,
+              "input": {**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
+              "output": {"uri": target.uri, "columns": output_columns, "mode": mode},
+              "incremental": {"since": since, "previous_run": previous.get("run_id")} if previous else None,
+              "settings": settings, "seed": settings.get("seed"), "profile": settings.get("profile"),
+              "versions": lake_versions()}
+    if since is not None and not source.files:  # nothing added since the last run: nothing to write
+        return TableRunReport(target.uri, 0, 0, run_id, source.describe(), {}, record,
+                              time.perf_counter() - start)
+    result = datamask_select(source.frame, ratio, config=config, **options)
+    if output_columns == "selection":
+        result = selection_columns(result, run_id, id_column=settings["id_column"],
+                                   selected_column=settings["selected_column"],
+                                   score_column=settings["score_column"])
+    table = compute_arrow(result, scheduler=scheduler)
+    rows = table.num_rows
+    selected = int(pc.sum(table.column(settings["selected_column"])).as_py() or 0) if rows else 0
+    record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    record = _json(record)
+    written = write_table_output(table, target, mode=mode, record=record, inputs=[source_uri],
+                                 catalog_properties=catalog_properties, storage_options=storage_options)
+    return TableRunReport(target.uri, rows, selected, run_id, source.describe(), written, record,
+                          time.perf_counter() - start)
+
+
+def _json(record: dict) -> dict:
+    import json
+
+    return json.loads(dumps(record))
+

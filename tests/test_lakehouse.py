@@ -1,0 +1,315 @@
+"""Delta Lake and Iceberg tables in and out, on real tables (deltalake; pyiceberg's SQL catalog on
+SQLite with a local warehouse): round trips read back with each format's own library, time
+travel, projection and row filters, selection-only output, a failure in the middle of a write,
+the run record in the commit metadata, incremental runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake", reason="the lakehouse extra (pip install '.[lakehouse]') is "
+                                "not installed")
+pytest.importorskip("pyiceberg.catalog.sql", reason="the lakehouse extra (pyiceberg[sql-sqlite,pyarrow]) is "
+                    "not installed")
+pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy (pyiceberg[sql-sqlite])")
+
+import pyiceberg.io.pyarrow as iceberg_pyarrow  # noqa: E402
+from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
+
+import datamask_dask  # noqa: E402
+from datamask_dask.io.delta import read_delta, write_delta  # noqa: E402
+from datamask_dask.io.iceberg import read_iceberg, write_iceberg  # noqa: E402
+from datamask_dask.io.output import UnsafeOutputError, read_record  # noqa: E402
+from datamask_dask.io.tables import parse_table_uri, read_table, select_table  # noqa: E402
+
+OPTIONS = {"n_epochs": 20, "n_rollout": 8}
+RATIO = 0.1
+SELECTION = "selection"  # the selection-only output: id, selected, run_id
+N, FIRST = 1600, 1200  # rows in the corpus; rows of the first commit (the rest are appended)
+
+
+@pytest.fixture(scope="module")
+def corpus() -> pa.Table:
+    frame = datamask_dask.make_corpus(N, 16, seed=3)
+    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+    return table.set_column(2, "feature_arr", table.column("feature_arr").cast(pa.list_(pa.float32())))
+
+
+@pytest.fixture
+def delta_source(tmp_path, corpus):
+    path = tmp_path / "source_delta"
+    deltalake.write_deltalake(path, corpus.slice(0, FIRST))  # version 0
+    time.sleep(0.02)  # commit timestamps are in milliseconds: the two versions get different ones
+    deltalake.write_deltalake(path, corpus.slice(FIRST), mode="append")  # version 1
+    return path
+
+
+@pytest.fixture
+def catalog_properties(tmp_path):
+    (tmp_path / "wh").mkdir()
+    return {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
+
+
+@pytest.fixture
+def catalog(tmp_path, catalog_properties):
+    return SqlCatalog("local", uri=catalog_properties["uri"], warehouse=catalog_properties["warehouse"])
+
+
+@pytest.fixture
+def iceberg_source(catalog, corpus):
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.source", schema=corpus.schema)
+    table.append(corpus.slice(0, FIRST))
+    first = table.current_snapshot().snapshot_id
+    table.append(corpus.slice(FIRST))
+    return first
+
+
+def _ids(table: pa.Table) -> np.ndarray:
+    return np.sort(table.column("chunk_id").to_numpy())
+
+
+def _delta_run_record(path) -> dict:
+    return json.loads(deltalake.DeltaTable(path).history(1)[0]["datamask.run"])
+
+
+# --------------------------------------------------------------------------- Delta
+
+
+def test_delta_read_partitions_projection_and_time_travel(delta_source):
+    frame = read_delta(delta_source)
+    assert frame.npartitions == 2  # one per data file
+    assert len(frame) == N and list(frame.columns) == ["chunk_id", "quality_score", "feature_arr", "text"]
+    old = read_table(f"delta://{delta_source}?version=0", columns=["chunk_id"])
+    assert old.version == 0 and list(old.frame.columns) == ["chunk_id"]
+    assert sorted(old.frame.compute()["chunk_id"].tolist()) == list(range(FIRST))
+    assert read_table(f"delta://{delta_source}").version == 1
+    stamp = deltalake.DeltaTable(delta_source).history()[-1]["timestamp"]  # version 0's commit, in ms
+    import datetime
+
+    when = datetime.datetime.fromtimestamp(stamp / 1000, tz=datetime.UTC)
+    assert len(read_delta(delta_source, timestamp=when)) == FIRST
+
+
+def test_delta_round_trip_full_table(delta_source, tmp_path):
+    out = tmp_path / "out_delta"
+    report = select_table(f"delta://{delta_source}", f"delta://{out}", RATIO, **OPTIONS)
+    assert (report.rows, report.selected) == (N, round(RATIO * N))
+    table = deltalake.DeltaTable(out).to_pyarrow_table()
+    assert table.num_rows == N and np.array_equal(_ids(table), np.arange(N))
+    assert int(table.column("selected").to_numpy().sum()) == round(RATIO * N)
+    assert set(table.column_names) == {"chunk_id", "quality_score", "feature_arr", "text", "selected"}
+    record = _delta_run_record(out)
+    assert record["run_id"] == report.run_id and record["input"]["version"] == 1
+    assert (record["rows"], record["selected"]) == (N, round(RATIO * N))
+    assert record["settings"]["n_epochs"] == 20 and record["seed"] == 0 and record["versions"]["deltalake"]
+
+
+def test_delta_selection_only_and_modes(delta_source, tmp_path):
+    out = tmp_path / "selection"
+    report = select_table(f"delta://{delta_source}", f"delta://{out}", RATIO, output_columns=SELECTION,
+                          **OPTIONS)
+    table = deltalake.DeltaTable(out).to_pyarrow_table()
+    assert table.column_names == ["chunk_id", "selected", "run_id"]
+    assert set(table.column("run_id").to_pylist()) == {report.run_id}
+    assert int(table.column("selected").to_numpy().sum()) == round(RATIO * N)
+    with pytest.raises(FileExistsError):  # mode is explicit
+        select_table(f"delta://{delta_source}", f"delta://{out}", RATIO, output_columns=SELECTION, **OPTIONS)
+    with pytest.raises(UnsafeOutputError):  # the input is never the output
+        select_table(f"delta://{delta_source}", f"delta://{delta_source}", RATIO, mode="overwrite",
+                     **OPTIONS)
+    with pytest.raises(UnsafeOutputError):  # a table datamask did not write is never written into
+        write_delta(table, delta_source, mode="append", record={})
+    assert deltalake.DeltaTable(delta_source).version() == 1
+
+
+def test_delta_failure_in_the_middle_of_a_write_leaves_the_table(delta_source, tmp_path):
+    out = tmp_path / "out_delta"
+    select_table(f"delta://{delta_source}", f"delta://{out}", RATIO, output_columns=SELECTION, **OPTIONS)
+    before = deltalake.DeltaTable(out)
+    version, rows = before.version(), before.to_pyarrow_table().sort_by("chunk_id")
+    replacement = rows.set_column(1, "selected", pa.array(np.ones(N, dtype=bool)))
+    batches = replacement.to_batches(max_chunksize=200)
+    written = []
+
+    def failing():
+        for index, batch in enumerate(batches):
+            if index == 4:
+                raise RuntimeError("injected failure in the middle of the write")
+            written.append(index)
+            yield batch
+
+    reader = pa.RecordBatchReader.from_batches(replacement.schema, failing())
+    with pytest.raises(Exception, match="injected failure"):
+        write_delta(reader, out, mode="overwrite", record={"run_id": "failed"})
+    assert written == [0, 1, 2, 3]  # the write was under way
+    after = deltalake.DeltaTable(out)
+    assert after.version() == version
+    assert after.to_pyarrow_table().sort_by("chunk_id").equals(rows)
+    assert _delta_run_record(out)["run_id"] != "failed"
+    new = tmp_path / "new_table"  # a failed first write leaves nothing at all; a retry then works
+    reader = pa.RecordBatchReader.from_batches(replacement.schema, failing())
+    with pytest.raises(Exception, match="injected failure"):
+        write_delta(reader, new, record={"run_id": "failed"})
+    assert not new.exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert write_delta(replacement, new, record={"run_id": "retry"})["version"] == 0
+    assert _delta_run_record(new)["run_id"] == "retry"
+
+
+def test_delta_incremental_run_selects_only_new_rows(delta_source, tmp_path, corpus):
+    out = tmp_path / "selection"
+    source = f"delta://{delta_source}"
+    first = select_table(f"{source}?version=0", f"delta://{out}", RATIO, output_columns=SELECTION, **OPTIONS)
+    assert (first.rows, first.selected) == (FIRST, round(RATIO * FIRST))
+    kept = deltalake.DeltaTable(out).to_pyarrow_table().sort_by("chunk_id")
+    second = select_table(source, f"delta://{out}", RATIO, output_columns=SELECTION, incremental=True,
+                          **OPTIONS)
+    assert (second.rows, second.selected) == (N - FIRST, round(RATIO * (N - FIRST)))
+    assert second.record["incremental"] == {"since": 0, "previous_run": first.run_id}
+    table = deltalake.DeltaTable(out).to_pyarrow_table().sort_by("chunk_id")
+    assert np.array_equal(_ids(table), np.arange(N))
+    assert table.slice(0, FIRST).equals(kept)  # earlier selections are kept
+    assert int(table.column("selected").to_numpy().sum()) == round(RATIO * FIRST) + round(RATIO * (N - FIRST))
+    version = deltalake.DeltaTable(out).version()
+    third = select_table(source, f"delta://{out}", RATIO, output_columns=SELECTION, incremental=True,
+                         **OPTIONS)
+    assert third.rows == 0 and deltalake.DeltaTable(out).version() == version  # nothing new, nothing written
+
+
+# --------------------------------------------------------------------------- Iceberg
+
+
+def test_iceberg_read_scan_tasks_pushdown_and_time_travel(catalog, iceberg_source):
+    frame = read_iceberg(catalog, "ns.source")
+    assert frame.npartitions == 2 and len(frame) == N  # one partition per scan task
+    small = read_iceberg(catalog, "ns.source", columns=["chunk_id", "quality_score"],
+                         row_filter="chunk_id < 100")
+    assert list(small.columns) == ["chunk_id", "quality_score"]
+    assert sorted(small.compute()["chunk_id"].tolist()) == list(range(100))
+    assert read_iceberg(catalog, "ns.source", row_filter="chunk_id >= 1500").npartitions == 1  # file pruned
+    assert len(read_iceberg(catalog, "ns.source", snapshot_id=iceberg_source)) == FIRST
+
+
+def test_iceberg_round_trip_by_uri(catalog, catalog_properties, iceberg_source):
+    report = select_table("iceberg://local/ns.source", "iceberg://local/out.selected", RATIO,
+                          catalog_properties=catalog_properties, **OPTIONS)
+    assert (report.rows, report.selected) == (N, round(RATIO * N))
+    table = catalog.load_table("out.selected")
+    data = table.scan().to_arrow()
+    assert data.num_rows == N and np.array_equal(_ids(data), np.arange(N))
+    assert int(data.column("selected").to_numpy().sum()) == round(RATIO * N)
+    record = json.loads(table.current_snapshot().summary.additional_properties["datamask.run"])
+    assert record["run_id"] == report.run_id
+    assert record["input"]["version"] == catalog.load_table("ns.source").current_snapshot().snapshot_id
+    assert (record["rows"], record["selected"]) == (N, round(RATIO * N))
+    assert len(table.snapshots()) == 1  # created and filled in one commit
+
+
+def test_iceberg_failure_in_the_middle_of_a_write_leaves_the_table(catalog, catalog_properties,
+                                                                   iceberg_source, monkeypatch):
+    select_table("iceberg://local/ns.source", "iceberg://local/out.sel", RATIO, output_columns="selection",
+                 catalog_properties=catalog_properties, **OPTIONS)
+    before = catalog.load_table("out.sel")
+    snapshot, rows = before.current_snapshot().snapshot_id, before.scan().to_arrow().sort_by("chunk_id")
+    real = iceberg_pyarrow.write_file
+    written = []
+
+    def failing(*args, **kwargs):
+        for data_file in real(*args, **kwargs):
+            written.append(data_file)
+            yield data_file
+            raise RuntimeError("injected failure in the middle of the write")
+
+    monkeypatch.setattr(iceberg_pyarrow, "write_file", failing)
+    replacement = rows.set_column(1, "selected", pa.array(np.ones(N, dtype=bool)))
+    with pytest.raises(RuntimeError, match="injected failure"):
+        write_iceberg(replacement, catalog, "out.sel", mode="overwrite", record={"run_id": "failed"})
+    with pytest.raises(RuntimeError, match="injected failure"):  # a new table: none is left behind
+        write_iceberg(replacement, catalog, "out.other", mode="error", record={"run_id": "failed"})
+    assert written  # data files were written before the failure
+    after = catalog.load_table("out.sel")
+    assert after.current_snapshot().snapshot_id == snapshot
+    assert after.scan().to_arrow().sort_by("chunk_id").equals(rows)
+    assert not catalog.table_exists("out.other")
+    with pytest.raises(UnsafeOutputError):  # not a datamask table
+        write_iceberg(replacement, catalog, "ns.source", mode="append")
+
+
+def test_iceberg_catalog_by_name_from_pyiceberg_configuration(tmp_path, catalog_properties, iceberg_source):
+    """``iceberg://local/...``, the catalog only in ``$PYICEBERG_HOME/.pyiceberg.yaml`` (read at import)."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".pyiceberg.yaml").write_text("catalog:\n  local:\n" + "".join(
+        f"    {key}: {value}\n" for key, value in catalog_properties.items()))
+    env = {**os.environ, "PYICEBERG_HOME": str(home)}
+    script = ("from datamask_dask.io.tables import read_table; t = read_table('iceberg://local/ns.source', "
+              "columns=['chunk_id']); print(t.version, t.files, len(t.frame))")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    version, files, rows = result.stdout.split()
+    assert (int(files), int(rows)) == (2, N) and int(version) != iceberg_source
+
+
+def test_iceberg_incremental_run(catalog, catalog_properties, iceberg_source):
+    first = select_table(f"iceberg://local/ns.source?snapshot_id={iceberg_source}", "iceberg://local/out.inc",
+                         RATIO, output_columns="selection", catalog_properties=catalog_properties, **OPTIONS)
+    second = select_table("iceberg://local/ns.source", "iceberg://local/out.inc", RATIO,
+                          output_columns=SELECTION, incremental=True, catalog_properties=catalog_properties,
+                          **OPTIONS)
+    assert (first.rows, second.rows) == (FIRST, N - FIRST)
+    data = catalog.load_table("out.inc").scan().to_arrow()
+    assert np.array_equal(_ids(data), np.arange(N))
+    assert int(data.column("selected").to_numpy().sum()) == round(RATIO * FIRST) + round(RATIO * (N - FIRST))
+    with pytest.raises(ValueError, match="appends"):
+        select_table("iceberg://local/ns.source", "iceberg://local/out.inc", RATIO, output_columns=SELECTION,
+                     incremental=True, mode="overwrite", catalog_properties=catalog_properties, **OPTIONS)
+
+
+def test_read_tasks_survive_pickling(delta_source, catalog, iceberg_source):
+    """The graphs ship to distributed workers: pickled and run again, each partition reads the same."""
+    import cloudpickle
+    import dask
+
+    for frame in (read_delta(delta_source, columns=["chunk_id"]),
+                  read_iceberg(catalog, "ns.source", columns=["chunk_id"], row_filter="chunk_id < 1300")):
+        graph = cloudpickle.loads(cloudpickle.dumps(dict(frame.__dask_graph__())))
+        parts = dask.get(graph, frame.__dask_keys__())
+        assert [len(p) for p in parts] == [len(p) for p in frame.to_delayed() for p in [p.compute()]]
+
+
+# --------------------------------------------------------------------------- parquet and URIs
+
+
+def test_parquet_selection_only_output_keeps_a_run_record(delta_source, tmp_path):
+    out = tmp_path / "sel_parquet"
+    report = select_table(f"delta://{delta_source}", out, RATIO, output_columns="selection", **OPTIONS)
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out)
+    assert table.column_names == ["chunk_id", "selected", "run_id"] and table.num_rows == N
+    assert int(table.column("selected").to_numpy().sum()) == round(RATIO * N)
+    assert read_record(out)["run_id"] == report.run_id
+    again = select_table(f"delta://{delta_source}", out, RATIO, output_columns="selection", mode="overwrite",
+                         **OPTIONS)
+    assert read_record(out)["run_id"] == again.run_id  # our own output is replaced
+
+
+def test_parse_table_uri():
+    assert parse_table_uri("delta:///a/b?version=3").version == 3
+    uri = parse_table_uri("iceberg://prod/ns.t?snapshot_id=7")
+    assert (uri.format, uri.catalog, uri.location, uri.snapshot_id) == ("iceberg", "prod", "ns.t", 7)
+    assert parse_table_uri("delta+s3://bucket/t").location == "s3://bucket/t"
+    assert parse_table_uri("/data/corpus").format == "parquet"
+    with pytest.raises(ValueError):
+        parse_table_uri("iceberg://prod")
