@@ -250,7 +250,8 @@ class RunSummary:
             return pd.DataFrame(list(self._overview()), columns=["field", "value"])
         if table == "objective":
             values = summary.get("objective") or {}
-            frame = pd.DataFrame.from_dict(values, orient="index")
+            columns = ["objective", "quality", "diversity", "near_duplicate_pairs", "rows"]
+            frame = pd.DataFrame.from_dict(values, orient="index", columns=columns)
             frame.index.name = "selection"
             return frame
         if table == "partitions":
