@@ -72,5 +72,6 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     futures = client.compute(list(collections))
     notebook = _in_notebook()
     with contextlib.redirect_stdout(sys.stderr) if not notebook else contextlib.nullcontext():
-        distributed_progress(futures, notebook=notebook, multi=False)
+        # The scheduler address: the client need not be the default one.
+        distributed_progress(futures, notebook=notebook, multi=False, scheduler=client.scheduler.address)
     return tuple(client.gather(futures))
