@@ -12,13 +12,12 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import FAST
 
 from datamask_dask.io.output import read_record
 from datamask_dask.io.summary import RunSummary, near_duplicate_pairs
 from datamask_dask.io.writer import write_selection
 from datamask_dask.sample_data import make_corpus
-
-from conftest import FAST
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("curves", "quality", "projection", "objective", "quotas")
@@ -244,7 +243,8 @@ def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
     browser = _browser()
     page = pages[kind]
     probe = page.parent / "probe.html"  # next to the page: linked PNGs resolve the same way
-    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"), encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
+    probe.write_text(text.replace("</body>", _PROBE + "</body>"), encoding="utf-8")
     common = [browser, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
     dom = subprocess.run([*common, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180)
