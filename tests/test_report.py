@@ -165,6 +165,7 @@ def test_task_names_say_what_they_are():
 @pytest.fixture(scope="module")
 def pages(run, tmp_path_factory):
     """The report built from the real run, images inlined and linked: {"embedded": page, "linked": page}."""
+    pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install matplotlib)")
     from datamask_dask.report import build_report
 
     _, out = run
@@ -195,7 +196,7 @@ def test_report_renders_valid_pngs(pages):
         assert heading in text
 
 
-def test_report_refuses_a_directory_inside_the_output(run):
+def test_report_refuses_a_directory_inside_the_output(run, pages):
     from datamask_dask.report import build_report
 
     _, out = run
@@ -203,7 +204,7 @@ def test_report_refuses_a_directory_inside_the_output(run):
         build_report(out, out / "report")
 
 
-def test_report_cli(run, tmp_path, capsys):
+def test_report_cli(run, pages, tmp_path, capsys):
     from datamask_dask.report.cli import add_report_parser, report_command, run_report
 
     _, out = run

@@ -352,6 +352,7 @@ def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: 
                       partition_info=None):
     """Select one input partition (number ``numbers[i]`` of the table) and write it; its marker as a row."""
     number = numbers[partition_info["number"] if partition_info is not None else 0]
+    stages.take_curves()  # curves left on this thread by other work are not this partition's
     with stages.timed("select"):
         selected = select_partition(frame, plan, {"number": number})
     # Group counts, tokens and learning curves for the run summary (datamask_dask.io.summary).
