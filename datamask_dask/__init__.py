@@ -6,7 +6,8 @@ for Dask dataframes, pandas or cuDF partitions, on CPU or GPU.
 The package reads as its pipeline, one direction of imports (each room uses only those below it):
 
     cli, cluster        the command line and Dask clusters
-    io/                 parquet in and out, the atomic resumable writer
+    report/             the HTML report of a finished run (matplotlib)
+    io/                 parquet, Delta and Iceberg in and out, the atomic resumable writer, run record
     ops/                the Dask operator (datamask_select) and validate_table
     partition/          one partition (pandas or cuDF): adapters, spec, checks, the select step
     plan/               quotas, memory budget, the reduction to one plan (no Dask, no Spark)
@@ -28,6 +29,11 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "ops.validate": ["ValidationReport", "validate_table"],
     "io.parquet": ["read_parquet", "selected_counts", "write_parquet"],
     "io.writer": ["ResumeError", "SelectionReport", "write_selection"],
+    "io.summary": ["RunSummary"],
+    "io.tables": ["TableRunReport", "read_table", "select_table", "write_table_output"],
+    "io.delta": ["read_delta", "write_delta"],
+    "io.iceberg": ["read_iceberg", "write_iceberg"],
+    "report.build": ["build_report"],
     "learn.engine": ["MaskResult", "learn_mask"],
     "learn.objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
     "learn.options": ["DataMaskOptions"],

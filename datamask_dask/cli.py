@@ -118,11 +118,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     select = commands.add_parser("select", help="select rows of a parquet file or directory",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    select.add_argument("--input", help="parquet file or directory")
-    select.add_argument("--output", help="output file (if --input is a file) or directory")
+    select.add_argument("--input", help="parquet file or directory, delta:///path/to/table[?version=N], or "
+                        "iceberg://CATALOG/namespace.table[?snapshot_id=N] (catalog from .pyiceberg.yaml)")
+    select.add_argument("--output", help="output file (if --input is a file) or directory, or a delta:// or "
+                        "iceberg:// table URI")
     select.add_argument("--overwrite", action="store_true",
                         help="replace --output if an earlier datamask run wrote it (nothing else is "
                         "replaced)")
+    select.add_argument("--output-columns", "--output_columns", dest="output_columns",
+                        choices=("all", "selection"), default="all",
+                        help="every column plus `selected` (all), or the selection table only: id, "
+                        "selected, the score column if asked, run_id (selection)")
+    select.add_argument("--mode", choices=("error", "append", "overwrite"),
+                        help="how a Delta or Iceberg --output is written (default: error if it exists; "
+                        "--overwrite means overwrite)")
+    select.add_argument("--incremental", action="store_true",
+                        help="select only among the rows added to a Delta/Iceberg --input since the "
+                        "version recorded by --output's last run, and append them to --output")
+    select.add_argument("--row-filter", "--row_filter", dest="row_filter",
+                        help="Iceberg --input: rows to consider, e.g. \"lang = 'en'\" (pushed down)")
+    select.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar of partitions done on stderr (default: only on a terminal)")
     select.add_argument("--no-resume", dest="resume", action="store_false",
                         help="discard the finished partitions of an interrupted run instead of reusing them")
     select.add_argument("--demo", action="store_true", help="run on the embedded sample corpus instead")
@@ -145,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace --output if an earlier datamask run wrote it")
     _add_corpus_options(demo)
     _add_job_options(demo)
+    from .report.cli import add_report_parser
+
+    add_report_parser(commands)
     return parser
 
 
@@ -162,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["demo", *(argv if argv is not None else sys.argv[1:])])
+    if args.command == "report":
+        from .report.cli import run_report
+
+        return run_report(args)
     if args.command == "select" and not args.demo and args.input is None:
         if args.output is not None:
             parser.error("select: --output needs --input (or run the demo with --demo)")
@@ -269,11 +292,35 @@ def _start_client(args):
     return None  # Dask's threaded scheduler
 
 
+def _is_table_job(args) -> bool:
+    from .io.tables import parse_table_uri
+
+    return (args.output_columns != "all" or args.incremental or args.mode is not None
+            or args.row_filter is not None
+            or any(parse_table_uri(uri).format != "parquet" for uri in (args.input, args.output)))
+
+
+def _run_table_select(args, options: dict) -> None:
+    from .io.tables import select_table
+
+    mode = args.mode or ("overwrite" if args.overwrite else "error")
+    report = select_table(args.input, args.output, config=args.config, output_columns=args.output_columns,
+                          mode=mode, incremental=args.incremental, row_filter=args.row_filter, **options)
+    read = report.source
+    since = f" (rows added since {read['since']})" if read.get("since") is not None else ""
+    at = f" at {read['version']}" if read.get("version") is not None else ""
+    print(f"datamask: {report.rows} rows{since} of {read['uri']}{at}, {report.selected} selected "
+          f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s -> {report.output}")
+
+
 def _run_select(args, options: dict, started: float) -> None:
     from .io.output import check_target
     from .io.parquet import read_parquet
     from .io.writer import write_selection
 
+    if _is_table_job(args):
+        _run_table_select(args, options)
+        return
     source, target = Path(args.input), Path(args.output)
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
@@ -281,7 +328,8 @@ def _run_select(args, options: dict, started: float) -> None:
     ddf = read_parquet(source, backend=_backend(args))
     report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
                              resume=args.resume, single_file=source.is_file(),
-                             input_fingerprint=input_fingerprint(source), input_location=source, **options)
+                             input_fingerprint=input_fingerprint(source), input_location=source,
+                             progress=args.progress, **options)
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
               "reused from the interrupted run" if report.reused else ""
     profile = report.record.get("profile") if report.record else None

@@ -49,3 +49,37 @@ def add_up(parts) -> dict[str, float]:
         for stage, seconds in (part or {}).items():
             out[stage] = out.get(stage, 0.0) + seconds
     return out
+
+
+# --------------------------------------------------------------------------- learning curves
+
+#: Curves a thread keeps until they are taken (older ones are dropped), and points per curve.
+MAX_CURVES, CURVE_POINTS = 4, 64
+
+
+def note_curve(label: str, history) -> None:
+    """Keep a learner run's per-step objective (``MaskResult.history``), thinned to ``CURVE_POINTS``.
+
+    Cheap and bounded: at most ``MAX_CURVES`` curves wait on a thread, so a caller that never
+    takes them (``datamask_select`` outside the writer) holds a few hundred floats at most.
+    """
+    values = [float(v) for v in history]
+    if not values:
+        return
+    if len(values) > CURVE_POINTS:
+        steps = [round(i * (len(values) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)]
+    else:
+        steps = list(range(len(values)))
+    curves = getattr(_local, "curves", None)
+    if curves is None:
+        curves = _local.curves = []
+    if len(curves) < MAX_CURVES:
+        curves.append({"chunk": label, "steps": len(values), "step": steps,
+                       "objective": [round(values[s], 6) for s in steps]})
+
+
+def take_curves() -> list[dict]:
+    """This thread's learning curves since the last take (and forget them)."""
+    curves = getattr(_local, "curves", None) or []
+    _local.curves = []
+    return curves

@@ -50,6 +50,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import progress as progress_bars
 from .. import stages
 from ..config import load_config
 from ..errors import DataMaskError
@@ -58,6 +59,7 @@ from ..partition import adapters
 from ..partition.select import select_partition
 from .output import FOOTER_KEY, RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
 from .parquet import concatenate, write_table
+from .summary import SAMPLE_ROWS, RunSummary, partition_summary, summarise_run
 
 FORMAT = 1  # version of the work directory layout
 MANIFEST = "manifest.json"
@@ -91,6 +93,9 @@ class SelectionReport:
     record : dict
         The run record kept with the output (:mod:`datamask_dask.io.output`): settings after
         profile and config (``record["profile"]`` names the profile), versions, input, counts.
+    summary : RunSummary
+        The same record as an object (:class:`datamask_dask.io.summary.RunSummary`): objective vs
+        baselines on a sample, near-duplicates, groups, tokens, learning curves; ``.to_pandas()``.
     """
 
     path: str
@@ -102,6 +107,7 @@ class SelectionReport:
     phases: dict = dataclasses.field(default_factory=dict)
     stages: dict = dataclasses.field(default_factory=dict)
     record: dict = dataclasses.field(default_factory=dict)
+    summary: RunSummary | None = None
 
 
 def work_dir(path: str | os.PathLike) -> Path:
@@ -112,7 +118,8 @@ def work_dir(path: str | os.PathLike) -> Path:
 
 def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, overwrite: bool = False,
                     resume: bool = True, single_file: bool = False, scheduler=None,
-                    input_fingerprint=None, input_location=None, **options) -> SelectionReport:
+                    input_fingerprint=None, input_location=None, progress: bool | None = None,
+                    summary_rows: int = SAMPLE_ROWS, **options) -> SelectionReport:
     """Select rows (as :func:`~datamask_dask.datamask_select`) and write the result, resumably.
 
     Parameters
@@ -140,6 +147,12 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     input_location : str or path, optional
         Where the input lives: recorded in the run record, and ``path`` may not be it, contain it
         or lie inside it.
+    progress : bool, optional
+        Progress bar of partitions done (:mod:`datamask_dask.progress`); by default only when
+        stderr is a terminal or in a notebook.
+    summary_rows : int
+        Rows of the output sampled for the run summary's objective and near-duplicate figures
+        (:mod:`datamask_dask.io.summary`); 0 skips the sample.
 
     Returns
     -------
@@ -163,11 +176,11 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     with output_lock(target):
         check_target(target, overwrite=overwrite, inputs=inputs)  # as it is now that we hold the lock
         return _write_selection(ddf, target, ratio, config, resume, single_file, scheduler, input_fingerprint,
-                                input_location, options)
+                                input_location, options, progress, summary_rows)
 
 
 def _write_selection(ddf, target: Path, ratio, config, resume, single_file, scheduler, input_fingerprint,
-                     input_location, options) -> SelectionReport:
+                     input_location, options, progress=None, summary_rows=SAMPLE_ROWS) -> SelectionReport:
     start = time.perf_counter()
     work = work_dir(target)
     manifest = read_manifest(work) if resume else None
@@ -178,7 +191,7 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
         options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
         settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     spec, plan = plan_selection(ddf, ratio, config=config, scheduler=scheduler, **options)
-    plan = dask.compute(plan, scheduler=scheduler)[0]  # validates the input: fails before any write
+    plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]  # validates the input
     phases = {"plan": time.perf_counter() - start}
     record = _record(ddf, settings, spec, plan, input_fingerprint)
     if manifest is not None:
@@ -200,12 +213,13 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
         plan_node = dask.delayed(plan, traverse=False)
         pending = ddf if len(todo) == ddf.npartitions else ddf.partitions[todo]
         written = pending.map_partitions(
-            _select_and_write, plan_node, todo, os.fspath(work), manifest["run_id"], meta=_MARKER_META,
-            enforce_metadata=False)
+            _select_and_write, plan_node, todo, os.fspath(work), manifest["run_id"],
+            (settings.get("by"), settings.get("token_column")), meta=_MARKER_META, enforce_metadata=False,
+            token="datamask-select-write")
         # to_delayed() hands over the fused graph (a collection's compute() on a distributed
         # client did not fuse the read into this task: each partition then waited in memory).
         try:
-            frames = dask.compute(*written.to_delayed(), scheduler=scheduler)
+            frames = progress_bars.compute(*written.to_delayed(), scheduler=scheduler, progress=progress)
         except BaseException:
             if not any(work.glob("*.done")):  # nothing finished: nothing to resume, nothing to refuse
                 remove_own(work)
@@ -213,6 +227,7 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
         for frame in frames:
             marker = frame.to_dict("records")[0]
             computed.append(json.loads(marker.pop("stages")))
+            marker["summary"] = json.loads(marker["summary"] or "{}")
             markers[int(marker["partition"])] = {**marker, "file": marker["file"] or None}
     phases["select and write"] = time.perf_counter() - started
     manifest["runs"][-1]["finished"] = _now()
@@ -220,16 +235,21 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
 
     files = [work / markers[i]["file"] for i in sorted(markers) if markers[i]["file"]]
     empty = _empty_table(ddf, spec) if not files else None
+    started = time.perf_counter()
+    summary = summarise_run(files, markers, settings, plan["spec"], sample_rows=summary_rows,
+                            seed=int(settings.get("seed") or 0))
+    phases["summary"] = time.perf_counter() - started
     report = SelectionReport(os.fspath(target), sum(m["rows"] for m in markers.values()),
                              sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
                              time.perf_counter() - start, phases,
                              stages.add_up([plan.get("stages"), *computed]))
     started = time.perf_counter()
-    record = run_record(report, settings, manifest, markers, input_location)
+    record = run_record(report, settings, manifest, markers, input_location, summary)
     commit(files, target, single_file=single_file, empty=empty, record=record)
     remove_own(work)
     phases["commit"] = time.perf_counter() - started
-    return dataclasses.replace(report, seconds=time.perf_counter() - start, record=record)
+    return dataclasses.replace(report, seconds=time.perf_counter() - start, record=record,
+                               summary=RunSummary(record))
 
 
 # --------------------------------------------------------------------------- manifest
@@ -336,36 +356,40 @@ def _stem(number: int) -> str:
 _MARKER_META = pd.DataFrame({"partition": pd.Series(dtype="int64"), "rows": pd.Series(dtype="int64"),
                              "selected": pd.Series(dtype="int64"), "file": pd.Series(dtype=object),
                              "bytes": pd.Series(dtype="int64"), "run_id": pd.Series(dtype=object),
-                             "stages": pd.Series(dtype=object)})
+                             "stages": pd.Series(dtype=object), "summary": pd.Series(dtype=object)})
 
 
-def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: str, partition_info=None):
+def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: str, columns=(None, None),
+                      partition_info=None):
     """Select one input partition (number ``numbers[i]`` of the table) and write it; its marker as a row."""
     number = numbers[partition_info["number"] if partition_info is not None else 0]
+    stages.take_curves()  # curves left on this thread by other work are not this partition's
     with stages.timed("select"):
         selected = select_partition(frame, plan, {"number": number})
+    # Group counts, tokens and learning curves for the run summary (datamask_dask.io.summary).
+    summary = partition_summary(selected, plan["spec"].selected_column, *columns)
     with stages.timed("write"):
-        marker = write_part(selected, work, number, run_id, plan["spec"].selected_column)
+        marker = write_part(selected, work, number, run_id, plan["spec"].selected_column, summary)
     # This thread's stage seconds since the last take: the read fused in front of this task too.
     seconds = json.dumps(stages.take())
-    return pd.DataFrame([{**marker, "file": marker["file"] or "", "stages": seconds}]).astype(
-        _MARKER_META.dtypes.to_dict())
+    return pd.DataFrame([{**marker, "file": marker["file"] or "", "stages": seconds,
+                          "summary": json.dumps(marker["summary"])}]).astype(_MARKER_META.dtypes.to_dict())
 
 
-def write_part(frame, work: str, number: int, run_id: str, selected_column: str) -> dict:
+def write_part(frame, work: str, number: int, run_id: str, selected_column: str, summary=None) -> dict:
     """Write one partition's part file and then its completion marker (both atomically, fsynced).
 
     Returns
     -------
     dict
         The marker: ``partition``, ``rows``, ``selected``, ``file`` (None for an empty
-        partition), ``bytes``, ``run_id``.
+        partition), ``bytes``, ``run_id``, and ``summary`` (the part's run-summary figures).
     """
     work_path = Path(work)
     rows = len(frame)
     selected = int(adapters.host_values(frame, selected_column).sum()) if rows else 0
     marker = {"partition": number, "rows": rows, "selected": selected, "file": None, "bytes": 0,
-              "run_id": run_id}
+              "run_id": run_id, "summary": summary or {}}
     if rows:
         name = f"{_stem(number)}.parquet"
         _write_atomic(work_path / name, lambda handle: _write_frame(frame, handle))
@@ -478,7 +502,7 @@ def commit(files: list[Path], target: Path, *, single_file: bool = False,
 
 
 def run_record(report: SelectionReport, settings: Mapping, manifest: dict, markers: dict,
-               input_location) -> dict:
+               input_location, summary: dict | None = None) -> dict:
     """What a finished output keeps about the run that made it (see :mod:`datamask_dask.io.output`)."""
     import platform
 
@@ -496,7 +520,7 @@ def run_record(report: SelectionReport, settings: Mapping, manifest: dict, marke
         "settings": manifest["settings"], "seed": manifest["settings"].get("seed"),
         "profile": settings.get("profile"), "memory_budget": manifest["memory_budget"],
         "rows": report.rows, "selected": report.selected, "partitions": per_partition,
-        "phases": report.phases, "stages": report.stages, "versions": versions,
+        "phases": report.phases, "stages": report.stages, "versions": versions, "summary": summary,
     }, default=_plain, sort_keys=True))
 
 

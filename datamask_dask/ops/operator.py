@@ -193,7 +193,7 @@ def apply_plan(ddf, spec: SelectSpec, plan):
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
     meta = adapters.with_columns(ddf._meta, out_columns)
-    return ddf.map_partitions(select_partition, plan, meta=meta)
+    return ddf.map_partitions(select_partition, plan, meta=meta, token="datamask-select")
 
 
 # --------------------------------------------------------------------------- plan pass
@@ -202,14 +202,24 @@ def apply_plan(ddf, spec: SelectSpec, plan):
 def plan_graph(ddf, spec: SelectSpec):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
     parts = plan_input(ddf, spec.plan_columns).to_delayed()
-    summaries = [dask.delayed(summarise_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
+    summaries = [dask.delayed(summarise_partition, pure=True)(
+        part, i, spec, dask_key_name=_key("datamask-plan-partition", part, i, spec))
+        for i, part in enumerate(parts)]
     ids = id_graph(parts, spec.id_column) if spec.check_ids else None
     dim = adapters.fixed_dimension(ddf._meta[spec.embedding_column].dtype)
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
         n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
         probes = ddf[spec.embedding_column].partitions[list(range(n_probe))].to_delayed()
         dim = dask.delayed(_probe_dimension, pure=True)(probes)
-    return dask.delayed(make_plan, pure=True)(summaries, ids, dim, spec)
+    return dask.delayed(make_plan, pure=True)(summaries, ids, dim, spec,
+                                              dask_key_name=_key("datamask-plan", summaries, ids, dim, spec))
+
+
+def _key(prefix: str, *args) -> str:
+    """A task key the Dask dashboard shows as ``prefix`` (its task prefix), unique per arguments."""
+    from dask.base import tokenize
+
+    return f"{prefix}-{tokenize(*args)}"
 
 
 def plan_input(ddf, columns: list[str]):
@@ -245,7 +255,9 @@ def _probe_dimension(parts: list) -> int | None:
 
 def id_graph(parts: list, id_column: str):
     """Lazy duplicate-id report over the partitions ``parts`` (a tree reduction)."""
-    level = [dask.delayed(partition_ids, pure=True)(part, i, id_column) for i, part in enumerate(parts)]
+    level = [dask.delayed(partition_ids, pure=True)(
+        part, i, id_column, dask_key_name=_key("datamask-plan-ids", part, i, id_column))
+        for i, part in enumerate(parts)]
     while len(level) > 1:
         level = [dask.delayed(merge_ids, pure=True)(level[i:i + _SPLIT_EVERY])
                  for i in range(0, len(level), _SPLIT_EVERY)]

@@ -111,9 +111,11 @@ def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, ch
             embeddings /= norms[:, None]  # in place: the learner finds unit rows and copies nothing
     try:
         with stages.timed("learn"):
-            return learn_mask(quality[chunk], embeddings, k, options, device=device,
-                              quality_range=plan["ranges"][group_index],
-                              seed=derive_seed(options.seed, number, group_index, chunk_number))
+            result = learn_mask(quality[chunk], embeddings, k, options, device=device,
+                                quality_range=plan["ranges"][group_index],
+                                seed=derive_seed(options.seed, number, group_index, chunk_number))
+        stages.note_curve(where, result.history)  # for the run summary's learning curves
+        return result
     except InputDataError as exc:
         raise InputDataError(f"{where}: {exc}") from exc
 

@@ -1,0 +1,321 @@
+"""The run summary: what a selection did, written into every output's run record.
+
+:func:`datamask_dask.write_selection` adds a ``summary`` to the run record (``_datamask_run.json``
+or the ``datamask.run`` footer key, see :mod:`datamask_dask.io.output`):
+
+- from each partition's task (exact, cheap: computed on the frame the task already holds): rows
+  and selected rows per group when ``by`` is used, tokens in and selected when the token column
+  exists, and the learning curves (objective per step, thinned) of its first chunks;
+- on the driver, once every part file is written and before the record is published: a sample
+  of the output (whole row groups drawn at random until ``sample_rows`` rows, then thinned to
+  exactly that many), on which the selection's objective (quality term, diversity term, with the
+  run's ``algorithm`` and ``lamb``) is compared with quality top-k and a random pick of as many
+  rows, and near-duplicate pairs (cosine >= ``DUPLICATE_COSINE``) are counted among each pick.
+  The seconds it took are recorded (``summary.seconds`` and the ``summary`` phase).
+
+:class:`RunSummary` reads a record back (``RunSummary.read(path)``, or ``report.summary``) and
+turns it into pandas tables (:meth:`RunSummary.to_pandas`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
+DUPLICATE_COSINE = 0.95  # two rows at least this similar are counted as a near-duplicate pair
+_BLOCK = 2048  # rows per block of the blocked similarity products
+
+
+# --------------------------------------------------------------------------- per partition (workers)
+
+
+def partition_summary(frame, selected_column: str, by: str | None, token_column: str | None) -> dict:
+    """Group counts and tokens of one selected partition, and the learning curves its task noted."""
+    from .. import stages
+    from ..partition import adapters
+
+    out: dict = {"curves": stages.take_curves()}
+    if not len(frame):
+        return out
+    selected = np.asarray(adapters.host_values(frame, selected_column), dtype=bool)
+    if by is not None and by in frame.columns:
+        labels = adapters.host_values(frame, by)
+        table = pd.DataFrame({"group": labels.to_numpy(), "selected": selected}).groupby(
+            "group", dropna=False, sort=True)["selected"].agg(["size", "sum"])
+        out["groups"] = [[_json_label(label), int(row["size"]), int(row["sum"])]
+                         for label, row in table.iterrows()]
+    if token_column is not None and token_column in frame.columns:
+        tokens = pd.to_numeric(adapters.host_values(frame, token_column), errors="coerce").to_numpy(
+            dtype=np.float64, na_value=np.nan)
+        tokens = np.nan_to_num(tokens, nan=0.0)
+        out["tokens"] = [float(tokens.sum()), float(tokens[selected].sum())]
+    return out
+
+
+def _json_label(label):
+    if label is None or (isinstance(label, float) and np.isnan(label)):
+        return None
+    if hasattr(label, "item"):
+        label = label.item()
+    return label if isinstance(label, str | int | float | bool) else str(label)
+
+
+# --------------------------------------------------------------------------- the driver's summary
+
+
+def summarise_run(files: list, markers: dict, settings: dict, spec, *, sample_rows: int = SAMPLE_ROWS,
+                  seed: int = 0) -> dict:
+    """The ``summary`` of a run record from its finished part files and completion markers."""
+    started = time.perf_counter()
+    parts = [(i, markers[i].get("summary") or {}) for i in sorted(markers)]
+    groups = [{"partition": i, "group": g, "rows": r, "selected": s}
+              for i, part in parts for g, r, s in part.get("groups", [])]
+    token_parts = [(i, part["tokens"]) for i, part in parts if "tokens" in part]
+    token_column = spec.token_column or settings.get("token_column")
+    tokens = None
+    if token_parts:
+        tokens = {"column": token_column, "total": sum(t[0] for _, t in token_parts),
+                  "selected": sum(t[1] for _, t in token_parts),
+                  "per_partition": [{"partition": i, "total": t[0], "selected": t[1]}
+                                    for i, t in token_parts]}
+    curves = [{"partition": i, **curve} for i, part in parts for curve in part.get("curves", [])]
+    summary = {"by": spec.by, "groups": groups, "tokens": tokens, "curves": curves,
+               "duplicate_cosine": DUPLICATE_COSINE}
+    frame = sample_files(files, _sample_columns(spec), sample_rows, seed)
+    summary["sample"] = {"rows": len(frame), "requested": sample_rows, "seed": seed}
+    summary.update(compare_on_sample(frame, spec, settings, seed=seed))
+    summary["seconds"] = time.perf_counter() - started
+    return summary
+
+
+def _sample_columns(spec) -> list[str]:
+    names = [c for c, _ in spec.quality] + [spec.embedding_column, spec.selected_column]
+    names += [spec.by] if spec.by else []
+    return list(dict.fromkeys(names))
+
+
+def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.DataFrame:
+    """About ``n`` rows of parquet ``files`` (``columns`` only): random whole row groups, thinned to ``n``.
+
+    Reading whole row groups keeps the cost near ``n`` rows' worth of I/O whatever the table size;
+    rows keep their file order.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    groups = []
+    for file in files:
+        metadata = pq.ParquetFile(file).metadata
+        groups += [(file, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)]
+    chosen, total = [], 0
+    for index in rng.permutation(len(groups)):
+        if total >= n:
+            break
+        chosen.append(groups[index])
+        total += groups[index][2]
+    chosen.sort(key=lambda item: (str(item[0]), item[1]))
+    tables = []
+    for file, group, _ in chosen:
+        source = pq.ParquetFile(file)
+        present = [c for c in columns if c in source.schema_arrow.names]
+        tables.append(source.read_row_group(group, columns=present))
+    if not tables:
+        return pd.DataFrame(columns=columns)
+    table = pa.concat_tables(tables, promote_options="default")
+    if table.num_rows > n:
+        table = table.take(np.sort(rng.choice(table.num_rows, n, replace=False)))
+    return table.to_pandas(types_mapper=_list_as_arrow)
+
+
+def _list_as_arrow(pa_type):
+    """Keep list columns (embeddings) Arrow-backed, as the package's readers do."""
+    import pyarrow as pa
+
+    if pa.types.is_list(pa_type) or pa.types.is_fixed_size_list(pa_type) or pa.types.is_large_list(pa_type):
+        return pd.ArrowDtype(pa_type)
+    return None
+
+
+def compare_on_sample(frame: pd.DataFrame, spec, settings: dict, *, seed: int = 0) -> dict:
+    """Objective and near-duplicate pairs of the selection, quality top-k and random on ``frame``."""
+    from ..learn.baselines import quality_topk, random_selection
+    from ..learn.objectives import evaluate_selection
+    from ..partition.checks import quality_values
+
+    algorithm, lamb = settings.get("algorithm", "Pair_simi"), float(settings.get("lamb", 0.5))
+    out = {"algorithm": algorithm, "lamb": lamb, "objective": None}
+    if not len(frame):
+        return out
+    mask = frame[spec.selected_column].to_numpy(dtype=bool)
+    k = int(mask.sum())
+    out["sample"] = {"rows": len(frame), "selected": k}
+    if k == 0:
+        return out
+    quality = quality_values(frame, spec, "the output sample")
+    embeddings = unit_rows(frame[spec.embedding_column])
+    picks = {"datamask": np.flatnonzero(mask),
+             "quality_topk": quality_topk(quality, embeddings, k),
+             "random": random_selection(quality, embeddings, k, seed=seed)}
+    table = {}
+    for name, rows in picks.items():
+        value = evaluate_selection(quality, embeddings, rows, algorithm=algorithm, lamb=lamb)
+        table[name] = {"objective": value["objective"], "quality": value["quality"],
+                       "diversity": value["diversity"], "rows": k,
+                       "near_duplicate_pairs": near_duplicate_pairs(embeddings[np.sort(rows)])}
+    out["objective"] = table
+    return out
+
+
+def unit_rows(series) -> np.ndarray:
+    """An embedding column as an L2-normalised float32 matrix (zero rows stay zero)."""
+    from ..partition.adapters import embedding_matrix
+
+    matrix = np.asarray(embedding_matrix(series.reset_index(drop=True)), dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms > 0, norms, 1.0)
+
+
+def near_duplicate_pairs(unit: np.ndarray, threshold: float = DUPLICATE_COSINE) -> int:
+    """Pairs ``i < j`` of unit rows with cosine >= ``threshold`` (blocked: O(block * n) memory)."""
+    count = 0
+    for start in range(0, len(unit), _BLOCK):
+        block = unit[start:start + _BLOCK] @ unit[start:].T  # rows against themselves and later rows
+        upper = np.triu(np.ones(block.shape, dtype=bool), k=1)
+        count += int(np.count_nonzero((block >= threshold) & upper))
+    return count
+
+
+# --------------------------------------------------------------------------- reading it back
+
+
+class RunSummary:
+    """A finished output's run record with its summary, as Python objects and pandas tables.
+
+    Get one with ``RunSummary.read(path)`` or from ``write_selection(...).summary``. The record
+    is in :attr:`record` (a dict); ``summary[key]`` reads it too.
+    """
+
+    TABLES = ("overview", "objective", "partitions", "groups", "curves", "stages", "phases", "settings",
+              "versions")
+
+    def __init__(self, record: dict):
+        self.record = record
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> RunSummary:
+        """The run summary of the datamask output at ``path`` (directory or single parquet file)."""
+        from .output import read_record
+
+        record = read_record(path)
+        if record is None:
+            raise FileNotFoundError(f"{path} has no datamask run record: it was not written by "
+                                    "datamask_dask.write_selection (or `datamask select`)")
+        return cls(record)
+
+    def __getitem__(self, key):
+        return self.record[key]
+
+    def __repr__(self) -> str:
+        rows, selected = self.record.get("rows"), self.record.get("selected")
+        return f"RunSummary({rows} rows, {selected} selected, run {self.record.get('run_id')})"
+
+    @property
+    def summary(self) -> dict:
+        """The ``summary`` section (empty for outputs of older versions)."""
+        return self.record.get("summary") or {}
+
+    def to_json(self) -> str:
+        return json.dumps(self.record, indent=1, sort_keys=True)
+
+    def to_pandas(self, table: str = "overview") -> pd.DataFrame:
+        """One table of the summary.
+
+        ``"overview"`` (default): one row per scalar field (``field``, ``value``): rows, selected,
+        share, tokens, seed, input location, sample, seconds per phase and stage, objective
+        values... ``"objective"``: selection vs baselines on the sample (rows ``datamask``,
+        ``quality_topk``, ``random``). ``"partitions"``: rows, selected (and tokens) per
+        partition. ``"groups"``: per group (``by``), summed over partitions. ``"curves"``: the
+        learning curves, long form (``partition``, ``chunk``, ``step``, ``objective``).
+        ``"stages"``, ``"phases"``, ``"settings"``, ``"versions"``: name / value.
+        """
+        record, summary = self.record, self.summary
+        if table == "overview":
+            return pd.DataFrame(list(self._overview()), columns=["field", "value"])
+        if table == "objective":
+            values = summary.get("objective") or {}
+            columns = ["objective", "quality", "diversity", "near_duplicate_pairs", "rows"]
+            frame = pd.DataFrame.from_dict(values, orient="index", columns=columns)
+            frame.index.name = "selection"
+            return frame
+        if table == "partitions":
+            frame = pd.DataFrame(record.get("partitions", []), columns=["partition", "rows", "selected"])
+            tokens = (summary.get("tokens") or {}).get("per_partition")
+            if tokens:
+                frame = frame.merge(pd.DataFrame(tokens).rename(columns={"total": "tokens",
+                                                                        "selected": "tokens_selected"}),
+                                    on="partition", how="left")
+            frame["share"] = frame["selected"] / frame["rows"].clip(lower=1)
+            return frame
+        if table == "groups":
+            columns = ["partition", "group", "rows", "selected"]
+            frame = pd.DataFrame(summary.get("groups", []), columns=columns)
+            frame = frame.groupby("group", dropna=False, sort=True)[["rows", "selected"]].sum().reset_index()
+            frame["share"] = frame["selected"] / frame["rows"].clip(lower=1)
+            return frame
+        if table == "curves":
+            rows = [(c["partition"], c["chunk"], s, v) for c in summary.get("curves", [])
+                    for s, v in zip(c["step"], c["objective"], strict=True)]
+            return pd.DataFrame(rows, columns=["partition", "chunk", "step", "objective"])
+        if table in ("stages", "phases", "settings", "versions"):
+            values = record.get(table) or {}
+            return pd.DataFrame([(k, _cell(v)) for k, v in sorted(values.items())], columns=["name", "value"])
+        raise ValueError(f"unknown table {table!r}; one of {', '.join(self.TABLES)}")
+
+    def _overview(self):
+        record, summary = self.record, self.summary
+        rows, selected = record.get("rows"), record.get("selected")
+        yield "run_id", record.get("run_id")
+        yield "finished", record.get("finished")
+        yield "input", (record.get("input") or {}).get("location")
+        yield "rows", rows
+        yield "selected", selected
+        yield "share", selected / rows if rows else None
+        yield "partitions", len(record.get("partitions", []))
+        yield "seed", record.get("seed")
+        yield "algorithm", _cell(summary.get("algorithm"))
+        yield "lamb", summary.get("lamb")
+        if summary.get("by"):
+            yield "by", summary["by"]
+            yield "groups", len(self.to_pandas("groups"))
+        tokens = summary.get("tokens")
+        if tokens:
+            yield "token_column", tokens["column"]
+            yield "tokens", tokens["total"]
+            yield "tokens_selected", tokens["selected"]
+        sample = summary.get("sample") or {}
+        yield "sample_rows", sample.get("rows")
+        for name, values in (summary.get("objective") or {}).items():
+            for key in ("objective", "quality", "diversity", "near_duplicate_pairs"):
+                yield f"{name}.{key}", values.get(key)
+        yield "summary_seconds", summary.get("seconds")
+        for name, seconds in (record.get("phases") or {}).items():
+            yield f"phase.{name}", seconds
+        for name, seconds in (record.get("stages") or {}).items():
+            yield f"stage.{name}", seconds
+        yield "datamask-dask", (record.get("versions") or {}).get("datamask-dask")
+
+
+def _cell(value):
+    return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
+
+
+def summary_of(path: str | os.PathLike | Path) -> RunSummary:
+    """Shorthand for :meth:`RunSummary.read`."""
+    return RunSummary.read(path)

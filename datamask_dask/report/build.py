@@ -1,0 +1,325 @@
+"""``build_report(OUTPUT, OUT_DIR)``: an HTML page and the PNGs it shows, from a finished selection.
+
+Everything comes from the output itself: its run record (:class:`datamask_dask.io.summary.RunSummary`)
+and a sample of its rows (whole row groups at random, as the run summary samples them). The
+page is one self-contained file (images inlined as base64 ``data:`` URIs, no scripts, no network);
+the same images are written next to it as PNG files.
+
+Figures (matplotlib's Agg canvas, without pyplot: the caller's backend is left alone):
+
+- ``curves.png``: learning curves, the learner's objective per step for the first chunks;
+- ``quality.png``: quality distribution of all rows vs the selected rows (sample);
+- ``projection.png``: a 2-D PCA projection of the sample's embeddings, selected rows against the
+  rest, next to quality top-k of as many rows (quality-only selection clusters; joint selection
+  spreads out);
+- ``objective.png``: objective, quality and diversity terms of the selection vs quality top-k
+  and random (from the run summary);
+- ``quotas.png``: selected share per partition (and per group with ``by``).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..io.summary import RunSummary, sample_files, unit_rows
+
+SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
+MAX_TABLE_ROWS = 200  # rows shown of the per-partition table
+FIGURES = ("curves", "quality", "projection", "objective", "quotas")
+_SELECTED, _OTHER, _TOPK = "#d62728", "#9e9e9e", "#1f77b4"
+
+
+def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
+                 sample_rows: int = SAMPLE_ROWS, seed: int = 0, embed: bool = True) -> Path:
+    """Write ``index.html`` and the figures' PNGs for the datamask output ``output_path`` into ``out_dir``.
+
+    Parameters
+    ----------
+    output_path : path
+        A directory or single file written by :func:`datamask_dask.write_selection` (``datamask
+        select``): it must carry a run record.
+    out_dir : path
+        Created if missing; may not lie inside ``output_path`` (the output holds only the files
+        its run wrote).
+    sample_rows : int
+        Rows of the output read for the quality histogram and the projection.
+    seed : int
+        Seed of the sample.
+    embed : bool
+        Inline the images in the page (base64) so the HTML file stands alone; else the page
+        links the PNGs next to it.
+
+    Returns
+    -------
+    Path
+        The HTML page.
+    """
+    source, target = Path(output_path), Path(out_dir)
+    summary = RunSummary.read(source)
+    resolved = target.resolve()
+    if source.is_dir() and (resolved == source.resolve() or source.resolve() in resolved.parents):
+        raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
+                         "elsewhere (a datamask output holds only the files its run wrote)")
+    target.mkdir(parents=True, exist_ok=True)
+    sample = _sample(source, summary, sample_rows, seed)
+    figures = {}
+    for name, draw in (("curves", _curves), ("quality", _quality), ("projection", _projection),
+                       ("objective", _objective), ("quotas", _quotas)):
+        png = draw(summary, sample, seed)
+        if png is not None:
+            (target / f"{name}.png").write_bytes(png)
+            figures[name] = png
+    page = target / "index.html"
+    page.write_text(_html(summary, sample, figures, embed, source), encoding="utf-8")
+    return page
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _columns(settings: dict) -> dict:
+    quality = settings.get("quality_column") or "quality_score"
+    if isinstance(quality, str):
+        weights = {quality: 1.0}
+    elif isinstance(quality, dict):
+        weights = {str(k): float(v) for k, v in quality.items()}
+    else:
+        weights = {str(c): 1.0 for c in quality}
+    total = sum(weights.values()) or 1.0
+    return {"quality": {c: w / total for c, w in weights.items()},
+            "embedding": settings.get("embedding_column") or "feature_arr",
+            "selected": settings.get("selected_column") or "selected", "by": settings.get("by")}
+
+
+def _data_files(source: Path, record: dict) -> list[Path]:
+    if source.is_file():
+        return [source]
+    listed = [source / name for name in record.get("files", [])]
+    return [f for f in listed if f.exists()] or sorted(source.glob("*.parquet"))
+
+
+def _sample(source: Path, summary: RunSummary, n: int, seed: int) -> dict:
+    """The sample's quality, unit embeddings and selection mask (empty arrays when unreadable)."""
+    cols = _columns(summary.record.get("settings") or {})
+    wanted = [*cols["quality"], cols["embedding"], cols["selected"]]
+    frame = sample_files(_data_files(source, summary.record), wanted, n, seed) if n > 0 else pd.DataFrame()
+    out = {"rows": len(frame), "quality": np.zeros(0), "selected": np.zeros(0, dtype=bool),
+           "embeddings": None}
+    if not len(frame) or any(c not in frame.columns for c in wanted):
+        return out
+    out["quality"] = sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64)
+                         for c, w in cols["quality"].items())
+    out["selected"] = frame[cols["selected"]].to_numpy(dtype=bool)
+    out["embeddings"] = unit_rows(frame[cols["embedding"]])
+    return out
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _png(figure) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    FigureCanvasAgg(figure).print_png(buffer)
+    return buffer.getvalue()
+
+
+def _figure(width=7.0, height=4.0, ncols=1):
+    """A figure on the Agg canvas, outside pyplot: no global backend change, no figure manager."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=100)
+    return figure, figure.subplots(1, ncols, squeeze=False)
+
+
+def _curves(summary: RunSummary, sample: dict, seed: int) -> bytes:
+    curves = summary.summary.get("curves", [])[:8]
+    figure, axes = _figure()
+    ax = axes[0, 0]
+    for curve in curves:
+        ax.plot(curve["step"], curve["objective"], label=f"{curve['chunk']} ({curve['steps']} steps)")
+    if curves:
+        ax.legend(fontsize=7, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no learner run recorded\n(every quota was 0 or took a whole chunk)",
+                ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean objective of the rollouts")
+    ax.set_title("Learning curves (first chunks)")
+    ax.grid(alpha=0.3)
+    return _png(figure)
+
+
+def _quality(summary: RunSummary, sample: dict, seed: int) -> bytes | None:
+    quality, selected = sample["quality"], sample["selected"]
+    figure, axes = _figure()
+    ax = axes[0, 0]
+    if len(quality):
+        bins = np.histogram_bin_edges(quality, bins=40)
+        ax.hist(quality, bins=bins, color=_OTHER, alpha=0.7, density=True, label=f"all ({len(quality)})")
+        if selected.any():
+            ax.hist(quality[selected], bins=bins, color=_SELECTED, alpha=0.6, density=True,
+                    label=f"selected ({int(selected.sum())})")
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no rows sampled", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("quality")
+    ax.set_ylabel("density")
+    ax.set_title(f"Quality: all vs selected (sample of {sample['rows']} rows)")
+    return _png(figure)
+
+
+def pca_2d(embeddings: np.ndarray) -> np.ndarray:
+    """The rows' coordinates on the first two principal components (numpy SVD)."""
+    centred = embeddings - embeddings.mean(0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    return centred @ vt[:2].T
+
+
+def _projection(summary: RunSummary, sample: dict, seed: int) -> bytes:
+    embeddings, selected, quality = sample["embeddings"], sample["selected"], sample["quality"]
+    figure, axes = _figure(11.0, 4.8, ncols=2)
+    if embeddings is None or len(embeddings) < 3:
+        axes[0, 0].text(0.5, 0.5, "no embeddings sampled", ha="center", va="center",
+                        transform=axes[0, 0].transAxes)
+        return _png(figure)
+    xy = pca_2d(embeddings)
+    k = int(selected.sum())
+    topk = np.zeros(len(quality), dtype=bool)
+    topk[np.argsort(-quality, kind="stable")[:k]] = True
+    for ax, mask, colour, title in ((axes[0, 0], selected, _SELECTED, f"DATAMASK selection ({k} rows)"),
+                                    (axes[0, 1], topk, _TOPK, f"quality top-k ({k} rows)")):
+        ax.scatter(xy[~mask, 0], xy[~mask, 1], s=4, c=_OTHER, alpha=0.4, label="not selected", linewidths=0)
+        ax.scatter(xy[mask, 0], xy[mask, 1], s=8, c=colour, alpha=0.9, label="selected", linewidths=0)
+        ax.set_title(title)
+        ax.set_xlabel("PC 1")
+        ax.set_ylabel("PC 2")
+        ax.legend(loc="upper right", fontsize=8, markerscale=2)
+    figure.suptitle(f"Embeddings, 2-D PCA (sample of {len(xy)} rows)")
+    return _png(figure)
+
+
+def _objective(summary: RunSummary, sample: dict, seed: int) -> bytes | None:
+    table = summary.to_pandas("objective")
+    figure, axes = _figure()
+    ax = axes[0, 0]
+    if table.empty:
+        ax.text(0.5, 0.5, "no objective recorded (no rows selected in the sample)", ha="center",
+                va="center", transform=ax.transAxes)
+        return _png(figure)
+    terms = ["objective", "quality", "diversity"]
+    x = np.arange(len(terms))
+    width = 0.8 / len(table)
+    colours = {"datamask": _SELECTED, "quality_topk": _TOPK, "random": _OTHER}
+    for i, (name, row) in enumerate(table.iterrows()):
+        bars = ax.bar(x + (i - (len(table) - 1) / 2) * width, [row[t] for t in terms], width,
+                      label=name, color=colours.get(name))
+        ax.bar_label(bars, fmt="%.3f", fontsize=7)
+    ax.set_xticks(x, terms)
+    algorithm, lamb = summary.summary.get("algorithm"), summary.summary.get("lamb")
+    ax.set_title(f"Objective vs baselines on the sample ({algorithm}, lamb={lamb})")
+    ax.legend(fontsize=8)
+    return _png(figure)
+
+
+def _quotas(summary: RunSummary, sample: dict, seed: int) -> bytes:
+    from matplotlib.ticker import MaxNLocator
+
+    parts = summary.to_pandas("partitions")
+    groups = summary.to_pandas("groups") if summary.summary.get("by") else pd.DataFrame()
+    figure, axes = _figure(11.0 if len(groups) else 7.0, 4.0, ncols=2 if len(groups) else 1)
+    ax = axes[0, 0]
+    ax.bar(parts["partition"], parts["share"], color=_SELECTED, width=0.8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("partition")
+    ax.set_ylabel("selected share")
+    ax.set_title("Selected share per partition")
+    if len(groups):
+        ax = axes[0, 1]
+        ax.bar([str(g) for g in groups["group"]], groups["share"], color=_TOPK)
+        ax.set_xlabel("group")
+        ax.set_title("Selected share per group")
+        ax.tick_params(axis="x", labelrotation=45)
+    return _png(figure)
+
+
+# --------------------------------------------------------------------------- page
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1150px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
+.note { color: #666; font-size: 0.85em; }
+"""
+
+_CAPTIONS = {
+    "curves": "Learning curves: mean objective of the sampled masks per learner step, first chunks.",
+    "quality": "Quality distribution of all rows and of the selected rows (densities, on a sample).",
+    "projection": "2-D PCA projection of the embeddings: the selection against quality top-k of as many "
+                  "rows.",
+    "objective": "Objective, quality term and diversity term of the selection vs quality top-k and random.",
+    "quotas": "Selected share per partition (and per group).",
+}
+
+
+def _table(frame: pd.DataFrame, limit: int | None = None) -> str:
+    note = ""
+    if limit is not None and len(frame) > limit:
+        note = f'<p class="note">First {limit} of {len(frame)} rows.</p>'
+        frame = frame.head(limit)
+    return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}", na_rep="") + note
+
+
+def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, source: Path) -> str:
+    record = summary.record
+    rows, selected = record.get("rows", 0), record.get("selected", 0)
+    title = f"datamask selection report: {source.name}"
+    parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
+             f"<title>{html.escape(title)}</title>",
+             f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
+             f"<p>{rows} rows, <b>{selected}</b> selected ({selected / max(rows, 1):.1%}), "
+             f"{len(record.get('partitions', []))} partitions; run {html.escape(str(record.get('run_id')))} "
+             f"finished {html.escape(str(record.get('finished')))}.</p>"]
+
+    def figure(name):
+        if name not in figures:
+            return ""
+        inline = "data:image/png;base64," + base64.b64encode(figures[name]).decode()
+        src = inline if embed else f"{name}.png"
+        return (f"<figure><img src=\"{src}\" alt=\"{name}\" id=\"fig-{name}\">"
+                f"<figcaption class='note'>{html.escape(_CAPTIONS[name])}</figcaption></figure>")
+
+    parts += ["<h2>Objective vs baselines</h2>", figure("objective")]
+    objective = summary.to_pandas("objective")
+    if not objective.empty:
+        threshold = summary.summary.get("duplicate_cosine")
+        parts += [_table(objective.reset_index()),
+                  f"<p class='note'>On a sample of {(summary.summary.get('sample') or {}).get('rows')} "
+                  "output rows; "
+                  f"near-duplicate pairs: cosine &ge; {threshold} among each pick's rows.</p>"]
+    parts += ["<h2>Learning curves</h2>", figure("curves"),
+              "<h2>Quality</h2>", figure("quality"),
+              "<h2>Embeddings</h2>", figure("projection"),
+              "<h2>Quotas</h2>", figure("quotas"),
+              "<h3>Per partition</h3>", _table(summary.to_pandas("partitions"), MAX_TABLE_ROWS)]
+    if summary.summary.get("by"):
+        parts += [f"<h3>Per group ({html.escape(str(summary.summary['by']))})</h3>",
+                  _table(summary.to_pandas("groups"))]
+    parts += ["<h2>Run</h2>", _table(summary.to_pandas("overview")),
+              "<h3>Settings</h3>", _table(summary.to_pandas("settings")),
+              "<h3>Versions</h3>", _table(summary.to_pandas("versions")),
+              "</body></html>\n"]
+    return "\n".join(p for p in parts if p)

@@ -1,0 +1,67 @@
+"""``datamask report OUTPUT [--out DIR]``: the report of a finished selection (see :mod:`.build`).
+
+Glue for :mod:`datamask_dask.cli`: ``add_report_parser(commands)`` adds the sub-command to the
+``datamask`` parser's sub-parsers, and ``run_report(args)`` runs it (exit status). Standalone:
+``report_command(argv)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def default_out_dir(output: str | Path) -> Path:
+    """``OUTPUT-report`` next to the output (never inside it: an output holds only its run's files)."""
+    output = Path(output)
+    return output.parent / f"{output.name}-report"
+
+
+def add_report_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``report`` to an ``argparse`` sub-parsers object; returns its parser."""
+    parser = subparsers.add_parser(
+        "report", help="write an HTML report (with PNG figures) of a finished selection",
+        description="Write an HTML page and PNG figures about a datamask output: learning curves, "
+        "quality of all vs selected rows, a 2-D PCA projection of the embeddings, quotas per partition "
+        "and group, the objective against quality top-k and random. The page is one self-contained "
+        "file and opens without network access.")
+    _arguments(parser)
+    return parser
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output", help="output directory or file of `datamask select`")
+    parser.add_argument("--out", dest="report_dir",
+                        help="report directory (default: OUTPUT-report next to it)")
+    parser.add_argument("--sample-rows", "--sample_rows", dest="sample_rows", type=int, default=5000,
+                        help="rows of the output read for the quality and projection figures")
+    parser.add_argument("--seed", type=int, default=0, dest="report_seed", help="seed of that sample")
+    parser.add_argument("--no-embed", dest="embed", action="store_false",
+                        help="link the PNG files from the page instead of inlining them")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Build the report the parsed ``args`` ask for; print where it is. Returns the exit status."""
+    from .build import build_report
+
+    out_dir = Path(args.report_dir) if args.report_dir else default_out_dir(args.output)
+    try:
+        page = build_report(args.output, out_dir, sample_rows=args.sample_rows, seed=args.report_seed,
+                            embed=args.embed)
+    except (OSError, ValueError, ImportError) as exc:
+        print(f"datamask report: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"datamask report: {page}")
+    return 0
+
+
+def report_command(argv: list[str] | None = None) -> int:
+    """``datamask report`` on its own: parse ``argv`` and run it."""
+    parser = argparse.ArgumentParser(prog="datamask report", description=add_report_parser.__doc__)
+    _arguments(parser)
+    return run_report(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(report_command())

@@ -1,0 +1,266 @@
+"""Seeing a selection: the run summary, progress bars, task names, the HTML report in a real browser."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import FAST
+
+from datamask_dask.io.output import read_record
+from datamask_dask.io.summary import RunSummary, near_duplicate_pairs
+from datamask_dask.io.writer import write_selection
+from datamask_dask.sample_data import make_corpus
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FIGURES = ("curves", "quality", "projection", "objective", "quotas")
+BROWSERS = ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")
+
+
+def _corpus() -> pd.DataFrame:
+    corpus = make_corpus(1600, 16, seed=3)
+    corpus["n_tokens"] = (np.arange(len(corpus)) % 50 + 10).astype("int64")
+    corpus["lang"] = np.where(np.arange(len(corpus)) % 3 == 0, "de", "en")
+    return corpus
+
+
+@pytest.fixture(scope="module")
+def run(client, tmp_path_factory):
+    """One selection on the 2-worker LocalCluster, with groups and a token column: (report, output)."""
+    out = tmp_path_factory.mktemp("report") / "selected"
+    ddf = dd.from_pandas(_corpus(), npartitions=4, sort=False)
+    report = write_selection(ddf, out, 0.1, by="lang", scheduler=client, progress=False, **FAST)
+    return report, out
+
+
+# --------------------------------------------------------------------------- run summary
+
+
+def test_summary_has_every_field_after_local_cluster_run(run):
+    report, out = run
+    summary = RunSummary.read(out)
+    record = summary.record
+    assert record == read_record(out)
+    assert report.summary is not None and report.summary["run_id"] == record["run_id"]
+    for key in ("settings", "seed", "versions", "input", "rows", "selected", "partitions", "phases", "stages",
+                "summary"):
+        assert key in record, key
+    assert record["rows"] == 1600 and record["selected"] == 160
+    assert record["settings"]["n_epochs"] == 20 and record["settings"]["by"] == "lang"
+    assert {"numpy", "pandas", "dask", "distributed", "torch", "datamask-dask"} <= set(record["versions"])
+    assert set(record["phases"]) >= {"plan", "select and write", "summary"}  # commit: after the record
+    assert set(report.phases) >= {"plan", "select and write", "summary", "commit"}
+    assert record["stages"]["learn"] > 0
+    assert [p["rows"] for p in record["partitions"]] == [400] * 4
+
+    section = record["summary"]
+    assert section["sample"]["rows"] == 1600  # the whole (small) output
+    assert 0 <= section["seconds"] < 30
+    objective = section["objective"]
+    assert set(objective) == {"datamask", "quality_topk", "random"}
+    for values in objective.values():
+        assert set(values) >= {"objective", "quality", "diversity", "near_duplicate_pairs", "rows"}
+        assert values["rows"] == 160 and values["near_duplicate_pairs"] >= 0
+    # The joint objective beats both baselines; quality top-k has the best quality term.
+    assert objective["datamask"]["objective"] > objective["random"]["objective"]
+    assert objective["datamask"]["objective"] > objective["quality_topk"]["objective"]
+    assert objective["quality_topk"]["quality"] >= objective["datamask"]["quality"]
+
+    # Exact per-group counts and tokens, checked against the output itself.
+    frame = pd.read_parquet(out)
+    groups = summary.to_pandas("groups").set_index("group")
+    expected = frame.groupby("lang")["selected"].agg(["size", "sum"])
+    assert groups["rows"].to_dict() == expected["size"].to_dict()
+    assert groups["selected"].to_dict() == expected["sum"].to_dict()
+    tokens = section["tokens"]
+    assert tokens["column"] == "n_tokens"
+    assert tokens["total"] == frame["n_tokens"].sum()
+    assert tokens["selected"] == frame.loc[frame["selected"], "n_tokens"].sum()
+
+    curves = summary.to_pandas("curves")
+    assert len(section["curves"]) >= 4 and curves["objective"].notna().all()
+    assert set(curves.columns) == {"partition", "chunk", "step", "objective"}
+
+    overview = summary.to_pandas().set_index("field")["value"]
+    for field in ("rows", "selected", "seed", "tokens_selected", "datamask.objective",
+                  "quality_topk.objective", "random.objective", "datamask.near_duplicate_pairs",
+                  "summary_seconds", "phase.summary", "stage.learn"):
+        assert field in overview.index, field
+    partitions = summary.to_pandas("partitions")
+    assert partitions["selected"].sum() == 160 and "tokens_selected" in partitions
+    with pytest.raises(ValueError, match="unknown table"):
+        summary.to_pandas("nope")
+
+
+def test_summary_in_single_file_footer(tmp_path):
+    out = tmp_path / "selected.parquet"
+    ddf = dd.from_pandas(make_corpus(400, 8, seed=1), npartitions=2, sort=False)
+    report = write_selection(ddf, out, 0.2, single_file=True, scheduler="sync", progress=False, **FAST)
+    summary = RunSummary.read(out)
+    assert summary["selected"] == report.selected == 80
+    assert summary.summary["objective"]["datamask"]["rows"] == 80
+    assert summary.summary["groups"] == [] and summary.summary["tokens"] is None  # no by, no n_tokens
+    with pytest.raises(FileNotFoundError, match="no datamask run record"):
+        RunSummary.read(tmp_path)
+
+
+def test_near_duplicate_pairs_counts_pairs_once():
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((3000, 8)).astype(np.float32)
+    rows = np.concatenate([base, base[:5] + 1e-4])  # 5 duplicates across the block boundary
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    brute = rows @ rows.T
+    expected = int(np.count_nonzero(np.triu(brute >= 0.95, k=1)))
+    assert near_duplicate_pairs(rows) == expected >= 5
+
+
+# --------------------------------------------------------------------------- progress and task names
+
+
+def test_progress_quiet_without_tty_and_forceable(capsys):
+    from datamask_dask import progress
+
+    assert progress.wanted(None) is False  # pytest captures stderr: not a terminal
+    assert progress.wanted(True) is True and progress.wanted(False) is False
+    ddf = dd.from_pandas(make_corpus(200, 8, seed=0), npartitions=2, sort=False)
+    progress.compute(ddf.map_partitions(len, meta=(None, int)), scheduler="threads", progress=None)
+    assert "Completed" not in capsys.readouterr().err
+    progress.compute(ddf.map_partitions(len, meta=(None, int)), scheduler="threads", progress=True)
+    assert "100% Completed" in capsys.readouterr().err
+
+
+def test_progress_on_distributed_client(client, capsys):
+    from datamask_dask import progress
+
+    ddf = dd.from_pandas(make_corpus(200, 8, seed=0), npartitions=2, sort=False)
+    (lengths,) = progress.compute(ddf.map_partitions(len, meta=(None, int)), scheduler=client, progress=True)
+    assert int(lengths.sum()) == 200
+    assert "100%" in capsys.readouterr().err
+
+
+def test_task_names_say_what_they_are():
+    from dask.utils import key_split
+
+    from datamask_dask.ops.operator import datamask_select, plan_selection
+
+    ddf = dd.from_pandas(make_corpus(200, 8, seed=0), npartitions=2, sort=False)
+    _, plan = plan_selection(ddf, 0.1, **FAST)
+    assert key_split(plan.key) == "datamask-plan"
+    prefixes = {key_split(k) for k in dict(plan.__dask_graph__())}
+    assert {"datamask-plan-partition", "datamask-plan-ids"} <= prefixes
+    out = datamask_select(ddf, 0.1, **FAST)
+    assert key_split(out.__dask_keys__()[0]) == "datamask-select"
+
+
+# --------------------------------------------------------------------------- report
+
+
+@pytest.fixture(scope="module")
+def pages(run, tmp_path_factory):
+    """The report built from the real run, images inlined and linked: {"embedded": page, "linked": page}."""
+    pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install matplotlib)")
+    from datamask_dask.report import build_report
+
+    _, out = run
+    root = tmp_path_factory.mktemp("pages")
+    return {"embedded": build_report(out, root / "embedded"),
+            "linked": build_report(out, root / "linked", embed=False, sample_rows=800)}
+
+
+def test_report_renders_valid_pngs(pages):
+    from PIL import Image
+
+    for page in pages.values():
+        assert page.name == "index.html" and page.stat().st_size > 1000
+        for name in FIGURES:
+            png = page.parent / f"{name}.png"
+            data = png.read_bytes()
+            assert data[:8] == PNG_SIGNATURE, name
+            with Image.open(png) as image:
+                image.verify()
+            with Image.open(png) as image:
+                assert image.format == "PNG" and image.size[0] >= 400 and image.size[1] >= 250, name
+    text = pages["embedded"].read_text(encoding="utf-8")
+    assert text.count("data:image/png;base64,") == len(FIGURES)
+    assert "http://" not in text and "https://" not in text and "<script" not in text  # no network
+    linked = pages["linked"].read_text(encoding="utf-8")
+    assert all(f'src="{name}.png"' in linked for name in FIGURES)
+    for heading in ("Objective vs baselines", "Learning curves", "Per partition", "Per group (lang)"):
+        assert heading in text
+
+
+def test_report_refuses_a_directory_inside_the_output(run, pages):
+    from datamask_dask.report import build_report
+
+    _, out = run
+    with pytest.raises(ValueError, match="inside the output"):
+        build_report(out, out / "report")
+
+
+def test_report_cli(run, pages, tmp_path, capsys):
+    from datamask_dask.report.cli import add_report_parser, report_command, run_report
+
+    _, out = run
+    assert report_command([str(out), "--out", str(tmp_path / "r"), "--sample-rows", "300"]) == 0
+    assert (tmp_path / "r" / "index.html").exists()
+    assert "index.html" in capsys.readouterr().out
+    parser = argparse.ArgumentParser(prog="datamask")
+    add_report_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["report", str(tmp_path / "missing")])
+    assert args.command == "report" and run_report(args) == 1
+    assert "no datamask run record" in capsys.readouterr().err
+
+
+def _browser():
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("chromium is not installed")
+
+
+_PROBE = """<script>
+window.addEventListener("load", function () {
+  var widths = Array.prototype.map.call(document.images, function (img) {
+    return img.complete ? img.naturalWidth : -1;
+  });
+  var probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify(widths);
+  document.body.appendChild(probe);
+});
+</script>"""
+
+
+@pytest.mark.parametrize("kind", ["embedded", "linked"])
+def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
+    browser = _browser()
+    page = pages[kind]
+    probe = page.parent / "probe.html"  # next to the page: linked PNGs resolve the same way
+    text = page.read_text(encoding="utf-8")
+    probe.write_text(text.replace("</body>", _PROBE + "</body>"), encoding="utf-8")
+    common = [browser, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
+              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*common, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom.stdout, re.S)
+    assert found, f"no probe in the DOM (exit {dom.returncode}): {dom.stderr[-2000:]}"
+    widths = json.loads(found.group(1))
+    assert len(widths) == len(FIGURES) and all(w > 0 for w in widths), widths
+
+    shot = tmp_path / "screenshot.png"
+    subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=180)
+    from PIL import Image
+
+    assert shot.read_bytes()[:8] == PNG_SIGNATURE
+    with Image.open(shot) as image:
+        assert image.size == (1200, 2400)
+        colours = image.convert("RGB").resize((60, 120)).getcolors(maxcolors=100_000)
+    assert colours is not None and len(colours) > 20  # the page drew something, not a blank window
