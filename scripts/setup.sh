@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-EXTRAS=${EXTRAS:-test}
+EXTRAS=${EXTRAS:-test,lakehouse,report}
 # Reinstall only when what the install depends on changed (a stamp of it lives in .venv).
 stamp=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$EXTRAS
 if [ -x .venv/bin/python ] && [ "$(cat .venv/.datamask-installed 2>/dev/null)" = "$stamp" ]; then
@@ -22,4 +22,9 @@ if ! python -c "import torch" 2>/dev/null; then
   fi
 fi
 python -m pip install -q -e ".[$EXTRAS]"
+# The report test opens the HTML page in a real headless browser: Debian's chromium, where apt can
+# install it (the test is skipped, saying so, where no chromium can be found).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  { apt-get update -q >/dev/null 2>&1; apt-get install -y -q chromium >/dev/null 2>&1; } || echo "setup: could not install chromium; the browser test will be skipped"
+fi
 echo "$stamp" > .venv/.datamask-installed
