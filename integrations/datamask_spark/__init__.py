@@ -10,6 +10,6 @@ DataFrame APIs are used, so it also runs over Spark Connect. Installed with
 ``pip install "datamask-dask[spark]"``.
 """
 
-from .operator import datamask_select, plan_selection, apply_plan, spark_errors, spec_from_spark
+from .operator import apply_plan, datamask_select, plan_selection, spark_errors, spec_from_spark
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]

@@ -181,7 +181,8 @@ def id_report(sdf, id_column: str) -> tuple[int, list]:
     n_dup = dups.agg(F.sum(F.col("n") - 1).alias("extra")).collect()[0]["extra"] or 0
     if not n_dup:
         return 0, []
-    examples = [(row["id"], [int(p) for p in row["parts"]]) for row in dups.orderBy("id").limit(SHOW).collect()]
+    first = dups.orderBy("id").limit(SHOW).collect()
+    examples = [(row["id"], [int(p) for p in row["parts"]]) for row in first]
     return int(n_dup), examples
 
 
