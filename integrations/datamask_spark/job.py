@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from datamask_dask.errors import OptionError
+
 from .operator import datamask_select, spark_errors
 
 __all__ = ["get_spark", "select_parquet"]
@@ -64,6 +66,6 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
 def _check_local_target(source: Path, target: Path, overwrite: bool) -> None:
     a, b = source.resolve(), target.resolve()
     if a == b or a in b.parents or b in a.parents:
-        raise ValueError(f"--output {target} overlaps --input {source}: write the selection elsewhere")
+        raise OptionError(f"--output {target} overlaps --input {source}: write the selection elsewhere")
     if target.exists() and not overwrite:
         raise FileExistsError(f"--output {target} exists: remove it or pass --overwrite")
