@@ -36,12 +36,16 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict) -> dict:
     started = time.perf_counter()
     spark = (SparkSession.builder.master("local[2]").appName("datamask-bench")
              .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
-             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+             .config("spark.sql.shuffle.partitions", "2")
+             # one partition per file, whatever its size (Spark splits files above 128 MiB by default)
+             .config("spark.sql.files.maxPartitionBytes", str(2**40))
+             .config("spark.sql.files.openCostInBytes", str(2**40)).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     startup = time.perf_counter() - started
     try:
         files = sorted(source.glob("*.parquet"))
         sdf = None
+        partitions = len(files)
         for path in files:  # one partition per file, in file order (as datamask_dask.read_parquet)
             part = spark.read.parquet(str(path))
             sdf = part if sdf is None else sdf.union(part)
@@ -56,7 +60,8 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict) -> dict:
         rows = written.count()
     finally:
         spark.stop()
-    return {"wall": wall, "plan": planned, "startup": startup, "rows": rows, "ids": ids}
+    return {"wall": wall, "plan": planned, "startup": startup, "rows": rows, "ids": ids,
+            "partitions": partitions}
 
 
 def run_dask(source: Path, target: Path, config: str, overrides: dict) -> dict:
@@ -79,7 +84,8 @@ def run_dask(source: Path, target: Path, config: str, overrides: dict) -> dict:
         client.shutdown()
     table = pq.read_table(target, columns=["chunk_id", "selected"]).to_pandas()
     ids = set(table.loc[table["selected"], "chunk_id"].tolist())
-    return {"wall": wall, "plan": planned, "startup": startup, "rows": len(table), "ids": ids}
+    return {"wall": wall, "plan": planned, "startup": startup, "rows": len(table), "ids": ids,
+            "partitions": len(list(source.glob("*.parquet")))}
 
 
 def main(argv=None) -> int:
@@ -107,7 +113,8 @@ def main(argv=None) -> int:
             shutil.rmtree(Path(scratch) / engine, ignore_errors=True)
             r = results[engine]
             print(f"{engine}: {r['wall']:.1f} s ({r['rows']} rows, {len(r['ids'])} selected; plan "
-                  f"{r['plan']:.1f} s; start-up {r['startup']:.1f} s, not counted)", flush=True)
+                  f"{r['plan']:.1f} s; {r['partitions']} files; start-up {r['startup']:.1f} s, not counted)",
+                  flush=True)
     print(f"\n{args.rows:,} rows, d = {args.dim}, {args.rows // args.rows_per_partition} partitions, "
           f"config {args.config}, ratio {args.ratio}\n")
     print("| engine | wall s | rows/s | selected |")
