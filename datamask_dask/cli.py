@@ -137,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "version recorded by --output's last run, and append them to --output")
     select.add_argument("--row-filter", "--row_filter", dest="row_filter",
                         help="Iceberg --input: rows to consider, e.g. \"lang = 'en'\" (pushed down)")
+    select.add_argument("--engine", choices=("dask", "spark"), default="dask",
+                        help="run the job on Dask (default) or Spark (pip install 'datamask-dask[spark]')")
+    select.add_argument("--spark-master", dest="spark_master", metavar="URL",
+                        help="Spark master for --engine spark (e.g. local[2]); default: spark-submit's")
     select.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar of partitions done on stderr (default: only on a terminal)")
     select.add_argument("--no-resume", dest="resume", action="store_false",
@@ -195,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         _quiet_dask()
     client = None
+    spark = args.command == "select" and getattr(args, "engine", "dask") == "spark" and not args.demo
     try:
+        if spark:  # Spark runs its own executors: no Dask client
+            return _run_select_spark(args, options)
         client = _start_client(args) if args.command != "sample" else None
         if args.command == "validate":
             return _run_validate(args, options)
@@ -311,6 +318,20 @@ def _run_table_select(args, options: dict) -> None:
     at = f" at {read['version']}" if read.get("version") is not None else ""
     print(f"datamask: {report.rows} rows{since} of {read['uri']}{at}, {report.selected} selected "
           f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s -> {report.output}")
+
+
+def _run_select_spark(args, options: dict) -> int:
+    from .errors import OptionError
+
+    try:
+        from datamask_spark.job import select_parquet
+    except ImportError as exc:
+        raise OptionError("--engine spark needs pyspark: pip install 'datamask-dask[spark]'") from exc
+    rows, selected, seconds = select_parquet(args.input, args.output, master=args.spark_master,
+                                             config=args.config, overwrite=args.overwrite, **options)
+    print(f"datamask: {rows} rows, {selected} selected ({selected / max(rows, 1):.1%}) in {seconds:.1f} s "
+          f"-> {args.output} (spark)")
+    return 0
 
 
 def _run_select(args, options: dict, started: float) -> None:

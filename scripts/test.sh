@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/ruff check datamask_dask tests benchmarks examples
+.venv/bin/ruff check datamask_dask integrations tests benchmarks examples
 .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,15 @@
+"""datamask-spark: DATAMASK data selection on PySpark DataFrames.
+
+    from datamask_spark import datamask_select
+    out = sdf.transform(datamask_select, ratio=0.1)   # adds a boolean `selected` column
+
+The same options, config files, defaults and quota semantics as
+:func:`datamask_dask.datamask_select`; the engine-agnostic core of ``datamask_dask`` (spec, checks,
+plan, select step, learner) does the work, Spark only moves the partitions (``mapInArrow``). Only
+DataFrame APIs are used, so it also runs over Spark Connect. Installed with
+``pip install "datamask-dask[spark]"``.
+"""
+
+from .operator import apply_plan, datamask_select, plan_selection, spark_errors, spec_from_spark
+
+__all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]

@@ -1,0 +1,321 @@
+"""The Spark operator: ``datamask_select(sdf, ratio=0.1)`` adds a boolean ``selected`` column.
+
+It mirrors the Dask operator (:mod:`datamask_dask.ops.operator`) pass for pass and reuses its
+engine-agnostic core; Spark only moves partitions, through DataFrame APIs (no RDD, SparkContext,
+broadcast or accumulator), so it runs on classic Spark and on Spark Connect alike.
+
+1. **Plan** (eager, at call time): one ``mapInArrow`` over the plan columns (id, quality, group,
+   tokens, and with ``validate="full"`` the embeddings). Each Spark partition is checked and
+   summarised by :func:`datamask_dask.partition.checks.summarise_partition`; the task emits one
+   row (partition number, pickled summary, or the :class:`~datamask_dask.errors.DataMaskError` the
+   checks raised), collected on the driver. Duplicate ids are found by a DataFrame aggregation
+   (``groupBy(id)``, count > 1) rather than by shipping every id to the driver.
+   :func:`datamask_dask.plan.reduce.make_plan` turns the summaries into exact global quotas.
+2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task concatenates its
+   partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
+   (embeddings stay an Arrow list column, flattened without a per-row loop), runs
+   :func:`datamask_dask.partition.select.select_partition` and yields its input batches unchanged
+   with ``selected`` (and the score column) appended. The plan, a small dict, reaches the
+   executors inside the function's closure.
+
+The partition number is the Spark partition id (``TaskContext.partitionId()``): same input
+partitioning and seed give the same ``selected``, and the same rows as the Dask operator on the same
+partitions. The input is read twice (once per pass) and must give the same rows each time:
+``cache()`` or checkpoint a non-deterministic input first (a partition whose row count changed
+between the passes fails, naming it).
+
+Bad input fails in the plan pass with the package's own :class:`~datamask_dask.errors.InputDataError`
+or :class:`~datamask_dask.errors.OptionError`, raised on the driver and naming the Spark partition.
+Errors that only the select pass can see (``validate="light"``) are raised by Spark's action;
+wrap it in :func:`spark_errors` to get the package's error instead of Spark's Python traceback.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import re
+from collections.abc import Mapping
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from datamask_dask import errors as _errors
+from datamask_dask.config import load_config
+from datamask_dask.errors import DataMaskError
+from datamask_dask.partition.checks import SHOW, summarise_partition
+from datamask_dask.partition.select import select_partition
+from datamask_dask.partition.spec import SelectSpec, spec_from_meta
+from datamask_dask.plan.reduce import make_plan
+
+__all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
+
+_MARK = re.compile(r"DATAMASK-ERROR (\w+) ([A-Za-z0-9+/=]+) END")
+
+
+def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
+    """Select a share of rows that is both high in quality and diverse (DATAMASK) in a Spark DataFrame.
+
+    Parameters
+    ----------
+    sdf : pyspark.sql.DataFrame
+        Classic or Spark Connect. One row per document with an id, quality score(s) and an
+        embedding (``array<float>`` or ``array<double>``, one dimension for the whole table).
+    ratio, config, **options
+        Exactly as for :func:`datamask_dask.datamask_select` (``prune``, ``by``,
+        ``budget_tokens``, ``quality_column`` weights, ``seed``, learner options, ...).
+
+    Returns
+    -------
+    pyspark.sql.DataFrame
+        ``sdf``'s rows, columns and partitions plus the boolean ``selected`` column (and the
+        score column if asked). The plan pass has run (it reads the plan columns once); the
+        select pass runs with the returned DataFrame's first action.
+
+    Raises
+    ------
+    OptionError, InputDataError
+        For bad options or schema at once; for bad data in the plan pass (naming the Spark
+        partition, column and rows); for a ratio or budget the data cannot meet.
+
+    Examples
+    --------
+    >>> out = sdf.transform(datamask_select, ratio=0.1, n_epochs=200)   # doctest: +SKIP
+    >>> out.write.parquet("s3://bucket/selected/")                      # doctest: +SKIP
+    """
+    spec, plan = plan_selection(sdf, ratio, config=config, **options)
+    return apply_plan(sdf, spec, plan)
+
+
+def plan_selection(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
+    """Validate the options against ``sdf``'s schema and run the plan pass (eagerly).
+
+    Returns
+    -------
+    spec : SelectSpec
+    plan : dict
+        What :func:`apply_plan` and :func:`~datamask_dask.partition.select.select_partition` follow.
+    """
+    settings = load_config(config, ratio=ratio, **options)
+    ratio_given = ratio is not None or "select_ratio" in options
+    spec = spec_from_spark(sdf, settings, ratio_given=ratio_given)
+    return spec, make_plan(*plan_inputs(sdf, spec), spec)
+
+
+def spec_from_spark(sdf, settings: Mapping, *, ratio_given: bool = True) -> SelectSpec:
+    """Validate resolved settings against a Spark DataFrame's schema (no data is read)."""
+    if not (hasattr(sdf, "mapInArrow") and hasattr(sdf, "schema")):
+        raise TypeError(f"datamask_spark.datamask_select needs a pyspark DataFrame, got {type(sdf).__name__}")
+    return spec_from_meta(empty_frame(arrow_schema(sdf)), settings, ratio_given=ratio_given)
+
+
+def apply_plan(sdf, spec: SelectSpec, plan: dict):
+    """The select pass: ``sdf`` plus the ``selected`` column (lazy), following ``plan``."""
+    from pyspark.sql.types import BooleanType, FloatType, StructField, StructType
+
+    fields = list(sdf.schema.fields) + [StructField(spec.selected_column, BooleanType(), False)]
+    if spec.score_column:
+        fields.append(StructField(spec.score_column, FloatType(), True))
+    names = set(sdf.columns)
+    columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in names]
+    return sdf.mapInArrow(_SelectTask(plan, arrow_schema(sdf), columns), StructType(fields))
+
+
+# --------------------------------------------------------------------------- plan pass
+
+
+def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | None]:
+    """The plan pass: per-partition summaries, the duplicate-id report and the embedding dimension."""
+    projected = sdf.select(*[_col(c) for c in spec.plan_columns])
+    task = _SummaryTask(spec, arrow_schema(projected))
+    rows = projected.mapInArrow(task, "partition int, payload binary").collect()
+    payloads = {row["partition"]: pickle.loads(row["payload"]) for row in rows}
+    failed = [payloads[p]["error"] for p in sorted(payloads) if "error" in payloads[p]]
+    if failed:
+        raise failed[0]
+    # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
+    # partition beyond the plan as planned empty).
+    count = max(payloads, default=-1) + 1
+    summaries = [payloads[p]["summary"] if p in payloads else _EMPTY for p in range(count)]
+    ids = id_report(sdf, spec.id_column) if spec.check_ids else None
+    dim = None
+    if spec.validate != "full":  # "full" gets every partition's dimension anyway
+        dim = probe_dimension(sdf, spec.embedding_column)
+    return summaries, ids, dim
+
+
+_EMPTY = {"n": 0, "cells": {}, "dim": None, "digest": "", "stages": {}}
+
+
+class _SummaryTask:
+    """The plan pass's ``mapInArrow`` function: one partition's checks and summary, as one row."""
+
+    def __init__(self, spec: SelectSpec, schema: pa.Schema):
+        self.spec, self.schema = spec, schema
+
+    def __call__(self, batches):
+        number = partition_number()
+        frame = empty_frame(self.schema) if (table := _table(batches)) is None else _to_pandas(table)
+        try:
+            payload = {"summary": summarise_partition(frame, number, self.spec)}
+        except DataMaskError as exc:  # reported by the driver, not as a Spark task failure
+            payload = {"error": exc}
+        yield pa.RecordBatch.from_pydict({"partition": pa.array([number], pa.int32()),
+                                          "payload": pa.array([pickle.dumps(payload)], pa.binary())})
+
+
+def id_report(sdf, id_column: str) -> tuple[int, list]:
+    """Duplicate ids as :func:`datamask_dask.partition.checks.id_report` gives them: a count and examples.
+
+    A DataFrame aggregation (one shuffle of the id column), so no single task holds every id.
+    """
+    from pyspark.sql import functions as F
+
+    ids = sdf.select(_col(id_column).alias("id"), F.spark_partition_id().alias("part"))
+    dups = (ids.where(F.col("id").isNotNull()).groupBy("id")
+            .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_set("part")).alias("parts"))
+            .where(F.col("n") > 1))
+    n_dup = dups.agg(F.sum(F.col("n") - 1).alias("extra")).collect()[0]["extra"] or 0
+    if not n_dup:
+        return 0, []
+    first = dups.orderBy("id").limit(SHOW).collect()
+    examples = [(row["id"], [int(p) for p in row["parts"]]) for row in first]
+    return int(n_dup), examples
+
+
+def probe_dimension(sdf, column: str) -> int | None:
+    """The length of one non-null embedding (``validate="light"``)."""
+    from pyspark.sql import functions as F
+
+    rows = sdf.where(_col(column).isNotNull()).select(F.size(_col(column)).alias("d")).limit(1).collect()
+    return int(rows[0]["d"]) if rows else None
+
+
+# --------------------------------------------------------------------------- select pass
+
+
+class _SelectTask:
+    """The select pass's ``mapInArrow`` function: one partition's rows plus ``selected``."""
+
+    def __init__(self, plan: dict, schema: pa.Schema, columns: list[str]):
+        self.plan, self.schema, self.columns = plan, schema, columns
+
+    def __call__(self, batches):
+        spec = self.plan["spec"]
+        number = partition_number()
+        _limit_threads()
+        batches = [b for b in batches if b.num_rows]
+        try:
+            if not batches:  # still checked against the plan (a partition that lost its rows fails)
+                select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number})
+                return
+            table = pa.Table.from_batches(batches).select(self.columns)
+            out = select_partition(_to_pandas(table), self.plan, {"number": number})
+        except DataMaskError as exc:
+            raise RuntimeError(transport(exc)) from None
+        added = [(spec.selected_column, pa.bool_(), out[spec.selected_column].to_numpy(dtype=bool))]
+        if spec.score_column:
+            added.append((spec.score_column, pa.float32(), out[spec.score_column].to_numpy(dtype=np.float32)))
+        start = 0
+        for batch in batches:
+            stop = start + batch.num_rows
+            schema, arrays = batch.schema, list(batch.columns)
+            for name, kind, values in added:
+                schema = schema.append(pa.field(name, kind))
+                arrays.append(pa.array(values[start:stop], kind))
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            start = stop
+
+
+def _limit_threads() -> None:
+    """One torch thread per Spark task core (``spark.task.cpus``), as the Dask workers have."""
+    import torch
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    cpus = context.cpus() if context is not None and hasattr(context, "cpus") else 1
+    if torch.get_num_threads() != cpus:
+        torch.set_num_threads(max(1, int(cpus)))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def transport(exc: DataMaskError) -> str:
+    """``exc``'s message, plus a marker :func:`spark_errors` turns back into the same error on the driver."""
+    body = base64.b64encode(json.dumps({"kind": type(exc).__name__, "message": str(exc)}).encode()).decode()
+    return f"{exc}\nDATAMASK-ERROR {type(exc).__name__} {body} END"
+
+
+def from_spark(exc: BaseException) -> DataMaskError | None:
+    """The package error a Spark exception carries from a worker, if any."""
+    found = _MARK.search(str(exc))
+    if found is None:
+        return None
+    payload = json.loads(base64.b64decode(found.group(2)))
+    kind = getattr(_errors, payload["kind"], None)
+    if not (isinstance(kind, type) and issubclass(kind, DataMaskError)):
+        kind = DataMaskError
+    return kind(payload["message"])
+
+
+@contextmanager
+def spark_errors():
+    """Turn a Spark action's failure caused by bad input back into the package's own error.
+
+        with spark_errors():
+            out.write.parquet(path)
+
+    Raises the :class:`~datamask_dask.errors.InputDataError` (or ``OptionError``) a worker raised,
+    with the worker's message (naming the partition, column and rows), instead of Spark's
+    ``PythonException``; any other failure propagates unchanged.
+    """
+    try:
+        yield
+    except DataMaskError:
+        raise
+    except Exception as exc:
+        error = from_spark(exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def partition_number() -> int:
+    """The Spark partition this task works on."""
+    from pyspark import TaskContext
+
+    return int(TaskContext.get().partitionId())
+
+
+def arrow_schema(sdf) -> pa.Schema:
+    """A Spark DataFrame's schema as Arrow's."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(sdf.schema)
+
+
+def empty_frame(schema: pa.Schema) -> pd.DataFrame:
+    """An empty pandas frame with Arrow dtypes (the ``meta`` the core validates against)."""
+    return _to_pandas(schema.empty_table())
+
+
+def _to_pandas(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
+
+
+def _table(batches) -> pa.Table | None:
+    batches = list(batches)
+    return pa.Table.from_batches(batches) if batches else None
+
+
+def _col(name: str):
+    from pyspark.sql import functions as F
+
+    return F.col("`" + name.replace("`", "``") + "`")

@@ -1,0 +1,158 @@
+"""The Spark integration (``datamask_spark``) on a real local[2] Spark session: one session per module.
+
+The corpus is the conftest's 4-file parquet directory, read in Spark one partition per file in file
+order (a union of per-file reads), so Spark and Dask see the same partitions.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
+
+import datamask_spark  # noqa: E402
+from conftest import FAST  # noqa: E402
+from datamask_spark import datamask_select, spark_errors  # noqa: E402
+
+import datamask_dask  # noqa: E402
+from datamask_dask.errors import InputDataError, OptionError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    # Spark's Python workers must run this interpreter and find both packages.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    roots = {str(Path(datamask_dask.__file__).parents[1]), str(Path(datamask_spark.__file__).parents[1])}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + sorted(roots - set(paths)))
+    session = (SparkSession.builder.master("local[2]").appName("datamask-tests")
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+def read_files(spark, directory):
+    """One Spark partition per parquet file, in file-name order (as datamask_dask.read_parquet reads)."""
+    files = sorted(Path(directory).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
+    frame = None
+    for path in files:
+        part = spark.read.parquet(str(path))
+        frame = part if frame is None else frame.union(part)
+    return frame
+
+
+@pytest.fixture(scope="module")
+def sdf(spark, parquet_dir):
+    return read_files(spark, parquet_dir)
+
+
+def dask_selected(parquet_dir, **options) -> set:
+    out = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), **options).compute(
+        scheduler="sync")
+    return set(out.loc[out["selected"], "chunk_id"].tolist())
+
+
+def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
+    out = sdf.transform(datamask_select, ratio=0.1, seed=7, score_column="score", **FAST)
+    assert out.columns == sdf.columns + ["selected", "score"]
+    got = out.toPandas()
+    assert len(got) == len(corpus) and got["selected"].sum() == 160
+    assert sorted(got["chunk_id"]) == sorted(corpus["chunk_id"])
+    assert got["text"].tolist() == [f"document {i}" for i in got["chunk_id"]]  # rows kept together
+    assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
+    assert np.isfinite(got.loc[got["selected"], "score"]).all()
+    again = datamask_select(sdf, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id").toPandas()
+    assert set(again["chunk_id"]) == set(got.loc[got["selected"], "chunk_id"])  # deterministic
+
+
+def _lang_tokens(frame):
+    ids = frame["chunk_id"].to_numpy()
+    return frame.assign(lang=np.where(ids % 3 == 0, "de", "en"), n_tokens=ids % 50 + 10)
+
+
+def test_groups_prune_and_token_budget_match_dask(spark, sdf, parquet_dir):
+    from pyspark.sql import functions as F
+
+    grouped = sdf.withColumn("lang", F.when(F.col("chunk_id") % 3 == 0, "de").otherwise("en")) \
+                 .withColumn("n_tokens", (F.col("chunk_id") % 50 + 10).cast("long"))
+    options = dict(by="lang", ratio={"de": 0.2, "en": 0.05}, prune=0.1, **FAST)
+    got = grouped.transform(datamask_select, **options).where("selected").toPandas()
+    assert (got["lang"] == "de").sum() == round(0.2 * 534)
+    assert (got["lang"] == "en").sum() == round(0.05 * 1066)
+
+    want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir).map_partitions(_lang_tokens),
+                                         **options).compute(scheduler="sync")
+    assert set(got["chunk_id"]) == set(want.loc[want["selected"], "chunk_id"])
+
+    budget = grouped.transform(datamask_select, budget_tokens=5000, **FAST).where("selected").toPandas()
+    assert 5000 - 60 * 4 < budget["n_tokens"].sum() <= 5000
+
+
+def test_bad_data_names_the_spark_partition(spark, sdf):
+    from pyspark.sql import functions as F
+
+    bad = sdf.withColumn("quality_score", F.when(F.col("chunk_id") == 1205, F.lit(float("nan")))
+                         .otherwise(F.col("quality_score")))
+    with pytest.raises(InputDataError, match=r"partition 3: quality column 'quality_score' has 1 NaN"):
+        datamask_select(bad, ratio=0.1, **FAST)
+    dup = sdf.withColumn("chunk_id", F.when(F.col("chunk_id") == 1300, F.lit(5)).otherwise(F.col("chunk_id")))
+    with pytest.raises(InputDataError, match=r"1 duplicate value\(s\), e\.g\. 5 \(partitions \[0, 3\]\)"):
+        datamask_select(dup, ratio=0.1, **FAST)
+    with pytest.raises(OptionError, match="n_epoch"):
+        datamask_select(sdf, ratio=0.1, n_epoch=3)
+    with pytest.raises(InputDataError, match="no column 'quality'"):
+        datamask_select(sdf, ratio=0.1, quality_column="quality")
+
+
+def test_select_pass_error_reaches_the_driver_as_the_package_error(sdf):
+    from pyspark.sql import functions as F
+
+    # validate="light": the plan pass does not read embeddings, the select pass finds the zero vector
+    zero = F.array_repeat(F.lit(0.0).cast("float"), 16)
+    bad = sdf.withColumn("feature_arr",
+                         F.when(F.col("chunk_id") == 450, zero).otherwise(F.col("feature_arr")))
+    out = datamask_select(bad, ratio=0.5, validate="light", **FAST)
+    with pytest.raises(InputDataError, match=r"partition 1") as caught, spark_errors():
+        out.where("selected").count()
+    assert "Traceback" not in str(caught.value) and "DATAMASK-ERROR" not in str(caught.value)
+
+
+def test_empty_partitions(sdf):
+    # 8 partitions, the middle 4 empty (rows 800+ are in partitions 2 and 3 of sdf)
+    mixed = sdf.where("chunk_id < 800").union(sdf.where("chunk_id >= 800"))
+    got = datamask_select(mixed, ratio=0.1, **FAST).where("selected").count()
+    assert got == 160
+
+
+def test_select_parquet_job_follows_the_output_rules(spark, parquet_dir, tmp_path):
+    """The CLI's --engine spark job: exact count, a run record, no overlap with the input, and no
+    overwrite of what datamask did not write."""
+    from datamask_spark.job import select_parquet
+
+    from datamask_dask.io.output import RUN_RECORD, UnsafeOutputError, read_record
+
+    target = tmp_path / "out"
+    rows, selected, _ = select_parquet(parquet_dir, target, spark=spark, ratio=0.1, n_epochs=20, n_rollout=8)
+    assert (rows, selected) == (1600, 160)
+    assert read_record(target)["engine"] == "spark" and (target / RUN_RECORD).exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging left behind
+    # an earlier datamask output is replaced with --overwrite
+    assert select_parquet(parquet_dir, target, spark=spark, overwrite=True, ratio=0.1, n_epochs=20,
+                          n_rollout=8)[:2] == (1600, 160)
+    with pytest.raises(UnsafeOutputError, match="is the input"):
+        select_parquet(parquet_dir, parquet_dir, spark=spark, overwrite=True, ratio=0.1)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    with pytest.raises(UnsafeOutputError, match="notes.txt"):
+        select_parquet(parquet_dir, foreign, spark=spark, overwrite=True, ratio=0.1)
+    assert (foreign / "notes.txt").read_text() == "keep"

@@ -1,0 +1,57 @@
+"""The Spark integration over Spark Connect: a local Connect server (``remote("local[2]")``), one per module.
+
+Skipped when the installed pyspark cannot start one (``pip install "pyspark[connect]"``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
+pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio)")
+
+import datamask_spark  # noqa: E402
+from conftest import FAST  # noqa: E402
+from datamask_spark import datamask_select  # noqa: E402
+
+import datamask_dask  # noqa: E402
+from datamask_dask.errors import InputDataError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def connect():
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    roots = {str(Path(datamask_dask.__file__).parents[1]), str(Path(datamask_spark.__file__).parents[1])}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + sorted(roots - set(paths)))
+    try:
+        session = SparkSession.builder.remote("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+    except Exception as exc:  # no local Connect server in this pyspark
+        pytest.skip(f"cannot start a local Spark Connect server: {exc}")
+    yield session
+    session.stop()
+
+
+def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir):
+    from pyspark.sql import functions as F
+
+    files = sorted(Path(parquet_dir).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
+    sdf = None
+    for path in files:
+        part = connect.read.parquet(str(path))
+        sdf = part if sdf is None else sdf.union(part)
+    got = sdf.transform(datamask_select, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id")
+    ids = {r["chunk_id"] for r in got.collect()}
+    want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), ratio=0.1, seed=7,
+                                         **FAST).compute(scheduler="sync")
+    assert ids == set(want.loc[want["selected"], "chunk_id"])
+    bad = sdf.withColumn("quality_score", F.when(F.col("chunk_id") == 5, F.lit(float("nan")))
+                         .otherwise(F.col("quality_score")))
+    with pytest.raises(InputDataError, match=r"partition 0: quality column 'quality_score' has 1 NaN"):
+        datamask_select(bad, ratio=0.1, **FAST)
