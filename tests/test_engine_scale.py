@@ -8,9 +8,10 @@ below quality top-k. These runs reproduce that at a CI size (the ratio n / m of 
 
 import numpy as np
 import pytest
+import torch
 
 from datamask_dask.learn.engine import learn_mask
-from datamask_dask.learn.objectives import evaluate_selection
+from datamask_dask.learn.objectives import DiversityMetric, Facility, evaluate_selection
 from datamask_dask.sample_data import make_embeddings
 
 
@@ -37,3 +38,33 @@ def test_lamb_half_never_below_quality_topk(algorithm):
         q, e = make_embeddings(2_000, 32, seed=seed)
         ours, top = _objectives(q, e, 200, algorithm, seed=seed, refine_reference=250, refine_epochs=20)
         assert ours >= top, (seed, ours, top)
+
+
+def test_sampled_reference_rows_never_represent_themselves():
+    q, e = make_embeddings(500, 16, seed=0)
+    emb = torch.as_tensor(e)
+    rows = torch.arange(0, 500, 5)
+    values, neighbours, sampled = Facility(neighbours=8).prepare(emb, torch.Generator().manual_seed(0),
+                                                                 emb[rows], reference_rows=rows)
+    assert sampled
+    assert (values[neighbours == rows[:, None]] == 0).all()
+    assert (neighbours == rows[:, None]).any(1).all()  # each found itself, and it was zeroed
+
+
+class _OldStyleReferenceMetric(DiversityMetric):
+    """A user metric that uses the reference but predates ``reference_rows``."""
+
+    uses_reference = True
+
+    def prepare(self, emb, generator, reference=None):
+        return (emb if reference is None else reference).mean(0)
+
+    def rewards(self, emb, idx, state):
+        return -(emb[idx].mean(1) - state).pow(2).sum(1)
+
+
+def test_user_metric_without_reference_rows_still_works():
+    q, e = make_embeddings(1_000, 16, seed=0)
+    mask = learn_mask(q, e, 100, algorithm=_OldStyleReferenceMetric(), refine_reference=200,
+                      refine_epochs=5).mask
+    assert mask.sum() == 100

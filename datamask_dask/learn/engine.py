@@ -12,6 +12,7 @@ published method is ``update="paper", refine=0, final="topk"``.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -169,7 +170,7 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
         wanted = reference is not None and any(metric.uses_reference for metric, _ in metrics)
         rows_to_represent, positions = reference() if wanted else (None, None)
         states = [metric.prepare(emb, gen, rows_to_represent, reference_rows=positions)
-                  if metric.uses_reference and positions is not None
+                  if positions is not None and _takes_reference_rows(metric)
                   else metric.prepare(emb, gen, rows_to_represent) for metric, _ in metrics]
     ordered = opts.update == "plackett_luce"  # only its gradient needs the draw order
     for step in range(n_steps):
@@ -198,6 +199,12 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
         top_reward = _step_direction(logits, qn, emb, top, metrics, states, opts)[0]
         best = _keep_best(top_reward, top, best_reward, best)[1]
     return history, best
+
+
+def _takes_reference_rows(metric) -> bool:
+    """Whether a metric that uses the reference accepts ``reference_rows`` (user metrics written
+    before that argument existed do not, and keep working)."""
+    return metric.uses_reference and "reference_rows" in inspect.signature(metric.prepare).parameters
 
 
 def _keep_best(rewards, idx, best_reward, best):
