@@ -54,8 +54,8 @@ def test_select_directory_on_the_cluster(tmp_path, corpus, client, capsys):
             "--embedding-column", "feature_arr", "--score-column", "score", "--seed", "4"]
     assert main(args) == 0
     assert "1600 rows, 80 selected" in capsys.readouterr().out
-    assert sorted(p.name for p in target.iterdir()) == ["_datamask_run.json", "part.0.parquet", "part.1.parquet",
-                                                        "part.2.parquet"]
+    assert sorted(p.name for p in target.iterdir()) == ["_datamask_run.json", "part.0.parquet",
+                                                        "part.1.parquet", "part.2.parquet"]
     table = pq.read_table(target)
     assert table.column_names == [*corpus.columns, "selected", "score"]
     assert table.column("chunk_id").to_pylist() == corpus["chunk_id"].tolist()

@@ -89,7 +89,8 @@ def test_imports_run_one_way():
                                     "datamask_dask.learn.baselines"])
 def test_the_learner_loads_no_dataframe_library(module):
     code = (f"import sys, {module} as m; getattr(m, '__all__', None); "
-            "print(sorted(x for x in ('pandas', 'dask', 'pyarrow', 'cudf', 'distributed') if x in sys.modules))")
+            "print(sorted(x for x in ('pandas', 'dask', 'pyarrow', 'cudf', 'distributed') "
+            "if x in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 

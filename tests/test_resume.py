@@ -18,8 +18,8 @@ import pytest
 
 from datamask_dask import ResumeError, datamask_select, write_selection
 from datamask_dask.cli import input_fingerprint, main
-from datamask_dask.io.parquet import read_parquet, write_parquet
 from datamask_dask.io.output import UnsafeOutputError
+from datamask_dask.io.parquet import read_parquet, write_parquet
 from datamask_dask.io.writer import read_manifest, work_dir
 from datamask_dask.sample_data import make_corpus
 
