@@ -2,16 +2,21 @@
 
 For each chunk size n, diversity metric and lamb, every method selects k = ratio * n rows of
 ``make_embeddings(n, dim, seed)``; each selection is scored with ``evaluate_selection`` on the
-whole chunk (Facility's reference set is every row), so all rows of a block are comparable. Wall
-time covers the selection only (inputs already in memory; apricot's includes its similarity
-matrix), not the evaluation.
+whole chunk (Facility's reference set is every row), so all rows of a block are comparable.
+Every method and the evaluation run on ``--device`` (cpu or cuda). Wall time covers the
+selection only (inputs already in memory; apricot's includes its similarity matrix), not the
+evaluation.
 
     python benchmarks/bench_engine.py --sizes 20000 --out results.md
     python benchmarks/bench_engine.py --sizes 20000 200000 --algorithms Facility --lambs 0.5 \
         --engine-opt n_epochs=1000 --engine-opt n_rollout=128
+    python benchmarks/bench_engine.py --device cuda --sizes 20000 200000 1000000
 
-Methods: ``engine`` (``learn_mask`` with default options plus any ``--engine-opt``), ``engine
-(paper)`` (the same with ``update="paper"``, the published update), ``random``, ``quality top-k``,
+Methods: ``engine`` (``learn_mask`` with default options plus any ``--engine-opt``), ``engine,
+whole reference`` (the same with ``refine_reference = n``; only where n exceeds the default
+sample), ``published loop`` (``update="paper", refine=0, final="topk"`` with the reference tool's
+``n_epochs=5000, n_rollout=128``; ``--paper-opt`` overrides them, e.g. to fit a CPU), ``random``,
+``quality top-k``,
 ``lazy greedy`` (the reference of the ``% of greedy`` column), ``stochastic greedy`` (eps 0.1),
 ``DiSF batched greedy`` (DiSF only) and ``apricot`` (Facility only: apricot-select's
 ``FacilityLocationSelection(k, metric="cosine", optimizer="lazy")``; note apricot's "cosine"
@@ -48,6 +53,8 @@ from datamask_dask import (
 )
 
 REFERENCE = "lazy greedy"
+#: The published method with the reference tool's settings (E = 5000 steps, G = 128 rollouts).
+PUBLISHED = {"update": "paper", "refine": 0, "final": "topk", "n_epochs": 5000, "n_rollout": 128}
 
 
 @dataclass
@@ -70,7 +77,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     engine_opts = dict(_parse_opt(o) for o in args.engine_opt)
     DataMaskOptions().replace(**engine_opts)  # fail on a bad option before any compute
-    print(_machine_header(engine_opts), flush=True)
+    args.paper_opts = {**PUBLISHED, **dict(_parse_opt(o) for o in args.paper_opt)}
+    DataMaskOptions().replace(**args.paper_opts)
+    print(_machine_header(engine_opts, args), flush=True)
     rows: list[Row] = []
     for n in args.sizes:
         t0 = time.perf_counter()
@@ -86,18 +95,23 @@ def main(argv=None) -> int:
     print("\n" + table)
     if args.out:
         with open(args.out, "w") as fh:
-            fh.write(_machine_header(engine_opts) + "\n\nCommand: `" + " ".join(sys.argv) + "`\n\n" + table)
+            fh.write(_machine_header(engine_opts, args) + "\n\nCommand: `" + " ".join(sys.argv) + "`\n\n"
+                     + table)
         print(f"\nwritten to {args.out}")
     return 0
 
 
 def _run_block(quality, emb, k, algorithm, lamb, engine_opts, args) -> list[Row]:
     n = emb.shape[0]
-    common = {"algorithm": algorithm, "lamb": lamb, "seed": args.seed}
+    common = {"algorithm": algorithm, "lamb": lamb, "seed": args.seed, "device": args.device}
     methods = []  # (name, selector or None, skip reason)
-    methods.append(("engine", lambda: _engine(quality, emb, k, algorithm, lamb, engine_opts), ""))
-    methods.append(("engine (paper)", lambda: _engine(quality, emb, k, algorithm, lamb,
-                                                      {**engine_opts, "update": "paper"}), ""))
+    methods.append(("engine", lambda: _engine(quality, emb, k, algorithm, lamb, engine_opts, args.device),
+                    ""))
+    if n > DataMaskOptions().replace(**engine_opts).refine_reference:
+        methods.append(("engine, whole reference", lambda: _engine(
+            quality, emb, k, algorithm, lamb, {**engine_opts, "refine_reference": n}, args.device), ""))
+    methods.append(("published loop", lambda: _engine(quality, emb, k, algorithm, lamb,
+                                                      {**engine_opts, **args.paper_opts}, args.device), ""))
     methods.append(("random", lambda: random_selection(quality, emb, k, **common), ""))
     methods.append(("quality top-k", lambda: quality_topk(quality, emb, k, **common), ""))
     limit = args.disf_greedy_max_n if algorithm.lower() == "disf" else args.greedy_max_n
@@ -130,6 +144,7 @@ def _run_block(quality, emb, k, algorithm, lamb, engine_opts, args) -> list[Row]
             row.note = reason
             print(f"  {algorithm} lamb={lamb} {name}: {reason}", flush=True)
             continue
+        _sync(args.device)
         t0 = time.perf_counter()
         try:
             sel = select()
@@ -137,21 +152,27 @@ def _run_block(quality, emb, k, algorithm, lamb, engine_opts, args) -> list[Row]
             row.note = str(exc)
             print(f"  {algorithm} lamb={lamb} {name}: {exc}", flush=True)
             continue
+        _sync(args.device)
         row.seconds = time.perf_counter() - t0
         sel = np.asarray(sel)
         if len(np.unique(sel)) != k:
             raise AssertionError(f"{name} returned {len(np.unique(sel))} distinct rows, expected {k}")
         t1 = time.perf_counter()
-        ev = evaluate_selection(quality, emb, sel, algorithm=algorithm, lamb=lamb)
+        ev = evaluate_selection(quality, emb, sel, algorithm=algorithm, lamb=lamb, device=args.device)
         row.objective, row.quality, row.diversity = ev["objective"], ev["quality"], ev["diversity"]
         print(f"  {algorithm} lamb={lamb} {name}: objective {row.objective:.5f} in {row.seconds:.1f} s "
               f"(evaluated in {time.perf_counter() - t1:.1f} s)", flush=True)
     return block
 
 
-def _engine(quality, emb, k, algorithm, lamb, opts):
-    result = learn_mask(quality, emb, k, **{**opts, "algorithm": algorithm, "lamb": lamb})
+def _engine(quality, emb, k, algorithm, lamb, opts, device):
+    result = learn_mask(quality, emb, k, device=device, **{**opts, "algorithm": algorithm, "lamb": lamb})
     return np.flatnonzero(result.mask)
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 class _Unavailable(RuntimeError):
@@ -190,7 +211,7 @@ def _markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _machine_header(engine_opts) -> str:
+def _machine_header(engine_opts, args=None) -> str:
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as fh:
@@ -200,9 +221,13 @@ def _machine_header(engine_opts) -> str:
     opts = DataMaskOptions().replace(**engine_opts).as_dict()
     for per_row in ("algorithm", "lamb"):
         opts.pop(per_row)
+    device = args.device if args else "cpu"
+    if str(device).startswith("cuda"):
+        model += f"; GPU: {torch.cuda.get_device_name(torch.device(device))}"
     return (f"CPU: {model}; {os.cpu_count()} logical cores; torch {torch.__version__} with "
             f"{torch.get_num_threads()} threads; numpy {np.__version__}; Python {platform.python_version()}\n"
-            f"Engine options (algorithm and lamb set per row): {opts}")
+            f"Engine options (algorithm and lamb set per row): {opts}; device {device}\n"
+            f"Published loop: the engine options with {getattr(args, 'paper_opts', PUBLISHED)}")
 
 
 def _parse_opt(text: str):
@@ -217,7 +242,8 @@ def _parse_opt(text: str):
 
 def _parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000], help="chunk sizes n")
+    p.add_argument("--sizes", type=int, nargs="+", default=[20_000, 200_000],
+                   help="chunk sizes n (1,000,000 fits on a GPU; on 2 CPU cores use --dim 64 above 20k)")
     p.add_argument("--dim", type=int, default=768, help="embedding dimension d")
     p.add_argument("--ratio", type=float, default=0.1, help="share of rows selected, k = ratio * n")
     p.add_argument("--algorithms", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
@@ -226,6 +252,10 @@ def _parse(argv):
                    help="run only these methods (names as in the table, e.g. 'engine' 'lazy greedy')")
     p.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="engine option (repeatable), e.g. --engine-opt n_epochs=1000")
+    p.add_argument("--paper-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override of the published loop's settings {PUBLISHED} (repeatable), "
+                        "e.g. --paper-opt n_epochs=300 --paper-opt n_rollout=16 on a small CPU")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (every method and the evaluation)")
     p.add_argument("--greedy-max-n", type=int, default=200_000,
                    help="largest n for lazy greedy on Pair_simi / Facility")
     p.add_argument("--disf-greedy-max-n", type=int, default=5_000,

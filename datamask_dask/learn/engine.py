@@ -12,6 +12,7 @@ published method is ``update="paper", refine=0, final="topk"``.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -113,8 +114,14 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
             logits[pool], q_e[pool], emb_e[pool])
         reference_rows = _sample_indices(n_keep, opts.refine_reference, gen)
 
-        def reference():  # built only if a metric uses it
-            return emb_e if reference_rows is None else emb_e[reference_rows]
+        def reference():  # built only if a metric uses it: the rows, and their pool positions
+            if reference_rows is None:  # every row: exact, each row represents itself as it should
+                return emb_e, None
+            if whole:
+                return emb_e[reference_rows], reference_rows
+            position = torch.full((n_keep,), -1, dtype=torch.long, device=device)
+            position[pool] = torch.arange(pool_size, device=device)
+            return emb_e[reference_rows], position[reference_rows]
 
         refined, best = _optimise(pool_logits, q_pool, emb_pool, k, opts, gen, n_steps=opts.refine_epochs,
                                   partial=1.0, max_batch=pool_size, lr=(opts.refine_lr, opts.refine_lr / 10),
@@ -143,7 +150,8 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     """Run policy-gradient steps in place on ``logits``.
 
     ``reference`` (a callable, called at most once) gives the rows the selection should
-    represent, for metrics that use them. Returns the mean in-batch reward per step and, when
+    represent, for metrics that use them, and their positions among ``emb`` when they are a sample
+    (None when they are every row). Returns the mean in-batch reward per step and, when
     every row took part in every step, the best rollout drawn (row indices), else None. Nothing
     leaves the device inside the loop: the history and the best draw are tensors.
     """
@@ -160,8 +168,10 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     if batch == n:
         # Every row takes part in every step: precompute the metrics' state once.
         wanted = reference is not None and any(metric.uses_reference for metric, _ in metrics)
-        rows_to_represent = reference() if wanted else None
-        states = [metric.prepare(emb, gen, rows_to_represent) for metric, _ in metrics]
+        rows_to_represent, positions = reference() if wanted else (None, None)
+        states = [metric.prepare(emb, gen, rows_to_represent, reference_rows=positions)
+                  if positions is not None and _takes_reference_rows(metric)
+                  else metric.prepare(emb, gen, rows_to_represent) for metric, _ in metrics]
     ordered = opts.update == "plackett_luce"  # only its gradient needs the draw order
     for step in range(n_steps):
         if states is None:
@@ -189,6 +199,12 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
         top_reward = _step_direction(logits, qn, emb, top, metrics, states, opts)[0]
         best = _keep_best(top_reward, top, best_reward, best)[1]
     return history, best
+
+
+def _takes_reference_rows(metric) -> bool:
+    """Whether a metric that uses the reference accepts ``reference_rows`` (user metrics written
+    before that argument existed do not, and keep working)."""
+    return metric.uses_reference and "reference_rows" in inspect.signature(metric.prepare).parameters
 
 
 def _keep_best(rewards, idx, best_reward, best):

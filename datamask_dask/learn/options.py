@@ -60,7 +60,9 @@ class DataMaskOptions:
     refine_lr : float
         Learning rate of the refinement stage, decayed linearly to a tenth of it.
     refine_reference : int
-        Rows of the chunk (all, up to this many) that the refined pool must represent.
+        Rows of the chunk (all, up to this many) that the refined pool must represent. Above
+        it a fixed random sample; Facility then drops sampled rows' self-matches and shrinks
+        the sampled gains by their noise, so a smaller sample costs accuracy, not quality bias.
     max_batch : int
         Upper bound on the rows of one step's batch, so memory stays bounded for any chunk size.
     reference_size : int
