@@ -13,6 +13,11 @@ The result is lazy. Its graph has two passes over the input:
    reduction checks that ids are unique. One task (:func:`datamask_dask.plan.reduce.make_plan`)
    turns the sketches into integer quotas (or token budgets) per partition and group, so the
    selected total is exact, and fixes the table-wide quality range and the embedding dimension.
+   With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
+   256-bit SimHash per row, and one task finds the near-duplicate groups of the whole table
+   (:mod:`datamask_dask.plan.duplicates`); in each group every row but the best is *shadowed*:
+   left out of the sketches and ineligible in the select pass, so no partition selects a copy of
+   a better row that lives in another one. ``diversity_scope="partition"`` skips this.
 2. **Select**: ``map_partitions`` of :func:`datamask_dask.partition.select.select_partition`
    with an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
    many as the plan says), splits them into chunks of at most ``max_chunk_rows`` rows (fewer
@@ -37,9 +42,18 @@ from dask.delayed import Delayed
 
 from ..config import load_config
 from ..partition import adapters
-from ..partition.checks import id_report, merge_ids, partition_ids, summarise_partition
+from ..partition.checks import (
+    duplicate_input,
+    id_report,
+    merge_ids,
+    partition_ids,
+    scan_partition,
+    summarise_partition,
+    summarise_scan,
+)
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
+from ..plan.duplicates import find_duplicates
 from ..plan.reduce import make_plan
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
@@ -105,6 +119,15 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
             ``"light"``: the plan pass reads only the small columns (one read of the embeddings
             less); embeddings are then checked chunk by chunk just before they are learned.
+        diversity_scope : {"table", "partition"}, default "table"
+            ``"table"``: near-duplicates (cosine >= ``duplicate_cosine``, estimated from 256-bit
+            SimHash signatures) are found across the whole table in the plan pass, and only the
+            best-quality member of each group stays eligible, so the selection is diverse across
+            partitions. ``"partition"``: each partition is learned on its own (cheaper: no
+            embedding read in the plan pass with ``validate="light"``; right for tables already
+            partitioned by topic).
+        duplicate_cosine : float, default 0.95
+            Near-duplicate threshold of the table scope.
         memory_budget : int or str, optional
             Working memory of one selection task beyond its partition, in bytes or as text
             (``"2GiB"``): chunks and the learner's batches are sized to fit (see
@@ -197,7 +220,11 @@ def apply_plan(ddf, spec: SelectSpec, plan):
 def plan_graph(ddf, spec: SelectSpec):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
     parts = plan_input(ddf, spec.plan_columns).to_delayed()
-    summaries = [dask.delayed(summarise_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
+    if spec.diversity_scope == "table":
+        summaries = table_summaries(parts, spec)
+    else:
+        summaries = [dask.delayed(summarise_partition, pure=True)(part, i, spec)
+                     for i, part in enumerate(parts)]
     ids = id_graph(parts, spec.id_column) if spec.check_ids else None
     dim = adapters.fixed_dimension(ddf._meta[spec.embedding_column].dtype)
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
@@ -205,6 +232,21 @@ def plan_graph(ddf, spec: SelectSpec):
         probes = ddf[spec.embedding_column].partitions[list(range(n_probe))].to_delayed()
         dim = dask.delayed(_probe_dimension, pure=True)(probes)
     return dask.delayed(make_plan, pure=True)(summaries, ids, dim, spec)
+
+
+def table_summaries(parts: list, spec: SelectSpec) -> list:
+    """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
+
+    Round 1 scans each partition (checks, and a SimHash signature per row); one task finds the
+    near-duplicate groups of the whole table from the signatures
+    (:func:`datamask_dask.plan.duplicates.find_duplicates`); round 2 turns each scan into its
+    quality sketches without the shadowed rows. Only the signatures, quality and group codes
+    (about 44 bytes a row) travel to the reduction; the scans stay where they were made.
+    """
+    scans = [dask.delayed(scan_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
+    inputs = [dask.delayed(duplicate_input, pure=True)(scan) for scan in scans]
+    shadowed = dask.delayed(find_duplicates, pure=True, nout=len(parts))(inputs, spec.duplicate_cosine)
+    return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i]) for i, scan in enumerate(scans)]
 
 
 def plan_input(ddf, columns: list[str]):
