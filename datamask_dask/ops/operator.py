@@ -53,13 +53,14 @@ from ..partition.checks import (
 )
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
-from ..plan.duplicates import find_duplicates
+from ..plan.duplicates import BANDS, band_edges, shadowed_rows, stack_parts
 from ..plan.reduce import make_plan
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
 _PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when nothing else says it
 _SPLIT_EVERY = 8  # fan-in of the duplicate-id tree reduction
+_BAND_TASKS = 4  # the near-duplicate search's LSH bands run as this many parallel tasks
 
 
 def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -239,13 +240,17 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
 
     Round 1 scans each partition (checks, and a SimHash signature per row); one task finds the
     near-duplicate groups of the whole table from the signatures
-    (:func:`datamask_dask.plan.duplicates.find_duplicates`); round 2 turns each scan into its
+    (:func:`datamask_dask.plan.duplicates.find_duplicates`, its LSH bands split over
+    ``_BAND_TASKS`` parallel tasks); round 2 turns each scan into its
     quality sketches without the shadowed rows. Only the signatures, quality and group codes
     (about 44 bytes a row) travel to the reduction; the scans stay where they were made.
     """
     scans = [dask.delayed(scan_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
     inputs = [dask.delayed(duplicate_input, pure=True)(scan) for scan in scans]
-    shadowed = dask.delayed(find_duplicates, pure=True, nout=len(parts))(inputs, spec.duplicate_cosine)
+    table = dask.delayed(stack_parts, pure=True)(inputs)
+    edges = [dask.delayed(band_edges, pure=True)(table, list(range(i, BANDS, _BAND_TASKS)),
+                                                 spec.duplicate_cosine) for i in range(_BAND_TASKS)]
+    shadowed = dask.delayed(shadowed_rows, pure=True, nout=len(parts))(table, edges)
     return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i]) for i, scan in enumerate(scans)]
 
 

@@ -99,23 +99,48 @@ def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]
         For each partition, the sorted positions of its shadowed rows. Deterministic: it depends
         only on the rows' content and partition order, not on where or when anything ran.
     """
+    table = stack_parts(parts)
+    edges = [band_edges(table, band, cosine) for band in range(BANDS)]
+    return shadowed_rows(table, edges)
+
+
+def stack_parts(parts: list[dict]) -> dict:
+    """The partitions' inputs as one table: quality, global group index, signatures, offsets."""
     sizes = [int(p["quality"].shape[0]) for p in parts]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    n = int(offsets[-1])
-    if n < 2:
-        return [np.zeros(0, dtype=np.int64) for _ in parts]
     labels = sorted({label for p in parts for label in p["labels"]}, key=lambda x: (type(x).__name__, x))
     index_of = {label: i for i, label in enumerate(labels)}
-    group = np.concatenate([np.asarray([index_of[lab] for lab in p["labels"]], dtype=np.int64)[p["codes"]]
-                            if sizes[i] else np.zeros(0, dtype=np.int64) for i, p in enumerate(parts)])
-    quality = np.concatenate([np.asarray(p["quality"], dtype=np.float64) for p in parts])
-    sig = np.concatenate([np.asarray(p["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES)
-                          for p in parts])
+    group = np.concatenate([np.zeros(0, dtype=np.int64)] + [
+        np.asarray([index_of[lab] for lab in p["labels"]], dtype=np.int64)[np.asarray(p["codes"])]
+        for p in parts if len(p["quality"])])
+    quality = np.concatenate([np.zeros(0)] + [np.asarray(p["quality"], dtype=np.float64) for p in parts])
+    sig = np.concatenate([np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)] + [
+        np.asarray(p["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES) for p in parts if
+        len(p["quality"])])
+    return {"offsets": offsets, "group": group, "quality": quality, "signatures": np.ascontiguousarray(sig)}
+
+
+def band_edges(table: dict, bands, cosine: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Verified near-duplicate pairs ``(left, right)`` found by one band (an int) or several.
+
+    Bands are independent: an engine may run them as separate tasks (the Dask operator does) and
+    hand every result to :func:`shadowed_rows`.
+    """
+    bands = [bands] if isinstance(bands, int | np.integer) else list(bands)
+    sig = table["signatures"]
     limit = hamming_threshold(cosine)
-    words = np.ascontiguousarray(sig).view(np.uint64)  # (n, 4): XOR and popcount a word at a time
-    edges = [_band_pairs(sig, words, group, band, limit) for band in range(BANDS)]
-    left = np.concatenate([e[0] for e in edges])
-    right = np.concatenate([e[1] for e in edges])
+    words = sig.view(np.uint64)  # (n, 4): XOR and popcount a word at a time
+    edges = [_band_pairs(sig, words, table["group"], int(band), limit) for band in bands]
+    return (np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges]),
+            np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges]))
+
+
+def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
+    """Union the verified pairs into groups; every member but the best of each is shadowed, per partition."""
+    offsets, quality = table["offsets"], table["quality"]
+    n = int(offsets[-1])
+    left = np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges])
+    right = np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges])
     root = _components(n, left, right)
     # keeper of each group: best quality, then lowest global row (= lowest partition, then row)
     rank = np.empty(n, dtype=np.int64)
@@ -124,7 +149,7 @@ def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]
     np.minimum.at(best, root, rank)
     shadowed = np.flatnonzero(rank != best[root])
     return [shadowed[(shadowed >= offsets[i]) & (shadowed < offsets[i + 1])] - offsets[i]
-            for i in range(len(parts))]
+            for i in range(len(offsets) - 1)]
 
 
 def _band_pairs(sig: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
