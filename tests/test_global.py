@@ -71,9 +71,9 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
 
 def test_table_scope_keeps_a_tenth_of_randoms_duplicates(client, planted):
     frame, emb, part = planted
-    n, k = len(frame), round(0.1 * len(frame))
+    n, k = len(frame), round(0.3 * len(frame))
     ddf = _ddf(frame)
-    out = ddf.pipe(datamask_select, ratio=0.1, seed=0, lamb=0.0, **FAST).compute(scheduler=client)
+    out = ddf.pipe(datamask_select, ratio=0.3, seed=0, lamb=0.0, **FAST).compute(scheduler=client)
     selected = out["selected"].to_numpy()
     assert selected.sum() == k
     # rows, order and columns unchanged
@@ -82,7 +82,7 @@ def test_table_scope_keeps_a_tenth_of_randoms_duplicates(client, planted):
     random[np.random.default_rng(0).choice(n, k, replace=False)] = True
     assert _pairs(emb, random) >= 10
     assert _pairs(emb, selected) <= _pairs(emb, random) / 10
-    per_partition = ddf.pipe(datamask_select, ratio=0.1, seed=0, lamb=0.0, diversity_scope="partition",
+    per_partition = ddf.pipe(datamask_select, ratio=0.3, seed=0, lamb=0.0, diversity_scope="partition",
                              **FAST).compute(scheduler=client)
     assert _pairs(emb, per_partition["selected"].to_numpy()) > _pairs(emb, selected)
 

@@ -17,7 +17,7 @@ Method
    bit differs with probability ``theta / pi``, so ``cos(pi * hamming / 256)`` estimates their
    cosine.
 2. **Candidates**: LSH banding, ``BANDS`` = 24 bands of ``BAND_BITS`` = 20 bits, each band a fixed
-   random subset of the 256 bits; rows that agree on a whole band (and are in the same ``by``
+   window of the 256 bits (:func:`band_keys`); rows that agree on a whole band (and are in the same ``by``
    group) are candidate pairs. A pair at cosine 0.975 (hamming ~18) shares at least one band with
    probability about 0.998, one at cosine 0.95 with probability about 0.95 (bands overlap, so
    these are estimates; 16 disjoint bands of 16 bits recall as much but let 10x more pairs collide
@@ -48,7 +48,7 @@ import numpy as np
 SIGNATURE_BITS = 256
 SIGNATURE_BYTES = SIGNATURE_BITS // 8
 BANDS = 24  # LSH bands ...
-BAND_BITS = 20  # ... of 20 bits each, drawn at random (fixed) from the 256
+BAND_BITS = 20  # ... of 20 bits each, overlapping windows of the 256
 PLANE_SEED = 0x5EED_D0C5
 _PAIR_BATCH = 1 << 22
 _KEY_ROWS = 1 << 16  # rows unpacked at once for the band keys  # candidate pairs verified at once
@@ -155,13 +155,7 @@ def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
 def _band_pairs(sig: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
                 limit: int) -> tuple[np.ndarray, np.ndarray]:
     """Verified pairs (i < j) of rows that share band ``band`` and their group."""
-    positions = np.random.default_rng([PLANE_SEED, band]).permutation(SIGNATURE_BITS)[:BAND_BITS]
-    weights = np.int64(1) << np.arange(BAND_BITS, dtype=np.int64)
-    key = np.empty(sig.shape[0], dtype=np.int64)
-    for first in range(0, sig.shape[0], _KEY_ROWS):
-        bits = np.unpackbits(sig[first:first + _KEY_ROWS], axis=1)[:, positions]
-        key[first:first + _KEY_ROWS] = bits.astype(np.int64) @ weights
-    key |= group << BAND_BITS
+    key = band_keys(sig, band) | (group << BAND_BITS)
     order = np.argsort(key, kind="stable")
     sorted_key = key[order]
     start = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
@@ -190,6 +184,21 @@ def _band_pairs(sig: np.ndarray, words: np.ndarray, group: np.ndarray, band: int
         out_right.append(np.maximum(i[near], j[near]))
         first = stop
     return np.concatenate(out_left), np.concatenate(out_right)
+
+
+def band_keys(sig: np.ndarray, band: int) -> np.ndarray:
+    """The ``BAND_BITS``-bit key of band ``band`` of each signature, int64 (n,).
+
+    Band ``b`` is the window of ``BAND_BITS`` bits starting at bit ``b * SIGNATURE_BITS // BANDS``
+    (wrapping around): the hyperplanes are independent, so any fixed bits will do; windows are
+    read with a few byte gathers and shifts, no unpacking.
+    """
+    start = band * SIGNATURE_BITS // BANDS
+    first = start // 8
+    key = np.zeros(sig.shape[0], dtype=np.int64)
+    for i in range(4):  # the 4 bytes that hold the window (20 bits from any bit offset fit in 4)
+        key = (key << 8) | sig[:, (first + i) % SIGNATURE_BYTES]
+    return (key >> (32 - BAND_BITS - (start % 8))) & ((1 << BAND_BITS) - 1)
 
 
 def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
