@@ -119,7 +119,8 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             ``"full"``: the plan pass also reads every embedding and checks it (null, ragged,
             dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
             ``"light"``: the plan pass reads only the small columns (one read of the embeddings
-            less); embeddings are then checked chunk by chunk just before they are learned.
+            less); embeddings are then checked chunk by chunk just before they are learned. With
+            ``diversity_scope="table"`` the plan pass reads (and checks) the embeddings anyway.
         diversity_scope : {"table", "partition"}, default "table"
             ``"table"``: near-duplicates (cosine >= ``duplicate_cosine``, estimated from 256-bit
             SimHash signatures) are found across the whole table in the plan pass, and only the
