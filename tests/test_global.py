@@ -102,7 +102,7 @@ def test_same_selection_on_one_and_two_workers(client, planted):
     frame, _, _ = planted
     ddf = _ddf(frame)
     threaded = ddf.pipe(datamask_select, ratio=0.1, seed=0, score_column="score", **FAST)
-    one = threaded.compute(scheduler="sync")
+    one = threaded.compute(scheduler="threads")
     two = threaded.compute(scheduler=client)
     pd.testing.assert_frame_equal(one, two)
     assert np.isneginf(one["score"]).sum() > 0.2 * len(frame)  # the shadowed rows are marked ineligible
