@@ -99,13 +99,19 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--validate", choices=("full", "light"),
                      help="full: check every embedding before learning; light (cpu profile): small "
                      "columns first, embeddings chunk by chunk")
+    job.add_argument("--diversity-scope", "--diversity_scope", dest="diversity_scope",
+                     choices=("table", "partition"),
+                     help="table (default): near-duplicates across the whole table are set aside before "
+                     "learning; partition: each partition on its own (cheaper)")
+    job.add_argument("--duplicate-cosine", "--duplicate_cosine", dest="duplicate_cosine", type=float,
+                     help="near-duplicate threshold of the table scope (default 0.95)")
     job.add_argument("--verbose", action="store_true", help="show tracebacks and Dask's logs on errors")
 
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "seed", "prune", "device", "id_column", "quality_column", "embedding_column", "by",
                 "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
-                "validate", "check_ids")
+                "validate", "check_ids", "diversity_scope", "duplicate_cosine")
 
 
 def build_parser() -> argparse.ArgumentParser:

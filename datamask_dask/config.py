@@ -62,6 +62,8 @@ OPERATOR_DEFAULTS: dict = {
     "check_ids": True,  # fail on duplicate ids (needs every id in one task: turn off for huge tables)
     "validate": "full",  # "full": the plan pass checks every embedding too; "light": small columns only
     "memory_budget": None,  # bytes (or "2GiB") per selection task; None: from the workers' limits
+    "diversity_scope": "table",  # "table": near-duplicates across partitions first; "partition": none
+    "duplicate_cosine": 0.95,  # near-duplicate threshold of the table scope
 }
 
 #: Other spellings accepted for a key (the reference tool's and the issue's).

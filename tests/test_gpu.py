@@ -53,7 +53,8 @@ def _gpu_frame(frame, npartitions):
 
 def test_cudf_partitions_exact_count_and_unchanged_rows(cuda_client, corpus):
     ddf = _gpu_frame(corpus, 4)
-    result = datamask_select(ddf, ratio=0.1, score_column="score", **FAST).compute(scheduler=cuda_client)
+    result = datamask_select(ddf, ratio=0.1, score_column="score", diversity_scope="partition",
+                             **FAST).compute(scheduler=cuda_client)
     assert isinstance(result, cudf.DataFrame)
     host = result.to_pandas()
     assert list(host.columns) == [*corpus.columns, "selected", "score"]

@@ -82,7 +82,8 @@ def test_default_parquet_read_gives_object_embeddings_and_works(parquet_dir):
 def test_score_column_and_index_preserved(corpus):
     frame = corpus.set_index(corpus.index * 10 + 7)
     result = datamask_select(dd.from_pandas(frame, npartitions=2, sort=False), ratio=0.1,
-                             score_column="datamask_score", final="topk", **FAST).compute(scheduler="sync")
+                             score_column="datamask_score", final="topk", diversity_scope="partition",
+                             **FAST).compute(scheduler="sync")
     assert result.index.equals(frame.index)
     scores = result["datamask_score"]
     assert scores.dtype == np.float32 and np.isfinite(scores).all()  # every row was learned

@@ -162,8 +162,10 @@ def test_full_validation_fails_before_any_learning(tmp_path, corpus):
     with pytest.raises(InputDataError, match=r"partition 3: .*all-zero.*ids \[1599\]"):
         write_selection(ddf, tmp_path / "full", scheduler="sync", validate="full", **FAST)
     assert not work_dir(tmp_path / "full").exists()  # failed in the plan pass: nothing was learned
-    # "light" reads only the small columns up front: the same row fails when its chunk is learned.
+    # "light" reads only the small columns up front (with the per-partition scope: the table scope
+    # reads the embeddings in the plan pass anyway): the same row fails when its chunk is learned.
     with pytest.raises(InputDataError, match=r"partition 3: .*all-zero.*ids \[1599\]"):
-        write_selection(ddf, tmp_path / "light", scheduler="sync", validate="light", **FAST)
+        write_selection(ddf, tmp_path / "light", scheduler="sync", validate="light",
+                        diversity_scope="partition", **FAST)
     light = work_dir(tmp_path / "light")  # kept only when a partition finished before the failure
     assert not light.exists() or any(light.glob("*.done"))

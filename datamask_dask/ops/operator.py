@@ -13,6 +13,11 @@ The result is lazy. Its graph has two passes over the input:
    reduction checks that ids are unique. One task (:func:`datamask_dask.plan.reduce.make_plan`)
    turns the sketches into integer quotas (or token budgets) per partition and group, so the
    selected total is exact, and fixes the table-wide quality range and the embedding dimension.
+   With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
+   256-bit SimHash per row, and one task finds the near-duplicate groups of the whole table
+   (:mod:`datamask_dask.plan.duplicates`); in each group every row but the best is *shadowed*:
+   left out of the sketches and ineligible in the select pass, so no partition selects a copy of
+   a better row that lives in another one. ``diversity_scope="partition"`` skips this.
 2. **Select**: ``map_partitions`` of :func:`datamask_dask.partition.select.select_partition`
    with an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
    many as the plan says), splits them into chunks of at most ``max_chunk_rows`` rows (fewer
@@ -37,15 +42,25 @@ from dask.delayed import Delayed
 
 from ..config import load_config
 from ..partition import adapters
-from ..partition.checks import id_report, merge_ids, partition_ids, summarise_partition
+from ..partition.checks import (
+    duplicate_input,
+    id_report,
+    merge_ids,
+    partition_ids,
+    scan_partition,
+    summarise_partition,
+    summarise_scan,
+)
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
+from ..plan.duplicates import BANDS, band_edges, shadowed_rows, stack_parts
 from ..plan.reduce import make_plan
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
 _PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when nothing else says it
 _SPLIT_EVERY = 8  # fan-in of the duplicate-id tree reduction
+_BAND_TASKS = 4  # the near-duplicate search's LSH bands run as this many parallel tasks
 
 
 def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -104,7 +119,17 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             ``"full"``: the plan pass also reads every embedding and checks it (null, ragged,
             dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
             ``"light"``: the plan pass reads only the small columns (one read of the embeddings
-            less); embeddings are then checked chunk by chunk just before they are learned.
+            less); embeddings are then checked chunk by chunk just before they are learned. With
+            ``diversity_scope="table"`` the plan pass reads (and checks) the embeddings anyway.
+        diversity_scope : {"table", "partition"}, default "table"
+            ``"table"``: near-duplicates (cosine >= ``duplicate_cosine``, estimated from 256-bit
+            SimHash signatures) are found across the whole table in the plan pass, and only the
+            best-quality member of each group stays eligible, so the selection is diverse across
+            partitions. ``"partition"``: each partition is learned on its own (cheaper: no
+            embedding read in the plan pass with ``validate="light"``; right for tables already
+            partitioned by topic).
+        duplicate_cosine : float, default 0.95
+            Near-duplicate threshold of the table scope.
         memory_budget : int or str, optional
             Working memory of one selection task beyond its partition, in bytes or as text
             (``"2GiB"``): chunks and the learner's batches are sized to fit (see
@@ -202,9 +227,12 @@ def apply_plan(ddf, spec: SelectSpec, plan):
 def plan_graph(ddf, spec: SelectSpec):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
     parts = plan_input(ddf, spec.plan_columns).to_delayed()
-    summaries = [dask.delayed(summarise_partition, pure=True)(
-        part, i, spec, dask_key_name=_key("datamask-plan-partition", part, i, spec))
-        for i, part in enumerate(parts)]
+    if spec.diversity_scope == "table":
+        summaries = table_summaries(parts, spec)
+    else:
+        summaries = [dask.delayed(summarise_partition, pure=True)(
+            part, i, spec, dask_key_name=_key("datamask-plan-partition", part, i, spec))
+            for i, part in enumerate(parts)]
     ids = id_graph(parts, spec.id_column) if spec.check_ids else None
     dim = adapters.fixed_dimension(ddf._meta[spec.embedding_column].dtype)
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
@@ -220,6 +248,25 @@ def _key(prefix: str, *args) -> str:
     from dask.base import tokenize
 
     return f"{prefix}-{tokenize(*args)}"
+
+
+def table_summaries(parts: list, spec: SelectSpec) -> list:
+    """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
+
+    Round 1 scans each partition (checks, and a SimHash signature per row); one task finds the
+    near-duplicate groups of the whole table from the signatures
+    (:func:`datamask_dask.plan.duplicates.find_duplicates`, its LSH bands split over
+    ``_BAND_TASKS`` parallel tasks); round 2 turns each scan into its
+    quality sketches without the shadowed rows. Only the signatures, quality and group codes
+    (about 44 bytes a row) travel to the reduction; the scans stay where they were made.
+    """
+    scans = [dask.delayed(scan_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
+    inputs = [dask.delayed(duplicate_input, pure=True)(scan) for scan in scans]
+    table = dask.delayed(stack_parts, pure=True)(inputs)
+    edges = [dask.delayed(band_edges, pure=True)(table, list(range(i, BANDS, _BAND_TASKS)),
+                                                 spec.duplicate_cosine) for i in range(_BAND_TASKS)]
+    shadowed = dask.delayed(shadowed_rows, pure=True, nout=len(parts))(table, edges)
+    return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i]) for i, scan in enumerate(scans)]
 
 
 def plan_input(ddf, columns: list[str]):

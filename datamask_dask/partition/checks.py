@@ -28,6 +28,7 @@ import pandas as pd
 
 from .. import stages
 from ..errors import InputDataError, Problem, problems_error
+from ..plan import duplicates
 from ..plan.quotas import make_sketch
 from . import adapters
 from .spec import SelectSpec, check_embedding_type
@@ -54,6 +55,7 @@ class PartitionCheck:
     codes: np.ndarray | None = None
     labels: list | None = None
     digest: str = ""
+    signatures: np.ndarray | None = None  # SimHash of each row (diversity_scope="table"), uint8 (n, 32)
 
     def raise_if_failed(self) -> None:
         """Raise :class:`InputDataError` listing this partition's problems, if any."""
@@ -81,7 +83,9 @@ def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | 
     PartitionCheck
     """
     where = f"partition {number}"
-    embeddings = spec.validate == "full" if embeddings is None else embeddings
+    if embeddings is None:  # table scope reads the embeddings in the plan pass anyway: check them there
+        embeddings = spec.validate == "full" or spec.diversity_scope == "table"
+    sign = embeddings and spec.diversity_scope == "table"
     columns = spec.plan_columns + ([spec.embedding_column] if embeddings else [])
     check = PartitionCheck(rows=len(frame), problems=[])
     available = [str(c) for c in frame.columns]
@@ -104,7 +108,8 @@ def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | 
         problems.extend(id_problems(frame, number, spec.id_column))
     vectors = None
     if embeddings:
-        check.dim, found, vectors = embedding_problems(frame, number, spec, expected_dim)
+        check.dim, found, vectors, check.signatures = embedding_problems(frame, number, spec, expected_dim,
+                                                                         sign=sign)
         problems.extend(found)
     if not problems:
         check.digest = _digest(frame, spec, check, vectors)
@@ -186,7 +191,7 @@ def id_problems(frame, number: int, id_column: str) -> list[Problem]:
 
 
 def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int | None = None,
-                       block_bytes: int | None = None) -> tuple[int | None, list[Problem], np.ndarray | None]:
+                       block_bytes: int | None = None, sign: bool = False):
     """Structure and values of one partition's embeddings.
 
     Returns
@@ -196,6 +201,9 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     problems : list of Problem
     summary : float64 array (n, 2) or None
         Each row's norm and projection on a fixed random direction (a cheap content summary).
+    signatures : uint8 array (n, 32) or None
+        With ``sign``, each row's SimHash (:func:`datamask_dask.plan.duplicates.signatures`),
+        computed from the same blocks (the embeddings are read once).
     """
     where = f"partition {number}"
     name = spec.embedding_column
@@ -204,19 +212,26 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         check_embedding_type(series.dtype, name, where)
         source = adapters.embedding_source(series, where, expected_dim)
     except InputDataError as exc:
-        return None, [Problem(str(exc), name, number)], None
+        return None, [Problem(str(exc), name, number)], None, None
     n = len(series)
     if n == 0:
-        return None, [], None
+        return None, [], None, (np.zeros((0, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
     block_bytes = block_bytes or min(_BLOCK_BYTES, (spec.memory_budget or _BLOCK_BYTES) // 4)
     # A block lives as gathered float32 rows, their writable copy and a float64 copy: 5 x 4 bytes.
     step = max(1, block_bytes // (20 * source.dim))
     direction = np.random.default_rng(0).standard_normal(source.dim)
     summary = np.empty((n, 2), dtype=np.float64)
+    planes = duplicates.hyperplanes(source.dim) if sign else None
+    signed = np.empty((n, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None
     for start in range(0, n, step):
         positions = np.arange(start, min(n, start + step))
-        summary[positions] = _vector_summary(source.rows(positions), direction)
-    return source.dim, vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number), summary
+        block = source.rows(positions)
+        summary[positions] = _vector_summary(block, direction)
+        if sign:
+            with stages.timed("sign"):
+                signed[positions] = duplicates.signatures(block, planes)
+    problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
+    return source.dim, problems, summary, signed
 
 
 def _vector_summary(block, direction: np.ndarray) -> np.ndarray:
@@ -294,25 +309,66 @@ def _digest(frame, spec: SelectSpec, check: PartitionCheck, vectors: np.ndarray 
 
 def summarise_partition(frame, number: int, spec: SelectSpec) -> dict:
     """One partition's contribution to the plan, after its checks: rows, dimension, sketches."""
+    scan = scan_partition(frame, number, spec)
+    return summarise_scan(scan)
+
+
+def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
+    """Round 1 of the plan pass: one partition's checks (raising on bad data), kept for its summary.
+
+    With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
+    :func:`duplicate_input` sends to :func:`datamask_dask.plan.duplicates.find_duplicates`.
+    """
     with stages.timed("check"):
         check = check_partition(frame, number, spec)
         check.raise_if_failed()
-        summary = summarise_check(check)
     # this thread's stage seconds since the last take: the read of these columns and the checks
-    return {**summary, "stages": {f"plan {stage}": s for stage, s in stages.take().items()}}
+    return {"check": check, "stages": {f"plan {stage}": s for stage, s in stages.take().items()}}
 
 
-def summarise_check(check) -> dict:
-    """The plan summary of a partition that passed :func:`~datamask_dask.partition.checks.check_partition`."""
-    codes, labels = check.codes, check.labels
-    if codes is None:  # no group column: one group
-        codes, labels = np.zeros(check.rows, dtype=np.int64), ([None] if check.rows else [])
+def duplicate_input(scan: dict) -> dict:
+    """What the near-duplicate reduction needs of one scanned partition (about 44 bytes a row)."""
+    check = scan["check"]
+    codes, labels = _codes(check)
+    return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}
+
+
+def summarise_scan(scan: dict, shadowed: np.ndarray | None = None) -> dict:
+    """Round 2: the partition's plan summary, its shadowed rows left out of the sketches."""
+    return {**summarise_check(scan["check"], shadowed), "stages": scan["stages"]}
+
+
+def _codes(check) -> tuple[np.ndarray, list]:
+    if check.codes is None:  # no group column: one group
+        return np.zeros(check.rows, dtype=np.int64), ([None] if check.rows else [])
+    return check.codes, check.labels
+
+
+def summarise_check(check, shadowed: np.ndarray | None = None) -> dict:
+    """The plan summary of a partition that passed :func:`~datamask_dask.partition.checks.check_partition`.
+
+    ``shadowed``: positions of the partition's rows that are near-duplicates of a better row (see
+    :mod:`datamask_dask.plan.duplicates`). Each cell then has two sketches: ``sketch`` without
+    them (what the quotas are planned on) and ``sketch_all`` with them (the fallback when a group
+    has too few rows left for its quota), ``n`` its rows in all and ``shadowed`` their positions.
+    """
+    codes, labels = _codes(check)
+    hidden = np.zeros(check.rows, dtype=bool)
+    if shadowed is not None:
+        hidden[shadowed] = True
     cells = {}
     for code, label in enumerate(labels):
         rows = codes == code
         q = check.quality[rows]
-        cells[label] = {"sketch": make_sketch(q, None if check.tokens is None else check.tokens[rows]),
-                        "min": float(q.min()), "max": float(q.max())}
+        tokens = None if check.tokens is None else check.tokens[rows]
+        cell = {"sketch": make_sketch(q, tokens), "min": float(q.min()), "max": float(q.max()),
+                "n": int(rows.sum())}
+        if hidden[rows].any():
+            kept = ~hidden[rows]
+            cell["sketch_all"] = cell["sketch"]
+            cell["sketch"] = make_sketch(q[kept], None if tokens is None else tokens[kept])
+            cell["shadowed"] = np.flatnonzero(rows & hidden).astype(np.int64)
+        cells[label] = cell
     return {"n": check.rows, "cells": cells, "dim": check.dim, "digest": check.digest}
 
 

@@ -2,7 +2,8 @@
 
 Engine-agnostic: :func:`select_partition` takes a pandas or cuDF frame and the plan of
 :mod:`datamask_dask.plan.reduce`; the Dask operator maps it over partitions, the Spark
-integration calls it inside ``mapInArrow``.
+integration calls it inside ``mapInArrow``. Rows the plan lists as shadowed (near-duplicates of a
+better row, ``diversity_scope="table"``) are ineligible: never selected, score ``-inf``.
 """
 
 from __future__ import annotations
@@ -45,8 +46,14 @@ def select_partition(frame, plan: dict, partition_info=None):
         device = _resolve_device(spec.device, frame, where)
         memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
         code_of = {label: code for code, label in enumerate(labels)}
+        shadowed = plan.get("shadowed", {}).get(number)
+        visible = np.ones(n, dtype=bool)
+        if shadowed is not None and len(shadowed):
+            visible[shadowed] = False  # near-duplicates of a better row elsewhere: ineligible
+            if scores is not None:
+                scores[shadowed] = -np.inf
         for label, index, eligible, quota, budget in cells:
-            rows = np.flatnonzero(codes == code_of[label])
+            rows = np.flatnonzero((codes == code_of[label]) & visible)
             context = where if spec.by is None else f"{where}, group {label!r}"
             _select_cell(rows, eligible, quota, budget, index, quality, tokens, source, frame, spec, plan,
                          number, device, context, selected, scores, memory)

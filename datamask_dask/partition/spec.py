@@ -20,6 +20,7 @@ from ..plan.memory import resolve_budget
 from . import adapters
 
 VALIDATE_MODES = ("full", "light")
+SCOPES = ("table", "partition")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -44,6 +45,8 @@ class SelectSpec:
     options: DataMaskOptions  # the learner's, with prune=0: pruning is table-wide, done by the plan
     validate: str = "full"  # "full": the plan pass also reads and checks every embedding
     memory_budget: int | None = None  # bytes of working memory per task (None: no bound)
+    diversity_scope: str = "table"  # "table": near-duplicates across partitions are shadowed first
+    duplicate_cosine: float = 0.95  # rows at least this similar are near-duplicates (table scope)
 
     @property
     def plan_columns(self) -> list[str]:
@@ -51,7 +54,7 @@ class SelectSpec:
         names = ([self.id_column] if self.check_ids else []) + [c for c, _ in self.quality]
         names += [self.by] if self.by else []
         names += [self.token_column] if self.budget is not None else []
-        names += [self.embedding_column] if self.validate == "full" else []
+        names += [self.embedding_column] if self.validate == "full" or self.diversity_scope == "table" else []
         return list(dict.fromkeys(names))
 
     @property
@@ -113,6 +116,15 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         raise OptionError(f"option validate={validate!r} is invalid: expected one of {VALIDATE_MODES} "
                           "('full' checks every embedding before learning, 'light' only the small columns)")
     device = _check_device(settings["device"])
+    scope = settings.get("diversity_scope", "table")
+    if scope not in SCOPES:
+        raise OptionError(f"option diversity_scope={scope!r} is invalid: expected one of {SCOPES} ('table' "
+                          "shadows near-duplicates across the whole table before learning, 'partition' "
+                          "learns each partition on its own)")
+    cosine = settings.get("duplicate_cosine", 0.95)
+    if not _is_number(cosine) or not 0 < cosine < 1:
+        raise OptionError(f"option duplicate_cosine={cosine!r} is invalid: expected a cosine in (0, 1), "
+                          "e.g. 0.95")
     return SelectSpec(
         id_column=str(settings["id_column"]), quality=quality,
         embedding_column=str(settings["embedding_column"]),
@@ -125,7 +137,8 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         device=device, check_ids=bool(settings["check_ids"]),
         options=options.replace(prune=0.0), validate=validate,
         memory_budget=resolve_budget(settings.get("memory_budget"), device=device, meta=meta,
-                                     scheduler=scheduler))
+                                     scheduler=scheduler),
+        diversity_scope=scope, duplicate_cosine=float(cosine))
 
 
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:

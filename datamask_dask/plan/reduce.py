@@ -4,7 +4,14 @@ Engine-agnostic: the Dask operator and the Spark integration collect one summary
 (:func:`datamask_dask.partition.checks.summarise_partition`) and the duplicate-id report, and
 call :func:`make_plan` once. The plan is a small dict: the spec, integer quotas (or token
 budgets) per partition and group, the table-wide quality range per group, rows per partition,
-the embedding dimension and each partition's content digest.
+the embedding dimension, each partition's content digest and, with ``diversity_scope="table"``,
+the positions of each partition's shadowed rows (near-duplicates of a better row elsewhere, see
+:mod:`datamask_dask.plan.duplicates`; 8 bytes per shadowed row).
+
+Shadowed rows are ineligible: a group's quota is still ``round(ratio * rows)`` over *all* its rows,
+planned on the sketches of the rows that remain (``prune`` then applies to those). When a group
+has fewer rows left than its quota (or its token budget), it is planned on every row and its
+shadowed rows become eligible again, so a ratio that the table can meet is always met exactly.
 """
 
 from __future__ import annotations
@@ -41,41 +48,58 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
     labels = sorted({label for s in summaries for label in s["cells"]}, key=_group_sort_key)
     cells: dict[int, list] = {}
     ranges = {}
+    shadowed: dict[int, list] = {}
     for index, label in enumerate(labels):
-        where = "" if spec.by is None else f" in group {label!r} of {spec.by!r}"
         members = [(p, s["cells"][label]) for p, s in enumerate(summaries) if label in s["cells"]]
-        sketches = [cell["sketch"] for _, cell in members]
-        n_rows = sum(sk.n_rows for sk in sketches)
+        n_rows = sum(c.get("n", c["sketch"].n_rows) for _, c in members)
         ranges[index] = (min(c["min"] for _, c in members), max(c["max"] for _, c in members))
-        if spec.budget is not None:
-            budget = spec.budget if spec.by is None else spec.budget.get(label, 0)
-            if budget == 0:
-                plan = np.zeros((3, len(members)), dtype=np.int64)
-            else:
-                try:
-                    result = plan_tokens(sketches, budget, spec.prune, spec.oversample)
-                except ValueError as exc:
-                    total = sum(float(sk.tokens.sum()) for sk in sketches)
-                    raise OptionError(
-                        f"budget_tokens={budget} cannot be met{where}: {exc} (the rows hold {total:.0f} "
-                        f"tokens in column {spec.token_column!r}; prune={spec.prune}); lower the budget"
-                    ) from exc
-                plan = np.stack([result.eligible, result.quota, result.budget])
-        else:
-            ratio = spec.ratio if not isinstance(spec.ratio, dict) else spec.ratio.get(label, 0.0)
-            quota = int(round(ratio * n_rows))
-            try:
-                result = plan_rows(sketches, quota, spec.prune, spec.oversample)
-            except ValueError as exc:
-                raise OptionError(f"ratio={ratio} cannot be met{where}: {exc} after prune={spec.prune}; "
-                                  "lower the ratio or the prune share") from exc
-            plan = np.stack([result.eligible, result.quota, np.full(len(members), -1)])
-        for (partition, _), (eligible, quota, budget) in zip(members, plan.T, strict=True):
+        deduplicated = any("shadowed" in c for _, c in members)
+        try:
+            plan = _plan_group(label, [c["sketch"] for _, c in members], n_rows, spec)
+        except OptionError:
+            if not deduplicated:
+                raise
+            # Too few rows are left once near-duplicates are set aside: plan this group on every row.
+            plan, deduplicated = _plan_group(label, [c.get("sketch_all", c["sketch"]) for _, c in members],
+                                             n_rows, spec), False
+        for (partition, cell), (eligible, quota, budget) in zip(members, plan.T, strict=True):
             cells.setdefault(partition, []).append(
                 (label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
+            if deduplicated and "shadowed" in cell:
+                shadowed.setdefault(partition, []).append(cell["shadowed"])
     return {"spec": spec, "cells": cells, "rows": [s["n"] for s in summaries], "dim": dim, "ranges": ranges,
+            "shadowed": {p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
             "digests": [s.get("digest", "") for s in summaries],
             "stages": stages.add_up(s.get("stages") for s in summaries)}
+
+
+def _plan_group(label, sketches: list, n_rows: int, spec) -> np.ndarray:
+    """(eligible, quota, budget) x cells of one group; ``n_rows`` counts shadowed rows too."""
+    where = "" if spec.by is None else f" in group {label!r} of {spec.by!r}"
+    if spec.budget is not None:
+        budget = spec.budget if spec.by is None else spec.budget.get(label, 0)
+        if budget == 0:
+            plan = np.zeros((3, len(sketches)), dtype=np.int64)
+        else:
+            try:
+                result = plan_tokens(sketches, budget, spec.prune, spec.oversample)
+            except ValueError as exc:
+                total = sum(float(sk.tokens.sum()) for sk in sketches)
+                raise OptionError(
+                    f"budget_tokens={budget} cannot be met{where}: {exc} (the rows hold {total:.0f} "
+                    f"tokens in column {spec.token_column!r}; prune={spec.prune}); lower the budget"
+                ) from exc
+            plan = np.stack([result.eligible, result.quota, result.budget])
+    else:
+        ratio = spec.ratio if not isinstance(spec.ratio, dict) else spec.ratio.get(label, 0.0)
+        quota = int(round(ratio * n_rows))
+        try:
+            result = plan_rows(sketches, quota, spec.prune, spec.oversample)
+        except ValueError as exc:
+            raise OptionError(f"ratio={ratio} cannot be met{where}: {exc} after prune={spec.prune}; "
+                              "lower the ratio or the prune share") from exc
+        plan = np.stack([result.eligible, result.quota, np.full(len(sketches), -1)])
+    return plan
 
 
 

@@ -1,0 +1,172 @@
+"""Near-duplicates across partitions: per-partition vs table-wide diversity (issue 13).
+
+A table of ``--partitions`` x ``--rows`` rows, d = ``--dim``, clustered embeddings
+(``make_embeddings(..., duplicate_share=0)``) and log-normal quality; then ``--copies`` of the rows
+are replaced by near-copies (noise ``--noise`` per dimension, renormalised; cosine >= 0.95 checked)
+of a row in another partition (never a copy itself). Each method selects ``--ratio`` of the table
+with ``ddf.pipe(datamask_select, ratio=..., seed=0)`` on the threaded scheduler (random and quality
+top-k: table-wide, in numpy). Reported per selection: near-duplicate pairs (cosine >= 0.95) among
+the selected rows within and across partitions, the global objective (Pair_simi on the whole
+selected set; Facility on a fixed reference sample of ``--reference`` table rows, the same for
+every method) and the wall time of the job (plan and select
+passes, computed once).
+
+    python benchmarks/bench_global.py --out benchmarks/results-global.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import platform
+import sys
+import time
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from datamask_dask import datamask_select, evaluate_selection, make_embeddings
+
+THRESHOLD = 0.95
+
+
+def make_table(parts: int, rows: int, dim: int, copies: float, noise: float, seed: int = 0):
+    """Quality, embeddings and partition of each row, with planted cross-partition near-copies."""
+    n = parts * rows
+    quality, emb = make_embeddings(n, dim, duplicate_share=0.0, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    part = np.arange(n) // rows
+    copy = rng.choice(n, int(copies * n), replace=False)
+    is_copy = np.zeros(n, dtype=bool)
+    is_copy[copy] = True
+    originals = np.flatnonzero(~is_copy)
+    source = np.empty(copy.size, dtype=np.int64)
+    for i, row in enumerate(copy):  # a non-copy row of another partition
+        while True:
+            candidate = originals[rng.integers(originals.size)]
+            if part[candidate] != part[row]:
+                source[i] = candidate
+                break
+    emb[copy] = emb[source] + noise * rng.standard_normal((copy.size, dim), dtype=np.float32)
+    emb[copy] /= np.linalg.norm(emb[copy], axis=1, keepdims=True)
+    cosine = np.einsum("ij,ij->i", emb[copy], emb[source])
+    assert cosine.min() >= THRESHOLD, cosine.min()
+    return quality.astype(np.float64), emb, part
+
+
+def frame(quality, emb, parts: int):
+    features = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), emb.shape[1])
+    df = pd.DataFrame({"chunk_id": np.arange(len(quality), dtype=np.int64), "quality_score": quality,
+                       "feature_arr": pd.Series(pd.arrays.ArrowExtensionArray(features))})
+    return dd.from_pandas(df, npartitions=parts, sort=False)
+
+
+def duplicate_pairs(emb, part, selected, block: int = 2048) -> tuple[int, int]:
+    """Pairs (i < j) of selected rows with cosine >= THRESHOLD: (within a partition, across)."""
+    rows = np.flatnonzero(selected)
+    e, p = emb[rows], part[rows]
+    within = across = 0
+    for start in range(0, rows.size, block):
+        sims = e[start:start + block] @ e.T
+        i, j = np.nonzero(sims >= THRESHOLD)
+        i = i + start
+        keep = j > i
+        i, j = i[keep], j[keep]
+        same = p[i] == p[j]
+        within += int(same.sum())
+        across += int((~same).sum())
+    return within, across
+
+
+def objective(quality, emb, selected, algorithm: str, lamb: float, reference: np.ndarray) -> float:
+    rows = np.flatnonzero(selected)
+    q_range = (float(quality.min()), float(quality.max()))
+    if algorithm == "Facility":  # coverage of a fixed reference sample of the table, as Facility.evaluate
+        quality_part = evaluate_selection(quality, emb, rows, algorithm="Pair_simi", lamb=1.0,
+                                          quality_range=q_range)["quality"]
+        cover = np.clip((emb[reference] @ emb[rows].T).max(axis=1), 0, None).mean()
+        return lamb * quality_part + (1 - lamb) * float(cover)
+    return evaluate_selection(quality, emb, rows, algorithm=algorithm, lamb=lamb,
+                              quality_range=q_range)["objective"]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=25_000, help="rows per partition")
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--copies", type=float, default=0.25)
+    parser.add_argument("--noise", type=float, default=0.02)
+    parser.add_argument("--ratio", type=float, default=0.1)
+    parser.add_argument("--reference", type=int, default=5000, help="Facility's reference sample")
+    parser.add_argument("--algorithms", nargs="+", default=["Pair_simi", "Facility"])
+    parser.add_argument("--lambs", nargs="+", type=float, default=[0.0, 0.5])
+    parser.add_argument("--opt", action="append", default=[], help="extra option key=value (Python literal)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    extra = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.opt)}
+
+    quality, emb, part = make_table(args.partitions, args.rows, args.dim, args.copies, args.noise)
+    n = quality.size
+    k = int(round(args.ratio * n))
+    ddf = frame(quality, emb, args.partitions)
+    reference = np.random.default_rng(7).choice(n, min(args.reference, n), replace=False)
+    rows = []
+
+    def record(name, scope, selected, seconds, algorithm=None, lamb=None):
+        within, across = duplicate_pairs(emb, part, selected)
+        objectives = {a: {lb: objective(quality, emb, selected, a, lb, reference) for lb in args.lambs}
+                      for a in args.algorithms}
+        rows.append(dict(name=name, scope=scope, selected=int(selected.sum()), within=within, across=across,
+                         seconds=seconds, algorithm=algorithm, lamb=lamb, objectives=objectives))
+        print(rows[-1], flush=True)
+
+    random = np.zeros(n, dtype=bool)
+    random[np.random.default_rng(0).choice(n, k, replace=False)] = True
+    record("random 10%", "table", random, None)
+    top = np.zeros(n, dtype=bool)
+    top[np.argsort(-quality, kind="stable")[:k]] = True
+    record("quality top-k", "table", top, None)
+    for algorithm in args.algorithms:
+        for lamb in args.lambs:
+            for scope in ("partition", "table"):
+                start = time.perf_counter()
+                out = ddf.pipe(datamask_select, ratio=args.ratio, seed=0, algorithm=algorithm, lamb=lamb,
+                               diversity_scope=scope, **extra).compute(scheduler="threads")
+                seconds = time.perf_counter() - start
+                selected = out["selected"].to_numpy()
+                assert selected.sum() == k and (out["chunk_id"].to_numpy() == np.arange(n)).all()
+                record(f"{algorithm}, lamb {lamb:g}", scope, selected, seconds, algorithm, lamb)
+
+    command = " ".join(sys.argv[1:] if argv is None else argv)
+    lines = ["# Near-duplicates across partitions: `diversity_scope` (issue 13)", "",
+             f"Command: `python benchmarks/bench_global.py {command}`", "",
+             f"{args.partitions} partitions x {args.rows:,} rows, d = {args.dim}, clustered embeddings, "
+             f"{args.copies:.0%} of rows near-copies (noise {args.noise}) of a row in another partition, "
+             f"log-normal quality; ratio {args.ratio} ({k:,} rows), seed 0, threaded scheduler"
+             f"{', options ' + str(extra) if extra else ''}. {platform.processor() or platform.machine()}, "
+             f"{os.cpu_count()} CPU cores (shared with other jobs: wall times are noisy; compare the two "
+             "scopes of one method, run one after the other).", "",
+             "Pairs: near-duplicate pairs (cosine >= 0.95) among the selected rows. Objective: "
+             "lamb * quality + (1 - lamb) * diversity of the method's own metric and lamb, on the whole "
+             f"selected set (Facility: coverage of a fixed reference sample of {args.reference:,} table "
+             "rows).", "",
+             "| selection | scope | pairs within a partition | pairs across partitions | all pairs | "
+             "objective | wall s |", "|---|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        obj = "" if r["algorithm"] is None else f"{r['objectives'][r['algorithm']][r['lamb']]:.4f}"
+        secs = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
+        lines.append(f"| {r['name']} | {r['scope']} | {r['within']:,} | {r['across']:,} | "
+                     f"{r['within'] + r['across']:,} | {obj} | {secs} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+
+
+if __name__ == "__main__":
+    main()

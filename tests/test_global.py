@@ -1,0 +1,122 @@
+"""Table-wide diversity (``diversity_scope="table"``): near-duplicates planted across partitions."""
+
+from __future__ import annotations
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from conftest import FAST
+
+from datamask_dask import datamask_select
+from datamask_dask.errors import OptionError
+from datamask_dask.plan.duplicates import find_duplicates, hyperplanes, signatures
+from datamask_dask.sample_data import make_embeddings
+
+PARTS, ROWS, DIM = 4, 500, 32
+
+
+def _planted(seed: int = 0):
+    """4 x 500 rows; 30% of rows are near-copies (cosine >= 0.95) of a row in another partition."""
+    n = PARTS * ROWS
+    quality, emb = make_embeddings(n, DIM, duplicate_share=0.0, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    part = np.arange(n) // ROWS
+    copy = rng.choice(n, int(0.3 * n), replace=False)
+    is_copy = np.zeros(n, dtype=bool)
+    is_copy[copy] = True
+    originals = np.flatnonzero(~is_copy)
+    source = np.array([rng.choice(originals[part[originals] != part[row]]) for row in copy])
+    emb[copy] = emb[source] + 0.02 * rng.standard_normal((copy.size, DIM), dtype=np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    assert np.einsum("ij,ij->i", emb[copy], emb[source]).min() >= 0.95
+    features = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), DIM)
+    frame = pd.DataFrame({"chunk_id": np.arange(n, dtype=np.int64),
+                          "quality_score": quality.astype(np.float64),
+                          "topic": np.where(np.arange(n) % 3 == 0, "a", "b"),
+                          "feature_arr": pd.Series(pd.arrays.ArrowExtensionArray(features))})
+    return frame, emb, part
+
+
+@pytest.fixture(scope="module")
+def planted():
+    return _planted()
+
+
+def _pairs(emb, selected) -> int:
+    rows = np.flatnonzero(selected)
+    sims = emb[rows] @ emb[rows].T
+    return int(np.triu(sims >= 0.95, 1).sum())
+
+
+def _ddf(frame):
+    return dd.from_pandas(frame, npartitions=PARTS, sort=False)
+
+
+def test_find_duplicates_keeps_the_best_member_of_each_group():
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((6, 16)).astype(np.float32)
+    emb = np.concatenate([base, base[:3] + 0.01 * rng.standard_normal((3, 16)).astype(np.float32)])
+    sig = signatures(emb, hyperplanes(16))
+    quality = np.array([1.0, 5.0, 2.0, 0, 0, 0, 3.0, 1.0, 2.0])
+    parts = [{"quality": quality[:6], "codes": np.zeros(6, dtype=np.int64), "labels": [None],
+              "signatures": sig[:6]},
+             {"quality": quality[6:], "codes": np.zeros(3, dtype=np.int64), "labels": [None],
+              "signatures": sig[6:]}]
+    shadowed = find_duplicates(parts)
+    # row 0 loses to its copy (quality 3); row 1 beats its copy; rows 2 and 8 tie: partition 0 wins
+    assert shadowed[0].tolist() == [0] and shadowed[1].tolist() == [1, 2]
+
+
+def test_table_scope_keeps_a_tenth_of_randoms_duplicates(client, planted):
+    frame, emb, part = planted
+    n, k = len(frame), round(0.3 * len(frame))
+    ddf = _ddf(frame)
+    out = ddf.pipe(datamask_select, ratio=0.3, seed=0, lamb=0.0, **FAST).compute(scheduler=client)
+    selected = out["selected"].to_numpy()
+    assert selected.sum() == k
+    # rows, order and columns unchanged
+    pd.testing.assert_frame_equal(out.drop(columns="selected"), ddf.compute(scheduler="sync"))
+    random = np.zeros(n, dtype=bool)
+    random[np.random.default_rng(0).choice(n, k, replace=False)] = True
+    assert _pairs(emb, random) >= 10
+    assert _pairs(emb, selected) <= _pairs(emb, random) / 10
+    per_partition = ddf.pipe(datamask_select, ratio=0.3, seed=0, lamb=0.0, diversity_scope="partition",
+                             **FAST).compute(scheduler=client)
+    assert _pairs(emb, per_partition["selected"].to_numpy()) > _pairs(emb, selected)
+
+
+def test_per_group_quotas_stay_exact(client, planted):
+    frame, emb, _ = planted
+    ratios = {"a": 0.2, "b": 0.05}
+    ddf = _ddf(frame)
+    out = ddf.pipe(datamask_select, ratio=ratios, by="topic", seed=0, **FAST).compute(scheduler=client)
+    for topic, ratio in ratios.items():
+        rows = (frame["topic"] == topic).to_numpy()
+        assert out["selected"].to_numpy()[rows].sum() == round(ratio * rows.sum())
+    assert _pairs(emb, out["selected"].to_numpy()) <= 2
+
+
+def test_same_selection_on_one_and_two_workers(client, planted):
+    frame, _, _ = planted
+    ddf = _ddf(frame)
+    threaded = ddf.pipe(datamask_select, ratio=0.1, seed=0, score_column="score", **FAST)
+    one = threaded.compute(scheduler="threads")
+    two = threaded.compute(scheduler=client)
+    pd.testing.assert_frame_equal(one, two)
+    assert np.isneginf(one["score"]).sum() > 0.2 * len(frame)  # the shadowed rows are marked ineligible
+
+
+def test_ratio_above_the_distinct_rows_falls_back_to_every_row(planted):
+    frame, _, _ = planted
+    out = _ddf(frame).pipe(datamask_select, ratio=0.9, seed=0, **FAST).compute(scheduler="threads")
+    assert out["selected"].sum() == round(0.9 * len(frame))
+
+
+def test_bad_scope_options(planted):
+    ddf = _ddf(planted[0])
+    with pytest.raises(OptionError, match="diversity_scope"):
+        datamask_select(ddf, diversity_scope="global")
+    with pytest.raises(OptionError, match="duplicate_cosine"):
+        datamask_select(ddf, duplicate_cosine=1.5)
