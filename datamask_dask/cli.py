@@ -272,6 +272,7 @@ def _quiet_dask() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+_REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
 _FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
                    "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
@@ -281,12 +282,12 @@ def as_cli_message(message: str) -> str:
     """``message`` with the package's keyword spellings (``id_column=``) as CLI flags (``--id-column``)."""
     for python, cli in _FLAG_SPELLINGS.items():
         message = message.replace(python, cli)
-    flags = {key.replace("_", "-") for key in _OPTION_KEYS}
-
     def flag(match: re.Match) -> str:
-        name = match.group(1).replace("_", "-")
-        if name not in flags:
+        key = match.group(1)
+        if key not in _OPTION_KEYS:
             return match.group(0)
+        # the reference tool's learner flags keep their underscores (--n_rollout); ours use hyphens
+        name = key if key in _REFERENCE_FLAGS else key.replace("_", "-")
         return f"--{name}" if match.group("bare") is not None else f"--{name}="
 
     # "option id_column=x" -> "--id-column=x", "with id_column=, ..." -> "with --id-column, ..."

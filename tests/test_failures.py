@@ -61,7 +61,7 @@ def test_killed_worker_gives_the_same_result(tmp_path, source, expected):
             while time.monotonic() < deadline and not killed:
                 if any(work.glob("*.done")):  # mid-run: some partitions written, others running
                     for address, keys in client.processing().items():
-                        if address in pids and any("select_and_write" in str(key) for key in keys):
+                        if address in pids and any("datamask-select-write" in str(key) for key in keys):
                             killed.update(pid=pids[address], done=len(list(work.glob("*.done"))),
                                           published=target.exists())
                             os.kill(pids[address], signal.SIGKILL)
