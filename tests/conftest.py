@@ -12,6 +12,22 @@ from datamask_dask.sample_data import make_corpus
 FAST = {"n_epochs": 20, "n_rollout": 8}
 
 
+def spark_worker_environment() -> None:
+    """Spark's Python workers run this interpreter and find both packages (datamask_dask, datamask_spark)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    import datamask_spark
+
+    import datamask_dask
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    roots = {str(Path(datamask_dask.__file__).parents[1]), str(Path(datamask_spark.__file__).parents[1])}
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths + sorted(roots - set(paths)))
+
+
 @pytest.fixture(scope="session")
 def client():
     """A distributed Client on a LocalCluster of 2 worker processes with 1 thread each.

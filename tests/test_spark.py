@@ -6,8 +6,6 @@ order (a union of per-file reads), so Spark and Dask see the same partitions.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +13,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
 
-import datamask_spark  # noqa: E402
-from conftest import FAST  # noqa: E402
+from conftest import FAST, spark_worker_environment  # noqa: E402
 from datamask_spark import datamask_select, spark_errors  # noqa: E402
 
 import datamask_dask  # noqa: E402
@@ -27,11 +24,7 @@ from datamask_dask.errors import InputDataError, OptionError  # noqa: E402
 def spark():
     from pyspark.sql import SparkSession
 
-    # Spark's Python workers must run this interpreter and find both packages.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    roots = {str(Path(datamask_dask.__file__).parents[1]), str(Path(datamask_spark.__file__).parents[1])}
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths + sorted(roots - set(paths)))
+    spark_worker_environment()
     session = (SparkSession.builder.master("local[2]").appName("datamask-tests")
                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
                .getOrCreate())

@@ -5,8 +5,6 @@ Skipped when the installed pyspark cannot start one (``pip install "pyspark[conn
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
 pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio)")
 
-import datamask_spark  # noqa: E402
-from conftest import FAST  # noqa: E402
+from conftest import FAST, spark_worker_environment  # noqa: E402
 from datamask_spark import datamask_select  # noqa: E402
 
 import datamask_dask  # noqa: E402
@@ -26,10 +23,7 @@ from datamask_dask.errors import InputDataError  # noqa: E402
 def connect():
     from pyspark.sql import SparkSession
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    roots = {str(Path(datamask_dask.__file__).parents[1]), str(Path(datamask_spark.__file__).parents[1])}
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths + sorted(roots - set(paths)))
+    spark_worker_environment()
     try:
         session = SparkSession.builder.remote("local[2]").config("spark.ui.enabled", "false").getOrCreate()
     except Exception as exc:  # no local Connect server in this pyspark
