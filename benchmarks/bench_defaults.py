@@ -1,5 +1,6 @@
 """What a user gets out of the box: ``datamask select`` without ``--config`` against the built-in
-engine defaults (what it ran before the device profiles became the default) and the published loop.
+engine defaults (what it ran before the device profiles became the default, with the per-partition
+scope it had then) and the published loop.
 
 The same parquet data as ``bench_pipeline.py`` (d = 768, 50,000 rows per file), the same command
 line, side by side in one run; each job is a fresh ``datamask select`` process (start-up included
@@ -38,7 +39,9 @@ def main(argv=None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench-defaults-"))
     empty = scratch / "builtin-defaults.yaml"
     empty.write_text("{}\n")  # a config file with no keys: the built-in defaults, no profile
-    jobs = {"no --config (device profile)": [], "built-in defaults (before)": ["--config", str(empty)],
+    jobs = {"no --config (device profile)": [],
+            "no --config, --diversity-scope partition": ["--diversity-scope", "partition"],
+            "built-in defaults (before)": ["--config", str(empty), "--diversity-scope", "partition"],
             "--config reference, --n_epochs 500": ["--config", "reference", "--n_epochs", "500"]}
     given = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"# `datamask select` out of the box ({args.rows:,} rows, d = {args.dim}, {args.algorithm})", "",
