@@ -260,13 +260,19 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
     quality sketches without the shadowed rows. Only the signatures, quality and group codes
     (about 44 bytes a row) travel to the reduction; the scans stay where they were made.
     """
-    scans = [dask.delayed(scan_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
+    scans = [dask.delayed(scan_partition, pure=True)(part, i, spec,
+                                                     dask_key_name=_key("datamask-plan-scan", part, i, spec))
+             for i, part in enumerate(parts)]
     inputs = [dask.delayed(duplicate_input, pure=True)(scan) for scan in scans]
     table = dask.delayed(stack_parts, pure=True)(inputs)
-    edges = [dask.delayed(band_edges, pure=True)(table, list(range(i, BANDS, _BAND_TASKS)),
-                                                 spec.duplicate_cosine) for i in range(_BAND_TASKS)]
+    edges = [dask.delayed(band_edges, pure=True)(
+        table, list(range(i, BANDS, _BAND_TASKS)), spec.duplicate_cosine,
+        dask_key_name=_key("datamask-plan-duplicates", table, i, spec.duplicate_cosine))
+        for i in range(_BAND_TASKS)]
     shadowed = dask.delayed(shadowed_rows, pure=True, nout=len(parts))(table, edges)
-    return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i]) for i, scan in enumerate(scans)]
+    return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i],
+                                                    dask_key_name=_key("datamask-plan-partition", scan, i))
+            for i, scan in enumerate(scans)]
 
 
 def plan_input(ddf, columns: list[str]):

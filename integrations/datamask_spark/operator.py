@@ -11,6 +11,10 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    checks raised), collected on the driver. Duplicate ids are found by a DataFrame aggregation
    (``groupBy(id)``, count > 1) rather than by shipping every id to the driver.
    :func:`datamask_dask.plan.reduce.make_plan` turns the summaries into exact global quotas.
+   With ``diversity_scope="table"`` (the default) each task sends its scan instead (checks and
+   SimHash signatures, ~44 bytes a row) and the driver sets near-duplicates across the table
+   aside (:func:`datamask_dask.plan.duplicates.find_duplicates`) before summarising, as the
+   Dask operator does, so both engines select the same rows.
 2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task concatenates its
    partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
@@ -46,9 +50,16 @@ import pyarrow as pa
 from datamask_dask import errors as _errors
 from datamask_dask.config import load_config
 from datamask_dask.errors import DataMaskError
-from datamask_dask.partition.checks import SHOW, summarise_partition
+from datamask_dask.partition.checks import (
+    SHOW,
+    duplicate_input,
+    scan_partition,
+    summarise_partition,
+    summarise_scan,
+)
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
+from datamask_dask.plan.duplicates import find_duplicates
 from datamask_dask.plan.reduce import make_plan
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
@@ -136,6 +147,12 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     failed = [payloads[p]["error"] for p in sorted(payloads) if "error" in payloads[p]]
     if failed:
         raise failed[0]
+    if spec.diversity_scope == "table":  # near-duplicates across the table, as the Dask operator sets aside
+        present = sorted(payloads)
+        inputs = [duplicate_input(payloads[p]["scan"]) for p in present]
+        shadowed = find_duplicates(inputs, spec.duplicate_cosine)
+        for number, rows in zip(present, shadowed, strict=True):
+            payloads[number] = {"summary": summarise_scan(payloads[number]["scan"], rows)}
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
     # partition beyond the plan as planned empty).
     count = max(payloads, default=-1) + 1
@@ -160,7 +177,10 @@ class _SummaryTask:
         number = partition_number()
         frame = empty_frame(self.schema) if (table := _table(batches)) is None else _to_pandas(table)
         try:
-            payload = {"summary": summarise_partition(frame, number, self.spec)}
+            if self.spec.diversity_scope == "table":  # checks and signatures; summarised on the driver
+                payload = {"scan": scan_partition(frame, number, self.spec)}
+            else:
+                payload = {"summary": summarise_partition(frame, number, self.spec)}
         except DataMaskError as exc:  # reported by the driver, not as a Spark task failure
             payload = {"error": exc}
         yield pa.RecordBatch.from_pydict({"partition": pa.array([number], pa.int32()),
