@@ -109,11 +109,12 @@ def test_bad_data_names_the_spark_partition(spark, sdf):
 def test_select_pass_error_reaches_the_driver_as_the_package_error(sdf):
     from pyspark.sql import functions as F
 
-    # validate="light": the plan pass does not read embeddings, the select pass finds the zero vector
+    # validate="light" and the per-partition scope: the plan pass does not read embeddings (the table
+    # scope would, and fail there), so the select pass finds the zero vector
     zero = F.array_repeat(F.lit(0.0).cast("float"), 16)
     bad = sdf.withColumn("feature_arr",
                          F.when(F.col("chunk_id") == 450, zero).otherwise(F.col("feature_arr")))
-    out = datamask_select(bad, ratio=0.5, validate="light", **FAST)
+    out = datamask_select(bad, ratio=0.5, validate="light", diversity_scope="partition", **FAST)
     with pytest.raises(InputDataError, match=r"partition 1") as caught, spark_errors():
         out.where("selected").count()
     assert "Traceback" not in str(caught.value) and "DATAMASK-ERROR" not in str(caught.value)
