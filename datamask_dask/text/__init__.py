@@ -11,24 +11,8 @@ Needs the ``text`` extra (sentence-transformers and the packaged all-MiniLM-L6-v
 
 from __future__ import annotations
 
+from ._common import load_count
+from .embedding import embed
+from .quality import heuristic_scores, score_quality
+
 __all__ = ["embed", "score_quality", "heuristic_scores", "load_count"]
-
-
-def __getattr__(name):
-    if name == "embed":
-        from .embed import embed
-
-        return embed
-    if name in ("score_quality", "heuristic_scores"):
-        from . import quality
-
-        return getattr(quality, name)
-    if name == "load_count":
-        from ._common import load_count
-
-        return load_count
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(__all__)
