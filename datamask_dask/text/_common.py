@@ -50,7 +50,7 @@ def _is_text_dtype(dtype) -> bool:
         import pyarrow as pa
 
         return pa.types.is_string(dtype.pyarrow_dtype) or pa.types.is_large_string(dtype.pyarrow_dtype)
-    return pd.api.types.is_string_dtype(dtype) or dtype == object
+    return pd.api.types.is_string_dtype(dtype) or pd.api.types.is_object_dtype(dtype)
 
 
 def check_text_meta(ddf, text_column: str, output_column: str, stage: str) -> None:

@@ -83,7 +83,8 @@ def add_text_options(select_parser: argparse.ArgumentParser) -> None:
     group.add_argument("--text-column", "--text_column", dest="text_column",
                        help="compute the embedding and quality columns the input lacks from this column")
     group.add_argument("--scorer", default="heuristic",
-                       help="quality scorer: heuristic (default) or a sequence-classification model directory")
+                       help="quality scorer: heuristic (default) or a sequence-classification model "
+                       "directory")
     add_model_options(group, for_select=True)
 
 

@@ -178,6 +178,7 @@ def embed(ddf, text_column: str = "text", model=None, batch_size: int = 64, devi
     path = str(resolve_model_path(model))  # fail here, not on a worker
     if device not in (None, "auto"):
         resolve_device(device)
-    meta = ddf._meta.assign(**{output_column: pd.Series([], dtype=EMBEDDING_DTYPE, index=ddf._meta.index[:0])})
+    empty = pd.Series([], dtype=EMBEDDING_DTYPE, index=ddf._meta.index[:0])
+    meta = ddf._meta.assign(**{output_column: empty})
     return ddf.map_partitions(_embed_partition, text_column, output_column, path, int(batch_size), device,
                               int(max_tokens), long_documents, meta=meta)

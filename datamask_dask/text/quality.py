@@ -161,8 +161,8 @@ def classifier_scores(texts: list[str], path: str, *, device: str = "auto", batc
     out = np.empty(len(texts), dtype=np.float64)
     with torch.inference_mode():
         for start in range(0, len(texts), batch_size):
-            feats = tokenizer(texts[start:start + batch_size], max_length=limit, truncation=True, padding=True,
-                              return_tensors="pt").to(dev)
+            feats = tokenizer(texts[start:start + batch_size], max_length=limit, truncation=True,
+                              padding=True, return_tensors="pt").to(dev)
             logits = model(**feats).logits.float()
             vals = logits[:, 0] if logits.shape[1] == 1 else torch.softmax(logits, dim=1)[:, -1]
             out[start:start + len(vals)] = vals.cpu().numpy()
@@ -205,8 +205,9 @@ def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, k
     return out
 
 
-def score_quality(ddf, text_column: str = "text", scorer="heuristic", output_column: str = "quality_score",
-                  batch_size: int = 32, device: str = "auto", max_tokens: int = 512):
+def score_quality(ddf, text_column: str = "text", scorer="heuristic",
+                  output_column: str = "quality_score", batch_size: int = 32, device: str = "auto",
+                  max_tokens: int = 512):
     """Add a float64 quality column computed from ``text_column``, lazily (see the module doc).
 
     Parameters
