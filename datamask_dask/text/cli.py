@@ -114,6 +114,48 @@ def fill_text_columns(ddf, args, embedding_column: str | None = None, quality_co
     return ddf
 
 
+MARKER = "_datamask_text.json"
+
+
+def _check_target(target: Path, overwrite: bool) -> None:
+    if not target.exists():
+        return
+    if not overwrite:
+        raise DataMaskError(f"--output {target} exists: add --overwrite to replace it")
+    if not (target / MARKER).exists():
+        raise DataMaskError(f"--output {target} was not written by datamask embed/score: not replaced")
+
+
+def _write_part(part, path: str) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # No pandas metadata: pandas cannot read back its dtype strings for Arrow list columns.
+    table = pa.Table.from_pandas(part, preserve_index=False).replace_schema_metadata(None)
+    pq.write_table(table, path)
+    return table.num_rows
+
+
+def write_parts(ddf, target: Path, scheduler=None) -> int:
+    """Write ``ddf`` as ``target/part.N.parquet`` (a fresh directory, replaced whole); returns the rows."""
+    import json
+    import shutil
+
+    import dask
+
+    staging = target.with_name(f".{target.name}.writing")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    parts = ddf.to_delayed()
+    writes = [dask.delayed(_write_part)(p, str(staging / f"part.{i}.parquet")) for i, p in enumerate(parts)]
+    rows = sum(dask.compute(*writes, scheduler=scheduler))
+    (staging / MARKER).write_text(json.dumps({"rows": int(rows), "columns": list(ddf.columns)}))
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return int(rows)
+
+
 def run_text(args: argparse.Namespace) -> int:
     """Run ``datamask embed`` or ``datamask score`` for the parsed ``args``; returns the exit status."""
     import dask.dataframe as dd
@@ -126,8 +168,7 @@ def run_text(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--input {source} does not exist")
         if target.resolve() == source.resolve() or source.resolve() in target.resolve().parents:
             raise DataMaskError("--output may not be --input or lie inside it")
-        if target.exists() and not args.overwrite:
-            raise DataMaskError(f"--output {target} exists: add --overwrite to replace it")
+        _check_target(target, args.overwrite)
         if args.scheduler or args.n_workers:
             from distributed import Client, LocalCluster
 
@@ -146,11 +187,7 @@ def run_text(args: argparse.Namespace) -> int:
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
                                 device=args.device)
-        out.to_parquet(target, write_index=False, overwrite=bool(args.overwrite and target.exists()),
-                       compute_kwargs={"scheduler": client} if client is not None else None)
-        import pyarrow.parquet as pq
-
-        rows = pq.ParquetDataset(target).read(columns=[]).num_rows  # from the files just written
+        rows = write_parts(out, target, scheduler=client)
     except (DataMaskError, OSError, ImportError) as exc:
         if args.verbose:
             import traceback
