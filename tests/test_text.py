@@ -150,7 +150,7 @@ def test_cli_embed_and_score(tmp_path):
     both = pd.read_parquet(tmp_path / "both")
     assert len(both) == len(TEXTS) and {"quality_score", "feature_arr"} <= set(both.columns)
     assert len(both["feature_arr"].iloc[0]) == 384
-    assert text_command(["score", "--input", str(source), "--output", str(tmp_path / "scored")]) == 1  # exists
+    assert text_command(["score", "--input", str(source), "--output", str(tmp_path / "scored")]) == 1
     assert text_command(["score", "--input", str(source), "--output", str(tmp_path / "scored"),
                          "--overwrite"]) == 0
     assert text_command(["score", "--input", str(source), "--output", str(tmp_path)]) == 1  # not ours
