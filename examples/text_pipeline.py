@@ -152,7 +152,9 @@ def run(n_docs: int = 1000, ratio: float = 0.2, partitions: int = 2, scheduler=N
                  .pipe(score_quality, text_column="text"))
     # datamask_select reads its input twice (the plan pass, then the selection): persist the
     # embedded table first so the model runs once per document (or write it to parquet).
-    scored = scored.persist(scheduler=scheduler)
+    # DATAMASK learns diversity within a partition (duplicates in different partitions do not see
+    # each other): a corpus this small is selected as one partition.
+    scored = scored.repartition(npartitions=1).persist(scheduler=scheduler)
     out = scored.pipe(datamask_select, ratio=ratio, id_column="doc_id", seed=seed, **learner)
     result = out.compute(scheduler=scheduler).sort_values("doc_id")
     seconds = time.perf_counter() - started
@@ -197,9 +199,11 @@ def main(argv=None) -> int:
     parser.add_argument("--cluster", help="address of a running Dask scheduler (default: threads)")
     parser.add_argument("--n-epochs", type=int)
     parser.add_argument("--n-rollout", type=int)
+    parser.add_argument("--algorithm", help="diversity metric (default: the package's, Pair_simi)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    learner = {k: v for k, v in (("n_epochs", args.n_epochs), ("n_rollout", args.n_rollout)) if v is not None}
+    learner = {k: v for k, v in (("n_epochs", args.n_epochs), ("n_rollout", args.n_rollout),
+                                 ("algorithm", args.algorithm)) if v is not None}
     client = None
     scheduler = "threads"
     if args.cluster:
