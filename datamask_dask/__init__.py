@@ -7,6 +7,7 @@ The package reads as its pipeline, one direction of imports (each room uses only
 
     cli, cluster        the command line and Dask clusters
     report/             the HTML report of a finished run (matplotlib)
+    text/               from raw text: embed and score_quality, in the same dataframe style
     io/                 parquet, Delta and Iceberg in and out, the atomic resumable writer, run record
     ops/                the Dask operator (datamask_select) and validate_table
     partition/          one partition (pandas or cuDF): adapters, spec, checks, the select step
@@ -34,6 +35,8 @@ __getattr__, __dir__, __all__ = attach(__name__, {
     "io.delta": ["read_delta", "write_delta"],
     "io.iceberg": ["read_iceberg", "write_iceberg"],
     "report.build": ["build_report"],
+    "text.embedding": ["embed"],
+    "text.quality": ["heuristic_scores", "score_quality"],
     "learn.engine": ["MaskResult", "learn_mask"],
     "learn.objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
     "learn.options": ["DataMaskOptions"],

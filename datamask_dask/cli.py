@@ -172,8 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_corpus_options(demo)
     _add_job_options(demo)
     from .report.cli import add_report_parser
+    from .text.cli import add_text_options, add_text_parsers
 
     add_report_parser(commands)
+    add_text_parsers(commands)
+    add_text_options(select)
     return parser
 
 
@@ -195,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report.cli import run_report
 
         return run_report(args)
+    if args.command in ("embed", "score"):
+        from .text.cli import run_text
+
+        return run_text(args)
     if args.command == "select" and not args.demo and args.input is None:
         if args.output is not None:
             parser.error("select: --output needs --input (or run the demo with --demo)")
@@ -354,6 +361,10 @@ def _run_select(args, options: dict, started: float) -> None:
         raise FileNotFoundError(f"--input {source} does not exist")
     check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
     ddf = read_parquet(source, backend=_backend(args))
+    if getattr(args, "text_column", None):  # compute the missing embedding / quality columns once
+        from .text.cli import fill_text_columns
+
+        ddf = fill_text_columns(ddf, args).persist()
     report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
                              resume=args.resume, single_file=source.is_file(),
                              input_fingerprint=input_fingerprint(source), input_location=source,

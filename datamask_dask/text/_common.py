@@ -1,0 +1,96 @@
+"""What the text stages share: the text column's checks and the per-process model cache."""
+
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+
+from ..errors import InputDataError, OptionError
+
+#: Models loaded in this process, keyed by (kind, resolved path, device): one load per worker process.
+_MODELS: dict = {}
+_LOCK = threading.Lock()
+#: How many models this process has loaded (read back from workers with ``client.run`` in the tests).
+_LOADS = {"count": 0}
+
+
+def load_count() -> int:
+    """Models loaded by this process so far (each (path, device) at most once)."""
+    return _LOADS["count"]
+
+
+def cached_model(key: tuple, loader):
+    """The model under ``key``, loaded by ``loader()`` the first time in this process (thread-safe)."""
+    model = _MODELS.get(key)
+    if model is not None:
+        return model
+    with _LOCK:
+        model = _MODELS.get(key)
+        if model is None:
+            model = loader()
+            _MODELS[key] = model
+            _LOADS["count"] += 1
+    return model
+
+
+def resolve_device(device: str | None) -> str:
+    """``"auto"``/None: the GPU when this process sees one, else the CPU."""
+    if device in (None, "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not str(device).startswith(("cpu", "cuda", "mps")):
+        raise OptionError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    return str(device)
+
+
+def _is_text_dtype(dtype) -> bool:
+    if isinstance(dtype, pd.ArrowDtype):
+        import pyarrow as pa
+
+        return pa.types.is_string(dtype.pyarrow_dtype) or pa.types.is_large_string(dtype.pyarrow_dtype)
+    return pd.api.types.is_string_dtype(dtype) or pd.api.types.is_object_dtype(dtype)
+
+
+def check_text_meta(ddf, text_column: str, output_column: str, stage: str) -> None:
+    """Fail before building a graph: the column exists, holds text, differs from the output."""
+    if text_column not in ddf.columns:
+        raise InputDataError(f"{stage}: text column {text_column!r} not found; columns are "
+                             f"{list(ddf.columns)} (pass text_column=...)")
+    dtype = ddf._meta[text_column].dtype
+    if not _is_text_dtype(dtype):
+        raise InputDataError(f"{stage}: column {text_column!r} holds {dtype}, not text (strings); "
+                             "pass the column with the documents' text as text_column=")
+    if output_column == text_column:
+        raise OptionError(f"{stage}: output_column {output_column!r} would overwrite the text column")
+
+
+def text_values(part: pd.DataFrame, text_column: str, partition: int | None, stage: str) -> pd.Series:
+    """The partition's text as a pandas string Series, or InputDataError naming column, partition, rows."""
+    where = f"partition {partition}" if partition is not None else "a partition"
+    col = part[text_column]
+    if hasattr(col, "to_pandas"):  # cuDF
+        col = col.to_pandas()
+    nulls = col.isna().to_numpy()
+    if nulls.any():
+        rows = [int(i) for i in nulls.nonzero()[0][:5]]
+        raise InputDataError(f"{stage}: column {text_column!r}, {where}: {int(nulls.sum())} null text "
+                             f"value(s), first at rows {rows}; drop or fill them first")
+    if col.dtype == object and len(col):
+        kinds = pd.api.types.infer_dtype(col, skipna=True)
+        if kinds not in ("string", "empty"):
+            bad = [i for i, v in enumerate(col.to_numpy()) if not isinstance(v, str)][:5]
+            raise InputDataError(f"{stage}: column {text_column!r}, {where}: holds non-string values "
+                                 f"({kinds}), first at rows {bad}; it must hold text")
+    text = col.astype("string[pyarrow]") if not isinstance(col.dtype, pd.StringDtype) else col
+    empty = (text.str.strip().str.len() == 0).to_numpy(dtype=bool)
+    if empty.any():
+        rows = [int(i) for i in empty.nonzero()[0][:5]]
+        raise InputDataError(f"{stage}: column {text_column!r}, {where}: {int(empty.sum())} empty or "
+                             f"whitespace-only text value(s), first at rows {rows}; drop them first")
+    return text
+
+
+def partition_number(partition_info) -> int | None:
+    return None if not partition_info else partition_info.get("number")

