@@ -113,10 +113,16 @@ def test_run_failing_mid_way_leaves_the_previous_output_intact(tmp_path, source,
     capsys.readouterr()
     assert main([*args, "--overwrite", "--seed", "2"]) == 1
     err = capsys.readouterr().err
-    assert "datamask: error:" in err and "run the same command again to resume" in err
+    assert err.startswith("datamask: error:")
     assert _files(target) == before  # the previous output, byte for byte
     hidden = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("."))
-    assert hidden == [work_dir(target).name]  # only the work directory (for a resume); no staging
+    work = work_dir(target)
+    # Which partitions finish before the bad one fails depends on the threads' timing: the work
+    # directory (and the hint to resume) stays exactly when one did; no staging is ever left.
+    if work.exists() and any(work.glob("*.done")):
+        assert hidden == [work.name] and "run the same command again to resume" in err
+    else:
+        assert hidden == [] and "resume" not in err
 
 
 def test_bad_data_fails_in_the_plan_pass_before_anything_is_written(tmp_path, source):
