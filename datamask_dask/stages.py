@@ -1,4 +1,5 @@
-"""Stage clocks: seconds a selection spends reading, checking, extracting, learning and writing.
+"""Stage clocks: seconds a selection spends reading, checking, extracting, learning and writing,
+and the learning curves of a few chunks, kept per worker thread for the run summary.
 
 Each worker thread keeps its own totals. The code of a stage adds to them (:func:`timed`), and the
 task that ends a unit of work takes them (:func:`take`): a partition's plan summary and its
