@@ -171,7 +171,7 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
-                  overwrite: bool = False) -> dict:
+                  overwrite: bool = False, inputs=()) -> dict:
     """Compute ``ddf`` and write it as parquet, atomically (the rules of :mod:`.output`).
 
     Parameters
@@ -184,6 +184,8 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
     overwrite : bool
         Replace ``path`` if an earlier datamask writer made it; otherwise an existing path raises
         ``FileExistsError`` (and anything else :class:`~.output.UnsafeOutputError`).
+    inputs : iterable of path
+        Where ``ddf`` was read from: ``path`` may not be, contain or lie inside any of them.
 
     Returns
     -------
@@ -193,9 +195,9 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
     from .output import FOOTER_KEY, RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
 
     target = Path(path)
-    check_target(target, overwrite=overwrite)
+    check_target(target, overwrite=overwrite, inputs=inputs)
     with output_lock(target):
-        check_target(target, overwrite=overwrite)
+        check_target(target, overwrite=overwrite, inputs=inputs)
         staging = staging_path(target)
         parts_dir = staging_path(target, "parts") if single_file else staging
         try:

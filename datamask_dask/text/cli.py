@@ -114,51 +114,13 @@ def fill_text_columns(ddf, args, embedding_column: str | None = None, quality_co
     return ddf
 
 
-MARKER = "_datamask_text.json"
-
-
-def _check_target(target: Path, overwrite: bool) -> None:
-    if not target.exists():
-        return
-    if not overwrite:
-        raise DataMaskError(f"--output {target} exists: add --overwrite to replace it")
-    if not (target / MARKER).exists():
-        raise DataMaskError(f"--output {target} was not written by datamask embed/score: not replaced")
-
-
-def _write_part(part, path: str) -> int:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    # No pandas metadata: pandas cannot read back its dtype strings for Arrow list columns.
-    table = pa.Table.from_pandas(part, preserve_index=False).replace_schema_metadata(None)
-    pq.write_table(table, path)
-    return table.num_rows
-
-
-def write_parts(ddf, target: Path, scheduler=None) -> int:
-    """Write ``ddf`` as ``target/part.N.parquet`` (a fresh directory, replaced whole); returns the rows."""
-    import json
-    import shutil
-
-    import dask
-
-    staging = target.with_name(f".{target.name}.writing")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    parts = ddf.to_delayed()
-    writes = [dask.delayed(_write_part)(p, str(staging / f"part.{i}.parquet")) for i, p in enumerate(parts)]
-    rows = sum(dask.compute(*writes, scheduler=scheduler))
-    (staging / MARKER).write_text(json.dumps({"rows": int(rows), "columns": list(ddf.columns)}))
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
-    return int(rows)
-
-
 def run_text(args: argparse.Namespace) -> int:
     """Run ``datamask embed`` or ``datamask score`` for the parsed ``args``; returns the exit status."""
     import dask.dataframe as dd
+
+    from ..cluster import get_client
+    from ..io.output import check_target
+    from ..io.parquet import write_parquet
 
     started = time.perf_counter()
     source, target = Path(args.input), Path(args.output)
@@ -166,14 +128,9 @@ def run_text(args: argparse.Namespace) -> int:
     try:
         if not source.exists():
             raise FileNotFoundError(f"--input {source} does not exist")
-        if target.resolve() == source.resolve() or source.resolve() in target.resolve().parents:
-            raise DataMaskError("--output may not be --input or lie inside it")
-        _check_target(target, args.overwrite)
+        check_target(target, overwrite=args.overwrite, inputs=[source])  # before any work
         if args.scheduler or args.n_workers:
-            from distributed import Client, LocalCluster
-
-            client = Client(args.scheduler) if args.scheduler else \
-                Client(LocalCluster(n_workers=args.n_workers, threads_per_worker=1, dashboard_address=":0"))
+            client = get_client(args.scheduler or "cpu", n_workers=args.n_workers, dashboard_address=":0")
         ddf = dd.read_parquet(source)
         if args.command == "embed":
             from .embedding import embed
@@ -187,7 +144,7 @@ def run_text(args: argparse.Namespace) -> int:
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
                                 device=args.device)
-        rows = write_parts(out, target, scheduler=client)
+        rows = sum(write_parquet(out, target, overwrite=args.overwrite, inputs=[source])["rows"])
     except (DataMaskError, OSError, ImportError) as exc:
         if args.verbose:
             import traceback
