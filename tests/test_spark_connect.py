@@ -25,7 +25,7 @@ def connect():
 
     spark_worker_environment()
     try:
-        session = SparkSession.builder.remote("local[2]").config("spark.ui.enabled", "false").getOrCreate()
+        session = SparkSession.builder.remote("local[2]").getOrCreate()
     except Exception as exc:  # no local Connect server in this pyspark
         pytest.skip(f"cannot start a local Spark Connect server: {exc}")
     yield session
