@@ -7,18 +7,18 @@ metadata (Delta) or the snapshot's summary properties (Iceberg).
 from __future__ import annotations
 
 import json
-import platform
 
 import dask
 import pandas as pd
 import pyarrow as pa
 
-from .parquet import _to_pandas
+from .output import library_versions
+from .parquet import _to_pandas, to_arrow
 
 RECORD_KEY = "datamask.run"
 TABLE_MARK = "datamask.output"  # Iceberg table property set on tables datamask created
 
-__all__ = ["RECORD_KEY", "TABLE_MARK", "compute_arrow", "empty_frame", "lake_versions", "to_arrow",
+__all__ = ["RECORD_KEY", "TABLE_MARK", "compute_arrow", "empty_frame", "lake_versions",
            "to_pandas"]
 
 
@@ -29,17 +29,6 @@ def to_pandas(table: pa.Table) -> pd.DataFrame:
 
 def empty_frame(schema: pa.Schema) -> pd.DataFrame:
     return _to_pandas(schema.empty_table())
-
-
-def to_arrow(frame) -> pa.Table:
-    """pandas (or cuDF) frame -> Arrow table without the pandas metadata or index."""
-    if isinstance(frame, pa.Table):
-        return frame.replace_schema_metadata(None)
-    if hasattr(frame, "to_arrow") and not isinstance(frame, pd.DataFrame):  # cuDF
-        table = frame.to_arrow(preserve_index=False)
-    else:
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-    return table.replace_schema_metadata(None)
 
 
 def compute_arrow(data, scheduler=None) -> pa.Table:
@@ -61,15 +50,7 @@ def compute_arrow(data, scheduler=None) -> pa.Table:
 
 def lake_versions() -> dict:
     """Versions of Python and of the libraries a table output depends on."""
-    from .. import __version__
-
-    versions = {"python": platform.python_version(), "datamask-dask": __version__}
-    for module in ("numpy", "pandas", "pyarrow", "dask", "distributed", "torch", "deltalake", "pyiceberg"):
-        try:
-            versions[module] = getattr(__import__(module), "__version__", None)
-        except ImportError:
-            versions[module] = None
-    return versions
+    return library_versions("deltalake", "pyiceberg")
 
 
 def dumps(record: dict) -> str:

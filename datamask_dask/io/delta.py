@@ -19,6 +19,7 @@ is itself a new version: the previous one stays readable by time travel until so
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,7 +30,7 @@ import pyarrow as pa
 from .. import stages
 from ..errors import InputDataError, OptionError
 from ._lake import RECORD_KEY, compute_arrow, dumps, empty_frame, to_pandas
-from .output import UnsafeOutputError, output_lock, publish, remove_own, staging_path
+from .output import UnsafeOutputError, check_inputs, output_lock, publish, remove_own, staging_path
 
 __all__ = ["DeltaSource", "delta_record", "delta_source", "read_delta", "read_delta_source", "write_delta"]
 
@@ -179,7 +180,7 @@ def _check_delta_target(path, mode: str, inputs, storage_options) -> None:
             raise UnsafeOutputError(f"the output Delta table {location} is the input: write the selection to "
                                     "another table (the input is never modified)")
     if local:
-        _check_overlap(local_path, [s for s in inputs if s is not None and "://" not in str(s)])
+        check_inputs(local_path, [s for s in inputs if s is not None and "://" not in str(s)])
     if not deltalake.DeltaTable.is_deltatable(location, storage_options=storage_options):
         if local and local_path.exists() and (not local_path.is_dir() or any(local_path.iterdir())):
             raise UnsafeOutputError(f"{location} exists and is not a Delta table: datamask writes a Delta "
@@ -193,16 +194,6 @@ def _check_delta_target(path, mode: str, inputs, storage_options) -> None:
     if foreign:
         raise UnsafeOutputError(f"mode={mode!r} refused: the Delta table {location} has {foreign} commit(s) "
                                 "without a datamask run record (someone else's table); choose another output")
-
-
-def _check_overlap(target: Path, inputs) -> None:
-    """The output may not be, contain or lie inside a local input (as :func:`.output.check_target`)."""
-    resolved = target.resolve()
-    for source in inputs:
-        source = Path(source).resolve()
-        if resolved == source or source in resolved.parents or resolved in source.parents:
-            raise UnsafeOutputError(f"the output {target} overlaps the input {source}: write the selection "
-                                    "somewhere else (the input is never modified or removed)")
 
 
 def write_delta(data, path, *, mode: str = "error", record: dict | None = None, inputs=(),
@@ -244,7 +235,7 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
         rows = data.num_rows
     properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record or {})})
     local = "://" not in location
-    lock = output_lock(Path(location)) if local else _null()
+    lock = output_lock(Path(location)) if local else contextlib.nullcontext()
     with lock:
         if local:
             _check_delta_target(location, mode, list(inputs), storage_options)
@@ -264,12 +255,3 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
             deltalake.write_deltalake(location, data, mode=mode, partition_by=partition_by,
                                       storage_options=storage_options, commit_properties=properties)
     return {"version": _open(location, storage_options=storage_options).version(), "rows": rows}
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-

@@ -65,16 +65,7 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
         The output exists and ``overwrite`` is False.
     """
     target = Path(target)
-    resolved = target.resolve()
-    for source in inputs:
-        if source is None:
-            continue
-        source = Path(source).resolve()
-        if resolved == source or source in resolved.parents or resolved in source.parents:
-            relation = ("is the input" if resolved == source else "lies inside the input"
-                        if source in resolved.parents else "contains the input")
-            raise UnsafeOutputError(f"the output {target} {relation} {source}: write the selection somewhere "
-                                    "else (the input is never modified or removed)")
+    check_inputs(target, inputs)
     if not os.path.lexists(target):
         return
     if not overwrite:
@@ -85,6 +76,36 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
         raise UnsafeOutputError(f"{flag} refused: {target} {problem}. datamask replaces only outputs it "
                                 "wrote itself (they carry a run record); move it away or choose another "
                                 "output")
+
+
+def check_inputs(target: str | os.PathLike, inputs) -> None:
+    """Refuse an output that is, contains or lies inside one of the local ``inputs``."""
+    target = Path(target)
+    resolved = target.resolve()
+    for source in inputs:
+        if source is None:
+            continue
+        source = Path(source).resolve()
+        if resolved == source or source in resolved.parents or resolved in source.parents:
+            relation = ("is the input" if resolved == source else "lies inside the input"
+                        if source in resolved.parents else "contains the input")
+            raise UnsafeOutputError(f"the output {target} {relation} {source}: write the selection somewhere "
+                                    "else (the input is never modified or removed)")
+
+
+def library_versions(*extra: str) -> dict:
+    """Python's and the libraries' versions for a run record (``extra``: optional ones, None if absent)."""
+    import platform
+
+    from .. import __version__
+
+    versions = {"python": platform.python_version(), "datamask-dask": __version__}
+    for module in ("numpy", "pandas", "pyarrow", "dask", "distributed", "torch", *extra):
+        try:
+            versions[module] = getattr(__import__(module), "__version__", None)
+        except ImportError:
+            versions[module] = None
+    return versions
 
 
 def _not_ours(target: Path) -> str | None:

@@ -30,6 +30,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .. import stages
+from ..partition.adapters import is_cudf
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -164,6 +165,18 @@ def _read_groups(piece, schema: pa.Schema, partition_names: list[str], columns: 
         else:
             arrays.append(table.column(name).cast(field.type))
     return _to_pandas(pa.table(arrays, names=columns))
+
+
+def to_arrow(frame) -> pa.Table:
+    """A pandas or cuDF frame (or an Arrow table) as Arrow, without the index or pandas' metadata
+    (its dtype strings for Arrow list columns cannot be read back)."""
+    if isinstance(frame, pa.Table):
+        return frame.replace_schema_metadata(None)
+    if is_cudf(frame):
+        table = frame.to_arrow(preserve_index=False)
+    else:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+    return table.replace_schema_metadata(None)
 
 
 def _to_pandas(table: pa.Table) -> pd.DataFrame:

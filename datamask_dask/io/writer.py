@@ -57,8 +57,17 @@ from ..errors import DataMaskError
 from ..ops.operator import plan_selection
 from ..partition import adapters
 from ..partition.select import select_partition
-from .output import FOOTER_KEY, RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
-from .parquet import concatenate, write_table
+from .output import (
+    FOOTER_KEY,
+    RUN_RECORD,
+    check_target,
+    library_versions,
+    output_lock,
+    publish,
+    remove_own,
+    staging_path,
+)
+from .parquet import concatenate, to_arrow, write_table
 from .summary import SAMPLE_ROWS, RunSummary, partition_summary, summarise_run
 
 FORMAT = 1  # version of the work directory layout
@@ -403,14 +412,7 @@ def _write_frame(frame, handle) -> None:
     if adapters.is_cudf(frame):
         frame.to_parquet(handle, index=False)
     else:
-        write_table(_to_arrow(frame), handle)
-
-
-def _to_arrow(frame) -> pa.Table:
-    table = frame.to_arrow(preserve_index=False) if adapters.is_cudf(frame) else pa.Table.from_pandas(
-        frame, preserve_index=False)
-    # Drop the pandas metadata: its dtype strings for Arrow list columns cannot be read back.
-    return table.replace_schema_metadata(None)
+        write_table(to_arrow(frame), handle)
 
 
 def _write_atomic(path: Path, write) -> None:
@@ -459,7 +461,7 @@ def _empty_table(ddf, spec) -> pa.Table:
     columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         columns[spec.score_column] = np.zeros(0, dtype=np.float32)
-    return _to_arrow(adapters.with_columns(ddf._meta, columns))
+    return to_arrow(adapters.with_columns(ddf._meta, columns))
 
 
 def commit(files: list[Path], target: Path, *, single_file: bool = False,
@@ -504,13 +506,7 @@ def commit(files: list[Path], target: Path, *, single_file: bool = False,
 def run_record(report: SelectionReport, settings: Mapping, manifest: dict, markers: dict,
                input_location, summary: dict | None = None) -> dict:
     """What a finished output keeps about the run that made it (see :mod:`datamask_dask.io.output`)."""
-    import platform
-
-    from .. import __version__
-
-    versions = {"python": platform.python_version(), "datamask-dask": __version__}
-    for module in ("numpy", "pandas", "pyarrow", "dask", "distributed", "torch"):
-        versions[module] = getattr(__import__(module), "__version__", None)
+    versions = library_versions()
     per_partition = [{"partition": i, "rows": markers[i]["rows"], "selected": markers[i]["selected"]}
                      for i in sorted(markers)]
     return json.loads(json.dumps({

@@ -13,7 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from datamask_dask.io.output import RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
+from datamask_dask.io.output import (
+    RUN_RECORD,
+    check_target,
+    library_versions,
+    output_lock,
+    publish,
+    remove_own,
+    staging_path,
+)
 
 from .operator import datamask_select, spark_errors
 
@@ -73,6 +81,7 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
             if local:
                 record = {"tool": "datamask-dask", "kind": "selection", "engine": "spark", "rows": rows,
                           "selected": selected, "input": {"location": source},
+                          "versions": library_versions("pyspark"),
                           "files": sorted(os.listdir(destination))}
                 Path(destination, RUN_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
                 publish(Path(destination), Path(target))
