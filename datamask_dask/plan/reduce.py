@@ -102,7 +102,6 @@ def _plan_group(label, sketches: list, n_rows: int, spec) -> np.ndarray:
     return plan
 
 
-
 def duplicate_problems(ids, id_column: str) -> list[Problem]:
     """The duplicate ids found by :func:`id_graph`, as one problem (or none)."""
     if ids is None or not ids[0]:
