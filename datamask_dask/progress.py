@@ -1,13 +1,16 @@
-"""Progress bars for Dask computations: partitions done, on the local schedulers or a distributed client.
+"""Progress bars for Dask computations: partitions done, and the learning steps of the chunks in flight.
 
 ``progress=None`` (the default of :func:`datamask_dask.write_selection`) shows a bar only where
 someone watches: stderr is a terminal, or the code runs in a Jupyter kernel. ``True`` forces it
-(``datamask select --progress``), ``False`` silences it. Bars go to stderr, so stdout stays
-the command's result.
+(``datamask select --progress``), ``False`` silences it. The bar goes to stderr, so stdout stays
+the command's result::
 
-- local schedulers (threads, processes, sync): :class:`dask.diagnostics.ProgressBar`;
-- a distributed client (given as ``scheduler`` or the current default client):
-  :func:`distributed.progress` on the futures (a widget in notebooks, text elsewhere).
+    [################              ] | 40% Completed | 12.3s | learning partition 5, chunk 2: step 120/400
+
+Tasks done are counted by a :class:`dask.diagnostics.ProgressBar` on the local schedulers
+(threads, processes, sync) and from the futures' states on a distributed client. Learner runs
+report their steps through :mod:`datamask_dask.stages`: in this process directly, from Dask
+workers as distributed events, so one chunk of a million rows does not look like a hang.
 """
 
 from __future__ import annotations
@@ -15,8 +18,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
+import time
 
 import dask
+from dask.diagnostics import ProgressBar
+
+from . import stages
+
+#: Characters of the bar, and seconds between two draws.
+WIDTH, DRAW_INTERVAL = 40, 0.1
 
 
 def wanted(progress: bool | None) -> bool:
@@ -61,17 +72,113 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     """``dask.compute(*collections, scheduler=scheduler)`` with a progress bar when :func:`wanted`."""
     if not wanted(progress):
         return dask.compute(*collections, scheduler=scheduler)
+    learning = LearningSteps()
+    line = _Line(sys.stderr, learning)
     client = client_of(scheduler)
     if client is None:
-        from dask.diagnostics import ProgressBar
-
-        with ProgressBar(out=sys.stderr):
-            return dask.compute(*collections, scheduler=scheduler)
-    from distributed import progress as distributed_progress
-
+        stages.add_step_sink(learning)  # the learners run in this process
+        try:
+            with _LocalBar(line):
+                return dask.compute(*collections, scheduler=scheduler)
+        finally:
+            stages.remove_step_sink(learning)
     futures = client.compute(list(collections))
-    notebook = _in_notebook()
-    with contextlib.redirect_stdout(sys.stderr) if not notebook else contextlib.nullcontext():
-        # The scheduler address: the client need not be the default one.
-        distributed_progress(futures, notebook=notebook, multi=False, scheduler=client.scheduler.address)
+    client.subscribe_topic(stages.STEP_TOPIC, lambda event: learning(event[1]))  # (time, message)
+    started = time.perf_counter()
+    try:
+        while True:
+            done = sum(future.done() for future in futures)  # finished or failed
+            line.draw(done / len(futures) if futures else 1.0, time.perf_counter() - started)
+            if done == len(futures):
+                break
+            time.sleep(DRAW_INTERVAL)
+    finally:
+        client.unsubscribe_topic(stages.STEP_TOPIC)
+        line.end()
     return tuple(client.gather(futures))
+
+
+class LearningSteps:
+    """The learner runs in flight, kept from the step events of :class:`datamask_dask.stages.StepCounter`."""
+
+    def __init__(self):
+        self._runs: dict[str, dict] = {}  # run -> its latest event, oldest run first
+        self._lock = threading.Lock()  # events come from worker threads or the client's loop
+        self.events = 0
+
+    def __call__(self, event: dict) -> None:
+        with self._lock:
+            self.events += 1
+            if event["step"] >= event["steps"]:
+                self._runs.pop(event["run"], None)
+            else:
+                self._runs[event["run"]] = event
+
+    def text(self) -> str:
+        """``"learning partition 5, chunk 2: step 120/400 (+1 more)"``, or "" when none is in flight."""
+        with self._lock:
+            runs = list(self._runs.values())
+        if not runs:
+            return ""
+        first = runs[0]
+        more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
+        return f"learning {first['where']}: step {first['step']}/{first['steps']}{more}"
+
+
+class _Line:
+    """One bar line, redrawn in place (shorter lines are padded over the longer one before)."""
+
+    def __init__(self, out, learning: LearningSteps):
+        self._out, self._learning, self._drawn = out, learning, 0
+
+    def draw(self, fraction: float, elapsed: float) -> None:
+        from dask.utils import format_time
+
+        text = (f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {int(100 * fraction)}% Completed | "
+                f"{format_time(elapsed)}")
+        if learning := self._learning.text():
+            text += f" | {learning}"
+        padding, self._drawn = " " * max(0, self._drawn - len(text)), len(text)
+        with contextlib.suppress(ValueError):  # the stream was closed under us
+            self._out.write(f"\r{text}{padding}")
+            self._out.flush()
+
+    def end(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._out.write("\n")
+            self._out.flush()
+
+
+class _LocalBar(ProgressBar):
+    """Dask's bar for the local schedulers (it counts the tasks), drawn by :class:`_Line`."""
+
+    def __init__(self, line: _Line):
+        super().__init__(out=None, dt=DRAW_INTERVAL)  # out=None: the line writes, not dask
+        self._line = line
+
+    def _draw_bar(self, frac, elapsed):
+        self._line.draw(frac, elapsed)
+
+    def _finish(self, dsk, state, errored):
+        super()._finish(dsk, state, errored)  # the last draw
+        self._line.end()
+
+
+def named(parts: list, name: str) -> list:
+    """The partitions' tasks (``collection.to_delayed()``: one graph) under the key name ``name``.
+
+    Dask names a fused task after the first word of each layer it fuses ("datamask-_to_string_dtype-
+    datamask-<token>" for our read, Dask's string conversion and our step): the dashboard shows
+    what the task does instead.
+    """
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+
+    graph = dict(parts[0].__dask_graph__()) if parts else {}  # every part shares one graph
+    keys = []
+    for part in parts:
+        key = (f"{name}-{part.key[0].rsplit('-', 1)[-1]}", part.key[1])  # the token stays
+        graph[key] = graph.pop(part.key).substitute({}, key=key)
+        keys.append(key)
+    layers = HighLevelGraph({name: graph}, {name: set()})
+    return [Delayed(key, layers, layer=name) for key in keys]

@@ -1,5 +1,6 @@
 """Stage clocks: seconds a selection spends reading, checking, extracting, learning and writing,
-and the learning curves of a few chunks, kept per worker thread for the run summary.
+the learning curves of a few chunks, kept per worker thread for the run summary, and the steps of
+the learner runs in flight, for progress bars.
 
 Each worker thread keeps its own totals. The code of a stage adds to them (:func:`timed`), and the
 task that ends a unit of work takes them (:func:`take`): a partition's plan summary and its
@@ -12,6 +13,10 @@ went without patching the package.
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
+import os
+import sys
 import threading
 import time
 
@@ -84,3 +89,71 @@ def take_curves() -> list[dict]:
     curves = getattr(_local, "curves", None) or []
     _local.curves = []
     return curves
+
+
+# --------------------------------------------------------------------------- learning steps in flight
+
+#: Distributed event topic of learning-step events, and seconds between two events of one run.
+STEP_TOPIC, STEP_INTERVAL = "datamask-learning-steps", 0.5
+_step_sinks: list = []  # callables of this process that take step events (local schedulers)
+_run_numbers = itertools.count()
+
+
+@contextlib.contextmanager
+def learning(where: str):
+    """Name the learner runs of the ``with`` block (``"partition 5, chunk 2"``) in step events."""
+    previous = getattr(_local, "where", None)
+    _local.where = where
+    try:
+        yield
+    finally:
+        _local.where = previous
+
+
+class StepCounter:
+    """Counts one learner run's steps and publishes ``{"run", "where", "step", "steps"}`` events.
+
+    An event goes out at the first step, then at most every ``STEP_INTERVAL`` seconds, and at the
+    last step (``step == steps``: the run is over): to this process's sinks (the local schedulers'
+    bar) and, inside a Dask worker, as a distributed event on ``STEP_TOPIC`` (a client's bar). The
+    check per step is a clock read, nothing a learner step notices.
+    """
+
+    def __init__(self, steps: int):
+        self.steps, self.step, self._sent = int(steps), 0, -math.inf
+        self.run = f"{os.getpid()}-{threading.get_ident()}-{next(_run_numbers)}"
+        self.where = getattr(_local, "where", None) or "chunk"
+
+    def __call__(self, count: int = 1) -> None:
+        self.step = min(self.step + count, self.steps)
+        now = time.monotonic()
+        if now - self._sent >= STEP_INTERVAL or self.step == self.steps:
+            self._sent = now
+            _publish({"run": self.run, "where": self.where, "step": self.step, "steps": self.steps})
+
+    def finish(self) -> None:
+        """End the run early (a stage was skipped): its bar entry goes away."""
+        if self.step < self.steps:
+            self(self.steps - self.step)
+
+
+def add_step_sink(sink) -> None:
+    """Send this process's step events to ``sink(event)`` too (see :func:`remove_step_sink`)."""
+    _step_sinks.append(sink)
+
+
+def remove_step_sink(sink) -> None:
+    with contextlib.suppress(ValueError):
+        _step_sinks.remove(sink)
+
+
+def _publish(event: dict) -> None:
+    for sink in list(_step_sinks):
+        sink(event)
+    distributed = sys.modules.get("distributed")  # never imported here: only if the worker runs it
+    if distributed is not None:
+        try:
+            worker = distributed.get_worker()
+        except ValueError:  # not inside a worker's task
+            return
+        worker.log_event(STEP_TOPIC, event)

@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 
 import dask.dataframe as dd
 import numpy as np
@@ -145,6 +146,40 @@ def test_progress_on_distributed_client(client, capsys):
     assert "100%" in capsys.readouterr().err
 
 
+LONG_LEARNING = {"n_epochs": 300, "refine_epochs": 200, "summary_rows": 0}  # about a second per chunk
+
+
+def test_progress_shows_learning_steps_locally(tmp_path, capsys):
+    from datamask_dask import stages
+
+    events = []
+    stages.add_step_sink(events.append)
+    try:
+        ddf = dd.from_pandas(make_corpus(4000, 16, seed=0), npartitions=2, sort=False)
+        write_selection(ddf, tmp_path / "out", 0.1, scheduler="threads", progress=True, **LONG_LEARNING)
+    finally:
+        stages.remove_step_sink(events.append)
+    runs = {event["run"]: event for event in events}  # the last event of each learner run
+    assert sorted(event["where"] for event in runs.values()) == ["partition 0", "partition 1"]
+    assert all(event["step"] == event["steps"] == 200 for event in runs.values())  # each ran to its end
+    bar = capsys.readouterr().err
+    assert re.search(r"learning partition \d: step \d+/200", bar), bar  # drawn while the chunks learned
+    assert "100% Completed" in bar
+
+
+def test_learning_steps_reach_the_client_from_worker_processes(client, tmp_path, capsys):
+    from datamask_dask import stages
+
+    ddf = dd.from_pandas(make_corpus(4000, 16, seed=0), npartitions=2, sort=False)
+    started = time.time()
+    write_selection(ddf, tmp_path / "out", 0.1, scheduler=client, progress=True, **LONG_LEARNING)
+    events = [event for stamp, event in client.get_events(stages.STEP_TOPIC) if stamp >= started]
+    assert {event["where"] for event in events} == {"partition 0", "partition 1"}
+    assert len({event["run"].split("-")[0] for event in events}) == 2  # from both worker processes
+    assert all(event["steps"] == 200 for event in events) and max(e["step"] for e in events) == 200
+    assert "100% Completed" in capsys.readouterr().err
+
+
 def test_task_names_say_what_they_are():
     from dask.utils import key_split
 
@@ -161,6 +196,21 @@ def test_task_names_say_what_they_are():
     assert {"datamask-plan-partition", "datamask-plan-ids"} <= prefixes
     out = datamask_select(ddf, 0.1, **FAST)
     assert key_split(out.__dask_keys__()[0]) == "datamask-select"
+
+
+def test_writer_tasks_have_their_names_on_the_dashboard(client, parquet_dir, tmp_path):
+    from datamask_dask import read_parquet
+
+    def prefixes(dask_scheduler):
+        return sorted(dask_scheduler.task_prefixes)
+
+    before = set(client.run_on_scheduler(prefixes))
+    ddf = read_parquet(parquet_dir)
+    write_selection(ddf, tmp_path / "out", 0.1, scheduler=client, progress=False, **FAST)
+    after = set(client.run_on_scheduler(prefixes))
+    assert {"datamask-plan-read", "datamask-plan-scan", "datamask-select-write"} <= after
+    # Dask would name the fused read-select-write task "datamask-_to_string_dtype-datamask".
+    assert all(p.startswith("datamask-") or p == "getitem" for p in after - before), after - before
 
 
 # --------------------------------------------------------------------------- report

@@ -219,7 +219,7 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
     if todo:
         # One task per partition reads, selects and writes it (Dask fuses the chain), so a worker
         # holds one partition at a time and nothing but a marker row travels back.
-        plan_node = dask.delayed(plan, traverse=False)
+        plan_node = dask.delayed(plan, traverse=False, name=f"datamask-plan-{manifest['run_id']}")
         pending = ddf if len(todo) == ddf.npartitions else ddf.partitions[todo]
         written = pending.map_partitions(
             _select_and_write, plan_node, todo, os.fspath(work), manifest["run_id"],
@@ -228,7 +228,8 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
         # to_delayed() hands over the fused graph (a collection's compute() on a distributed
         # client did not fuse the read into this task: each partition then waited in memory).
         try:
-            frames = progress_bars.compute(*written.to_delayed(), scheduler=scheduler, progress=progress)
+            tasks = progress_bars.named(written.to_delayed(), "datamask-select-write")
+            frames = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
         except BaseException:
             if not any(work.glob("*.done")):  # nothing finished: nothing to resume, nothing to refuse
                 remove_own(work)

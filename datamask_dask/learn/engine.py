@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import stages
 from ..errors import InputDataError, OptionError
 from .objectives import build_metrics, normalise_quality
 from .options import DataMaskOptions
@@ -99,10 +100,12 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         # partial-batch stage that would choose the pool: refine everything, skip that stage.
         pool_size = n_keep
     history, best = torch.zeros(0), None
-    if not (opts.refine and pool_size == n_keep):
+    first_stage = not (opts.refine and pool_size == n_keep)
+    tick = stages.StepCounter(opts.n_epochs * first_stage + opts.refine_epochs * bool(opts.refine))
+    if first_stage:
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
-                                  max_batch=opts.max_batch)
+                                  max_batch=opts.max_batch, tick=tick)
     if opts.refine and pool_size > k and best is None:  # best is set when one batch held every row
         # Refine: learn again, every step over the whole pool of the best candidates, with the
         # reference rows drawn from the whole chunk. Rows learned in different batches never met
@@ -125,12 +128,13 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
 
         refined, best = _optimise(pool_logits, q_pool, emb_pool, k, opts, gen, n_steps=opts.refine_epochs,
                                   partial=1.0, max_batch=pool_size, lr=(opts.refine_lr, opts.refine_lr / 10),
-                                  reference=reference)
+                                  reference=reference, tick=tick)
         history = torch.cat([history.to(refined.device), refined])
         if not whole:
             best = None if best is None else pool[best]
             # Rows outside the pool stay below every pool row.
             logits[pool] = pool_logits - pool_logits.min() + logits.max() + 1.0
+    tick.finish()  # the refinement may have been skipped
     if opts.final == "best" and best is not None:
         chosen = best
     elif opts.final == "sample":
@@ -146,14 +150,15 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
 
 
 def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr, max_batch,
-              reference=None):
+              reference=None, tick=None):
     """Run policy-gradient steps in place on ``logits``.
 
     ``reference`` (a callable, called at most once) gives the rows the selection should
     represent, for metrics that use them, and their positions among ``emb`` when they are a sample
     (None when they are every row). Returns the mean in-batch reward per step and, when
     every row took part in every step, the best rollout drawn (row indices), else None. Nothing
-    leaves the device inside the loop: the history and the best draw are tensors.
+    leaves the device inside the loop: the history and the best draw are tensors. ``tick`` (a
+    :class:`datamask_dask.stages.StepCounter`) counts the steps for progress bars.
     """
     n = logits.shape[0]
     history = torch.zeros(n_steps, device=logits.device)
@@ -192,6 +197,8 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
         else:
             logits += step_lr * direction
         history[step] = rewards.mean()
+        if tick is not None:
+            tick()
         if states is not None:
             best_reward, best = _keep_best(rewards, idx, best_reward, best)
     if states is not None:  # the policy's mode is a candidate too

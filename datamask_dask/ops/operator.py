@@ -55,6 +55,7 @@ from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.duplicates import BANDS, band_edges, shadowed_rows, stack_parts
 from ..plan.reduce import make_plan
+from ..progress import named
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
@@ -226,7 +227,7 @@ def apply_plan(ddf, spec: SelectSpec, plan):
 
 def plan_graph(ddf, spec: SelectSpec):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
-    parts = plan_input(ddf, spec.plan_columns).to_delayed()
+    parts = named(plan_input(ddf, spec.plan_columns).to_delayed(), "datamask-plan-read")
     if spec.diversity_scope == "table":
         summaries = table_summaries(parts, spec)
     else:
@@ -263,13 +264,16 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
     scans = [dask.delayed(scan_partition, pure=True)(part, i, spec,
                                                      dask_key_name=_key("datamask-plan-scan", part, i, spec))
              for i, part in enumerate(parts)]
-    inputs = [dask.delayed(duplicate_input, pure=True)(scan) for scan in scans]
-    table = dask.delayed(stack_parts, pure=True)(inputs)
+    signed = "datamask-plan-signatures"
+    inputs = [dask.delayed(duplicate_input, pure=True)(scan, dask_key_name=_key(signed, scan))
+              for scan in scans]
+    table = dask.delayed(stack_parts, pure=True)(inputs, dask_key_name=_key(signed, inputs))
     edges = [dask.delayed(band_edges, pure=True)(
         table, list(range(i, BANDS, _BAND_TASKS)), spec.duplicate_cosine,
         dask_key_name=_key("datamask-plan-duplicates", table, i, spec.duplicate_cosine))
         for i in range(_BAND_TASKS)]
-    shadowed = dask.delayed(shadowed_rows, pure=True, nout=len(parts))(table, edges)
+    shadowed = dask.delayed(shadowed_rows, pure=True, nout=len(parts))(
+        table, edges, dask_key_name=_key("datamask-plan-duplicates", table, edges))
     return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i],
                                                     dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
@@ -312,6 +316,7 @@ def id_graph(parts: list, id_column: str):
         part, i, id_column, dask_key_name=_key("datamask-plan-ids", part, i, id_column))
         for i, part in enumerate(parts)]
     while len(level) > 1:
-        level = [dask.delayed(merge_ids, pure=True)(level[i:i + _SPLIT_EVERY])
-                 for i in range(0, len(level), _SPLIT_EVERY)]
-    return dask.delayed(id_report, pure=True)(level[0])
+        level = [dask.delayed(merge_ids, pure=True)(
+            level[i:i + _SPLIT_EVERY], dask_key_name=_key("datamask-plan-ids", level[i:i + _SPLIT_EVERY]))
+            for i in range(0, len(level), _SPLIT_EVERY)]
+    return dask.delayed(id_report, pure=True)(level[0], dask_key_name=_key("datamask-plan-ids", level[0]))

@@ -117,7 +117,7 @@ def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, ch
         if isinstance(embeddings, np.ndarray):
             embeddings /= norms[:, None]  # in place: the learner finds unit rows and copies nothing
     try:
-        with stages.timed("learn"):
+        with stages.timed("learn"), stages.learning(where):
             result = learn_mask(quality[chunk], embeddings, k, options, device=device,
                                 quality_range=plan["ranges"][group_index],
                                 seed=derive_seed(options.seed, number, group_index, chunk_number))
