@@ -109,6 +109,27 @@ def test_delta_round_trip_full_table(delta_source, tmp_path):
     assert record["run_id"] == report.run_id and record["input"]["version"] == 1
     assert (record["rows"], record["selected"]) == (N, round(RATIO * N))
     assert record["settings"]["n_epochs"] == 20 and record["seed"] == 0 and record["versions"]["deltalake"]
+    _check_summary(record)
+    pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install matplotlib)")
+    from datamask_dask.report.cli import report_command
+
+    assert report_command([f"delta://{out}", "--out", str(tmp_path / "report"), "--sample-rows", "300"]) == 0
+    figures = {p.name for p in (tmp_path / "report").glob("*.png")}
+    assert {"curves.png", "quality.png", "projection.png", "objective.png", "quotas.png"} <= figures
+    assert report.run_id in (tmp_path / "report" / "index.html").read_text()
+
+
+def _check_summary(record):
+    """The run summary in a table's commit: partitions, the sample, the selection against baselines."""
+    assert sum(p["rows"] for p in record["partitions"]) == record["rows"]
+    assert sum(p["selected"] for p in record["partitions"]) == record["selected"]
+    summary = record["summary"]
+    assert summary["sample"]["stratified"] == "by partition" and 0 < summary["sample"]["rows"] <= N
+    objective = summary["objective"]
+    assert set(objective) == {"datamask", "quality_topk", "random"}
+    assert objective["datamask"]["rows"] == summary["sample"]["selected"] > 0
+    assert objective["datamask"]["objective"] > objective["random"]["objective"]
+    assert summary["curves"] and record["stages"]["learn"] > 0
 
 
 def test_delta_selection_only_and_modes(delta_source, tmp_path):
@@ -119,6 +140,7 @@ def test_delta_selection_only_and_modes(delta_source, tmp_path):
     assert table.column_names == ["chunk_id", "selected", "run_id"]
     assert set(table.column("run_id").to_pylist()) == {report.run_id}
     assert int(table.column("selected").to_numpy().sum()) == round(RATIO * N)
+    _check_summary(_delta_run_record(out))  # the sample comes from the selecting tasks, not the output
     with pytest.raises(FileExistsError):  # mode is explicit
         select_table(f"delta://{delta_source}", f"delta://{out}", RATIO, output_columns=SELECTION, **OPTIONS)
     with pytest.raises(UnsafeOutputError):  # the input is never the output
@@ -208,6 +230,7 @@ def test_iceberg_round_trip_by_uri(catalog, catalog_properties, iceberg_source):
     assert record["run_id"] == report.run_id
     assert record["input"]["version"] == catalog.load_table("ns.source").current_snapshot().snapshot_id
     assert (record["rows"], record["selected"]) == (N, round(RATIO * N))
+    _check_summary(record)
     assert len(table.snapshots()) == 1  # created and filled in one commit
 
 

@@ -41,11 +41,14 @@ def compute_arrow(data, scheduler=None) -> pa.Table:
         return data.replace_schema_metadata(None)
     if isinstance(data, pd.DataFrame):
         return to_arrow(data)
-    meta = to_arrow(data._meta)
     parts = [to_arrow(frame) for frame in dask.compute(*data.to_delayed(), scheduler=scheduler)]
-    parts = [part if part.schema.equals(meta.schema) else part.cast(meta.schema) for part in parts if
-             part.num_rows]
-    return pa.concat_tables(parts) if parts else meta.schema.empty_table()
+    return concat_arrow(parts, to_arrow(data._meta).schema)
+
+
+def concat_arrow(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """Partitions' Arrow tables as one table of ``schema`` (a partition may infer a narrower type)."""
+    parts = [part if part.schema.equals(schema) else part.cast(schema) for part in parts if part.num_rows]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
 def lake_versions() -> dict:

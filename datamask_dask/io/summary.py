@@ -74,6 +74,47 @@ def summarise_run(files: list, markers: dict, settings: dict, spec, *, sample_ro
     """The ``summary`` of a run record from its finished part files and completion markers."""
     started = time.perf_counter()
     parts = [(i, markers[i].get("summary") or {}) for i in sorted(markers)]
+    frame = sample_files(files, _sample_columns(spec), sample_rows, seed)
+    return _summary(parts, frame, settings, spec, sample_rows, seed, started)
+
+
+def table_part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0) -> dict:
+    """One selected partition's part of a table run's summary, made by the task that selected it.
+
+    What :func:`partition_summary` gives, plus the partition's rows and selected rows and
+    ``sample_rows`` of its rows drawn at random (the columns the objective needs), which
+    :func:`summarise_table_run` compares with the baselines.
+    """
+    from ..partition import adapters
+
+    out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column)
+    n = len(frame)
+    selected = np.asarray(adapters.host_values(frame, spec.selected_column), dtype=bool)
+    rows = np.sort(np.random.default_rng([seed, number]).choice(n, min(n, sample_rows), replace=False))
+    sample = frame[_sample_columns(spec)].iloc[rows]
+    sample = sample.to_pandas() if adapters.is_cudf(sample) else sample
+    return {**out, "partition": number, "rows": n, "selected": int(selected.sum()),
+            "sample": sample.reset_index(drop=True)}
+
+
+def summarise_table_run(parts: list[dict], settings: dict, spec, *, sample_rows: int = SAMPLE_ROWS,
+                        seed: int = 0) -> dict:
+    """The ``summary`` of a table run from its partitions' :func:`table_part_summary`.
+
+    The sample is stratified by partition (each gave up to ``sample_rows / partitions`` rows).
+    """
+    started = time.perf_counter()
+    samples = [part["sample"] for part in parts if len(part["sample"])]
+    frame = pd.concat(samples, ignore_index=True) if samples else pd.DataFrame(columns=_sample_columns(spec))
+    summary = _summary([(part["partition"], part) for part in parts], frame, settings, spec, sample_rows,
+                       seed, started)
+    summary["sample"]["stratified"] = "by partition"
+    return summary
+
+
+def _summary(parts: list[tuple[int, dict]], frame: pd.DataFrame, settings: dict, spec, sample_rows: int,
+             seed: int, started: float) -> dict:
+    """Groups, tokens and curves of the partitions' summaries; selection vs baselines on ``frame``."""
     groups = [{"partition": i, "group": g, "rows": r, "selected": s}
               for i, part in parts for g, r, s in part.get("groups", [])]
     token_parts = [(i, part["tokens"]) for i, part in parts if "tokens" in part]
@@ -87,7 +128,6 @@ def summarise_run(files: list, markers: dict, settings: dict, spec, *, sample_ro
     curves = [{"partition": i, **curve} for i, part in parts for curve in part.get("curves", [])]
     summary = {"by": spec.by, "groups": groups, "tokens": tokens, "curves": curves,
                "duplicate_cosine": DUPLICATE_COSINE}
-    frame = sample_files(files, _sample_columns(spec), sample_rows, seed)
     summary["sample"] = {"rows": len(frame), "requested": sample_rows, "seed": seed}
     summary.update(compare_on_sample(frame, spec, settings, seed=seed))
     summary["seconds"] = time.perf_counter() - started

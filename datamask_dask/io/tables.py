@@ -21,17 +21,23 @@ URIs (a query string picks a snapshot: time travel)::
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import uuid
 from pathlib import Path
 from urllib.parse import parse_qs
 
-import pyarrow.compute as pc
+import dask
 
+from .. import progress as progress_bars
+from .. import stages
 from ..errors import OptionError
-from ._lake import compute_arrow, dumps, lake_versions
+from ..partition import adapters
+from ._lake import compute_arrow, concat_arrow, dumps, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
+from .parquet import to_arrow
+from .summary import SAMPLE_ROWS, summarise_table_run, table_part_summary
 
 __all__ = ["TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table", "select_table",
            "selection_columns", "table_record", "write_table_output"]
@@ -262,7 +268,8 @@ class TableRunReport:
 
 def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",
                  incremental: bool = False, config=None, scheduler=None, row_filter=None,
-                 catalog_properties=None, storage_options=None, **options) -> TableRunReport:
+                 catalog_properties=None, storage_options=None, progress: bool | None = None,
+                 summary_rows: int = SAMPLE_ROWS, **options) -> TableRunReport:
     """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
 
     Parameters
@@ -283,13 +290,22 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         selected (and written with ``mode``). With no new rows nothing is written.
     row_filter : str, optional
         Iceberg input only: rows to consider, pushed down.
+    progress : bool, optional
+        Progress bar on stderr (see :mod:`datamask_dask.progress`); by default only where watched.
+    summary_rows : int
+        Rows sampled (stratified by partition) for the run summary's comparison with quality
+        top-k and random; 0 skips it.
+
+    The run record, with its summary (see :mod:`datamask_dask.io.summary`), goes into the
+    output: the commit's metadata (Delta), the snapshot's summary (Iceberg), or
+    ``_datamask_run.json`` (parquet).
 
     Returns
     -------
     TableRunReport
     """
     from ..config import load_config
-    from ..ops.operator import datamask_select
+    from ..ops.operator import apply_plan, plan_selection
 
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:
@@ -317,7 +333,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                 ratio = previous.get("settings", {}).get("ratio")
     source = read_table(source_uri, row_filter=row_filter, since=since, catalog_properties=catalog_properties,
                         storage_options=storage_options)
-    settings = load_config(config, ratio=ratio, **options)
+    settings = load_config(config, ratio=ratio, backend=adapters.backend(source.frame._meta), **options)
     run_id = uuid.uuid4().hex
     record = {"format": 1, "tool": "datamask-dask", "kind": "selection", "run_id": run_id,
               "input": {**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
@@ -328,20 +344,50 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     if since is not None and not source.files:  # nothing added since the last run: nothing to write
         return TableRunReport(target.uri, 0, 0, run_id, source.describe(), {}, record,
                               time.perf_counter() - start)
-    result = datamask_select(source.frame, ratio, config=config, **options)
+    spec, plan = plan_selection(source.frame, ratio, config=config, scheduler=scheduler, **options)
+    meta = apply_plan(source.frame, spec, plan)._meta
+    columns = None
     if output_columns == "selection":
-        result = selection_columns(result, run_id, id_column=settings["id_column"],
-                                   selected_column=settings["selected_column"],
-                                   score_column=settings["score_column"])
-    table = compute_arrow(result, scheduler=scheduler)
-    rows = table.num_rows
-    selected = int(pc.sum(table.column(settings["selected_column"])).as_py() or 0) if rows else 0
-    record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        columns = {"id_column": spec.id_column, "selected_column": spec.selected_column,
+                   "score_column": spec.score_column}
+        meta = selection_columns(meta, run_id, **columns)
+    # Everything is computed before the first byte is written: the write is one transaction.
+    parts = progress_bars.named(source.frame.to_delayed(), "datamask-read")
+    per_part = math.ceil(summary_rows / max(len(parts), 1))
+    seed = int(settings.get("seed") or 0)
+    tasks = [dask.delayed(_select_part, pure=True)(part, plan, number, spec, columns, run_id, per_part, seed,
+                                                   dask_key_name=f"datamask-select-{run_id}-{number}")
+             for number, part in enumerate(parts)]
+    outputs = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
+    table = concat_arrow([output for output, _ in outputs], to_arrow(meta).schema)
+    parts = [part for _, part in outputs]
+    rows, selected = sum(p["rows"] for p in parts), sum(p["selected"] for p in parts)
+    summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
+    record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
+                  stages=stages.add_up(p.pop("stages") for p in parts), summary=summary,
+                  phases={"plan, select and summary": time.perf_counter() - start})
     record = _json(record)
     written = write_table_output(table, target, mode=mode, record=record, inputs=[source_uri],
                                  catalog_properties=catalog_properties, storage_options=storage_options)
     return TableRunReport(target.uri, rows, selected, run_id, source.describe(), written, record,
                           time.perf_counter() - start)
+
+
+def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run_id: str, sample_rows: int,
+                 seed: int):
+    """One partition of a table run, in one task: its output as Arrow and its part of the summary.
+
+    One task, so the learning curves and stage seconds its learner left on this thread are its own.
+    """
+    from ..partition.select import select_partition
+
+    out = select_partition(frame, plan, {"number": number})
+    part = table_part_summary(out, number, spec, sample_rows, seed)
+    part["stages"] = stages.take()
+    if columns is not None:
+        out = selection_columns(out, run_id, **columns)
+    return to_arrow(out), part
 
 
 def _json(record: dict) -> dict:

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.summary import RunSummary, sample_files, unit_rows
+from ..io.tables import parse_table_uri, read_table, table_record
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
 MAX_TABLE_ROWS = 200  # rows shown of the per-partition table
@@ -42,9 +43,10 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
 
     Parameters
     ----------
-    output_path : path
+    output_path : path or str
         A directory or single file written by :func:`datamask_dask.write_selection` (``datamask
-        select``): it must carry a run record.
+        select``), or a Delta / Iceberg table URI written by ``datamask select``: it must carry
+        a run record (in the commit or snapshot for tables).
     out_dir : path
         Created if missing; may not lie inside ``output_path`` (the output holds only the files
         its run wrote).
@@ -61,14 +63,23 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     Path
         The HTML page.
     """
-    source, target = Path(output_path), Path(out_dir)
-    summary = RunSummary.read(source)
+    table = parse_table_uri(output_path)
+    target = Path(out_dir)
+    if table.format == "parquet":
+        source = Path(output_path)
+        summary = RunSummary.read(source)
+    else:  # the record of a Delta commit or an Iceberg snapshot
+        record = table_record(table)
+        if record is None:
+            raise ValueError(f"{table.uri} has no datamask run record: it was not written by "
+                             "`datamask select`")
+        source, summary = Path(table.location), RunSummary(record)
     resolved = target.resolve()
     if source.is_dir() and (resolved == source.resolve() or source.resolve() in resolved.parents):
         raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
                          "elsewhere (a datamask output holds only the files its run wrote)")
     target.mkdir(parents=True, exist_ok=True)
-    sample = _sample(source, summary, sample_rows, seed)
+    sample = _sample(table if table.format != "parquet" else source, summary, sample_rows, seed)
     figures = {}
     for name, draw in (("curves", _curves), ("quality", _quality), ("projection", _projection),
                        ("objective", _objective), ("quotas", _quotas)):
@@ -105,11 +116,29 @@ def _data_files(source: Path, record: dict) -> list[Path]:
     return [f for f in listed if f.exists()] or sorted(source.glob("*.parquet"))
 
 
-def _sample(source: Path, summary: RunSummary, n: int, seed: int) -> dict:
+def _table_sample(table, columns: list[str], n: int, seed: int) -> pd.DataFrame:
+    """About ``n`` random rows of a Delta or Iceberg output (the same share of every data file)."""
+    source = read_table(table)
+    present = [c for c in columns if c in source.frame.columns]  # a selection-only output has no embeddings
+    if len(present) < len(columns):
+        return pd.DataFrame(columns=present)
+    frame = source.frame[present]
+    rows = len(frame[present[-1]])  # counted on one small column
+    if rows == 0:
+        return frame._meta
+    return frame.sample(frac=min(1.0, n / rows), random_state=seed).compute(scheduler="threads")
+
+
+def _sample(source, summary: RunSummary, n: int, seed: int) -> dict:
     """The sample's quality, unit embeddings and selection mask (empty arrays when unreadable)."""
     cols = _columns(summary.record.get("settings") or {})
     wanted = [*cols["quality"], cols["embedding"], cols["selected"]]
-    frame = sample_files(_data_files(source, summary.record), wanted, n, seed) if n > 0 else pd.DataFrame()
+    if n <= 0:
+        frame = pd.DataFrame()
+    elif isinstance(source, Path):
+        frame = sample_files(_data_files(source, summary.record), wanted, n, seed)
+    else:
+        frame = _table_sample(source, wanted, n, seed)
     out = {"rows": len(frame), "quality": np.zeros(0), "selected": np.zeros(0, dtype=bool),
            "embeddings": None}
     if not len(frame) or any(c not in frame.columns for c in wanted):

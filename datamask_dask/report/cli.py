@@ -14,7 +14,12 @@ from pathlib import Path
 
 def default_out_dir(output: str | Path) -> Path:
     """``OUTPUT-report`` next to the output (never inside it: an output holds only its run's files)."""
-    output = Path(output)
+    from ..io.tables import parse_table_uri
+
+    table = parse_table_uri(output)
+    if table.format == "iceberg":  # no path of its own: the working directory
+        return Path(f"{table.location}-report")
+    output = Path(table.location)
     return output.parent / f"{output.name}-report"
 
 
@@ -31,7 +36,8 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("output", help="output directory or file of `datamask select`")
+    parser.add_argument("output", help="output directory or file of `datamask select`, or its Delta / "
+                        "Iceberg table URI")
     parser.add_argument("--out", dest="report_dir",
                         help="report directory (default: OUTPUT-report next to it)")
     parser.add_argument("--sample-rows", "--sample_rows", dest="sample_rows", type=int, default=5000,
