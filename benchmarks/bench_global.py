@@ -36,6 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from datamask_dask import datamask_select, evaluate_selection, make_embeddings
+from datamask_dask.plan.duplicates import count_pairs, hyperplanes, signatures
 
 THRESHOLD = 0.95
 
@@ -133,11 +134,15 @@ def run_seed(args, extra: dict, seed: int) -> list[dict]:
 
     def record(name, scope, selected, seconds, algorithm=None, lamb=None, **more):
         within, across = duplicate_pairs(emb, part, selected)
+        # what the run summary reports: its estimate from the selected rows' signatures
+        planes = hyperplanes(emb.shape[1])
+        estimate = count_pairs([signatures(emb[selected & (part == p)], planes)
+                                for p in range(args.partitions)])
         objectives = {a: {lb: objective(quality, emb, selected, a, lb, reference) for lb in args.lambs}
                       for a in args.algorithms}
         rows.append(dict(name=name, scope=scope, selected=int(selected.sum()), within=within, across=across,
-                         seconds=seconds, algorithm=algorithm, lamb=lamb, objectives=objectives, seed=seed,
-                         **more))
+                         estimate=estimate, seconds=seconds, algorithm=algorithm, lamb=lamb,
+                         objectives=objectives, seed=seed, **more))
         print({key: value for key, value in rows[-1].items() if key != "objectives"}, flush=True)
 
     random = np.zeros(n, dtype=bool)
@@ -188,9 +193,12 @@ def write(args, extra: dict, rows: list[dict], argv) -> None:
              "Shadowed picks: rows of the per-partition selection that the table scope sets aside as "
              "near-copies of a better row; their mean quality, against that of the rows the table scope "
              "selects instead (changed).", "",
+             "Summary's estimate: what the run summary reports for that selection (SimHash LSH over "
+             "the selected rows, within / across).", "",
              "| seed | selection | scope | pairs within a partition | pairs across partitions | all pairs | "
-             "objective | shadowed picks (mean quality) | changed (mean quality) | wall s |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "summary's estimate | objective | shadowed picks (mean quality) | changed (mean quality) | "
+             "wall s |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         obj = "" if r["algorithm"] is None else f"{r['objectives'][r['algorithm']][r['lamb']]:.4f}"
         secs = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
@@ -199,7 +207,8 @@ def write(args, extra: dict, rows: list[dict], argv) -> None:
             lost = f"{r['shadowed_picks']:,} ({_number(r['lost_quality'])})"
             changed = f"{r['changed']:,} ({_number(r['gained_quality'])})"
         lines.append(f"| {r['seed']} | {r['name']} | {r['scope']} | {r['within']:,} | {r['across']:,} | "
-                     f"{r['within'] + r['across']:,} | {obj} | {lost} | {changed} | {secs} |")
+                     f"{r['within'] + r['across']:,} | {r['estimate'][0]:,} / {r['estimate'][1]:,} | {obj} | "
+                     f"{lost} | {changed} | {secs} |")
     lines += ["", f"Over seeds {args.seeds}: mean (standard deviation) of each case.", "",
               "| selection | partition objective | table objective | table - partition | table wins | "
               "pairs partition | pairs table | wall s partition | wall s table |",
