@@ -218,7 +218,8 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     if n == 0:
         return None, [], None, (np.zeros((0, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
     block_bytes = block_bytes or min(_BLOCK_BYTES, (spec.memory_budget or _BLOCK_BYTES) // 4)
-    # A block lives as its gathered float32 rows (counted twice: headroom) and their projections.
+    # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
+    # headroom) and their projections.
     step = max(1, block_bytes // (8 * source.dim + 4 * duplicates.SIGNATURE_BITS))
     # One product per block gives the content summary's projection on a fixed random direction
     # and, with ``sign``, the SimHash projections: the rows are read and multiplied once.
@@ -228,14 +229,14 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     summary = np.empty((n, 2), dtype=np.float64)
     signed = np.empty((n, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None
     for start in range(0, n, step):
-        positions = np.arange(start, min(n, start + step))
-        block = source.rows(positions)
-        summary[start:start + positions.size, 0] = row_norms(block)
+        stop = min(n, start + step)
+        block = source.span(start, stop)
+        summary[start:stop, 0] = row_norms(block)
         with stages.timed("sign") if sign else contextlib.nullcontext():
             projected = _product(block, weights)
             if sign:
-                signed[start:start + positions.size] = duplicates.pack(projected[:, 1:])
-        summary[start:start + positions.size, 1] = projected[:, 0]
+                signed[start:stop] = duplicates.pack(projected[:, 1:])
+        summary[start:stop, 1] = projected[:, 0]
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
 
