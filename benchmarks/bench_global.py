@@ -101,6 +101,17 @@ def objective(quality, emb, selected, algorithm: str, lamb: float, reference: np
                               quality_range=q_range)["objective"]
 
 
+def terms(quality, emb, selected, algorithm: str, reference: np.ndarray) -> tuple[float, float]:
+    """The quality and diversity terms that :func:`objective` weighs with lamb."""
+    rows = np.flatnonzero(selected)
+    q_range = (float(quality.min()), float(quality.max()))
+    metric = "Pair_simi" if algorithm == "Facility" else algorithm  # Facility: coverage below
+    value = evaluate_selection(quality, emb, rows, algorithm=metric, lamb=0.5, quality_range=q_range)
+    if algorithm == "Facility":
+        return value["quality"], float(np.clip((emb[reference] @ emb[rows].T).max(axis=1), 0, None).mean())
+    return value["quality"], value["diversity"]
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=4)
@@ -142,7 +153,9 @@ def run_seed(args, extra: dict, seed: int) -> list[dict]:
                       for a in args.algorithms}
         rows.append(dict(name=name, scope=scope, selected=int(selected.sum()), within=within, across=across,
                          estimate=estimate, seconds=seconds, algorithm=algorithm, lamb=lamb,
-                         objectives=objectives, seed=seed, **more))
+                         objectives=objectives, seed=seed, **more,
+                         terms=None if algorithm is None else terms(quality, emb, selected, algorithm,
+                                                                    reference)))
         print({key: value for key, value in rows[-1].items() if key != "objectives"}, flush=True)
 
     random = np.zeros(n, dtype=bool)
@@ -196,9 +209,9 @@ def write(args, extra: dict, rows: list[dict], argv) -> None:
              "Summary's estimate: what the run summary reports for that selection (SimHash LSH over "
              "the selected rows, within / across).", "",
              "| seed | selection | scope | pairs within a partition | pairs across partitions | all pairs | "
-             "summary's estimate | objective | shadowed picks (mean quality) | changed (mean quality) | "
-             "wall s |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "summary's estimate | objective | quality term | diversity term | "
+             "shadowed picks (mean quality) | changed (mean quality) | wall s |",
+             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         obj = "" if r["algorithm"] is None else f"{r['objectives'][r['algorithm']][r['lamb']]:.4f}"
         secs = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
@@ -208,7 +221,7 @@ def write(args, extra: dict, rows: list[dict], argv) -> None:
             changed = f"{r['changed']:,} ({_number(r['gained_quality'])})"
         lines.append(f"| {r['seed']} | {r['name']} | {r['scope']} | {r['within']:,} | {r['across']:,} | "
                      f"{r['within'] + r['across']:,} | {r['estimate'][0]:,} / {r['estimate'][1]:,} | {obj} | "
-                     f"{lost} | {changed} | {secs} |")
+                     f"{_terms(r.get('terms'))} | {lost} | {changed} | {secs} |")
     lines += ["", f"Over seeds {args.seeds}: mean (standard deviation) of each case.", "",
               "| selection | partition objective | table objective | table - partition | table wins | "
               "pairs partition | pairs table | wall s partition | wall s table |",
@@ -238,6 +251,10 @@ def _spread(values: np.ndarray, digits: int, sign: bool = False) -> str:
     form = f"{'+' if sign else ''}.{digits}f"
     mean = format(float(values.mean()), form)
     return mean if values.size < 2 else f"{mean} ({float(values.std(ddof=1)):.{digits}f})"
+
+
+def _terms(values) -> str:
+    return " | " if values is None else f"{values[0]:.4f} | {values[1]:.4f}"
 
 
 def _number(value) -> str:
