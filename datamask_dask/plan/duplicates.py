@@ -23,20 +23,27 @@ Method
    these are estimates; 16 disjoint bands of 16 bits recall as much but let 10x more pairs collide
    by chance on clustered data).
 3. **Verification**: a candidate pair is a near-duplicate when its Hamming distance is at most
-   :func:`hamming_threshold` (the expected distance at ``cosine`` plus 1.5 standard deviations of
-   the estimate: few true pairs are missed, and the pairs merged by mistake are themselves close,
-   cosine ~0.93 and up).
+   :func:`hamming_threshold` (the expected distance at ``cosine`` plus ``SEARCH_MARGIN`` = 0.75
+   standard deviations of the estimate: few pairs above ``cosine`` are missed, and the pairs
+   merged by mistake are themselves close, cosine ~0.94 and up at 0.95).
 4. **Groups**: connected components of the verified pairs. In each group the best-quality member
    is kept (ties: lowest partition, then lowest row) and every other member is shadowed.
 
 Cost and limits
 ---------------
-The reduction holds every row's signature, quality and group code: about 44 bytes per row on one
-task (440 MB for 10 million rows), plus the candidate pairs of one band at a time (batched). Pairs
-that collide by chance grow as ``N**2 / 2**21`` per band (several times more on clustered data:
-about 120k per band at 100k clustered rows, so some 12 million per band at 1M rows); verification is
-a vectorised XOR and popcount, so the step fits tables of up to a few million rows comfortably
-and tens of millions with patience. Beyond that, shard the reduction by band key (not done here).
+Signing costs one float32 product of each row with the 256 hyperplanes, fused with the plan
+pass's embedding checks (:mod:`datamask_dask.partition.checks`: the same product gives the content
+summary), on blocks that are views of the Arrow column where possible. The reduction holds every
+row's signature, quality and group code: about 44 bytes per row on one task (440 MB for 10
+million rows), plus, per band, the rows that share their band key with another row (on clustered
+data about half of them) and their candidate pairs (batched). Pairs that collide by chance grow
+as ``N**2 / 2**21`` per band (several times more on clustered data); each pair found by several
+bands is kept once. ``benchmarks/bench_duplicates.py`` measures the reduction alone (seconds,
+peak memory, candidates per band) at a given size. Beyond tens of millions of rows, shard the
+reduction by band key (not done here).
+
+The run summary (:mod:`datamask_dask.io.summary`) uses the same signatures and bands to count
+near-duplicate pairs among the selected rows (:func:`count_pairs`).
 """
 
 from __future__ import annotations
@@ -50,6 +57,11 @@ SIGNATURE_BYTES = SIGNATURE_BITS // 8
 BANDS = 24  # LSH bands ...
 BAND_BITS = 20  # ... of 20 bits each, overlapping windows of the 256
 PLANE_SEED = 0x5EED_D0C5
+# Standard deviations of the Hamming estimate added to the expected distance at ``cosine`` when
+# searching: 0.75 merges pairs down to cosine ~0.94 at 0.95 (1.5 reached ~0.92 and set aside ~10%
+# more rows than the planted copies, costing objective for pairs below the threshold; see
+# benchmarks/results-global-seeds.md) and still finds ~77% of pairs at exactly 0.95, ~92% at 0.96.
+SEARCH_MARGIN = 0.75
 _PAIR_BATCH = 1 << 22  # candidate pairs verified at once
 
 
@@ -77,11 +89,11 @@ def pack(projections: np.ndarray) -> np.ndarray:
     return np.packbits(projections >= 0, axis=1)
 
 
-def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = 1.5) -> int:
+def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = SEARCH_MARGIN) -> int:
     """Largest Hamming distance counted as a near-duplicate of cosine ``cosine``.
 
-    ``margin``: standard deviations of the estimate added to the expected distance (1.5 for the
-    search, which should miss few pairs; 0 for counting pairs, which should be unbiased).
+    ``margin``: standard deviations of the estimate added to the expected distance
+    (``SEARCH_MARGIN`` for the search, which should miss few pairs; 0 for counting pairs).
     """
     p = math.acos(min(1.0, max(-1.0, cosine))) / math.pi
     return int(math.floor(bits * p + margin * math.sqrt(bits * p * (1 - p))))
@@ -147,7 +159,7 @@ def stack_parts(parts: list[dict]) -> dict:
 
 
 def band_edges(table: dict, bands, cosine: float = 0.95,
-               margin: float = 1.5) -> tuple[np.ndarray, np.ndarray]:
+               margin: float = SEARCH_MARGIN) -> tuple[np.ndarray, np.ndarray]:
     """Verified near-duplicate pairs ``(left, right)``, each once, found by one band (an int) or several.
 
     Bands are independent: an engine may run them as separate tasks (the Dask operator does) and
