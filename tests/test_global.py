@@ -78,6 +78,27 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
     assert shadowed[0].tolist() == [0] and shadowed[1].tolist() == [1, 2]
 
 
+def _pairs_at(cosine: float, n: int, dim: int, rng) -> np.ndarray:
+    """``n`` pairs of unit rows at exactly ``cosine`` (rows 2i and 2i + 1), in random directions."""
+    u = rng.standard_normal((n, dim))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    w = rng.standard_normal((n, dim))
+    w -= np.einsum("ij,ij->i", w, u)[:, None] * u
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    v = cosine * u + np.sqrt(1 - cosine**2) * w
+    return np.stack([u, v], axis=1).reshape(2 * n, dim).astype(np.float32)
+
+
+@pytest.mark.parametrize(("cosine", "low", "high"), [(0.98, 0.97, 1.0), (0.96, 0.8, 1.0), (0.9, 0.0, 0.15)])
+def test_search_sets_aside_pairs_above_the_threshold_only(cosine, low, high):
+    rng = np.random.default_rng(2)
+    emb = _pairs_at(cosine, 400, 64, rng)
+    parts = [{"quality": rng.random(len(emb)), "codes": np.zeros(len(emb), dtype=np.int64), "labels": [None],
+              "signatures": signatures(emb, hyperplanes(64))}]
+    share = find_duplicates(parts, 0.95)[0].size / 400  # one row of each pair found is shadowed
+    assert low <= share <= high
+
+
 def test_count_pairs_within_and_across_blocks():
     rng = np.random.default_rng(1)
     base = rng.standard_normal((400, 64)).astype(np.float32)
