@@ -11,7 +11,8 @@ from conftest import FAST
 
 from datamask_dask import datamask_select
 from datamask_dask.errors import OptionError
-from datamask_dask.plan.duplicates import find_duplicates, hyperplanes, signatures
+from datamask_dask.io.writer import write_selection
+from datamask_dask.plan.duplicates import count_pairs, find_duplicates, hyperplanes, signatures
 from datamask_dask.sample_data import make_embeddings
 
 PARTS, ROWS, DIM = 4, 500, 32
@@ -50,6 +51,14 @@ def _pairs(emb, selected) -> int:
     return int(np.triu(sims >= 0.95, 1).sum())
 
 
+def _split_pairs(emb, part, selected) -> tuple[int, int]:
+    """Exact near-duplicate pairs among the selected rows: (within a partition, across partitions)."""
+    rows = np.flatnonzero(selected)
+    i, j = np.nonzero(np.triu(emb[rows] @ emb[rows].T >= 0.95, 1))
+    same = part[rows][i] == part[rows][j]
+    return int(same.sum()), int((~same).sum())
+
+
 def _ddf(frame):
     return dd.from_pandas(frame, npartitions=PARTS, sort=False)
 
@@ -67,6 +76,59 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
     shadowed = find_duplicates(parts)
     # row 0 loses to its copy (quality 3); row 1 beats its copy; rows 2 and 8 tie: partition 0 wins
     assert shadowed[0].tolist() == [0] and shadowed[1].tolist() == [1, 2]
+
+
+def _pairs_at(cosine: float, n: int, dim: int, rng) -> np.ndarray:
+    """``n`` pairs of unit rows at exactly ``cosine`` (rows 2i and 2i + 1), in random directions."""
+    u = rng.standard_normal((n, dim))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    w = rng.standard_normal((n, dim))
+    w -= np.einsum("ij,ij->i", w, u)[:, None] * u
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    v = cosine * u + np.sqrt(1 - cosine**2) * w
+    return np.stack([u, v], axis=1).reshape(2 * n, dim).astype(np.float32)
+
+
+@pytest.mark.parametrize(("cosine", "low", "high"), [(0.98, 0.97, 1.0), (0.96, 0.8, 1.0), (0.9, 0.0, 0.15)])
+def test_search_sets_aside_pairs_above_the_threshold_only(cosine, low, high):
+    rng = np.random.default_rng(2)
+    emb = _pairs_at(cosine, 400, 64, rng)
+    parts = [{"quality": rng.random(len(emb)), "codes": np.zeros(len(emb), dtype=np.int64), "labels": [None],
+              "signatures": signatures(emb, hyperplanes(64))}]
+    share = find_duplicates(parts, 0.95)[0].size / 400  # one row of each pair found is shadowed
+    assert low <= share <= high
+
+
+def test_count_pairs_within_and_across_blocks():
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((400, 64)).astype(np.float32)
+    copies = base[:30] + 0.01 * rng.standard_normal((30, 64)).astype(np.float32)  # cosine ~0.99
+    sig = signatures(np.concatenate([base, copies]), hyperplanes(64))
+    # rows 0-9 copied inside block 0; rows 10-29 copied into block 1
+    blocks = [np.concatenate([sig[:200], sig[400:410]]), np.concatenate([sig[200:400], sig[410:]])]
+    assert count_pairs(blocks) == (10, 20)
+    assert count_pairs([sig[:400]]) == (0, 0) and count_pairs([]) == (0, 0)
+
+
+@pytest.mark.parametrize("scope", ["partition", "table"])
+def test_run_summary_counts_selected_pairs_within_and_across(client, planted, tmp_path, scope):
+    frame, emb, part = planted
+    report = write_selection(_ddf(frame), tmp_path / "out", 0.3, seed=0, lamb=0.0, diversity_scope=scope,
+                             scheduler=client, progress=False, **FAST)
+    out = pd.read_parquet(tmp_path / "out").sort_values("chunk_id")
+    selected = out["selected"].to_numpy()
+    within, across = _split_pairs(emb, part, selected)
+    pairs = report.summary.summary["selected_pairs"]
+    assert pairs["rows"] == selected.sum() == round(0.3 * len(frame))
+    # an estimate from signatures: close to the exact counts of every selected row
+    assert abs(pairs["within"] - within) <= max(2, 0.15 * within)
+    assert abs(pairs["across"] - across) <= max(2, 0.15 * across)
+    if scope == "partition":  # the copies live in other partitions: the summary shows them
+        assert pairs["across"] >= 20 and pairs["across"] > 5 * pairs["within"]
+    else:
+        assert pairs["across"] + pairs["within"] <= 4
+    overview = report.summary.to_pandas().set_index("field")["value"]
+    assert overview["selected.near_duplicate_pairs_across"] == pairs["across"]
 
 
 def test_table_scope_keeps_a_tenth_of_randoms_duplicates(client, planted):

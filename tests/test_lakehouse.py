@@ -130,6 +130,7 @@ def _check_summary(record):
     assert objective["datamask"]["rows"] == summary["sample"]["selected"] > 0
     assert objective["datamask"]["objective"] > objective["random"]["objective"]
     assert summary["curves"] and record["stages"]["learn"] > 0
+    assert summary["selected_pairs"]["rows"] == record["selected"]  # pairs over every selected row
 
 
 def test_delta_selection_only_and_modes(delta_source, tmp_path):

@@ -69,6 +69,8 @@ def test_summary_has_every_field_after_local_cluster_run(run):
     for values in objective.values():
         assert set(values) >= {"objective", "quality", "diversity", "near_duplicate_pairs", "rows"}
         assert values["rows"] == 160 and values["near_duplicate_pairs"] >= 0
+    pairs = section["selected_pairs"]  # over every selected row, from the partitions' signatures
+    assert pairs["rows"] == 160 and pairs["within"] >= 0 and pairs["across"] >= 0
     # The joint objective beats both baselines; quality top-k has the best quality term.
     assert objective["datamask"]["objective"] > objective["random"]["objective"]
     assert objective["datamask"]["objective"] > objective["quality_topk"]["objective"]
@@ -92,6 +94,7 @@ def test_summary_has_every_field_after_local_cluster_run(run):
     overview = summary.to_pandas().set_index("field")["value"]
     for field in ("rows", "selected", "seed", "tokens_selected", "datamask.objective",
                   "quality_topk.objective", "random.objective", "datamask.near_duplicate_pairs",
+                  "selected.near_duplicate_pairs_within", "selected.near_duplicate_pairs_across",
                   "summary_seconds", "phase.summary", "stage.learn"):
         assert field in overview.index, field
     partitions = summary.to_pandas("partitions")

@@ -169,3 +169,20 @@ def test_full_validation_fails_before_any_learning(tmp_path, corpus):
                         diversity_scope="partition", **FAST)
     light = work_dir(tmp_path / "light")  # kept only when a partition finished before the failure
     assert not light.exists() or any(light.glob("*.done"))
+
+
+def test_embedding_span_is_a_view_inside_a_chunk_and_a_copy_across_chunks():
+    from datamask_dask.partition.adapters import embedding_source
+
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal((10, 4)).astype(np.float32)
+    chunks = [pa.FixedSizeListArray.from_arrays(pa.array(matrix[a:b].reshape(-1)), 4)
+              for a, b in ((0, 6), (6, 10))]
+    series = pd.Series(pd.arrays.ArrowExtensionArray(pa.chunked_array(chunks)), name="feature_arr")
+    source = embedding_source(series, "partition 0")
+    inside, across = source.span(1, 5), source.span(4, 9)
+    np.testing.assert_array_equal(inside, matrix[1:5])
+    np.testing.assert_array_equal(across, matrix[4:9])
+    assert not inside.flags.owndata and not inside.flags.writeable  # Arrow's memory, read-only
+    assert across.flags.owndata  # rows from two chunks: gathered into a new array
+    np.testing.assert_array_equal(source.rows(np.arange(4, 9)), across)

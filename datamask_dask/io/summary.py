@@ -5,7 +5,13 @@ or the ``datamask.run`` footer key, see :mod:`datamask_dask.io.output`):
 
 - from each partition's task (exact, cheap: computed on the frame the task already holds): rows
   and selected rows per group when ``by`` is used, tokens in and selected when the token column
-  exists, and the learning curves (objective per step, thinned) of its first chunks;
+  exists, the learning curves (objective per step, thinned) of its first chunks, and a 256-bit
+  SimHash signature of each selected row (32 bytes a selected row, carried in the completion
+  marker);
+- on the driver, from those signatures: near-duplicate pairs (cosine >= ``DUPLICATE_COSINE``)
+  among *all* the selected rows, within a partition and across partitions
+  (:func:`datamask_dask.plan.duplicates.count_pairs`, an estimate: LSH over the selected rows
+  only, so it costs about as much as the table scope's search on a tenth of the table);
 - on the driver, once every part file is written and before the record is published: a sample
   of the output (whole row groups drawn at random until ``sample_rows`` rows, then thinned to
   exactly that many), on which the selection's objective (quality term, diversity term, with the
@@ -35,8 +41,10 @@ _BLOCK = 2048  # rows per block of the blocked similarity products
 # --------------------------------------------------------------------------- per partition (workers)
 
 
-def partition_summary(frame, selected_column: str, by: str | None, token_column: str | None) -> dict:
-    """Group counts and tokens of one selected partition, and the learning curves its task noted."""
+def partition_summary(frame, selected_column: str, by: str | None, token_column: str | None,
+                      embedding_column: str | None = None) -> dict:
+    """Group counts and tokens of one selected partition, the learning curves its task noted and,
+    with ``embedding_column``, the SimHash signatures of its selected rows (base64, row order)."""
     from .. import stages
     from ..partition import adapters
 
@@ -44,6 +52,8 @@ def partition_summary(frame, selected_column: str, by: str | None, token_column:
     if not len(frame):
         return out
     selected = np.asarray(adapters.host_values(frame, selected_column), dtype=bool)
+    if embedding_column is not None and embedding_column in frame.columns and selected.any():
+        out["signatures"] = _selected_signatures(frame[embedding_column], np.flatnonzero(selected))
     if by is not None and by in frame.columns:
         labels = adapters.host_values(frame, by)
         table = pd.DataFrame({"group": labels.to_numpy(), "selected": selected}).groupby(
@@ -56,6 +66,36 @@ def partition_summary(frame, selected_column: str, by: str | None, token_column:
         tokens = np.nan_to_num(tokens, nan=0.0)
         out["tokens"] = [float(tokens.sum()), float(tokens[selected].sum())]
     return out
+
+
+def _selected_signatures(series, rows: np.ndarray) -> str:
+    """SimHash signatures of the rows ``rows`` of an embedding column, base64 of (len(rows), 32) bytes."""
+    import base64
+
+    from ..partition.adapters import embedding_source
+    from ..plan.duplicates import hyperplanes, signatures
+
+    source = embedding_source(series, f"column {series.name!r}")
+    return base64.b64encode(signatures(source.rows(rows), hyperplanes(source.dim)).tobytes()).decode("ascii")
+
+
+def selected_pairs(parts: list) -> dict | None:
+    """Near-duplicate pairs among the selected rows of every partition, from their signatures.
+
+    ``parts``: ``(partition, partition summary)`` pairs. None when no partition sent signatures
+    (outputs of older versions).
+    """
+    import base64
+
+    from ..plan.duplicates import count_pairs
+
+    blocks = [np.frombuffer(base64.b64decode(part["signatures"]), dtype=np.uint8)
+              for _, part in parts if part.get("signatures")]
+    if not blocks:
+        return None
+    within, across = count_pairs(blocks, DUPLICATE_COSINE)
+    return {"rows": int(sum(b.size for b in blocks) // 32), "within": within, "across": across,
+            "cosine": DUPLICATE_COSINE, "method": "SimHash LSH estimate over every selected row"}
 
 
 def _json_label(label):
@@ -87,7 +127,7 @@ def table_part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0
     """
     from ..partition import adapters
 
-    out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column)
+    out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column, spec.embedding_column)
     n = len(frame)
     selected = np.asarray(adapters.host_values(frame, spec.selected_column), dtype=bool)
     rows = np.sort(np.random.default_rng([seed, number]).choice(n, min(n, sample_rows), replace=False))
@@ -127,7 +167,7 @@ def _summary(parts: list[tuple[int, dict]], frame: pd.DataFrame, settings: dict,
                                     for i, t in token_parts]}
     curves = [{"partition": i, **curve} for i, part in parts for curve in part.get("curves", [])]
     summary = {"by": spec.by, "groups": groups, "tokens": tokens, "curves": curves,
-               "duplicate_cosine": DUPLICATE_COSINE}
+               "duplicate_cosine": DUPLICATE_COSINE, "selected_pairs": selected_pairs(parts)}
     summary["sample"] = {"rows": len(frame), "requested": sample_rows, "seed": seed}
     summary.update(compare_on_sample(frame, spec, settings, seed=seed))
     summary["seconds"] = time.perf_counter() - started
@@ -339,6 +379,10 @@ class RunSummary:
             yield "token_column", tokens["column"]
             yield "tokens", tokens["total"]
             yield "tokens_selected", tokens["selected"]
+        pairs = summary.get("selected_pairs")
+        if pairs:  # over every selected row, not the sample
+            yield "selected.near_duplicate_pairs_within", pairs["within"]
+            yield "selected.near_duplicate_pairs_across", pairs["across"]
         sample = summary.get("sample") or {}
         yield "sample_rows", sample.get("rows")
         for name, values in (summary.get("objective") or {}).items():

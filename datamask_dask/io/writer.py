@@ -377,7 +377,8 @@ def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: 
     with stages.timed("select"):
         selected = select_partition(frame, plan, {"number": number})
     # Group counts, tokens and learning curves for the run summary (datamask_dask.io.summary).
-    summary = partition_summary(selected, plan["spec"].selected_column, *columns)
+    summary = partition_summary(selected, plan["spec"].selected_column, *columns,
+                                embedding_column=plan["spec"].embedding_column)
     with stages.timed("write"):
         marker = write_part(selected, work, number, run_id, plan["spec"].selected_column, summary)
     # This thread's stage seconds since the last take: the read fused in front of this task too.

@@ -99,7 +99,8 @@ def embedding_source(series, where: str, expected_dim: int | None = None):
     Returns
     -------
     object with ``dim`` (int) and ``rows(positions) -> (m, d)`` float32 numpy array (pandas)
-    or torch tensor on the GPU (cuDF).
+    or torch tensor on the GPU (cuDF), a new one the caller may modify; ``span(start, stop)``
+    gives rows ``start:stop`` for reading only (a view of the column's memory where possible).
     """
     check_embedding_dtype(series.dtype, series.name, where)
     if is_cudf(series):
@@ -201,6 +202,14 @@ class _ArrowEmbeddings:
                 out[lo:hi] = matrix[positions[lo:hi] - start]
         return out
 
+    def span(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` as float32, read-only: a view of Arrow memory when they lie in one chunk."""
+        starts, matrices = self._matrices()
+        chunk = int(np.searchsorted(starts, start, side="right")) - 1
+        if matrices and stop - starts[chunk] <= len(matrices[chunk]) and matrices[chunk].dtype == np.float32:
+            return matrices[chunk][start - starts[chunk]:stop - starts[chunk]]
+        return self.rows(np.arange(start, stop))
+
     def _matrices(self):
         """Each Arrow chunk as an (rows, dim) numpy view of its values (a copy only if they hold nulls)."""
         if self._views is None:
@@ -244,6 +253,10 @@ class _ObjectEmbeddings:
     def rows(self, positions: np.ndarray) -> np.ndarray:
         return self.matrix[positions]
 
+    def span(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` (a view: read-only use)."""
+        return self.matrix[start:stop]
+
 
 class _CudfEmbeddings:
     """cuDF list column: lengths and leaves on the GPU, handed to torch through DLPack."""
@@ -267,6 +280,10 @@ class _CudfEmbeddings:
         taken = self.series.take(cp.asarray(positions))
         flat = taken.list.leaves.astype("float32").to_cupy(na_value=np.nan)
         return torch.from_dlpack(flat.reshape(len(positions), self.dim))
+
+    def span(self, start: int, stop: int):
+        """Rows ``start:stop`` (read-only use)."""
+        return self.rows(np.arange(start, stop))
 
 
 def with_columns(frame, columns: dict):

@@ -20,6 +20,7 @@ Embeddings are checked in blocks of rows, so validating a partition needs about
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass
 
@@ -217,33 +218,62 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     if n == 0:
         return None, [], None, (np.zeros((0, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
     block_bytes = block_bytes or min(_BLOCK_BYTES, (spec.memory_budget or _BLOCK_BYTES) // 4)
-    # A block lives as gathered float32 rows, their writable copy and a float64 copy: 5 x 4 bytes.
-    step = max(1, block_bytes // (20 * source.dim))
-    direction = np.random.default_rng(0).standard_normal(source.dim)
+    # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
+    # headroom) and their projections.
+    step = max(1, block_bytes // (8 * source.dim + 4 * duplicates.SIGNATURE_BITS))
+    # One product per block gives the content summary's projection on a fixed random direction
+    # and, with ``sign``, the SimHash projections: the rows are read and multiplied once.
+    weights = np.random.default_rng(0).standard_normal((source.dim, 1)).astype(np.float32)
+    if sign:
+        weights = np.hstack([weights, duplicates.hyperplanes(source.dim)])
     summary = np.empty((n, 2), dtype=np.float64)
-    planes = duplicates.hyperplanes(source.dim) if sign else None
     signed = np.empty((n, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None
     for start in range(0, n, step):
-        positions = np.arange(start, min(n, start + step))
-        block = source.rows(positions)
-        summary[positions] = _vector_summary(block, direction)
-        if sign:
-            with stages.timed("sign"):
-                signed[positions] = duplicates.signatures(block, planes)
+        stop = min(n, start + step)
+        block = source.span(start, stop)
+        summary[start:stop, 0] = row_norms(block)
+        with stages.timed("sign") if sign else contextlib.nullcontext():
+            projected = _product(block, weights)
+            if sign:
+                signed[start:stop] = duplicates.pack(projected[:, 1:])
+        summary[start:stop, 1] = projected[:, 0]
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
 
 
-def _vector_summary(block, direction: np.ndarray) -> np.ndarray:
-    """Norm (float64) and projection of each row of a block (numpy array or torch tensor)."""
+def _product(block, weights: np.ndarray) -> np.ndarray:
+    """``block @ weights`` in float32 on the block's device, as a host array."""
     if isinstance(block, np.ndarray):
-        wide = block.astype(np.float64)
-        return np.stack([np.sqrt(np.einsum("ij,ij->i", wide, wide)), wide @ direction], axis=1)
+        return block @ weights
     import torch
 
-    wide = block.double()
-    along = torch.as_tensor(direction, dtype=torch.float64, device=wide.device)
-    return torch.stack([wide.norm(dim=1), wide @ along], dim=1).cpu().numpy()
+    return (block.float() @ torch.as_tensor(weights, device=block.device)).cpu().numpy()
+
+
+def row_norms(block) -> np.ndarray:
+    """Each row's L2 norm as float64 (host), from a float32 block (numpy array or torch tensor).
+
+    Computed in float32 (no (n, d) float64 copy); rows whose float32 norm is not finite or outside
+    ``NORM_RANGE`` (where float32 may have overflowed or underflowed) are recomputed in float64,
+    so the checks classify them exactly.
+    """
+    if isinstance(block, np.ndarray):
+        norms = np.sqrt(np.einsum("ij,ij->i", block, block)).astype(np.float64)
+    else:
+        norms = block.float().norm(dim=1).cpu().numpy().astype(np.float64)
+    low, high = NORM_RANGE
+    suspect = np.flatnonzero(~((norms >= low) & (norms <= high)))
+    if suspect.size:
+        norms[suspect] = _exact_norms(block[suspect])
+    return norms
+
+
+def _exact_norms(block) -> np.ndarray:
+    """Float64 norms of a few rows (numpy array or torch tensor)."""
+    if isinstance(block, np.ndarray):
+        wide = block.astype(np.float64)
+        return np.sqrt(np.einsum("ij,ij->i", wide, wide))
+    return block.double().norm(dim=1).cpu().numpy()
 
 
 def vector_problems(norms: np.ndarray, positions: np.ndarray, frame, spec: SelectSpec, where: str,
@@ -284,7 +314,7 @@ def check_vectors(embeddings, positions: np.ndarray, frame, spec: SelectSpec, wh
     suspect = np.flatnonzero(~((norms >= low) & (norms <= high)))
     if suspect.size:  # error path: classify these rows from exact float64 norms
         exact = norms.astype(np.float64)
-        exact[suspect] = _vector_summary(embeddings[suspect], np.zeros(embeddings.shape[1]))[:, 0]
+        exact[suspect] = _exact_norms(embeddings[suspect])
         problems = vector_problems(exact, positions, frame, spec, where)
         if problems:
             raise problems_error(problems)

@@ -23,20 +23,27 @@ Method
    these are estimates; 16 disjoint bands of 16 bits recall as much but let 10x more pairs collide
    by chance on clustered data).
 3. **Verification**: a candidate pair is a near-duplicate when its Hamming distance is at most
-   :func:`hamming_threshold` (the expected distance at ``cosine`` plus 1.5 standard deviations of
-   the estimate: few true pairs are missed, and the pairs merged by mistake are themselves close,
-   cosine ~0.93 and up).
+   :func:`hamming_threshold` (the expected distance at ``cosine`` plus ``SEARCH_MARGIN`` = 0.75
+   standard deviations of the estimate: at 0.95, pairs at 0.98 are found 99% of the time, at
+   0.96 88%, at 0.95 74%; pairs at 0.92 are merged by mistake 25% of the time, at 0.90 8%).
 4. **Groups**: connected components of the verified pairs. In each group the best-quality member
    is kept (ties: lowest partition, then lowest row) and every other member is shadowed.
 
 Cost and limits
 ---------------
-The reduction holds every row's signature, quality and group code: about 44 bytes per row on one
-task (440 MB for 10 million rows), plus the candidate pairs of one band at a time (batched). Pairs
-that collide by chance grow as ``N**2 / 2**21`` per band (several times more on clustered data:
-about 120k per band at 100k clustered rows, so some 12 million per band at 1M rows); verification is
-a vectorised XOR and popcount, so the step fits tables of up to a few million rows comfortably
-and tens of millions with patience. Beyond that, shard the reduction by band key (not done here).
+Signing costs one float32 product of each row with the 256 hyperplanes, fused with the plan
+pass's embedding checks (:mod:`datamask_dask.partition.checks`: the same product gives the content
+summary), on blocks that are views of the Arrow column where possible. The reduction holds every
+row's signature, quality and group code: about 44 bytes per row on one task (440 MB for 10
+million rows), plus, per band, the rows that share their band key with another row (on clustered
+data about half of them) and their candidate pairs (batched). Pairs that collide by chance grow
+as ``N**2 / 2**21`` per band (several times more on clustered data); each pair found by several
+bands is kept once. ``benchmarks/bench_duplicates.py`` measures the reduction alone (seconds,
+peak memory, candidates per band) at a given size. Beyond tens of millions of rows, shard the
+reduction by band key (not done here).
+
+The run summary (:mod:`datamask_dask.io.summary`) uses the same signatures and bands to count
+near-duplicate pairs among the selected rows (:func:`count_pairs`).
 """
 
 from __future__ import annotations
@@ -50,8 +57,13 @@ SIGNATURE_BYTES = SIGNATURE_BITS // 8
 BANDS = 24  # LSH bands ...
 BAND_BITS = 20  # ... of 20 bits each, overlapping windows of the 256
 PLANE_SEED = 0x5EED_D0C5
-_PAIR_BATCH = 1 << 22
-_KEY_ROWS = 1 << 16  # rows unpacked at once for the band keys  # candidate pairs verified at once
+# Standard deviations of the Hamming estimate added to the expected distance at ``cosine`` when
+# searching. Share of pairs found at 0.95 (test_global, d = 64) by true cosine 0.98 / 0.96 / 0.95 /
+# 0.94 / 0.92 / 0.90: 0.75 -> 99% / 88% / 74% / 57% / 25% / 8%; 1.5 -> 99% / 93% / 87% / 74% / 44% /
+# 25%. 1.5 set aside ~10% more rows than the planted copies and cost twice the objective
+# (benchmarks/results-global-seeds*.md) for pairs mostly below the threshold.
+SEARCH_MARGIN = 0.75
+_PAIR_BATCH = 1 << 22  # candidate pairs verified at once
 
 
 def hyperplanes(dim: int) -> np.ndarray:
@@ -67,18 +79,25 @@ def signatures(block, planes) -> np.ndarray:
     normalised (only the signs of the projections count).
     """
     if isinstance(block, np.ndarray):
-        signs = (np.asarray(block, dtype=np.float32) @ planes) >= 0
-    else:  # torch tensor, maybe on a GPU
-        import torch
+        return pack(np.asarray(block, dtype=np.float32) @ planes)
+    import torch  # a tensor, maybe on a GPU
 
-        signs = ((block.float() @ torch.as_tensor(planes, device=block.device)) >= 0).cpu().numpy()
-    return np.packbits(signs, axis=1)
+    return pack((block.float() @ torch.as_tensor(planes, device=block.device)).cpu().numpy())
 
 
-def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS) -> int:
-    """Largest Hamming distance counted as a near-duplicate of cosine ``cosine`` (with a margin)."""
+def pack(projections: np.ndarray) -> np.ndarray:
+    """Signatures from projections on :func:`hyperplanes` (n, SIGNATURE_BITS): their signs, packed."""
+    return np.packbits(projections >= 0, axis=1)
+
+
+def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = SEARCH_MARGIN) -> int:
+    """Largest Hamming distance counted as a near-duplicate of cosine ``cosine``.
+
+    ``margin``: standard deviations of the estimate added to the expected distance
+    (``SEARCH_MARGIN`` for the search, which should miss few pairs; 0 for counting pairs).
+    """
     p = math.acos(min(1.0, max(-1.0, cosine))) / math.pi
-    return int(math.floor(bits * p + 1.5 * math.sqrt(bits * p * (1 - p))))
+    return int(math.floor(bits * p + margin * math.sqrt(bits * p * (1 - p))))
 
 
 def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]:
@@ -100,8 +119,28 @@ def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]
         only on the rows' content and partition order, not on where or when anything ran.
     """
     table = stack_parts(parts)
-    edges = [band_edges(table, band, cosine) for band in range(BANDS)]
+    edges = [band_edges(table, range(BANDS), cosine)]
     return shadowed_rows(table, edges)
+
+
+def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, int]:
+    """Near-duplicate pairs among rows given by their signatures, one block per partition.
+
+    Returns ``(within, across)``: pairs of rows in the same block, and in two different blocks.
+    An estimate: a pair counts when its Hamming distance is at most the one expected at
+    ``cosine`` (no margin), found through the same LSH bands as :func:`find_duplicates` (which
+    miss about 5% of the pairs right at ``cosine`` and almost none of the closer ones).
+    """
+    blocks = [np.asarray(b, dtype=np.uint8).reshape(-1, SIGNATURE_BYTES) for b in blocks]
+    sizes = np.array([b.shape[0] for b in blocks], dtype=np.int64)
+    if sizes.sum() < 2:
+        return 0, 0
+    sig = np.ascontiguousarray(np.concatenate(blocks))
+    table = {"signatures": sig, "group": np.zeros(sig.shape[0], dtype=np.int64)}
+    left, right = band_edges(table, range(BANDS), cosine, margin=0.0)
+    block = np.repeat(np.arange(sizes.size), sizes)
+    within = int(np.count_nonzero(block[left] == block[right]))
+    return within, int(left.size) - within
 
 
 def stack_parts(parts: list[dict]) -> dict:
@@ -120,19 +159,22 @@ def stack_parts(parts: list[dict]) -> dict:
     return {"offsets": offsets, "group": group, "quality": quality, "signatures": np.ascontiguousarray(sig)}
 
 
-def band_edges(table: dict, bands, cosine: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Verified near-duplicate pairs ``(left, right)`` found by one band (an int) or several.
+def band_edges(table: dict, bands, cosine: float = 0.95,
+               margin: float = SEARCH_MARGIN) -> tuple[np.ndarray, np.ndarray]:
+    """Verified near-duplicate pairs ``(left, right)``, each once, found by one band (an int) or several.
 
     Bands are independent: an engine may run them as separate tasks (the Dask operator does) and
-    hand every result to :func:`shadowed_rows`.
+    hand every result to :func:`shadowed_rows`. ``margin``: see :func:`hamming_threshold`.
     """
     bands = [bands] if isinstance(bands, int | np.integer) else list(bands)
     sig = table["signatures"]
-    limit = hamming_threshold(cosine)
-    words = sig.view(np.uint64)  # (n, 4): XOR and popcount a word at a time
-    edges = [_band_pairs(sig, words, table["group"], int(band), limit) for band in bands]
-    return (np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges]),
-            np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges]))
+    limit = hamming_threshold(cosine, margin=margin)
+    # Column-major copies (64 bytes a row): band keys and XOR-popcounts then read contiguous columns.
+    columns = np.ascontiguousarray(sig.T)
+    words = np.ascontiguousarray(sig.view(np.uint64).T)
+    edges = [_band_pairs(columns, words, table["group"], int(band), limit) for band in bands]
+    return _unique_pairs(np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges]),
+                         np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges]), sig.shape[0])
 
 
 def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
@@ -141,7 +183,7 @@ def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
     n = int(offsets[-1])
     left = np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges])
     right = np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges])
-    root = _components(n, left, right)
+    root = _components(n, *_unique_pairs(left, right, max(n, 1)))
     # keeper of each group: best quality, then lowest global row (= lowest partition, then row)
     rank = np.empty(n, dtype=np.int64)
     rank[np.lexsort((np.arange(n), -quality))] = np.arange(n)
@@ -152,18 +194,29 @@ def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
             for i in range(len(offsets) - 1)]
 
 
-def _band_pairs(sig: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
+def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
                 limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """Verified pairs (i < j) of rows that share band ``band`` and their group."""
-    key = band_keys(sig, band) | (group << BAND_BITS)
-    order = np.argsort(key, kind="stable")
+    """Verified pairs (i < j) of rows that share band ``band`` and their group.
+
+    ``columns``: the signatures' bytes, (SIGNATURE_BYTES, n); ``words``: as uint64, (4, n).
+    """
+    key = _column_band_keys(columns, band)
+    # Most rows share their band key with no other row: drop them before sorting (counting the
+    # 2**BAND_BITS keys is far cheaper than sorting every row).
+    rows = np.flatnonzero(np.bincount(key, minlength=1 << BAND_BITS)[key] > 1)
+    empty = np.zeros(0, dtype=np.int64)
+    if rows.size < 2:
+        return empty, empty
+    key = key[rows].astype(np.int64) | (group[rows] << BAND_BITS)
+    order = np.argsort(key)  # any order within a bucket: every pair of it is taken
     sorted_key = key[order]
+    order = rows[order]
     start = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
     size = np.diff(np.r_[start, sorted_key.shape[0]])
     keep = size > 1
     start, size = start[keep], size[keep]
     if not start.size:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return empty, empty
     # every position p of a bucket pairs with the later positions of that bucket
     position = _ranges(start, size)
     later = np.repeat(start + size, size) - position - 1
@@ -178,7 +231,9 @@ def _band_pairs(sig: np.ndarray, words: np.ndarray, group: np.ndarray, band: int
         a = np.repeat(pos, count)
         b = a + 1 + (np.arange(a.shape[0]) - np.repeat(np.cumsum(count) - count, count))
         i, j = order[a], order[b]
-        distance = np.bitwise_count(words[i] ^ words[j]).sum(axis=1, dtype=np.int32)
+        distance = np.bitwise_count(words[0][i] ^ words[0][j]).astype(np.int16)
+        for word in words[1:]:
+            distance += np.bitwise_count(word[i] ^ word[j])
         near = distance <= limit
         out_left.append(np.minimum(i[near], j[near]))
         out_right.append(np.maximum(i[near], j[near]))
@@ -186,18 +241,28 @@ def _band_pairs(sig: np.ndarray, words: np.ndarray, group: np.ndarray, band: int
     return np.concatenate(out_left), np.concatenate(out_right)
 
 
+def _unique_pairs(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair once: a pair found by several bands is verified by each (n * n < 2**63 up to 3e9 rows)."""
+    pairs = np.unique(left * np.int64(n) + right)
+    return pairs // n, pairs % n
+
+
 def band_keys(sig: np.ndarray, band: int) -> np.ndarray:
-    """The ``BAND_BITS``-bit key of band ``band`` of each signature, int64 (n,).
+    """The ``BAND_BITS``-bit key of band ``band`` of each signature (rows of ``sig``), uint32 (n,).
 
     Band ``b`` is the window of ``BAND_BITS`` bits starting at bit ``b * SIGNATURE_BITS // BANDS``
-    (wrapping around): the hyperplanes are independent, so any fixed bits will do; windows are
-    read with a few byte gathers and shifts, no unpacking.
+    (wrapping around): the hyperplanes are independent, so any fixed bits will do.
     """
+    return _column_band_keys(np.ascontiguousarray(sig.T), band)
+
+
+def _column_band_keys(columns: np.ndarray, band: int) -> np.ndarray:
+    """:func:`band_keys` from the signature bytes as columns (SIGNATURE_BYTES, n): shifts, no unpacking."""
     start = band * SIGNATURE_BITS // BANDS
     first = start // 8
-    key = np.zeros(sig.shape[0], dtype=np.int64)
+    key = np.zeros(columns.shape[1], dtype=np.uint32)
     for i in range(4):  # the 4 bytes that hold the window (20 bits from any bit offset fit in 4)
-        key = (key << 8) | sig[:, (first + i) % SIGNATURE_BYTES]
+        key = (key << 8) | columns[(first + i) % SIGNATURE_BYTES]
     return (key >> (32 - BAND_BITS - (start % 8))) & ((1 << BAND_BITS) - 1)
 
 
