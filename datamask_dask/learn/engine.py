@@ -233,9 +233,10 @@ def _polish(qn, emb, chosen, reward, metrics, states, opts: DataMaskOptions):
         trial[out_rows[:size]] = False
         trial[in_rows[:size]] = True
         idx = trial.nonzero().flatten()
-        trial_reward, _ = _rewards_and_gains(qn, emb, idx[None], trial[None], metrics, states, opts.lamb, False)
-        if trial_reward[0] > reward:
-            member, chosen, reward = trial, idx, trial_reward[0]
+        trial_reward = _rewards_and_gains(qn, emb, idx[None], trial[None], metrics, states, opts.lamb,
+                                          False)[0][0]
+        if trial_reward > reward:
+            member, chosen, reward = trial, idx, trial_reward
             gain = _rewards_and_gains(qn, emb, idx[None], trial[None], metrics, states, opts.lamb, True)[1]
         else:
             size //= 2

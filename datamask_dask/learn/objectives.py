@@ -214,8 +214,9 @@ class DiSF(DiversityMetric):
 
     Gains are first order: row j joining (or, as a member, leaving) U adds (removes) its row and
     column of the Gram matrix of standardised features, sum_i (z_j . z_i)^2 = z_j^T M z_j with
-    M = Z^T Z; the shift of U's per-dimension mean and std is ignored. When k exceeds ``rank``,
-    M is replaced by its top ``rank`` eigenpairs (randomised subspace iteration): the large
+    M = Z^T Z, and moves U's per-dimension variances (to first order, sum_a R_a z_ja^2 with R_a the
+    a-th row sum of the squared correlations); the shift of U's mean is ignored. When k exceeds
+    ``rank``, M is replaced by its top ``rank`` eigenpairs (randomised subspace iteration): the large
     eigenvalues are the correlated directions DiSF penalises, and each step then costs
     O(G b d rank) instead of O(G b d^2).
     """
