@@ -58,10 +58,10 @@ def test_facility_rewards_match_the_dense_formula(batch):
 
 @pytest.mark.parametrize("rank", [128, 64, 16])
 def test_disf_first_order_gains_rank_like_the_exact_ones(rank):
-    """First order (and low rank) only: the order of rows must agree, not the values.
+    """First order (and low rank) only: the order of rows must agree closely.
 
-    The shift of U's mean and std that first order ignores matters for small k (at k = 9 the
-    order barely agrees); from k ~ 100 the rank correlation is above 0.7.
+    With the variance term (a row also moves U's per-dimension variances) the rank correlation
+    at k = 100 is 0.998-1.0; without it it was 0.83-0.89, and greedy did better at lamb 0.
     """
     _, e = make_embeddings(300, 32, n_clusters=6, seed=5)
     emb = torch.tensor(e)
@@ -72,4 +72,4 @@ def test_disf_first_order_gains_rank_like_the_exact_ones(rank):
     exact = _direct_gains(metric, emb, idx, None)
     for rows in (member[0].numpy(), ~member[0].numpy()):
         rho = np.corrcoef(np.argsort(np.argsort(got[rows])), np.argsort(np.argsort(exact[rows])))[0, 1]
-        assert rho > 0.7
+        assert rho > 0.95

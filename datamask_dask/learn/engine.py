@@ -170,10 +170,12 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
     order = torch.empty(0, dtype=torch.long, device=logits.device)
     states, best, best_reward = None, None, torch.tensor(-math.inf, device=logits.device)
+    sampled = False  # whether the metrics represent a fixed sample of the chunk (no polishing then)
     if batch == n:
         # Every row takes part in every step: precompute the metrics' state once.
         wanted = reference is not None and any(metric.uses_reference for metric, _ in metrics)
         rows_to_represent, positions = reference() if wanted else (None, None)
+        sampled = positions is not None
         states = [metric.prepare(emb, gen, rows_to_represent, reference_rows=positions)
                   if positions is not None and _takes_reference_rows(metric)
                   else metric.prepare(emb, gen, rows_to_represent) for metric, _ in metrics]
@@ -204,8 +206,48 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     if states is not None:  # the policy's mode is a candidate too
         top = logits.topk(k_batch).indices[None]
         top_reward = _step_direction(logits, qn, emb, top, metrics, states, opts)[0]
-        best = _keep_best(top_reward, top, best_reward, best)[1]
+        best_reward, best = _keep_best(top_reward, top, best_reward, best)
+        if opts.final == "best" and opts.polish and not sampled:
+            best = _polish(qn, emb, best, best_reward, metrics, states, opts)
     return history, best
+
+
+def _polish(qn, emb, chosen, reward, metrics, states, opts: DataMaskOptions):
+    """Exact local search on the final mask: swap members for non-members while the reward rises.
+
+    A policy of independent logits settles where single rows' credits balance, which can leave a
+    few members worth less than some outsider (on 20k rows at lamb 0, 0.02-0.03% below stochastic
+    greedy). Each round takes the rows' exact marginal gains, pairs the members of smallest loss
+    with the non-members of largest gain while the outsider's gain is larger, and swaps the first
+    ``size`` pairs at once; the swap is kept only if the rollout reward (the objective the learner
+    sees) rises, else ``size`` halves. At most ``opts.polish`` rounds; deterministic.
+    """
+    b, k = emb.shape[0], chosen.shape[0]
+    if k in (0, b):
+        return chosen
+    member = torch.zeros(b, dtype=torch.bool, device=emb.device).scatter_(0, chosen, True)
+    gain = _rewards_and_gains(qn, emb, chosen[None], member[None], metrics, states, opts.lamb, True)[1]
+    size = None
+    for _ in range(opts.polish):
+        # Members by smallest loss, outsiders by largest gain; pairs worth swapping to first order.
+        out_gain, out_rows = torch.where(member, gain, math.inf).topk(min(k, b - k), largest=False)
+        in_gain, in_rows = torch.where(member, -math.inf, gain).topk(min(k, b - k))
+        worth = int((in_gain > out_gain).sum())
+        size = worth if size is None else min(size, worth)
+        if size == 0:
+            break
+        trial = member.clone()
+        trial[out_rows[:size]] = False
+        trial[in_rows[:size]] = True
+        idx = trial.nonzero().flatten()
+        trial_reward = _rewards_and_gains(qn, emb, idx[None], trial[None], metrics, states, opts.lamb,
+                                          False)[0][0]
+        if trial_reward > reward:
+            member, chosen, reward = trial, idx, trial_reward
+            gain = _rewards_and_gains(qn, emb, idx[None], trial[None], metrics, states, opts.lamb, True)[1]
+        else:
+            size //= 2
+    return chosen
 
 
 def _takes_reference_rows(metric) -> bool:
@@ -228,34 +270,42 @@ def _step_direction(theta, qn, emb, idx, metrics, states, opts: DataMaskOptions)
     g, b = idx.shape[0], emb.shape[0]
     rewards = torch.empty(g, device=emb.device)
     gains = torch.zeros(b, device=emb.device)
+    credit = opts.update == "credit"
     for start in range(0, g, opts.rollout_chunk):
         part = idx[start:start + opts.rollout_chunk]
         member = torch.zeros((part.shape[0], b), dtype=torch.bool, device=emb.device)
         member.scatter_(1, part, True)
-        q_sel = qn[part].mean(1)
-        reward = opts.lamb * q_sel
-        if opts.update == "credit":
-            k = part.shape[1]
-            q_gain = (qn[None] - q_sel[:, None]) / torch.where(member, k - 1, k + 1).clamp(min=1)
-            gain = opts.lamb * q_gain.sum(0)
-        for (metric, weight), state in zip(metrics, states, strict=True):
-            share = (1 - opts.lamb) * weight
-            if opts.update == "credit":
-                metric_reward, metric_gain = metric.rewards_and_gains(emb, part, state, member)
-                gain = gain + share * _sum_rows(metric_gain, part.shape[0])
-            else:
-                metric_reward = metric.rewards(emb, part, state)
-            reward = reward + share * metric_reward
+        reward, gain = _rewards_and_gains(qn, emb, part, member, metrics, states, opts.lamb, credit)
         rewards[start:start + part.shape[0]] = reward
-        if opts.update == "credit":
+        if credit:
             gains += gain
-    if opts.update == "credit":
+    if credit:
         return rewards, _standardise(gains)
     advantage = _standardise(rewards)
     if opts.update == "paper":
         member = torch.zeros((g, b), device=emb.device).scatter_(1, idx, 1.0)
         return rewards, (advantage @ member) / member.sum(0).clamp(min=1)
     return rewards, _plackett_luce_direction(theta, idx, advantage)
+
+
+def _rewards_and_gains(qn, emb, part, member, metrics, states, lamb, with_gains):
+    """Joint reward of each rollout ``part`` (G, k) and, ``with_gains``, each row's marginal gain
+    summed over the rollouts (b,): f(U) - f(U - j) for members, f(U + j) - f(U) for the others."""
+    q_sel = qn[part].mean(1)
+    reward, gain = lamb * q_sel, None
+    if with_gains:
+        k = part.shape[1]
+        q_gain = (qn[None] - q_sel[:, None]) / torch.where(member, k - 1, k + 1).clamp(min=1)
+        gain = lamb * q_gain.sum(0)
+    for (metric, weight), state in zip(metrics, states, strict=True):
+        share = (1 - lamb) * weight
+        if with_gains:
+            metric_reward, metric_gain = metric.rewards_and_gains(emb, part, state, member)
+            gain = gain + share * _sum_rows(metric_gain, part.shape[0])
+        else:
+            metric_reward = metric.rewards(emb, part, state)
+        reward = reward + share * metric_reward
+    return reward, gain
 
 
 def _sum_rows(gain, n_rollouts):

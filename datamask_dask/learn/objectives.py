@@ -214,8 +214,9 @@ class DiSF(DiversityMetric):
 
     Gains are first order: row j joining (or, as a member, leaving) U adds (removes) its row and
     column of the Gram matrix of standardised features, sum_i (z_j . z_i)^2 = z_j^T M z_j with
-    M = Z^T Z; the shift of U's per-dimension mean and std is ignored. When k exceeds ``rank``,
-    M is replaced by its top ``rank`` eigenpairs (randomised subspace iteration): the large
+    M = Z^T Z, and moves U's per-dimension variances (to first order, sum_a R_a z_ja^2 with R_a the
+    a-th row sum of the squared correlations); the shift of U's mean is ignored. When k exceeds
+    ``rank``, M is replaced by its top ``rank`` eigenpairs (randomised subspace iteration): the large
     eigenvalues are the correlated directions DiSF penalises, and each step then costs
     O(G b d rank) instead of O(G b d^2).
     """
@@ -273,6 +274,15 @@ class DiSF(DiversityMetric):
         inv_var = std.pow(-2)[:, 0]  # (G, d)
         self_sq = (emb.pow(2) @ inv_var.T - 2 * emb @ (mean[:, 0] * inv_var).T).T
         self_sq = (self_sq + (mean[:, 0].pow(2) * inv_var).sum(-1, keepdim=True)).pow(2)
+        # The row also moves U's variances: to first order sum_a R_a z_ja^2 with R_a = sum_b C_ab^2
+        # (C the correlation matrix), a row far out along strongly correlated dimensions dilutes
+        # their correlations. Without it the gains miss what greedy exploits (20k rows, lamb 0:
+        # 0.03% below stochastic greedy).
+        corr = (moment if k > d else z.transpose(1, 2) @ z) / k  # (G, d, d)
+        weight = corr.pow(2).sum(-1) * inv_var  # R_a / std_a^2, (G, d)
+        spread = (emb.pow(2) @ weight.T - 2 * emb @ (mean[:, 0] * weight).T).T
+        spread = spread + (mean[:, 0].pow(2) * weight).sum(-1, keepdim=True)  # sum_a R_a z_ja^2
+        row = row - k * spread
         change = torch.where(member, 2 * row - self_sq, 2 * row + self_sq) / (k * k * d * (d - 1))
         # Both a member's stay and a newcomer's arrival add correlation mass.
         return self._reward(z, moment), -change

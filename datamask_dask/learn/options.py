@@ -63,6 +63,11 @@ class DataMaskOptions:
         Rows of the chunk (all, up to this many) that the refined pool must represent. Above
         it a fixed random sample; Facility then drops sampled rows' self-matches and shrinks
         the sampled gains by their noise, so a smaller sample costs accuracy, not quality bias.
+    polish : int
+        Rounds of the exact local search on the final mask (``final="best"`` only; 0 turns it
+        off): members of smallest marginal loss are swapped for non-members of largest marginal
+        gain while the reward rises. Skipped when ``Facility`` represents a reference *sample*,
+        whose reward is only an estimate.
     max_batch : int
         Upper bound on the rows of one step's batch, so memory stays bounded for any chunk size.
     reference_size : int
@@ -101,6 +106,7 @@ class DataMaskOptions:
     refine_epochs: int = 50
     refine_lr: float = 0.5
     refine_reference: int = 32768
+    polish: int = 32
     max_batch: int = 8192
     reference_size: int = 1024
     neighbours: int = 32
@@ -129,6 +135,7 @@ class DataMaskOptions:
         _check(self.refine_epochs >= 0, "refine_epochs", self.refine_epochs, "an integer >= 0")
         _check(self.refine_lr > 0, "refine_lr", self.refine_lr, "a learning rate > 0")
         _check(self.refine_reference >= 1, "refine_reference", self.refine_reference, "an integer >= 1")
+        _check(self.polish >= 0, "polish", self.polish, "an integer >= 0 (0: off)")
         _check(self.max_batch >= 2, "max_batch", self.max_batch, "an integer >= 2")
         _check(self.reference_size >= 1, "reference_size", self.reference_size, "an integer >= 1")
         _check(self.neighbours >= 1, "neighbours", self.neighbours, "an integer >= 1")
