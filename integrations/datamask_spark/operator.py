@@ -20,7 +20,9 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
    :func:`datamask_dask.partition.select.select_partition` and yields its input batches unchanged
    with ``selected`` (and the score column) appended. The plan, a small dict, reaches the
-   executors inside the function's closure.
+   executors inside the function's closure. :func:`datamask_spark.writer.write_selection` runs
+   the same step but has the worker write the rows as parquet itself (much faster than sending
+   them back through Spark's row-wise writer).
 
 The partition number is the Spark partition id (``TaskContext.partitionId()``): same input
 partitioning and seed give the same ``selected``, and the same rows as the Dask operator on the same
