@@ -8,39 +8,62 @@ in the same order (Spark: a union of one read per file, one partition each; Dask
 ``datamask_dask.read_parquet``), the same config (``conf/cpu.yaml`` by default) and seed, so they
 must select the same rows; the script checks it.
 
+Engines (``--engines``):
+
+- ``spark``: :func:`datamask_spark.writer.write_selection`, the CLI's ``--engine spark`` path (the
+  select pass's Python workers write parquet with pyarrow);
+- ``spark-writer``: ``datamask_select(sdf)`` written by Spark's own ``df.write.parquet``;
+- ``dask``: ``datamask_select`` written by ``datamask_dask.write_parquet``.
+
 Timed, per engine: the selection (plan pass, select pass) and writing every row plus
-``selected`` as parquet, from the ``datamask_select`` call to the written output. Not timed:
-starting the Spark session (printed separately) and the Dask cluster. Spark runs 2 task slots
-(``local[2]``, one torch thread per task); Dask 2 worker processes of one thread.
+``selected`` as parquet, from the call to the written output. Not timed (printed as start-up):
+starting the Spark session and its Python workers (a 2-task job that imports the selection code,
+as Dask's worker setup plugin does while the cluster starts), and starting the Dask cluster.
+Spark runs 2 task slots (``local[2]``, one torch thread per task); Dask 2 worker processes of one
+thread. ``--profile`` prints Spark's per-stage task time and JVM CPU (from the UI's REST API).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def run_spark(source: Path, target: Path, config: str, overrides: dict) -> dict:
+def _warm(batches):
+    """Start a Python worker and import the selection code in it (torch included)."""
+    import datamask_spark.operator  # noqa: F401
+    import pyarrow as pa
+
+    n = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
+
+
+def run_spark(source: Path, target: Path, config: str, overrides: dict, spark_writer: bool = False,
+              profile: bool = False) -> dict:
     from datamask_spark import datamask_select, spark_errors
+    from datamask_spark.writer import write_selection
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     started = time.perf_counter()
     spark = (SparkSession.builder.master("local[2]").appName("datamask-bench")
-             .config("spark.ui.enabled", "false").config("spark.driver.memory", "4g")
-             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.ui.enabled", str(profile).lower()).config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "4g").config("spark.sql.shuffle.partitions", "2")
              # one partition per file, whatever its size (Spark splits files above 128 MiB by default)
              .config("spark.sql.files.maxPartitionBytes", str(2**40))
              .config("spark.sql.files.openCostInBytes", str(2**40)).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    spark.range(2, numPartitions=2).mapInArrow(_warm, "n long").collect()
     startup = time.perf_counter() - started
     try:
         files = sorted(source.glob("*.parquet"))
@@ -49,19 +72,51 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict) -> dict:
         for path in files:  # one partition per file, in file order (as datamask_dask.read_parquet)
             part = spark.read.parquet(str(path))
             sdf = part if sdf is None else sdf.union(part)
+        first_stage = _stage_count(spark) if profile else 0
         started = time.perf_counter()
-        with spark_errors():
-            out = datamask_select(sdf, config=config, **overrides)
-            planned = time.perf_counter() - started
-            out.write.parquet(str(target))
+        stages = {}
+        if spark_writer:
+            with spark_errors():
+                out = datamask_select(sdf, config=config, **overrides)
+                planned = time.perf_counter() - started
+                out.write.parquet(str(target))
+        else:
+            record = write_selection(sdf, target, config=config, **overrides)
+            planned, stages = record["seconds"]["plan"], record["stages"]
         wall = time.perf_counter() - started
+        if profile:
+            _print_stages(spark, first_stage)
         written = spark.read.parquet(str(target))
         ids = {r["chunk_id"] for r in written.where("selected").select("chunk_id").collect()}
         rows = written.count()
     finally:
         spark.stop()
     return {"wall": wall, "plan": planned, "startup": startup, "rows": rows, "ids": ids,
-            "partitions": partitions}
+            "partitions": partitions, "stages": stages}
+
+
+def _stage_count(spark) -> int:
+    return len(_rest(spark, "stages"))
+
+
+def _rest(spark, what: str):
+    url = spark.sparkContext.uiWebUrl
+    app = spark.sparkContext.applicationId
+    with urllib.request.urlopen(f"{url}/api/v1/applications/{app}/{what}") as response:
+        return json.load(response)
+
+
+def _print_stages(spark, first: int) -> None:
+    """Spark's own account of each stage since ``first``: tasks, task seconds, JVM CPU and GC seconds."""
+    time.sleep(1)  # the listener's last events
+    for stage in sorted(_rest(spark, "stages"), key=lambda s: s["stageId"]):
+        if stage["stageId"] < first:
+            continue
+        print(f"  stage {stage['stageId']:3d} {stage['name'][:60]:60s} tasks {stage['numCompleteTasks']:3d}  "
+              f"task s {stage['executorRunTime'] / 1e3:7.1f}  "
+              f"JVM CPU s {stage['executorCpuTime'] / 1e9:6.1f}  "
+              f"GC s {stage['jvmGcTime'] / 1e3:5.1f}  in MB {stage['inputBytes'] >> 20:5d}  "
+              f"out MB {stage['outputBytes'] >> 20:5d}", flush=True)
 
 
 def run_dask(source: Path, target: Path, config: str, overrides: dict) -> dict:
@@ -100,31 +155,44 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=str(ROOT / "conf" / "cpu.yaml"))
     parser.add_argument("--ratio", type=float, default=0.1)
     parser.add_argument("--cache", default=str(ROOT / ".benchmark-cache"))
-    parser.add_argument("--engines", nargs="+", default=["spark", "dask"], choices=["spark", "dask"])
+    parser.add_argument("--engines", nargs="+", default=["spark", "dask"],
+                        choices=["spark", "spark-writer", "dask"])
+    parser.add_argument("--profile", action="store_true", help="print Spark's per-stage metrics")
     args = parser.parse_args(argv)
 
     source = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, args.clusters)
     overrides = {"ratio": args.ratio}
     results = {}
+    load = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
         for engine in args.engines:
-            run = run_spark if engine == "spark" else run_dask
-            results[engine] = run(source, Path(scratch) / engine, args.config, overrides)
-            shutil.rmtree(Path(scratch) / engine, ignore_errors=True)
+            target = Path(scratch) / engine
+            if engine == "dask":
+                results[engine] = run_dask(source, target, args.config, overrides)
+            else:
+                results[engine] = run_spark(source, target, args.config, overrides,
+                                            spark_writer=engine == "spark-writer", profile=args.profile)
+            shutil.rmtree(target, ignore_errors=True)
             r = results[engine]
             print(f"{engine}: {r['wall']:.1f} s ({r['rows']} rows, {len(r['ids'])} selected; plan "
                   f"{r['plan']:.1f} s; {r['partitions']} files; start-up {r['startup']:.1f} s, not counted)",
                   flush=True)
+            if r.get("stages"):
+                print("  worker seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items()),
+                      flush=True)
     print(f"\n{args.rows:,} rows, d = {args.dim}, {args.rows // args.rows_per_partition} partitions, "
-          f"config {args.config}, ratio {args.ratio}\n")
-    print("| engine | wall s | rows/s | selected |")
-    print("|---|---:|---:|---:|")
+          f"config {args.config}, ratio {args.ratio}; load average at start {load[0]:.1f}, "
+          f"at end {os.getloadavg()[0]:.1f}\n")
+    print("| engine | wall s | plan s | rows/s | selected |")
+    print("|---|---:|---:|---:|---:|")
     for engine, r in results.items():
-        print(f"| {engine} | {r['wall']:.1f} | {r['rows'] / r['wall']:,.0f} | {len(r['ids']):,} |")
-    if len(results) == 2:
-        spark, dask = results["spark"], results["dask"]
-        print(f"\nSpark / Dask wall time: {spark['wall'] / dask['wall']:.2f}x; "
-              f"same rows selected: {spark['ids'] == dask['ids']}")
+        print(f"| {engine} | {r['wall']:.1f} | {r['plan']:.1f} | {r['rows'] / r['wall']:,.0f} | "
+              f"{len(r['ids']):,} |")
+    if "dask" in results:
+        dask = results["dask"]
+        for engine in (e for e in results if e != "dask"):
+            print(f"\n{engine} / dask wall time: {results[engine]['wall'] / dask['wall']:.2f}x; "
+                  f"same rows selected: {results[engine]['ids'] == dask['ids']}")
     return 0
 
 

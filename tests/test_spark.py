@@ -26,8 +26,8 @@ def spark():
 
     spark_worker_environment()
     session = (SparkSession.builder.master("local[2]").appName("datamask-tests")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-               .getOrCreate())
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
@@ -63,8 +63,29 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
     assert got["text"].tolist() == [f"document {i}" for i in got["chunk_id"]]  # rows kept together
     assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
     assert np.isfinite(got.loc[got["selected"], "score"]).all()
-    again = datamask_select(sdf, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id").toPandas()
-    assert set(again["chunk_id"]) == set(got.loc[got["selected"], "chunk_id"])  # deterministic
+
+
+def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parquet_dir, tmp_path):
+    """The job's writer (Python workers write parquet): the same rows as Dask, every column, a run record."""
+    import pyarrow.parquet as pq
+    from datamask_spark.writer import write_selection
+
+    from datamask_dask.io.output import read_record
+
+    record = write_selection(sdf, tmp_path / "out", ratio=0.1, seed=7, score_column="score", **FAST)
+    assert read_record(tmp_path / "out") == record
+    assert (record["rows"], record["selected"]) == (1600, 160)
+    assert [p["rows"] for p in record["partitions"]] == [400] * 4
+    assert {"read", "select", "learn", "write"} <= set(record["stages"])
+    table = pq.read_table(tmp_path / "out")
+    assert table.schema.names == sdf.columns + ["selected", "score"]
+    got = table.to_pandas()
+    assert got["chunk_id"].tolist() == corpus["chunk_id"].tolist()  # partition by partition, in row order
+    assert got["text"].tolist() == corpus["text"].tolist()
+    assert np.array_equal(np.stack(got["feature_arr"]), np.stack(corpus["feature_arr"]))
+    assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
+    with pytest.raises(ValueError, match="local or mounted paths"):
+        write_selection(sdf, "s3a://bucket/out", ratio=0.1)
 
 
 def _lang_tokens(frame):
@@ -121,10 +142,10 @@ def test_select_pass_error_reaches_the_driver_as_the_package_error(sdf):
 
 
 def test_empty_partitions(sdf):
-    # 8 partitions, the middle 4 empty (rows 800+ are in partitions 2 and 3 of sdf)
-    mixed = sdf.where("chunk_id < 800").union(sdf.where("chunk_id >= 800"))
+    # the middle 2 of 4 partitions empty (partition p of sdf holds rows 400 p to 400 p + 399)
+    mixed = sdf.where("chunk_id < 400 or chunk_id >= 1200")
     got = datamask_select(mixed, ratio=0.1, **FAST).where("selected").count()
-    assert got == 160
+    assert got == 80
 
 
 def test_select_parquet_job_follows_the_output_rules(spark, parquet_dir, tmp_path):

@@ -32,7 +32,9 @@ def connect():
     session.stop()
 
 
-def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir):
+def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir, tmp_path):
+    import pyarrow.parquet as pq
+    from datamask_spark.writer import write_selection
     from pyspark.sql import functions as F
 
     files = sorted(Path(parquet_dir).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
@@ -45,6 +47,9 @@ def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir):
     want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), ratio=0.1, seed=7,
                                          **FAST).compute(scheduler="sync")
     assert ids == set(want.loc[want["selected"], "chunk_id"])
+    record = write_selection(sdf, tmp_path / "out", ratio=0.1, seed=7, **FAST)  # the job's writer
+    written = pq.read_table(tmp_path / "out", columns=["chunk_id", "selected"]).to_pandas()
+    assert record["selected"] == 160 and set(written.loc[written["selected"], "chunk_id"]) == ids
     bad = sdf.withColumn("quality_score", F.when(F.col("chunk_id") == 5, F.lit(float("nan")))
                          .otherwise(F.col("quality_score")))
     with pytest.raises(InputDataError, match=r"partition 0: quality column 'quality_score' has 1 NaN"):

@@ -6,24 +6,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from datamask_dask.io.output import (
-    RUN_RECORD,
-    check_target,
-    library_versions,
-    output_lock,
-    publish,
-    remove_own,
-    staging_path,
-)
+from datamask_dask.io.output import check_target
 
 from .operator import datamask_select, spark_errors
+from .writer import write_selection
 
 __all__ = ["get_spark", "select_parquet"]
 
@@ -47,11 +38,11 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
                    overwrite: bool = False, **options) -> tuple[int, int, float]:
     """Select rows of the parquet ``source`` on Spark and write every row plus ``selected`` to ``target``.
 
-    A local ``target`` follows the package's output rules (:mod:`datamask_dask.io.output`): it may
-    not overlap ``source``, ``overwrite`` replaces only an output of an earlier datamask run, one
-    run writes it at a time, and Spark writes into a hidden staging sibling that is renamed into
-    place with a run record (``_datamask_run.json``) once complete. Remote URIs (``s3a://``...)
-    are handed to Spark's own committer as they are (``overwrite`` then means Spark's mode).
+    A local ``target`` is written by :func:`datamask_spark.writer.write_selection`: from the Python
+    workers with pyarrow, following the package's output rules (no overlap with ``source``,
+    ``overwrite`` replaces only an output of an earlier datamask run, one run at a time, complete
+    or absent, with a run record). Remote URIs (``s3a://``...) go through Spark's own writer and
+    committer (``overwrite`` then means Spark's mode).
 
     Returns
     -------
@@ -66,26 +57,16 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
         check_target(target, overwrite=overwrite, inputs=[] if "://" in source else [source])
     spark = spark or get_spark(master)
     started = time.perf_counter()
-    with output_lock(target) if local else contextlib.nullcontext():
-        destination = staging_path(Path(target)) if local else target
-        try:
-            with spark_errors():
-                out = datamask_select(spark.read.parquet(source), config=config, **options)
-                out.write.mode("overwrite" if overwrite and not local else "errorifexists").parquet(
-                    os.fspath(destination))
-            written = spark.read.parquet(os.fspath(destination))
-            selected_column = options.get("selected_column") or "selected"
-            counts = {row[selected_column]: row["count"]
-                      for row in written.groupBy(selected_column).count().collect()}
-            rows, selected = sum(counts.values()), counts.get(True, 0)
-            if local:
-                record = {"tool": "datamask-dask", "kind": "selection", "engine": "spark", "rows": rows,
-                          "selected": selected, "input": {"location": source},
-                          "versions": library_versions("pyspark"),
-                          "files": sorted(os.listdir(destination))}
-                Path(destination, RUN_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
-                publish(Path(destination), Path(target))
-        finally:
-            if local:
-                remove_own(Path(destination))
-    return rows, selected, time.perf_counter() - started
+    if local:
+        record = write_selection(spark.read.parquet(source), target, config=config, overwrite=overwrite,
+                                 inputs=[] if "://" in source else [source], input_location=source,
+                                 **options)
+        return record["rows"], record["selected"], time.perf_counter() - started
+    with spark_errors():
+        out = datamask_select(spark.read.parquet(source), config=config, **options)
+        out.write.mode("overwrite" if overwrite else "errorifexists").parquet(target)
+    written = spark.read.parquet(target)
+    selected_column = options.get("selected_column") or "selected"
+    counts = {row[selected_column]: row["count"]
+              for row in written.groupBy(selected_column).count().collect()}
+    return sum(counts.values()), counts.get(True, 0), time.perf_counter() - started

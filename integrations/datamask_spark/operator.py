@@ -20,7 +20,9 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
    :func:`datamask_dask.partition.select.select_partition` and yields its input batches unchanged
    with ``selected`` (and the score column) appended. The plan, a small dict, reaches the
-   executors inside the function's closure.
+   executors inside the function's closure. :func:`datamask_spark.writer.write_selection` runs
+   the same step but has the worker write the rows as parquet itself (much faster than sending
+   them back through Spark's row-wise writer).
 
 The partition number is the Spark partition id (``TaskContext.partitionId()``): same input
 partitioning and seed give the same ``selected``, and the same rows as the Dask operator on the same
@@ -130,9 +132,14 @@ def apply_plan(sdf, spec: SelectSpec, plan: dict):
     fields = list(sdf.schema.fields) + [StructField(spec.selected_column, BooleanType(), False)]
     if spec.score_column:
         fields.append(StructField(spec.score_column, FloatType(), True))
+    return sdf.mapInArrow(select_task(sdf, spec, plan), StructType(fields))
+
+
+def select_task(sdf, spec: SelectSpec, plan: dict) -> _SelectTask:
+    """The select pass's per-partition function for ``sdf`` (it reads only the columns the learner needs)."""
     names = set(sdf.columns)
     columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in names]
-    return sdf.mapInArrow(_SelectTask(plan, arrow_schema(sdf), columns), StructType(fields))
+    return _SelectTask(plan, arrow_schema(sdf), columns)
 
 
 # --------------------------------------------------------------------------- plan pass
@@ -159,7 +166,7 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     summaries = [payloads[p]["summary"] if p in payloads else _EMPTY for p in range(count)]
     ids = id_report(sdf, spec.id_column) if spec.check_ids else None
     dim = None
-    if spec.validate != "full":  # "full" gets every partition's dimension anyway
+    if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
         dim = probe_dimension(sdf, spec.embedding_column)
     return summaries, ids, dim
 
@@ -224,6 +231,27 @@ class _SelectTask:
         self.plan, self.schema, self.columns = plan, schema, columns
 
     def __call__(self, batches):
+        batches, added = self.select(batches)
+        start = 0
+        for batch in batches:
+            stop = start + batch.num_rows
+            schema, arrays = batch.schema, list(batch.columns)
+            for field, values in added:
+                schema = schema.append(field)
+                arrays.append(values.slice(start, batch.num_rows))
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            start = stop
+
+    def select(self, batches) -> tuple[list[pa.RecordBatch], list[tuple[pa.Field, pa.Array]]]:
+        """Run :func:`~datamask_dask.partition.select.select_partition` on one partition.
+
+        Returns
+        -------
+        batches : list of pyarrow.RecordBatch
+            The partition's non-empty input batches, unchanged.
+        added : list of (pyarrow.Field, pyarrow.Array)
+            ``selected`` (and the score column) for all of the partition's rows, in batch order.
+        """
         spec = self.plan["spec"]
         number = partition_number()
         _limit_threads()
@@ -231,34 +259,31 @@ class _SelectTask:
         try:
             if not batches:  # still checked against the plan (a partition that lost its rows fails)
                 select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number})
-                return
+                return [], []
             table = pa.Table.from_batches(batches).select(self.columns)
             out = select_partition(_to_pandas(table), self.plan, {"number": number})
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
-        added = [(spec.selected_column, pa.bool_(), out[spec.selected_column].to_numpy(dtype=bool))]
+        added = [(pa.field(spec.selected_column, pa.bool_()),
+                  pa.array(out[spec.selected_column].to_numpy(dtype=bool), pa.bool_()))]
         if spec.score_column:
-            added.append((spec.score_column, pa.float32(), out[spec.score_column].to_numpy(dtype=np.float32)))
-        start = 0
-        for batch in batches:
-            stop = start + batch.num_rows
-            schema, arrays = batch.schema, list(batch.columns)
-            for name, kind, values in added:
-                schema = schema.append(pa.field(name, kind))
-                arrays.append(pa.array(values[start:stop], kind))
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
-            start = stop
+            added.append((pa.field(spec.score_column, pa.float32()),
+                          pa.array(out[spec.score_column].to_numpy(dtype=np.float32), pa.float32())))
+        return batches, added
 
 
 def _limit_threads() -> None:
-    """One torch thread per Spark task core (``spark.task.cpus``), as the Dask workers have."""
+    """One torch and Arrow thread per Spark task core (``spark.task.cpus``), as the Dask workers have:
+    tasks in the other slots have the other cores (Spark sets ``OMP_NUM_THREADS`` for BLAS itself)."""
     import torch
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    cpus = context.cpus() if context is not None and hasattr(context, "cpus") else 1
+    cpus = max(1, int(context.cpus() if context is not None and hasattr(context, "cpus") else 1))
     if torch.get_num_threads() != cpus:
-        torch.set_num_threads(max(1, int(cpus)))
+        torch.set_num_threads(cpus)
+    if pa.cpu_count() != cpus:
+        pa.set_cpu_count(cpus)
 
 
 # --------------------------------------------------------------------------- errors
