@@ -77,6 +77,10 @@ def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parq
     assert (record["rows"], record["selected"]) == (1600, 160)
     assert [p["rows"] for p in record["partitions"]] == [400] * 4
     assert {"read", "select", "learn", "write"} <= set(record["stages"])
+    summary = record["summary"]  # the run summary, as Dask's writer makes it
+    assert summary["objective"]["datamask"]["objective"] > summary["objective"]["random"]["objective"]
+    assert summary["selected_pairs"]["rows"] == 160 and summary["curves"]
+    assert record["settings"]["seed"] == 7
     table = pq.read_table(tmp_path / "out")
     assert table.schema.names == sdf.columns + ["selected", "score"]
     got = table.to_pandas()

@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from datamask_dask import stages
+from datamask_dask.config import load_config
 from datamask_dask.io.output import (
     RUN_RECORD,
     check_target,
@@ -38,16 +40,18 @@ from datamask_dask.io.output import (
     staging_path,
 )
 from datamask_dask.io.parquet import write_table
-from datamask_dask.io.writer import _stem, _write_atomic
+from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, summarise_run
+from datamask_dask.io.writer import _plain, _stem, _write_atomic
 
 from .operator import _SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
 
 __all__ = ["write_selection"]
 
-_RESULT = "partition int, rows long, selected long, file string, bytes long, stages string"
+_RESULT = "partition int, rows long, selected long, file string, bytes long, stages string, summary string"
 
 
 def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = False, inputs=(),
+                    summary_rows: int = SAMPLE_ROWS,
                     input_location: str | None = None, **options) -> dict:
     """Select a share of ``sdf``'s rows (DATAMASK) and write every row plus ``selected`` to ``path``.
 
@@ -66,6 +70,11 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         Where ``sdf`` was read from: ``path`` may not be, contain or lie inside any of them.
     input_location : str, optional
         The input's location for the run record (``input.location``).
+    summary_rows : int
+        Rows of the written files sampled for the run summary (see
+        :mod:`datamask_dask.io.summary`: the selection against quality top-k and random, groups,
+        tokens, learning curves, near-duplicate pairs within and across partitions); 0 skips
+        the sample.
 
     Returns
     -------
@@ -98,7 +107,7 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
             with spark_errors():
                 spec, plan = plan_selection(sdf, ratio, config=config, **options)
                 planned = time.perf_counter()
-                task = _WriteTask(select_task(sdf, spec, plan), os.fspath(staging))
+                task = _WriteTask(select_task(sdf, spec, plan), os.fspath(staging), spec)
                 results = sorted((row.asDict() for row in sdf.mapInArrow(task, _RESULT).collect()),
                                  key=lambda r: r["partition"])
             selected_at = time.perf_counter()
@@ -107,17 +116,23 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
                 files = [f"{_stem(0)}.parquet"]
                 write_table(_with_selection(arrow_schema(sdf).empty_table(), spec), staging / files[0])
             worker_stages = stages.add_up([plan.get("stages")] + [json.loads(r["stages"]) for r in results])
+            # The run summary as Dask's writer makes it: the partitions' parts, then a sample of the files.
+            settings = load_config(config, ratio=ratio, **options)
+            markers = {r["partition"]: {"summary": json.loads(r["summary"] or "{}")} for r in results}
+            summary = summarise_run([staging / f for f in files], markers, settings, spec,
+                                    sample_rows=summary_rows, seed=int(spec.options.seed or 0))
             record = {"tool": "datamask-dask", "kind": "selection", "engine": "spark",
                       "rows": sum(r["rows"] for r in results),
                       "selected": sum(r["selected"] for r in results),
                       "partitions": [{k: r[k] for k in ("partition", "rows", "selected")} for r in results],
                       "input": {"location": input_location}, "files": files, "seed": spec.options.seed,
+                      "settings": settings, "summary": summary,
                       "versions": library_versions("pyspark"),
                       "seconds": {"plan": round(planned - started, 3),
                                   "select": round(selected_at - planned, 3),
                                   "commit": round(time.perf_counter() - selected_at, 3)},
                       "stages": {k: round(v, 3) for k, v in worker_stages.items()}}
-            (staging / RUN_RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+            (staging / RUN_RECORD).write_text(json.dumps(record, indent=1, default=_plain), encoding="utf-8")
             publish(staging, target)
         finally:
             remove_own(staging)
@@ -127,8 +142,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
 class _WriteTask:
     """The ``mapInArrow`` function: one partition selected and written, one row about it."""
 
-    def __init__(self, select: _SelectTask, directory: str):
-        self.select, self.directory = select, directory
+    def __init__(self, select: _SelectTask, directory: str, spec):
+        self.select, self.directory, self.spec = select, directory, spec
 
     def __call__(self, batches):
         stages.take()  # what ran on this worker before is not this partition's
@@ -139,7 +154,7 @@ class _WriteTask:
             batches, added = self.select.select(batches)
         number = partition_number()
         rows = sum(b.num_rows for b in batches)
-        selected, name, size = 0, "", 0
+        selected, name, size, summary = 0, "", 0, {"curves": stages.take_curves()}
         if rows:
             with stages.timed("write"):
                 table = pa.Table.from_batches(batches)
@@ -149,11 +164,24 @@ class _WriteTask:
                 _write_atomic(Path(self.directory, name), lambda handle: write_table(table, handle))
                 size = Path(self.directory, name).stat().st_size
             selected = int(np.count_nonzero(added[0][1].to_numpy(zero_copy_only=False)))
+            with stages.timed("summary"):
+                summary = self._summary(table, summary["curves"])
         yield pa.RecordBatch.from_pydict(
             {"partition": pa.array([number], pa.int32()), "rows": pa.array([rows], pa.int64()),
              "selected": pa.array([selected], pa.int64()), "file": pa.array([name], pa.string()),
              "bytes": pa.array([size], pa.int64()),
-             "stages": pa.array([json.dumps(stages.take())], pa.string())})
+             "stages": pa.array([json.dumps(stages.take())], pa.string()),
+             "summary": pa.array([json.dumps(summary, default=_plain)], pa.string())})
+
+    def _summary(self, table: pa.Table, curves: list) -> dict:
+        """Groups, tokens and the selected rows' signatures, as Dask's writer summarises a partition."""
+        spec = self.spec
+        names = [spec.selected_column, spec.embedding_column, spec.by, spec.token_column]
+        present = [n for n in dict.fromkeys(names) if n is not None and n in table.column_names]
+        frame = table.select(present).to_pandas(types_mapper=pd.ArrowDtype)
+        out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column,
+                                spec.embedding_column)
+        return {**out, "curves": curves}  # taken before the write: partition_summary found none left
 
 
 def _with_selection(table: pa.Table, spec) -> pa.Table:
