@@ -49,6 +49,8 @@ near-duplicate pairs among the selected rows (:func:`count_pairs`).
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -64,6 +66,7 @@ PLANE_SEED = 0x5EED_D0C5
 # (benchmarks/results-global-seeds*.md) for pairs mostly below the threshold.
 SEARCH_MARGIN = 0.75
 _PAIR_BATCH = 1 << 22  # candidate pairs verified at once
+BAND_THREADS = 4  # threads of find_duplicates (at most one per core)
 
 
 def hyperplanes(dim: int) -> np.ndarray:
@@ -119,7 +122,12 @@ def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]
         only on the rows' content and partition order, not on where or when anything ran.
     """
     table = stack_parts(parts)
-    edges = [band_edges(table, range(BANDS), cosine)]
+    # The bands on a few threads (sorting and comparing in numpy, which releases the GIL): an
+    # engine that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
+    threads = max(1, min(BAND_THREADS, os.cpu_count() or 1))
+    with ThreadPoolExecutor(threads) as pool:
+        edges = list(pool.map(lambda first: band_edges(table, range(first, BANDS, threads), cosine),
+                              range(threads)))
     return shadowed_rows(table, edges)
 
 
