@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows-per-partition", type=int, default=50_000)
     parser.add_argument("--copies", type=float, default=0.1,
                         help="share of each partition's rows copied from the previous partition")
+    parser.add_argument("--threads", type=int, nargs="+", default=[duplicates.BAND_THREADS],
+                        help="find_duplicates' band threads (duplicates.BAND_THREADS), one run each")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     model = pipeline._cluster_model(args.dim, 2000)
@@ -62,12 +64,16 @@ def main(argv=None) -> int:
         _, counts = np.unique(duplicates.band_keys(table["signatures"], band), return_counts=True)
         candidates.append(int((counts * (counts - 1) // 2).sum()))
     load = os.getloadavg()[0]
-    tracemalloc.start()
-    started = time.perf_counter()
-    shadowed = duplicates.find_duplicates(parts)
-    seconds = time.perf_counter() - started
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    runs = []  # (threads, seconds, peak bytes, shadowed)
+    for threads in args.threads:
+        duplicates.BAND_THREADS = threads
+        tracemalloc.start()
+        started = time.perf_counter()
+        shadowed = duplicates.find_duplicates(parts)
+        runs.append((threads, time.perf_counter() - started, tracemalloc.get_traced_memory()[1], shadowed))
+        tracemalloc.stop()
+    if any(any(not np.array_equal(a, b) for a, b in zip(r[3], runs[0][3], strict=True)) for r in runs):
+        raise AssertionError("the shadowed rows depend on the number of threads")
     n = sum(len(p["quality"]) for p in parts)
     given = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"# Near-duplicate reduction at {n:,} rows, d = {args.dim}", "",
@@ -78,11 +84,12 @@ def main(argv=None) -> int:
              f"{load:.1f} "
              f"on {os.cpu_count()} cores at the start of the reduction.", "",
              "| rows | signature bytes | candidate pairs per band (min / median / max) | all bands | "
-             "reduction s (one process) | peak memory allocated by the reduction | shadowed rows |",
-             "|---:|---:|---:|---:|---:|---:|---:|",
-             f"| {n:,} | {table['signatures'].nbytes / 2**20:.0f} MiB | {min(candidates):,} / "
-             f"{int(np.median(candidates)):,} / {max(candidates):,} | {sum(candidates):,} | {seconds:.1f} | "
-             f"{peak / 2**20:.0f} MiB | {sum(len(s) for s in shadowed):,} |"]
+             "threads | reduction s (one process) | peak memory allocated by the reduction | shadowed rows |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {n:,} | {table['signatures'].nbytes / 2**20:.0f} MiB | {min(candidates):,} / "
+              f"{int(np.median(candidates)):,} / {max(candidates):,} | {sum(candidates):,} | {threads} | "
+              f"{seconds:.1f} | {peak / 2**20:.0f} MiB | {sum(len(s) for s in shadowed):,} |"
+              for threads, seconds, peak, shadowed in runs]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
