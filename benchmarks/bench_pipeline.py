@@ -95,6 +95,23 @@ def make_partition(number: int, rows: int, d: int, model, duplicate_share: float
     return quality.astype(np.float64), emb
 
 
+def write_partition(path: Path, number: int, quality: np.ndarray, emb: np.ndarray) -> None:
+    """Write partition ``number`` (ids from ``number * rows``) to ``path`` atomically."""
+    rows, d = emb.shape
+    ids = np.arange(number * rows, (number + 1) * rows, dtype=np.int64)
+    table = pa.table(
+        {
+            "chunk_id": ids,
+            "quality_score": quality,
+            "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), d),
+            "text": pa.array([f"document {j} of the benchmark corpus" for j in ids.tolist()]),
+        }
+    )
+    temporary = path.with_suffix(".tmp")
+    pq.write_table(table, temporary, row_group_size=25_000)
+    os.replace(temporary, path)
+
+
 def ensure_dataset(cache: Path, n_rows: int, d: int, rows_per_partition: int, n_clusters: int) -> Path:
     """The folder of an ``n_rows`` table (generated once; partitions shared between sizes)."""
     if n_rows % rows_per_partition:
@@ -111,18 +128,7 @@ def ensure_dataset(cache: Path, n_rows: int, d: int, rows_per_partition: int, n_
         model = model or _cluster_model(d, n_clusters)
         started = time.perf_counter()
         quality, emb = make_partition(i, rows_per_partition, d, model)
-        ids = np.arange(i * rows_per_partition, (i + 1) * rows_per_partition, dtype=np.int64)
-        table = pa.table(
-            {
-                "chunk_id": ids,
-                "quality_score": quality,
-                "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), d),
-                "text": pa.array([f"document {j} of the benchmark corpus" for j in ids.tolist()]),
-            }
-        )
-        temporary = path.with_suffix(".tmp")
-        pq.write_table(table, temporary, row_group_size=25_000)
-        os.replace(temporary, path)
+        write_partition(path, i, quality, emb)
         print(
             f"  generated {path.name} ({rows_per_partition} rows) in {time.perf_counter() - started:.1f} s",
             file=sys.stderr,

@@ -3,12 +3,18 @@
 The pipeline benchmark's parquet data (``bench_pipeline.ensure_dataset``: d = 768, 50,000 rows per
 file), the CLI's defaults (cpu profile, threaded scheduler), ``--algorithm``; each job a fresh
 process, the jobs interleaved ``--repeats`` times so that load from other work falls on all of
-them alike. ``--before PATH`` adds a table-scope job run with another checkout of the package
+them alike. ``--copies F`` replaces F of each file's rows by near-copies (cosine ~0.99) of rows of
+the previous file (duplicates spread across files; the data then lives under ``--data``) and reports
+the near-duplicate pairs among the selected rows (the run summary's LSH estimate) against the same
+estimate on a random pick of as many rows. ``--n-workers N`` runs each job on a local cluster of
+N worker processes. ``--before PATH`` adds a table-scope job run with another checkout of the package
 (e.g. the previous commit, ``git worktree add`` or ``git archive``), for before/after figures.
 Reported per job: the job's own seconds (start-up excluded), its plan phase, and the load
 average when it started; then the median over repeats and the ratio to the per-partition job.
 
     python benchmarks/bench_scope_cost.py --rows 200000 --repeats 3 --out benchmarks/results-scope-cost.md
+    python benchmarks/bench_scope_cost.py --rows 1000000 --repeats 1 --copies 0.2 --n-workers 2 \
+        --data /work/data-1m --out benchmarks/results-global-1m.md
 """
 
 from __future__ import annotations
@@ -24,10 +30,64 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_pipeline as pipeline  # noqa: E402  (data generation)
+
+from datamask_dask.io import summary as summary_module  # noqa: E402
+from datamask_dask.plan import duplicates  # noqa: E402
+
+
+def ensure_spread_dataset(folder: Path, n_rows: int, d: int, rows_per_partition: int, copies: float) -> Path:
+    """The pipeline data with ``copies`` of each file's rows near-copies of the previous file's rows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model, previous = pipeline._cluster_model(d, 2000), None
+    for number in range(n_rows // rows_per_partition):
+        path = folder / f"part.{number:05d}.parquet"
+        if path.exists():
+            previous = None
+            continue
+        quality, emb = pipeline.make_partition(number, rows_per_partition, d, model)
+        if number and previous is None:  # resumed: the previous file's rows, regenerated the same way
+            regenerated = pipeline.make_partition(number - 1, rows_per_partition, d, model)[1]
+            previous = _spread(number - 1, regenerated, None, copies)
+        emb = _spread(number, emb, previous, copies)
+        pipeline.write_partition(path, number, quality, emb)
+        previous = emb
+        print(f"  generated {path.name}", file=sys.stderr, flush=True)
+    return folder
+
+
+def _spread(number: int, emb: np.ndarray, previous: np.ndarray | None, copies: float) -> np.ndarray:
+    """``emb`` with ``copies`` of its rows near-copies of rows of ``previous`` (cosine ~0.99)."""
+    if previous is None or not copies:
+        return emb
+    rng = np.random.default_rng(10_000 + number)
+    n_copy = int(copies * len(emb))
+    rows = rng.choice(len(emb), n_copy, replace=False)
+    sources = rng.integers(0, len(previous), n_copy)
+    noise = 0.15 / np.sqrt(emb.shape[1])  # cosine about 0.99 to the source row, whatever the dimension
+    emb[rows] = previous[sources] + noise * rng.standard_normal((n_copy, emb.shape[1]), dtype=np.float32)
+    emb[rows] /= np.linalg.norm(emb[rows], axis=1, keepdims=True)
+    return emb
+
+
+def random_pairs(source: Path, k: int, seed: int = 0) -> dict:
+    """The run summary's pair estimate (SimHash LSH) on ``k`` rows of the table drawn at random."""
+    files = sorted(source.glob("*.parquet"))
+    sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
+    pick = np.sort(np.random.default_rng(seed).choice(sum(sizes), k, replace=False))
+    blocks, start = [], 0
+    for path, size in zip(files, sizes, strict=True):
+        rows = pick[(pick >= start) & (pick < start + size)] - start
+        column = pq.read_table(path, columns=["feature_arr"]).column(0).combine_chunks()
+        emb = column.values.to_numpy().reshape(size, -1)[rows]
+        blocks.append(duplicates.signatures(emb, duplicates.hyperplanes(emb.shape[1])).reshape(-1))
+        start += size
+    within, across = duplicates.count_pairs(blocks, summary_module.DUPLICATE_COSINE)
+    return {"rows": k, "within": within, "across": across}
 
 
 def main(argv=None) -> int:
@@ -37,17 +97,26 @@ def main(argv=None) -> int:
     parser.add_argument("--rows-per-partition", type=int, default=50_000)
     parser.add_argument("--algorithm", default="Pair_simi")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--copies", type=float, default=0.0,
+                        help="share of each file's rows that are near-copies of the previous file's rows")
+    parser.add_argument("--data", default="/tmp/datamask-spread", help="where --copies data is generated")
+    parser.add_argument("--n-workers", type=int, help="worker processes of each job's local cluster")
     parser.add_argument("--before", help="another checkout of the package: its table scope is a job too")
     parser.add_argument("--cache", default=str(HERE.parent / ".benchmark-cache"))
     parser.add_argument("--out")
     args = parser.parse_args(argv)
-    source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
+    if args.copies:
+        source = ensure_spread_dataset(Path(args.data), args.rows, args.dim, args.rows_per_partition,
+                                       args.copies)
+    else:
+        source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
     here = str(HERE.parent)
     jobs = {"table scope": (here, "table"), "partition scope": (here, "partition")}
     if args.before:
         jobs = {"table scope, before": (args.before, "table"), **jobs}
     scratch = Path(tempfile.mkdtemp(prefix="bench-scope-"))
     runs: dict[str, list] = {name: [] for name in jobs}
+    summaries: dict[str, dict] = {}
     try:
         for _ in range(args.repeats):
             for name, (tree, scope) in jobs.items():
@@ -58,11 +127,14 @@ def main(argv=None) -> int:
                 environment = {**os.environ, "PYTHONPATH": path}
                 command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source),
                            "--output", str(target), "--algorithm", args.algorithm, "--diversity-scope", scope]
+                if args.n_workers:
+                    command += ["--n-workers", str(args.n_workers)]
                 run = subprocess.run(command, capture_output=True, text=True, env=environment)
                 if run.returncode:
                     raise SystemExit(f"{name}: {run.stderr}")
                 seconds = float(re.search(r"in ([\d.]+) s \(", run.stdout).group(1))
-                phases = json.loads((target / "_datamask_run.json").read_text())["phases"]
+                record = json.loads((target / "_datamask_run.json").read_text())
+                phases, summaries[name] = record["phases"], record.get("summary") or {}
                 runs[name].append((seconds, phases["plan"], load))
                 print(name, runs[name][-1], file=sys.stderr, flush=True)
     finally:
@@ -81,11 +153,36 @@ def main(argv=None) -> int:
         cells = [", ".join(f"{r[i]:.1f}" for r in values) for i in range(3)]
         lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cells[2]} | {median:.1f} | "
                      f"{median / base:.2f}x |")
+    if args.copies:
+        lines += _pairs_lines(summaries, source, args.copies)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def _pairs_lines(summaries: dict, source: Path, copies: float) -> list[str]:
+    """Near-duplicate pairs among the selected rows (last repeat) and the sample's objective."""
+    lines = ["", f"{copies:.0%} of each file's rows are near-copies of rows of the previous file. "
+             f"Near-duplicate pairs (cosine >= {summary_module.DUPLICATE_COSINE}) among every selected row: "
+             "the run summary's SimHash LSH estimate (`summary['selected_pairs']`, a few % low), random's "
+             "the same estimate on a random pick of as many rows. Objective: the run summary's, on its "
+             "sample of the output.", "",
+             "| selection | selected rows | pairs within a partition | pairs across partitions | "
+             "objective on the sample | random's objective there |", "|---|---:|---:|---:|---:|---:|"]
+    k, nan = None, float("nan")
+    for name, summary in summaries.items():
+        pairs = summary.get("selected_pairs") or {}
+        objective = (summary.get("objective") or {})
+        mine, rand = objective.get("datamask", {}), objective.get("random", {})
+        k = k or pairs.get("rows")
+        lines.append(f"| {name} | {pairs.get('rows', 0):,} | {pairs.get('within')} | {pairs.get('across')} | "
+                     f"{mine.get('objective', nan):.4f} | {rand.get('objective', nan):.4f} |")
+    if k:
+        pairs = random_pairs(source, k)
+        lines.append(f"| random pick | {k:,} | {pairs['within']} | {pairs['across']} | | |")
+    return lines
 
 
 if __name__ == "__main__":
