@@ -191,3 +191,20 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(tmp_path, eight_p
     assert report.rows == 2400
     assert _bytes(target) == _bytes(reference)
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no staging, old copy or work directory left
+
+
+def test_fingerprint_does_not_depend_on_block_sizes():
+    """The content summary a resume compares is the same bits whatever the blocks (memory budget)
+    or BLAS threads of the run: a float32 matrix product's rounding depends on them."""
+    from datamask_dask.config import load_config
+    from datamask_dask.partition.checks import embedding_problems
+    from datamask_dask.partition.spec import spec_from_meta
+    from datamask_dask.sample_data import make_corpus
+
+    frame = make_corpus(3000, 768, seed=0)
+    spec = spec_from_meta(frame.iloc[:0], load_config(None, ratio=0.1))
+    runs = [embedding_problems(frame, 0, spec, block_bytes=size, sign=True)
+            for size in (None, 200_000, 77_777)]
+    for _, problems, summary, signed in runs[1:]:
+        assert not problems
+        assert np.array_equal(summary, runs[0][2]) and np.array_equal(signed, runs[0][3])

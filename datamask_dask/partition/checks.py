@@ -20,7 +20,6 @@ Embeddings are checked in blocks of rows, so validating a partition needs about
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from dataclasses import dataclass
 
@@ -221,24 +220,32 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
     # headroom) and their projections.
     step = max(1, block_bytes // (8 * source.dim + 4 * duplicates.SIGNATURE_BITS))
-    # One product per block gives the content summary's projection on a fixed random direction
-    # and, with ``sign``, the SimHash projections: the rows are read and multiplied once.
-    weights = np.random.default_rng(0).standard_normal((source.dim, 1)).astype(np.float32)
-    if sign:
-        weights = np.hstack([weights, duplicates.hyperplanes(source.dim)])
+    # The content summary (the run's fingerprint, which a resume compares) is a projection on a
+    # fixed direction by einsum: its bits do not depend on BLAS threads or block sizes, which
+    # differ between the run and its resume (a float32 matrix product's rounding does).
+    direction = np.random.default_rng(0).standard_normal(source.dim).astype(np.float32)
+    planes = duplicates.hyperplanes(source.dim) if sign else None
     summary = np.empty((n, 2), dtype=np.float64)
     signed = np.empty((n, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None
     for start in range(0, n, step):
         stop = min(n, start + step)
         block = source.span(start, stop)
         summary[start:stop, 0] = row_norms(block)
-        with stages.timed("sign") if sign else contextlib.nullcontext():
-            projected = _product(block, weights)
-            if sign:
-                signed[start:stop] = duplicates.pack(projected[:, 1:])
-        summary[start:stop, 1] = projected[:, 0]
+        summary[start:stop, 1] = _projection(block, direction)
+        if sign:
+            with stages.timed("sign"):
+                signed[start:stop] = duplicates.pack(_product(block, planes))
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
+
+
+def _projection(block, direction: np.ndarray) -> np.ndarray:
+    """Each row's projection on ``direction``, float32 on the block's device, as a host array."""
+    if isinstance(block, np.ndarray):
+        return np.einsum("ij,j->i", block, direction)
+    import torch
+
+    return (block.float() @ torch.as_tensor(direction, device=block.device)).cpu().numpy()
 
 
 def _product(block, weights: np.ndarray) -> np.ndarray:
