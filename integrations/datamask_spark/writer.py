@@ -107,7 +107,7 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
             with spark_errors():
                 spec, plan = plan_selection(sdf, ratio, config=config, **options)
                 planned = time.perf_counter()
-                task = _WriteTask(select_task(sdf, spec, plan), os.fspath(staging), spec)
+                task = _WriteTask(select_task(sdf, spec, plan), os.fspath(staging))
                 results = sorted((row.asDict() for row in sdf.mapInArrow(task, _RESULT).collect()),
                                  key=lambda r: r["partition"])
             selected_at = time.perf_counter()
@@ -142,8 +142,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
 class _WriteTask:
     """The ``mapInArrow`` function: one partition selected and written, one row about it."""
 
-    def __init__(self, select: _SelectTask, directory: str, spec):
-        self.select, self.directory, self.spec = select, directory, spec
+    def __init__(self, select: _SelectTask, directory: str):
+        self.select, self.directory = select, directory
 
     def __call__(self, batches):
         stages.take()  # what ran on this worker before is not this partition's
@@ -154,7 +154,7 @@ class _WriteTask:
             batches, added = self.select.select(batches)
         number = partition_number()
         rows = sum(b.num_rows for b in batches)
-        selected, name, size, summary = 0, "", 0, {"curves": stages.take_curves()}
+        selected, name, size, summary = 0, "", 0, {}
         if rows:
             with stages.timed("write"):
                 table = pa.Table.from_batches(batches)
@@ -165,7 +165,7 @@ class _WriteTask:
                 size = Path(self.directory, name).stat().st_size
             selected = int(np.count_nonzero(added[0][1].to_numpy(zero_copy_only=False)))
             with stages.timed("summary"):
-                summary = self._summary(table, summary["curves"])
+                summary = self._summary(table)
         yield pa.RecordBatch.from_pydict(
             {"partition": pa.array([number], pa.int32()), "rows": pa.array([rows], pa.int64()),
              "selected": pa.array([selected], pa.int64()), "file": pa.array([name], pa.string()),
@@ -173,15 +173,15 @@ class _WriteTask:
              "stages": pa.array([json.dumps(stages.take())], pa.string()),
              "summary": pa.array([json.dumps(summary, default=_plain)], pa.string())})
 
-    def _summary(self, table: pa.Table, curves: list) -> dict:
-        """Groups, tokens and the selected rows' signatures, as Dask's writer summarises a partition."""
-        spec = self.spec
+    def _summary(self, table: pa.Table) -> dict:
+        """Groups, tokens, learning curves and the selected rows' signatures, as Dask's writer
+        summarises a partition."""
+        spec = self.select.plan["spec"]
         names = [spec.selected_column, spec.embedding_column, spec.by, spec.token_column]
         present = [n for n in dict.fromkeys(names) if n is not None and n in table.column_names]
         frame = table.select(present).to_pandas(types_mapper=pd.ArrowDtype)
-        out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column,
-                                spec.embedding_column)
-        return {**out, "curves": curves}  # taken before the write: partition_summary found none left
+        return partition_summary(frame, spec.selected_column, spec.by, spec.token_column,
+                                 spec.embedding_column)
 
 
 def _with_selection(table: pa.Table, spec) -> pa.Table:
