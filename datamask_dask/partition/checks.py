@@ -234,7 +234,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         summary[start:stop, 1] = _projection(block, direction)
         if sign:
             with stages.timed("sign"):
-                signed[start:stop] = duplicates.pack(_product(block, planes))
+                signed[start:stop] = duplicates.signatures(block, planes)
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
 
@@ -246,15 +246,6 @@ def _projection(block, direction: np.ndarray) -> np.ndarray:
     import torch
 
     return (block.float() @ torch.as_tensor(direction, device=block.device)).cpu().numpy()
-
-
-def _product(block, weights: np.ndarray) -> np.ndarray:
-    """``block @ weights`` in float32 on the block's device, as a host array."""
-    if isinstance(block, np.ndarray):
-        return block @ weights
-    import torch
-
-    return (block.float() @ torch.as_tensor(weights, device=block.device)).cpu().numpy()
 
 
 def row_norms(block) -> np.ndarray:

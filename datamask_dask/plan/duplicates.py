@@ -31,9 +31,9 @@ Method
 
 Cost and limits
 ---------------
-Signing costs one float32 product of each row with the 256 hyperplanes, fused with the plan
-pass's embedding checks (:mod:`datamask_dask.partition.checks`: the same product gives the content
-summary), on blocks that are views of the Arrow column where possible. The reduction holds every
+Signing costs one float32 product of each row with the 256 hyperplanes, in the plan pass's
+embedding checks (:mod:`datamask_dask.partition.checks`, which read each block once for the checks
+and the signatures), on blocks that are views of the Arrow column where possible. The reduction holds every
 row's signature, quality and group code: about 44 bytes per row on one task (440 MB for 10
 million rows), plus, per band, the rows that share their band key with another row (on clustered
 data about half of them) and their candidate pairs (batched). Pairs that collide by chance grow
@@ -82,15 +82,12 @@ def signatures(block, planes) -> np.ndarray:
     normalised (only the signs of the projections count).
     """
     if isinstance(block, np.ndarray):
-        return pack(np.asarray(block, dtype=np.float32) @ planes)
-    import torch  # a tensor, maybe on a GPU
+        signs = (np.asarray(block, dtype=np.float32) @ planes) >= 0
+    else:  # torch tensor, maybe on a GPU
+        import torch
 
-    return pack((block.float() @ torch.as_tensor(planes, device=block.device)).cpu().numpy())
-
-
-def pack(projections: np.ndarray) -> np.ndarray:
-    """Signatures from projections on :func:`hyperplanes` (n, SIGNATURE_BITS): their signs, packed."""
-    return np.packbits(projections >= 0, axis=1)
+        signs = ((block.float() @ torch.as_tensor(planes, device=block.device)) >= 0).cpu().numpy()
+    return np.packbits(signs, axis=1)
 
 
 def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = SEARCH_MARGIN) -> int:
