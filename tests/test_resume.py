@@ -196,6 +196,8 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(tmp_path, eight_p
 def test_fingerprint_does_not_depend_on_block_sizes():
     """The content summary a resume compares is the same bits whatever the blocks (memory budget)
     or BLAS threads of the run: a float32 matrix product's rounding depends on them."""
+    import torch
+
     from datamask_dask.config import load_config
     from datamask_dask.partition.checks import embedding_problems
     from datamask_dask.partition.spec import spec_from_meta
@@ -203,8 +205,14 @@ def test_fingerprint_does_not_depend_on_block_sizes():
 
     frame = make_corpus(3000, 768, seed=0)
     spec = spec_from_meta(frame.iloc[:0], load_config(None, ratio=0.1))
-    runs = [embedding_problems(frame, 0, spec, block_bytes=size, sign=True)
-            for size in (None, 200_000, 77_777)]
+    threads = torch.get_num_threads()
+    runs = []
+    try:
+        for size, n_threads in ((None, 1), (200_000, 2), (77_777, 1)):
+            torch.set_num_threads(n_threads)
+            runs.append(embedding_problems(frame, 0, spec, block_bytes=size, sign=True))
+    finally:
+        torch.set_num_threads(threads)
     for _, problems, summary, signed in runs[1:]:
         assert not problems
         assert np.array_equal(summary, runs[0][2]) and np.array_equal(signed, runs[0][3])
