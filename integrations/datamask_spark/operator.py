@@ -43,6 +43,7 @@ import json
 import pickle
 import re
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import numpy as np
@@ -149,7 +150,21 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     """The plan pass: per-partition summaries, the duplicate-id report and the embedding dimension."""
     projected = sdf.select(*[_col(c) for c in spec.plan_columns])
     task = _SummaryTask(spec, arrow_schema(projected))
-    rows = projected.mapInArrow(task, "partition int, payload binary").collect()
+    with ThreadPoolExecutor(1) as pool:
+        # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
+        # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
+        ids = pool.submit(id_report, sdf, spec.id_column) if spec.check_ids else None
+        summaries = _summaries(projected.mapInArrow(task, "partition int, payload binary").collect(), spec)
+        ids = ids.result() if ids is not None else None
+    dim = None
+    if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
+        dim = probe_dimension(sdf, spec.embedding_column)
+    return summaries, ids, dim
+
+
+def _summaries(rows: list, spec: SelectSpec) -> list[dict]:
+    """Each partition's summary, in partition order, from the plan pass's rows (the table-wide
+    near-duplicate search runs here, on the driver)."""
     payloads = {row["partition"]: pickle.loads(row["payload"]) for row in rows}
     failed = [payloads[p]["error"] for p in sorted(payloads) if "error" in payloads[p]]
     if failed:
@@ -163,12 +178,7 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
     # partition beyond the plan as planned empty).
     count = max(payloads, default=-1) + 1
-    summaries = [payloads[p]["summary"] if p in payloads else _EMPTY for p in range(count)]
-    ids = id_report(sdf, spec.id_column) if spec.check_ids else None
-    dim = None
-    if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
-        dim = probe_dimension(sdf, spec.embedding_column)
-    return summaries, ids, dim
+    return [payloads[p]["summary"] if p in payloads else _EMPTY for p in range(count)]
 
 
 _EMPTY = {"n": 0, "cells": {}, "dim": None, "digest": "", "stages": {}}
@@ -182,6 +192,7 @@ class _SummaryTask:
 
     def __call__(self, batches):
         number = partition_number()
+        _limit_threads()  # the signing product runs on torch
         frame = empty_frame(self.schema) if (table := _table(batches)) is None else _to_pandas(table)
         try:
             if self.spec.diversity_scope == "table":  # checks and signatures; summarised on the driver
