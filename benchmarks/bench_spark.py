@@ -20,7 +20,8 @@ Timed, per engine: the selection (plan pass, select pass) and writing every row 
 starting the Spark session and its Python workers (a 2-task job that imports the selection code,
 as Dask's worker setup plugin does while the cluster starts), and starting the Dask cluster.
 Spark runs 2 task slots (``local[2]``, one torch thread per task); Dask 2 worker processes of one
-thread. ``--profile`` prints Spark's per-stage task time and JVM CPU (from the UI's REST API).
+thread. ``--profile`` prints Spark's per-stage task time and JVM CPU (from the UI's REST API);
+``--transfer`` what moving the embeddings from the JVM to Python costs, beside pyarrow's read.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _warm(batches):
 
 
 def run_spark(source: Path, target: Path, config: str, overrides: dict, spark_writer: bool = False,
-              profile: bool = False) -> dict:
+              profile: bool = False, transfer: bool = False) -> dict:
     from datamask_spark import datamask_select, spark_errors
     from datamask_spark.writer import write_selection
     from pyspark.sql import SparkSession
@@ -86,6 +87,8 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict, spark_wr
         wall = time.perf_counter() - started
         if profile:
             _print_stages(spark, first_stage)
+        if transfer:
+            _print_transfer(sdf, files)
         written = spark.read.parquet(str(target))
         ids = {r["chunk_id"] for r in written.where("selected").select("chunk_id").collect()}
         rows = written.count()
@@ -93,6 +96,35 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict, spark_wr
         spark.stop()
     return {"wall": wall, "plan": planned, "startup": startup, "rows": rows, "ids": ids,
             "partitions": partitions, "stages": stages}
+
+
+def _count(batches):
+    import pyarrow as pa
+
+    n = sum(b.num_rows for b in batches)
+    yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
+
+
+def _print_transfer(sdf, files: list[Path], column: str = "feature_arr") -> None:
+    """What moving the embeddings to Python costs Spark, beside pyarrow reading them directly.
+
+    The JVM alone decoding the column (a sum over its last element), a ``mapInArrow`` that only
+    counts the rows it receives (decode plus the row-by-row Arrow conversion and transfer), and
+    pyarrow reading the same column from the files in this process (one file at a time).
+    """
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    dim = sdf.select(F.size(column).alias("d")).first()["d"]
+    jobs = {"JVM decode only": lambda: sdf.agg(F.sum(F.element_at(column, dim))).collect(),
+            "mapInArrow, rows counted in Python":
+                lambda: sdf.select(column).mapInArrow(_count, "n long").collect(),
+            "pyarrow read (this process)": lambda: [pq.read_table(f, columns=[column]) for f in files]}
+    print(f"  moving `{column}` ({len(files)} files), seconds:", flush=True)
+    for name, job in jobs.items():
+        started = time.perf_counter()
+        job()
+        print(f"    {name}: {time.perf_counter() - started:.1f}", flush=True)
 
 
 def _stage_count(spark) -> int:
@@ -158,6 +190,9 @@ def main(argv=None) -> int:
     parser.add_argument("--engines", nargs="+", default=["spark", "dask"],
                         choices=["spark", "spark-writer", "dask"])
     parser.add_argument("--profile", action="store_true", help="print Spark's per-stage metrics")
+    parser.add_argument("--transfer", action="store_true",
+                        help="after Spark's job, time moving the embeddings to Python (JVM decode, "
+                             "mapInArrow, pyarrow)")
     args = parser.parse_args(argv)
 
     source = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, args.clusters)
@@ -171,7 +206,8 @@ def main(argv=None) -> int:
                 results[engine] = run_dask(source, target, args.config, overrides)
             else:
                 results[engine] = run_spark(source, target, args.config, overrides,
-                                            spark_writer=engine == "spark-writer", profile=args.profile)
+                                            spark_writer=engine == "spark-writer", profile=args.profile,
+                                            transfer=args.transfer)
             shutil.rmtree(target, ignore_errors=True)
             r = results[engine]
             print(f"{engine}: {r['wall']:.1f} s ({r['rows']} rows, {len(r['ids'])} selected; plan "
