@@ -40,6 +40,7 @@ import argparse
 import ast
 import os
 import platform
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -86,8 +87,22 @@ def main(argv=None) -> int:
     DataMaskOptions().replace(**engine_opts)  # fail on a bad option before any compute
     args.paper_opts = {**PUBLISHED, **dict(_parse_opt(o) for o in args.paper_opt)}
     DataMaskOptions().replace(**args.paper_opts)
-    print(_machine_header(engine_opts, args), flush=True)
+    header = _machine_header(engine_opts, args)
+    started = f"{time.strftime('%H:%M', time.gmtime())} UTC, load average {os.getloadavg()[0]:.2f}"
+    print(header, flush=True)
     rows: list[Row] = []
+
+    def write(block, done=False):
+        # Rewritten after every row, so that a run cut off early still leaves its figures.
+        if not args.out:
+            return
+        _add_percent(block)
+        now = f"{time.strftime('%H:%M', time.gmtime())} UTC, load average {os.getloadavg()[0]:.2f}"
+        state = "finished" if done else "running (the rows so far)"
+        with open(args.out, "w") as fh:
+            fh.write(f"{header}\nStarted {started}; {state} at {now}.\n\nCommand: `"
+                     + " ".join(sys.argv) + "`\n\n" + _markdown(rows + block) + "\n")
+
     for n in args.sizes:
         t0 = time.perf_counter()
         quality, emb = make_embeddings(n, args.dim, seed=args.seed)
@@ -95,20 +110,18 @@ def main(argv=None) -> int:
         print(f"\n# n={n} d={args.dim} k={k}: data made in {time.perf_counter() - t0:.1f} s", flush=True)
         for algorithm in args.algorithms:
             for lamb in args.lambs:
-                block = _run_block(quality, emb, k, algorithm, lamb, engine_opts, args)
+                block = _run_block(quality, emb, k, algorithm, lamb, engine_opts, args, write)
                 _add_percent(block)
                 rows.extend(block)
-    table = _markdown(rows)
-    print("\n" + table)
+    print("\n" + _markdown(rows))
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(_machine_header(engine_opts, args) + "\n\nCommand: `" + " ".join(sys.argv) + "`\n\n"
-                     + table)
+        write([], done=True)
         print(f"\nwritten to {args.out}")
     return 0
 
 
-def _run_block(quality, emb, k, algorithm, lamb, engine_opts, args) -> list[Row]:
+def _run_block(quality, emb, k, algorithm, lamb, engine_opts, args, write) -> list[Row]:
+    """Every selected method on one (algorithm, lamb); ``write(block)`` after each row."""
     n = emb.shape[0]
     common = {"algorithm": algorithm, "lamb": lamb, "seed": args.seed, "device": args.device}
     methods = []  # (name, selector or None, skip reason)
@@ -175,6 +188,7 @@ def _run_block(quality, emb, k, algorithm, lamb, engine_opts, args) -> list[Row]
             row.note = f"Facility on a {sample.size}-row uniform sample of the chunk"
         print(f"  {algorithm} lamb={lamb} {name}: objective {row.objective:.5f} in {row.seconds:.1f} s "
               f"(evaluated in {time.perf_counter() - t1:.1f} s)", flush=True)
+        write(block)
     return block
 
 
@@ -256,9 +270,15 @@ def _machine_header(engine_opts, args=None) -> str:
     for per_row in ("algorithm", "lamb"):
         opts.pop(per_row)
     device = args.device if args else "cpu"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
     if str(device).startswith("cuda"):
         model += f"; GPU: {torch.cuda.get_device_name(torch.device(device))}"
-    return (f"CPU: {model}; {os.cpu_count()} logical cores; torch {torch.__version__} with "
+    return (f"Engine at commit {commit}. CPU: {model}; {os.cpu_count()} logical cores; "
+            f"torch {torch.__version__} with "
             f"{torch.get_num_threads()} threads; numpy {np.__version__}; Python {platform.python_version()}\n"
             f"Engine options (algorithm and lamb set per row): {opts}; device {device}\n"
             f"Published loop: the engine options with {getattr(args, 'paper_opts', PUBLISHED)}")

@@ -41,6 +41,20 @@ def test_lamb_half_never_below_quality_topk(algorithm):
         assert ours >= top, (seed, ours, top)
 
 
+def test_sampled_reference_checks_the_mask_against_quality_topk_on_held_out_rows():
+    """A learner that cannot learn (uniform start, one refinement step at a tiny rate) ends near a
+    random mask. Learned on a reference sample, the mask is checked against quality top-k on rows
+    held out of the sample, and top-k's is returned: before the check 0.3748 against top-k's 0.3943
+    (n = 5,000, d = 64). At 200k rows of d = 768 the defaults fell 0.2% below top-k this way."""
+    q, e = make_embeddings(5_000, 64, seed=0)
+    ours, top = _objectives(q, e, 500, "Facility", init="same", refine_epochs=1, refine_lr=0.01,
+                            refine_reference=1_000)
+    assert ours >= top
+    # A learned mask better than top-k is kept (the check replaces only a worse one).
+    mask = learn_mask(q, e, 500, algorithm="Facility", lamb=0.5, refine_reference=1_000).mask
+    assert not mask[np.argsort(-q, kind="stable")[:500]].all()
+
+
 @pytest.mark.parametrize("lamb", [0.0, 0.5])
 @pytest.mark.parametrize("algorithm", ["Pair_simi", "Facility", "DiSF"])
 def test_never_below_stochastic_greedy(algorithm, lamb):

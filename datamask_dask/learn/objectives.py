@@ -200,13 +200,17 @@ class Facility(DiversityMetric):
         noise.scatter_add_(1, owner, leaving.pow(2))
         return noise / (m * m)
 
-    def evaluate(self, emb, selected):
+    def evaluate(self, emb, selected, reference=None):
+        """Mean over ``reference`` (m, d; every row of ``emb`` by default) of its best clamped
+        similarity to the selected rows of ``emb``: on a uniform sample drawn independently of the
+        selection, an unbiased estimate of the whole chunk's term."""
         sel = emb[selected]
+        rows = emb if reference is None else reference
         total = 0.0
-        for start in range(0, emb.shape[0], _EVAL_BLOCK):
-            block = emb[start:start + _EVAL_BLOCK] @ sel.T
+        for start in range(0, rows.shape[0], _EVAL_BLOCK):
+            block = rows[start:start + _EVAL_BLOCK] @ sel.T
             total += float(block.amax(1).clamp(min=0).sum())
-        return total / emb.shape[0]
+        return total / rows.shape[0]
 
 
 class DiSF(DiversityMetric):

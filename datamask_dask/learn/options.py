@@ -62,7 +62,9 @@ class DataMaskOptions:
     refine_reference : int
         Rows of the chunk (all, up to this many) that the refined pool must represent. Above
         it a fixed random sample; Facility then drops sampled rows' self-matches and shrinks
-        the sampled gains by their noise, so a smaller sample costs accuracy, not quality bias.
+        the sampled gains by their noise, so a smaller sample costs accuracy, not quality bias;
+        with ``final="best"`` the learned mask is then checked against quality top-k on rows held
+        out of the sample and the better one returned.
     polish : int
         Rounds of the exact local search on the final mask (``final="best"`` only; 0 turns it
         off): members of smallest marginal loss are swapped for non-members of largest marginal
