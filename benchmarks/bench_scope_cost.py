@@ -116,6 +116,7 @@ def main(argv=None) -> int:
         jobs = {"table scope, before": (args.before, "table"), **jobs}
     scratch = Path(tempfile.mkdtemp(prefix="bench-scope-"))
     runs: dict[str, list] = {name: [] for name in jobs}
+    picks: dict[str, str] = {}
     summaries: dict[str, dict] = {}
     try:
         for _ in range(args.repeats):
@@ -135,7 +136,8 @@ def main(argv=None) -> int:
                 seconds = float(re.search(r"in ([\d.]+) s \(", run.stdout).group(1))
                 record = json.loads((target / "_datamask_run.json").read_text())
                 phases, summaries[name] = record["phases"], record.get("summary") or {}
-                runs[name].append((seconds, phases["plan"], load))
+                runs[name].append((seconds, phases["plan"], load, phases["select and write"]))
+                picks[name] = _selection_digest(target)
                 print(name, runs[name][-1], file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -145,14 +147,16 @@ def main(argv=None) -> int:
              "",
              f"Command: `python benchmarks/bench_scope_cost.py {given}`", "",
              f"{os.cpu_count()} CPU cores shared with other work: jobs interleaved, medians compared.", "",
-             "| job | job s per repeat | plan s per repeat | load at start | median job s | "
-             "ratio to partition |",
-             "|---|---|---|---|---:|---:|"]
+             "| job | job s per repeat | plan s per repeat | select and write s | load at start | "
+             "median job s | ratio to partition | selection digest |",
+             "|---|---|---|---|---|---:|---:|---|"]
     for name, values in runs.items():
         median = float(np.median([r[0] for r in values]))
-        cells = [", ".join(f"{r[i]:.1f}" for r in values) for i in range(3)]
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cells[2]} | {median:.1f} | "
-                     f"{median / base:.2f}x |")
+        cells = [", ".join(f"{r[i]:.1f}" for r in values) for i in range(4)]
+        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {cells[3]} | {cells[2]} | {median:.1f} | "
+                     f"{median / base:.2f}x | {picks[name]} |")
+    lines += ["", "Selection digest: a hash of the selected rows' ids (last repeat); equal digests, equal "
+              "selections."]
     if args.copies:
         lines += _pairs_lines(summaries, source, args.copies)
     text = "\n".join(lines) + "\n"
@@ -160,6 +164,15 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def _selection_digest(target: Path) -> str:
+    """A hash of the ids of the rows a job selected (its output's ``chunk_id`` where ``selected``)."""
+    import hashlib
+
+    frame = pq.read_table(target, columns=["chunk_id", "selected"]).to_pandas()
+    ids = np.sort(frame["chunk_id"].to_numpy()[frame["selected"].to_numpy(dtype=bool)]).astype(np.int64)
+    return hashlib.blake2b(ids.tobytes(), digest_size=6).hexdigest()
 
 
 def _pairs_lines(summaries: dict, source: Path, copies: float) -> list[str]:

@@ -12,7 +12,16 @@ from conftest import FAST
 from datamask_dask import datamask_select
 from datamask_dask.errors import OptionError
 from datamask_dask.io.writer import write_selection
-from datamask_dask.plan.duplicates import count_pairs, find_duplicates, hyperplanes, signatures
+from datamask_dask.plan.duplicates import (
+    BANDS,
+    band_edges,
+    band_keys,
+    count_pairs,
+    find_duplicates,
+    hamming_threshold,
+    hyperplanes,
+    signatures,
+)
 from datamask_dask.sample_data import make_embeddings
 
 PARTS, ROWS, DIM = 4, 500, 32
@@ -97,6 +106,27 @@ def test_search_sets_aside_pairs_above_the_threshold_only(cosine, low, high):
               "signatures": signatures(emb, hyperplanes(64))}]
     share = find_duplicates(parts, 0.95)[0].size / 400  # one row of each pair found is shadowed
     assert low <= share <= high
+
+
+def test_band_pairs_are_the_brute_force_pairs_whatever_the_group_codes():
+    """Every pair sharing a band and group within the Hamming limit, once, on both sort paths
+    (keys packed with positions for small group codes, argsort beyond 2**11 groups)."""
+    rng = np.random.default_rng(3)
+    base = rng.standard_normal((300, 32)).astype(np.float32)
+    noise = rng.uniform(0.05, 0.6, (150, 1)).astype(np.float32)  # cosine ~0.999 down to ~0.85
+    emb = np.concatenate([base, base[:150] + noise * rng.standard_normal((150, 32)).astype(np.float32)])
+    sig = signatures(emb, hyperplanes(32))
+    group = rng.integers(0, 2, len(emb))
+    limit = hamming_threshold(0.95)
+    keys = np.stack([band_keys(sig, band) for band in range(BANDS)])
+    bits = np.unpackbits(sig, axis=1)
+    distance = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
+    share = (keys[:, :, None] == keys[:, None, :]).any(axis=0) & (group[:, None] == group[None, :])
+    left, right = np.nonzero(np.triu(share & (distance <= limit), k=1))
+    assert left.size > 30 and np.count_nonzero(np.triu(share & (distance > limit), k=1)) > 10
+    for offset in (0, 5000):  # 5000: band keys above 2**31 take the argsort path
+        found = band_edges({"signatures": sig, "group": group + offset}, range(BANDS))
+        assert np.array_equal(found[0], left) and np.array_equal(found[1], right)
 
 
 def test_count_pairs_within_and_across_blocks():
