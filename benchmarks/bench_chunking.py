@@ -49,16 +49,6 @@ def select_in_chunks(quality, emb, k, max_chunk_rows, options, oversample, seed)
     return np.concatenate(chosen)
 
 
-def facility_on_sample(emb, selected, sample):
-    """Mean over the ``sample`` rows of the best clamped similarity to the selection."""
-    chosen = torch.as_tensor(emb[np.sort(selected)])
-    total = 0.0
-    for start in range(0, sample.size, 2048):
-        ref = torch.as_tensor(emb[sample[start:start + 2048]])
-        total += float((ref @ chosen.T).amax(1).clamp(min=0).sum())
-    return total / sample.size
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=200_000)
@@ -93,12 +83,7 @@ def main(argv=None) -> int:
             seconds = time.perf_counter() - t0
             assert np.unique(sel).size == k, (algorithm, rows)
             lamb = options.lamb
-            if algorithm.lower() == "facility" and sample is not None:
-                qual = evaluate_selection(quality, emb, sel, algorithm="Pair_simi", lamb=1.0)["quality"]
-                div = facility_on_sample(emb, sel, sample)
-                ev = {"objective": lamb * qual + (1 - lamb) * div, "quality": qual, "diversity": div}
-            else:
-                ev = evaluate_selection(quality, emb, sel, algorithm=algorithm, lamb=lamb)
+            ev = evaluate_selection(quality, emb, sel, algorithm=algorithm, lamb=lamb, reference=sample)
             line = (f"| {algorithm} | {lamb:g} | {rows} | {math.ceil(args.rows / rows)} "
                     f"| {ev['objective']:.5f} | {ev['quality']:.4f} | {ev['diversity']:.4f} "
                     f"| {seconds:.1f} |")

@@ -201,16 +201,8 @@ def _eval_rows(n, algorithm, args):
 
 def _evaluate(quality, emb, sel, algorithm, lamb, device, sample):
     """``evaluate_selection``; Facility on the ``sample`` rows only when one is given."""
-    if sample is None:
-        return evaluate_selection(quality, emb, sel, algorithm=algorithm, lamb=lamb, device=device)
-    qual = evaluate_selection(quality, emb, sel, algorithm="Pair_simi", lamb=1.0, device=device)["quality"]
-    chosen = torch.as_tensor(emb[np.sort(sel)], device=device)
-    total = 0.0
-    for start in range(0, sample.size, 2048):  # (2048 x k) similarities at a time
-        ref = torch.as_tensor(emb[sample[start:start + 2048]], device=device)
-        total += float((ref @ chosen.T).amax(1).clamp(min=0).sum())
-    facility = total / sample.size
-    return {"objective": lamb * qual + (1 - lamb) * facility, "quality": qual, "diversity": facility}
+    return evaluate_selection(quality, emb, sel, algorithm=algorithm, lamb=lamb, device=device,
+                              reference=sample)
 
 
 def _engine(quality, emb, k, algorithm, lamb, opts, device):

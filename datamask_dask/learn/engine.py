@@ -21,7 +21,7 @@ import torch
 
 from .. import stages
 from ..errors import InputDataError, OptionError
-from .objectives import build_metrics, normalise_quality
+from .objectives import build_metrics, normalise_quality, weighted_diversity
 from .options import DataMaskOptions
 
 MIN_BATCH = 256  # a step's batch never has fewer rows than this (or the whole chunk)
@@ -281,12 +281,8 @@ def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOp
     topk = torch.argsort(q, descending=True, stable=True)[:k]
 
     def objective(rows):
-        total = opts.lamb * float(qn[rows].mean())
-        for metric, weight in metrics:
-            value = metric.evaluate(emb, rows, reference=held_emb) if metric.uses_reference else \
-                metric.evaluate(emb, rows)
-            total += (1 - opts.lamb) * weight * value
-        return total
+        diversity = weighted_diversity(metrics, emb, rows, reference=held_emb)[0]
+        return opts.lamb * float(qn[rows].mean()) + (1 - opts.lamb) * diversity
 
     return topk if objective(topk) > objective(chosen) else chosen
 

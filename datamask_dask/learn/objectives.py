@@ -403,9 +403,25 @@ def normalise_quality(quality: Tensor, quality_range: tuple[float, float] | None
     return ((quality - lo) / (hi - lo)).clamp_(0, 1)
 
 
+def weighted_diversity(metrics, emb: Tensor, selected: Tensor, reference: Tensor | None = None
+                       ) -> tuple[float, dict[str, float]]:
+    """The diversity term of one selection: the weighted sum over ``metrics`` (pairs as
+    :func:`build_metrics` gives them) and each metric's value by name. Metrics that use a
+    reference represent the rows ``reference`` (m x d) when it is given, else every row of ``emb``."""
+    values, total = {}, 0.0
+    for metric, weight in metrics:
+        if reference is not None and metric.uses_reference:
+            values[metric.name] = metric.evaluate(emb, selected, reference=reference)
+        else:
+            values[metric.name] = metric.evaluate(emb, selected)
+        total += weight * values[metric.name]
+    return total, values
+
+
 def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float = 0.5,
-                       quality_range=None, device="cpu") -> dict:
-    """Objective of any selection, on the whole chunk (for Facility the reference set is every row).
+                       quality_range=None, device="cpu", reference=None) -> dict:
+    """Objective of any selection, on the whole chunk (for Facility the reference set is every row,
+    or the ``reference`` rows).
 
     Parameters
     ----------
@@ -414,6 +430,10 @@ def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", 
     selected : array-like of bool (n,) or of int indices
     algorithm, lamb, quality_range
         As for the learner.
+    reference : array-like of int, optional
+        Rows of ``embeddings`` that Facility represents instead of every row: on a uniform sample
+        drawn independently of the selection, an unbiased estimate of the whole chunk's term at
+        a fraction of its cost.
 
     Returns
     -------
@@ -429,11 +449,8 @@ def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", 
     sel = sel.long()
     if sel.numel() == 0:
         raise OptionError("selected is empty: evaluate a selection of at least one row")
-    metrics = {}
-    diversity = 0.0
-    for metric, weight in build_metrics(resolve_metrics(algorithm)):
-        metrics[metric.name] = metric.evaluate(emb, sel)
-        diversity += weight * metrics[metric.name]
+    rows = None if reference is None else emb[torch.as_tensor(np.asarray(reference), device=device).long()]
+    diversity, metrics = weighted_diversity(build_metrics(resolve_metrics(algorithm)), emb, sel, rows)
     qual = float(normalise_quality(q, quality_range)[sel].mean())
     return {"objective": lamb * qual + (1 - lamb) * diversity, "quality": qual,
             "diversity": diversity, "metrics": metrics}
