@@ -175,3 +175,56 @@ def test_select_parquet_job_follows_the_output_rules(spark, parquet_dir, tmp_pat
     with pytest.raises(UnsafeOutputError, match="notes.txt"):
         select_parquet(parquet_dir, foreign, spark=spark, overwrite=True, ratio=0.1)
     assert (foreign / "notes.txt").read_text() == "keep"
+
+
+def test_file_selection_reads_the_pieces_in_the_workers(spark, corpus, parquet_dir, tmp_path):
+    """Parquet in, parquet out with the workers reading their pieces: the Dask reader's partitions,
+    hence Dask's rows; every column with the input's Arrow types; a run record."""
+    import pyarrow.parquet as pq
+    from datamask_spark.files import write_file_selection
+
+    from datamask_dask.io.output import UnsafeOutputError, read_record
+
+    record = write_file_selection(spark, parquet_dir, tmp_path / "out", ratio=0.1, seed=7, **FAST)
+    assert read_record(tmp_path / "out") == record
+    assert (record["rows"], record["selected"]) == (1600, 160)
+    assert [p["rows"] for p in record["partitions"]] == [400] * 4
+    assert record["input"] == {"location": str(parquet_dir), "read_by": "workers"}
+    assert {"read", "select", "learn", "write"} <= set(record["stages"])
+    table = pq.read_table(tmp_path / "out")
+    source = pq.read_table(parquet_dir)
+    assert table.schema.remove_metadata() == source.schema.remove_metadata().append(
+        table.schema.field("selected"))  # fixed-size-list embeddings stay fixed-size lists
+    assert table.drop_columns(["selected"]).equals(source.replace_schema_metadata(None))
+    got = table.to_pandas()
+    assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
+    with pytest.raises(UnsafeOutputError, match="inside the input"):
+        write_file_selection(spark, parquet_dir, parquet_dir / "out", ratio=0.1)
+    with pytest.raises(ValueError, match="local or mounted paths"):
+        write_file_selection(spark, parquet_dir, "s3a://bucket/out", ratio=0.1)
+
+
+def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datamask_spark.files import write_file_selection
+
+    source = tmp_path / "in"
+    source.mkdir()
+    table = pa.Table.from_pandas(corpus, preserve_index=False).replace_schema_metadata(None)
+    for i in range(4):  # part 3 repeats part 0's rows
+        pq.write_table(table.slice(400 * (i % 3), 400), source / f"part.{i}.parquet")
+    with pytest.raises(InputDataError, match=r"400 duplicate value\(s\), e\.g\. 0 \(partitions \[0, 3\]\)"):
+        write_file_selection(spark, source, tmp_path / "out", ratio=0.1, **FAST)
+    pq.write_table(table.slice(400, 400).set_column(
+        1, "quality_score", pa.array([float("nan")] * 400, pa.float64())), source / "part.1.parquet")
+    with pytest.raises(InputDataError, match=r"partition 1: quality column 'quality_score' has 400 NaN"):
+        write_file_selection(spark, source, tmp_path / "out", ratio=0.1, check_ids=False, **FAST)
+    pq.write_table(table.slice(800, 400).drop_columns(["quality_score"]), source / "part.2.parquet")
+    with pytest.raises(InputDataError, match=r"partition 2: cannot read .*part\.2\.parquet has no column "
+                                             r"'quality_score'"):
+        write_file_selection(spark, source, tmp_path / "out", ratio=0.1, check_ids=False, **FAST)
+    (source / "part.3.parquet").write_bytes(b"not parquet")
+    with pytest.raises(InputDataError, match=r"part\.3\.parquet.*not a parquet file"):
+        write_file_selection(spark, source, tmp_path / "out", ratio=0.1, **FAST)
+    assert not (tmp_path / "out").exists()

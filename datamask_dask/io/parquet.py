@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import dask
@@ -30,6 +31,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from .. import stages
+from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
@@ -64,6 +66,51 @@ def _natural_key(path: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
+@dataclass(frozen=True)
+class ParquetPieces:
+    """A parquet file or directory cut into partitions: what :func:`read_parquet` reads.
+
+    Attributes
+    ----------
+    schema : pyarrow.Schema
+        The table's columns (hive partition keys included, unnamed pandas index columns left out).
+    pieces : list of (path, row groups, hive keys)
+        One partition each, in natural file-name order; consecutive row groups of one file.
+    partition_names : list of str
+        The hive partition columns (their values come from the directory names, not the files).
+    """
+
+    schema: pa.Schema
+    pieces: list
+    partition_names: list
+
+
+def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000) -> ParquetPieces:
+    """List ``path``'s partitions as :func:`read_parquet` makes them (reads only the footers).
+
+    Each partition comes from one file: consecutive row groups up to about ``rows_per_partition``
+    rows. Any engine that reads these pieces (Dask here, Spark's Python workers in
+    ``datamask_spark``) sees the same partitions in the same order, so it selects the same rows.
+    """
+    dataset = ds.dataset(os.fspath(path), format="parquet", partitioning="hive")
+    schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
+    pieces, partition_names = [], {}
+    for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
+        keys = ds.get_partition_keys(fragment.partition_expression)
+        partition_names.update(dict.fromkeys(keys))
+        groups, rows = [], 0
+        metadata = fragment.metadata
+        for index in range(metadata.num_row_groups):
+            n_rows = metadata.row_group(index).num_rows
+            if groups and rows + n_rows > rows_per_partition:
+                pieces.append((fragment.path, tuple(groups), keys))
+                groups, rows = [], 0
+            groups.append(index)
+            rows += n_rows
+        pieces.append((fragment.path, tuple(groups), keys))
+    return ParquetPieces(schema, pieces, list(partition_names))
+
+
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
                  rows_per_partition: int = 1_000_000, backend: str = "pandas"):
     """Read a parquet file or directory into a Dask DataFrame of Arrow-typed pandas partitions
@@ -87,28 +134,14 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     -------
     dask.dataframe.DataFrame
     """
-    dataset = ds.dataset(os.fspath(path), format="parquet", partitioning="hive")
-    schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
-    pieces, partition_names = [], {}
-    for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
-        keys = ds.get_partition_keys(fragment.partition_expression)
-        partition_names.update(dict.fromkeys(keys))
-        groups, rows = [], 0
-        metadata = fragment.metadata
-        for index in range(metadata.num_row_groups):
-            n_rows = metadata.row_group(index).num_rows
-            if groups and rows + n_rows > rows_per_partition:
-                pieces.append((fragment.path, tuple(groups), keys))
-                groups, rows = [], 0
-            groups.append(index)
-            rows += n_rows
-        pieces.append((fragment.path, tuple(groups), keys))
+    source = parquet_pieces(path, rows_per_partition)
+    schema, pieces, partition_names = source.schema, source.pieces, source.partition_names
     if backend not in ("pandas", "cudf"):
         raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")
     meta = _to_pandas(schema.empty_table()) if backend == "pandas" else _to_cudf(schema.empty_table())
     import dask.dataframe as dd
 
-    frame = dd.from_map(_read_piece, pieces, schema=schema, partition_names=list(partition_names), meta=meta,
+    frame = dd.from_map(_read_piece, pieces, schema=schema, partition_names=partition_names, meta=meta,
                         backend=backend, label="datamask-read-parquet", enforce_metadata=False)
     return frame if columns is None else frame[list(columns)]
 
@@ -149,6 +182,11 @@ def _variable_lists(schema: pa.Schema) -> pa.Schema:
 
 
 def _read_groups(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]):
+    return _to_pandas(read_piece(piece, schema, partition_names, columns))
+
+
+def read_piece(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]) -> pa.Table:
+    """``columns`` of one piece of :func:`parquet_pieces` as an Arrow table of ``schema``'s types."""
     path, groups, keys = piece
     file_columns = [c for c in columns if c not in partition_names]
     source = pq.ParquetFile(path)
@@ -162,9 +200,11 @@ def _read_groups(piece, schema: pa.Schema, partition_names: list[str], columns: 
         field = schema.field(name)
         if name in partition_names:
             arrays.append(pa.repeat(pa.scalar(keys.get(name), type=field.type), table.num_rows))
-        else:
+        elif name in table.column_names:
             arrays.append(table.column(name).cast(field.type))
-    return _to_pandas(pa.table(arrays, names=columns))
+        else:  # pyarrow skips a column a file lacks
+            raise InputDataError(f"{path} has no column {name!r}: every file of the table needs it")
+    return pa.table(arrays, names=columns)
 
 
 def to_arrow(frame) -> pa.Table:

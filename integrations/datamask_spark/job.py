@@ -13,6 +13,7 @@ from pathlib import Path
 
 from datamask_dask.io.output import check_target
 
+from .files import write_file_selection
 from .operator import datamask_select, spark_errors
 from .writer import write_selection
 
@@ -38,11 +39,14 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
                    overwrite: bool = False, **options) -> tuple[int, int, float]:
     """Select rows of the parquet ``source`` on Spark and write every row plus ``selected`` to ``target``.
 
-    A local ``target`` is written by :func:`datamask_spark.writer.write_selection`: from the Python
-    workers with pyarrow, following the package's output rules (no overlap with ``source``,
-    ``overwrite`` replaces only an output of an earlier datamask run, one run at a time, complete
-    or absent, with a run record). Remote URIs (``s3a://``...) go through Spark's own writer and
-    committer (``overwrite`` then means Spark's mode).
+    Local (or mounted) ``source`` and ``target``: :func:`datamask_spark.files.write_file_selection`,
+    Spark scheduling one task per piece of the Dask reader and its Python worker reading and
+    writing the parquet with pyarrow (the same partitions, hence the same rows, as ``--engine
+    dask``). A remote ``source`` is scanned by Spark and handed to the workers
+    (:func:`datamask_spark.writer.write_selection`). Both follow the package's output rules (no
+    overlap with ``source``, ``overwrite`` replaces only an output of an earlier datamask run, one
+    run at a time, complete or absent, with a run record). A remote ``target`` (``s3a://``...) goes
+    through Spark's own writer and committer (``overwrite`` then means Spark's mode).
 
     Returns
     -------
@@ -58,9 +62,12 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
     spark = spark or get_spark(master)
     started = time.perf_counter()
     if local:
-        record = write_selection(spark.read.parquet(source), target, config=config, overwrite=overwrite,
-                                 inputs=[] if "://" in source else [source], input_location=source,
-                                 **options)
+        if "://" in source:
+            record = write_selection(spark.read.parquet(source), target, config=config, overwrite=overwrite,
+                                     input_location=source, **options)
+        else:
+            record = write_file_selection(spark, source, target, config=config, overwrite=overwrite,
+                                          **options)
         return record["rows"], record["selected"], time.perf_counter() - started
     with spark_errors():
         out = datamask_select(spark.read.parquet(source), config=config, **options)

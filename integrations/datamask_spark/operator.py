@@ -212,7 +212,13 @@ def id_report(sdf, id_column: str) -> tuple[int, list]:
     """
     from pyspark.sql import functions as F
 
-    ids = sdf.select(_col(id_column).alias("id"), F.spark_partition_id().alias("part"))
+    return duplicate_ids(sdf.select(_col(id_column).alias("id"), F.spark_partition_id().alias("part")))
+
+
+def duplicate_ids(ids) -> tuple[int, list]:
+    """:func:`id_report` of a DataFrame of ``id`` and ``part`` (the partition each row is in)."""
+    from pyspark.sql import functions as F
+
     dups = (ids.where(F.col("id").isNotNull()).groupBy("id")
             .agg(F.count(F.lit(1)).alias("n"), F.array_sort(F.collect_set("part")).alias("parts"))
             .where(F.col("n") > 1))

@@ -45,9 +45,10 @@ from datamask_dask.io.writer import _plain, _stem, _write_atomic
 
 from .operator import _SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
 
-__all__ = ["write_selection"]
+__all__ = ["write_run", "write_selection"]
 
-_RESULT = "partition int, rows long, selected long, file string, bytes long, stages string, summary string"
+RESULT_SCHEMA = ("partition int, rows long, selected long, file string, bytes long, stages string, "
+                 "summary string")
 
 
 def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = False, inputs=(),
@@ -92,10 +93,28 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
     UnsafeOutputError
         For an output that overlaps an input, or that exists and datamask did not write.
     """
-    target = Path(path)
     if "://" in str(path):
         raise ValueError(f"write_selection writes local or mounted paths, not {path!r}: write "
                          "datamask_select(sdf, ...) with Spark's writer (df.write.parquet) instead")
+
+    def run(staging: Path):
+        spec, plan = plan_selection(sdf, ratio, config=config, **options)
+        task = _WriteTask(select_task(sdf, spec, plan), os.fspath(staging))
+        return spec, plan, sdf.mapInArrow(task, RESULT_SCHEMA), arrow_schema(sdf)
+
+    return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
+                     inputs=inputs, summary_rows=summary_rows, record={"input": {"location": input_location}})
+
+
+def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_rows: int, record: dict) -> dict:
+    """Run a Spark selection whose tasks write the parts, and publish it with its run record.
+
+    ``run(staging)`` plans and returns ``(spec, plan, results, schema)``: ``results`` is the
+    DataFrame of :class:`_WriteTask` rows whose collection selects and writes the parts into
+    ``staging``, ``schema`` the input's Arrow schema (for the empty table's file). Everything
+    else (the output's rules, the run summary and record) is the same whatever the tasks read.
+    """
+    target = Path(path)
     inputs = [os.fspath(p) for p in inputs]
     check_target(target, overwrite=overwrite, inputs=inputs)
     started = time.perf_counter()
@@ -105,19 +124,16 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         try:
             staging.mkdir(parents=True)
             with spark_errors():
-                spec, plan = plan_selection(sdf, ratio, config=config, **options)
+                spec, plan, tasks, schema = run(staging)
                 planned = time.perf_counter()
-                task = _WriteTask(select_task(sdf, spec, plan), os.fspath(staging))
-                results = sorted((row.asDict() for row in sdf.mapInArrow(task, _RESULT).collect()),
-                                 key=lambda r: r["partition"])
+                results = sorted((row.asDict() for row in tasks.collect()), key=lambda r: r["partition"])
             selected_at = time.perf_counter()
             files = [r["file"] for r in results if r["file"]]
             if not files:  # an empty table still gets its schema
                 files = [f"{_stem(0)}.parquet"]
-                write_table(_with_selection(arrow_schema(sdf).empty_table(), spec), staging / files[0])
+                write_table(_with_selection(schema.empty_table(), spec), staging / files[0])
             worker_stages = stages.add_up([plan.get("stages")] + [json.loads(r["stages"]) for r in results])
             # The run summary as Dask's writer makes it: the partitions' parts, then a sample of the files.
-            settings = load_config(config, ratio=ratio, **options)
             markers = {r["partition"]: {"summary": json.loads(r["summary"] or "{}")} for r in results}
             summary = summarise_run([staging / f for f in files], markers, settings, spec,
                                     sample_rows=summary_rows, seed=int(spec.options.seed or 0))
@@ -125,7 +141,7 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
                       "rows": sum(r["rows"] for r in results),
                       "selected": sum(r["selected"] for r in results),
                       "partitions": [{k: r[k] for k in ("partition", "rows", "selected")} for r in results],
-                      "input": {"location": input_location}, "files": files, "seed": spec.options.seed,
+                      **record, "files": files, "seed": spec.options.seed,
                       "settings": settings, "summary": summary,
                       "versions": library_versions("pyspark"),
                       "seconds": {"plan": round(planned - started, 3),

@@ -1,0 +1,199 @@
+"""Parquet in, parquet out on Spark, with the Python workers reading their pieces themselves.
+
+    from datamask_spark.files import write_file_selection
+    record = write_file_selection(spark, "corpus/", "selected/", ratio=0.1)
+
+:func:`~datamask_spark.writer.write_selection` takes any DataFrame, so Spark scans the rows and
+hands them to the Python workers through ``mapInArrow``: for a column of 768-float lists the JVM
+decodes each list and converts it to Arrow element by element, about 17 s per pass over 1M rows,
+against 10 s for pyarrow to read them (``benchmarks/results-spark-1m.md``), and a selection passes
+over the embeddings twice. When the input is a parquet file or directory every executor can read,
+there is no need for that detour: Spark schedules one task per piece of
+:func:`datamask_dask.io.parquet.parquet_pieces` (a ``spark.range`` with one row per partition),
+and each task's Python worker reads its piece with pyarrow, exactly as a Dask worker does. The
+plan pass, the select pass and the writing are the Spark operator's own tasks
+(:class:`~datamask_spark.operator._SummaryTask`, :class:`~datamask_spark.writer._WriteTask`);
+only where their batches come from differs. Only DataFrame APIs are used (Spark Connect works).
+
+The partitions are the Dask reader's pieces, so ``--engine spark`` and ``--engine dask`` select
+the same rows of the same input with the same seed. The output follows the package's rules, as
+:func:`~datamask_spark.writer.write_selection`'s does.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from datamask_dask.config import load_config
+from datamask_dask.errors import InputDataError
+from datamask_dask.io.parquet import ParquetPieces, parquet_pieces, read_piece
+from datamask_dask.io.summary import SAMPLE_ROWS
+from datamask_dask.partition import adapters
+from datamask_dask.partition.spec import spec_from_meta
+from datamask_dask.plan.reduce import make_plan
+
+from .operator import (
+    _SelectTask,
+    _summaries,
+    _SummaryTask,
+    duplicate_ids,
+    empty_frame,
+    partition_number,
+    transport,
+)
+from .writer import RESULT_SCHEMA, _WriteTask, write_run
+
+__all__ = ["plan_files", "write_file_selection"]
+
+
+def write_file_selection(spark, source, path, ratio=None, *, config=None, overwrite: bool = False,
+                         summary_rows: int = SAMPLE_ROWS, **options) -> dict:
+    """Select a share of the parquet ``source``'s rows (DATAMASK) on Spark and write every row plus
+    ``selected`` to ``path``, the Python workers reading and writing the parquet themselves.
+
+    Parameters
+    ----------
+    spark : pyspark.sql.SparkSession
+        Classic or Spark Connect; its executors must read ``source`` and write ``path`` (local
+        paths, or a file system they all mount).
+    source : str or os.PathLike
+        A parquet file or a directory of them (hive ``key=value`` subdirectories become columns).
+    path : str or os.PathLike
+        Output directory, one ``part-NNNNN.parquet`` per non-empty piece.
+    ratio, config, **options
+        Exactly as for :func:`datamask_dask.datamask_select`.
+    overwrite, summary_rows
+        As for :func:`datamask_spark.writer.write_selection`.
+
+    Returns
+    -------
+    dict
+        The run record, also written to ``path/_datamask_run.json`` (as ``write_selection``'s, with
+        ``input.read_by = "workers"``).
+
+    Raises
+    ------
+    OptionError, InputDataError
+        As :func:`datamask_spark.datamask_select`, naming the partition (the piece's number) and,
+        for a piece that cannot be read, its file.
+    UnsafeOutputError
+        For an output that overlaps ``source``, or that exists and datamask did not write.
+    """
+    for where, flag in ((source, "source"), (path, "path")):
+        if "://" in str(where):
+            raise ValueError(f"write_file_selection reads and writes local or mounted paths, not {flag}="
+                             f"{where!r}: use write_selection(spark.read.parquet(...), ...) instead")
+    if not Path(source).exists():
+        raise FileNotFoundError(f"{source} does not exist")
+    try:
+        files = parquet_pieces(source)
+    except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
+        raise InputDataError(f"cannot read the parquet input {source}: {exc}") from None
+
+    def run(staging: Path):
+        spec, plan = plan_files(spark, files, ratio, config=config, **options)
+        present = set(files.schema.names)
+        columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in present]
+        task = _WriteTask(_SelectTask(plan, files.schema, columns), os.fspath(staging))
+        read = _ReadPiece(task, files, files.schema.names)
+        return spec, plan, piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), files.schema
+
+    record = {"input": {"location": os.fspath(source), "read_by": "workers"}}
+    return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
+                     inputs=[source], summary_rows=summary_rows, record=record)
+
+
+def plan_files(spark, files: ParquetPieces, ratio=None, *, config=None, **options):
+    """The plan pass over ``files``' pieces, each read by the task that checks it.
+
+    Returns
+    -------
+    spec : SelectSpec
+    plan : dict
+        As :func:`datamask_spark.operator.plan_selection`'s, with partition ``k`` = piece ``k``.
+    """
+    settings = load_config(config, ratio=ratio, **options)
+    ratio_given = ratio is not None or "select_ratio" in options
+    meta = empty_frame(files.schema)
+    spec = spec_from_meta(meta, settings, ratio_given=ratio_given)
+    tasks = piece_tasks(spark, files)
+    columns = spec.plan_columns
+    schema = pa.schema([files.schema.field(c) for c in columns])
+    summarise = _ReadPiece(_SummaryTask(spec, schema), files, columns)
+    with ThreadPoolExecutor(1) as pool:  # the id check's shuffle runs beside the plan pass
+        ids = pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)) if spec.check_ids else None
+        summaries = _summaries(tasks.mapInArrow(summarise, "partition int, payload binary").collect(), spec)
+        ids = ids.result() if ids is not None else None
+    dim = None
+    if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
+        dim = adapters.fixed_dimension(meta[spec.embedding_column].dtype)
+        dim = dim if dim is not None else _probe_dimension(files, spec.embedding_column)
+    return spec, make_plan(summaries, ids, dim, spec)
+
+
+def piece_tasks(spark, files: ParquetPieces):
+    """One row per piece, each in its own Spark partition (partition ``k`` holds ``k``)."""
+    if not files.pieces:
+        raise InputDataError("the input has no parquet files to select from")
+    n = len(files.pieces)
+    return spark.range(0, n, 1, n)
+
+
+class _ReadPiece:
+    """A ``mapInArrow`` function over :func:`piece_tasks`: task ``k`` reads piece ``k``'s ``columns``
+    with pyarrow and runs ``task`` on its batches, as if Spark had sent them."""
+
+    def __init__(self, task, files: ParquetPieces, columns: list[str]):
+        self.task, self.files, self.columns = task, files, list(columns)
+
+    def __call__(self, batches):
+        for _ in batches:  # the task's one row of spark.range, its partition number
+            pass
+        yield from self.task(self._batches(partition_number()))
+
+    def _batches(self, number: int):
+        # A generator: the read runs when the task takes the batches, inside the task's "read" clock.
+        piece = self.files.pieces[number]
+        try:
+            table = read_piece(piece, self.files.schema, self.files.partition_names, self.columns)
+        except (OSError, pa.ArrowException, InputDataError) as exc:
+            error = InputDataError(f"partition {number}: cannot read {self.columns} from {piece[0]}: {exc}")
+            raise RuntimeError(transport(error)) from None
+        yield from table.to_batches()
+
+
+def _ids(tasks, files: ParquetPieces, id_column: str):
+    """A DataFrame of every row's id and partition, read by the workers, for :func:`duplicate_ids`."""
+    from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    spark_type = from_arrow_type(files.schema.field(id_column).type)
+    schema = StructType([StructField("id", spark_type), StructField("part", IntegerType())])
+    return tasks.mapInArrow(_ReadPiece(_IdTask(to_arrow_type(spark_type)), files, [id_column]), schema)
+
+
+class _IdTask:
+    def __init__(self, id_type: pa.DataType):
+        self.id_type = id_type
+
+    def __call__(self, batches):
+        number = partition_number()
+        for batch in batches:
+            part = pa.repeat(pa.scalar(number, pa.int32()), batch.num_rows)
+            yield pa.RecordBatch.from_arrays([batch.column(0).cast(self.id_type), part], names=["id", "part"])
+
+
+def _probe_dimension(files: ParquetPieces, column: str) -> int | None:
+    """The length of the first non-null embedding (``validate="light"``), read on the driver."""
+    for path, groups, _keys in files.pieces:
+        reader = pq.ParquetFile(path)
+        for batch in reader.iter_batches(batch_size=1024, row_groups=list(groups), columns=[column]):
+            values = batch.column(0).drop_null()
+            if len(values):
+                return len(values[0])
+    return None
