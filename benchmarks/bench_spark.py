@@ -4,14 +4,18 @@
 
 Data: the pipeline benchmark's synthetic table (:func:`bench_pipeline.ensure_dataset`, cached in
 ``--cache``), ``--rows-per-partition`` rows per parquet file. Both engines see the same partitions
-in the same order (Spark: a union of one read per file, one partition each; Dask:
-``datamask_dask.read_parquet``), the same config (``conf/cpu.yaml`` by default) and seed, so they
-must select the same rows; the script checks it.
+in the same order (one per file: the Dask reader's pieces; for the Spark DataFrame engines a union
+of one read per file), the same config (``conf/cpu.yaml`` by default) and seed, so they must select
+the same rows; the script checks it.
 
 Engines (``--engines``):
 
-- ``spark``: :func:`datamask_spark.writer.write_selection`, the CLI's ``--engine spark`` path (the
-  select pass's Python workers write parquet with pyarrow);
+- ``spark``: :func:`datamask_spark.files.write_file_selection`, the CLI's ``--engine spark`` path
+  for local parquet: Spark schedules one task per piece and the Python workers read and write the
+  parquet with pyarrow;
+- ``spark-dataframe``: :func:`datamask_spark.writer.write_selection` on the DataFrame Spark read
+  (any DataFrame: Spark scans the rows and hands them to the workers through ``mapInArrow``; the
+  workers write parquet with pyarrow);
 - ``spark-writer``: ``datamask_select(sdf)`` written by Spark's own ``df.write.parquet``;
 - ``dask``: ``datamask_select`` written by ``datamask_dask.write_parquet``.
 
@@ -49,9 +53,10 @@ def _warm(batches):
     yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
 
 
-def run_spark(source: Path, target: Path, config: str, overrides: dict, spark_writer: bool = False,
+def run_spark(source: Path, target: Path, config: str, overrides: dict, engine: str = "spark",
               profile: bool = False, transfer: bool = False) -> dict:
     from datamask_spark import datamask_select, spark_errors
+    from datamask_spark.files import write_file_selection
     from datamask_spark.writer import write_selection
     from pyspark.sql import SparkSession
 
@@ -76,13 +81,16 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict, spark_wr
         first_stage = _stage_count(spark) if profile else 0
         started = time.perf_counter()
         stages = {}
-        if spark_writer:
+        if engine == "spark-writer":
             with spark_errors():
                 out = datamask_select(sdf, config=config, **overrides)
                 planned = time.perf_counter() - started
                 out.write.parquet(str(target))
         else:
-            record = write_selection(sdf, target, config=config, **overrides)
+            if engine == "spark":
+                record = write_file_selection(spark, source, target, config=config, **overrides)
+            else:
+                record = write_selection(sdf, target, config=config, **overrides)
             planned, stages = record["seconds"]["plan"], record["stages"]
         wall = time.perf_counter() - started
         if profile:
@@ -188,7 +196,7 @@ def main(argv=None) -> int:
     parser.add_argument("--ratio", type=float, default=0.1)
     parser.add_argument("--cache", default=str(ROOT / ".benchmark-cache"))
     parser.add_argument("--engines", nargs="+", default=["spark", "dask"],
-                        choices=["spark", "spark-writer", "dask"])
+                        choices=["spark", "spark-dataframe", "spark-writer", "dask"])
     parser.add_argument("--profile", action="store_true", help="print Spark's per-stage metrics")
     parser.add_argument("--transfer", action="store_true",
                         help="after Spark's job, time moving the embeddings to Python (JVM decode, "
@@ -205,9 +213,8 @@ def main(argv=None) -> int:
             if engine == "dask":
                 results[engine] = run_dask(source, target, args.config, overrides)
             else:
-                results[engine] = run_spark(source, target, args.config, overrides,
-                                            spark_writer=engine == "spark-writer", profile=args.profile,
-                                            transfer=args.transfer)
+                results[engine] = run_spark(source, target, args.config, overrides, engine=engine,
+                                            profile=args.profile, transfer=args.transfer)
             shutil.rmtree(target, ignore_errors=True)
             r = results[engine]
             print(f"{engine}: {r['wall']:.1f} s ({r['rows']} rows, {len(r['ids'])} selected; plan "

@@ -1,8 +1,9 @@
 """datamask-spark: DATAMASK data selection on PySpark DataFrames.
 
-    from datamask_spark import datamask_select, write_selection
+    from datamask_spark import datamask_select, write_file_selection, write_selection
     out = sdf.transform(datamask_select, ratio=0.1)   # adds a boolean `selected` column
     write_selection(sdf, "selected/", ratio=0.1)       # select and write parquet from the workers
+    write_file_selection(spark, "corpus/", "selected/", ratio=0.1)   # parquet files: workers read too
 
 The same options, config files, defaults and quota semantics as
 :func:`datamask_dask.datamask_select`; the engine-agnostic core of ``datamask_dask`` (spec, checks,
@@ -11,8 +12,9 @@ DataFrame APIs are used, so it also runs over Spark Connect. Installed with
 ``pip install "datamask-dask[spark]"``.
 """
 
+from .files import write_file_selection
 from .operator import apply_plan, datamask_select, plan_selection, spark_errors, spec_from_spark
 from .writer import write_selection
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark",
-           "write_selection"]
+           "write_file_selection", "write_selection"]

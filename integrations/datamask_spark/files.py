@@ -125,9 +125,12 @@ def plan_files(spark, files: ParquetPieces, ratio=None, *, config=None, **option
     columns = spec.plan_columns
     schema = pa.schema([files.schema.field(c) for c in columns])
     summarise = _ReadPiece(_SummaryTask(spec, schema), files, columns)
-    with ThreadPoolExecutor(1) as pool:  # the id check's shuffle runs beside the plan pass
+    rows = tasks.mapInArrow(summarise, "partition int, payload binary").collect()
+    with ThreadPoolExecutor(1) as pool:
+        # The id check after the scans, not beside them: its tasks then reuse the scans' Python
+        # workers (a new one imports torch, ~3 s) and run while the driver searches duplicates.
         ids = pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)) if spec.check_ids else None
-        summaries = _summaries(tasks.mapInArrow(summarise, "partition int, payload binary").collect(), spec)
+        summaries = _summaries(rows, spec)
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
