@@ -34,6 +34,7 @@ def connect():
 
 def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir, tmp_path):
     import pyarrow.parquet as pq
+    from datamask_spark import write_file_selection
     from datamask_spark.writer import write_selection
     from pyspark.sql import functions as F
 
@@ -49,6 +50,9 @@ def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir, tmp_path):
     assert ids == set(want.loc[want["selected"], "chunk_id"])
     record = write_selection(sdf, tmp_path / "out", ratio=0.1, seed=7, **FAST)  # the job's writer
     written = pq.read_table(tmp_path / "out", columns=["chunk_id", "selected"]).to_pandas()
+    assert record["selected"] == 160 and set(written.loc[written["selected"], "chunk_id"]) == ids
+    record = write_file_selection(connect, parquet_dir, tmp_path / "files", ratio=0.1, seed=7, **FAST)
+    written = pq.read_table(tmp_path / "files", columns=["chunk_id", "selected"]).to_pandas()
     assert record["selected"] == 160 and set(written.loc[written["selected"], "chunk_id"]) == ids
     bad = sdf.withColumn("quality_score", F.when(F.col("chunk_id") == 5, F.lit(float("nan")))
                          .otherwise(F.col("quality_score")))
