@@ -228,3 +228,23 @@ def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tm
     with pytest.raises(InputDataError, match=r"part\.3\.parquet.*not a parquet file"):
         write_file_selection(spark, source, tmp_path / "out", ratio=0.1, **FAST)
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tmp_path, capsys):
+    """``datamask select --engine spark`` on a parquet directory: the file job, Dask's rows."""
+    import pyarrow.parquet as pq
+
+    from datamask_dask.cli import main
+    from datamask_dask.io.output import read_record
+
+    flags = ["--ratio", "0.1", "--seed", "7", "--n-epochs", "20", "--n-rollout", "8"]
+    for engine in ("spark", "dask"):
+        assert main(["select", "--engine", engine, "--input", str(parquet_dir),
+                     "--output", str(tmp_path / engine), *flags]) == 0
+    assert "-> " + str(tmp_path / "spark") + " (spark)" in capsys.readouterr().out
+    assert read_record(tmp_path / "spark")["input"]["read_by"] == "workers"
+    chosen = {}
+    for engine in ("spark", "dask"):
+        table = pq.read_table(tmp_path / engine, columns=["chunk_id", "selected"]).to_pandas()
+        chosen[engine] = set(table.loc[table["selected"], "chunk_id"])
+    assert len(chosen["spark"]) == 160 and chosen["spark"] == chosen["dask"]
