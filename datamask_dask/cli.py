@@ -337,7 +337,17 @@ def _run_table_select(args, options: dict) -> None:
 
 def _run_select_spark(args, options: dict) -> int:
     from .errors import OptionError
+    from .io.tables import parse_table_uri
 
+    table_flags = {"--output-columns": args.output_columns != "all", "--incremental": args.incremental,
+                   "--mode": args.mode is not None, "--row-filter": args.row_filter is not None,
+                   "--text-column": getattr(args, "text_column", None) is not None}
+    used = [flag for flag, given in table_flags.items() if given]
+    output_format = parse_table_uri(args.output).format
+    if used or output_format != "parquet":
+        what = " and ".join(used) if used else f"a {output_format} --output"
+        raise OptionError(f"--engine spark writes every row plus `selected` to a parquet directory; {what} "
+                          "need --engine dask")
     try:
         from datamask_spark.job import select_parquet
     except ImportError as exc:

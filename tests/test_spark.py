@@ -189,7 +189,8 @@ def test_file_selection_reads_the_pieces_in_the_workers(spark, corpus, parquet_d
     assert read_record(tmp_path / "out") == record
     assert (record["rows"], record["selected"]) == (1600, 160)
     assert [p["rows"] for p in record["partitions"]] == [400] * 4
-    assert record["input"] == {"location": str(parquet_dir), "read_by": "workers"}
+    assert record["input"] == {"location": str(parquet_dir), "format": "parquet", "uri": str(parquet_dir),
+                               "read_by": "workers"}
     assert {"read", "select", "learn", "write"} <= set(record["stages"])
     table = pq.read_table(tmp_path / "out")
     source = pq.read_table(parquet_dir)
@@ -248,3 +249,44 @@ def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tm
         table = pq.read_table(tmp_path / engine, columns=["chunk_id", "selected"]).to_pandas()
         chosen[engine] = set(table.loc[table["selected"], "chunk_id"])
     assert len(chosen["spark"]) == 160 and chosen["spark"] == chosen["dask"]
+    assert main(["select", "--engine", "spark", "--input", str(parquet_dir), "--output", str(tmp_path / "x"),
+                 "--output-columns", "selection", "--incremental"]) == 1
+    assert "--output-columns and --incremental need --engine dask" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_file_selection_reads_delta_and_iceberg_tables(spark, corpus, tmp_path):
+    """Delta and Iceberg inputs: the workers read the snapshot's files (deltalake fragments, pyiceberg
+    scan tasks), the same partitions as the Dask readers, hence Dask's rows."""
+    pytest.importorskip("deltalake", reason="the lakehouse extra (deltalake) is not installed")
+    pytest.importorskip("pyiceberg.catalog.sql", reason="the lakehouse extra (pyiceberg) is not installed")
+    import deltalake
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datamask_spark.files import write_file_selection
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from datamask_dask.io.tables import read_table
+
+    table = pa.Table.from_pandas(corpus, preserve_index=False).replace_schema_metadata(None)
+    table = table.set_column(2, "feature_arr", table.column("feature_arr").cast(pa.list_(pa.float32())))
+    deltalake.write_deltalake(tmp_path / "delta", table.slice(0, 1000))
+    deltalake.write_deltalake(tmp_path / "delta", table.slice(1000), mode="append")
+    (tmp_path / "wh").mkdir()
+    properties = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
+    catalog = SqlCatalog("local", uri=properties["uri"], warehouse=properties["warehouse"])
+    catalog.create_namespace("ns")
+    iceberg = catalog.create_table("ns.corpus", schema=table.schema)
+    iceberg.append(table.slice(0, 1000))
+    iceberg.append(table.slice(1000))
+    for uri, version in ((f"delta://{tmp_path}/delta", 1),
+                         ("iceberg://local/ns.corpus", iceberg.current_snapshot().snapshot_id)):
+        out = tmp_path / ("selected-" + uri.split(":")[0])
+        record = write_file_selection(spark, uri, out, ratio=0.1, seed=7, catalog_properties=properties,
+                                      **FAST)
+        assert (record["rows"], record["selected"], record["input"]["files"]) == (1600, 160, 2)
+        assert record["input"].get("version", record["input"].get("snapshot_id")) == version
+        got = pq.read_table(out, columns=["chunk_id", "selected"]).to_pandas()
+        want = datamask_dask.datamask_select(read_table(uri, catalog_properties=properties).frame, ratio=0.1,
+                                             seed=7, **FAST).compute(scheduler="sync")
+        assert set(got.loc[got["selected"], "chunk_id"]) == set(want.loc[want["selected"], "chunk_id"])

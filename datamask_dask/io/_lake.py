@@ -13,22 +13,12 @@ import pandas as pd
 import pyarrow as pa
 
 from .output import library_versions
-from .parquet import _to_pandas, to_arrow
+from .parquet import to_arrow
 
 RECORD_KEY = "datamask.run"
 TABLE_MARK = "datamask.output"  # Iceberg table property set on tables datamask created
 
-__all__ = ["RECORD_KEY", "TABLE_MARK", "compute_arrow", "empty_frame", "lake_versions",
-           "to_pandas"]
-
-
-def to_pandas(table: pa.Table) -> pd.DataFrame:
-    """Arrow table -> pandas with Arrow dtypes (the package's partition format)."""
-    return _to_pandas(table)
-
-
-def empty_frame(schema: pa.Schema) -> pd.DataFrame:
-    return _to_pandas(schema.empty_table())
+__all__ = ["RECORD_KEY", "TABLE_MARK", "compute_arrow", "lake_versions"]
 
 
 def compute_arrow(data, scheduler=None) -> pa.Table:

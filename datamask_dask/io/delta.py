@@ -27,12 +27,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .. import stages
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY, compute_arrow, dumps, empty_frame, to_pandas
+from ._lake import RECORD_KEY, compute_arrow, dumps
 from .output import UnsafeOutputError, check_inputs, output_lock, publish, remove_own, staging_path
+from .pieces import Pieces, to_dask
 
-__all__ = ["DeltaSource", "delta_record", "delta_source", "read_delta", "read_delta_source", "write_delta"]
+__all__ = ["DeltaSource", "delta_pieces", "delta_record", "delta_source", "read_delta", "read_delta_source",
+           "write_delta"]
 
 
 def _deltalake():
@@ -108,8 +109,14 @@ def read_delta(path, version: int | None = None, timestamp=None, columns: list[s
 def read_delta_source(path, version=None, timestamp=None, columns=None, *, storage_options=None,
                       since_version=None):
     """:func:`read_delta`, and what it read: ``{"format", "uri", "version", "files"}`` (files: partitions)."""
-    import dask.dataframe as dd
+    pieces = delta_pieces(path, version, timestamp, columns, storage_options=storage_options,
+                          since_version=since_version)
+    return to_dask(pieces, "datamask-read-delta"), pieces.source
 
+
+def delta_pieces(path, version=None, timestamp=None, columns=None, *, storage_options=None,
+                 since_version=None) -> Pieces:
+    """The data files of a Delta snapshot as :class:`~.pieces.Pieces` (arguments: :func:`read_delta`)."""
     table = _open(path, version, timestamp, storage_options)
     dataset = table.to_pyarrow_dataset()
     schema = dataset.schema
@@ -130,20 +137,21 @@ def read_delta_source(path, version=None, timestamp=None, columns=None, *, stora
                              "whole table instead")
         fragments = [f for f in fragments if f.path not in old]
     fragments.sort(key=lambda f: f.path)
-    meta = empty_frame(schema)
-    if not fragments:
-        frame = dd.from_pandas(meta, npartitions=1)
-    else:
-        frame = dd.from_map(_read_fragment, fragments, schema=schema, meta=meta,
-                            label="datamask-read-delta", enforce_metadata=False)
-    return frame, {"format": "delta", "uri": os.fspath(path), "version": table.version(),
-                   "files": len(fragments)}
+    return Pieces(schema, fragments, FragmentReader(schema),
+                  {"format": "delta", "uri": os.fspath(path), "version": table.version(),
+                   "files": len(fragments)})
 
 
-def _read_fragment(fragment, schema: pa.Schema):
-    with stages.timed("read"):
-        table = fragment.to_table(schema=schema, columns=schema.names)
-        return to_pandas(table.cast(schema) if not table.schema.equals(schema) else table)
+class FragmentReader:
+    """Reads a data file of :func:`delta_pieces` (partition columns filled in by the dataset)."""
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+
+    def __call__(self, fragment, columns: list[str]) -> pa.Table:
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        table = fragment.to_table(schema=self.schema, columns=columns)
+        return table.cast(schema) if not table.schema.equals(schema) else table
 
 
 # --------------------------------------------------------------------------- writing

@@ -24,13 +24,13 @@ import json
 
 import pyarrow as pa
 
-from .. import stages
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow, dumps, empty_frame, to_pandas
+from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow, dumps
 from .output import UnsafeOutputError
+from .pieces import Pieces, to_dask
 
-__all__ = ["IcebergSource", "get_catalog", "iceberg_record", "iceberg_source", "read_iceberg",
-           "read_iceberg_source", "write_iceberg"]
+__all__ = ["IcebergSource", "get_catalog", "iceberg_pieces", "iceberg_record", "iceberg_source",
+           "read_iceberg", "read_iceberg_source", "write_iceberg"]
 
 
 def _pyiceberg():
@@ -125,7 +125,14 @@ def read_iceberg_source(catalog, identifier, snapshot_id=None, columns=None, row
 
     Returns ``(frame, {"format", "catalog", "identifier", "snapshot_id", "files"})``.
     """
-    import dask.dataframe as dd
+    pieces = iceberg_pieces(catalog, identifier, snapshot_id, columns, row_filter,
+                            since_snapshot_id=since_snapshot_id, case_sensitive=case_sensitive, **properties)
+    return to_dask(pieces, "datamask-read-iceberg"), pieces.source
+
+
+def iceberg_pieces(catalog, identifier, snapshot_id=None, columns=None, row_filter=None, *,
+                   since_snapshot_id=None, case_sensitive=True, **properties) -> Pieces:
+    """The scan tasks of an Iceberg snapshot as :class:`~.pieces.Pieces` (arguments: :func:`read_iceberg`)."""
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan
 
@@ -151,24 +158,23 @@ def read_iceberg_source(catalog, identifier, snapshot_id=None, columns=None, row
                              "an incremental run needs a table that was only appended to")
         tasks = [task for task in tasks if task.file.file_path not in old]
     tasks.sort(key=lambda task: task.file.file_path)
-    meta = empty_frame(schema)
-    if not tasks:
-        frame = dd.from_pandas(meta, npartitions=1)
-    else:
-        frame = dd.from_map(_read_task, tasks, scan=args, schema=schema, meta=meta,
-                            label="datamask-read-iceberg", enforce_metadata=False)
     source = {"format": "iceberg", "catalog": cat.name, "identifier": _identifier(identifier),
               "snapshot_id": None if snapshot is None else snapshot.snapshot_id, "files": len(tasks)}
-    return frame, source
+    return Pieces(schema, tasks, TaskReader(args, schema), source)
 
 
-def _read_task(task, scan, schema: pa.Schema):
-    from pyiceberg.io.pyarrow import ArrowScan
+class TaskReader:
+    """Reads a scan task of :func:`iceberg_pieces` (pyiceberg applies deletes and the row filter)."""
 
-    with stages.timed("read"):
-        table = ArrowScan(*scan).to_table([task]).replace_schema_metadata(None)
-        table = table.select(schema.names)
-        return to_pandas(table if table.schema.equals(schema) else table.cast(schema))
+    def __init__(self, scan: tuple, schema: pa.Schema):
+        self.scan, self.schema = scan, schema
+
+    def __call__(self, task, columns: list[str]) -> pa.Table:
+        from pyiceberg.io.pyarrow import ArrowScan
+
+        table = ArrowScan(*self.scan).to_table([task]).replace_schema_metadata(None).select(columns)
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        return table if table.schema.equals(schema) else table.cast(schema)
 
 
 # --------------------------------------------------------------------------- writing

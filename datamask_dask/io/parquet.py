@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import dask
@@ -33,6 +32,7 @@ import pyarrow.parquet as pq
 from .. import stages
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
+from .pieces import Pieces, to_dask
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -66,31 +66,12 @@ def _natural_key(path: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
-@dataclass(frozen=True)
-class ParquetPieces:
-    """A parquet file or directory cut into partitions: what :func:`read_parquet` reads.
-
-    Attributes
-    ----------
-    schema : pyarrow.Schema
-        The table's columns (hive partition keys included, unnamed pandas index columns left out).
-    pieces : list of (path, row groups, hive keys)
-        One partition each, in natural file-name order; consecutive row groups of one file.
-    partition_names : list of str
-        The hive partition columns (their values come from the directory names, not the files).
-    """
-
-    schema: pa.Schema
-    pieces: list
-    partition_names: list
-
-
-def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000) -> ParquetPieces:
+def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000) -> Pieces:
     """List ``path``'s partitions as :func:`read_parquet` makes them (reads only the footers).
 
-    Each partition comes from one file: consecutive row groups up to about ``rows_per_partition``
-    rows. Any engine that reads these pieces (Dask here, Spark's Python workers in
-    ``datamask_spark``) sees the same partitions in the same order, so it selects the same rows.
+    Each piece is ``(file path, row groups, hive keys)``: consecutive row groups of one file up
+    to about ``rows_per_partition`` rows, files in natural name order. The schema has the hive
+    partition keys as columns and leaves out unnamed pandas index columns.
     """
     dataset = ds.dataset(os.fspath(path), format="parquet", partitioning="hive")
     schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
@@ -108,7 +89,8 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000)
             groups.append(index)
             rows += n_rows
         pieces.append((fragment.path, tuple(groups), keys))
-    return ParquetPieces(schema, pieces, list(partition_names))
+    return Pieces(schema, pieces, ParquetReader(schema, list(partition_names)),
+                  {"format": "parquet", "uri": os.fspath(path)})
 
 
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
@@ -134,26 +116,26 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     -------
     dask.dataframe.DataFrame
     """
-    source = parquet_pieces(path, rows_per_partition)
-    schema, pieces, partition_names = source.schema, source.pieces, source.partition_names
+    listed = parquet_pieces(path, rows_per_partition)
+    schema, pieces, partition_names = listed.schema, listed.items, listed.reader.partition_names
     if backend not in ("pandas", "cudf"):
         raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")
-    meta = _to_pandas(schema.empty_table()) if backend == "pandas" else _to_cudf(schema.empty_table())
-    import dask.dataframe as dd
+    if backend == "pandas":
+        frame = to_dask(listed, "datamask-read-parquet")
+    else:
+        import dask.dataframe as dd
 
-    frame = dd.from_map(_read_piece, pieces, schema=schema, partition_names=partition_names, meta=meta,
-                        backend=backend, label="datamask-read-parquet", enforce_metadata=False)
+        frame = dd.from_map(_read_piece_cudf, pieces, schema=schema, partition_names=partition_names,
+                            meta=_to_cudf(schema.empty_table()), label="datamask-read-parquet",
+                            enforce_metadata=False)
     return frame if columns is None else frame[list(columns)]
 
 
-def _read_piece(piece, schema: pa.Schema, partition_names: list[str], backend: str = "pandas",
-                columns: list[str] | None = None):
-    """Row groups of one file as an Arrow-typed pandas frame (``columns``: Dask's projection)."""
+def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None = None):
+    """Row groups of one file as a cuDF frame (``columns``: Dask's projection)."""
     with stages.timed("read"):
         columns = list(schema.names) if columns is None else list(columns)
-        if backend == "cudf":
-            return _read_groups_cudf(piece, schema, partition_names, columns)
-        return _read_groups(piece, schema, partition_names, columns)
+        return _read_groups_cudf(piece, schema, partition_names, columns)
 
 
 def _read_groups_cudf(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]):
@@ -181,30 +163,31 @@ def _variable_lists(schema: pa.Schema) -> pa.Schema:
                       else f for f in schema])
 
 
-def _read_groups(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]):
-    return _to_pandas(read_piece(piece, schema, partition_names, columns))
+class ParquetReader:
+    """Reads a piece of :func:`parquet_pieces` as an Arrow table of the table's types."""
 
+    def __init__(self, schema: pa.Schema, partition_names: list[str]):
+        self.schema, self.partition_names = schema, partition_names
 
-def read_piece(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]) -> pa.Table:
-    """``columns`` of one piece of :func:`parquet_pieces` as an Arrow table of ``schema``'s types."""
-    path, groups, keys = piece
-    file_columns = [c for c in columns if c not in partition_names]
-    source = pq.ParquetFile(path)
-    # One row group at a time, kept as chunks (no concatenation copy): decoding a list column
-    # needs transient level buffers several times the data, so this bounds the peak; then the
-    # allocator gives what decoding freed back to the OS instead of holding it for the worker.
-    table = pa.concat_tables([source.read_row_group(group, columns=file_columns) for group in groups])
-    pa.default_memory_pool().release_unused()
-    arrays = []
-    for name in columns:
-        field = schema.field(name)
-        if name in partition_names:
-            arrays.append(pa.repeat(pa.scalar(keys.get(name), type=field.type), table.num_rows))
-        elif name in table.column_names:
-            arrays.append(table.column(name).cast(field.type))
-        else:  # pyarrow skips a column a file lacks
-            raise InputDataError(f"{path} has no column {name!r}: every file of the table needs it")
-    return pa.table(arrays, names=columns)
+    def __call__(self, piece, columns: list[str]) -> pa.Table:
+        path, groups, keys = piece
+        file_columns = [c for c in columns if c not in self.partition_names]
+        source = pq.ParquetFile(path)
+        # One row group at a time, kept as chunks (no concatenation copy): decoding a list column
+        # needs transient level buffers several times the data, so this bounds the peak; then the
+        # allocator gives what decoding freed back to the OS instead of holding it for the worker.
+        table = pa.concat_tables([source.read_row_group(group, columns=file_columns) for group in groups])
+        pa.default_memory_pool().release_unused()
+        arrays = []
+        for name in columns:
+            field = self.schema.field(name)
+            if name in self.partition_names:
+                arrays.append(pa.repeat(pa.scalar(keys.get(name), type=field.type), table.num_rows))
+            elif name in table.column_names:
+                arrays.append(table.column(name).cast(field.type))
+            else:  # pyarrow skips a column a file lacks
+                raise InputDataError(f"{path} has no column {name!r}: every file of the table needs it")
+        return pa.table(arrays, names=columns)
 
 
 def to_arrow(frame) -> pa.Table:
@@ -217,10 +200,6 @@ def to_arrow(frame) -> pa.Table:
     else:
         table = pa.Table.from_pandas(frame, preserve_index=False)
     return table.replace_schema_metadata(None)
-
-
-def _to_pandas(table: pa.Table) -> pd.DataFrame:
-    return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
 
 
 def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,

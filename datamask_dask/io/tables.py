@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import dask
+import pyarrow as pa
 
 from .. import progress as progress_bars
 from .. import stages
@@ -37,10 +38,11 @@ from ..partition import adapters
 from ._lake import compute_arrow, concat_arrow, dumps, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
 from .parquet import to_arrow
+from .pieces import Pieces, to_dask
 from .summary import SAMPLE_ROWS, summarise_table_run, table_part_summary
 
 __all__ = ["TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table", "select_table",
-           "selection_columns", "table_record", "write_table_output"]
+           "selection_columns", "table_pieces", "table_record", "write_table_output"]
 
 OUTPUT_COLUMNS = ("all", "selection")
 RUN_ID_COLUMN = "run_id"
@@ -136,24 +138,37 @@ def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_proper
         Delta storage options.
     """
     table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
+    pieces = table_pieces(table, columns=columns, row_filter=row_filter, since=since,
+                          catalog_properties=catalog_properties, storage_options=storage_options)
+    frame = to_dask(pieces, f"datamask-read-{table.format}")
+    version = pieces.source.get("version", pieces.source.get("snapshot_id"))
+    return TableInput(frame, table, version, since, len(pieces))
+
+
+def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_properties=None,
+                 storage_options=None) -> Pieces:
+    """A table URI's partitions as :class:`~.pieces.Pieces` (arguments: :func:`read_table`), for
+    engines that read each piece in their own tasks (Dask, ``datamask_spark.files``)."""
+    table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
     if table.format == "delta":
-        from .delta import read_delta_source
+        from .delta import delta_pieces
 
-        frame, read = read_delta_source(table.location, table.version, table.timestamp, columns,
-                                        storage_options=storage_options, since_version=since)
-        return TableInput(frame, table, read["version"], since, read["files"])
+        return delta_pieces(table.location, table.version, table.timestamp, columns,
+                            storage_options=storage_options, since_version=since)
     if table.format == "iceberg":
-        from .iceberg import read_iceberg_source
+        from .iceberg import iceberg_pieces
 
-        frame, read = read_iceberg_source(table.catalog, table.location, table.snapshot_id, columns,
-                                          row_filter, since_snapshot_id=since, **(catalog_properties or {}))
-        return TableInput(frame, table, read["snapshot_id"], since, read["files"])
+        return iceberg_pieces(table.catalog, table.location, table.snapshot_id, columns, row_filter,
+                              since_snapshot_id=since, **(catalog_properties or {}))
     if row_filter is not None or since is not None:
         raise OptionError("row filters and incremental runs need a Delta or Iceberg input, not parquet")
-    from .parquet import read_parquet
+    from .parquet import parquet_pieces
 
-    frame = read_parquet(table.location, columns=columns)
-    return TableInput(frame, table, None, None, frame.npartitions)
+    pieces = parquet_pieces(table.location)
+    if columns is None:
+        return pieces
+    return Pieces(pa.schema([pieces.schema.field(c) for c in columns]), pieces.items, pieces.reader,
+                  pieces.source)
 
 
 def selection_columns(ddf, run_id: str, *, id_column="chunk_id", selected_column="selected",

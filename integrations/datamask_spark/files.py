@@ -1,21 +1,23 @@
-"""Parquet in, parquet out on Spark, with the Python workers reading their pieces themselves.
+"""Tables in, parquet out on Spark, with the Python workers reading their pieces themselves.
 
     from datamask_spark.files import write_file_selection
     record = write_file_selection(spark, "corpus/", "selected/", ratio=0.1)
+    record = write_file_selection(spark, "delta:///data/corpus", "selected/", ratio=0.1)
 
 :func:`~datamask_spark.writer.write_selection` takes any DataFrame, so Spark scans the rows and
 hands them to the Python workers through ``mapInArrow``: for a column of 768-float lists the JVM
 decodes each list and converts it to Arrow element by element, about 17 s per pass over 1M rows,
 against 10 s for pyarrow to read them (``benchmarks/results-spark-1m.md``), and a selection passes
-over the embeddings twice. When the input is a parquet file or directory every executor can read,
-there is no need for that detour: Spark schedules one task per piece of
-:func:`datamask_dask.io.parquet.parquet_pieces` (a ``spark.range`` with one row per partition),
-and each task's Python worker reads its piece with pyarrow, exactly as a Dask worker does. The
+over the embeddings twice. When the input is a table every executor can read (a parquet file or
+directory, a Delta or Iceberg table: :func:`datamask_dask.io.tables.table_pieces`), there is no
+need for that detour: Spark schedules one task per piece (a ``spark.range`` with one row per
+partition), and each task's Python worker reads its piece with pyarrow (deltalake's fragments,
+pyiceberg's scan tasks with their deletes), exactly as a Dask worker does. The
 plan pass, the select pass and the writing are the Spark operator's own tasks
 (:class:`~datamask_spark.operator._SummaryTask`, :class:`~datamask_spark.writer._WriteTask`);
 only where their batches come from differs. Only DataFrame APIs are used (Spark Connect works).
 
-The partitions are the Dask reader's pieces, so ``--engine spark`` and ``--engine dask`` select
+The partitions are the Dask readers' pieces, so ``--engine spark`` and ``--engine dask`` select
 the same rows of the same input with the same seed. The output follows the package's rules, as
 :func:`~datamask_spark.writer.write_selection`'s does.
 """
@@ -27,12 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from datamask_dask.config import load_config
 from datamask_dask.errors import InputDataError
-from datamask_dask.io.parquet import ParquetPieces, parquet_pieces, read_piece
+from datamask_dask.io.pieces import Pieces
 from datamask_dask.io.summary import SAMPLE_ROWS
+from datamask_dask.io.tables import parse_table_uri, table_pieces
 from datamask_dask.partition import adapters
 from datamask_dask.partition.spec import spec_from_meta
 from datamask_dask.plan.reduce import make_plan
@@ -52,29 +54,35 @@ __all__ = ["plan_files", "write_file_selection"]
 
 
 def write_file_selection(spark, source, path, ratio=None, *, config=None, overwrite: bool = False,
-                         summary_rows: int = SAMPLE_ROWS, **options) -> dict:
+                         summary_rows: int = SAMPLE_ROWS, catalog_properties: dict | None = None,
+                         storage_options: dict | None = None, **options) -> dict:
     """Select a share of the parquet ``source``'s rows (DATAMASK) on Spark and write every row plus
     ``selected`` to ``path``, the Python workers reading and writing the parquet themselves.
 
     Parameters
     ----------
     spark : pyspark.sql.SparkSession
-        Classic or Spark Connect; its executors must read ``source`` and write ``path`` (local
-        paths, or a file system they all mount).
+        Classic or Spark Connect; its executors must read ``source`` and write ``path`` (a
+        local path, or a file system they all mount).
     source : str or os.PathLike
-        A parquet file or a directory of them (hive ``key=value`` subdirectories become columns).
+        A table URI (:mod:`datamask_dask.io.tables`): a parquet file or directory (hive
+        ``key=value`` subdirectories become columns), ``delta://...`` or ``iceberg://CATALOG/ns.table``,
+        at a snapshot if the URI names one.
     path : str or os.PathLike
         Output directory, one ``part-NNNNN.parquet`` per non-empty piece.
     ratio, config, **options
         Exactly as for :func:`datamask_dask.datamask_select`.
     overwrite, summary_rows
         As for :func:`datamask_spark.writer.write_selection`.
+    catalog_properties, storage_options
+        Iceberg catalog properties and Delta storage options, as for
+        :func:`datamask_dask.io.tables.read_table` (they travel to the workers with the pieces).
 
     Returns
     -------
     dict
-        The run record, also written to ``path/_datamask_run.json`` (as ``write_selection``'s, with
-        ``input.read_by = "workers"``).
+        The run record, also written to ``path/_datamask_run.json`` (as ``write_selection``'s;
+        ``input`` says what was read: format, uri, snapshot, files, and ``read_by = "workers"``).
 
     Raises
     ------
@@ -84,16 +92,17 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     UnsafeOutputError
         For an output that overlaps ``source``, or that exists and datamask did not write.
     """
-    for where, flag in ((source, "source"), (path, "path")):
-        if "://" in str(where):
-            raise ValueError(f"write_file_selection reads and writes local or mounted paths, not {flag}="
-                             f"{where!r}: use write_selection(spark.read.parquet(...), ...) instead")
-    if not Path(source).exists():
+    if "://" in str(path):
+        raise ValueError(f"write_file_selection writes local or mounted paths, not {path!r}: write "
+                         "datamask_select(sdf, ...) with Spark's writer (df.write.parquet) instead")
+    table = parse_table_uri(source)
+    if table.format == "parquet" and not Path(table.location).exists():
         raise FileNotFoundError(f"{source} does not exist")
     try:
-        files = parquet_pieces(source)
+        files = table_pieces(table, catalog_properties=catalog_properties, storage_options=storage_options)
     except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
-        raise InputDataError(f"cannot read the parquet input {source}: {exc}") from None
+        raise InputDataError(f"cannot read the input {source}: {exc}") from None
+    inputs = [table.location] if table.format != "iceberg" and "://" not in table.location else []
 
     def run(staging: Path):
         spec, plan = plan_files(spark, files, ratio, config=config, **options)
@@ -103,12 +112,12 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         read = _ReadPiece(task, files, files.schema.names)
         return spec, plan, piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), files.schema
 
-    record = {"input": {"location": os.fspath(source), "read_by": "workers"}}
+    record = {"input": {**files.source, "location": os.fspath(source), "read_by": "workers"}}
     return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
-                     inputs=[source], summary_rows=summary_rows, record=record)
+                     inputs=inputs, summary_rows=summary_rows, record=record)
 
 
-def plan_files(spark, files: ParquetPieces, ratio=None, *, config=None, **options):
+def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):
     """The plan pass over ``files``' pieces, each read by the task that checks it.
 
     Returns
@@ -139,11 +148,11 @@ def plan_files(spark, files: ParquetPieces, ratio=None, *, config=None, **option
     return spec, make_plan(summaries, ids, dim, spec)
 
 
-def piece_tasks(spark, files: ParquetPieces):
+def piece_tasks(spark, files: Pieces):
     """One row per piece, each in its own Spark partition (partition ``k`` holds ``k``)."""
-    if not files.pieces:
-        raise InputDataError("the input has no parquet files to select from")
-    n = len(files.pieces)
+    if not len(files):
+        raise InputDataError(f"the input {files.source.get('uri', '')} has no data files to select from")
+    n = len(files)
     return spark.range(0, n, 1, n)
 
 
@@ -151,7 +160,7 @@ class _ReadPiece:
     """A ``mapInArrow`` function over :func:`piece_tasks`: task ``k`` reads piece ``k``'s ``columns``
     with pyarrow and runs ``task`` on its batches, as if Spark had sent them."""
 
-    def __init__(self, task, files: ParquetPieces, columns: list[str]):
+    def __init__(self, task, files: Pieces, columns: list[str]):
         self.task, self.files, self.columns = task, files, list(columns)
 
     def __call__(self, batches):
@@ -161,16 +170,15 @@ class _ReadPiece:
 
     def _batches(self, number: int):
         # A generator: the read runs when the task takes the batches, inside the task's "read" clock.
-        piece = self.files.pieces[number]
         try:
-            table = read_piece(piece, self.files.schema, self.files.partition_names, self.columns)
+            table = self.files.read(number, self.columns)
         except (OSError, pa.ArrowException, InputDataError) as exc:
-            error = InputDataError(f"partition {number}: cannot read {self.columns} from {piece[0]}: {exc}")
+            error = InputDataError(f"partition {number}: cannot read {self.columns}: {exc}")
             raise RuntimeError(transport(error)) from None
         yield from table.to_batches()
 
 
-def _ids(tasks, files: ParquetPieces, id_column: str):
+def _ids(tasks, files: Pieces, id_column: str):
     """A DataFrame of every row's id and partition, read by the workers, for :func:`duplicate_ids`."""
     from pyspark.sql.pandas.types import from_arrow_type, to_arrow_type
     from pyspark.sql.types import IntegerType, StructField, StructType
@@ -191,12 +199,10 @@ class _IdTask:
             yield pa.RecordBatch.from_arrays([batch.column(0).cast(self.id_type), part], names=["id", "part"])
 
 
-def _probe_dimension(files: ParquetPieces, column: str) -> int | None:
+def _probe_dimension(files: Pieces, column: str) -> int | None:
     """The length of the first non-null embedding (``validate="light"``), read on the driver."""
-    for path, groups, _keys in files.pieces:
-        reader = pq.ParquetFile(path)
-        for batch in reader.iter_batches(batch_size=1024, row_groups=list(groups), columns=[column]):
-            values = batch.column(0).drop_null()
-            if len(values):
-                return len(values[0])
+    for number in range(len(files)):
+        values = files.read(number, [column]).column(0).drop_null()
+        if len(values):
+            return len(values[0])
     return None

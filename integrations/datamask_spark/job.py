@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from datamask_dask.errors import OptionError
 from datamask_dask.io.output import check_target
+from datamask_dask.io.tables import parse_table_uri
 
 from .files import write_file_selection
 from .operator import datamask_select, spark_errors
@@ -37,16 +39,19 @@ def get_spark(master: str | None = None, app_name: str = "datamask-select"):
 
 def select_parquet(source, target, *, spark=None, master: str | None = None, config=None,
                    overwrite: bool = False, **options) -> tuple[int, int, float]:
-    """Select rows of the parquet ``source`` on Spark and write every row plus ``selected`` to ``target``.
+    """Select rows of ``source`` on Spark and write every row plus ``selected`` as parquet to ``target``.
 
-    Local (or mounted) ``source`` and ``target``: :func:`datamask_spark.files.write_file_selection`,
-    Spark scheduling one task per piece of the Dask reader and its Python worker reading and
-    writing the parquet with pyarrow (the same partitions, hence the same rows, as ``--engine
-    dask``). A remote ``source`` is scanned by Spark and handed to the workers
+    ``source`` is a table URI (:mod:`datamask_dask.io.tables`: a parquet path, ``delta://...``,
+    ``iceberg://CATALOG/ns.table``). Unless it is a remote parquet path (``s3a://``...), and when
+    ``target`` is local (or mounted): :func:`datamask_spark.files.write_file_selection`, Spark
+    scheduling one task per piece of the Dask readers and its Python worker reading and writing
+    with pyarrow (the same partitions, hence the same rows, as ``--engine dask``). A remote parquet
+    ``source`` is scanned by Spark and handed to the workers
     (:func:`datamask_spark.writer.write_selection`). Both follow the package's output rules (no
     overlap with ``source``, ``overwrite`` replaces only an output of an earlier datamask run, one
     run at a time, complete or absent, with a run record). A remote ``target`` (``s3a://``...) goes
-    through Spark's own writer and committer (``overwrite`` then means Spark's mode).
+    through Spark's own writer and committer (``overwrite`` then means Spark's mode; parquet
+    sources only).
 
     Returns
     -------
@@ -54,15 +59,20 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
         Rows written, rows selected, and the job's wall time (plan, select and write).
     """
     source, target = str(source), str(target)
-    if "://" not in source and not Path(source).exists():
+    table = parse_table_uri(source)
+    remote_parquet = table.format == "parquet" and "://" in table.location
+    if table.format == "parquet" and not remote_parquet and not Path(table.location).exists():
         raise FileNotFoundError(f"--input {source} does not exist")
     local = "://" not in target
+    if not local and table.format != "parquet":
+        raise OptionError(f"--engine spark writes a {table.format} input to a local or mounted parquet "
+                          f"directory, not {target}: pick a local --output, or use --engine dask")
     if local:
-        check_target(target, overwrite=overwrite, inputs=[] if "://" in source else [source])
+        check_target(target, overwrite=overwrite, inputs=[] if "://" in table.location else [table.location])
     spark = spark or get_spark(master)
     started = time.perf_counter()
     if local:
-        if "://" in source:
+        if remote_parquet:
             record = write_selection(spark.read.parquet(source), target, config=config, overwrite=overwrite,
                                      input_location=source, **options)
         else:

@@ -1,0 +1,71 @@
+"""A table cut into pieces that any engine reads one at a time, wherever its tasks run.
+
+The Dask readers (:func:`~.parquet.read_parquet`, :func:`~.delta.read_delta`,
+:func:`~.iceberg.read_iceberg`) make one partition of each piece; ``datamask_spark.files`` runs one
+Spark task per piece, whose Python worker reads it. Both engines therefore see the same partitions
+in the same order, hence select the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pyarrow as pa
+
+from .. import stages
+
+__all__ = ["Pieces", "to_dask"]
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A table's partitions, listed once, each read on its own.
+
+    Attributes
+    ----------
+    schema : pyarrow.Schema
+        The columns every piece is read as.
+    items : list
+        One picklable description per piece (a file's row groups, a Delta file fragment, an
+        Iceberg scan task), in partition order.
+    reader : callable
+        ``reader(item, columns) -> pyarrow.Table`` with ``columns`` in ``schema``'s types;
+        picklable (it travels to the workers).
+    source : dict
+        What was read, for run records: ``format``, ``uri`` and the snapshot (``version``).
+    """
+
+    schema: pa.Schema
+    items: list
+    reader: Callable
+    source: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def read(self, number: int, columns: list[str] | None = None) -> pa.Table:
+        """Piece ``number``'s ``columns`` (all by default)."""
+        return self.reader(self.items[number], list(self.schema.names) if columns is None else list(columns))
+
+
+def to_dask(pieces: Pieces, label: str):
+    """A Dask DataFrame of Arrow-typed pandas partitions, one per piece (one empty partition for a
+    table without pieces). Column projections reach the reader: unread columns are never decoded."""
+    import dask.dataframe as dd
+
+    meta = _to_pandas(pieces.schema.empty_table())
+    if not len(pieces):
+        return dd.from_pandas(meta, npartitions=1)
+    return dd.from_map(_read, pieces.items, reader=pieces.reader, schema=pieces.schema, meta=meta,
+                       label=label, enforce_metadata=False)
+
+
+def _read(item, reader: Callable, schema: pa.Schema, columns: list[str] | None = None) -> pd.DataFrame:
+    with stages.timed("read"):
+        return _to_pandas(reader(item, list(schema.names) if columns is None else list(columns)))
+
+
+def _to_pandas(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
