@@ -116,39 +116,35 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     -------
     dask.dataframe.DataFrame
     """
-    listed = parquet_pieces(path, rows_per_partition)
-    schema, pieces, partition_names = listed.schema, listed.items, listed.reader.partition_names
     if backend not in ("pandas", "cudf"):
         raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")
+    pieces = parquet_pieces(path, rows_per_partition)
     if backend == "pandas":
-        frame = to_dask(listed, "datamask-read-parquet")
+        frame = to_dask(pieces, "datamask-read-parquet")
     else:
         import dask.dataframe as dd
 
-        frame = dd.from_map(_read_piece_cudf, pieces, schema=schema, partition_names=partition_names,
-                            meta=_to_cudf(schema.empty_table()), label="datamask-read-parquet",
+        frame = dd.from_map(_read_piece_cudf, pieces.items, schema=pieces.schema,
+                            partition_names=pieces.reader.partition_names,
+                            meta=_to_cudf(pieces.schema.empty_table()), label="datamask-read-parquet",
                             enforce_metadata=False)
     return frame if columns is None else frame[list(columns)]
 
 
 def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None = None):
     """Row groups of one file as a cuDF frame (``columns``: Dask's projection)."""
-    with stages.timed("read"):
-        columns = list(schema.names) if columns is None else list(columns)
-        return _read_groups_cudf(piece, schema, partition_names, columns)
-
-
-def _read_groups_cudf(piece, schema: pa.Schema, partition_names: list[str], columns: list[str]):
     import cudf
 
-    path, groups, keys = piece
-    file_columns = [c for c in columns if c not in partition_names]
-    frame = cudf.read_parquet(path, columns=file_columns, row_groups=[list(groups)])
-    for name in columns:
-        if name in partition_names:
-            value = pa.repeat(pa.scalar(keys.get(name), type=schema.field(name).type), len(frame))
-            frame[name] = cudf.Series.from_arrow(value)
-    return frame[columns]
+    with stages.timed("read"):
+        columns = list(schema.names) if columns is None else list(columns)
+        path, groups, keys = piece
+        file_columns = [c for c in columns if c not in partition_names]
+        frame = cudf.read_parquet(path, columns=file_columns, row_groups=[list(groups)])
+        for name in columns:
+            if name in partition_names:
+                value = pa.repeat(pa.scalar(keys.get(name), type=schema.field(name).type), len(frame))
+                frame[name] = cudf.Series.from_arrow(value)
+        return frame[columns]
 
 
 def _to_cudf(table: pa.Table):
