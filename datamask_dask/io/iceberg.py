@@ -172,7 +172,10 @@ class TaskReader:
     def __call__(self, task, columns: list[str]) -> pa.Table:
         from pyiceberg.io.pyarrow import ArrowScan
 
-        table = ArrowScan(*self.scan).to_table([task]).replace_schema_metadata(None).select(columns)
+        metadata, io, projection, row_filter, case_sensitive = self.scan
+        projection = projection.select(*columns, case_sensitive=case_sensitive)  # unread columns stay unread
+        scan = ArrowScan(metadata, io, projection, row_filter, case_sensitive)
+        table = scan.to_table([task]).replace_schema_metadata(None).select(columns)
         schema = pa.schema([self.schema.field(c) for c in columns])
         return table if table.schema.equals(schema) else table.cast(schema)
 
