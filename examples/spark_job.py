@@ -6,10 +6,14 @@ Run it with spark-submit (the workers must run an interpreter that has datamask-
         --output /tmp/selected-spark
 
 Without ``--input`` it writes a small synthetic corpus to a temporary directory first; point it
-at your own data (one row per document: ``chunk_id``, ``quality_score``, ``feature_arr``):
+at your own data (one row per document: ``chunk_id``, ``quality_score``, ``feature_arr``): a
+parquet directory or a Delta / Iceberg table the executors can read, written as parquet by the
+Python workers themselves (the same rows as the Dask job), or remote parquet through Spark:
 
-    spark-submit --master yarn examples/spark_job.py --input s3://bucket/corpus/ \\
-        --output s3://bucket/selected/ --config conf/cpu.yaml
+    spark-submit --master "local[8]" examples/spark_job.py --input delta:///data/corpus \\
+        --output /data/selected --config conf/cpu.yaml
+    spark-submit --master yarn examples/spark_job.py --input s3a://bucket/corpus/ \\
+        --output s3a://bucket/selected/ --config conf/cpu.yaml
 
 The same selection on Dask is ``examples/batch_job.py``.
 """
@@ -24,7 +28,7 @@ from pathlib import Path
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", help="parquet file or directory (default: a generated sample corpus)")
+    parser.add_argument("--input", help="parquet path or table URI (default: a generated sample corpus)")
     parser.add_argument("--output", required=True, help="output parquet directory (must not exist)")
     parser.add_argument("--ratio", type=float, default=0.1, help="share of rows to select")
     parser.add_argument("--config", help="YAML config, e.g. conf/cpu.yaml")
