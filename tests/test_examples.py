@@ -1,4 +1,4 @@
-"""The examples run as shipped: the quickstart notebook and the batch job."""
+"""The examples run as shipped: the quickstart notebook, the batch job and the Spark job."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pyarrow.parquet as pq
+import pytest
 from nbclient import NotebookClient
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -32,5 +33,27 @@ def test_batch_job(tmp_path, client):
                           "--n-rollout", "8"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "3000 rows, 300 selected" in run.stdout
+    table = pq.read_table(target)
+    assert table.num_rows == 3000 and int(table.column("selected").to_numpy().sum()) == 300
+
+
+def test_spark_job_with_spark_submit(tmp_path):
+    """examples/spark_job.py as its docstring runs it: spark-submit, local[2]."""
+    import os
+    import shutil
+
+    pytest.importorskip("pyspark", reason="the Spark example needs pyspark (pip install '.[spark]')")
+    from conftest import spark_worker_environment
+
+    spark_worker_environment()  # the workers (and spark-submit's driver) run this interpreter
+    submit = shutil.which("spark-submit", path=str(Path(sys.executable).parent))
+    assert submit, "pyspark installs spark-submit next to the interpreter"
+    target = tmp_path / "selected"
+    env = {**os.environ, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    run = subprocess.run([submit, "--master", "local[2]", str(EXAMPLES / "spark_job.py"),
+                          "--output", str(target), "--rows", "3000", "--n-epochs", "20", "--n-rollout", "8"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "selected 300 of 3000 rows" in run.stdout
     table = pq.read_table(target)
     assert table.num_rows == 3000 and int(table.column("selected").to_numpy().sum()) == 300
