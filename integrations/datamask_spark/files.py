@@ -14,7 +14,7 @@ need for that detour: Spark schedules one task per piece (a ``spark.range`` with
 partition), and each task's Python worker reads its piece with pyarrow (deltalake's fragments,
 pyiceberg's scan tasks with their deletes), exactly as a Dask worker does. The
 plan pass, the select pass and the writing are the Spark operator's own tasks
-(:class:`~datamask_spark.operator._SummaryTask`, :class:`~datamask_spark.writer._WriteTask`);
+(:class:`~datamask_spark.operator.SummaryTask`, :class:`~datamask_spark.writer.WriteTask`);
 only where their batches come from differs. Only DataFrame APIs are used (Spark Connect works).
 
 The partitions are the Dask readers' pieces, so ``--engine spark`` and ``--engine dask`` select
@@ -40,15 +40,16 @@ from datamask_dask.partition.spec import spec_from_meta
 from datamask_dask.plan.reduce import make_plan
 
 from .operator import (
-    _SelectTask,
-    _summaries,
-    _SummaryTask,
+    PLAN_SCHEMA,
+    SelectTask,
+    SummaryTask,
     duplicate_ids,
     empty_frame,
+    gather_summaries,
     partition_number,
     transport,
 )
-from .writer import RESULT_SCHEMA, _WriteTask, write_run
+from .writer import RESULT_SCHEMA, WriteTask, write_run
 
 __all__ = ["plan_files", "write_file_selection"]
 
@@ -56,8 +57,8 @@ __all__ = ["plan_files", "write_file_selection"]
 def write_file_selection(spark, source, path, ratio=None, *, config=None, overwrite: bool = False,
                          summary_rows: int = SAMPLE_ROWS, catalog_properties: dict | None = None,
                          storage_options: dict | None = None, **options) -> dict:
-    """Select a share of the parquet ``source``'s rows (DATAMASK) on Spark and write every row plus
-    ``selected`` to ``path``, the Python workers reading and writing the parquet themselves.
+    """Select a share of ``source``'s rows (DATAMASK) on Spark and write every row plus ``selected``
+    to ``path`` as parquet, the Python workers reading the pieces and writing the parts themselves.
 
     Parameters
     ----------
@@ -108,7 +109,7 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         spec, plan = plan_files(spark, files, ratio, config=config, **options)
         present = set(files.schema.names)
         columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in present]
-        task = _WriteTask(_SelectTask(plan, files.schema, columns), os.fspath(staging))
+        task = WriteTask(SelectTask(plan, files.schema, columns), os.fspath(staging))
         read = _ReadPiece(task, files, files.schema.names)
         return spec, plan, piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), files.schema
 
@@ -133,13 +134,13 @@ def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):
     tasks = piece_tasks(spark, files)
     columns = spec.plan_columns
     schema = pa.schema([files.schema.field(c) for c in columns])
-    summarise = _ReadPiece(_SummaryTask(spec, schema), files, columns)
-    rows = tasks.mapInArrow(summarise, "partition int, payload binary").collect()
+    summarise = _ReadPiece(SummaryTask(spec, schema), files, columns)
+    rows = tasks.mapInArrow(summarise, PLAN_SCHEMA).collect()
     with ThreadPoolExecutor(1) as pool:
         # The id check after the scans, not beside them: its tasks then reuse the scans' Python
         # workers (a new one imports torch, ~3 s) and run while the driver searches duplicates.
         ids = pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)) if spec.check_ids else None
-        summaries = _summaries(rows, spec)
+        summaries = gather_summaries(rows, spec)
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
@@ -189,6 +190,8 @@ def _ids(tasks, files: Pieces, id_column: str):
 
 
 class _IdTask:
+    """Each row's id (in Spark's Arrow type for it) and its partition number."""
+
     def __init__(self, id_type: pa.DataType):
         self.id_type = id_type
 

@@ -68,6 +68,7 @@ from datamask_dask.plan.reduce import make_plan
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
 
 _MARK = re.compile(r"DATAMASK-ERROR (\w+) ([A-Za-z0-9+/=]+) END")
+PLAN_SCHEMA = "partition int, payload binary"  # a plan task's row: partition, pickled summary or error
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -136,11 +137,11 @@ def apply_plan(sdf, spec: SelectSpec, plan: dict):
     return sdf.mapInArrow(select_task(sdf, spec, plan), StructType(fields))
 
 
-def select_task(sdf, spec: SelectSpec, plan: dict) -> _SelectTask:
+def select_task(sdf, spec: SelectSpec, plan: dict) -> SelectTask:
     """The select pass's per-partition function for ``sdf`` (it reads only the columns the learner needs)."""
     names = set(sdf.columns)
     columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in names]
-    return _SelectTask(plan, arrow_schema(sdf), columns)
+    return SelectTask(plan, arrow_schema(sdf), columns)
 
 
 # --------------------------------------------------------------------------- plan pass
@@ -149,12 +150,12 @@ def select_task(sdf, spec: SelectSpec, plan: dict) -> _SelectTask:
 def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | None]:
     """The plan pass: per-partition summaries, the duplicate-id report and the embedding dimension."""
     projected = sdf.select(*[_col(c) for c in spec.plan_columns])
-    task = _SummaryTask(spec, arrow_schema(projected))
+    task = SummaryTask(spec, arrow_schema(projected))
     with ThreadPoolExecutor(1) as pool:
         # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
         # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
         ids = pool.submit(id_report, sdf, spec.id_column) if spec.check_ids else None
-        summaries = _summaries(projected.mapInArrow(task, "partition int, payload binary").collect(), spec)
+        summaries = gather_summaries(projected.mapInArrow(task, PLAN_SCHEMA).collect(), spec)
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
@@ -162,7 +163,7 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     return summaries, ids, dim
 
 
-def _summaries(rows: list, spec: SelectSpec) -> list[dict]:
+def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
     """Each partition's summary, in partition order, from the plan pass's rows (the table-wide
     near-duplicate search runs here, on the driver)."""
     payloads = {row["partition"]: pickle.loads(row["payload"]) for row in rows}
@@ -184,7 +185,7 @@ def _summaries(rows: list, spec: SelectSpec) -> list[dict]:
 _EMPTY = {"n": 0, "cells": {}, "dim": None, "digest": "", "stages": {}}
 
 
-class _SummaryTask:
+class SummaryTask:
     """The plan pass's ``mapInArrow`` function: one partition's checks and summary, as one row."""
 
     def __init__(self, spec: SelectSpec, schema: pa.Schema):
@@ -241,7 +242,7 @@ def probe_dimension(sdf, column: str) -> int | None:
 # --------------------------------------------------------------------------- select pass
 
 
-class _SelectTask:
+class SelectTask:
     """The select pass's ``mapInArrow`` function: one partition's rows plus ``selected``."""
 
     def __init__(self, plan: dict, schema: pa.Schema, columns: list[str]):

@@ -43,7 +43,7 @@ from datamask_dask.io.parquet import write_table
 from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, summarise_run
 from datamask_dask.io.writer import _plain, _stem, _write_atomic
 
-from .operator import _SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
+from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
 
 __all__ = ["write_run", "write_selection"]
 
@@ -99,7 +99,7 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
 
     def run(staging: Path):
         spec, plan = plan_selection(sdf, ratio, config=config, **options)
-        task = _WriteTask(select_task(sdf, spec, plan), os.fspath(staging))
+        task = WriteTask(select_task(sdf, spec, plan), os.fspath(staging))
         return spec, plan, sdf.mapInArrow(task, RESULT_SCHEMA), arrow_schema(sdf)
 
     return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
@@ -110,7 +110,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
     """Run a Spark selection whose tasks write the parts, and publish it with its run record.
 
     ``run(staging)`` plans and returns ``(spec, plan, results, schema)``: ``results`` is the
-    DataFrame of :class:`_WriteTask` rows whose collection selects and writes the parts into
+    DataFrame of :class:`WriteTask` rows whose collection selects and writes the parts into
     ``staging``, ``schema`` the input's Arrow schema (for the empty table's file). Everything
     else (the output's rules, the run summary and record) is the same whatever the tasks read.
     """
@@ -155,10 +155,10 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
     return record
 
 
-class _WriteTask:
+class WriteTask:
     """The ``mapInArrow`` function: one partition selected and written, one row about it."""
 
-    def __init__(self, select: _SelectTask, directory: str):
+    def __init__(self, select: SelectTask, directory: str):
         self.select, self.directory = select, directory
 
     def __call__(self, batches):
