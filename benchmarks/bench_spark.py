@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -197,6 +198,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", default=str(ROOT / ".benchmark-cache"))
     parser.add_argument("--engines", nargs="+", default=["spark", "dask"],
                         choices=["spark", "spark-dataframe", "spark-writer", "dask"])
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each engine, interleaved")
     parser.add_argument("--profile", action="store_true", help="print Spark's per-stage metrics")
     parser.add_argument("--transfer", action="store_true",
                         help="after Spark's job, time moving the embeddings to Python (JVM decode, "
@@ -205,37 +207,44 @@ def main(argv=None) -> int:
 
     source = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, args.clusters)
     overrides = {"ratio": args.ratio}
-    results = {}
+    runs = {engine: [] for engine in args.engines}
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
-        for engine in args.engines:
-            target = Path(scratch) / engine
-            if engine == "dask":
-                results[engine] = run_dask(source, target, args.config, overrides)
-            else:
-                results[engine] = run_spark(source, target, args.config, overrides, engine=engine,
-                                            profile=args.profile, transfer=args.transfer)
-            shutil.rmtree(target, ignore_errors=True)
-            r = results[engine]
-            print(f"{engine}: {r['wall']:.1f} s ({r['rows']} rows, {len(r['ids'])} selected; plan "
-                  f"{r['plan']:.1f} s; {r['partitions']} files; start-up {r['startup']:.1f} s, not counted)",
-                  flush=True)
-            if r.get("stages"):
-                print("  worker seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items()),
-                      flush=True)
+        for repeat in range(args.repeats):  # engines interleaved: a slow spell of the machine hits both
+            for engine in args.engines:
+                target = Path(scratch) / engine
+                if engine == "dask":
+                    r = run_dask(source, target, args.config, overrides)
+                else:
+                    r = run_spark(source, target, args.config, overrides, engine=engine,
+                                  profile=args.profile, transfer=args.transfer)
+                shutil.rmtree(target, ignore_errors=True)
+                runs[engine].append(r)
+                print(f"{engine} (repeat {repeat + 1}): {r['wall']:.1f} s ({r['rows']} rows, "
+                      f"{len(r['ids'])} selected; plan {r['plan']:.1f} s; {r['partitions']} files; start-up "
+                      f"{r['startup']:.1f} s, not counted)", flush=True)
+                if r.get("stages"):
+                    print("  worker seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in r["stages"].items()),
+                          flush=True)
     print(f"\n{args.rows:,} rows, d = {args.dim}, {args.rows // args.rows_per_partition} partitions, "
-          f"config {args.config}, ratio {args.ratio}; load average at start {load[0]:.1f}, "
-          f"at end {os.getloadavg()[0]:.1f}\n")
-    print("| engine | wall s | plan s | rows/s | selected |")
-    print("|---|---:|---:|---:|---:|")
-    for engine, r in results.items():
-        print(f"| {engine} | {r['wall']:.1f} | {r['plan']:.1f} | {r['rows'] / r['wall']:,.0f} | "
-              f"{len(r['ids']):,} |")
-    if "dask" in results:
-        dask = results["dask"]
-        for engine in (e for e in results if e != "dask"):
-            print(f"\n{engine} / dask wall time: {results[engine]['wall'] / dask['wall']:.2f}x; "
-                  f"same rows selected: {results[engine]['ids'] == dask['ids']}")
+          f"config {args.config}, ratio {args.ratio}, {args.repeats} repeat(s); load average at start "
+          f"{load[0]:.1f}, at end {os.getloadavg()[0]:.1f}\n")
+    print("| engine | wall s per repeat | median wall s | plan s | rows/s | selected |")
+    print("|---|---|---:|---:|---:|---:|")
+    median = {engine: statistics.median(r["wall"] for r in rs) for engine, rs in runs.items()}
+    for engine, rs in runs.items():
+        walls = ", ".join(f"{r['wall']:.1f}" for r in rs)
+        print(f"| {engine} | {walls} | {median[engine]:.1f} | "
+              f"{statistics.median(r['plan'] for r in rs):.1f} | {rs[0]['rows'] / median[engine]:,.0f} | "
+              f"{len(rs[0]['ids']):,} |")
+    if "dask" in runs:
+        want = runs["dask"][0]["ids"]
+        for engine in (e for e in runs if e != "dask"):
+            pairs = ", ".join(f"{r['wall'] / d['wall']:.2f}x"
+                              for r, d in zip(runs[engine], runs["dask"], strict=True))
+            same = all(r["ids"] == want for r in runs[engine] + runs["dask"])
+            print(f"\n{engine} / dask wall time: {median[engine] / median['dask']:.2f}x (medians; per "
+                  f"repeat {pairs}); same rows selected in every run: {same}")
     return 0
 
 
