@@ -119,12 +119,6 @@ def delta_pieces(path, version=None, timestamp=None, columns=None, *, storage_op
     """The data files of a Delta snapshot as :class:`~.pieces.Pieces` (arguments: :func:`read_delta`)."""
     table = _open(path, version, timestamp, storage_options)
     dataset = table.to_pyarrow_dataset()
-    schema = dataset.schema
-    if columns is not None:
-        missing = [c for c in columns if c not in schema.names]
-        if missing:
-            raise InputDataError(f"columns not in the Delta table {path}: {missing} (it has {schema.names})")
-        schema = pa.schema([schema.field(c) for c in columns])
     fragments = list(dataset.get_fragments())
     if since_version is not None:
         old = set(_paths(_open(path, since_version, None, storage_options)))
@@ -137,9 +131,10 @@ def delta_pieces(path, version=None, timestamp=None, columns=None, *, storage_op
                              "whole table instead")
         fragments = [f for f in fragments if f.path not in old]
     fragments.sort(key=lambda f: f.path)
-    return Pieces(schema, fragments, FragmentReader(schema),
-                  {"format": "delta", "uri": os.fspath(path), "version": table.version(),
-                   "files": len(fragments)})
+    pieces = Pieces(dataset.schema, fragments, FragmentReader(dataset.schema),
+                    {"format": "delta", "uri": os.fspath(path), "version": table.version(),
+                     "files": len(fragments)})
+    return pieces if columns is None else pieces.select(columns)
 
 
 class FragmentReader:

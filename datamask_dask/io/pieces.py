@@ -9,12 +9,13 @@ in the same order, hence select the same rows.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import pyarrow as pa
 
 from .. import stages
+from ..errors import InputDataError
 
 __all__ = ["Pieces", "to_dask"]
 
@@ -44,6 +45,14 @@ class Pieces:
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def select(self, columns: list[str]) -> Pieces:
+        """The same pieces, read as ``columns`` only."""
+        missing = [c for c in columns if c not in self.schema.names]
+        if missing:
+            raise InputDataError(f"columns not in {self.source.get('uri', 'the table')}: {missing} (it has "
+                                 f"{self.schema.names})")
+        return replace(self, schema=pa.schema([self.schema.field(c) for c in columns]))
 
     def read(self, number: int, columns: list[str] | None = None) -> pa.Table:
         """Piece ``number``'s ``columns`` (all by default)."""

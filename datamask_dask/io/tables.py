@@ -29,7 +29,6 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import dask
-import pyarrow as pa
 
 from .. import progress as progress_bars
 from .. import stages
@@ -165,10 +164,7 @@ def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_prop
     from .parquet import parquet_pieces
 
     pieces = parquet_pieces(table.location)
-    if columns is None:
-        return pieces
-    return Pieces(pa.schema([pieces.schema.field(c) for c in columns]), pieces.items, pieces.reader,
-                  pieces.source)
+    return pieces if columns is None else pieces.select(columns)
 
 
 def selection_columns(ddf, run_id: str, *, id_column="chunk_id", selected_column="selected",
