@@ -113,9 +113,9 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         read = _ReadPiece(task, files, files.schema.names)
         return spec, plan, piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), files.schema
 
-    record = {"input": {**files.source, "location": os.fspath(source), "read_by": "workers"}}
+    extra = {"input": {**files.source, "location": os.fspath(source), "read_by": "workers"}}
     return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
-                     inputs=inputs, summary_rows=summary_rows, record=record)
+                     inputs=inputs, summary_rows=summary_rows, extra=extra)
 
 
 def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):

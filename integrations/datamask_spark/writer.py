@@ -103,16 +103,17 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         return spec, plan, sdf.mapInArrow(task, RESULT_SCHEMA), arrow_schema(sdf)
 
     return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
-                     inputs=inputs, summary_rows=summary_rows, record={"input": {"location": input_location}})
+                     inputs=inputs, summary_rows=summary_rows, extra={"input": {"location": input_location}})
 
 
-def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_rows: int, record: dict) -> dict:
+def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_rows: int, extra: dict) -> dict:
     """Run a Spark selection whose tasks write the parts, and publish it with its run record.
 
     ``run(staging)`` plans and returns ``(spec, plan, results, schema)``: ``results`` is the
     DataFrame of :class:`WriteTask` rows whose collection selects and writes the parts into
     ``staging``, ``schema`` the input's Arrow schema (for the empty table's file). Everything
-    else (the output's rules, the run summary and record) is the same whatever the tasks read.
+    else (the output's rules, the run summary and record) is the same whatever the tasks read;
+    ``extra`` goes into the run record as it is (e.g. ``input``).
     """
     target = Path(path)
     inputs = [os.fspath(p) for p in inputs]
@@ -141,7 +142,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                       "rows": sum(r["rows"] for r in results),
                       "selected": sum(r["selected"] for r in results),
                       "partitions": [{k: r[k] for k in ("partition", "rows", "selected")} for r in results],
-                      **record, "files": files, "seed": spec.options.seed,
+                      **extra, "files": files, "seed": spec.options.seed,
                       "settings": settings, "summary": summary,
                       "versions": library_versions("pyspark"),
                       "seconds": {"plan": round(planned - started, 3),
