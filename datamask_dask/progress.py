@@ -169,7 +169,9 @@ def named(parts: list, name: str) -> list:
 
     Dask names a fused task after the first word of each layer it fuses ("datamask-_to_string_dtype-
     datamask-<token>" for our read, Dask's string conversion and our step): the dashboard shows
-    what the task does instead.
+    what the task does instead. Naming is cosmetic, so it never fails a job: a task that cannot be
+    renamed (a legacy tuple task or a plain key, as graphs from ``dd.concat`` or ``repartition``
+    may hold) keeps Dask's name.
     """
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
@@ -177,8 +179,13 @@ def named(parts: list, name: str) -> list:
     graph = dict(parts[0].__dask_graph__()) if parts else {}  # every part shares one graph
     keys = []
     for part in parts:
-        key = (f"{name}-{part.key[0].rsplit('-', 1)[-1]}", part.key[1])  # the token stays
-        graph[key] = graph.pop(part.key).substitute({}, key=key)
-        keys.append(key)
+        key = part.key
+        try:
+            new_key = (f"{name}-{key[0].rsplit('-', 1)[-1]}", key[1])  # the token stays
+            graph[new_key] = graph[key].substitute({}, key=new_key)
+        except Exception:  # not a renamable task: keep Dask's key
+            new_key = key
+        # The old key stays: another part may depend on it (or be it), and compute culls it otherwise.
+        keys.append(new_key)
     layers = HighLevelGraph({name: graph}, {name: set()})
     return [Delayed(key, layers, layer=name) for key in keys]

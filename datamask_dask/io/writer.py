@@ -46,7 +46,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import dask
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -54,7 +53,7 @@ from .. import progress as progress_bars
 from .. import stages
 from ..config import load_config
 from ..errors import DataMaskError
-from ..ops.operator import plan_selection
+from ..ops.operator import partitions, plan_selection
 from ..partition import adapters
 from ..partition.select import select_partition
 from .output import (
@@ -217,28 +216,24 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
     markers, computed = dict(done), []
     started = time.perf_counter()
     if todo:
-        # One task per partition reads, selects and writes it (Dask fuses the chain), so a worker
-        # holds one partition at a time and nothing but a marker row travels back.
+        # One task per partition selects and writes it behind its read, so a worker holds one
+        # partition at a time and nothing but a marker travels back. The partitions are those the
+        # plan pass read (operator.partitions).
         plan_node = dask.delayed(plan, traverse=False, name=f"datamask-plan-{manifest['run_id']}")
-        pending = ddf if len(todo) == ddf.npartitions else ddf.partitions[todo]
-        written = pending.map_partitions(
-            _select_and_write, plan_node, todo, os.fspath(work), manifest["run_id"],
-            (settings.get("by"), settings.get("token_column")), meta=_MARKER_META, enforce_metadata=False,
-            token="datamask-select-write")
-        # to_delayed() hands over the fused graph (a collection's compute() on a distributed
-        # client did not fuse the read into this task: each partition then waited in memory).
+        parts = partitions(ddf)
+        columns = (settings.get("by"), settings.get("token_column"))
+        tasks = [dask.delayed(_select_and_write, pure=True)(
+            parts[number], plan_node, number, os.fspath(work), manifest["run_id"], columns,
+            dask_key_name=(f"datamask-select-write-{manifest['run_id']}", number)) for number in todo]
         try:
-            tasks = progress_bars.named(written.to_delayed(), "datamask-select-write")
-            frames = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
+            written = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
         except BaseException:
             if not any(work.glob("*.done")):  # nothing finished: nothing to resume, nothing to refuse
                 remove_own(work)
             raise
-        for frame in frames:
-            marker = frame.to_dict("records")[0]
-            computed.append(json.loads(marker.pop("stages")))
-            marker["summary"] = json.loads(marker["summary"] or "{}")
-            markers[int(marker["partition"])] = {**marker, "file": marker["file"] or None}
+        for marker in written:
+            computed.append(marker.pop("stages"))
+            markers[int(marker["partition"])] = json.loads(_dumps(marker))  # as a resumed run reads it
     phases["select and write"] = time.perf_counter() - started
     manifest["runs"][-1]["finished"] = _now()
     _write_json(work / MANIFEST, manifest)
@@ -363,16 +358,8 @@ def _stem(number: int) -> str:
     return f"part-{number:05d}"
 
 
-_MARKER_META = pd.DataFrame({"partition": pd.Series(dtype="int64"), "rows": pd.Series(dtype="int64"),
-                             "selected": pd.Series(dtype="int64"), "file": pd.Series(dtype=object),
-                             "bytes": pd.Series(dtype="int64"), "run_id": pd.Series(dtype=object),
-                             "stages": pd.Series(dtype=object), "summary": pd.Series(dtype=object)})
-
-
-def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: str, columns=(None, None),
-                      partition_info=None):
-    """Select one input partition (number ``numbers[i]`` of the table) and write it; its marker as a row."""
-    number = numbers[partition_info["number"] if partition_info is not None else 0]
+def _select_and_write(frame, plan: dict, number: int, work: str, run_id: str, columns=(None, None)) -> dict:
+    """Select partition ``number`` of the table and write it; its marker, with this task's stage seconds."""
     stages.take_curves()  # curves left on this thread by other work are not this partition's
     with stages.timed("select"):
         selected = select_partition(frame, plan, {"number": number})
@@ -382,9 +369,7 @@ def _select_and_write(frame, plan: dict, numbers: list[int], work: str, run_id: 
     with stages.timed("write"):
         marker = write_part(selected, work, number, run_id, plan["spec"].selected_column, summary)
     # This thread's stage seconds since the last take: the read fused in front of this task too.
-    seconds = json.dumps(stages.take())
-    return pd.DataFrame([{**marker, "file": marker["file"] or "", "stages": seconds,
-                          "summary": json.dumps(marker["summary"])}]).astype(_MARKER_META.dtypes.to_dict())
+    return {**marker, "stages": stages.take()}
 
 
 def write_part(frame, work: str, number: int, run_id: str, selected_column: str, summary=None) -> dict:

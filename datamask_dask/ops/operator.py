@@ -213,13 +213,37 @@ def apply_plan(ddf, spec: SelectSpec, plan):
 
     ``plan`` is the Delayed from :func:`plan_selection` or the dict it computes to.
     """
+    import dask.dataframe as dd
+
     if not isinstance(plan, Delayed):  # one graph node that every partition's task refers to
         plan = dask.delayed(plan, traverse=False)
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
     meta = adapters.with_columns(ddf._meta, out_columns)
-    return ddf.map_partitions(select_partition, plan, meta=meta, token="datamask-select")
+    tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i},
+                                                       dask_key_name=("datamask-select-" + token, i))
+             for i, part, token in _partitions(ddf, plan)]
+    divisions = ddf.divisions if ddf.known_divisions else None
+    return dd.from_delayed(tasks, meta=meta, divisions=divisions, verify_meta=False)
+
+
+def partitions(ddf) -> list:
+    """``ddf``'s partitions as the plan pass reads them: ``ddf.to_delayed()``, one Delayed each.
+
+    Both passes take their partitions from here, never from an expression built on top of ``ddf``:
+    Dask's parquet reader merges small partitions when a blockwise step (``map_partitions``) reads
+    fewer columns than the files hold, so ``ddf.map_partitions(f)`` can see fewer, larger partitions
+    than ``ddf`` itself, and a quota planned per partition would land on other rows.
+    """
+    return ddf.to_delayed()
+
+
+def _partitions(ddf, plan) -> list:
+    from dask.base import tokenize
+
+    token = tokenize(ddf, plan)
+    return [(i, part, token) for i, part in enumerate(partitions(ddf))]
 
 
 # --------------------------------------------------------------------------- plan pass
@@ -227,7 +251,7 @@ def apply_plan(ddf, spec: SelectSpec, plan):
 
 def plan_graph(ddf, spec: SelectSpec):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
-    parts = named(plan_input(ddf, spec.plan_columns).to_delayed(), "datamask-plan-read")
+    parts = plan_input(ddf, spec.plan_columns)
     if spec.diversity_scope == "table":
         summaries = table_summaries(parts, spec)
     else:
@@ -279,13 +303,16 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
             for i, scan in enumerate(scans)]
 
 
-def plan_input(ddf, columns: list[str]):
-    """``ddf[columns]``, read column-pruned where the source allows it.
+def plan_input(ddf, columns: list[str]) -> list:
+    """The plan pass's reads: ``ddf[columns]`` per partition, column-pruned where the source allows it.
 
-    Where the source cannot prune columns (the projection would run on whole partitions), a
-    checked projection is used instead, so a partition that lacks a column is reported by
-    number rather than as a bare KeyError; nothing more is read either way.
+    The pruned read is taken only where it gives the partitions of :func:`partitions` (Dask's parquet
+    reader may merge small partitions differently once columns are pruned). Otherwise, or where the
+    source cannot prune columns (the projection would run on whole partitions), each partition is
+    projected after it is read, checked, so a partition that lacks a column is reported by number
+    rather than as a bare KeyError.
     """
+    whole = partitions(ddf)
     projected = ddf[columns]
     try:
         tree = projected.optimize(fuse=False).expr.walk()
@@ -293,12 +320,15 @@ def plan_input(ddf, columns: list[str]):
     except Exception:  # an expression dask cannot optimise here: take the checked path
         pushed_down = False
     if pushed_down:
-        return projected
-    return ddf.map_partitions(_take_columns, columns, meta=ddf._meta[columns])
+        parts = projected.to_delayed()
+        if len(parts) == len(whole):
+            return named(parts, "datamask-plan-read")
+    return [dask.delayed(_take_columns, pure=True)(part, columns, i,
+                                                   dask_key_name=_key("datamask-plan-read", part, i, columns))
+            for i, part in enumerate(whole)]
 
 
-def _take_columns(frame, columns: list[str], partition_info=None):
-    number = partition_info["number"] if partition_info is not None else 0
+def _take_columns(frame, columns: list[str], number: int):
     adapters.require_columns(frame, columns, f"partition {number}")
     return frame[columns]
 

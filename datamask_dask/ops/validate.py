@@ -109,7 +109,7 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
         report.problems = list(getattr(exc, "problems", None) or [Problem(str(exc))])
         return report
     spec = dataclasses.replace(spec, validate="full")
-    parts = plan_input(ddf, spec.plan_columns).to_delayed()
+    parts = plan_input(ddf, spec.plan_columns)
     checks = [dask.delayed(_validate_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
     ids = id_graph(parts, spec.id_column) if spec.check_ids else None
     checks, ids = dask.compute(checks, ids, scheduler=scheduler)
