@@ -31,7 +31,6 @@ import re
 import sys
 import time
 import traceback
-from pathlib import Path
 
 import numpy as np
 
@@ -258,12 +257,17 @@ def _say_what_is_kept(args) -> None:
     """After a failed select: how many partitions finished, and how to resume or start over."""
     if args.command != "select" or not getattr(args, "output", None):
         return
-    from .io.writer import work_dir
+    from .io.output import work_location
+    from .io.storage import resolve
 
-    work = work_dir(args.output)
-    if not work.exists():
+    try:
+        work = work_location(resolve(args.output))
+        names = work.list()
+    except Exception:  # an output whose filesystem cannot be reached: nothing more to say
         return
-    done = len(list(work.glob("*.done")))
+    if not names:
+        return
+    done = sum(name.endswith(".done") for name in names)
     print(f"datamask: {done} finished partition(s) are kept in {work}: run the same command again to "
           "resume, or add --no-resume to start over", file=sys.stderr)
 
@@ -367,17 +371,20 @@ def _run_select(args, options: dict, started: float) -> None:
     if _is_table_job(args):
         _run_table_select(args, options)
         return
-    source, target = Path(args.input), Path(args.output)
+    from .io.storage import resolve
+
+    # URIs (s3://...) resolve through fsspec; credentials and endpoints come from the environment.
+    source, target = resolve(args.input), resolve(args.output)
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
     check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
-    ddf = read_parquet(source, backend=_backend(args))
+    ddf = read_parquet(source.uri, backend=_backend(args))
     if getattr(args, "text_column", None):  # compute the missing embedding / quality columns once
         from .text.cli import fill_text_columns
 
         ddf = fill_text_columns(ddf, args).persist()
     report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
-                             resume=args.resume, single_file=source.is_file(),
+                             resume=args.resume, single_file=source.isfile(),
                              input_fingerprint=input_fingerprint(source), input_location=source,
                              progress=args.progress, **options)
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
@@ -396,15 +403,27 @@ def _backend(args) -> str:
     return "cudf" if wants_gpu and importlib.util.find_spec("cudf") is not None else "pandas"
 
 
-def input_fingerprint(source: Path) -> list:
-    """Names, sizes and modification times of the input's data files (a resume must see the same)."""
-    if source.is_file():
-        files = [source]
-    else:
-        files = sorted(p for p in source.rglob("*") if p.is_file()
-                       and not any(part.startswith((".", "_")) for part in p.relative_to(source).parts))
-    return [[p.relative_to(source).as_posix() if p != source else p.name, p.stat().st_size,
-             p.stat().st_mtime_ns] for p in files]
+def input_fingerprint(source) -> list:
+    """Names, sizes and modification times (ETags on object stores) of the input's data files: a
+    resume must see the same. Hidden files and folders (``.x``, ``_x``) are not data."""
+    from .io.storage import resolve
+
+    source = resolve(source)
+    single = source.isfile()
+    names = source.files()
+    if not single:
+        names = [n for n in names if not any(part.startswith((".", "_")) for part in n.split("/"))]
+    fingerprint = []
+    for name in names:
+        where = source if single else source.child(name)
+        if source.local:
+            stat = os.stat(where.path)
+            fingerprint.append([name, stat.st_size, stat.st_mtime_ns])
+        else:
+            info = source.fs.info(where.path)
+            fingerprint.append([name, int(info.get("size") or 0),
+                                str(info.get("ETag") or info.get("mtime") or info.get("LastModified"))])
+    return fingerprint
 
 
 def _run_sample(args) -> int:
@@ -423,12 +442,13 @@ def _run_sample(args) -> int:
 
 def _run_validate(args, options: dict) -> int:
     from .io.parquet import read_parquet
+    from .io.storage import resolve
     from .ops.validate import validate_table
 
-    source = Path(args.input)
+    source = resolve(args.input)
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
-    report = validate_table(read_parquet(source, backend=_backend(args)), config=args.config, **options)
+    report = validate_table(read_parquet(source.uri, backend=_backend(args)), config=args.config, **options)
     if report.ok:
         print(f"datamask validate: {source}: {report.summary()}")
         return 0

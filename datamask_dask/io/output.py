@@ -18,6 +18,13 @@ Rules every writer of the package follows (``write_selection``, ``write_parquet`
 
 Paths the package creates are all hidden siblings of the target (``.OUT.*``); nothing else is
 ever removed.
+
+On object stores (``s3://``..., see :mod:`.storage`) there is no rename and no ``flock``, so the
+same rules rest on what they do give: the lock is an object created only if absent (S3
+``If-None-Match``) holding its owner and an expiry that the run renews, taken over only once
+expired; and an output is complete when its run record exists, written last, after every file it
+lists (:func:`datamask_dask.io.writer.commit`). A replaced output loses its record first, so it is
+never seen as complete with files of two runs.
 """
 
 from __future__ import annotations
@@ -27,15 +34,20 @@ import fcntl
 import json
 import os
 import shutil
+import socket
+import threading
+import time
 import uuid
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from ..errors import DataMaskError
+from .storage import Location, resolve
 
 RUN_RECORD = "_datamask_run.json"  # a leading underscore: parquet readers skip it
 FOOTER_KEY = b"datamask.run"
+MANIFEST = "manifest.json"  # of a run's work directory (:mod:`datamask_dask.io.writer`)
 
 
 class UnsafeOutputError(DataMaskError):
@@ -64,7 +76,10 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
     FileExistsError
         The output exists and ``overwrite`` is False.
     """
-    target = Path(target)
+    location = resolve(target)
+    if not location.local:
+        return _check_remote_target(location, overwrite=overwrite, inputs=inputs, flag=flag)
+    target = Path(location.path)
     check_inputs(target, inputs)
     if not os.path.lexists(target):
         return
@@ -79,13 +94,16 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
 
 
 def check_inputs(target: str | os.PathLike, inputs) -> None:
-    """Refuse an output that is, contains or lies inside one of the local ``inputs``."""
-    target = Path(target)
+    """Refuse an output that is, contains or lies inside one of the ``inputs`` (on the same filesystem)."""
+    location = resolve(target)
+    if not location.local:
+        return _check_remote_inputs(location, inputs)
+    target = Path(location.path)
     resolved = target.resolve()
     for source in inputs:
-        if source is None:
+        if source is None or not resolve(source).local:
             continue
-        source = Path(source).resolve()
+        source = Path(resolve(source).path).resolve()
         if resolved == source or source in resolved.parents or resolved in source.parents:
             relation = ("is the input" if resolved == source else "lies inside the input"
                         if source in resolved.parents else "contains the input")
@@ -134,8 +152,19 @@ def _not_ours(target: Path) -> str | None:
 
 
 def read_record(path: str | os.PathLike) -> dict | None:
-    """The run record of a datamask output (directory or single file), or None."""
-    path = Path(path)
+    """The run record of a datamask output (directory or single file, local or a URI), or None."""
+    location = resolve(path)
+    if not location.local:
+        try:
+            if location.isdir():
+                record = json.loads(location.child(RUN_RECORD).read_bytes())
+            else:
+                record = json.loads((pq.read_schema(location.path, filesystem=location.fs).metadata or {})
+                                    [FOOTER_KEY])
+        except (OSError, KeyError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+    path = Path(location.path)
     try:
         if path.is_dir():
             record = json.loads((path / RUN_RECORD).read_text(encoding="utf-8"))
@@ -149,7 +178,12 @@ def read_record(path: str | os.PathLike) -> dict | None:
 @contextlib.contextmanager
 def output_lock(target: str | os.PathLike):
     """Hold the exclusive lock of ``target`` for the ``with`` block; refuse if another run holds it."""
-    target = Path(target)
+    location = resolve(target)
+    if not location.local:
+        with _lease(location):
+            yield
+        return
+    target = Path(location.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = target.parent / f".{target.name}.datamask-lock"
     while True:
@@ -205,3 +239,145 @@ def remove_own(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+# --------------------------------------------------------------------------- object stores
+
+LEASE_SECONDS = 600  # an object-store lock not renewed for this long belongs to a dead run
+_RENEW_EVERY = LEASE_SECONDS / 5
+
+
+def work_location(target: Location) -> Location:
+    """The work directory of a run writing to ``target``: a hidden sibling of it."""
+    return target.sibling(f".{target.name}.datamask-work")
+
+
+def lock_location(target: Location) -> Location:
+    return target.sibling(f".{target.name}.datamask-lock")
+
+
+def _lease_body(owner: dict) -> bytes:
+    return json.dumps({**owner, "expires": time.time() + LEASE_SECONDS}).encode()
+
+
+def _stale(held: dict) -> bool:
+    """Whether a lock's run is over: its lease expired, or its process on this machine is gone."""
+    if float(held.get("expires", 0)) <= time.time():
+        return True
+    if held.get("host") != socket.gethostname() or not isinstance(held.get("pid"), int):
+        return False
+    try:
+        os.kill(held["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@contextlib.contextmanager
+def _lease(target: Location):
+    """The lock of an object-store output: a create-only object naming its owner, with an expiry
+    renewed while the run lasts, removed at its end. A stale one (its lease expired, or its process
+    on this machine is gone) is taken over."""
+    lock = lock_location(target)
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "run": uuid.uuid4().hex}
+    for _ in range(2):
+        try:
+            lock.write_bytes(_lease_body(owner), create=True)
+            break
+        except FileExistsError:
+            try:
+                held = json.loads(lock.read_bytes())
+            except (OSError, ValueError):
+                held = {}
+            if not _stale(held):
+                raise UnsafeOutputError(
+                    f"another datamask run is writing {target} (pid {held.get('pid')} on {held.get('host')}; "
+                    f"its lock {lock} expires in {float(held['expires']) - time.time():.0f} s unless "
+                    "renewed); wait for it to finish (two runs on one output would interleave)") from None
+            lock.remove()
+    else:
+        raise UnsafeOutputError(f"could not take the lock {lock} of {target}: another run took it first")
+    stop = threading.Event()
+
+    def renew():
+        while not stop.wait(_RENEW_EVERY):
+            with contextlib.suppress(Exception):  # a missed renewal is retried; the lease outlasts several
+                lock.write_bytes(_lease_body(owner))
+
+    renewer = threading.Thread(target=renew, name="datamask-lock-renewal", daemon=True)
+    renewer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        renewer.join()
+        with contextlib.suppress(Exception):
+            if json.loads(lock.read_bytes()).get("run") == owner["run"]:
+                lock.remove()
+
+
+def _check_remote_inputs(target: Location, inputs) -> None:
+    for source in inputs:
+        if source is None:
+            continue
+        source = resolve(source)
+        if type(source.fs) is not type(target.fs):
+            continue
+        out, src = target.path.rstrip("/"), source.path.rstrip("/")
+        relation = ("is the input" if out == src else "lies inside the input" if out.startswith(src + "/")
+                    else "contains the input" if src.startswith(out + "/") else None)
+        if relation:
+            raise UnsafeOutputError(f"the output {target} {relation} {source}: write the selection somewhere "
+                                    "else (the input is never modified or removed)")
+
+
+def _check_remote_target(target: Location, *, overwrite: bool, inputs, flag: str) -> None:
+    _check_remote_inputs(target, inputs)
+    if committing(target) is not None:  # our own interrupted commit: the run resumes it
+        return
+    if not target.exists():
+        return
+    if not overwrite:
+        raise FileExistsError(f"{target} exists; pass {flag} to replace it (only an output of an earlier "
+                              "datamask run is ever replaced)")
+    problem = _remote_not_ours(target)
+    if problem:
+        raise UnsafeOutputError(f"{flag} refused: {target} {problem}. datamask replaces only outputs it "
+                                "wrote itself (they carry a run record); move it away or choose another "
+                                "output")
+
+
+def _remote_not_ours(target: Location) -> str | None:
+    if target.isfile():
+        try:
+            metadata = pq.read_schema(target.path, filesystem=target.fs).metadata or {}
+        except Exception:
+            return "is a file that is not parquet"
+        return None if FOOTER_KEY in metadata else "is a parquet file without a datamask run record"
+    record = read_record(target)
+    entries = target.files()
+    if record is None:
+        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
+        return f"is a directory without a datamask run record ({RUN_RECORD}); it holds: {shown or 'nothing'}"
+    known = set(record.get("files", [])) | {RUN_RECORD}
+    foreign = [name for name in entries if name not in known]
+    if foreign:
+        return (f"holds entries the datamask run did not write: {', '.join(foreign[:5])}"
+                + (" ..." if len(foreign) > 5 else ""))
+    return None
+
+
+def committing(target: Location) -> dict | None:
+    """The commit an interrupted run had started into ``target`` (object stores), or None.
+
+    Its work directory's manifest then lists the files the old output had (``old``) and those
+    of the new one (``new``): the only names a resumed commit may remove or write.
+    """
+    try:
+        manifest = json.loads(work_location(target).child(MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None
+    commit = manifest.get("commit") if isinstance(manifest, dict) else None
+    return commit if isinstance(commit, dict) else None

@@ -33,6 +33,7 @@ from .. import stages
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 from .pieces import Pieces, to_dask
+from .storage import resolve
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -66,14 +67,20 @@ def _natural_key(path: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
-def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000) -> Pieces:
+def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
+                   storage_options: dict | None = None) -> Pieces:
     """List ``path``'s partitions as :func:`read_parquet` makes them (reads only the footers).
 
     Each piece is ``(file path, row groups, hive keys)``: consecutive row groups of one file up
     to about ``rows_per_partition`` rows, files in natural name order. The schema has the hive
-    partition keys as columns and leaves out unnamed pandas index columns.
+    partition keys as columns and leaves out unnamed pandas index columns. ``path`` is a local
+    path or a URI (``s3://...``; see :mod:`.storage`); the reader opens files on its filesystem.
     """
-    dataset = ds.dataset(os.fspath(path), format="parquet", partitioning="hive")
+    location = resolve(path, storage_options)
+    if not location.exists():
+        raise FileNotFoundError(f"{location.uri} does not exist")
+    filesystem = None if location.local else location.fs
+    dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
     schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
     pieces, partition_names = [], {}
     for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
@@ -89,25 +96,30 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000)
             groups.append(index)
             rows += n_rows
         pieces.append((fragment.path, tuple(groups), keys))
-    return Pieces(schema, pieces, ParquetReader(schema, list(partition_names)),
-                  {"format": "parquet", "uri": os.fspath(path)})
+    return Pieces(schema, pieces, ParquetReader(schema, list(partition_names), filesystem),
+                  {"format": "parquet", "uri": location.uri})
 
 
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
-                 rows_per_partition: int = 1_000_000, backend: str = "pandas"):
+                 rows_per_partition: int = 1_000_000, backend: str = "pandas",
+                 storage_options: dict | None = None):
     """Read a parquet file or directory into a Dask DataFrame of Arrow-typed pandas partitions
     (or cuDF partitions, read on the GPU by cuDF's own reader).
 
     Parameters
     ----------
     path : str or path
-        A parquet file, or a directory of them (hive ``key=value`` subdirectories become columns).
+        A parquet file, or a directory of them (hive ``key=value`` subdirectories become columns):
+        a local path or a URI such as ``s3://bucket/corpus/`` (:mod:`.storage`).
     columns : list of str, optional
         Columns to read (all by default).
     backend : {"pandas", "cudf"}
         ``"cudf"`` reads each piece with ``cudf.read_parquet`` straight into GPU memory
         (fixed-size lists arrive as cuDF lists; dask-cudf's own reader rejects them), with the
         same pieces, order and partition columns as on pandas.
+    storage_options : dict, optional
+        For a URI: the fsspec filesystem's options (credentials, ``endpoint_url``...); by default
+        its usual environment variables apply.
     rows_per_partition : int
         Consecutive row groups of a file are read together up to about this many rows; every
         partition comes from one file, in natural file-name order.
@@ -118,7 +130,7 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     """
     if backend not in ("pandas", "cudf"):
         raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")
-    pieces = parquet_pieces(path, rows_per_partition)
+    pieces = parquet_pieces(path, rows_per_partition, storage_options)
     if backend == "pandas":
         frame = to_dask(pieces, "datamask-read-parquet")
     else:
@@ -126,12 +138,14 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
 
         frame = dd.from_map(_read_piece_cudf, pieces.items, schema=pieces.schema,
                             partition_names=pieces.reader.partition_names,
+                            filesystem=pieces.reader.filesystem,
                             meta=_to_cudf(pieces.schema.empty_table()), label="datamask-read-parquet",
                             enforce_metadata=False)
     return frame if columns is None else frame[list(columns)]
 
 
-def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], columns: list[str] | None = None):
+def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], filesystem=None,
+                     columns: list[str] | None = None):
     """Row groups of one file as a cuDF frame (``columns``: Dask's projection)."""
     import cudf
 
@@ -139,7 +153,8 @@ def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], colum
         columns = list(schema.names) if columns is None else list(columns)
         path, groups, keys = piece
         file_columns = [c for c in columns if c not in partition_names]
-        frame = cudf.read_parquet(path, columns=file_columns, row_groups=[list(groups)])
+        source = path if filesystem is None else filesystem.open(path, "rb")
+        frame = cudf.read_parquet(source, columns=file_columns, row_groups=[list(groups)])
         for name in columns:
             if name in partition_names:
                 value = pa.repeat(pa.scalar(keys.get(name), type=schema.field(name).type), len(frame))
@@ -162,13 +177,14 @@ def _variable_lists(schema: pa.Schema) -> pa.Schema:
 class ParquetReader:
     """Reads a piece of :func:`parquet_pieces` as an Arrow table of the table's types."""
 
-    def __init__(self, schema: pa.Schema, partition_names: list[str]):
-        self.schema, self.partition_names = schema, partition_names
+    def __init__(self, schema: pa.Schema, partition_names: list[str], filesystem=None):
+        # filesystem: the fsspec filesystem of a remote table (None: local files, read natively)
+        self.schema, self.partition_names, self.filesystem = schema, partition_names, filesystem
 
     def __call__(self, piece, columns: list[str]) -> pa.Table:
         path, groups, keys = piece
         file_columns = [c for c in columns if c not in self.partition_names]
-        source = pq.ParquetFile(path)
+        source = pq.ParquetFile(path, filesystem=self.filesystem)
         # One row group at a time, kept as chunks (no concatenation copy): decoding a list column
         # needs transient level buffers several times the data, so this bounds the peak; then the
         # allocator gives what decoding freed back to the OS instead of holding it for the worker.

@@ -187,12 +187,11 @@ def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.D
     rows keep their file order.
     """
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     rng = np.random.default_rng(seed)
     groups = []
     for file in files:
-        metadata = pq.ParquetFile(file).metadata
+        metadata = _parquet_file(file).metadata
         groups += [(file, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)]
     chosen, total = [], 0
     for index in rng.permutation(len(groups)):
@@ -203,7 +202,7 @@ def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.D
     chosen.sort(key=lambda item: (str(item[0]), item[1]))
     tables = []
     for file, group, _ in chosen:
-        source = pq.ParquetFile(file)
+        source = _parquet_file(file)
         present = [c for c in columns if c in source.schema_arrow.names]
         tables.append(source.read_row_group(group, columns=present))
     if not tables:
@@ -212,6 +211,17 @@ def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.D
     if table.num_rows > n:
         table = table.take(np.sort(rng.choice(table.num_rows, n, replace=False)))
     return table.to_pandas(types_mapper=_list_as_arrow)
+
+
+def _parquet_file(file):
+    """A parquet file from a local path or a :class:`~datamask_dask.io.storage.Location` (any filesystem)."""
+    import pyarrow.parquet as pq
+
+    from .storage import Location
+
+    if isinstance(file, Location):
+        return pq.ParquetFile(file.path, filesystem=None if file.local else file.fs)
+    return pq.ParquetFile(file)
 
 
 def _list_as_arrow(pa_type):

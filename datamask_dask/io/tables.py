@@ -38,6 +38,7 @@ from ._lake import compute_arrow, concat_arrow, dumps, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
 from .parquet import to_arrow
 from .pieces import Pieces, to_dask
+from .storage import Location, resolve
 from .summary import SAMPLE_ROWS, summarise_table_run, table_part_summary
 
 __all__ = ["TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table", "select_table",
@@ -163,7 +164,7 @@ def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_prop
         raise OptionError("row filters and incremental runs need a Delta or Iceberg input, not parquet")
     from .parquet import parquet_pieces
 
-    pieces = parquet_pieces(table.location)
+    pieces = parquet_pieces(table.location, storage_options=storage_options)
     return pieces if columns is None else pieces.select(columns)
 
 
@@ -186,7 +187,7 @@ def table_record(uri, *, catalog_properties=None, storage_options=None) -> dict 
         from .iceberg import iceberg_record
 
         return iceberg_record(table.catalog, table.location, **(catalog_properties or {}))
-    return read_record(table.location) if os.path.exists(table.location) else None
+    return read_record(table.location) if resolve(table.location, storage_options).exists() else None
 
 
 def write_table_output(data, uri, *, mode: str = "error", record: dict | None = None, inputs=(),
@@ -233,18 +234,28 @@ def write_table_output(data, uri, *, mode: str = "error", record: dict | None = 
                              scheduler=scheduler, **(catalog_properties or {}))
     if mode == "append":
         raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
-    return _write_parquet_dir(data, Path(table.location), overwrite=mode == "overwrite", record=record,
-                              inputs=[s.location for s in sources if "://" not in s.location],
+    return _write_parquet_dir(data, resolve(table.location, storage_options), overwrite=mode == "overwrite",
+                              record=record, inputs=[s.location for s in sources if s.format == "parquet"],
                               scheduler=scheduler)
 
 
-def _write_parquet_dir(data, target: Path, *, overwrite: bool, record, inputs, scheduler) -> dict:
+def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, inputs, scheduler) -> dict:
     """One ``part.0.parquet`` and the run record, published by the rules of :mod:`.output`."""
     from .parquet import write_table
-    from .writer import _dumps, _fsync_dir, _write_atomic
+    from .writer import _dumps, _fsync_dir, _write_atomic, publish_objects
 
     check_target(target, overwrite=overwrite, inputs=inputs)
     result = compute_arrow(data, scheduler=scheduler)  # before the lock: a failing selection writes nothing
+    if not target.local:
+        def write() -> None:
+            with target.child("part.0.parquet").open_write() as handle:
+                write_table(result, handle)
+
+        with output_lock(target):
+            check_target(target, overwrite=overwrite, inputs=inputs)
+            publish_objects(target, ["part.0.parquet"], write, record or {})
+        return {"rows": result.num_rows}
+    target = Path(target.path)
     with output_lock(target):
         check_target(target, overwrite=overwrite, inputs=inputs)
         staging = staging_path(target)

@@ -58,19 +58,23 @@ from ..partition import adapters
 from ..partition.select import select_partition
 from .output import (
     FOOTER_KEY,
+    MANIFEST,
     RUN_RECORD,
     check_target,
+    committing,
     library_versions,
     output_lock,
     publish,
+    read_record,
     remove_own,
     staging_path,
+    work_location,
 )
 from .parquet import concatenate, to_arrow, write_table
+from .storage import Location, resolve
 from .summary import SAMPLE_ROWS, RunSummary, partition_summary, summarise_run
 
 FORMAT = 1  # version of the work directory layout
-MANIFEST = "manifest.json"
 # Settings that change how a run checks its input, not what it selects.
 _NOT_IN_FINGERPRINT = ("check_ids", "validate", "memory_budget")
 
@@ -119,7 +123,7 @@ class SelectionReport:
 
 
 def work_dir(path: str | os.PathLike) -> Path:
-    """The work directory of a run writing to ``path``: a hidden sibling of it."""
+    """The work directory of a run writing to the local ``path``: a hidden sibling of it."""
     target = Path(path)
     return target.parent / f".{target.name}.datamask-work"
 
@@ -127,7 +131,8 @@ def work_dir(path: str | os.PathLike) -> Path:
 def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, overwrite: bool = False,
                     resume: bool = True, single_file: bool = False, scheduler=None,
                     input_fingerprint=None, input_location=None, progress: bool | None = None,
-                    summary_rows: int = SAMPLE_ROWS, **options) -> SelectionReport:
+                    summary_rows: int = SAMPLE_ROWS, storage_options: dict | None = None,
+                    **options) -> SelectionReport:
     """Select rows (as :func:`~datamask_dask.datamask_select`) and write the result, resumably.
 
     Parameters
@@ -135,7 +140,9 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     ddf : dask.dataframe.DataFrame
     path : str or path
         Output directory (``part.N.parquet`` per non-empty partition), or file with
-        ``single_file``. It appears only once complete.
+        ``single_file``: a local path or a URI (``s3://bucket/out/``, see
+        :mod:`datamask_dask.io.storage`). It appears only once complete (on an object store:
+        its run record, written last, is what marks it complete).
     ratio, config, **options
         As for :func:`~datamask_dask.datamask_select` (``memory_budget``, ``validate``...).
     overwrite : bool
@@ -161,6 +168,8 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     summary_rows : int
         Rows of the output sampled for the run summary's objective and near-duplicate figures
         (:mod:`datamask_dask.io.summary`); 0 skips the sample.
+    storage_options : dict, optional
+        For a URI ``path``: the fsspec filesystem's options (credentials, ``endpoint_url``...).
 
     Returns
     -------
@@ -178,8 +187,8 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     OptionError, InputDataError
         As :func:`~datamask_dask.datamask_select`, before anything is written.
     """
-    target = Path(path)
-    inputs = [input_location] if input_location is not None and "://" not in str(input_location) else []
+    target = resolve(path, storage_options)
+    inputs = [input_location] if input_location is not None else []
     check_target(target, overwrite=overwrite, inputs=inputs)
     with output_lock(target):
         check_target(target, overwrite=overwrite, inputs=inputs)  # as it is now that we hold the lock
@@ -187,11 +196,11 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
                                 input_location, options, progress, summary_rows)
 
 
-def _write_selection(ddf, target: Path, ratio, config, resume, single_file, scheduler, input_fingerprint,
+def _write_selection(ddf, target: Location, ratio, config, resume, single_file, scheduler, input_fingerprint,
                      input_location, options, progress=None, summary_rows=SAMPLE_ROWS) -> SelectionReport:
     start = time.perf_counter()
-    work = work_dir(target)
-    manifest = read_manifest(work) if resume else None
+    work = work_location(target)
+    manifest = read_manifest(work) if resume or committing(target) is not None else None
     settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     if manifest is not None and settings["memory_budget"] is None:
         # The default budget comes from the cluster, and it sizes chunks, which changes the
@@ -205,13 +214,13 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
     if manifest is not None:
         _check_same_run(manifest, record, target, work)
     else:
-        remove_own(work)  # our hidden work directory: a stale one without a manifest, or resume=False
-        work.mkdir(parents=True)
+        work.remove()  # our hidden work directory: a stale one without a manifest, or resume=False
+        work.makedirs()
         manifest = {**record, "format": FORMAT, "run_id": uuid.uuid4().hex, "runs": []}
     done = finished_partitions(work, manifest, plan["rows"])
     todo = [i for i in range(ddf.npartitions) if i not in done]
     manifest["runs"].append({"started": _now(), "computed": todo, "reused": sorted(done)})
-    _write_json(work / MANIFEST, manifest)
+    _write_json(work.child(MANIFEST), manifest)
 
     markers, computed = dict(done), []
     started = time.perf_counter()
@@ -223,35 +232,39 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
         parts = partitions(ddf)
         columns = (settings.get("by"), settings.get("token_column"))
         tasks = [dask.delayed(_select_and_write, pure=True)(
-            parts[number], plan_node, number, os.fspath(work), manifest["run_id"], columns,
+            parts[number], plan_node, number, work, manifest["run_id"], columns,
             dask_key_name=(f"datamask-select-write-{manifest['run_id']}", number)) for number in todo]
         try:
             written = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
         except BaseException:
-            if not any(work.glob("*.done")):  # nothing finished: nothing to resume, nothing to refuse
-                remove_own(work)
+            if not any(name.endswith(".done") for name in work.list()):  # nothing to resume or refuse
+                work.remove()
             raise
         for marker in written:
             computed.append(marker.pop("stages"))
             markers[int(marker["partition"])] = json.loads(_dumps(marker))  # as a resumed run reads it
     phases["select and write"] = time.perf_counter() - started
     manifest["runs"][-1]["finished"] = _now()
-    _write_json(work / MANIFEST, manifest)
+    _write_json(work.child(MANIFEST), manifest)
 
-    files = [work / markers[i]["file"] for i in sorted(markers) if markers[i]["file"]]
+    files = [work.child(markers[i]["file"]) for i in sorted(markers) if markers[i]["file"]]
     empty = _empty_table(ddf, spec) if not files else None
     started = time.perf_counter()
     summary = summarise_run(files, markers, settings, plan["spec"], sample_rows=summary_rows,
                             seed=int(settings.get("seed") or 0))
     phases["summary"] = time.perf_counter() - started
-    report = SelectionReport(os.fspath(target), sum(m["rows"] for m in markers.values()),
+    report = SelectionReport(target.uri, sum(m["rows"] for m in markers.values()),
                              sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
                              time.perf_counter() - start, phases,
                              stages.add_up([plan.get("stages"), *computed]))
     started = time.perf_counter()
     record = run_record(report, settings, manifest, markers, input_location, summary)
-    commit(files, target, single_file=single_file, empty=empty, record=record)
-    remove_own(work)
+    if target.local:
+        commit([Path(f.path) for f in files], Path(target.path), single_file=single_file, empty=empty,
+               record=record)
+    else:
+        commit_objects(files, target, work, manifest, single_file=single_file, empty=empty, record=record)
+    work.remove()
     phases["commit"] = time.perf_counter() - started
     return dataclasses.replace(report, seconds=time.perf_counter() - start, record=record,
                                summary=RunSummary(record))
@@ -260,10 +273,10 @@ def _write_selection(ddf, target: Path, ratio, config, resume, single_file, sche
 # --------------------------------------------------------------------------- manifest
 
 
-def read_manifest(work: Path) -> dict | None:
+def read_manifest(work) -> dict | None:
     """The manifest of an unfinished run, or None when there is none (or it is unreadable)."""
     try:
-        manifest = json.loads((work / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads(resolve(work).child(MANIFEST).read_bytes())
     except (OSError, ValueError):
         return None
     return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
@@ -303,7 +316,7 @@ def _hash(value) -> str:
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def _check_same_run(manifest: dict, record: dict, target: Path, work: Path) -> None:
+def _check_same_run(manifest: dict, record: dict, target: Location, work: Location) -> None:
     """Refuse to resume into a run started with other options or on another input."""
     hint = (f"Run again with the original options and input to resume, pass resume=False (--no-resume) "
             f"to discard the finished partitions in {work}, or write to another output than {target}.")
@@ -329,21 +342,23 @@ def _check_same_run(manifest: dict, record: dict, target: Path, work: Path) -> N
                           f"one it started with although options and input match. {hint}")
 
 
-def finished_partitions(work: Path, manifest: dict, rows: list[int]) -> dict[int, dict]:
+def finished_partitions(work, manifest: dict, rows: list[int]) -> dict[int, dict]:
     """Partitions with a valid completion marker: ``{partition: marker}``."""
-    done = {}
+    work, done = resolve(work), {}
+    present = set(work.list())
     for number, n_rows in enumerate(rows):
-        marker_path = work / f"{_stem(number)}.done"
+        if f"{_stem(number)}.done" not in present:
+            continue
         try:
-            marker = json.loads(marker_path.read_text(encoding="utf-8"))
+            marker = json.loads(work.child(f"{_stem(number)}.done").read_bytes())
         except (OSError, ValueError):
             continue
         if marker.get("run_id") != manifest["run_id"] or marker.get("rows") != n_rows:
             continue
         if marker.get("file"):
-            part = work / marker["file"]
+            part = work.child(marker["file"])
             try:
-                if part.stat().st_size != marker["bytes"] or pq.ParquetFile(part).metadata.num_rows != n_rows:
+                if part.size() != marker["bytes"] or _parquet_rows(part) != n_rows:
                     continue
             except (OSError, pa.ArrowException):
                 continue
@@ -354,11 +369,16 @@ def finished_partitions(work: Path, manifest: dict, rows: list[int]) -> dict[int
 # --------------------------------------------------------------------------- parts and markers
 
 
+def _parquet_rows(part: Location) -> int:
+    return pq.ParquetFile(part.path, filesystem=None if part.local else part.fs).metadata.num_rows
+
+
 def _stem(number: int) -> str:
     return f"part-{number:05d}"
 
 
-def _select_and_write(frame, plan: dict, number: int, work: str, run_id: str, columns=(None, None)) -> dict:
+def _select_and_write(frame, plan: dict, number: int, work: Location, run_id: str,
+                      columns=(None, None)) -> dict:
     """Select partition ``number`` of the table and write it; its marker, with this task's stage seconds."""
     stages.take_curves()  # curves left on this thread by other work are not this partition's
     with stages.timed("select"):
@@ -372,8 +392,9 @@ def _select_and_write(frame, plan: dict, number: int, work: str, run_id: str, co
     return {**marker, "stages": stages.take()}
 
 
-def write_part(frame, work: str, number: int, run_id: str, selected_column: str, summary=None) -> dict:
-    """Write one partition's part file and then its completion marker (both atomically, fsynced).
+def write_part(frame, work, number: int, run_id: str, selected_column: str, summary=None) -> dict:
+    """Write one partition's part file and then its completion marker (each whole: see
+    :meth:`~datamask_dask.io.storage.Location.write_bytes`; fsynced on local disk).
 
     Returns
     -------
@@ -381,16 +402,17 @@ def write_part(frame, work: str, number: int, run_id: str, selected_column: str,
         The marker: ``partition``, ``rows``, ``selected``, ``file`` (None for an empty
         partition), ``bytes``, ``run_id``, and ``summary`` (the part's run-summary figures).
     """
-    work_path = Path(work)
+    work = resolve(work)
     rows = len(frame)
     selected = int(adapters.host_values(frame, selected_column).sum()) if rows else 0
     marker = {"partition": number, "rows": rows, "selected": selected, "file": None, "bytes": 0,
               "run_id": run_id, "summary": summary or {}}
     if rows:
-        name = f"{_stem(number)}.parquet"
-        _write_atomic(work_path / name, lambda handle: _write_frame(frame, handle))
-        marker.update(file=name, bytes=(work_path / name).stat().st_size)
-    _write_json(work_path / f"{_stem(number)}.done", marker)
+        part = work.child(f"{_stem(number)}.parquet")
+        with part.open_write() as handle:
+            _write_frame(frame, handle)
+        marker.update(file=part.name, bytes=part.size())
+    _write_json(work.child(f"{_stem(number)}.done"), marker)
     return marker
 
 
@@ -421,9 +443,13 @@ def _dumps(value: dict) -> bytes:
     return json.dumps(value, indent=1, sort_keys=True, default=_plain).encode()
 
 
-def _write_json(path: Path, value: dict) -> None:
+def _write_json(path, value: dict) -> None:
+    """``value`` as JSON, written whole (``path``: a local Path or a :class:`Location`)."""
     data = _dumps(value)
-    _write_atomic(path, lambda handle: handle.write(data))
+    if isinstance(path, Location):
+        path.write_bytes(data)
+    else:
+        _write_atomic(path, lambda handle: handle.write(data))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -488,6 +514,68 @@ def commit(files: list[Path], target: Path, *, single_file: bool = False,
         _fsync_dir(target.parent)
     finally:
         remove_own(staging)
+
+
+def commit_objects(files: list[Location], target: Location, work: Location, manifest: dict, *,
+                   single_file: bool = False, empty: pa.Table | None = None,
+                   record: dict | None = None) -> None:
+    """Publish finished part files as ``target`` on an object store, where nothing can be renamed.
+
+    A single file is one upload: readers see the old object or the new one. A directory is
+    complete when its run record exists, so the record goes first when an old output is replaced
+    and comes back last, listing the new files, once every part is copied in (server-side). The
+    manifest records the old and new file names before anything in ``target`` changes: an
+    interrupted commit is finished by the next run on the same output, which removes only names
+    the old run record listed.
+    """
+    record = dict(record or {})
+    if single_file:
+        schema = (pq.read_schema(_parquet_source(files[0])).remove_metadata() if files else empty.schema)
+        schema = schema.with_metadata({FOOTER_KEY: _dumps(record)})
+        with target.open_write() as handle:
+            concatenate([_parquet_source(f) for f in files], handle, schema)
+        return
+    names = [f"part.{int(f.name.split('-')[1].split('.')[0])}.parquet" for f in files] or ["part.0.parquet"]
+
+    def remember(commit: dict) -> None:  # before target changes: the next run can finish this commit
+        manifest["commit"] = commit
+        _write_json(work.child(MANIFEST), manifest)
+
+    def write() -> None:
+        for file, name in zip(files, names, strict=False):
+            file.copy_to(target.child(name))
+        if not files:  # an empty table still gets its schema
+            with target.child(names[0]).open_write() as handle:
+                write_table(empty, handle)
+
+    publish_objects(target, names, write, record, pending=manifest.get("commit"), remember=remember)
+
+
+def publish_objects(target: Location, names: list[str], write, record: dict, *, pending: dict | None = None,
+                    remember=None) -> None:
+    """Replace the directory output ``target`` on an object store by the files ``names``.
+
+    ``write()`` writes them; the run record, listing them, is written last and is what makes the
+    output complete. An earlier output's record goes first, then the files it listed that are not
+    among ``names``: nothing else in ``target`` is ever removed. ``remember(commit)`` is called
+    with the old and new names before anything changes (``pending``: such a commit, to finish).
+    """
+    if pending is not None:
+        old = pending["old"]
+    else:
+        old = (read_record(target) or {}).get("files", []) if target.exists() else []
+    if remember is not None:
+        remember({"old": old, "new": names})
+    target.child(RUN_RECORD).remove()  # from here on the output is not complete
+    for name in sorted(set(old) - set(names)):
+        target.child(name).remove()
+    write()
+    target.child(RUN_RECORD).write_bytes(_dumps({**record, "files": names}))
+
+
+def _parquet_source(file: Location):
+    """What pyarrow's parquet reader opens: a local path, or an open file of the object store."""
+    return file.path if file.local else file.fs.open(file.path, "rb")
 
 
 def run_record(report: SelectionReport, settings: Mapping, manifest: dict, markers: dict,

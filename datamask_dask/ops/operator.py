@@ -225,7 +225,7 @@ def apply_plan(ddf, spec: SelectSpec, plan):
                                                        dask_key_name=("datamask-select-" + token, i))
              for i, part, token in _partitions(ddf, plan)]
     divisions = ddf.divisions if ddf.known_divisions else None
-    return dd.from_delayed(tasks, meta=meta, divisions=divisions, verify_meta=False)
+    return dd.from_delayed(tasks, meta=meta, divisions=divisions, prefix="datamask-select", verify_meta=False)
 
 
 def partitions(ddf) -> list:

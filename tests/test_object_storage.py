@@ -1,0 +1,245 @@
+"""Object storage: the same jobs, rules and outputs on S3 as on local disk.
+
+A real S3 API server (moto, started as its own process on a free localhost port) is talked to by
+s3fs (fsspec) and pyarrow, as a user's job would talk to a bucket; the CLI gets its endpoint and
+keys from the usual environment variables, the Python API from ``storage_options``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import dask.dataframe as dd
+import pytest
+from conftest import FAST
+
+from datamask_dask.cli import main
+from datamask_dask.errors import OptionError
+from datamask_dask.io.output import UnsafeOutputError, lock_location, output_lock, read_record
+from datamask_dask.io.parquet import read_parquet, write_parquet
+from datamask_dask.io.storage import resolve
+from datamask_dask.io.writer import write_selection
+from datamask_dask.sample_data import make_corpus
+
+pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'datamask-dask[s3]')")
+pytest.importorskip("moto", reason="moto[server] is not installed (the test extra brings it)")
+
+N_PARTS = 6
+FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"]), "--select_ratio", "0.1",
+         "--seed", "5"]
+OPTIONS = {**FAST, "ratio": 0.1, "seed": 5}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """A moto S3 server process on localhost; the environment points AWS clients at it while it runs.
+
+    Yields the ``storage_options`` a Python API user passes to reach it (the CLI reads the same
+    settings from the environment).
+    """
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail(f"the moto server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    settings = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint,
+               "client_kwargs": {"region_name": "us-east-1"}}
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="lake")
+    try:
+        yield options
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="module")
+def local_corpus(tmp_path_factory):
+    path = tmp_path_factory.mktemp("s3-corpus") / "corpus"
+    write_parquet(dd.from_pandas(make_corpus(1800, 16, seed=4), npartitions=N_PARTS, sort=False), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def s3_corpus(s3, local_corpus):
+    """The same parquet files under s3://lake/corpus/."""
+    fs = resolve("s3://lake", s3).fs
+    fs.put(str(local_corpus) + "/", "lake/corpus/", recursive=True)
+    return "s3://lake/corpus"
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory, local_corpus):
+    """The reference: the same job on local disk through the CLI."""
+    out = tmp_path_factory.mktemp("s3-reference") / "out"
+    assert main(["select", "--input", str(local_corpus), "--output", str(out), *FLAGS]) == 0
+    return out
+
+
+def _selected_ids(uri, options=None) -> set:
+    frame = read_parquet(uri, columns=["chunk_id", "selected"], storage_options=options).compute()
+    return set(frame.loc[frame["selected"], "chunk_id"])
+
+
+def _part_bytes(uri, options=None) -> dict:
+    location = resolve(uri, options)
+    return {name: location.child(name).read_bytes() for name in location.list() if name.endswith(".parquet")}
+
+
+def test_cli_s3_to_s3_selects_the_rows_of_the_local_run(s3, s3_corpus, local_run, tmp_path, monkeypatch,
+                                                        capsys):
+    monkeypatch.chdir(tmp_path)  # a URI taken for a local path would show up here as a folder "s3:"
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/out", *FLAGS]) == 0
+    assert "-> s3://lake/out" in capsys.readouterr().out
+    assert not (tmp_path / "s3:").exists() and not list(tmp_path.iterdir())
+    assert _selected_ids("s3://lake/out", s3) == _selected_ids(local_run)
+    assert len(_selected_ids("s3://lake/out", s3)) == 180  # exactly 10% of 1800
+    assert _part_bytes("s3://lake/out", s3) == _part_bytes(local_run)  # byte for byte the local output
+    record = read_record(resolve("s3://lake/out", s3))
+    assert record["input"]["location"] == s3_corpus and sorted(record["files"]) == sorted(
+        _part_bytes("s3://lake/out", s3))
+    assert not resolve("s3://lake/.out.datamask-work", s3).exists()  # the work directory is gone
+    assert not lock_location(resolve("s3://lake/out", s3)).exists()  # and so is the lock
+
+
+def test_python_api_on_a_cluster_reads_and_writes_s3(s3, s3_corpus, local_run, client):
+    report = write_selection(read_parquet(s3_corpus, storage_options=s3), "s3://lake/api-out",
+                             scheduler=client, storage_options=s3, **OPTIONS)
+    assert report.rows == 1800 and report.selected == 180
+    assert _selected_ids("s3://lake/api-out", s3) == _selected_ids(local_run)
+
+
+def test_a_killed_run_on_s3_resumes_and_gives_the_same_bytes(s3, s3_corpus, local_run, capsys):
+    work = resolve("s3://lake/.killed.datamask-work", s3)
+    command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", s3_corpus,
+               "--output", "s3://lake/killed", *FLAGS]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while (sum(name.endswith(".done") for name in work.list()) < 2 and process.poll() is None
+           and time.monotonic() < deadline):
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)  # the client dies mid-write, as on a lost machine
+    process.wait()
+    finished = sorted(name for name in work.list() if name.endswith(".done"))
+    assert 2 <= len(finished) < N_PARTS, process.stderr.read().decode()
+    assert read_record(resolve("s3://lake/killed", s3)) is None  # nothing looks complete
+    assert lock_location(resolve("s3://lake/killed", s3)).exists()  # the dead run's lock is left behind
+
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/killed", *FLAGS]) == 0
+    reused = f"{len(finished)} of {N_PARTS} partitions reused from the interrupted run"
+    assert reused in capsys.readouterr().out
+    assert _part_bytes("s3://lake/killed", s3) == _part_bytes(local_run)
+
+
+def test_a_second_run_on_the_same_s3_output_is_refused(s3, s3_corpus):
+    target = resolve("s3://lake/busy", s3)
+    with output_lock(target):
+        with pytest.raises(UnsafeOutputError, match="another datamask run is writing"):
+            write_selection(read_parquet(s3_corpus, storage_options=s3), "s3://lake/busy", storage_options=s3,
+                            scheduler="threads", **OPTIONS)
+    assert not lock_location(target).exists()
+    assert not target.exists()
+
+
+def test_an_expired_lock_is_taken_over(s3, s3_corpus):
+    lock = lock_location(resolve("s3://lake/expired", s3))
+    held = {"pid": 1, "host": "elsewhere", "run": "x", "expires": time.time() - 1}
+    lock.write_bytes(json.dumps(held).encode())
+    report = write_selection(read_parquet(s3_corpus, storage_options=s3), "s3://lake/expired",
+                             storage_options=s3, scheduler="threads", summary_rows=0, **OPTIONS)
+    assert report.selected == 180 and not lock.exists()
+
+
+def test_overwrite_on_s3_replaces_only_what_datamask_wrote(s3, s3_corpus, capsys):
+    fs = resolve("s3://lake", s3).fs
+    fs.pipe_file("lake/users-folder/notes.md", b"mine")
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/users-folder", "--overwrite",
+                 *FLAGS]) == 1
+    assert "without a datamask run record" in capsys.readouterr().err
+    assert fs.cat_file("lake/users-folder/notes.md") == b"mine"
+
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/again", *FLAGS]) == 0
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/again", *FLAGS]) == 1
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    fs.pipe_file("lake/again/extra.txt", b"someone else's")
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/again", "--overwrite", *FLAGS]) == 1
+    assert "did not write: extra.txt" in capsys.readouterr().err
+    fs.rm_file("lake/again/extra.txt")
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/again", "--overwrite",
+                 "--select_ratio", "0.2", *FLAGS[:4], "--seed", "5"]) == 0
+    assert len(_selected_ids("s3://lake/again", s3)) == 360
+
+
+@pytest.mark.parametrize("output, relation", [("s3://lake/corpus", "is the input"),
+                                              ("s3://lake/corpus/sub", "lies inside the input"),
+                                              ("s3://lake", "contains the input")])
+def test_an_s3_output_overlapping_the_input_is_refused(s3, s3_corpus, output, relation, capsys):
+    before = sorted(resolve(s3_corpus, s3).files())
+    assert main(["select", "--input", s3_corpus, "--output", output, "--overwrite", *FLAGS]) == 1
+    assert relation in capsys.readouterr().err
+    assert sorted(resolve(s3_corpus, s3).files()) == before
+
+
+def test_a_table_job_writes_its_parquet_output_to_the_bucket(s3, tmp_path, local_corpus, monkeypatch, capsys):
+    pytest.importorskip("deltalake", reason="deltalake is not installed (the lakehouse extra)")
+    import deltalake
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(local_corpus)
+    deltalake.write_deltalake(str(tmp_path / "delta"), table)
+    monkeypatch.chdir(tmp_path)
+    assert main(["select", "--input", f"delta://{tmp_path / 'delta'}", "--output", "s3://lake/from-delta",
+                 *FLAGS]) == 0
+    assert "-> s3://lake/from-delta" in capsys.readouterr().out
+    assert not (tmp_path / "s3:").exists()
+    assert len(_selected_ids("s3://lake/from-delta", s3)) == 180
+    assert read_record(resolve("s3://lake/from-delta", s3))["files"] == ["part.0.parquet"]
+
+
+def test_a_uri_whose_filesystem_is_not_installed_names_the_package():
+    try:  # gcsfs is not a dependency: the error must name it
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(OptionError, match="pip install gcsfs"):
+            resolve("gs://bucket/corpus")
+    else:
+        pytest.skip("gcsfs is installed here, so gs:// resolves")
