@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,8 +33,8 @@ from ._lake import RECORD_KEY, compute_arrow, dumps
 from .output import UnsafeOutputError, check_inputs, output_lock, publish, remove_own, staging_path
 from .pieces import Pieces, to_dask
 
-__all__ = ["DeltaSource", "delta_pieces", "delta_record", "delta_source", "read_delta", "read_delta_source",
-           "write_delta"]
+__all__ = ["DeltaSink", "DeltaSource", "delta_pieces", "delta_record", "delta_source", "read_delta",
+           "read_delta_source", "write_delta"]
 
 
 def _deltalake():
@@ -258,3 +259,111 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
             deltalake.write_deltalake(location, data, mode=mode, partition_by=partition_by,
                                       storage_options=storage_options, commit_properties=properties)
     return {"version": _open(location, storage_options=storage_options).version(), "rows": rows}
+
+
+# --------------------------------------------------------------------------- distributed writes
+
+
+def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` in the types Delta stores: fixed-size lists (embeddings) as lists."""
+    return pa.schema([pa.field(f.name, pa.list_(f.type.value_type)) if pa.types.is_fixed_size_list(f.type)
+                      else f for f in schema])
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaSink:
+    """A Delta table written by many tasks and committed once, by the driver, as one transaction.
+
+    Each task writes its partition as a data file of the table (:meth:`write`, through deltalake's
+    own storage layer, so the table's ``storage_options`` apply) and hands back a small
+    descriptor; :meth:`commit` adds them all in one commit with the run record, so the driver
+    holds only file names and sizes, never the rows. Files of a run that fails before its commit
+    belong to no version (:meth:`abort` removes them). A new local table is built in a hidden
+    sibling and renamed into place once committed.
+    """
+
+    location: str  # the table's URI
+    root: str  # where the files go now: the table, or the hidden sibling of a new local table
+    mode: str
+    run_id: str
+    storage_options: dict | None = None
+
+    @classmethod
+    def open(cls, path, *, mode: str, run_id: str, inputs=(), storage_options=None) -> DeltaSink:
+        """Check that the table may be written (as :func:`write_delta` does) and prepare the sink."""
+        if mode not in ("error", "append", "overwrite"):
+            raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+        location = os.fspath(path)
+        _check_delta_target(location, mode, list(inputs), storage_options)
+        root = location
+        if "://" not in location and not os.path.lexists(location):
+            root = os.fspath(staging_path(Path(location)))
+        return cls(location, root, mode, run_id, storage_options)
+
+    @property
+    def writer(self):
+        """What each task calls: :meth:`write` (the sink itself travels to the workers)."""
+        return self.write
+
+    def _filesystem(self):
+        from deltalake.fs import DeltaStorageHandler
+        from pyarrow import fs
+
+        if "://" not in self.root:
+            os.makedirs(self.root, exist_ok=True)
+        return fs.PyFileSystem(DeltaStorageHandler(self.root, self.storage_options))
+
+    def write(self, table: pa.Table, number: int) -> dict | None:
+        """Write one partition's rows as a data file; its add-action fields (None for no rows)."""
+        from .parquet import write_table
+
+        if not table.num_rows:
+            return None
+        table = table.cast(delta_arrow_schema(table.schema))
+        name = f"part-{number:05d}-{self.run_id}.parquet"
+        filesystem = self._filesystem()
+        with filesystem.open_output_stream(name) as out:
+            write_table(table, out)
+        return {"path": name, "size": filesystem.get_file_info(name).size, "rows": table.num_rows,
+                "modification_time": int(time.time() * 1000)}
+
+    def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
+        """Commit the files in one transaction (retried commits are recognised by the run's app id)."""
+        deltalake = _deltalake()
+        from deltalake.transaction import AddAction
+
+        actions = [AddAction(w["path"], w["size"], {}, w["modification_time"], True,
+                             json.dumps({"numRecords": w["rows"]})) for w in written if w]
+        app = deltalake.Transaction(app_id=f"datamask-{self.run_id}", version=1)
+        properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record or {})},
+                                                app_transactions=[app])
+        schema = delta_arrow_schema(schema)
+        lock = output_lock(Path(self.location)) if "://" not in self.location else contextlib.nullcontext()
+        with lock:
+            if deltalake.DeltaTable.is_deltatable(self.root, storage_options=self.storage_options):
+                table = _open(self.root, storage_options=self.storage_options)
+                if (table.transaction_version(app.app_id) or 0) < app.version:  # not committed already
+                    table.create_write_transaction(actions, self.mode, schema, commit_properties=properties)
+            else:
+                from deltalake.transaction import create_table_with_add_actions
+
+                create_table_with_add_actions(self.root, deltalake.Schema.from_arrow(schema), actions,
+                                              mode="error", storage_options=self.storage_options,
+                                              commit_properties=properties)
+            if self.root != self.location:
+                publish(Path(self.root), Path(self.location))
+        return {"version": _open(self.location, storage_options=self.storage_options).version(),
+                "rows": sum(w["rows"] for w in written if w)}
+
+    def abort(self) -> None:
+        """Remove this run's data files (none is part of a version yet)."""
+        if self.root != self.location:
+            remove_own(Path(self.root))
+            return
+        with contextlib.suppress(Exception):
+            filesystem = self._filesystem()
+            from pyarrow import fs
+
+            for info in filesystem.get_file_info(fs.FileSelector("", recursive=False)):
+                if info.base_name.endswith(f"-{self.run_id}.parquet"):
+                    filesystem.delete_file(info.path)

@@ -29,8 +29,8 @@ from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow, dumps
 from .output import UnsafeOutputError
 from .pieces import Pieces, to_dask
 
-__all__ = ["IcebergSource", "get_catalog", "iceberg_pieces", "iceberg_record", "iceberg_source",
-           "read_iceberg", "read_iceberg_source", "write_iceberg"]
+__all__ = ["IcebergSink", "IcebergSource", "get_catalog", "iceberg_pieces", "iceberg_record",
+           "iceberg_source", "read_iceberg", "read_iceberg_source", "write_iceberg"]
 
 
 def _pyiceberg():
@@ -293,3 +293,98 @@ def _check_ours(table, name: str, mode: str) -> None:
     if foreign:
         raise UnsafeOutputError(f"mode={mode!r} refused: the Iceberg table {name} has {foreign} snapshot(s) "
                                 "without a datamask run record; choose another output")
+
+
+# --------------------------------------------------------------------------- distributed writes
+
+
+@dataclasses.dataclass(frozen=True)
+class IcebergFiles:
+    """The task side of :class:`IcebergSink`: writes one partition as a data file under the table's
+    ``data/`` folder through the table's FileIO (picklable; no catalog travels to the workers)."""
+
+    location: str
+    io: object
+    run_id: str
+
+    def __call__(self, table: pa.Table, number: int) -> dict | None:
+        from .parquet import write_table
+
+        if not table.num_rows:
+            return None
+        table = table.cast(_iceberg_schema(table.schema))
+        path = f"{self.location.rstrip('/')}/data/datamask-{self.run_id}-{number:05d}.parquet"
+        with self.io.new_output(path).create(overwrite=True) as out:
+            write_table(table, out)
+        return {"path": path, "rows": table.num_rows}
+
+
+class IcebergSink:
+    """An Iceberg table written by many tasks and committed once, by the driver, as one transaction.
+
+    Tasks write data files (:attr:`writer`); :meth:`commit` registers them all in one snapshot
+    (``add_files``: the driver reads their footers, never their rows) with the run record in its
+    summary. A new table is created in the same transaction, so a failure before the commit
+    leaves no table; the files of a failed run belong to no snapshot (:meth:`abort` removes them).
+    """
+
+    def __init__(self, catalog, identifier, *, mode: str, run_id: str, schema: pa.Schema, inputs=(),
+                 **properties):
+        if mode not in ("error", "append", "overwrite"):
+            raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+        self.catalog = get_catalog(catalog, **properties)
+        self.name, self.mode, self.run_id = _identifier(identifier), mode, run_id
+        for source in inputs:
+            if source is not None and tuple(source) == (self.catalog.name, self.name):
+                raise UnsafeOutputError(f"the output Iceberg table {self.name} is the input: write the "
+                                        "selection to another table (the input is never modified)")
+        self.exists = self.catalog.table_exists(self.name)
+        self.schema = _iceberg_schema(schema)
+        if self.exists:
+            if mode == "error":
+                raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
+                                      "'overwrite' (--mode) to write into it (only a table datamask wrote)")
+            table = self.catalog.load_table(self.name)
+            _check_ours(table, self.name, mode)
+            self.schema = _plain_target(table, self.schema)
+            location, io = table.location(), table.io
+        else:
+            namespace = self.name.rsplit(".", 1)[0] if "." in self.name else None
+            if namespace:
+                self.catalog.create_namespace_if_not_exists(namespace)
+            creating = self._create()  # not committed: only where the table will live
+            location, io = creating.table_metadata.location, creating._table.io
+        self.writer = IcebergFiles(location, io, run_id)
+
+    def _create(self):
+        return self.catalog.create_table_transaction(self.name, schema=self.schema,
+                                                     properties={TABLE_MARK: "true"})
+
+    def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
+        from pyiceberg.expressions import AlwaysTrue
+
+        paths = [w["path"] for w in written if w]
+        summary = {RECORD_KEY: dumps(record or {})}
+        transaction = self._create() if not self.exists else self.catalog.load_table(self.name).transaction()
+        if self.exists and self.mode == "overwrite":
+            transaction.delete(AlwaysTrue(), snapshot_properties=summary)
+        if paths:
+            transaction.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
+        else:
+            transaction.append(self.schema.empty_table(), snapshot_properties=summary)
+        transaction.commit_transaction()
+        snapshot = self.catalog.load_table(self.name).current_snapshot()
+        return {"snapshot_id": None if snapshot is None else snapshot.snapshot_id,
+                "rows": sum(w["rows"] for w in written if w)}
+
+    def abort(self) -> None:
+        """Remove this run's data files (none is in a snapshot yet)."""
+        import contextlib
+
+        from .storage import resolve
+
+        with contextlib.suppress(Exception):
+            data = resolve(f"{self.writer.location.rstrip('/')}/data")
+            for name in data.list():
+                if name.startswith(f"datamask-{self.run_id}-"):
+                    data.child(name).remove()

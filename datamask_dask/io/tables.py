@@ -29,20 +29,22 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import dask
+import pyarrow as pa
 
 from .. import progress as progress_bars
 from .. import stages
 from ..errors import OptionError
 from ..partition import adapters
-from ._lake import compute_arrow, concat_arrow, dumps, lake_versions
+from ._lake import compute_arrow, dumps, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
 from .parquet import to_arrow
 from .pieces import Pieces, to_dask
 from .storage import Location, resolve
 from .summary import SAMPLE_ROWS, summarise_table_run, table_part_summary
 
-__all__ = ["TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table", "select_table",
-           "selection_columns", "table_pieces", "table_record", "write_table_output"]
+__all__ = ["ParquetSink", "TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table",
+           "select_table", "selection_columns", "table_pieces", "table_record", "table_sink",
+           "write_table_output"]
 
 OUTPUT_COLUMNS = ("all", "selection")
 RUN_ID_COLUMN = "run_id"
@@ -271,6 +273,93 @@ def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, input
     return {"rows": result.num_rows}
 
 
+def table_sink(target: TableURI, *, mode: str, run_id: str, schema: pa.Schema, inputs=(),
+               catalog_properties=None, storage_options=None):
+    """Where the tasks of a table run write their partitions, and how the driver commits them.
+
+    A sink has ``writer(table, number) -> descriptor`` (picklable: each task calls it with its
+    partition's Arrow table), ``commit(descriptors, schema, record) -> dict`` (the driver: one
+    transaction, metadata only) and ``abort()`` (a failure before the commit: remove the files).
+    The target is checked here, before anything is computed (the rules of :mod:`.output`).
+    """
+    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
+    for source in sources:
+        if source.key == target.key:
+            from .output import UnsafeOutputError
+
+            raise UnsafeOutputError(f"the output {target.uri} is the input {source.uri}: write the selection "
+                                    "elsewhere (the input is never modified)")
+    if target.format == "delta":
+        from .delta import DeltaSink
+
+        return DeltaSink.open(target.location, mode=mode, run_id=run_id, storage_options=storage_options,
+                              inputs=[s.location for s in sources if s.format != "iceberg"])
+    if target.format == "iceberg":
+        from .iceberg import IcebergSink
+
+        return IcebergSink(target.catalog, target.location, mode=mode, run_id=run_id, schema=schema,
+                           inputs=[(s.catalog, s.location) for s in sources if s.format == "iceberg"],
+                           **(catalog_properties or {}))
+    if mode == "append":
+        raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
+    return ParquetSink(resolve(target.location, storage_options), overwrite=mode == "overwrite",
+                       run_id=run_id, inputs=[s.location for s in sources if s.format == "parquet"])
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetParts:
+    """The task side of :class:`ParquetSink`: partition N as ``part.N.parquet`` in the run's work folder."""
+
+    work: Location
+
+    def __call__(self, table: pa.Table, number: int) -> dict | None:
+        from .parquet import write_table
+
+        if not table.num_rows:
+            return None
+        part = self.work.child(f"part.{number}.parquet")
+        with part.open_write() as handle:
+            write_table(table, handle)
+        return {"name": part.name, "rows": table.num_rows}
+
+
+class ParquetSink:
+    """A parquet directory written by many tasks and published whole (the rules of :mod:`.output`):
+    parts go to a hidden sibling, then are renamed into place (local disk) or copied in with the run
+    record last (object stores, :func:`~.writer.publish_objects`)."""
+
+    def __init__(self, target: Location, *, overwrite: bool, run_id: str, inputs=()):
+        self.target, self.overwrite, self.inputs = target, overwrite, list(inputs)
+        check_target(target, overwrite=overwrite, inputs=self.inputs)
+        self.work = target.sibling(f".{target.name}.datamask-{run_id}")
+        self.writer = ParquetParts(self.work)
+
+    def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
+        from .parquet import write_table
+        from .writer import _dumps, publish_objects
+
+        names = [w["name"] for w in written if w] or ["part.0.parquet"]
+        if not any(written):  # an empty table still gets its schema
+            with self.work.child(names[0]).open_write() as handle:
+                write_table(schema.empty_table(), handle)
+        with output_lock(self.target):
+            check_target(self.target, overwrite=self.overwrite, inputs=self.inputs)
+            if self.target.local:
+                self.work.child(RUN_RECORD).write_bytes(_dumps({**(record or {}), "files": names}))
+                publish(Path(self.work.path), Path(self.target.path))
+            else:
+                def copy() -> None:
+                    for name in names:
+                        self.work.child(name).copy_to(self.target.child(name))
+
+                publish_objects(self.target, names, copy, record or {})
+        self.work.remove()
+        return {"rows": sum(w["rows"] for w in written if w)}
+
+    def abort(self) -> None:
+        self.work.remove()
+
+
 # --------------------------------------------------------------------------- one run
 
 
@@ -373,32 +462,39 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         columns = {"id_column": spec.id_column, "selected_column": spec.selected_column,
                    "score_column": spec.score_column}
         meta = selection_columns(meta, run_id, **columns)
-    # Everything is computed before the first byte is written: the write is one transaction.
+    # Each task writes its partition's file; the driver commits their names in one transaction.
+    schema = to_arrow(meta).schema
+    sink = table_sink(target, mode=mode, run_id=run_id, schema=schema, inputs=[source_uri],
+                      catalog_properties=catalog_properties, storage_options=storage_options)
     parts = progress_bars.named(source.frame.to_delayed(), "datamask-read")
     per_part = math.ceil(summary_rows / max(len(parts), 1))
     seed = int(settings.get("seed") or 0)
     tasks = [dask.delayed(_select_part, pure=True)(part, plan, number, spec, columns, run_id, per_part, seed,
+                                                   sink.writer,
                                                    dask_key_name=f"datamask-select-{run_id}-{number}")
              for number, part in enumerate(parts)]
-    outputs = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
-    table = concat_arrow([output for output, _ in outputs], to_arrow(meta).schema)
-    parts = [part for _, part in outputs]
-    rows, selected = sum(p["rows"] for p in parts), sum(p["selected"] for p in parts)
-    summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
-    record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                  partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-                  stages=stages.add_up(p.pop("stages") for p in parts), summary=summary,
-                  phases={"plan, select and summary": time.perf_counter() - start})
-    record = _json(record)
-    written = write_table_output(table, target, mode=mode, record=record, inputs=[source_uri],
-                                 catalog_properties=catalog_properties, storage_options=storage_options)
+    try:
+        outputs = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
+        parts = [part for _, part in outputs]
+        rows, selected = sum(p["rows"] for p in parts), sum(p["selected"] for p in parts)
+        summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
+        record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
+                      stages=stages.add_up(p.pop("stages") for p in parts), summary=summary,
+                      phases={"plan, select and summary": time.perf_counter() - start})
+        record = _json(record)
+        written = sink.commit([file for file, _ in outputs], schema, record)
+    except BaseException:
+        sink.abort()  # nothing was committed: the files written belong to no version
+        raise
     return TableRunReport(target.uri, rows, selected, run_id, source.describe(), written, record,
                           time.perf_counter() - start)
 
 
 def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run_id: str, sample_rows: int,
-                 seed: int):
-    """One partition of a table run, in one task: its output as Arrow and its part of the summary.
+                 seed: int, write):
+    """One partition of a table run, in one task: selected, written by ``write`` (a sink's writer),
+    and its part of the summary. Returns what ``write`` returned (the file's descriptor) and the part.
 
     One task, so the learning curves and stage seconds its learner left on this thread are its own.
     """
@@ -409,7 +505,8 @@ def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run
     part["stages"] = stages.take()
     if columns is not None:
         out = selection_columns(out, run_id, **columns)
-    return to_arrow(out), part
+    with stages.timed("write"):
+        return write(to_arrow(out), number), part
 
 
 def _json(record: dict) -> dict:

@@ -1,0 +1,112 @@
+"""Distributed table writes: tasks write the data files, the driver commits their names once.
+
+A run that fails in its select pass, after some tasks have written files, leaves the output table
+as it was (and no file of the failed run behind); a commit that is retried is not applied twice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake", reason="the lakehouse extra (pip install '.[lakehouse]') is "
+                                "not installed")
+pytest.importorskip("pyiceberg.catalog.sql", reason="the lakehouse extra (pyiceberg[sql-sqlite,pyarrow]) is "
+                    "not installed")
+pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy (pyiceberg[sql-sqlite])")
+from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
+
+import datamask_dask  # noqa: E402
+from datamask_dask.errors import InputDataError  # noqa: E402
+from datamask_dask.io.delta import DeltaSink  # noqa: E402
+from datamask_dask.io.tables import select_table  # noqa: E402
+
+OPTIONS = {"n_epochs": 20, "n_rollout": 8}
+# The plan pass reads no embedding: a bad vector is found in the select pass, after other
+# partitions have written their files.
+LATE_CHECK = {"validate": "light", "diversity_scope": "partition", "scheduler": "sync"}
+
+
+def _corpus(rows: int, seed: int) -> pa.Table:
+    frame = datamask_dask.make_corpus(rows, 16, seed=seed)
+    table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
+    return table.set_column(2, "feature_arr", table.column("feature_arr").cast(pa.list_(pa.float32())))
+
+
+@pytest.fixture
+def sources(tmp_path):
+    """A good Delta table of 3 files, and the same with a NaN in an embedding of the last file."""
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for number in range(3):
+        part = _corpus(400, number).set_column(0, "chunk_id", pa.array(np.arange(400) + 400 * number))
+        deltalake.write_deltalake(good, part, mode="append")
+        if number == 2:
+            vectors = part.column("feature_arr").to_pylist()
+            vectors[5][3] = float("nan")
+            part = part.set_column(2, "feature_arr", pa.array(vectors, pa.list_(pa.float32())))
+        deltalake.write_deltalake(bad, part, mode="append")
+    return good, bad
+
+
+def _files(path) -> set:
+    return {p.name for p in path.rglob("*.parquet")}
+
+
+def test_a_delta_run_failing_after_some_files_were_written_leaves_the_table(sources, tmp_path):
+    good, bad = sources
+    out = tmp_path / "out"
+    select_table(f"delta://{good}", f"delta://{out}", 0.1, **OPTIONS, **LATE_CHECK)
+    version, files = deltalake.DeltaTable(out).version(), _files(out)
+    with pytest.raises(InputDataError, match="NaN"):
+        select_table(f"delta://{bad}", f"delta://{out}", 0.2, mode="overwrite", **OPTIONS, **LATE_CHECK)
+    assert deltalake.DeltaTable(out).version() == version
+    assert _files(out) == files  # the failed run's files were removed
+    assert deltalake.DeltaTable(out).to_pyarrow_table().num_rows == 1200
+
+    new = tmp_path / "new"  # a failed first run leaves nothing, not even a hidden sibling
+    with pytest.raises(InputDataError, match="NaN"):
+        select_table(f"delta://{bad}", f"delta://{new}", 0.1, **OPTIONS, **LATE_CHECK)
+    assert not new.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_each_delta_task_writes_its_own_file_and_one_commit_adds_them(sources, tmp_path):
+    good, _ = sources
+    out = tmp_path / "out"
+    report = select_table(f"delta://{good}", f"delta://{out}", 0.1, **OPTIONS)
+    table = deltalake.DeltaTable(out)
+    assert table.version() == 0 and report.rows == 1200 and report.selected == 120
+    assert sorted(_files(out)) == [f"part-{n:05d}-{report.run_id}.parquet" for n in range(3)]
+    assert int(np.count_nonzero(table.to_pyarrow_table().column("selected").to_numpy())) == 120
+
+
+def test_a_retried_delta_commit_is_applied_once(tmp_path):
+    out = tmp_path / "retried"
+    sink = DeltaSink.open(out, mode="error", run_id="r1")
+    table = _corpus(50, 0)
+    written = [sink.writer(table, 0)]
+    sink.commit(written, table.schema, {"run_id": "r1"})
+    again = DeltaSink(str(out), str(out), "append", "r1")  # the same run commits again (a retry)
+    again.commit(written, table.schema, {"run_id": "r1"})
+    assert deltalake.DeltaTable(out).version() == 0
+    assert deltalake.DeltaTable(out).to_pyarrow_table().num_rows == 50
+
+
+def test_an_iceberg_run_failing_after_some_files_were_written_leaves_the_table(sources, tmp_path):
+    good, bad = sources
+    (tmp_path / "wh").mkdir()
+    properties = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
+    catalog = SqlCatalog("local", uri=properties["uri"], warehouse=properties["warehouse"])
+    select_table(f"delta://{good}", "iceberg://local/out.sel", 0.1, catalog_properties=properties, **OPTIONS,
+                 **LATE_CHECK)
+    snapshot = catalog.load_table("out.sel").current_snapshot().snapshot_id
+    files = _files(tmp_path / "wh")
+    with pytest.raises(InputDataError, match="NaN"):
+        select_table(f"delta://{bad}", "iceberg://local/out.sel", 0.2, mode="overwrite",
+                     catalog_properties=properties, **OPTIONS, **LATE_CHECK)
+    assert catalog.load_table("out.sel").current_snapshot().snapshot_id == snapshot
+    assert _files(tmp_path / "wh") == files
+    with pytest.raises(InputDataError, match="NaN"):
+        select_table(f"delta://{bad}", "iceberg://local/out.new", 0.1, catalog_properties=properties,
+                     **OPTIONS, **LATE_CHECK)
+    assert not catalog.table_exists("out.new")
