@@ -88,8 +88,6 @@ def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parq
     assert got["text"].tolist() == corpus["text"].tolist()
     assert np.array_equal(np.stack(got["feature_arr"]), np.stack(corpus["feature_arr"]))
     assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
-    with pytest.raises(ValueError, match="local or mounted paths"):
-        write_selection(sdf, "s3a://bucket/out", ratio=0.1)
 
 
 def _lang_tokens(frame):
@@ -201,8 +199,6 @@ def test_file_selection_reads_the_pieces_in_the_workers(spark, corpus, parquet_d
     assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
     with pytest.raises(UnsafeOutputError, match="inside the input"):
         write_file_selection(spark, parquet_dir, parquet_dir / "out", ratio=0.1)
-    with pytest.raises(ValueError, match="local or mounted paths"):
-        write_file_selection(spark, parquet_dir, "s3a://bucket/out", ratio=0.1)
 
 
 def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tmp_path):

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pyarrow as pa
 
 from datamask_dask.config import load_config
 from datamask_dask.errors import InputDataError
 from datamask_dask.io.pieces import Pieces
+from datamask_dask.io.storage import Location, resolve
 from datamask_dask.io.summary import SAMPLE_ROWS
 from datamask_dask.io.tables import parse_table_uri, table_pieces
 from datamask_dask.partition import adapters
@@ -63,8 +63,9 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     Parameters
     ----------
     spark : pyspark.sql.SparkSession
-        Classic or Spark Connect; its executors must read ``source`` and write ``path`` (a
-        local path, or a file system they all mount).
+        Classic or Spark Connect; its executors must read ``source`` and write ``path``: local
+        paths (of a file system they all mount) or object-store URIs (``s3://``...), which the
+        workers reach through fsspec with the usual environment variables (no Hadoop connector).
     source : str or os.PathLike
         A table URI (:mod:`datamask_dask.io.tables`): a parquet file or directory (hive
         ``key=value`` subdirectories become columns), ``delta://...`` or ``iceberg://CATALOG/ns.table``,
@@ -76,8 +77,9 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     overwrite, summary_rows
         As for :func:`datamask_spark.writer.write_selection`.
     catalog_properties, storage_options
-        Iceberg catalog properties and Delta storage options, as for
-        :func:`datamask_dask.io.tables.read_table` (they travel to the workers with the pieces).
+        Iceberg catalog properties, and the storage options of a Delta input (deltalake's keys)
+        or of parquet paths (fsspec's), as for :func:`datamask_dask.io.tables.read_table`; they
+        travel to the workers with the pieces.
 
     Returns
     -------
@@ -93,29 +95,26 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     UnsafeOutputError
         For an output that overlaps ``source``, or that exists and datamask did not write.
     """
-    if "://" in str(path):
-        raise ValueError(f"write_file_selection writes local or mounted paths, not {path!r}: write "
-                         "datamask_select(sdf, ...) with Spark's writer (df.write.parquet) instead")
     table = parse_table_uri(source)
-    if table.format == "parquet" and not Path(table.location).exists():
+    if table.format == "parquet" and not resolve(table.location, storage_options).exists():
         raise FileNotFoundError(f"{source} does not exist")
     try:
         files = table_pieces(table, catalog_properties=catalog_properties, storage_options=storage_options)
     except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
         raise InputDataError(f"cannot read the input {source}: {exc}") from None
-    inputs = [table.location] if table.format != "iceberg" and "://" not in table.location else []
+    inputs = [table.location] if table.format != "iceberg" else []
 
-    def run(staging: Path):
+    def run(staging: Location):
         spec, plan = plan_files(spark, files, ratio, config=config, **options)
         present = set(files.schema.names)
         columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in present]
-        task = WriteTask(SelectTask(plan, files.schema, columns), os.fspath(staging))
+        task = WriteTask(SelectTask(plan, files.schema, columns), staging)
         read = _ReadPiece(task, files, files.schema.names)
         return spec, plan, piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), files.schema
 
     extra = {"input": {**files.source, "location": os.fspath(source), "read_by": "workers"}}
     return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
-                     inputs=inputs, summary_rows=summary_rows, extra=extra)
+                     inputs=inputs, summary_rows=summary_rows, extra=extra, storage_options=storage_options)
 
 
 def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):

@@ -12,15 +12,15 @@ selection itself (``benchmarks/results-spark-*.md``).
 The output follows the package's rules (:mod:`datamask_dask.io.output`): it may not overlap the
 inputs, ``overwrite`` replaces only an output of an earlier datamask run, one run writes it at a
 time, and it appears complete or not at all (a hidden staging sibling, renamed into place with its
-run record ``_datamask_run.json``). So ``path`` must be a local path (or a shared file system's)
-that every executor can write; for object stores (``s3a://``...) write ``datamask_select``'s
-DataFrame with Spark's own writer.
+run record ``_datamask_run.json``). ``path`` is a local path every executor can write (a shared
+file system's) or an object-store URI (``s3://``...): the workers then write through fsspec with
+the credentials of the usual environment variables, no Hadoop connector involved, and the output
+is committed as :func:`datamask_dask.io.writer.publish_objects` does (its run record last).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -30,18 +30,11 @@ import pyarrow as pa
 
 from datamask_dask import stages
 from datamask_dask.config import load_config
-from datamask_dask.io.output import (
-    RUN_RECORD,
-    check_target,
-    library_versions,
-    output_lock,
-    publish,
-    remove_own,
-    staging_path,
-)
+from datamask_dask.io.output import RUN_RECORD, check_target, library_versions, output_lock, publish
 from datamask_dask.io.parquet import write_table
+from datamask_dask.io.storage import Location, resolve
 from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, summarise_run
-from datamask_dask.io.writer import _plain, _stem, _write_atomic
+from datamask_dask.io.writer import _dumps, _plain, _stem, publish_objects
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
 
@@ -93,37 +86,34 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
     UnsafeOutputError
         For an output that overlaps an input, or that exists and datamask did not write.
     """
-    if "://" in str(path):
-        raise ValueError(f"write_selection writes local or mounted paths, not {path!r}: write "
-                         "datamask_select(sdf, ...) with Spark's writer (df.write.parquet) instead")
-
-    def run(staging: Path):
+    def run(staging: Location):
         spec, plan = plan_selection(sdf, ratio, config=config, **options)
-        task = WriteTask(select_task(sdf, spec, plan), os.fspath(staging))
+        task = WriteTask(select_task(sdf, spec, plan), staging)
         return spec, plan, sdf.mapInArrow(task, RESULT_SCHEMA), arrow_schema(sdf)
 
     return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
                      inputs=inputs, summary_rows=summary_rows, extra={"input": {"location": input_location}})
 
 
-def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_rows: int, extra: dict) -> dict:
+def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_rows: int, extra: dict,
+              storage_options: dict | None = None) -> dict:
     """Run a Spark selection whose tasks write the parts, and publish it with its run record.
 
     ``run(staging)`` plans and returns ``(spec, plan, results, schema)``: ``results`` is the
     DataFrame of :class:`WriteTask` rows whose collection selects and writes the parts into
-    ``staging``, ``schema`` the input's Arrow schema (for the empty table's file). Everything
-    else (the output's rules, the run summary and record) is the same whatever the tasks read;
-    ``extra`` goes into the run record as it is (e.g. ``input``).
+    ``staging`` (a :class:`~datamask_dask.io.storage.Location`), ``schema`` the input's Arrow
+    schema (for the empty table's file). Everything else (the output's rules, the run summary and
+    record) is the same whatever the tasks read; ``extra`` goes into the run record as it is.
     """
-    target = Path(path)
-    inputs = [os.fspath(p) for p in inputs]
+    target = resolve(path, storage_options)
+    inputs = [str(p) for p in inputs]
     check_target(target, overwrite=overwrite, inputs=inputs)
     started = time.perf_counter()
     with output_lock(target):
         check_target(target, overwrite=overwrite, inputs=inputs)
-        staging = staging_path(target)
+        staging = target.sibling(f".{target.name}.tmp-{time.time_ns():x}")
         try:
-            staging.mkdir(parents=True)
+            staging.makedirs()
             with spark_errors():
                 spec, plan, tasks, schema = run(staging)
                 planned = time.perf_counter()
@@ -132,11 +122,12 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
             files = [r["file"] for r in results if r["file"]]
             if not files:  # an empty table still gets its schema
                 files = [f"{_stem(0)}.parquet"]
-                write_table(_with_selection(schema.empty_table(), spec), staging / files[0])
+                with staging.child(files[0]).open_write() as handle:
+                    write_table(_with_selection(schema.empty_table(), spec), handle)
             worker_stages = stages.add_up([plan.get("stages")] + [json.loads(r["stages"]) for r in results])
             # The run summary as Dask's writer makes it: the partitions' parts, then a sample of the files.
             markers = {r["partition"]: {"summary": json.loads(r["summary"] or "{}")} for r in results}
-            summary = summarise_run([staging / f for f in files], markers, settings, spec,
+            summary = summarise_run([staging.child(f) for f in files], markers, settings, spec,
                                     sample_rows=summary_rows, seed=int(spec.options.seed or 0))
             record = {"tool": "datamask-dask", "kind": "selection", "engine": "spark",
                       "rows": sum(r["rows"] for r in results),
@@ -149,17 +140,24 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                                   "select": round(selected_at - planned, 3),
                                   "commit": round(time.perf_counter() - selected_at, 3)},
                       "stages": {k: round(v, 3) for k, v in worker_stages.items()}}
-            (staging / RUN_RECORD).write_text(json.dumps(record, indent=1, default=_plain), encoding="utf-8")
-            publish(staging, target)
+            if target.local:
+                staging.child(RUN_RECORD).write_bytes(_dumps(record))
+                publish(Path(staging.path), Path(target.path))
+            else:
+                def copy() -> None:
+                    for name in files:
+                        staging.child(name).copy_to(target.child(name))
+
+                publish_objects(target, files, copy, {k: v for k, v in record.items() if k != "files"})
         finally:
-            remove_own(staging)
+            staging.remove()
     return record
 
 
 class WriteTask:
     """The ``mapInArrow`` function: one partition selected and written, one row about it."""
 
-    def __init__(self, select: SelectTask, directory: str):
+    def __init__(self, select: SelectTask, directory: Location):
         self.select, self.directory = select, directory
 
     def __call__(self, batches):
@@ -177,9 +175,10 @@ class WriteTask:
                 table = pa.Table.from_batches(batches)
                 for field, values in added:
                     table = table.append_column(field, values)
-                name = f"{_stem(number)}.parquet"
-                _write_atomic(Path(self.directory, name), lambda handle: write_table(table, handle))
-                size = Path(self.directory, name).stat().st_size
+                part = self.directory.child(f"{_stem(number)}.parquet")
+                with part.open_write() as handle:
+                    write_table(table, handle)
+                name, size = part.name, part.size()
             selected = int(np.count_nonzero(added[0][1].to_numpy(zero_copy_only=False)))
             with stages.timed("summary"):
                 summary = self._summary(table)
