@@ -300,3 +300,17 @@ def test_the_spark_file_job_reads_and_writes_s3_without_a_hadoop_connector(s3, s
     assert record["rows"] == 1800 and record["selected"] == 180
     assert _selected_ids("s3://lake/spark-out", s3) == _selected_ids(local_run)  # --engine dask's rows
     assert read_record(resolve("s3://lake/spark-out", s3))["engine"] == "spark"
+
+
+def test_sample_and_report_commands_on_s3(s3, s3_corpus, capsys):
+    assert main(["sample", "--rows", "600", "--dim", "8", "--partitions", "3", "--output",
+                 "s3://lake/sample"]) == 0
+    files = read_record(resolve("s3://lake/sample", s3))["files"]
+    assert sorted(files) == [f"part.{i}.parquet" for i in range(3)]
+    assert read_parquet("s3://lake/sample", storage_options=s3).compute().shape[0] == 600
+
+    assert main(["select", "--input", "s3://lake/sample", "--output", "s3://lake/sample-out", *FLAGS]) == 0
+    assert main(["report", "s3://lake/sample-out"]) == 0
+    assert "s3://lake/sample-out-report/index.html" in capsys.readouterr().out
+    page = resolve("s3://lake/sample-out-report/index.html", s3).read_bytes().decode()
+    assert "datamask selection report: sample-out" in page and "<img" in page

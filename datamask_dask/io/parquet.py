@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import uuid
 from pathlib import Path
 
 import dask
@@ -33,7 +34,7 @@ from .. import stages
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 from .pieces import Pieces, to_dask
-from .storage import resolve
+from .storage import Location, resolve
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -222,7 +223,8 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
     ----------
     ddf : dask.dataframe.DataFrame
     path : str or path
-        Target directory (``part.N.parquet`` per non-empty partition), or file if ``single_file``.
+        Target directory (``part.N.parquet`` per non-empty partition), or file if ``single_file``:
+        local or a URI (``s3://``...; complete once its run record is written, last).
     single_file : bool
         Write one file, the partitions' rows in order (streamed, one partition at a time).
     overwrite : bool
@@ -238,7 +240,11 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
     """
     from .output import FOOTER_KEY, RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
 
-    target = Path(path)
+    location = resolve(path)
+    if not location.local:
+        return _write_parquet_objects(ddf, location, single_file=single_file, overwrite=overwrite,
+                                      inputs=inputs)
+    target = Path(location.path)
     check_target(target, overwrite=overwrite, inputs=inputs)
     with output_lock(target):
         check_target(target, overwrite=overwrite, inputs=inputs)
@@ -267,15 +273,56 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
     return {"rows": rows}
 
 
-def _write_part(frame: pd.DataFrame, path: str) -> int:
+def _write_parquet_objects(ddf, target, *, single_file: bool, overwrite: bool, inputs) -> dict:
+    """:func:`write_parquet` to an object store: parts in a hidden sibling, then published with the
+    run record last (:func:`~.writer.publish_objects`), or streamed into one object."""
+    from .output import FOOTER_KEY, check_target, output_lock
+    from .writer import publish_objects
+
+    check_target(target, overwrite=overwrite, inputs=inputs)
+    with output_lock(target):
+        check_target(target, overwrite=overwrite, inputs=inputs)
+        work = target.sibling(f".{target.name}.parts-{uuid.uuid4().hex}")
+        try:
+            tasks = [dask.delayed(_write_part, pure=True)(part, work.child(f"part.{i}.parquet"))
+                     for i, part in enumerate(ddf.to_delayed())]
+            rows = list(dask.compute(*tasks))
+            names = [f"part.{i}.parquet" for i, n in enumerate(rows) if n]
+            if not names:  # an empty table still gets its schema
+                names = ["part.0.parquet"]
+                _write_table(pa.Table.from_pandas(ddf._meta, preserve_index=False), work.child(names[0]))
+            record = {"tool": "datamask-dask", "kind": "write_parquet", "rows": sum(rows)}
+            sources = [work.child(name).fs.open(work.child(name).path, "rb") for name in names]
+            if single_file:
+                schema = pq.read_schema(sources[0]).remove_metadata()
+                with target.open_write() as handle:
+                    concatenate(sources, handle, schema.with_metadata({FOOTER_KEY: json.dumps(record)}))
+            else:
+                def copy() -> None:
+                    for name in names:
+                        work.child(name).copy_to(target.child(name))
+
+                publish_objects(target, names, copy, record)
+        finally:
+            work.remove()
+    return {"rows": rows}
+
+
+def _write_part(frame: pd.DataFrame, path) -> int:
     if len(frame):
         _write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
     return len(frame)
 
 
 def _write_table(table: pa.Table, path) -> None:
-    # Drop the pandas metadata: its dtype strings for Arrow list columns cannot be read back.
-    write_table(table.replace_schema_metadata(None), path)
+    """``table`` without its pandas metadata (its dtype strings for Arrow list columns cannot be read
+    back) to a local path or a :class:`~.storage.Location`."""
+    table = table.replace_schema_metadata(None)
+    if isinstance(path, Location):
+        with path.open_write() as handle:
+            write_table(table, handle)
+    else:
+        write_table(table, path)
 
 
 def concatenate(files: list[Path], where, schema: pa.Schema | None = None) -> None:

@@ -234,9 +234,10 @@ def partitions(ddf) -> list:
     Both passes take their partitions from here, never from an expression built on top of ``ddf``:
     Dask's parquet reader merges small partitions when a blockwise step (``map_partitions``) reads
     fewer columns than the files hold, so ``ddf.map_partitions(f)`` can see fewer, larger partitions
-    than ``ddf`` itself, and a quota planned per partition would land on other rows.
+    than ``ddf`` itself, and a quota planned per partition would land on other rows. The reads are
+    named ``datamask-read`` on the dashboard.
     """
-    return ddf.to_delayed()
+    return named(ddf.to_delayed(), "datamask-read")
 
 
 def _partitions(ddf, plan) -> list:

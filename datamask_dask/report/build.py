@@ -23,11 +23,13 @@ import base64
 import html
 import io
 import os
+import posixpath
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from ..io.storage import Location, resolve
 from ..io.summary import RunSummary, sample_files, unit_rows
 from ..io.tables import parse_table_uri, read_table, table_record
 
@@ -38,18 +40,18 @@ _SELECTED, _OTHER, _TOPK = "#d62728", "#9e9e9e", "#1f77b4"
 
 
 def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
-                 sample_rows: int = SAMPLE_ROWS, seed: int = 0, embed: bool = True) -> Path:
+                 sample_rows: int = SAMPLE_ROWS, seed: int = 0, embed: bool = True) -> Path | str:
     """Write ``index.html`` and the figures' PNGs for the datamask output ``output_path`` into ``out_dir``.
 
     Parameters
     ----------
     output_path : path or str
         A directory or single file written by :func:`datamask_dask.write_selection` (``datamask
-        select``), or a Delta / Iceberg table URI written by ``datamask select``: it must carry
-        a run record (in the commit or snapshot for tables).
-    out_dir : path
-        Created if missing; may not lie inside ``output_path`` (the output holds only the files
-        its run wrote).
+        select``), local or a URI (``s3://``...), or a Delta / Iceberg table URI written by
+        ``datamask select``: it must carry a run record (in the commit or snapshot for tables).
+    out_dir : path or str
+        Created if missing (local or a URI); may not lie inside ``output_path`` (the output holds
+        only the files its run wrote).
     sample_rows : int
         Rows of the output read for the quality histogram and the projection.
     seed : int
@@ -60,36 +62,38 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
 
     Returns
     -------
-    Path
-        The HTML page.
+    Path or str
+        The HTML page: a local path, or its URI on an object store.
     """
     table = parse_table_uri(output_path)
-    target = Path(out_dir)
+    target = resolve(out_dir)
     if table.format == "parquet":
-        source = Path(output_path)
+        source = resolve(table.location)
         summary = RunSummary.read(source)
+        inside = (type(source.fs) is type(target.fs) and source.isdir()
+                  and (target.path.rstrip("/") + "/").startswith(source.path.rstrip("/") + "/"))
+        if inside:
+            raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
+                             "elsewhere (a datamask output holds only the files its run wrote)")
     else:  # the record of a Delta commit or an Iceberg snapshot
         record = table_record(table)
         if record is None:
             raise ValueError(f"{table.uri} has no datamask run record: it was not written by "
                              "`datamask select`")
-        source, summary = Path(table.location), RunSummary(record)
-    resolved = target.resolve()
-    if source.is_dir() and (resolved == source.resolve() or source.resolve() in resolved.parents):
-        raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
-                         "elsewhere (a datamask output holds only the files its run wrote)")
-    target.mkdir(parents=True, exist_ok=True)
-    sample = _sample(table if table.format != "parquet" else source, summary, sample_rows, seed)
+        source, summary = table, RunSummary(record)
+    target.makedirs()
+    sample = _sample(source, summary, sample_rows, seed)
     figures = {}
     for name, draw in (("curves", _curves), ("quality", _quality), ("projection", _projection),
                        ("objective", _objective), ("quotas", _quotas)):
         png = draw(summary, sample, seed)
         if png is not None:
-            (target / f"{name}.png").write_bytes(png)
+            target.child(f"{name}.png").write_bytes(png)
             figures[name] = png
-    page = target / "index.html"
-    page.write_text(_html(summary, sample, figures, embed, source), encoding="utf-8")
-    return page
+    page = target.child("index.html")
+    name = posixpath.basename(table.location.rstrip("/"))
+    page.write_bytes(_html(summary, sample, figures, embed, name).encode("utf-8"))
+    return Path(page.path) if page.local else page.uri
 
 
 # --------------------------------------------------------------------------- data
@@ -109,11 +113,12 @@ def _columns(settings: dict) -> dict:
             "selected": settings.get("selected_column") or "selected", "by": settings.get("by")}
 
 
-def _data_files(source: Path, record: dict) -> list[Path]:
-    if source.is_file():
+def _data_files(source: Location, record: dict) -> list[Location]:
+    if source.isfile():
         return [source]
-    listed = [source / name for name in record.get("files", [])]
-    return [f for f in listed if f.exists()] or sorted(source.glob("*.parquet"))
+    present = set(source.list())
+    listed = [source.child(name) for name in record.get("files", []) if name in present]
+    return listed or [source.child(name) for name in sorted(present) if name.endswith(".parquet")]
 
 
 def _table_sample(table, columns: list[str], n: int, seed: int) -> pd.DataFrame:
@@ -135,7 +140,7 @@ def _sample(source, summary: RunSummary, n: int, seed: int) -> dict:
     wanted = [*cols["quality"], cols["embedding"], cols["selected"]]
     if n <= 0:
         frame = pd.DataFrame()
-    elif isinstance(source, Path):
+    elif isinstance(source, Location):
         frame = sample_files(_data_files(source, summary.record), wanted, n, seed)
     else:
         frame = _table_sample(source, wanted, n, seed)
@@ -312,10 +317,10 @@ def _table(frame: pd.DataFrame, limit: int | None = None) -> str:
     return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}", na_rep="") + note
 
 
-def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, source: Path) -> str:
+def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: str) -> str:
     record = summary.record
     rows, selected = record.get("rows", 0), record.get("selected", 0)
-    title = f"datamask selection report: {source.name}"
+    title = f"datamask selection report: {name}"
     parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
              f"<title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",

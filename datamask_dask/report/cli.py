@@ -12,15 +12,15 @@ import sys
 from pathlib import Path
 
 
-def default_out_dir(output: str | Path) -> Path:
-    """``OUTPUT-report`` next to the output (never inside it: an output holds only its run's files)."""
+def default_out_dir(output: str | Path) -> str:
+    """``OUTPUT-report`` next to the output, on its filesystem (never inside it: an output holds only
+    its run's files); for an Iceberg table, which has no path of its own, in the working directory."""
     from ..io.tables import parse_table_uri
 
     table = parse_table_uri(output)
-    if table.format == "iceberg":  # no path of its own: the working directory
-        return Path(f"{table.location}-report")
-    output = Path(table.location)
-    return output.parent / f"{output.name}-report"
+    if table.format == "iceberg":
+        return f"{table.location}-report"
+    return f"{table.location.rstrip('/')}-report"
 
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def run_report(args: argparse.Namespace) -> int:
     """Build the report the parsed ``args`` ask for; print where it is. Returns the exit status."""
     from .build import build_report
 
-    out_dir = Path(args.report_dir) if args.report_dir else default_out_dir(args.output)
+    out_dir = args.report_dir or default_out_dir(args.output)
     try:
         page = build_report(args.output, out_dir, sample_rows=args.sample_rows, seed=args.report_seed,
                             embed=args.embed)
