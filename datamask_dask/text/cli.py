@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from ..errors import DataMaskError
 
@@ -121,9 +120,10 @@ def run_text(args: argparse.Namespace) -> int:
     from ..cluster import get_client
     from ..io.output import check_target
     from ..io.parquet import write_parquet
+    from ..io.storage import resolve
 
     started = time.perf_counter()
-    source, target = Path(args.input), Path(args.output)
+    source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
     client = None
     try:
         if not source.exists():
@@ -131,7 +131,7 @@ def run_text(args: argparse.Namespace) -> int:
         check_target(target, overwrite=args.overwrite, inputs=[source])  # before any work
         if args.scheduler or args.n_workers:
             client = get_client(args.scheduler or "cpu", n_workers=args.n_workers, dashboard_address=":0")
-        ddf = dd.read_parquet(source)
+        ddf = dd.read_parquet(source.uri)
         if args.command == "embed":
             from .embedding import embed
 
