@@ -1,7 +1,8 @@
 """Distributed table writes: tasks write the data files, the driver commits their names once.
 
 A run that fails in its select pass, after some tasks have written files, leaves the output table
-as it was (and no file of the failed run behind); a commit that is retried is not applied twice.
+as it was (its files belong to no version); an interrupted run resumes from the files its tasks
+wrote; a commit that is retried is not applied twice.
 """
 
 from __future__ import annotations
@@ -57,17 +58,18 @@ def test_a_delta_run_failing_after_some_files_were_written_leaves_the_table(sour
     good, bad = sources
     out = tmp_path / "out"
     select_table(f"delta://{good}", f"delta://{out}", 0.1, **OPTIONS, **LATE_CHECK)
-    version, files = deltalake.DeltaTable(out).version(), _files(out)
+    version, files = deltalake.DeltaTable(out).version(), set(deltalake.DeltaTable(out).file_uris())
     with pytest.raises(InputDataError, match="NaN"):
         select_table(f"delta://{bad}", f"delta://{out}", 0.2, mode="overwrite", **OPTIONS, **LATE_CHECK)
-    assert deltalake.DeltaTable(out).version() == version
-    assert _files(out) == files  # the failed run's files were removed
+    assert len(_files(out)) > len(files)  # the failed run had written files (kept for a resume)...
+    assert deltalake.DeltaTable(out).version() == version  # ...that belong to no version
+    assert set(deltalake.DeltaTable(out).file_uris()) == files
     assert deltalake.DeltaTable(out).to_pyarrow_table().num_rows == 1200
 
-    new = tmp_path / "new"  # a failed first run leaves nothing, not even a hidden sibling
+    new = tmp_path / "new"  # a failed first run leaves no table
     with pytest.raises(InputDataError, match="NaN"):
         select_table(f"delta://{bad}", f"delta://{new}", 0.1, **OPTIONS, **LATE_CHECK)
-    assert not new.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert not new.exists()
 
 
 def test_each_delta_task_writes_its_own_file_and_one_commit_adds_them(sources, tmp_path):
@@ -99,14 +101,52 @@ def test_an_iceberg_run_failing_after_some_files_were_written_leaves_the_table(s
     catalog = SqlCatalog("local", uri=properties["uri"], warehouse=properties["warehouse"])
     select_table(f"delta://{good}", "iceberg://local/out.sel", 0.1, catalog_properties=properties, **OPTIONS,
                  **LATE_CHECK)
-    snapshot = catalog.load_table("out.sel").current_snapshot().snapshot_id
-    files = _files(tmp_path / "wh")
+    table = catalog.load_table("out.sel")
+    snapshot, rows = table.current_snapshot().snapshot_id, table.scan().to_arrow().num_rows
     with pytest.raises(InputDataError, match="NaN"):
         select_table(f"delta://{bad}", "iceberg://local/out.sel", 0.2, mode="overwrite",
                      catalog_properties=properties, **OPTIONS, **LATE_CHECK)
-    assert catalog.load_table("out.sel").current_snapshot().snapshot_id == snapshot
-    assert _files(tmp_path / "wh") == files
+    table = catalog.load_table("out.sel")
+    assert table.current_snapshot().snapshot_id == snapshot and table.scan().to_arrow().num_rows == rows
     with pytest.raises(InputDataError, match="NaN"):
         select_table(f"delta://{bad}", "iceberg://local/out.new", 0.1, catalog_properties=properties,
                      **OPTIONS, **LATE_CHECK)
     assert not catalog.table_exists("out.new")
+
+
+def test_a_killed_delta_run_resumes_from_the_files_its_tasks_wrote(sources, tmp_path, capsys):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from datamask_dask.cli import main
+
+    good, _ = sources
+    flags = ["--select_ratio", "0.1", "--n_epochs", "20", "--n_rollout", "8",
+             "--diversity-scope", "partition"]
+    assert main(["select", "--input", f"delta://{good}", "--output", f"delta://{tmp_path / 'reference'}",
+                 *flags]) == 0
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "datamask_dask.cli", "select", "--input", f"delta://{good}",
+                                "--output", f"delta://{out}", *flags], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".out.datamask-markers-*/part-*.json")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    finished = list(tmp_path.glob(".out.datamask-markers-*/part-*.json"))
+    assert finished and not (out / "_delta_log").exists(), process.stderr.read().decode()
+
+    assert main(["select", "--input", f"delta://{good}", "--output", f"delta://{out}", *flags]) == 0
+    record = json.loads(deltalake.DeltaTable(out).history(1)[0]["datamask.run"])
+    assert len(record["reused"]) >= len(finished)  # those partitions were not computed again
+    assert not list(tmp_path.glob(".out.datamask-*"))  # markers and staging gone once committed
+
+    def chosen(path):
+        table = deltalake.DeltaTable(path).to_pyarrow_table()
+        return set(table.filter(table.column("selected")).column("chunk_id").to_pylist())
+
+    assert chosen(out) == chosen(tmp_path / "reference") and len(chosen(out)) == 120

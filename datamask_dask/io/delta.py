@@ -296,9 +296,16 @@ class DeltaSink:
         location = os.fspath(path)
         _check_delta_target(location, mode, list(inputs), storage_options)
         root = location
-        if "://" not in location and not os.path.lexists(location):
-            root = os.fspath(staging_path(Path(location)))
+        if "://" not in location and not os.path.lexists(location):  # named after the run: it resumes
+            root = os.fspath(Path(location).parent / f".{Path(location).name}.datamask-{run_id}")
         return cls(location, root, mode, run_id, storage_options)
+
+    def markers(self, run_id: str):
+        """Where the completion markers of run ``run_id`` live (a hidden sibling of the table)."""
+        from .storage import resolve
+
+        table = resolve(self.location)
+        return table.sibling(f".{table.name}.datamask-markers-{run_id}")
 
     @property
     def writer(self):

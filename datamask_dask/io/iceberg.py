@@ -356,6 +356,12 @@ class IcebergSink:
             location, io = creating.table_metadata.location, creating._table.io
         self.writer = IcebergFiles(location, io, run_id)
 
+    def markers(self, run_id: str):
+        """Where the completion markers of run ``run_id`` live: a hidden folder in the table's location."""
+        from .storage import resolve
+
+        return resolve(f"{self.writer.location.rstrip('/')}/.datamask-markers-{run_id}")
+
     def _create(self):
         return self.catalog.create_table_transaction(self.name, schema=self.schema,
                                                      properties={TABLE_MARK: "true"})

@@ -334,6 +334,10 @@ class ParquetSink:
         self.work = target.sibling(f".{target.name}.datamask-{run_id}")
         self.writer = ParquetParts(self.work)
 
+    def markers(self, run_id: str) -> Location:
+        """Where the completion markers of run ``run_id`` live (:class:`RunMarkers`)."""
+        return self.target.sibling(f".{self.target.name}.datamask-markers-{run_id}")
+
     def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
         from .parquet import write_table
         from .writer import _dumps, publish_objects
@@ -380,7 +384,7 @@ class TableRunReport:
 def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",
                  incremental: bool = False, config=None, scheduler=None, row_filter=None,
                  catalog_properties=None, storage_options=None, progress: bool | None = None,
-                 summary_rows: int = SAMPLE_ROWS, **options) -> TableRunReport:
+                 summary_rows: int = SAMPLE_ROWS, resume: bool = True, **options) -> TableRunReport:
     """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
 
     Parameters
@@ -406,6 +410,10 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     summary_rows : int
         Rows sampled (stratified by partition) for the run summary's comparison with quality
         top-k and random; 0 skips it.
+    resume : bool
+        Reuse the partitions an interrupted run of the same job wrote (same input, options and
+        output, the output unchanged since): their data files, not yet committed, and completion
+        markers are kept when a run fails. ``False`` computes every partition again.
 
     The run record, with its summary (see :mod:`datamask_dask.io.summary`), goes into the
     output: the commit's metadata (Delta), the snapshot's summary (Iceberg), or
@@ -416,7 +424,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     TableRunReport
     """
     from ..config import load_config
-    from ..ops.operator import apply_plan, plan_selection
+    from ..ops.operator import apply_plan, partitions, plan_selection
 
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:
@@ -445,54 +453,130 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     source = read_table(source_uri, row_filter=row_filter, since=since, catalog_properties=catalog_properties,
                         storage_options=storage_options)
     settings = load_config(config, ratio=ratio, backend=adapters.backend(source.frame._meta), **options)
-    run_id = uuid.uuid4().hex
+    if since is not None and not source.files:  # nothing added since the last run: nothing to write
+        return TableRunReport(target.uri, 0, 0, uuid.uuid4().hex, source.describe(), {}, {},
+                              time.perf_counter() - start)
+    spec, plan = plan_selection(source.frame, ratio, config=config, scheduler=scheduler, **options)
+    plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]  # validates the input
+    # The run's id: the same job on the same input over the same output state resumes (and its
+    # commit is recognised if it already happened); any other is a new run.
+    newest = table_record(target, catalog_properties=catalog_properties, storage_options=storage_options)
+    run_id = _run_key(plan, settings, target, mode, output_columns, (newest or {}).get("run_id"))
     record = {"format": 1, "tool": "datamask-dask", "kind": "selection", "run_id": run_id,
               "input": {**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
               "output": {"uri": target.uri, "columns": output_columns, "mode": mode},
               "incremental": {"since": since, "previous_run": previous.get("run_id")} if previous else None,
               "settings": settings, "seed": settings.get("seed"), "profile": settings.get("profile"),
               "versions": lake_versions()}
-    if since is not None and not source.files:  # nothing added since the last run: nothing to write
-        return TableRunReport(target.uri, 0, 0, run_id, source.describe(), {}, record,
-                              time.perf_counter() - start)
-    spec, plan = plan_selection(source.frame, ratio, config=config, scheduler=scheduler, **options)
     meta = apply_plan(source.frame, spec, plan)._meta
     columns = None
     if output_columns == "selection":
         columns = {"id_column": spec.id_column, "selected_column": spec.selected_column,
                    "score_column": spec.score_column}
         meta = selection_columns(meta, run_id, **columns)
-    # Each task writes its partition's file; the driver commits their names in one transaction.
+    # Each task writes its partition's file and a completion marker; the driver commits the files'
+    # names in one transaction.
     schema = to_arrow(meta).schema
     sink = table_sink(target, mode=mode, run_id=run_id, schema=schema, inputs=[source_uri],
                       catalog_properties=catalog_properties, storage_options=storage_options)
-    parts = progress_bars.named(source.frame.to_delayed(), "datamask-read")
+    markers = RunMarkers(sink.markers(run_id))
+    if newest is not None:  # markers its run could not remove after committing: it is complete
+        sink.markers(newest.get("run_id")).remove()
+    parts = partitions(source.frame)
+    done = markers.read(len(parts)) if resume else {}
+    todo = [number for number in range(len(parts)) if number not in done]
     per_part = math.ceil(summary_rows / max(len(parts), 1))
     seed = int(settings.get("seed") or 0)
-    tasks = [dask.delayed(_select_part, pure=True)(part, plan, number, spec, columns, run_id, per_part, seed,
-                                                   sink.writer,
+    plan_node = dask.delayed(plan, traverse=False, name=f"datamask-plan-{run_id}")
+    tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, spec, columns, run_id,
+                                                   per_part, seed, sink.writer, markers,
                                                    dask_key_name=f"datamask-select-{run_id}-{number}")
-             for number, part in enumerate(parts)]
+             for number in todo]
     try:
         outputs = progress_bars.compute(*tasks, scheduler=scheduler, progress=progress)
-        parts = [part for _, part in outputs]
-        rows, selected = sum(p["rows"] for p in parts), sum(p["selected"] for p in parts)
-        summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
-        record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                      partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-                      stages=stages.add_up(p.pop("stages") for p in parts), summary=summary,
-                      phases={"plan, select and summary": time.perf_counter() - start})
-        record = _json(record)
-        written = sink.commit([file for file, _ in outputs], schema, record)
     except BaseException:
-        sink.abort()  # nothing was committed: the files written belong to no version
+        if not markers.any():  # nothing finished: nothing to resume
+            sink.abort()
         raise
+    results = {**done, **{number: output for number, output in zip(todo, outputs, strict=True)}}
+    files = [results[number][0] for number in range(len(parts))]
+    parts = [results[number][1] for number in range(len(parts))]
+    rows, selected = sum(p["rows"] for p in parts), sum(p["selected"] for p in parts)
+    summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
+    record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                  partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
+                  stages=stages.add_up(p.pop("stages") for p in parts), summary=summary,
+                  reused=sorted(done), phases={"plan, select and summary": time.perf_counter() - start})
+    record = _json(record)
+    written = sink.commit(files, schema, record)
+    markers.clear()
     return TableRunReport(target.uri, rows, selected, run_id, source.describe(), written, record,
                           time.perf_counter() - start)
 
 
+def _run_key(plan: dict, settings: dict, target: TableURI, mode: str, output_columns: str, newest) -> str:
+    """A table run's id: its plan (the input's content digests, quotas), settings, output and the
+    output's newest datamask run before it."""
+    import hashlib
+
+    identity = dumps({"digests": plan.get("digests"), "cells": plan.get("cells"),
+                      "ranges": plan.get("ranges"), "settings": settings, "output": target.uri,
+                      "mode": mode, "columns": output_columns, "after": newest})
+    return hashlib.blake2b(identity.encode(), digest_size=16).hexdigest()
+
+
+class RunMarkers:
+    """Completion markers of a table run's partitions, so an interrupted run resumes.
+
+    A task writes ``part-N.json`` (its file's descriptor and its part of the run summary) and
+    ``part-N.sample.parquet`` (its rows sampled for the summary) after its data file; the next run of
+    the same job reads them and computes only the other partitions. Cleared once committed.
+    """
+
+    def __init__(self, location: Location):
+        self.location = location
+
+    def write(self, number: int, written, part: dict) -> None:
+        from .parquet import write_table
+
+        sample = part.pop("sample")
+        with self.location.child(f"part-{number}.sample.parquet").open_write() as handle:
+            write_table(to_arrow(sample), handle)
+        marker = dumps({"written": written, "part": part}).encode()
+        self.location.child(f"part-{number}.json").write_bytes(marker)
+        part["sample"] = sample
+
+    def read(self, count: int) -> dict:
+        """``{partition: (written, part)}`` of the finished partitions."""
+        import json
+
+        import pandas as pd
+        import pyarrow.parquet as pq
+
+        present, done = set(self.location.list()), {}
+        for number in range(count):
+            if f"part-{number}.json" not in present or f"part-{number}.sample.parquet" not in present:
+                continue
+            try:
+                marker = json.loads(self.location.child(f"part-{number}.json").read_bytes())
+                sample = self.location.child(f"part-{number}.sample.parquet")
+                table = pq.read_table(sample.path, filesystem=None if sample.local else sample.fs)
+            except (OSError, ValueError):
+                continue
+            part = marker["part"]
+            part["sample"] = table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
+            done[number] = (marker["written"], part)
+        return done
+
+    def any(self) -> bool:
+        return any(name.endswith(".json") for name in self.location.list())
+
+    def clear(self) -> None:
+        self.location.remove()
+
+
 def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run_id: str, sample_rows: int,
-                 seed: int, write):
+                 seed: int, write, markers: RunMarkers):
     """One partition of a table run, in one task: selected, written by ``write`` (a sink's writer),
     and its part of the summary. Returns what ``write`` returned (the file's descriptor) and the part.
 
@@ -506,7 +590,9 @@ def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run
     if columns is not None:
         out = selection_columns(out, run_id, **columns)
     with stages.timed("write"):
-        return write(to_arrow(out), number), part
+        written = write(to_arrow(out), number)
+        markers.write(number, written, part)
+    return written, part
 
 
 def _json(record: dict) -> dict:
