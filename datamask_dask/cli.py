@@ -123,10 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
     select = commands.add_parser("select", help="select rows of a parquet file or directory",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    select.add_argument("--input", help="parquet file or directory, delta:///path/to/table[?version=N], or "
-                        "iceberg://CATALOG/namespace.table[?snapshot_id=N] (catalog from .pyiceberg.yaml)")
-    select.add_argument("--output", help="output file (if --input is a file) or directory, or a delta:// or "
-                        "iceberg:// table URI")
+    select.add_argument("--input", help="parquet file or directory (a local path or a URI: s3://bucket/key, "
+                        "gs://, abfs://..., credentials and endpoint from the usual environment variables "
+                        "such as AWS_ENDPOINT_URL), delta:///path/to/table or delta+s3://bucket/table "
+                        "[?version=N], or iceberg://CATALOG/namespace.table[?snapshot_id=N] (catalog from "
+                        ".pyiceberg.yaml)")
+    select.add_argument("--output", help="output file (if --input is a file) or directory, local or a URI "
+                        "(s3://...), or a delta:// / delta+s3:// or iceberg:// table URI")
     select.add_argument("--overwrite", action="store_true",
                         help="replace --output if an earlier datamask run wrote it (nothing else is "
                         "replaced)")
@@ -156,12 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check an input and the options, select nothing",
                                    description="Run the input checks of `datamask select` alone: exit 0 "
                                    "with a summary, or 1 with every problem found.")
-    validate.add_argument("--input", required=True, help="parquet file or directory")
+    validate.add_argument("--input", required=True, help="parquet file or directory (local path or URI)")
     _add_job_options(validate)
     sample = commands.add_parser("sample", help="write the synthetic sample corpus as a parquet directory",
                                  description="Write the synthetic corpus (chunk_id, quality_score, "
                                  "feature_arr, text, language) to try datamask on.")
-    sample.add_argument("--output", required=True, help="parquet directory to create")
+    sample.add_argument("--output", required=True, help="parquet directory to create (local path or URI)")
     _add_corpus_options(sample)
     sample.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     demo = commands.add_parser("demo", help="run end to end on the embedded sample corpus")
