@@ -21,10 +21,10 @@ ever removed.
 
 On object stores (``s3://``..., see :mod:`.storage`) there is no rename and no ``flock``, so the
 same rules rest on what they do give: the lock is an object created only if absent (S3
-``If-None-Match``) holding its owner and an expiry that the run renews, taken over only once
-expired; and an output is complete when its run record exists, written last, after every file it
-lists (:func:`datamask_dask.io.writer.commit`). A replaced output loses its record first, so it is
-never seen as complete with files of two runs.
+``If-None-Match``) naming its owner, with an expiry the run renews, taken over only once expired
+or once its process on this machine is gone; and an output is complete when its run record
+exists, written last, after every file it lists (:func:`datamask_dask.io.writer.publish_objects`).
+A replaced output loses its record first, so it is never seen as complete with files of two runs.
 """
 
 from __future__ import annotations

@@ -123,9 +123,9 @@ class SelectionReport:
 
 
 def work_dir(path: str | os.PathLike) -> Path:
-    """The work directory of a run writing to the local ``path``: a hidden sibling of it."""
-    target = Path(path)
-    return target.parent / f".{target.name}.datamask-work"
+    """The work directory of a run writing to the local ``path``: a hidden sibling of it
+    (:func:`~datamask_dask.io.output.work_location` for any URI)."""
+    return Path(work_location(resolve(path)).path)
 
 
 def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, overwrite: bool = False,
