@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
 import dask.dataframe as dd
 import pytest
 
@@ -57,3 +65,61 @@ def parquet_dir(tmp_path_factory, corpus):
     path = tmp_path_factory.mktemp("data") / "corpus"
     write_parquet(dd.from_pandas(corpus, npartitions=4, sort=False), path)
     return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3 API server (moto, its own process) on a free localhost port, with a bucket ``lake``;
+    the environment points AWS clients at it while it runs.
+
+    Yields the ``storage_options`` a Python API user passes to reach it (the CLI reads the same
+    settings from the environment).
+    """
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'datamask-dask[s3]')")
+    pytest.importorskip("moto", reason="moto[server] is not installed (the test extra brings it)")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail(f"the moto server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    settings = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
+    saved = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint,
+               "client_kwargs": {"region_name": "us-east-1"}}
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="lake")
+    try:
+        yield options
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        s3fs.S3FileSystem.clear_instance_cache()

@@ -17,7 +17,9 @@ import pytest
 
 from datamask_dask import InputDataError, datamask_select, write_selection
 from datamask_dask.cli import main
+from datamask_dask.io.output import work_location
 from datamask_dask.io.parquet import read_parquet, write_parquet
+from datamask_dask.io.storage import resolve
 from datamask_dask.io.writer import work_dir
 from datamask_dask.sample_data import make_corpus
 
@@ -51,42 +53,52 @@ def _is_select_task(key) -> bool:
     return "datamask" in name and "plan" not in name
 
 
-def test_killed_worker_gives_the_same_result(tmp_path, source, expected):
+@pytest.fixture(params=["local", "s3"])
+def target(request, tmp_path):
+    """The output: a local directory, or a prefix on the S3 API server (the same rules hold)."""
+    if request.param == "local":
+        return resolve(tmp_path / "out")
+    options = request.getfixturevalue("s3")
+    return resolve(f"s3://lake/killed-worker-{tmp_path.name}", options)
+
+
+def test_killed_worker_gives_the_same_result(target, source, expected):
     from distributed import Client, LocalCluster
 
-    target = tmp_path / "out"
-    work = work_dir(target)
+    work = work_location(target)
     # Worker processes under nannies: a killed worker is restarted, its tasks are run again.
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                       memory_limit="2GiB") as cluster, Client(cluster, set_as_default=False) as client:
         pids = client.run(os.getpid)
         killed: dict = {}
 
+        def done() -> int:
+            return sum(name.endswith(".done") for name in work.list())
+
         def kill_a_busy_worker():
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and not killed:
-                if any(work.glob("*.done")):  # mid-run: some partitions written, others running
+                if done():  # mid-run: some partitions written, others running
                     for address, keys in client.processing().items():
                         if address in pids and any(_is_select_task(key) for key in keys):
-                            killed.update(pid=pids[address], done=len(list(work.glob("*.done"))),
-                                          published=target.exists())
+                            killed.update(pid=pids[address], done=done(), published=target.exists())
                             os.kill(pids[address], signal.SIGKILL)
                             return
                 time.sleep(0.005)
 
         killer = threading.Thread(target=kill_a_busy_worker, daemon=True)
         killer.start()
-        report = write_selection(read_parquet(source), target, scheduler=client, **OPTIONS)
+        report = write_selection(read_parquet(source), target.uri, scheduler=client,
+                                 storage_options=target.fs.storage_options, **OPTIONS)
         killer.join()
         assert killed and killed["done"] < N_PARTS and not killed["published"]
         client.wait_for_workers(2, timeout=60)  # the nanny brought a fresh worker process back
         assert killed["pid"] not in client.run(os.getpid).values()
-    table = pq.read_table(target)
+    table = pq.read_table(target.path, filesystem=None if target.local else target.fs)
     np.testing.assert_array_equal(table.column("selected").to_numpy(), expected)
     assert table.column("chunk_id").to_pylist() == list(range(2400))  # no row lost or written twice
     assert report.rows == 2400 and report.selected == 240 and report.computed == tuple(range(N_PARTS))
-    assert sorted(p.name for p in target.iterdir()) == ["_datamask_run.json",
-                                                         *(f"part.{i}.parquet" for i in range(N_PARTS))]
+    assert target.list() == ["_datamask_run.json", *sorted(f"part.{i}.parquet" for i in range(N_PARTS))]
     assert not work.exists()
 
 
