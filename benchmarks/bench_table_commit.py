@@ -54,8 +54,10 @@ def run(code: str | None, source: Path, n_epochs: int) -> dict:
     if code:
         env["PYTHONPATH"] = os.pathsep.join([code, str(Path(code) / "integrations")])
     try:
-        done = subprocess.run([sys.executable, "-c", JOB, str(source), f"delta://{target}", str(n_epochs)],
-                              env=env, capture_output=True, text=True, check=True)
+        # cwd: a folder without a package in it (``python -c`` puts the working directory first)
+        done = subprocess.run([sys.executable, "-c", JOB, str(source.resolve()), f"delta://{target}",
+                               str(n_epochs)], env=env, capture_output=True, text=True, check=True,
+                              cwd=target.parent)
     except subprocess.CalledProcessError as exc:
         raise SystemExit(exc.stderr[-3000:]) from None
     finally:
