@@ -103,6 +103,18 @@ def test_summary_has_every_field_after_local_cluster_run(run):
         summary.to_pandas("nope")
 
 
+def test_selected_signatures_are_sampled_when_the_selection_is_large(tmp_path, monkeypatch):
+    """The driver gathers at most about SIGNATURE_ROWS selected rows' signatures, whatever the table size."""
+    from datamask_dask.io import summary
+
+    monkeypatch.setattr(summary, "SIGNATURE_ROWS", 40)  # 160 selected: a quarter of them
+    ddf = dd.from_pandas(_corpus(), npartitions=4, sort=False)
+    report = write_selection(ddf, tmp_path / "out", 0.1, scheduler="threads", progress=False, **FAST)
+    pairs = report.record["summary"]["selected_pairs"]
+    assert pairs["share"] == 0.25 and "sample" in pairs["method"]
+    assert 15 <= pairs["rows"] <= 70  # binomial(160, 0.25): mean 40
+
+
 def test_summary_in_single_file_footer(tmp_path):
     out = tmp_path / "selected.parquet"
     ddf = dd.from_pandas(make_corpus(400, 8, seed=1), npartitions=2, sort=False)

@@ -37,16 +37,21 @@ def _corpus(rows: int, seed: int) -> pa.Table:
 
 @pytest.fixture
 def sources(tmp_path):
-    """A good Delta table of 3 files, and the same with a NaN in an embedding of the last file."""
+    """Two parquet directories of 3 files (3 partitions, in file-name order): good, and the same with a
+    NaN in an embedding of the last file."""
+    import pyarrow.parquet as pq
+
     good, bad = tmp_path / "good", tmp_path / "bad"
+    good.mkdir()
+    bad.mkdir()
     for number in range(3):
         part = _corpus(400, number).set_column(0, "chunk_id", pa.array(np.arange(400) + 400 * number))
-        deltalake.write_deltalake(good, part, mode="append")
+        pq.write_table(part, good / f"part.{number}.parquet")
         if number == 2:
             vectors = part.column("feature_arr").to_pylist()
             vectors[5][3] = float("nan")
             part = part.set_column(2, "feature_arr", pa.array(vectors, pa.list_(pa.float32())))
-        deltalake.write_deltalake(bad, part, mode="append")
+        pq.write_table(part, bad / f"part.{number}.parquet")
     return good, bad
 
 
@@ -57,10 +62,10 @@ def _files(path) -> set:
 def test_a_delta_run_failing_after_some_files_were_written_leaves_the_table(sources, tmp_path):
     good, bad = sources
     out = tmp_path / "out"
-    select_table(f"delta://{good}", f"delta://{out}", 0.1, **OPTIONS, **LATE_CHECK)
+    select_table(str(good), f"delta://{out}", 0.1, **OPTIONS, **LATE_CHECK)
     version, files = deltalake.DeltaTable(out).version(), set(deltalake.DeltaTable(out).file_uris())
     with pytest.raises(InputDataError, match="NaN"):
-        select_table(f"delta://{bad}", f"delta://{out}", 0.2, mode="overwrite", **OPTIONS, **LATE_CHECK)
+        select_table(str(bad), f"delta://{out}", 0.2, mode="overwrite", **OPTIONS, **LATE_CHECK)
     assert len(_files(out)) > len(files)  # the failed run had written files (kept for a resume)...
     assert deltalake.DeltaTable(out).version() == version  # ...that belong to no version
     assert set(deltalake.DeltaTable(out).file_uris()) == files
@@ -68,14 +73,14 @@ def test_a_delta_run_failing_after_some_files_were_written_leaves_the_table(sour
 
     new = tmp_path / "new"  # a failed first run leaves no table
     with pytest.raises(InputDataError, match="NaN"):
-        select_table(f"delta://{bad}", f"delta://{new}", 0.1, **OPTIONS, **LATE_CHECK)
+        select_table(str(bad), f"delta://{new}", 0.1, **OPTIONS, **LATE_CHECK)
     assert not new.exists()
 
 
 def test_each_delta_task_writes_its_own_file_and_one_commit_adds_them(sources, tmp_path):
     good, _ = sources
     out = tmp_path / "out"
-    report = select_table(f"delta://{good}", f"delta://{out}", 0.1, **OPTIONS)
+    report = select_table(str(good), f"delta://{out}", 0.1, **OPTIONS)
     table = deltalake.DeltaTable(out)
     assert table.version() == 0 and report.rows == 1200 and report.selected == 120
     assert sorted(_files(out)) == [f"part-{n:05d}-{report.run_id}.parquet" for n in range(3)]
@@ -99,17 +104,17 @@ def test_an_iceberg_run_failing_after_some_files_were_written_leaves_the_table(s
     (tmp_path / "wh").mkdir()
     properties = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
     catalog = SqlCatalog("local", uri=properties["uri"], warehouse=properties["warehouse"])
-    select_table(f"delta://{good}", "iceberg://local/out.sel", 0.1, catalog_properties=properties, **OPTIONS,
+    select_table(str(good), "iceberg://local/out.sel", 0.1, catalog_properties=properties, **OPTIONS,
                  **LATE_CHECK)
     table = catalog.load_table("out.sel")
     snapshot, rows = table.current_snapshot().snapshot_id, table.scan().to_arrow().num_rows
     with pytest.raises(InputDataError, match="NaN"):
-        select_table(f"delta://{bad}", "iceberg://local/out.sel", 0.2, mode="overwrite",
+        select_table(str(bad), "iceberg://local/out.sel", 0.2, mode="overwrite",
                      catalog_properties=properties, **OPTIONS, **LATE_CHECK)
     table = catalog.load_table("out.sel")
     assert table.current_snapshot().snapshot_id == snapshot and table.scan().to_arrow().num_rows == rows
     with pytest.raises(InputDataError, match="NaN"):
-        select_table(f"delta://{bad}", "iceberg://local/out.new", 0.1, catalog_properties=properties,
+        select_table(str(bad), "iceberg://local/out.new", 0.1, catalog_properties=properties,
                      **OPTIONS, **LATE_CHECK)
     assert not catalog.table_exists("out.new")
 
@@ -127,10 +132,10 @@ def test_a_killed_delta_run_resumes_from_the_files_its_tasks_wrote(sources, tmp_
     good, _ = sources
     flags = ["--select_ratio", "0.1", "--n_epochs", "20", "--n_rollout", "8",
              "--diversity-scope", "partition"]
-    assert main(["select", "--input", f"delta://{good}", "--output", f"delta://{tmp_path / 'reference'}",
+    assert main(["select", "--input", str(good), "--output", f"delta://{tmp_path / 'reference'}",
                  *flags]) == 0
     out = tmp_path / "out"
-    process = subprocess.Popen([sys.executable, "-m", "datamask_dask.cli", "select", "--input", f"delta://{good}",
+    process = subprocess.Popen([sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(good),
                                 "--output", f"delta://{out}", *flags], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".out.datamask-markers-*/part-*.json")) and time.monotonic() < deadline:
@@ -140,7 +145,7 @@ def test_a_killed_delta_run_resumes_from_the_files_its_tasks_wrote(sources, tmp_
     finished = list(tmp_path.glob(".out.datamask-markers-*/part-*.json"))
     assert finished and not (out / "_delta_log").exists(), process.stderr.read().decode()
 
-    assert main(["select", "--input", f"delta://{good}", "--output", f"delta://{out}", *flags]) == 0
+    assert main(["select", "--input", str(good), "--output", f"delta://{out}", *flags]) == 0
     record = json.loads(deltalake.DeltaTable(out).history(1)[0]["datamask.run"])
     assert len(record["reused"]) >= len(finished)  # those partitions were not computed again
     assert not list(tmp_path.glob(".out.datamask-*"))  # markers and staging gone once committed

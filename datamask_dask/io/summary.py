@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
+SIGNATURE_ROWS = 100_000  # at most about this many selected rows' signatures reach the driver
 DUPLICATE_COSINE = 0.95  # two rows at least this similar are counted as a near-duplicate pair
 _BLOCK = 2048  # rows per block of the blocked similarity products
 
@@ -41,10 +42,17 @@ _BLOCK = 2048  # rows per block of the blocked similarity products
 # --------------------------------------------------------------------------- per partition (workers)
 
 
+def signature_share(plan: dict) -> float:
+    """The share of the selected rows whose signatures go into the run summary (see the module notes)."""
+    planned = sum(max(int(cell[3]), 0) for cells in plan.get("cells", {}).values() for cell in cells)
+    return min(1.0, SIGNATURE_ROWS / planned) if planned else 1.0
+
+
 def partition_summary(frame, selected_column: str, by: str | None, token_column: str | None,
-                      embedding_column: str | None = None) -> dict:
-    """Group counts and tokens of one selected partition, the learning curves its task noted and,
-    with ``embedding_column``, the SimHash signatures of its selected rows (base64, row order)."""
+                      embedding_column: str | None = None, *, number: int = 0, share: float = 1.0) -> dict:
+    """Group counts and tokens of one selected partition (number ``number``), the learning curves its
+    task noted and, with ``embedding_column``, the SimHash signatures of its selected rows (base64,
+    row order), of a uniform sample of them where ``share`` < 1."""
     from .. import stages
     from ..partition import adapters
 
@@ -53,7 +61,11 @@ def partition_summary(frame, selected_column: str, by: str | None, token_column:
         return out
     selected = np.asarray(adapters.host_values(frame, selected_column), dtype=bool)
     if embedding_column is not None and embedding_column in frame.columns and selected.any():
-        out["signatures"] = _selected_signatures(frame[embedding_column], np.flatnonzero(selected))
+        rows = np.flatnonzero(selected)
+        if share < 1:
+            rows = rows[np.random.default_rng([0x516E, number]).random(rows.size) < share]
+        out["signatures"] = _selected_signatures(frame[embedding_column], rows)
+        out["signature_share"] = share
     if by is not None and by in frame.columns:
         labels = adapters.host_values(frame, by)
         table = pd.DataFrame({"group": labels.to_numpy(), "selected": selected}).groupby(
@@ -94,8 +106,12 @@ def selected_pairs(parts: list) -> dict | None:
     if not blocks:
         return None
     within, across = count_pairs(blocks, DUPLICATE_COSINE)
+    share = min((part.get("signature_share", 1.0) for _, part in parts if part.get("signatures")),
+                default=1.0)
+    method = ("SimHash LSH estimate over every selected row" if share >= 1 else
+              f"SimHash LSH estimate over a uniform sample of {share:.4g} of the selected rows")
     return {"rows": int(sum(b.size for b in blocks) // 32), "within": within, "across": across,
-            "cosine": DUPLICATE_COSINE, "method": "SimHash LSH estimate over every selected row"}
+            "cosine": DUPLICATE_COSINE, "share": share, "method": method}
 
 
 def _json_label(label):
@@ -118,7 +134,7 @@ def summarise_run(files: list, markers: dict, settings: dict, spec, *, sample_ro
     return _summary(parts, frame, settings, spec, sample_rows, seed, started)
 
 
-def table_part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0) -> dict:
+def table_part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, share: float = 1.0) -> dict:
     """One selected partition's part of a table run's summary, made by the task that selected it.
 
     What :func:`partition_summary` gives, plus the partition's rows and selected rows and
@@ -127,7 +143,8 @@ def table_part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0
     """
     from ..partition import adapters
 
-    out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column, spec.embedding_column)
+    out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column, spec.embedding_column,
+                            number=number, share=share)
     n = len(frame)
     selected = np.asarray(adapters.host_values(frame, spec.selected_column), dtype=bool)
     rows = np.sort(np.random.default_rng([seed, number]).choice(n, min(n, sample_rows), replace=False))

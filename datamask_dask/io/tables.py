@@ -40,7 +40,7 @@ from .output import RUN_RECORD, check_target, output_lock, publish, read_record,
 from .parquet import to_arrow
 from .pieces import Pieces, to_dask
 from .storage import Location, resolve
-from .summary import SAMPLE_ROWS, summarise_table_run, table_part_summary
+from .summary import SAMPLE_ROWS, signature_share, summarise_table_run, table_part_summary
 
 __all__ = ["ParquetSink", "TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table",
            "select_table", "selection_columns", "table_pieces", "table_record", "table_sink",
@@ -585,7 +585,7 @@ def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run
     from ..partition.select import select_partition
 
     out = select_partition(frame, plan, {"number": number})
-    part = table_part_summary(out, number, spec, sample_rows, seed)
+    part = table_part_summary(out, number, spec, sample_rows, seed, signature_share(plan))
     part["stages"] = stages.take()
     if columns is not None:
         out = selection_columns(out, run_id, **columns)

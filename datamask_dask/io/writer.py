@@ -72,7 +72,7 @@ from .output import (
 )
 from .parquet import concatenate, to_arrow, write_table
 from .storage import Location, resolve
-from .summary import SAMPLE_ROWS, RunSummary, partition_summary, summarise_run
+from .summary import SAMPLE_ROWS, RunSummary, partition_summary, signature_share, summarise_run
 
 FORMAT = 1  # version of the work directory layout
 # Settings that change how a run checks its input, not what it selects.
@@ -385,7 +385,8 @@ def _select_and_write(frame, plan: dict, number: int, work: Location, run_id: st
         selected = select_partition(frame, plan, {"number": number})
     # Group counts, tokens and learning curves for the run summary (datamask_dask.io.summary).
     summary = partition_summary(selected, plan["spec"].selected_column, *columns,
-                                embedding_column=plan["spec"].embedding_column)
+                                embedding_column=plan["spec"].embedding_column, number=number,
+                                share=signature_share(plan))
     with stages.timed("write"):
         marker = write_part(selected, work, number, run_id, plan["spec"].selected_column, summary)
     # This thread's stage seconds since the last take: the read fused in front of this task too.

@@ -33,7 +33,7 @@ from datamask_dask.config import load_config
 from datamask_dask.io.output import RUN_RECORD, check_target, library_versions, output_lock, publish
 from datamask_dask.io.parquet import write_table
 from datamask_dask.io.storage import Location, resolve
-from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, summarise_run
+from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, signature_share, summarise_run
 from datamask_dask.io.writer import _dumps, _plain, _stem, publish_objects
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
@@ -181,7 +181,7 @@ class WriteTask:
                 name, size = part.name, part.size()
             selected = int(np.count_nonzero(added[0][1].to_numpy(zero_copy_only=False)))
             with stages.timed("summary"):
-                summary = self._summary(table)
+                summary = self._summary(table, number)
         yield pa.RecordBatch.from_pydict(
             {"partition": pa.array([number], pa.int32()), "rows": pa.array([rows], pa.int64()),
              "selected": pa.array([selected], pa.int64()), "file": pa.array([name], pa.string()),
@@ -189,15 +189,16 @@ class WriteTask:
              "stages": pa.array([json.dumps(stages.take())], pa.string()),
              "summary": pa.array([json.dumps(summary, default=_plain)], pa.string())})
 
-    def _summary(self, table: pa.Table) -> dict:
+    def _summary(self, table: pa.Table, number: int) -> dict:
         """Groups, tokens, learning curves and the selected rows' signatures, as Dask's writer
         summarises a partition."""
-        spec = self.select.plan["spec"]
+        plan = self.select.plan
+        spec = plan["spec"]
         names = [spec.selected_column, spec.embedding_column, spec.by, spec.token_column]
         present = [n for n in dict.fromkeys(names) if n is not None and n in table.column_names]
         frame = table.select(present).to_pandas(types_mapper=pd.ArrowDtype)
         return partition_summary(frame, spec.selected_column, spec.by, spec.token_column,
-                                 spec.embedding_column)
+                                 spec.embedding_column, number=number, share=signature_share(plan))
 
 
 def _with_selection(table: pa.Table, spec) -> pa.Table:
