@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-EXTRAS=${EXTRAS:-test,lakehouse,report,spark,text}
+EXTRAS=${EXTRAS:-test,lakehouse,report,spark,text,docs}
 # Reinstall only when what the install depends on changed (a stamp of it lives in .venv).
 stamp=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$EXTRAS
 if [ -x .venv/bin/python ] && [ "$(cat .venv/.datamask-installed 2>/dev/null)" = "$stamp" ]; then

@@ -23,7 +23,7 @@ On object stores (``s3://``..., see :mod:`.storage`) there is no rename and no `
 same rules rest on what they do give: the lock is an object created only if absent (S3
 ``If-None-Match``) naming its owner, with an expiry the run renews, taken over only once expired
 or once its process on this machine is gone; and an output is complete when its run record
-exists, written last, after every file it lists (:func:`datamask_dask.io.writer.publish_objects`).
+exists, written last, after every file it lists (:func:`publish_objects`).
 A replaced output loses its record first, so it is never seen as complete with files of two runs.
 """
 
@@ -381,3 +381,27 @@ def committing(target: Location) -> dict | None:
         return None
     commit = manifest.get("commit") if isinstance(manifest, dict) else None
     return commit if isinstance(commit, dict) else None
+
+
+def publish_objects(target: Location, names: list[str], write, record: dict, *, pending: dict | None = None,
+                    remember=None, default=None) -> None:
+    """Replace the directory output ``target`` on an object store by the files ``names``.
+
+    ``write()`` writes them; the run record, listing them, is written last and is what makes the
+    output complete. An earlier output's record goes first, then the files it listed that are not
+    among ``names``: nothing else in ``target`` is ever removed. ``remember(commit)`` is called
+    with the old and new names before anything changes (``pending``: such a commit, to finish).
+    ``default`` serialises what JSON does not know in ``record`` (as ``json.dumps``'s).
+    """
+    if pending is not None:
+        old = pending["old"]
+    else:
+        old = (read_record(target) or {}).get("files", []) if target.exists() else []
+    if remember is not None:
+        remember({"old": old, "new": names})
+    target.child(RUN_RECORD).remove()  # from here on the output is not complete
+    for name in sorted(set(old) - set(names)):
+        target.child(name).remove()
+    write()
+    text = json.dumps({**record, "files": names}, indent=1, sort_keys=True, default=default)
+    target.child(RUN_RECORD).write_bytes(text.encode())

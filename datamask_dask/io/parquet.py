@@ -275,9 +275,8 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
 
 def _write_parquet_objects(ddf, target, *, single_file: bool, overwrite: bool, inputs) -> dict:
     """:func:`write_parquet` to an object store: parts in a hidden sibling, then published with the
-    run record last (:func:`~.writer.publish_objects`), or streamed into one object."""
-    from .output import FOOTER_KEY, check_target, output_lock
-    from .writer import publish_objects
+    run record last (:func:`~.output.publish_objects`), or streamed into one object."""
+    from .output import FOOTER_KEY, check_target, output_lock, publish_objects
 
     check_target(target, overwrite=overwrite, inputs=inputs)
     with output_lock(target):

@@ -243,8 +243,9 @@ def write_table_output(data, uri, *, mode: str = "error", record: dict | None = 
 
 def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, inputs, scheduler) -> dict:
     """One ``part.0.parquet`` and the run record, published by the rules of :mod:`.output`."""
+    from .output import publish_objects
     from .parquet import write_table
-    from .writer import _dumps, _fsync_dir, _write_atomic, publish_objects
+    from .writer import _dumps, _fsync_dir, _write_atomic
 
     check_target(target, overwrite=overwrite, inputs=inputs)
     result = compute_arrow(data, scheduler=scheduler)  # before the lock: a failing selection writes nothing
@@ -255,7 +256,7 @@ def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, input
 
         with output_lock(target):
             check_target(target, overwrite=overwrite, inputs=inputs)
-            publish_objects(target, ["part.0.parquet"], write, record or {})
+            publish_objects(target, ["part.0.parquet"], write, record or {}, default=str)
         return {"rows": result.num_rows}
     target = Path(target.path)
     with output_lock(target):
@@ -326,7 +327,7 @@ class ParquetParts:
 class ParquetSink:
     """A parquet directory written by many tasks and published whole (the rules of :mod:`.output`):
     parts go to a hidden sibling, then are renamed into place (local disk) or copied in with the run
-    record last (object stores, :func:`~.writer.publish_objects`)."""
+    record last (object stores, :func:`~.output.publish_objects`)."""
 
     def __init__(self, target: Location, *, overwrite: bool, run_id: str, inputs=()):
         self.target, self.overwrite, self.inputs = target, overwrite, list(inputs)
@@ -339,8 +340,9 @@ class ParquetSink:
         return self.target.sibling(f".{self.target.name}.datamask-markers-{run_id}")
 
     def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
+        from .output import publish_objects
         from .parquet import write_table
-        from .writer import _dumps, publish_objects
+        from .writer import _dumps
 
         names = [w["name"] for w in written if w] or ["part.0.parquet"]
         if not any(written):  # an empty table still gets its schema
@@ -356,7 +358,7 @@ class ParquetSink:
                     for name in names:
                         self.work.child(name).copy_to(self.target.child(name))
 
-                publish_objects(self.target, names, copy, record or {})
+                publish_objects(self.target, names, copy, record or {}, default=str)
         self.work.remove()
         return {"rows": sum(w["rows"] for w in written if w)}
 
@@ -387,6 +389,10 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                  summary_rows: int = SAMPLE_ROWS, resume: bool = True, **options) -> TableRunReport:
     """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
 
+    The run record, with its summary (see :mod:`datamask_dask.io.summary`), goes into the
+    output: the commit's metadata (Delta), the snapshot's summary (Iceberg), or
+    ``_datamask_run.json`` (parquet).
+
     Parameters
     ----------
     input_uri, output_uri : str or path
@@ -414,10 +420,9 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         Reuse the partitions an interrupted run of the same job wrote (same input, options and
         output, the output unchanged since): their data files, not yet committed, and completion
         markers are kept when a run fails. ``False`` computes every partition again.
-
-    The run record, with its summary (see :mod:`datamask_dask.io.summary`), goes into the
-    output: the commit's metadata (Delta), the snapshot's summary (Iceberg), or
-    ``_datamask_run.json`` (parquet).
+    catalog_properties, storage_options : dict, optional
+        Iceberg catalog properties; the storage options of the input and output (fsspec's for
+        parquet paths, deltalake's for Delta tables).
 
     Returns
     -------

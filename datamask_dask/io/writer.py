@@ -65,7 +65,7 @@ from .output import (
     library_versions,
     output_lock,
     publish,
-    read_record,
+    publish_objects,
     remove_own,
     staging_path,
     work_location,
@@ -549,29 +549,8 @@ def commit_objects(files: list[Location], target: Location, work: Location, mani
             with target.child(names[0]).open_write() as handle:
                 write_table(empty, handle)
 
-    publish_objects(target, names, write, record, pending=manifest.get("commit"), remember=remember)
-
-
-def publish_objects(target: Location, names: list[str], write, record: dict, *, pending: dict | None = None,
-                    remember=None) -> None:
-    """Replace the directory output ``target`` on an object store by the files ``names``.
-
-    ``write()`` writes them; the run record, listing them, is written last and is what makes the
-    output complete. An earlier output's record goes first, then the files it listed that are not
-    among ``names``: nothing else in ``target`` is ever removed. ``remember(commit)`` is called
-    with the old and new names before anything changes (``pending``: such a commit, to finish).
-    """
-    if pending is not None:
-        old = pending["old"]
-    else:
-        old = (read_record(target) or {}).get("files", []) if target.exists() else []
-    if remember is not None:
-        remember({"old": old, "new": names})
-    target.child(RUN_RECORD).remove()  # from here on the output is not complete
-    for name in sorted(set(old) - set(names)):
-        target.child(name).remove()
-    write()
-    target.child(RUN_RECORD).write_bytes(_dumps({**record, "files": names}))
+    publish_objects(target, names, write, record, pending=manifest.get("commit"), remember=remember,
+                    default=_plain)
 
 
 def _parquet_source(file: Location):

@@ -15,7 +15,7 @@ time, and it appears complete or not at all (a hidden staging sibling, renamed i
 run record ``_datamask_run.json``). ``path`` is a local path every executor can write (a shared
 file system's) or an object-store URI (``s3://``...): the workers then write through fsspec with
 the credentials of the usual environment variables, no Hadoop connector involved, and the output
-is committed as :func:`datamask_dask.io.writer.publish_objects` does (its run record last).
+is committed as :func:`datamask_dask.io.output.publish_objects` does (its run record last).
 """
 
 from __future__ import annotations
@@ -30,11 +30,18 @@ import pyarrow as pa
 
 from datamask_dask import stages
 from datamask_dask.config import load_config
-from datamask_dask.io.output import RUN_RECORD, check_target, library_versions, output_lock, publish
+from datamask_dask.io.output import (
+    RUN_RECORD,
+    check_target,
+    library_versions,
+    output_lock,
+    publish,
+    publish_objects,
+)
 from datamask_dask.io.parquet import write_table
 from datamask_dask.io.storage import Location, resolve
 from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, signature_share, summarise_run
-from datamask_dask.io.writer import _dumps, _plain, _stem, publish_objects
+from datamask_dask.io.writer import _dumps, _plain, _stem
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
 
@@ -148,7 +155,8 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                     for name in files:
                         staging.child(name).copy_to(target.child(name))
 
-                publish_objects(target, files, copy, {k: v for k, v in record.items() if k != "files"})
+                publish_objects(target, files, copy, {k: v for k, v in record.items() if k != "files"},
+                                default=_plain)
         finally:
             staging.remove()
     return record
