@@ -18,6 +18,7 @@ from datamask_dask.plan.duplicates import (
     band_keys,
     count_pairs,
     find_duplicates,
+    find_groups,
     hamming_threshold,
     hyperplanes,
     signatures,
@@ -85,6 +86,22 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
     shadowed = find_duplicates(parts)
     # row 0 loses to its copy (quality 3); row 1 beats its copy; rows 2 and 8 tie: partition 0 wins
     assert shadowed[0].tolist() == [0] and shadowed[1].tolist() == [1, 2]
+    groups = find_groups(parts)
+    # each kept row stands for its pair
+    assert groups[0]["kept"].tolist() == [1, 2] and groups[0]["weights"].tolist() == [2, 2]
+    assert groups[1]["kept"].tolist() == [0] and groups[1]["weights"].tolist() == [2]
+
+
+def test_plan_weights_count_every_shadowed_row_once(planted):
+    from datamask_dask.ops.operator import plan_selection
+
+    spec, plan = plan_selection(_ddf(planted[0]), 0.1, seed=0, **FAST)
+    plan = plan.compute(scheduler="sync")
+    shadowed = sum(len(rows) for rows in plan["shadowed"].values())
+    extra = sum(int((weights - 1).sum()) for _, weights in plan["weights"].values())
+    assert shadowed > 400 and extra == shadowed
+    for number, (kept, weights) in plan["weights"].items():
+        assert not np.isin(kept, plan["shadowed"].get(number, [])).any() and (weights >= 2).all()
 
 
 def _pairs_at(cosine: float, n: int, dim: int, rng) -> np.ndarray:

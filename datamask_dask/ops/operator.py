@@ -53,7 +53,7 @@ from ..partition.checks import (
 )
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
-from ..plan.duplicates import BANDS, band_edges, shadowed_rows, stack_parts
+from ..plan.duplicates import BANDS, band_edges, resolve_groups, stack_parts
 from ..plan.reduce import make_plan
 from ..progress import named
 
@@ -272,9 +272,9 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
         table, list(range(i, BANDS, _BAND_TASKS)), spec.duplicate_cosine,
         dask_key_name=_key("datamask-plan-duplicates", table, i, spec.duplicate_cosine))
         for i in range(_BAND_TASKS)]
-    shadowed = dask.delayed(shadowed_rows, pure=True, nout=len(parts))(
+    groups = dask.delayed(resolve_groups, pure=True, nout=len(parts))(
         table, edges, dask_key_name=_key("datamask-plan-duplicates", table, edges))
-    return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i],
+    return [dask.delayed(summarise_scan, pure=True)(scan, groups[i],
                                                     dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
 

@@ -62,7 +62,7 @@ from datamask_dask.partition.checks import (
 )
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
-from datamask_dask.plan.duplicates import find_duplicates
+from datamask_dask.plan.duplicates import find_groups
 from datamask_dask.plan.reduce import make_plan
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
@@ -173,9 +173,9 @@ def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
     if spec.diversity_scope == "table":  # near-duplicates across the table, as the Dask operator sets aside
         present = sorted(payloads)
         inputs = [duplicate_input(payloads[p]["scan"]) for p in present]
-        shadowed = find_duplicates(inputs, spec.duplicate_cosine)
-        for number, rows in zip(present, shadowed, strict=True):
-            payloads[number] = {"summary": summarise_scan(payloads[number]["scan"], rows)}
+        groups = find_groups(inputs, spec.duplicate_cosine)
+        for number, found in zip(present, groups, strict=True):
+            payloads[number] = {"summary": summarise_scan(payloads[number]["scan"], found)}
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
     # partition beyond the plan as planned empty).
     count = max(payloads, default=-1) + 1
