@@ -2,8 +2,11 @@
 
 Engine-agnostic (numpy, and torch for the signing product): the Dask operator (and the Spark
 integration) compute one small signature array per partition in the plan pass (:func:`signatures`),
-call :func:`find_duplicates` once on all of them, and hand each partition the positions of its rows
-that are *shadowed*: near-copies of a better row elsewhere in the table (or in the partition).
+find the near-duplicate groups of the whole table from them -- with the sharded graph of
+:mod:`datamask_dask.plan.shards`, whose tasks each hold a shard; :func:`find_groups` here is the
+same search in one task, the reference it is tested against -- and hand each partition the
+positions of its rows that are *shadowed*: near-copies of a better row elsewhere in the table (or
+in the partition).
 Shadowed rows are left out of the quality sketches, so the quotas stay exact over the rows that
 remain, and the select pass treats them as ineligible. Each partition's learner then sees at most
 one member of every near-duplicate group in the table, so the selection cannot pick the same
@@ -42,8 +45,9 @@ million rows), plus, per band, the rows that share their band key with another r
 data about half of them) and their candidate pairs (batched). Pairs that collide by chance grow
 as ``N**2 / 2**21`` per band (several times more on clustered data); each pair found by several
 bands is kept once. ``benchmarks/bench_duplicates.py`` measures the reduction alone (seconds,
-peak memory, candidates per band) at a given size. Beyond tens of millions of rows, shard the
-reduction by band key (not done here).
+peak memory, candidates per band) at a given size; ``--sharded`` the sharded step, whose bands
+widen with the table (:func:`datamask_dask.plan.shards.band_plan`) so chance collisions stay
+linear in the rows.
 
 The run summary (:mod:`datamask_dask.io.summary`) uses the same signatures and bands to count
 near-duplicate pairs among the selected rows (:func:`count_pairs`).
