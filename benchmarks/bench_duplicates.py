@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -124,8 +126,21 @@ def sharded(args) -> int:
         load = os.getloadavg()[0]
         tracemalloc.start()
         started = time.perf_counter()
+        spill_dir = Path(tempfile.mkdtemp(prefix="bench-duplicates-"))
+        spilled = iter(range(10**9))
+
+        def spill(piece, folder=spill_dir, count=spilled):
+            """Candidate pieces to memory-mapped files (a shuffle's spill): the process holds a shard."""
+            out = []
+            for array in piece:
+                path = folder / f"{next(count)}.npy"
+                np.save(path, array)
+                out.append(np.load(path, mmap_mode="r"))
+            return tuple(out)
+
         groups, stats = sharding.find_groups_sharded(parts, shards=n_shards, rounds_of=args.rounds_of,
-                                                     on_task=on_task)
+                                                     on_task=on_task, spill=spill)
+        shutil.rmtree(spill_dir, ignore_errors=True)
         seconds = time.perf_counter() - started
         tracemalloc.stop()
         root = _roots(stats["parents"], n_rows, args.rows_per_partition)

@@ -20,8 +20,9 @@ Stages
    ``ANCHORS`` anchors (its lowest references), so the work stays O(rows x anchors).
 3. :func:`signature_pieces` (per partition) hashes each row's signature and quality to the shard
    of its reference; :func:`attach_left` and :func:`verify_pairs` (per shard) join both members'
-   signatures to each candidate pair and keep the pairs within :func:`hamming_threshold`, as
-   the single-task search does.
+   signatures to each candidate pair and keep the pairs within :func:`hamming_threshold` (with
+   ``VERIFY_MARGIN``, tighter than the single-task search's, so that pairs at cosine 0.90 are
+   rarely merged).
 4. :func:`best_parents` (per shard of the worse row): each row with a verified better neighbour
    (higher quality, then lower reference) is *shadowed*, and its best such neighbour is its parent.
 5. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
@@ -52,6 +53,11 @@ SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row 
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
 ANCHORS = 4  # larger buckets verify each row against this many anchors
 ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
+# Standard deviations of the Hamming estimate above the distance expected at ``cosine`` that still
+# verify a pair (the single-task search uses 0.75). At 0.95 (bench_duplicates --sharded, d = 64,
+# 100k rows), pairs at true cosine 0.90 / 0.98 in one group: margin 0.75 (Hamming 29 of 256 bits)
+# 9.6% / 99.9%, 0.25 (27) 5.2% / 99.6%; 0.1 gives 26, ~3% at 0.90 in theory, ~99.5% at 0.98.
+VERIFY_MARGIN = 0.1
 BIT_SEED = 0xBA2D5
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -226,7 +232,7 @@ def verify_pairs(pairs: list, rows: list, shards: int, cosine: float) -> list:
     distance = np.zeros(a.size, dtype=np.int64)
     for i in range(4):
         distance += np.bitwise_count(wa[:, i] ^ wb[:, i])
-    near = distance <= hamming_threshold(cosine)
+    near = distance <= hamming_threshold(cosine, margin=VERIFY_MARGIN)
     a, b, qa, qb = a[near], b[near], qa[near], qb[near]
     # better: higher quality, then the lower reference (partition, then row); a < b
     a_better = qa >= qb
@@ -316,11 +322,13 @@ def shard_count(n_rows: int, rows_per_shard: int) -> int:
 
 
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
-                        rounds_of: int | None = None, on_task=None) -> tuple[list[dict], dict]:
+                        rounds_of: int | None = None, on_task=None, spill=None) -> tuple[list[dict], dict]:
     """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
 
     ``rounds_of``: bands per round of stages 1-2 (all at once by default). ``on_task(name, fn,
-    *args)`` runs each task (default: calls it), so a caller can time or measure them. Returns the
+    *args)`` runs each task (default: calls it), so a caller can time or measure them; ``spill(piece)``
+    may move each candidate piece out of memory until it is used (e.g. to memory-mapped files, as a
+    shuffle spills to disk). Returns the
     per-partition groups and statistics: candidate pairs, unresolved counts, band bits and count,
     and each shard's :func:`best_parents` (which row each shadowed row points to).
     """
@@ -338,7 +346,7 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
             out = run("bucket_pairs", bucket_pairs, [r[s] for r in records], shards)
             n_pairs += out["pairs"]
             for t in range(shards):
-                candidates[t].append(out["pieces"][t])
+                candidates[t].append(out["pieces"][t] if spill is None else spill(out["pieces"][t]))
         del records
     rows = [run("signature_pieces", signature_pieces, p, i, shards) for i, p in enumerate(parts)]
     left = [run("attach_left", attach_left, candidates[s], [r[s] for r in rows], shards)
