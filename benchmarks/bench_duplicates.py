@@ -9,13 +9,27 @@ reduction task does. Reports the seconds and the peak memory that the reduction 
 (tracemalloc, numpy arrays included), candidate pairs per band, and the shadowed rows.
 
     python benchmarks/bench_duplicates.py --rows 1000000 --out benchmarks/results-duplicates-1m.md
+
+``--sharded --sizes 1000000 4000000 16000000`` measures the sharded step instead
+(:mod:`datamask_dask.plan.shards`, every task run in this process one after another, bands in
+rounds of ``--rounds-of``, one shard per 4 partitions as the Dask operator makes them): per size,
+candidate pairs per row, seconds per row, and each stage's largest task memory (its inputs' bytes
+plus the peak it allocates, tracemalloc). Besides bench_pipeline's in-partition copies, ``--copies``
+of each partition's rows are planted copies of rows of the previous partition at exact cosines
+(``PLANTED``); reported per cosine: the share of planted pairs that end in one group (recall at
+>= 0.98, false merges at <= 0.90).
+
+    python benchmarks/bench_duplicates.py --sharded --dim 64 --sizes 1000000 4000000 16000000 \
+        --out benchmarks/results-duplicates-sharded.md
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -28,6 +42,148 @@ import bench_pipeline as pipeline  # noqa: E402  (data generation)
 
 from datamask_dask.plan import duplicates  # noqa: E402
 
+PLANTED = (0.85, 0.90, 0.95, 0.98, 0.99, 0.999)  # cosines of the planted cross-partition copies
+STAGES = ("band_records", "bucket_pairs", "signature_pieces", "attach_left", "verify_pairs", "best_parents",
+          "forward_weights", "deliver", "partition_groups")
+
+
+def _planted_copies(emb, previous, rng, share):
+    """Replace ``share`` of ``emb``'s rows by copies of ``previous``'s rows at the cosines of
+    ``PLANTED`` (in turn); returns (rows, sources, cosines)."""
+    n_copy = int(share * len(emb))
+    rows = rng.choice(len(emb), n_copy, replace=False)
+    sources = rng.integers(0, len(previous), n_copy)
+    cosines = np.resize(np.array(PLANTED), n_copy)
+    u = previous[sources].astype(np.float64)
+    w = rng.standard_normal(u.shape)
+    w -= np.einsum("ij,ij->i", w, u)[:, None] * u
+    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    emb[rows] = (cosines[:, None] * u + np.sqrt(1 - cosines[:, None] ** 2) * w).astype(np.float32)
+    return rows, sources, cosines
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def sharded(args) -> int:
+    """The sharded step at each of ``args.sizes`` (see the module docstring)."""
+    from datamask_dask.plan import shards as sharding
+
+    model = pipeline._cluster_model(args.dim, 2000)
+    planes = duplicates.hyperplanes(args.dim)
+    given = " ".join(sys.argv[1:])
+    lines = [f"# The sharded near-duplicate step, d = {args.dim}", "",
+             f"Command: `python benchmarks/bench_duplicates.py {given}`", "",
+             f"Partitions of {args.rows_per_partition:,} rows (bench_pipeline's clustered generator, 20% "
+             f"near-copies inside each partition), {args.copies:.0%} of each partition's rows replaced by "
+             f"copies of the previous partition's rows at cosines {', '.join(map(str, PLANTED))} (in turn). "
+             "Every task of the sharded graph runs in this process, one after another, with tracemalloc "
+             f"on; bands in rounds of {args.rounds_of}; one shard per 4 partitions. {os.cpu_count()} cores.",
+             "", "| rows | band bits x bands | shards | candidate pairs | per row | seconds | us per row | "
+             "largest task memory (stage) | shadowed rows | unresolved | load |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    recall_lines = ["", "Planted pairs by true cosine: share in one group (both rows stand for by the same "
+                    "kept row) / share of which at most one row stays eligible:", "",
+                    "| rows | " + " | ".join(f"{c}" for c in PLANTED) + " |",
+                    "|---:|" + "---:|" * len(PLANTED)]
+    stage_lines = ["", "Largest task memory and seconds per stage:", "",
+                   "| rows | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]
+    for n_rows in args.sizes:
+        parts, previous, planted = [], None, []
+        for number in range(n_rows // args.rows_per_partition):
+            quality, emb = pipeline.make_partition(number, args.rows_per_partition, args.dim, model)
+            if previous is not None and args.copies:
+                rng = np.random.default_rng(10_000 + number)
+                rows, sources, cosines = _planted_copies(emb, previous, rng, args.copies)
+                base = number * args.rows_per_partition
+                planted.append((base + rows, base - args.rows_per_partition + sources, cosines))
+            previous = emb
+            parts.append({"quality": quality, "codes": np.zeros(len(quality), dtype=np.int64),
+                          "labels": [None], "signatures": duplicates.signatures(emb, planes)})
+        del previous, emb
+        n_shards = sharding.shard_count(len(parts), 4)
+        stages = {}
+
+        def on_task(name, function, *task_args, stages=stages):
+            inputs = _nbytes(task_args)
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            started = time.perf_counter()
+            out = function(*task_args)
+            seconds = time.perf_counter() - started
+            memory = inputs + tracemalloc.get_traced_memory()[1] - before
+            peak, total = stages.get(name, (0, 0.0))
+            stages[name] = (max(peak, memory), total + seconds)
+            return out
+
+        load = os.getloadavg()[0]
+        tracemalloc.start()
+        started = time.perf_counter()
+        spill_dir = Path(tempfile.mkdtemp(prefix="bench-duplicates-"))
+        spilled = iter(range(10**9))
+
+        def spill(piece, folder=spill_dir, count=spilled):
+            """Candidate pieces to memory-mapped files (a shuffle's spill): the process holds a shard."""
+            out = []
+            for array in piece:
+                path = folder / f"{next(count)}.npy"
+                np.save(path, array)
+                out.append(np.load(path, mmap_mode="r"))
+            return tuple(out)
+
+        groups, stats = sharding.find_groups_sharded(parts, shards=n_shards, rounds_of=args.rounds_of,
+                                                     on_task=on_task, spill=spill)
+        shutil.rmtree(spill_dir, ignore_errors=True)
+        seconds = time.perf_counter() - started
+        tracemalloc.stop()
+        root = _roots(stats["parents"], n_rows, args.rows_per_partition)
+        copies = np.concatenate([p[0] for p in planted])
+        sources = np.concatenate([p[1] for p in planted])
+        cosines = np.concatenate([p[2] for p in planted])
+        same = root[copies] == root[sources]
+        kept = root == np.arange(n_rows)
+        handled = ~(kept[copies] & kept[sources])
+        worst = max(stages.items(), key=lambda item: item[1][0])
+        lines.append(f"| {n_rows:,} | {stats['bits']} x {stats['bands']} | {n_shards} | {stats['pairs']:,} | "
+                     f"{stats['pairs'] / n_rows:.2f} | {seconds:.1f} | {1e6 * seconds / n_rows:.1f} | "
+                     f"{worst[1][0] / 2**20:.0f} MiB ({worst[0]}) | "
+                     f"{sum(len(g['shadowed']) for g in groups):,} | {stats['unresolved']} | {load:.1f} |")
+        recall_lines.append(f"| {n_rows:,} | " + " | ".join(
+            f"{same[cosines == c].mean():.2%} / {handled[cosines == c].mean():.2%}" for c in PLANTED) + " |")
+        names = STAGES
+        stage_lines.append(f"| {n_rows:,} | " + " | ".join(
+            f"{stages[s][0] / 2**20:.0f} MiB, {stages[s][1]:.1f} s" for s in names) + " |")
+        print("\n".join([lines[-1], recall_lines[-1], stage_lines[-1]]), flush=True)
+        del parts, groups, stats, root
+    text = "\n".join(lines + recall_lines + stage_lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def _roots(parents: list, n_rows: int, rows_per_partition: int) -> np.ndarray:
+    """Each row's group representative (global row number), following the shadowed rows' parents."""
+    def global_row(refs):
+        return ((refs >> np.uint64(32)).astype(np.int64) * rows_per_partition
+                + (refs & np.uint64(0xFFFFFFFF)).astype(np.int64))
+
+    parent = np.arange(n_rows, dtype=np.int64)
+    for shard in parents:
+        parent[global_row(shard["child"])] = global_row(shard["parent"])
+    while True:
+        jumped = parent[parent]
+        if np.array_equal(jumped, parent):
+            return parent
+        parent = jumped
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,7 +195,13 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[duplicates.BAND_THREADS],
                         help="find_duplicates' band threads (duplicates.BAND_THREADS), one run each")
     parser.add_argument("--out")
+    parser.add_argument("--sharded", action="store_true", help="measure the sharded step (plan.shards)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000],
+                        help="--sharded: table sizes, one run each")
+    parser.add_argument("--rounds-of", type=int, default=10, help="--sharded: bands per round")
     args = parser.parse_args(argv)
+    if args.sharded:
+        return sharded(args)
     model = pipeline._cluster_model(args.dim, 2000)
     planes = duplicates.hyperplanes(args.dim)
     parts, previous = [], None

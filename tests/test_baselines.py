@@ -290,3 +290,57 @@ def test_disf_batched_greedy_is_greedy_inside_one_batch():
     perm = torch.randperm(120, generator=torch.Generator().manual_seed(2)).numpy()
     plain = greedy(quality[perm], emb[perm], 10, algorithm="DiSF", lamb=0.5)
     np.testing.assert_array_equal(batched, perm[plain])
+
+
+# --------------------------------------------------------------------------- row weights
+
+
+def _replicated(emb, weights):
+    """Each row repeated ``weights[i]`` times: the table that weighted rows stand for."""
+    return np.repeat(emb, np.asarray(weights, dtype=np.int64), axis=0)
+
+
+def test_weighted_facility_is_facility_of_the_replicated_rows():
+    rng = np.random.default_rng(5)
+    emb = _unit_rows(rng, 60, 8)
+    quality = rng.random(60)
+    weights = rng.integers(1, 5, 60)
+    sel = [3, 17, 40, 41]
+    weighted = evaluate_selection(quality, emb, sel, algorithm="Facility", lamb=0.0, weights=weights)
+    whole = _replicated(emb, weights)
+    first = np.concatenate([[0], np.cumsum(weights)[:-1]])  # each row's first copy
+    plain = evaluate_selection(np.repeat(quality, weights), whole, first[sel], algorithm="Facility", lamb=0.0)
+    assert weighted["objective"] == pytest.approx(plain["objective"], rel=1e-6)
+    # quality and the other metrics ignore the weights
+    for algorithm in ("Pair_simi", "DiSF"):
+        assert evaluate_selection(quality, emb, sel, algorithm=algorithm, weights=weights)["objective"] == \
+            pytest.approx(evaluate_selection(quality, emb, sel, algorithm=algorithm)["objective"])
+
+
+@pytest.mark.parametrize("memory", [{}, {"max_memory_bytes": 1024, "reference_size": 80}])  # cache, on demand
+def test_weighted_lazy_greedy_is_greedy_on_the_replicated_rows(memory):
+    rng = np.random.default_rng(6)
+    emb = _unit_rows(rng, 80, 8)
+    quality = rng.random(80)
+    weights = np.where(rng.random(80) < 0.2, 6, 1)
+    k = 10
+    pick = lazy_greedy(quality, emb, k, algorithm="Facility", lamb=0.0, weights=weights, **memory)
+    assert np.array_equal(pick, greedy(quality, emb, k, algorithm="Facility", lamb=0.0, weights=weights,
+                                       **memory))
+    whole = _replicated(emb, weights)
+    copies = np.repeat(np.arange(80), weights)
+    on_copies = lazy_greedy(np.repeat(quality, weights), whole, k, algorithm="Facility", lamb=0.0)
+    assert set(copies[on_copies]) == set(pick)  # the same rows, whichever copy greedy took
+    unweighted = lazy_greedy(quality, emb, k, algorithm="Facility", lamb=0.0)
+    score = [evaluate_selection(quality, emb, p, algorithm="Facility", lamb=0.0, weights=weights)["objective"]
+             for p in (pick, unweighted)]
+    assert score[0] > score[1]
+
+
+def test_bad_weights_raise():
+    rng = np.random.default_rng(7)
+    emb = _unit_rows(rng, 20, 4)
+    with pytest.raises(OptionError, match="weights"):
+        evaluate_selection(np.ones(20), emb, [0, 1], algorithm="Facility", weights=np.ones(19))
+    with pytest.raises(ValueError, match="weights"):
+        lazy_greedy(np.ones(20), emb, 3, algorithm="Facility", weights=np.zeros(20))

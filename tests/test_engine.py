@@ -221,3 +221,35 @@ def test_accepts_tensors_and_normalises_embeddings():
     a = learn_mask(torch.tensor(q), scaled, 5, **FAST)
     b = learn_mask(q, e, 5, **FAST)
     np.testing.assert_array_equal(a.mask, b.mask)
+
+
+def test_row_weights_of_one_change_nothing(chunk):
+    q, e = chunk
+    plain = learn_mask(q, e, 50, algorithm="Facility", seed=1, **FAST)
+    ones = learn_mask(q, e, 50, algorithm="Facility", seed=1, weights=np.ones(len(q)), **FAST)
+    assert np.array_equal(plain.mask, ones.mask) and np.array_equal(plain.scores, ones.scores)
+
+
+@pytest.mark.parametrize("refine_reference", [1_000_000, 256])  # every row represented, or a sample
+@pytest.mark.parametrize("refine", [10.0, 1000.0])  # a partial-batch stage then a pool, or the whole chunk
+def test_weighted_rows_are_covered_as_the_rows_they_stand_for(refine_reference, refine):
+    """Rows standing for many copies draw the Facility selection, so it covers the whole table better."""
+    rng = np.random.default_rng(4)
+    emb = rng.standard_normal((1200, 16)).astype(np.float32)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    q = rng.random(1200)
+    weights = np.where(rng.random(1200) < 0.05, 40.0, 1.0)
+    options = dict(algorithm="Facility", lamb=0.0, seed=0, n_rollout=8, n_epochs=30, refine_epochs=30,
+                   refine_reference=refine_reference, refine=refine)
+    weighted = learn_mask(q, emb, 40, weights=weights, **options).mask
+    plain = learn_mask(q, emb, 40, **options).mask
+    score = [evaluate_selection(q, emb, m, algorithm="Facility", lamb=0.0, weights=weights)["objective"]
+             for m in (weighted, plain)]
+    assert weighted.sum() == 40 and score[0] > score[1]
+
+
+@pytest.mark.parametrize("weights", [np.ones(10), np.full(1500, 0.5), np.full(1500, np.nan)])
+def test_bad_row_weights(chunk, weights):
+    q, e = chunk
+    with pytest.raises(InputDataError, match="weights"):
+        learn_mask(q, e, 5, weights=weights, **FAST)

@@ -18,6 +18,7 @@ from datamask_dask.plan.duplicates import (
     band_keys,
     count_pairs,
     find_duplicates,
+    find_groups,
     hamming_threshold,
     hyperplanes,
     signatures,
@@ -85,6 +86,22 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
     shadowed = find_duplicates(parts)
     # row 0 loses to its copy (quality 3); row 1 beats its copy; rows 2 and 8 tie: partition 0 wins
     assert shadowed[0].tolist() == [0] and shadowed[1].tolist() == [1, 2]
+    groups = find_groups(parts)
+    # each kept row stands for its pair
+    assert groups[0]["kept"].tolist() == [1, 2] and groups[0]["weights"].tolist() == [2, 2]
+    assert groups[1]["kept"].tolist() == [0] and groups[1]["weights"].tolist() == [2]
+
+
+def test_plan_weights_count_every_shadowed_row_once(planted):
+    from datamask_dask.ops.operator import plan_selection
+
+    spec, plan = plan_selection(_ddf(planted[0]), 0.1, seed=0, **FAST)
+    plan = plan.compute(scheduler="sync")
+    shadowed = sum(len(rows) for rows in plan["shadowed"].values())
+    extra = sum(int((weights - 1).sum()) for _, weights in plan["weights"].values())
+    assert shadowed > 400 and extra == shadowed
+    for number, (kept, weights) in plan["weights"].items():
+        assert not np.isin(kept, plan["shadowed"].get(number, [])).any() and (weights >= 2).all()
 
 
 def _pairs_at(cosine: float, n: int, dim: int, rng) -> np.ndarray:
@@ -187,7 +204,9 @@ def test_per_group_quotas_stay_exact(client, planted):
     for topic, ratio in ratios.items():
         rows = (frame["topic"] == topic).to_numpy()
         assert out["selected"].to_numpy()[rows].sum() == round(ratio * rows.sum())
-    assert _pairs(emb, out["selected"].to_numpy()) <= 2
+    # groups are deduplicated apart (a copy in another group is no duplicate there): none within a group
+    for topic in ratios:
+        assert _pairs(emb, out["selected"].to_numpy() & (frame["topic"] == topic).to_numpy()) <= 1
 
 
 def test_same_selection_on_one_and_two_workers(client, planted):
@@ -212,3 +231,54 @@ def test_bad_scope_options(planted):
         datamask_select(ddf, diversity_scope="global")
     with pytest.raises(OptionError, match="duplicate_cosine"):
         datamask_select(ddf, duplicate_cosine=1.5)
+
+
+def _copy_groups(n_parts=5, rows=300, dim=64, seed=4):
+    """Random directions (pairwise cosine ~0 at d = 64), 25% of rows in groups of 2-4 near-copies
+    (pairwise cosine >= 0.97) spread over the partitions; returns find_groups-style inputs."""
+    rng = np.random.default_rng(seed)
+    n = n_parts * rows
+    emb = rng.standard_normal((n, dim)).astype(np.float32)
+    order = rng.permutation(n)
+    at, groups = 0, []
+    while at < n // 4:
+        size = int(rng.integers(2, 5))
+        members = order[at:at + size]
+        emb[members[1:]] = emb[members[0]] + 0.1 * rng.standard_normal((size - 1, dim)).astype(np.float32)
+        groups.append(members)
+        at += size
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    quality = rng.random(n)
+    quality[order[:8]] = quality[order[8]]  # ties: broken by partition, then row
+    sig = signatures(emb, hyperplanes(dim))
+    codes = (np.arange(n) % 2).astype(np.int64)  # two groups of the `by` column
+    return [{"quality": quality[i * rows:(i + 1) * rows], "codes": codes[i * rows:(i + 1) * rows],
+             "labels": ["x", "y"], "signatures": sig[i * rows:(i + 1) * rows]} for i in range(n_parts)]
+
+
+@pytest.mark.parametrize("shards", [1, 3, 8])
+def test_sharded_groups_equal_the_single_task_groups(shards):
+    from datamask_dask.plan.shards import find_groups_sharded
+
+    parts = _copy_groups()
+    single = find_groups(parts)
+    sharded, stats = find_groups_sharded(parts, shards=shards, rounds_of=7)
+    assert sum(len(g["shadowed"]) for g in single) > 100 and stats["unresolved"] == 0
+    for one, other in zip(single, sharded, strict=True):
+        for key in ("shadowed", "kept", "weights"):
+            np.testing.assert_array_equal(one[key], other[key])
+
+
+def test_sharded_graph_on_dask_gives_the_same_groups(client):
+    import dask
+
+    from datamask_dask.ops.operator import sharded_groups
+    from datamask_dask.plan.shards import find_groups_sharded
+
+    parts = _copy_groups(n_parts=9, rows=120)
+    graph = sharded_groups([dask.delayed(p) for p in parts], 0.95)
+    for scheduler in ("sync", client):
+        got = dask.compute(*graph, scheduler=scheduler)
+        for one, other in zip(find_groups_sharded(parts)[0], got, strict=True):
+            for key in ("shadowed", "kept", "weights"):
+                np.testing.assert_array_equal(one[key], other[key])

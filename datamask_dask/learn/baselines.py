@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from .engine import _as_inputs
+from .engine import _as_inputs, row_weights
 from .objectives import DiSF, Facility, PairSimi, build_metrics, normalise_quality, resolve_metrics
 
 __all__ = ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "greedy", "lazy_greedy", "quality_topk",
@@ -108,7 +108,7 @@ def quality_topk(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: fl
 
 def greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5, seed: int = 0,
            device="cpu", quality_range=None, max_memory_bytes: int = DEFAULT_MAX_MEMORY,
-           reference_size: int | None = None) -> np.ndarray:
+           reference_size: int | None = None, weights=None) -> np.ndarray:
     """Plain greedy: each step adds the row that maximises ``f(U + j)``, all rows scored exactly.
 
     ``Q`` is a mean, so ``f`` is not monotone submodular and the (1 - 1/e) guarantee only holds for
@@ -141,6 +141,9 @@ def greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 
         ``reference_size`` that does not fit is served by computing similarity columns on demand.
     reference_size : int, optional
         Size of the Facility reference set ``V`` (see ``max_memory_bytes``).
+    weights : array-like (n,) of float >= 1, optional
+        How many rows each row stands for (as for :func:`~datamask_dask.learn.engine.learn_mask`):
+        Facility's mean over ``V`` is weighted by them. Default: 1 each.
 
     Returns
     -------
@@ -155,13 +158,13 @@ def greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 
     """
     qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
     obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
-                     reference_size=reference_size)
+                     reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
     return _greedy_loop(obj, k).cpu().numpy()
 
 
 def lazy_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5, seed: int = 0,
                 device="cpu", quality_range=None, max_memory_bytes: int = DEFAULT_MAX_MEMORY,
-                reference_size: int | None = None) -> np.ndarray:
+                reference_size: int | None = None, weights=None) -> np.ndarray:
     """Minoux's lazy greedy: the same selection as :func:`greedy`, far fewer gain evaluations.
 
     Laziness is only valid for a submodular term, here Facility: a row's Facility gain can only
@@ -185,7 +188,7 @@ def lazy_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: flo
     """
     qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
     obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
-                     reference_size=reference_size)
+                     reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
     n = emb.shape[0]
     if obj.facility is None:
         return _greedy_loop(obj, k).cpu().numpy()
@@ -204,6 +207,8 @@ def lazy_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: flo
             if fresh[j]:
                 break
             top = torch.topk(bound, min(_LAZY_BLOCK, n - step)).indices
+            # j itself too: among more tied rows than a block, topk may leave out argmax's pick
+            top = torch.cat([top[top != j], top.new_tensor([j])])
             top = top[~fresh[top]]
             gain = fac.gains(top)
             stale[top] = gain
@@ -218,7 +223,7 @@ def lazy_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: flo
 def stochastic_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5,
                       seed: int = 0, device="cpu", quality_range=None, eps: float = 0.1,
                       max_memory_bytes: int = DEFAULT_MAX_MEMORY,
-                      reference_size: int | None = None) -> np.ndarray:
+                      reference_size: int | None = None, weights=None) -> np.ndarray:
     """Stochastic greedy (Mirzasoleiman et al., AAAI 2015, "Lazier than lazy greedy").
 
     Each step scores only ``s = ceil((n / k) * log(1 / eps))`` rows drawn uniformly from those not
@@ -248,7 +253,7 @@ def stochastic_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lam
         raise OptionError(f"option eps={eps!r} is invalid: expected a number in (0, 1)")
     qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
     obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
-                     reference_size=reference_size)
+                     reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
     n = emb.shape[0]
     sample = min(n, math.ceil(n / k * math.log(1 / eps)))
     rng = np.random.default_rng(seed)
@@ -336,7 +341,7 @@ class _Objective:
     """Incremental ``f(U) = lamb * Q(U) + (1 - lamb) * sum_m w_m D_m(U)`` with batched ``f(U + j)``."""
 
     def __init__(self, qn: Tensor, emb: Tensor, algorithm, lamb: float, *, seed: int,
-                 max_memory_bytes: int, reference_size: int | None):
+                 max_memory_bytes: int, reference_size: int | None, weights: Tensor | None = None):
         if not 0 <= lamb <= 1:
             raise OptionError(f"option lamb={lamb!r} is invalid: expected a weight in [0, 1]")
         self.qn, self.emb, self.lamb = qn, emb, float(lamb)
@@ -348,7 +353,7 @@ class _Objective:
                 state = _PairState(emb)
             elif isinstance(metric, Facility):
                 state = _FacilityState(emb, seed=seed, max_memory_bytes=max_memory_bytes,
-                                       reference_size=reference_size)
+                                       reference_size=reference_size, weights=weights)
             elif isinstance(metric, DiSF):
                 state = _DisfState(emb)
             else:
@@ -411,9 +416,13 @@ class _PairState:
 
 
 class _FacilityState:
-    """Facility: each reference row's best clamped similarity to ``U``; columns cached when they fit."""
+    """Facility: each reference row's best clamped similarity to ``U``; columns cached when they fit.
 
-    def __init__(self, emb: Tensor, *, seed: int, max_memory_bytes: int, reference_size: int | None):
+    With ``weights`` (one per row of ``emb``) the mean over the reference rows is weighted.
+    """
+
+    def __init__(self, emb: Tensor, *, seed: int, max_memory_bytes: int, reference_size: int | None,
+                 weights: Tensor | None = None):
         n = emb.shape[0]
         per_row = n * 4  # bytes of one reference row of the float32 cache
         if reference_size is None:
@@ -427,8 +436,11 @@ class _FacilityState:
             gen = torch.Generator(device="cpu").manual_seed(seed)
             ref = torch.randperm(n, generator=gen)[:size].sort().values.to(emb.device)
             self.ref_emb = emb[ref]
+            weights = None if weights is None else weights[ref]
         else:
             self.ref_emb = emb
+        # mean-1 weights of the reference rows (None: each counts once)
+        self.share = None if weights is None else (weights * (weights.numel() / weights.sum())).to(emb.dtype)
         self.emb = emb
         self.best = torch.zeros(size, dtype=emb.dtype, device=emb.device)
         self.block = max(1, _BLOCK_BYTES // (4 * size))  # candidates per block of size x block floats
@@ -452,11 +464,12 @@ class _FacilityState:
         out = torch.empty(count, dtype=self.best.dtype, device=self.best.device)
         for start in range(0, count, self.block):
             cols = self.columns(cand, start, start + self.block)
-            out[start:start + self.block] = (cols - self.best).clamp_(min=0).sum(1)
+            raised = (cols - self.best).clamp_(min=0)
+            out[start:start + self.block] = raised.sum(1) if self.share is None else raised @ self.share
         return out / self.best.numel()
 
     def value(self) -> float:
-        return float(self.best.mean())
+        return float(self.best.mean() if self.share is None else (self.best @ self.share) / self.best.numel())
 
     def values_with(self, cand: Tensor | None) -> Tensor:
         return self.value() + self.gains(cand)

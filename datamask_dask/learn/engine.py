@@ -21,7 +21,7 @@ import torch
 
 from .. import stages
 from ..errors import InputDataError, OptionError
-from .objectives import build_metrics, normalise_quality, weighted_diversity
+from .objectives import accepts, build_metrics, normalise_quality, weighted_diversity
 from .options import DataMaskOptions
 
 MIN_BATCH = 256  # a step's batch never has fewer rows than this (or the whole chunk)
@@ -50,7 +50,7 @@ class MaskResult:
 
 def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = None, *,
                device: str | torch.device = "cpu", quality_range: tuple[float, float] | None = None,
-               **overrides) -> MaskResult:
+               weights=None, **overrides) -> MaskResult:
     """Select exactly ``k`` rows of one chunk jointly for quality and diversity (DATAMASK).
 
     Parameters
@@ -68,6 +68,11 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     quality_range : (float, float), optional
         Min and max used to scale quality to [0, 1]; the chunk's own range by default. The Dask
         operator passes the whole table's range so every partition scores alike.
+    weights : array-like (n,) of float >= 1, optional
+        How many rows of the table each row stands for: a row kept for a group of near-copies
+        (``diversity_scope="table"``) stands for the whole group. Metrics where coverage counts
+        rows (Facility) weigh each represented row by it, so the objective over every row of the
+        table is what is optimised; quality and the other metrics are unchanged. Default: 1 each.
 
     Returns
     -------
@@ -80,6 +85,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     q, emb = _as_inputs(quality, embeddings, device)
     n = q.shape[0]
     k = _check_quota(k, n, opts.prune)
+    weights = row_weights(weights, n, device)
     qn = normalise_quality(q, quality_range)
 
     # Quality pruning: the worst `prune` share never takes part (ties broken by position).
@@ -96,6 +102,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
                           np.zeros(0, dtype=np.float32))
     gen = torch.Generator(device=device).manual_seed(opts.seed)
     q_e, emb_e = (qn, emb) if eligible is None else (qn[eligible], emb[eligible])
+    w_e = weights if weights is None or eligible is None else weights[eligible]
     logits = _initial_logits(q_e, opts.init)
     pool_size = min(n_keep, math.ceil(opts.refine * k))
     if 2 * pool_size >= n_keep:
@@ -108,7 +115,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     if first_stage:
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
-                                  max_batch=opts.max_batch, tick=tick)
+                                  max_batch=opts.max_batch, weights=w_e, tick=tick)
     if opts.refine and pool_size > k and best is None:  # best is set when one batch held every row
         # Refine: learn again, every step over the whole pool of the best candidates, with the
         # reference rows drawn from the whole chunk. Rows learned in different batches never met
@@ -120,18 +127,19 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
             logits[pool], q_e[pool], emb_e[pool])
         reference_rows = _sample_indices(n_keep, opts.refine_reference, gen)
 
-        def reference():  # built only if a metric uses it: the rows, and their pool positions
+        def reference():  # built only if a metric uses it: the rows, their pool positions, their weights
             if reference_rows is None:  # every row: exact, each row represents itself as it should
-                return emb_e, None
+                return emb_e, None, w_e
+            sampled_weights = None if w_e is None else w_e[reference_rows]
             if whole:
-                return emb_e[reference_rows], reference_rows
+                return emb_e[reference_rows], reference_rows, sampled_weights
             position = torch.full((n_keep,), -1, dtype=torch.long, device=device)
             position[pool] = torch.arange(pool_size, device=device)
-            return emb_e[reference_rows], position[reference_rows]
+            return emb_e[reference_rows], position[reference_rows], sampled_weights
 
         refined, best = _optimise(pool_logits, q_pool, emb_pool, k, opts, gen, n_steps=opts.refine_epochs,
                                   partial=1.0, max_batch=pool_size, lr=(opts.refine_lr, opts.refine_lr / 10),
-                                  reference=reference, tick=tick)
+                                  reference=reference, weights=w_e if whole else None, tick=tick)
         history = torch.cat([history.to(refined.device), refined])
         if not whole:
             best = None if best is None else pool[best]
@@ -142,7 +150,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         chosen = best
         if reference_rows is not None:
             chosen = _not_below_quality_topk(q if eligible is None else q[eligible], q_e, emb_e, chosen,
-                                             reference_rows, opts, gen)
+                                             reference_rows, opts, gen, w_e)
     elif opts.final == "sample":
         chosen = torch.topk(logits + _gumbel(logits.shape, gen, device), k).indices
     else:
@@ -156,12 +164,13 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
 
 
 def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr, max_batch,
-              reference=None, tick=None):
+              reference=None, weights=None, tick=None):
     """Run policy-gradient steps in place on ``logits``.
 
     ``reference`` (a callable, called at most once) gives the rows the selection should
-    represent, for metrics that use them, and their positions among ``emb`` when they are a sample
-    (None when they are every row). Returns the mean in-batch reward per step and, when
+    represent, for metrics that use them, their positions among ``emb`` when they are a sample
+    (None when they are every row) and their weights (or None); ``weights`` are those of ``emb``'s
+    rows (None: one each). Returns the mean in-batch reward per step and, when
     every row took part in every step, the best rollout drawn (row indices), else None. Nothing
     leaves the device inside the loop: the history and the best draw are tensors. ``tick`` (a
     :class:`datamask_dask.stages.StepCounter`) counts the steps for progress bars.
@@ -180,11 +189,10 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     if batch == n:
         # Every row takes part in every step: precompute the metrics' state once.
         wanted = reference is not None and any(metric.uses_reference for metric, _ in metrics)
-        rows_to_represent, positions = reference() if wanted else (None, None)
+        rows_to_represent, positions, represented = reference() if wanted else (None, None, weights)
         sampled = positions is not None
-        states = [metric.prepare(emb, gen, rows_to_represent, reference_rows=positions)
-                  if positions is not None and _takes_reference_rows(metric)
-                  else metric.prepare(emb, gen, rows_to_represent) for metric, _ in metrics]
+        states = [_prepare(metric, emb, gen, rows_to_represent, positions, represented)
+                  for metric, _ in metrics]
     ordered = opts.update == "plackett_luce"  # only its gradient needs the draw order
     for step in range(n_steps):
         if states is None:
@@ -193,7 +201,8 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
                 order = torch.cat([order, torch.randperm(n, generator=gen, device=logits.device)])
             rows, order = order[:batch], order[batch:]
             theta, q_b, emb_b = logits[rows], qn[rows], emb[rows]
-            step_states = [metric.prepare(emb_b, gen) for metric, _ in metrics]
+            w_b = None if weights is None else weights[rows]
+            step_states = [_prepare(metric, emb_b, gen, None, None, w_b) for metric, _ in metrics]
         else:
             theta, q_b, emb_b, step_states = logits, qn, emb, states  # views, no copies
         step_lr = lr[0] + (lr[1] - lr[0]) * step / max(n_steps - 1, 1)
@@ -256,7 +265,7 @@ def _polish(qn, emb, chosen, reward, metrics, states, opts: DataMaskOptions):
     return chosen
 
 
-def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOptions, gen):
+def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOptions, gen, weights=None):
     """The learned mask, or quality top-k where the latter scores higher on rows held out of the
     learning reference sample.
 
@@ -278,19 +287,40 @@ def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOp
         return chosen
     held = outside[torch.randperm(outside.numel(), generator=gen, device=gen.device)[:HOLDOUT_ROWS]]
     held_emb = emb[held]
+    held_weights = None if weights is None else weights[held]
     topk = torch.argsort(q, descending=True, stable=True)[:k]
 
     def objective(rows):
-        diversity = weighted_diversity(metrics, emb, rows, reference=held_emb)[0]
+        diversity = weighted_diversity(metrics, emb, rows, reference=held_emb, weights=held_weights)[0]
         return opts.lamb * float(qn[rows].mean()) + (1 - opts.lamb) * diversity
 
     return topk if objective(topk) > objective(chosen) else chosen
 
 
-def _takes_reference_rows(metric) -> bool:
-    """Whether a metric that uses the reference accepts ``reference_rows`` (user metrics written
-    before that argument existed do not, and keep working)."""
-    return metric.uses_reference and "reference_rows" in inspect.signature(metric.prepare).parameters
+def _prepare(metric, emb, gen, reference, positions, weights):
+    """``metric.prepare`` with the arguments it takes: ``reference_rows`` (the reference's positions
+    when it is a sample) and ``weights`` (of the rows to represent) reach only metrics that use the
+    reference and accept them (user metrics written before those arguments keep working)."""
+    extra = {}
+    if positions is not None and metric.uses_reference and accepts(metric.prepare, "reference_rows"):
+        extra["reference_rows"] = positions
+    if weights is not None and metric.uses_reference and accepts(metric.prepare, "weights"):
+        extra["weights"] = weights
+    return metric.prepare(emb, gen, reference, **extra)
+
+
+def row_weights(weights, n: int, device) -> torch.Tensor | None:
+    """Checked row weights as a float32 tensor on ``device``, or None when absent or all 1."""
+    if weights is None:
+        return None
+    values = weights if torch.is_tensor(weights) else torch.as_tensor(np.asarray(weights, dtype=np.float64))
+    if values.shape != (n,):
+        raise InputDataError(f"weights must hold one number per row ({n}), got shape {tuple(values.shape)}")
+    if not bool((values.double() >= 1).all()) or not bool(torch.isfinite(values.double()).all()):
+        raise InputDataError("weights must be finite numbers >= 1 (the rows each row stands for)")
+    if bool((values == 1).all()):
+        return None  # every row stands for itself: the unweighted objective, bit for bit
+    return values.to(device=device, dtype=torch.float32)
 
 
 def _keep_best(rewards, idx, best_reward, best):

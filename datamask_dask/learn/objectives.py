@@ -7,7 +7,8 @@ Every term lies in [0, 1] so that ``lamb`` means what it says:
 - Pair_simi   = 1 - mean pairwise cosine similarity of U (computed from w = sum of U's unit
   vectors: sum_{i != j} s_ij = |w|^2 - k, so O(k d));
 - Facility    = mean over a reference set V of max over U of the cosine similarity clamped at 0
-  (V is every row when evaluating, a sample of the batch while learning);
+  (V is every row when evaluating, a sample of the batch while learning); with row weights (the
+  rows each kept row stands for after near-duplicates are set aside) a weighted mean;
 - DiSF        = 1 - mean squared off-diagonal entry of the d x d correlation matrix of U's
   standardised features (DiSF, Fan et al., ICLR 2025).
 
@@ -17,6 +18,7 @@ with :func:`register_metric`, and ``algorithm={"Facility": 0.7, "DiSF": 0.3}`` c
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 
 import numpy as np
@@ -49,6 +51,11 @@ class DiversityMetric:
         whose ``uses_reference`` is True. When ``reference`` is a *sample* of the chunk,
         ``reference_rows`` (m,) gives each reference row's position in ``emb`` (-1 if it is not a
         candidate): a sampled row must not represent itself (see :class:`Facility`).
+
+        A metric whose ``prepare`` also takes ``weights`` receives, when rows carry weights, how many
+        rows of the table each row to represent stands for (a tensor: one weight per row of
+        ``reference``, or of ``emb`` when ``reference`` is None); metrics where coverage counts rows
+        should weigh each represented row by it. Without that parameter every row counts once.
         """
         return None
 
@@ -123,6 +130,11 @@ class Facility(DiversityMetric):
     While learning, each reference row keeps only its ``neighbours`` most similar batch rows
     (a sparse k-NN graph, as large-scale facility location does): a row's best similarity to U
     almost always comes from one of them, and each step then costs O(G m t) instead of O(G m b).
+
+    Reference rows may carry weights (``weights`` of :meth:`prepare` and :meth:`evaluate`): the
+    number of table rows each stands for once its near-copies are set aside
+    (``diversity_scope="table"``). The term is then the weighted mean, which is the facility
+    location of the whole table with each copy represented where its kept row is.
     """
 
     name = "Facility"
@@ -136,10 +148,12 @@ class Facility(DiversityMetric):
         self.exact_max = exact_max  # batches larger than this get an approximate graph (see knn)
         self.probes = probes
 
-    def prepare(self, emb, generator, reference=None, reference_rows=None):
+    def prepare(self, emb, generator, reference=None, reference_rows=None, weights=None):
         if reference is None:  # represent the batch itself, through a sample of its rows
             rows = torch.randperm(emb.shape[0], generator=generator, device=generator.device)
             reference = emb[rows[:self.reference_size]]
+            if weights is not None:
+                weights = weights[rows[:self.reference_size]]
         # bfloat16 similarities (3 significant digits) are plenty to rank neighbours and cost
         # a quarter of float32 on GPUs and on CPUs with AMX / AVX512-BF16.
         dtype = torch.bfloat16 if self.precision == "bfloat16" else emb.dtype
@@ -153,12 +167,14 @@ class Facility(DiversityMetric):
             # m = 32k: n/m = 6x the weight). Without self-matches the sample estimates only how
             # well U covers *other* rows, which is unbiased for every candidate alike.
             values.masked_fill_(neighbours == reference_rows[:, None], 0.0)
-        # (m, t) each, and whether the reference is a fixed sample (its gains are then shrunk)
-        return values.clamp_(min=0), neighbours, reference_rows is not None
+        # (m, t) each, whether the reference is a fixed sample (its gains are then shrunk), and the
+        # reference rows' weights scaled to mean 1 (None: every row counts once)
+        share = None if weights is None else _mean_one(weights.to(values.dtype))
+        return values.clamp_(min=0), neighbours, reference_rows is not None, share
 
     def rewards(self, emb, idx, state):
         member = torch.zeros((idx.shape[0], emb.shape[0]), dtype=torch.bool, device=idx.device)
-        return self._held(state, member.scatter_(1, idx, True))[0].amax(-1).mean(1)
+        return _weighted_mean(self._held(state, member.scatter_(1, idx, True))[0].amax(-1), state[3])
 
     @staticmethod
     def _held(state, member):
@@ -180,16 +196,21 @@ class Facility(DiversityMetric):
         second = held.scatter_(-1, arg[..., None], 0.0).amax(-1)  # held is not needed any more
         owner = neighbours.gather(1, arg.T).T  # (G, m) batch row that is best for each reference row
         g, m = best.shape
+        share = state[3]
         # Joining: how much j raises each reference row's best similarity (0 for members).
         joining = (values[None] - best[..., None]).clamp_(min=0)
+        # Leaving: a member loses what it alone provides (best - second where it is the best).
+        leaving = best - second
+        if share is not None:  # a reference row standing for w rows counts w times
+            joining *= share[None, :, None]
+            leaving *= share[None]
         gain = torch.zeros_like(member, dtype=values.dtype)
         gain.scatter_add_(1, flat, joining.view(g, -1))
-        # Leaving: a member loses what it alone provides (best - second where it is the best).
-        gain.scatter_add_(1, owner, best - second)
+        gain.scatter_add_(1, owner, leaving)
         gain /= m
         if state[2]:
-            gain = _shrink(gain, self._gain_noise(flat, joining, owner, best - second, gain.shape, m))
-        return best.mean(1), gain
+            gain = _shrink(gain, self._gain_noise(flat, joining, owner, leaving, gain.shape, m))
+        return _weighted_mean(best, share), gain
 
     @staticmethod
     def _gain_noise(flat, joining, owner, leaving, shape, m):
@@ -200,17 +221,20 @@ class Facility(DiversityMetric):
         noise.scatter_add_(1, owner, leaving.pow(2))
         return noise / (m * m)
 
-    def evaluate(self, emb, selected, reference=None):
+    def evaluate(self, emb, selected, reference=None, weights=None):
         """Mean over ``reference`` (m, d; every row of ``emb`` by default) of its best clamped
         similarity to the selected rows of ``emb``: on a uniform sample drawn independently of the
-        selection, an unbiased estimate of the whole chunk's term."""
+        selection, an unbiased estimate of the whole chunk's term. ``weights`` (one per reference
+        row): the rows each stands for; the mean is then weighted."""
         sel = emb[selected]
         rows = emb if reference is None else reference
         total = 0.0
         for start in range(0, rows.shape[0], _EVAL_BLOCK):
-            block = rows[start:start + _EVAL_BLOCK] @ sel.T
-            total += float(block.amax(1).clamp(min=0).sum())
-        return total / rows.shape[0]
+            best = (rows[start:start + _EVAL_BLOCK] @ sel.T).amax(1).clamp(min=0)
+            if weights is not None:
+                best = best.double() * weights[start:start + _EVAL_BLOCK].double()
+            total += float(best.sum())
+        return total / (rows.shape[0] if weights is None else float(weights.double().sum()))
 
 
 class DiSF(DiversityMetric):
@@ -403,23 +427,26 @@ def normalise_quality(quality: Tensor, quality_range: tuple[float, float] | None
     return ((quality - lo) / (hi - lo)).clamp_(0, 1)
 
 
-def weighted_diversity(metrics, emb: Tensor, selected: Tensor, reference: Tensor | None = None
-                       ) -> tuple[float, dict[str, float]]:
+def weighted_diversity(metrics, emb: Tensor, selected: Tensor, reference: Tensor | None = None,
+                       weights: Tensor | None = None) -> tuple[float, dict[str, float]]:
     """The diversity term of one selection: the weighted sum over ``metrics`` (pairs as
     :func:`build_metrics` gives them) and each metric's value by name. Metrics that use a
-    reference represent the rows ``reference`` (m x d) when it is given, else every row of ``emb``."""
+    reference represent the rows ``reference`` (m x d) when it is given, else every row of ``emb``;
+    ``weights`` (one per represented row) go to those whose ``evaluate`` takes them."""
     values, total = {}, 0.0
     for metric, weight in metrics:
+        extra = {}
         if reference is not None and metric.uses_reference:
-            values[metric.name] = metric.evaluate(emb, selected, reference=reference)
-        else:
-            values[metric.name] = metric.evaluate(emb, selected)
+            extra["reference"] = reference
+        if weights is not None and metric.uses_reference and accepts(metric.evaluate, "weights"):
+            extra["weights"] = weights
+        values[metric.name] = metric.evaluate(emb, selected, **extra)
         total += weight * values[metric.name]
     return total, values
 
 
 def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float = 0.5,
-                       quality_range=None, device="cpu", reference=None) -> dict:
+                       quality_range=None, device="cpu", reference=None, weights=None) -> dict:
     """Objective of any selection, on the whole chunk (for Facility the reference set is every row,
     or the ``reference`` rows).
 
@@ -434,6 +461,10 @@ def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", 
         Rows of ``embeddings`` that Facility represents instead of every row: on a uniform sample
         drawn independently of the selection, an unbiased estimate of the whole chunk's term at
         a fraction of its cost.
+    weights : array-like (n,) of float > 0, optional
+        How many rows each row stands for (one per row of ``embeddings``): Facility's mean over the
+        represented rows is then weighted (the objective of a table whose near-copies were set
+        aside, on its kept rows). Quality and the other metrics are unchanged.
 
     Returns
     -------
@@ -449,8 +480,18 @@ def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", 
     sel = sel.long()
     if sel.numel() == 0:
         raise OptionError("selected is empty: evaluate a selection of at least one row")
-    rows = None if reference is None else emb[torch.as_tensor(np.asarray(reference), device=device).long()]
-    diversity, metrics = weighted_diversity(build_metrics(resolve_metrics(algorithm)), emb, sel, rows)
+    rows, row_weights = None, None
+    if weights is not None:
+        row_weights = torch.as_tensor(np.asarray(weights, dtype=np.float64), device=device)
+        if row_weights.shape != q.shape or not bool((row_weights > 0).all()):
+            raise OptionError(f"weights must hold one number > 0 per row ({q.shape[0]}), got shape "
+                              f"{tuple(row_weights.shape)}")
+    if reference is not None:
+        reference = torch.as_tensor(np.asarray(reference), device=device).long()
+        rows = emb[reference]
+        row_weights = None if row_weights is None else row_weights[reference]
+    diversity, metrics = weighted_diversity(build_metrics(resolve_metrics(algorithm)), emb, sel, rows,
+                                            row_weights)
     qual = float(normalise_quality(q, quality_range)[sel].mean())
     return {"objective": lamb * qual + (1 - lamb) * diversity, "quality": qual,
             "diversity": diversity, "metrics": metrics}
@@ -470,6 +511,21 @@ def _shrink(gain: Tensor, noise: Tensor) -> Tensor:
     spread = (gain - mean).pow(2).mean(1, keepdim=True)
     keep = (1 - noise.mean(1, keepdim=True) / spread.clamp(min=1e-30)).clamp_(0, 1)
     return mean + keep * (gain - mean)
+
+
+def _mean_one(weights: Tensor) -> Tensor:
+    """Weights scaled to mean 1, so a weighted mean is ``(x * w).mean()``."""
+    return weights * (weights.numel() / weights.sum())
+
+
+def _weighted_mean(values: Tensor, share: Tensor | None) -> Tensor:
+    """Mean over the last axis, each column weighted by ``share`` (mean-1 weights) when given."""
+    return values.mean(-1) if share is None else (values * share).mean(-1)
+
+
+def accepts(function, name: str) -> bool:
+    """Whether ``function`` takes a parameter ``name`` (user metrics may predate an argument)."""
+    return name in inspect.signature(function).parameters
 
 
 def _selection_sums(emb: Tensor, idx: Tensor) -> Tensor:

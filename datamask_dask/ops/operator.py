@@ -14,12 +14,16 @@ The result is lazy. Its graph has two passes over the input:
    turns the sketches into integer quotas (or token budgets) per partition and group, so the
    selected total is exact, and fixes the table-wide quality range and the embedding dimension.
    With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
-   256-bit SimHash per row, and one task finds the near-duplicate groups of the whole table
-   (:mod:`datamask_dask.plan.duplicates`); in each group every row but the best is *shadowed*:
-   left out of the sketches and ineligible in the select pass, so no partition selects a copy of
-   a better row that lives in another one. ``diversity_scope="partition"`` skips this.
-2. **Select**: ``map_partitions`` of :func:`datamask_dask.partition.select.select_partition`
-   with an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
+   256-bit SimHash per row, and a sharded map-shuffle-reduce graph finds the near-duplicate
+   groups of the whole table (:mod:`datamask_dask.plan.shards`: no task holds more than a shard
+   of the band keys, candidate pairs or groups); in each group every row but the best is
+   *shadowed*: left out of the sketches and ineligible in the select pass, so no partition
+   selects a copy of a better row that lives in another one, and the best row stands for the
+   group (its weight, which the learner's Facility counts). ``diversity_scope="partition"``
+   skips this.
+2. **Select**: one :func:`datamask_dask.partition.select.select_partition` task per partition of
+   :func:`partitions` (the partitions the plan pass read), gathered with ``dd.from_delayed`` and
+   an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
    many as the plan says), splits them into chunks of at most ``max_chunk_rows`` rows (fewer
    when a ``memory_budget`` asks for it, see :mod:`datamask_dask.plan.memory`), and runs the
    learner (:func:`datamask_dask.learn.learn_mask`) on each chunk with a seed derived from
@@ -53,15 +57,28 @@ from ..partition.checks import (
 )
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
-from ..plan.duplicates import BANDS, band_edges, shadowed_rows, stack_parts
 from ..plan.reduce import make_plan
+from ..plan.shards import (
+    ROUNDS,
+    attach_left,
+    band_plan,
+    band_records,
+    best_parents,
+    bucket_pairs,
+    deliver,
+    forward_weights,
+    partition_groups,
+    shard_count,
+    signature_pieces,
+    verify_pairs,
+)
 from ..progress import named
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
 _PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when nothing else says it
 _SPLIT_EVERY = 8  # fan-in of the duplicate-id tree reduction
-_BAND_TASKS = 4  # the near-duplicate search's LSH bands run as this many parallel tasks
+_PARTITIONS_PER_SHARD = 4  # the near-duplicate graph has one shard per this many partitions
 
 
 def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -279,12 +296,12 @@ def _key(prefix: str, *args) -> str:
 def table_summaries(parts: list, spec: SelectSpec) -> list:
     """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
 
-    Round 1 scans each partition (checks, and a SimHash signature per row); one task finds the
-    near-duplicate groups of the whole table from the signatures
-    (:func:`datamask_dask.plan.duplicates.find_duplicates`, its LSH bands split over
-    ``_BAND_TASKS`` parallel tasks); round 2 turns each scan into its
-    quality sketches without the shadowed rows. Only the signatures, quality and group codes
-    (about 44 bytes a row) travel to the reduction; the scans stay where they were made.
+    Round 1 scans each partition (checks, and a SimHash signature per row); the near-duplicate
+    groups of the whole table are then found by a sharded map-shuffle-reduce graph
+    (:mod:`datamask_dask.plan.shards`: band keys per partition, candidates and their verification
+    per shard, groups resolved per shard, results routed back per partition), whose tasks each hold
+    one shard of the band keys, candidate pairs or edges, never the whole table; round 2 turns each
+    scan into its quality sketches without its shadowed rows (and with its kept rows' weights).
     """
     scans = [dask.delayed(scan_partition, pure=True)(part, i, spec,
                                                      dask_key_name=_key("datamask-plan-scan", part, i, spec))
@@ -292,16 +309,50 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
     signed = "datamask-plan-signatures"
     inputs = [dask.delayed(duplicate_input, pure=True)(scan, dask_key_name=_key(signed, scan))
               for scan in scans]
-    table = dask.delayed(stack_parts, pure=True)(inputs, dask_key_name=_key(signed, inputs))
-    edges = [dask.delayed(band_edges, pure=True)(
-        table, list(range(i, BANDS, _BAND_TASKS)), spec.duplicate_cosine,
-        dask_key_name=_key("datamask-plan-duplicates", table, i, spec.duplicate_cosine))
-        for i in range(_BAND_TASKS)]
-    shadowed = dask.delayed(shadowed_rows, pure=True, nout=len(parts))(
-        table, edges, dask_key_name=_key("datamask-plan-duplicates", table, edges))
-    return [dask.delayed(summarise_scan, pure=True)(scan, shadowed[i],
+    groups = sharded_groups(inputs, spec.duplicate_cosine)
+    return [dask.delayed(summarise_scan, pure=True)(scan, groups[i],
                                                     dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
+
+
+def _task(name: str, function, *args, nout: int | None = None):
+    return dask.delayed(function, pure=True, nout=nout)(*args,
+                                                        dask_key_name=_key(name, function.__name__, *args))
+
+
+def sharded_groups(inputs: list, cosine: float) -> list:
+    """The near-duplicate groups of :func:`datamask_dask.plan.shards.find_groups_sharded` as a Delayed
+    graph: one Delayed per partition, computing to its entry of
+    :func:`datamask_dask.plan.duplicates.find_groups`."""
+    n_parts = len(inputs)
+    shards = shard_count(n_parts, _PARTITIONS_PER_SHARD)
+    name = "datamask-plan-duplicates"
+    rows = _task(name, _total_rows, inputs)
+    plan = _task(name, band_plan, rows)
+    records = [_task(name, band_records, part, i, plan, shards, nout=shards) for i, part in enumerate(inputs)]
+    buckets = [_task(name, bucket_pairs, [r[s] for r in records], shards) for s in range(shards)]
+    candidates = [[b["pieces"][t] for b in buckets] for t in range(shards)]
+    signed = [_task(name, signature_pieces, part, i, shards, nout=shards) for i, part in enumerate(inputs)]
+    left = [_task(name, attach_left, candidates[s], [r[s] for r in signed], shards, nout=shards)
+            for s in range(shards)]
+    edges = [_task(name, verify_pairs, [x[s] for x in left], [r[s] for r in signed], shards, cosine,
+                   nout=shards) for s in range(shards)]
+    parents = [_task(name, best_parents, [e[s] for e in edges], shards) for s in range(shards)]
+    pending = [p["pending"] for p in parents]
+    roots = [[] for _ in range(shards)]
+    for _ in range(ROUNDS):
+        moved = [_task(name, forward_weights, parents[s], [p[s] for p in pending], shards)
+                 for s in range(shards)]
+        for s in range(shards):
+            roots[s].append(moved[s]["roots"])
+        pending = [m["pending"] for m in moved]
+    delivered = [_task(name, deliver, parents[s], roots[s], [p[s] for p in pending], n_parts)
+                 for s in range(shards)]
+    return [_task(name, partition_groups, [d["pieces"][i] for d in delivered]) for i in range(n_parts)]
+
+
+def _total_rows(inputs: list) -> int:
+    return sum(len(part["quality"]) for part in inputs)
 
 
 def plan_input(ddf, columns: list[str]) -> list:

@@ -361,9 +361,18 @@ def duplicate_input(scan: dict) -> dict:
     return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}
 
 
-def summarise_scan(scan: dict, shadowed: np.ndarray | None = None) -> dict:
-    """Round 2: the partition's plan summary, its shadowed rows left out of the sketches."""
-    return {**summarise_check(scan["check"], shadowed), "stages": scan["stages"]}
+def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> dict:
+    """Round 2: the partition's plan summary, its shadowed rows left out of the sketches.
+
+    ``groups``: the partition's entry of :func:`datamask_dask.plan.duplicates.find_groups` (its
+    shadowed rows, and its kept rows with the group sizes they stand for), or only the shadowed
+    rows' positions.
+    """
+    if isinstance(groups, dict):
+        summary = summarise_check(scan["check"], groups["shadowed"], groups["kept"], groups["weights"])
+    else:
+        summary = summarise_check(scan["check"], groups)
+    return {**summary, "stages": scan["stages"]}
 
 
 def _codes(check) -> tuple[np.ndarray, list]:
@@ -372,18 +381,24 @@ def _codes(check) -> tuple[np.ndarray, list]:
     return check.codes, check.labels
 
 
-def summarise_check(check, shadowed: np.ndarray | None = None) -> dict:
+def summarise_check(check, shadowed: np.ndarray | None = None, kept: np.ndarray | None = None,
+                    weights: np.ndarray | None = None) -> dict:
     """The plan summary of a partition that passed :func:`~datamask_dask.partition.checks.check_partition`.
 
     ``shadowed``: positions of the partition's rows that are near-duplicates of a better row (see
     :mod:`datamask_dask.plan.duplicates`). Each cell then has two sketches: ``sketch`` without
     them (what the quotas are planned on) and ``sketch_all`` with them (the fallback when a group
     has too few rows left for its quota), ``n`` its rows in all and ``shadowed`` their positions.
+    ``kept`` and ``weights``: positions of the rows kept for a group of near-copies and the rows
+    each stands for; a cell holds its own as ``kept`` and ``weights``.
     """
     codes, labels = _codes(check)
     hidden = np.zeros(check.rows, dtype=bool)
     if shadowed is not None:
         hidden[shadowed] = True
+    weight = np.ones(check.rows, dtype=np.int64)
+    if kept is not None:
+        weight[kept] = weights
     cells = {}
     for code, label in enumerate(labels):
         rows = codes == code
@@ -396,6 +411,8 @@ def summarise_check(check, shadowed: np.ndarray | None = None) -> dict:
             cell["sketch_all"] = cell["sketch"]
             cell["sketch"] = make_sketch(q[kept], None if tokens is None else tokens[kept])
             cell["shadowed"] = np.flatnonzero(rows & hidden).astype(np.int64)
+            cell["kept"] = np.flatnonzero(rows & (weight > 1)).astype(np.int64)
+            cell["weights"] = weight[cell["kept"]]
         cells[label] = cell
     return {"n": check.rows, "cells": cells, "dim": check.dim, "digest": check.digest}
 

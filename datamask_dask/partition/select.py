@@ -3,7 +3,8 @@
 Engine-agnostic: :func:`select_partition` takes a pandas or cuDF frame and the plan of
 :mod:`datamask_dask.plan.reduce`; the Dask operator maps it over partitions, the Spark
 integration calls it inside ``mapInArrow``. Rows the plan lists as shadowed (near-duplicates of a
-better row, ``diversity_scope="table"``) are ineligible: never selected, score ``-inf``.
+better row, ``diversity_scope="table"``) are ineligible: never selected, score ``-inf``; the row
+kept for each group stands for it (the plan's ``weights``), which the learner's Facility counts.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ def select_partition(frame, plan: dict, partition_info=None):
         memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
         code_of = {label: code for code, label in enumerate(labels)}
         shadowed = plan.get("shadowed", {}).get(number)
+        weights = None
+        if number in plan.get("weights", {}):
+            kept, counts = plan["weights"][number]
+            weights = np.ones(n, dtype=np.float64)
+            weights[kept] = counts
         visible = np.ones(n, dtype=bool)
         if shadowed is not None and len(shadowed):
             visible[shadowed] = False  # near-duplicates of a better row elsewhere: ineligible
@@ -56,7 +62,7 @@ def select_partition(frame, plan: dict, partition_info=None):
             rows = np.flatnonzero((codes == code_of[label]) & visible)
             context = where if spec.by is None else f"{where}, group {label!r}"
             _select_cell(rows, eligible, quota, budget, index, quality, tokens, source, frame, spec, plan,
-                         number, device, context, selected, scores, memory)
+                         number, device, context, selected, scores, memory, weights)
     columns = {spec.selected_column: selected}
     if spec.score_column:
         columns[spec.score_column] = scores
@@ -64,7 +70,7 @@ def select_partition(frame, plan: dict, partition_info=None):
 
 
 def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, source, frame, spec, plan,
-                 number, device, context, selected, scores, memory) -> None:
+                 number, device, context, selected, scores, memory, weights=None) -> None:
     """Select inside one group of one partition: eligible rows, chunks, learner, budget."""
     order = np.argsort(-quality[rows], kind="stable")
     eligible = np.sort(rows[order[:n_eligible]])
@@ -88,7 +94,7 @@ def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, 
         where = context if n_chunks == 1 else f"{context}, chunk {chunk_number}"
         if 0 < k < chunk.size:
             result = _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number,
-                            device, where, memory.options)
+                            device, where, memory.options, None if weights is None else weights[chunk])
             mask, preference = result.mask, result.scores.astype(np.float64)
             if scores is not None:
                 scores[chunk] = result.scores
@@ -109,7 +115,7 @@ def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
 
 
 def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, chunk_number, device, where,
-           options):
+           options, weights=None):
     with stages.timed("extract"):
         embeddings = source.rows(chunk)  # our own copy
     if spec.validate != "full":  # "full" checked every row in the plan pass
@@ -119,7 +125,7 @@ def _learn(source, chunk, k, quality, frame, spec, plan, number, group_index, ch
     try:
         with stages.timed("learn"), stages.learning(where):
             result = learn_mask(quality[chunk], embeddings, k, options, device=device,
-                                quality_range=plan["ranges"][group_index],
+                                quality_range=plan["ranges"][group_index], weights=weights,
                                 seed=derive_seed(options.seed, number, group_index, chunk_number))
         stages.note_curve(where, result.history)  # for the run summary's learning curves
         return result

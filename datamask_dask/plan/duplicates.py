@@ -2,8 +2,11 @@
 
 Engine-agnostic (numpy, and torch for the signing product): the Dask operator (and the Spark
 integration) compute one small signature array per partition in the plan pass (:func:`signatures`),
-call :func:`find_duplicates` once on all of them, and hand each partition the positions of its rows
-that are *shadowed*: near-copies of a better row elsewhere in the table (or in the partition).
+find the near-duplicate groups of the whole table from them -- with the sharded graph of
+:mod:`datamask_dask.plan.shards`, whose tasks each hold a shard; :func:`find_groups` here is the
+same search in one task, the reference it is tested against -- and hand each partition the
+positions of its rows that are *shadowed*: near-copies of a better row elsewhere in the table (or
+in the partition).
 Shadowed rows are left out of the quality sketches, so the quotas stay exact over the rows that
 remain, and the select pass treats them as ineligible. Each partition's learner then sees at most
 one member of every near-duplicate group in the table, so the selection cannot pick the same
@@ -27,7 +30,10 @@ Method
    standard deviations of the estimate: at 0.95, pairs at 0.98 are found 99% of the time, at
    0.96 88%, at 0.95 74%; pairs at 0.92 are merged by mistake 25% of the time, at 0.90 8%).
 4. **Groups**: connected components of the verified pairs. In each group the best-quality member
-   is kept (ties: lowest partition, then lowest row) and every other member is shadowed.
+   is kept (ties: lowest partition, then lowest row) and every other member is shadowed. The kept
+   member *stands for* its group: its weight is the group's size (:func:`find_groups`), and
+   Facility weighs it so (:mod:`datamask_dask.learn.objectives`), so setting the copies aside does
+   not change which rows the objective asks to cover.
 
 Cost and limits
 ---------------
@@ -39,8 +45,9 @@ million rows), plus, per band, the rows that share their band key with another r
 data about half of them) and their candidate pairs (batched). Pairs that collide by chance grow
 as ``N**2 / 2**21`` per band (several times more on clustered data); each pair found by several
 bands is kept once. ``benchmarks/bench_duplicates.py`` measures the reduction alone (seconds,
-peak memory, candidates per band) at a given size. Beyond tens of millions of rows, shard the
-reduction by band key (not done here).
+peak memory, candidates per band) at a given size; ``--sharded`` the sharded step, whose bands
+widen with the table (:func:`datamask_dask.plan.shards.band_plan`) so chance collisions stay
+linear in the rows.
 
 The run summary (:mod:`datamask_dask.io.summary`) uses the same signatures and bands to count
 near-duplicate pairs among the selected rows (:func:`count_pairs`).
@@ -108,6 +115,8 @@ def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float =
 def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]:
     """Shadowed rows of each partition: near-duplicates of a better row anywhere in the table.
 
+    The ``"shadowed"`` entries of :func:`find_groups`; see there.
+
     Parameters
     ----------
     parts : list of dict, one per partition, in partition order
@@ -123,6 +132,17 @@ def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]
         For each partition, the sorted positions of its shadowed rows. Deterministic: it depends
         only on the rows' content and partition order, not on where or when anything ran.
     """
+    return [found["shadowed"] for found in find_groups(parts, cosine)]
+
+
+def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
+    """Near-duplicate groups of the whole table, per partition: shadowed rows and kept rows' weights.
+
+    Parameters are those of :func:`find_duplicates`. Returns, for each partition, a dict of
+    ``shadowed`` (sorted int64 positions of its rows that are near-copies of a better row),
+    ``kept`` (sorted int64 positions of its rows kept for a group of two or more) and ``weights``
+    (int64, the size of each of those groups: the rows the kept row stands for, itself included).
+    """
     table = stack_parts(parts)
     # The bands on a few threads (sorting and comparing in numpy, which releases the GIL): an
     # engine that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
@@ -130,7 +150,7 @@ def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]
     with ThreadPoolExecutor(threads) as pool:
         edges = list(pool.map(lambda first: band_edges(table, range(first, BANDS, threads), cosine),
                               range(threads)))
-    return shadowed_rows(table, edges)
+    return resolve_groups(table, edges)
 
 
 def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, int]:
@@ -189,6 +209,15 @@ def band_edges(table: dict, bands, cosine: float = 0.95,
 
 def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
     """Union the verified pairs into groups; every member but the best of each is shadowed, per partition."""
+    return [found["shadowed"] for found in resolve_groups(table, edges)]
+
+
+def resolve_groups(table: dict, edges: list) -> list[dict]:
+    """Union the verified pairs into groups: per partition, the shadowed rows and the kept rows' weights.
+
+    Every member of a group but the best is shadowed; the best is kept and stands for the group
+    (its weight is the group's size). The dicts are those of :func:`find_groups`.
+    """
     offsets, quality = table["offsets"], table["quality"]
     n = int(offsets[-1])
     left = np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges])
@@ -200,8 +229,16 @@ def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
     best = np.full(n, n, dtype=np.int64)
     np.minimum.at(best, root, rank)
     shadowed = np.flatnonzero(rank != best[root])
-    return [shadowed[(shadowed >= offsets[i]) & (shadowed < offsets[i + 1])] - offsets[i]
-            for i in range(len(offsets) - 1)]
+    size = np.bincount(root, minlength=n)
+    kept = np.flatnonzero((rank == best[root]) & (size[root] > 1))
+    weights = size[root[kept]]
+    out = []
+    for i in range(len(offsets) - 1):
+        low, high = offsets[i], offsets[i + 1]
+        mine = (kept >= low) & (kept < high)
+        out.append({"shadowed": shadowed[(shadowed >= low) & (shadowed < high)] - low,
+                    "kept": kept[mine] - low, "weights": weights[mine]})
+    return out
 
 
 def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,

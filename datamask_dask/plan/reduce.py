@@ -6,12 +6,14 @@ call :func:`make_plan` once. The plan is a small dict: the spec, integer quotas 
 budgets) per partition and group, the table-wide quality range per group, rows per partition,
 the embedding dimension, each partition's content digest and, with ``diversity_scope="table"``,
 the positions of each partition's shadowed rows (near-duplicates of a better row elsewhere, see
-:mod:`datamask_dask.plan.duplicates`; 8 bytes per shadowed row).
+:mod:`datamask_dask.plan.duplicates`; 8 bytes per shadowed row) and of its kept rows that stand
+for a group, with the group's size (``weights``: the learner's Facility weighs them so).
 
 Shadowed rows are ineligible: a group's quota is still ``round(ratio * rows)`` over *all* its rows,
 planned on the sketches of the rows that remain (``prune`` then applies to those). When a group
 has fewer rows left than its quota (or its token budget), it is planned on every row and its
-shadowed rows become eligible again, so a ratio that the table can meet is always met exactly.
+shadowed rows become eligible again (and every row stands for itself), so a ratio that the table
+can meet is always met exactly.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
     cells: dict[int, list] = {}
     ranges = {}
     shadowed: dict[int, list] = {}
+    weights: dict[int, list] = {}
     for index, label in enumerate(labels):
         members = [(p, s["cells"][label]) for p, s in enumerate(summaries) if label in s["cells"]]
         n_rows = sum(c.get("n", c["sketch"].n_rows) for _, c in members)
@@ -67,10 +70,21 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
                 (label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
             if deduplicated and "shadowed" in cell:
                 shadowed.setdefault(partition, []).append(cell["shadowed"])
+                if len(cell.get("kept", ())):
+                    weights.setdefault(partition, []).append((cell["kept"], cell["weights"]))
     return {"spec": spec, "cells": cells, "rows": [s["n"] for s in summaries], "dim": dim, "ranges": ranges,
             "shadowed": {p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
+            "weights": {p: _stack_weights(v) for p, v in weights.items()},
             "digests": [s.get("digest", "") for s in summaries],
             "stages": stages.add_up(s.get("stages") for s in summaries)}
+
+
+def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:
+    """One partition's (kept positions, weights) from its cells', sorted by position."""
+    kept = np.concatenate([c[0] for c in cells])
+    weights = np.concatenate([c[1] for c in cells])
+    order = np.argsort(kept, kind="stable")
+    return kept[order], weights[order]
 
 
 def _plan_group(label, sketches: list, n_rows: int, spec) -> np.ndarray:

@@ -1,0 +1,372 @@
+"""Near-duplicates across the table in map-shuffle-reduce form: each task holds a shard, not the table.
+
+Engine-agnostic (numpy only): each function below is one task of a hash-bucket shuffle graph,
+and its output is a list of *pieces*, one per shard (or partition) that receives it. The Dask
+operator wires them as Delayed tasks (:func:`datamask_dask.ops.operator.table_summaries`); a
+benchmark can call them in a loop (``benchmarks/bench_duplicates.py --sharded``). The inputs are
+those of :func:`datamask_dask.plan.duplicates.find_groups` (per partition: quality, group codes and
+labels, 256-bit SimHash signatures), and so are the outputs: per partition, its shadowed rows and
+its kept rows with the rows each stands for.
+
+Stages
+------
+1. :func:`band_records` (per partition): for each of ``BANDS`` bands, a 64-bit key hashed from the
+   band's number, the row's group label and ``bits`` signature bits chosen at random (fixed seed,
+   the same for every partition and run), with a row reference ``partition << 32 | position``.
+   Keys go to shard ``hash(key) % shards``. ``bits`` grows with the table (:func:`band_plan`), so
+   that pairs colliding by chance stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
+2. :func:`bucket_pairs` (per shard): rows sharing a key are candidates. A bucket of up to
+   ``FULL_BUCKET`` rows gives all its pairs; a larger one (clustered data) each row paired with
+   ``ANCHORS`` anchors (its lowest references), so the work stays O(rows x anchors).
+3. :func:`signature_pieces` (per partition) hashes each row's signature and quality to the shard
+   of its reference; :func:`attach_left` and :func:`verify_pairs` (per shard) join both members'
+   signatures to each candidate pair and keep the pairs within :func:`hamming_threshold` (with
+   ``VERIFY_MARGIN``, tighter than the single-task search's, so that pairs at cosine 0.90 are
+   rarely merged).
+4. :func:`best_parents` (per shard of the worse row): each row with a verified better neighbour
+   (higher quality, then lower reference) is *shadowed*, and its best such neighbour is its parent.
+5. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
+   a kept row, which then stands for itself and all rows that reached it.
+6. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
+   back to their partitions, each receiving only its own rows.
+
+The rule of stage 4 is local to verified pairs: a row is shadowed when a better row verifies as
+its near-duplicate. It keeps the guarantees of the single-task search's connected components --
+the best member of every group stays eligible, and no verified pair is kept twice -- and gives the
+same groups wherever each group's members are near-duplicates of one another (copies of one
+document); on a chain ``a ~ b ~ c`` with ``a`` and ``c`` not near-duplicates it keeps both ``a``
+and ``c`` where connected components keep one. Deterministic: every task sorts what it receives,
+so the result depends only on the rows, the partitioning and the shard count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, hamming_threshold
+
+BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
+MIN_BITS, MAX_BITS = 20, 26
+SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
+FULL_BUCKET = 12  # buckets up to this size verify all their pairs
+ANCHORS = 4  # larger buckets verify each row against this many anchors
+ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
+# Standard deviations of the Hamming estimate above the distance expected at ``cosine`` that still
+# verify a pair (the single-task search uses 0.75). At 0.95 (bench_duplicates --sharded, d = 64,
+# 100k rows), pairs at true cosine 0.90 / 0.98 in one group: margin 0.75 (Hamming 29 of 256 bits)
+# 9.6% / 99.9%, 0.25 (27) 5.2% / 99.6%; 0.1 gives 26, ~3% at 0.90 in theory, ~99.5% at 0.98.
+VERIFY_MARGIN = 0.1
+BIT_SEED = 0xBA2D5
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def band_plan(n_rows: int, bands: int = BANDS) -> dict:
+    """Bands for a table of ``n_rows``: ``bits`` per band and each band's bit positions (bands, bits)."""
+    bits = int(min(MAX_BITS, max(MIN_BITS, math.ceil(math.log2(max(n_rows, 2))) + SLACK_BITS)))
+    rng = np.random.default_rng(BIT_SEED)
+    positions = np.stack([np.sort(rng.choice(SIGNATURE_BITS, bits, replace=False)) for _ in range(bands)])
+    return {"bits": bits, "positions": positions}
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective, well-spread hash of uint64 values."""
+    x = x.astype(np.uint64, copy=True)
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
+
+
+def shard_of(refs: np.ndarray, shards: int) -> np.ndarray:
+    """The shard of each row reference (uint64): where its signature and its results live."""
+    return (_mix(refs) % np.uint64(shards)).astype(np.int64)
+
+
+def _label_hash(label) -> int:
+    import hashlib
+
+    digest = hashlib.blake2b(repr((type(label).__name__, label)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _split(order_key: np.ndarray, shards: int, *columns) -> list:
+    """Rows grouped by ``order_key`` (their shard), one tuple of columns per shard (stable order)."""
+    order = np.argsort(order_key, kind="stable")
+    bounds = np.searchsorted(order_key[order], np.arange(shards + 1))
+    return [tuple(c[order[bounds[s]:bounds[s + 1]]] for c in columns) for s in range(shards)]
+
+
+def references(number: int, n: int) -> np.ndarray:
+    """Row references of partition ``number``'s ``n`` rows: ``number << 32 | position``."""
+    return (np.uint64(number) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+
+
+# --------------------------------------------------------------------------- 1. band keys
+
+
+def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -> list:
+    """Partition ``number``'s band keys and row references, one ``(key, ref)`` piece per shard.
+
+    ``part``: as for :func:`~datamask_dask.plan.duplicates.find_groups`; ``plan``: :func:`band_plan`;
+    ``bands``: the bands of this round (default all).
+    """
+    sig = np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES)
+    n = sig.shape[0]
+    bands = range(plan["positions"].shape[0]) if bands is None else bands
+    if n == 0:
+        empty = np.zeros(0, dtype=np.uint64)
+        return [(empty, empty) for _ in range(shards)]
+    label_hash = np.array([_label_hash(label) for label in part["labels"]], dtype=np.uint64)
+    group = label_hash[np.asarray(part["codes"], dtype=np.int64)]
+    bits = np.unpackbits(sig, axis=1)  # (n, 256) one byte per bit
+    refs = references(number, n)
+    keys = []
+    for band in bands:
+        chosen = bits[:, plan["positions"][band]]
+        value = np.packbits(chosen, axis=1, bitorder="little")  # up to 4 bytes
+        word = np.zeros(n, dtype=np.uint64)
+        for i in range(value.shape[1]):
+            word |= value[:, i].astype(np.uint64) << np.uint64(8 * i)
+        salt = np.uint64((band + 1) * _GOLDEN % 2**64)
+        keys.append(_mix(word ^ group ^ salt))
+    key = np.concatenate(keys)
+    ref = np.tile(refs, len(keys))
+    return _split((key % np.uint64(shards)).astype(np.int64), shards, key, ref)
+
+
+# --------------------------------------------------------------------------- 2. candidates
+
+
+def bucket_pairs(pieces: list, shards: int) -> dict:
+    """Candidate pairs ``(a, b)``, ``a < b``, of one shard's buckets, routed to the shard of ``a``.
+
+    Returns ``{"pieces": [(a, b) per shard], "pairs": candidate pairs before deduplication}``.
+    """
+    key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
+    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
+    # A key belongs to one band, whose records arrive in reference order (pieces in partition
+    # order, rows in order): a stable sort by key leaves each bucket sorted by reference.
+    order = np.argsort(key, kind="stable")
+    key, ref = key[order], ref[order]
+    empty = np.zeros(0, dtype=np.uint64)
+    if key.size < 2:
+        return {"pieces": [(empty, empty) for _ in range(shards)], "pairs": 0}
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    size = np.diff(np.r_[start, key.size])
+    keep = size > 1
+    start, size = start[keep], size[keep]
+    # position p of a bucket pairs with every later position when the bucket is small, or when p is
+    # one of its first ANCHORS positions
+    first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
+    offset = np.arange(int(first.sum())) - np.repeat(np.cumsum(first) - first, first)
+    position = np.repeat(start, first) + offset
+    later = np.repeat(start + size, first) - position - 1
+    a = np.repeat(position, later)
+    b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(later) - later, later))
+    a, b = ref[a], ref[b]  # a < b; a pair found by several bands is made unique by attach_left
+    return {"pieces": _split(shard_of(a, shards), shards, a, b), "pairs": int(a.size)}
+
+
+def _unique(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs sorted by (a, b), each once."""
+    if not a.size:
+        return a, b
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    keep = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])]
+    return a[keep], b[keep]
+
+
+# --------------------------------------------------------------------------- 3. verification
+
+
+def signature_pieces(part: dict, number: int, shards: int) -> list:
+    """Partition ``number``'s rows as ``(ref, quality, words)`` pieces, one per shard of the reference."""
+    sig = np.ascontiguousarray(np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES))
+    refs = references(number, sig.shape[0])
+    return _split(shard_of(refs, shards), shards, refs, np.asarray(part["quality"], dtype=np.float64),
+                  sig.view(np.uint64).reshape(-1, 4))
+
+
+def _table(pieces: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One shard's rows, sorted by reference: (ref, quality, words)."""
+    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
+    quality = np.concatenate([np.zeros(0)] + [p[1] for p in pieces])
+    words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[2] for p in pieces])
+    order = np.argsort(ref)
+    return ref[order], quality[order], words[order]
+
+
+def _lookup(table_ref: np.ndarray, refs: np.ndarray) -> np.ndarray:
+    at = np.searchsorted(table_ref, refs)
+    if refs.size and not np.array_equal(table_ref[np.minimum(at, table_ref.size - 1)], refs):
+        raise AssertionError("a candidate's signature is missing from its shard")
+    return at
+
+
+def attach_left(pairs: list, rows: list, shards: int) -> list:
+    """Candidate pairs of one shard (the shard of ``a``) with ``a``'s quality and signature, routed
+    to the shard of ``b``: pieces ``(a, b, quality_a, words_a)``."""
+    a = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pairs])
+    b = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pairs])
+    a, b = _unique(a, b)
+    ref, quality, words = _table(rows)
+    at = _lookup(ref, a)
+    return _split(shard_of(b, shards), shards, a, b, quality[at], words[at])
+
+
+def verify_pairs(pairs: list, rows: list, shards: int, cosine: float) -> list:
+    """Verified near-duplicate pairs of one shard (the shard of ``b``), as edges ``(worse, better,
+    quality of better)`` routed to the shard of the worse row."""
+    a = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pairs])
+    b = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pairs])
+    qa = np.concatenate([np.zeros(0)] + [p[2] for p in pairs])
+    wa = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pairs])
+    ref, quality, words = _table(rows)
+    at = _lookup(ref, b)
+    qb, wb = quality[at], words[at]
+    distance = np.zeros(a.size, dtype=np.int64)
+    for i in range(4):
+        distance += np.bitwise_count(wa[:, i] ^ wb[:, i])
+    near = distance <= hamming_threshold(cosine, margin=VERIFY_MARGIN)
+    a, b, qa, qb = a[near], b[near], qa[near], qb[near]
+    # better: higher quality, then the lower reference (partition, then row); a < b
+    a_better = qa >= qb
+    worse = np.where(a_better, b, a)
+    better = np.where(a_better, a, b)
+    better_quality = np.where(a_better, qa, qb)
+    return _split(shard_of(worse, shards), shards, worse, better, better_quality)
+
+
+# --------------------------------------------------------------------------- 4-5. groups
+
+
+def best_parents(edges: list, shards: int) -> dict:
+    """Each shadowed row of one shard and its best verified better neighbour (its parent).
+
+    Returns ``{"child": sorted refs, "parent": their parents, "pending": [(target, count)] per shard}``:
+    each shadowed row's count of one, sent to its parent's shard.
+    """
+    worse = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[0] for e in edges])
+    better = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[1] for e in edges])
+    quality = np.concatenate([np.zeros(0)] + [e[2] for e in edges])
+    order = np.lexsort((better, -quality, worse))  # per worse row: best quality, then lowest ref
+    worse, better = worse[order], better[order]
+    first = np.r_[True, worse[1:] != worse[:-1]] if worse.size else np.zeros(0, dtype=bool)
+    child, parent = worse[first], better[first]
+    ones = np.ones(child.size, dtype=np.int64)
+    return {"child": child, "parent": parent,
+            "pending": _split(shard_of(parent, shards), shards, parent, ones)}
+
+
+def forward_weights(parents: dict, pending: list, shards: int) -> dict:
+    """One round: counts that reached a shadowed row move on to its parent; those at a kept row stay.
+
+    Returns ``{"roots": (ref, count) kept here this round, "pending": [(target, count)] per shard}``.
+    """
+    target = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pending])
+    count = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[1] for p in pending])
+    target, count = _sum_by(target, count)
+    child, parent = parents["child"], parents["parent"]
+    at = np.searchsorted(child, target)
+    shadowed = (at < child.size) & (child[np.minimum(at, max(child.size - 1, 0))] == target) if child.size \
+        else np.zeros(target.size, dtype=bool)
+    moving = parent[at[shadowed]]
+    return {"roots": (target[~shadowed], count[~shadowed]),
+            "pending": _split(shard_of(moving, shards), shards, moving, count[shadowed])}
+
+
+def _sum_by(refs: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if not refs.size:
+        return refs, counts
+    unique, inverse = np.unique(refs, return_inverse=True)
+    return unique, np.bincount(inverse, weights=counts, minlength=unique.size).astype(np.int64)
+
+
+def deliver(parents: dict, roots: list, leftover: list, n_parts: int) -> dict:
+    """One shard's results routed to their partitions: ``{"pieces": [(shadowed refs, kept refs,
+    weights)] per partition, "unresolved": counts still climbing after the last round}``."""
+    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [r[0] for r in roots])
+    count = np.concatenate([np.zeros(0, dtype=np.int64)] + [r[1] for r in roots])
+    ref, count = _sum_by(ref, count)
+    child = parents["child"]
+    unresolved = int(sum(int(p[1].sum()) for p in leftover))
+    out = []
+    child_part = (child >> np.uint64(32)).astype(np.int64)
+    ref_part = (ref >> np.uint64(32)).astype(np.int64)
+    child_split = _split(child_part, n_parts, child)
+    ref_split = _split(ref_part, n_parts, ref, count + 1)  # a kept row also stands for itself
+    for p in range(n_parts):
+        out.append((child_split[p][0], ref_split[p][0], ref_split[p][1]))
+    return {"pieces": out, "unresolved": unresolved}
+
+
+def partition_groups(pieces: list) -> dict:
+    """One partition's entry of :func:`~datamask_dask.plan.duplicates.find_groups` from its pieces."""
+    mask = np.uint64(0xFFFFFFFF)
+    shadowed = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
+    kept = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
+    weights = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[2] for p in pieces])
+    order = np.argsort(kept)
+    return {"shadowed": np.sort((shadowed & mask).astype(np.int64)),
+            "kept": (kept[order] & mask).astype(np.int64), "weights": weights[order]}
+
+
+def shard_count(n_rows: int, rows_per_shard: int) -> int:
+    """Shards for a table of ``n_rows``: about ``rows_per_shard`` rows' band keys each."""
+    return max(1, math.ceil(n_rows / rows_per_shard))
+
+
+def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
+                        rounds_of: int | None = None, on_task=None, spill=None) -> tuple[list[dict], dict]:
+    """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
+
+    ``rounds_of``: bands per round of stages 1-2 (all at once by default). ``on_task(name, fn,
+    *args)`` runs each task (default: calls it), so a caller can time or measure them; ``spill(piece)``
+    may move each candidate piece out of memory until it is used (e.g. to memory-mapped files, as a
+    shuffle spills to disk). Returns the
+    per-partition groups and statistics: candidate pairs, unresolved counts, band bits and count,
+    and each shard's :func:`best_parents` (which row each shadowed row points to).
+    """
+    run = on_task or (lambda name, fn, *args: fn(*args))
+    n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
+    plan = band_plan(n_rows)
+    n_bands = plan["positions"].shape[0]
+    rounds_of = rounds_of or n_bands
+    candidates = [[] for _ in range(shards)]
+    n_pairs = 0
+    for first in range(0, n_bands, rounds_of):
+        bands = range(first, min(n_bands, first + rounds_of))
+        records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
+        for s in range(shards):
+            out = run("bucket_pairs", bucket_pairs, [r[s] for r in records], shards)
+            n_pairs += out["pairs"]
+            for t in range(shards):
+                candidates[t].append(out["pieces"][t] if spill is None else spill(out["pieces"][t]))
+        del records
+    rows = [run("signature_pieces", signature_pieces, p, i, shards) for i, p in enumerate(parts)]
+    left = [run("attach_left", attach_left, candidates[s], [r[s] for r in rows], shards)
+            for s in range(shards)]
+    del candidates
+    edges = [run("verify_pairs", verify_pairs, [x[s] for x in left], [r[s] for r in rows], shards, cosine)
+             for s in range(shards)]
+    del left, rows
+    parents = [run("best_parents", best_parents, [e[s] for e in edges], shards) for s in range(shards)]
+    pending = [p["pending"] for p in parents]
+    roots = [[] for _ in range(shards)]
+    for _ in range(ROUNDS):
+        moved = [run("forward_weights", forward_weights, parents[s], [p[s] for p in pending], shards)
+                 for s in range(shards)]
+        for s in range(shards):
+            roots[s].append(moved[s]["roots"])
+        pending = [m["pending"] for m in moved]
+    delivered = [run("deliver", deliver, parents[s], roots[s], [p[s] for p in pending], len(parts))
+                 for s in range(shards)]
+    groups = [run("partition_groups", partition_groups, [d["pieces"][i] for d in delivered])
+              for i in range(len(parts))]
+    return groups, {"pairs": n_pairs, "unresolved": sum(d["unresolved"] for d in delivered),
+                    "bits": plan["bits"], "bands": n_bands, "parents": parents}
