@@ -129,14 +129,15 @@ def sharded(args) -> int:
         spill_dir = Path(tempfile.mkdtemp(prefix="bench-duplicates-"))
         spilled = iter(range(10**9))
 
-        def spill(piece, folder=spill_dir, count=spilled):
-            """Candidate pieces to memory-mapped files (a shuffle's spill): the process holds a shard."""
-            out = []
-            for array in piece:
+        def spill(pieces, folder=spill_dir, count=spilled):
+            """A task's candidate pieces to one memory-mapped file per column (a shuffle's spill)."""
+            sizes = np.cumsum([0] + [len(piece[0]) for piece in pieces])
+            columns = []
+            for column in range(len(pieces[0])):
                 path = folder / f"{next(count)}.npy"
-                np.save(path, array)
-                out.append(np.load(path, mmap_mode="r"))
-            return tuple(out)
+                np.save(path, np.concatenate([piece[column] for piece in pieces]))
+                columns.append(np.load(path, mmap_mode="r"))
+            return [tuple(c[sizes[i]:sizes[i + 1]] for c in columns) for i in range(len(pieces))]
 
         groups, stats = sharding.find_groups_sharded(parts, shards=n_shards, rounds_of=args.rounds_of,
                                                      on_task=on_task, spill=spill)

@@ -327,7 +327,9 @@ def sharded_groups(inputs: list, cosine: float) -> list:
     n_parts = len(inputs)
     shards = shard_count(n_parts, _PARTITIONS_PER_SHARD)
     name = "datamask-plan-duplicates"
-    rows = _task(name, _total_rows, inputs)
+    # the table's size from one small count per partition (a task taking every input would gather
+    # every signature on one worker)
+    rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
     plan = _task(name, band_plan, rows)
     records = [_task(name, band_records, part, i, plan, shards, nout=shards) for i, part in enumerate(inputs)]
     buckets = [_task(name, bucket_pairs, [r[s] for r in records], shards) for s in range(shards)]
@@ -351,8 +353,8 @@ def sharded_groups(inputs: list, cosine: float) -> list:
     return [_task(name, partition_groups, [d["pieces"][i] for d in delivered]) for i in range(n_parts)]
 
 
-def _total_rows(inputs: list) -> int:
-    return sum(len(part["quality"]) for part in inputs)
+def _rows_of(part: dict) -> int:
+    return len(part["quality"])
 
 
 def plan_input(ddf, columns: list[str]) -> list:

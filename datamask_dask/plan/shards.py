@@ -326,8 +326,8 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
 
     ``rounds_of``: bands per round of stages 1-2 (all at once by default). ``on_task(name, fn,
-    *args)`` runs each task (default: calls it), so a caller can time or measure them; ``spill(piece)``
-    may move each candidate piece out of memory until it is used (e.g. to memory-mapped files, as a
+    *args)`` runs each task (default: calls it), so a caller can time or measure them; ``spill(pieces)``
+    may move each task's candidate pieces out of memory until it is used (e.g. to memory-mapped files, as a
     shuffle spills to disk). Returns the
     per-partition groups and statistics: candidate pairs, unresolved counts, band bits and count,
     and each shard's :func:`best_parents` (which row each shadowed row points to).
@@ -345,8 +345,9 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
         for s in range(shards):
             out = run("bucket_pairs", bucket_pairs, [r[s] for r in records], shards)
             n_pairs += out["pairs"]
+            pieces = out["pieces"] if spill is None else spill(out["pieces"])
             for t in range(shards):
-                candidates[t].append(out["pieces"][t] if spill is None else spill(out["pieces"][t]))
+                candidates[t].append(pieces[t])
         del records
     rows = [run("signature_pieces", signature_pieces, p, i, shards) for i, p in enumerate(parts)]
     left = [run("attach_left", attach_left, candidates[s], [r[s] for r in rows], shards)
