@@ -216,13 +216,7 @@ def write_table_output(data, uri, *, mode: str = "error", record: dict | None = 
         ``rows`` and, for tables, ``version`` (Delta) or ``snapshot_id`` (Iceberg).
     """
     table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
-    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
-    for source in sources:
-        if source.key == table.key:
-            from .output import UnsafeOutputError
-
-            raise UnsafeOutputError(f"the output {table.uri} is the input {source.uri}: write the selection "
-                                    "elsewhere (the input is never modified)")
+    sources = _other_than(table, inputs)
     if table.format == "delta":
         from .delta import write_delta
 
@@ -274,6 +268,18 @@ def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, input
     return {"rows": result.num_rows}
 
 
+def _other_than(target: TableURI, inputs) -> list[TableURI]:
+    """``inputs`` as table URIs; refuses an output that is one of them."""
+    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
+    for source in sources:
+        if source.key == target.key:
+            from .output import UnsafeOutputError
+
+            raise UnsafeOutputError(f"the output {target.uri} is the input {source.uri}: write the selection "
+                                    "elsewhere (the input is never modified)")
+    return sources
+
+
 def table_sink(target: TableURI, *, mode: str, run_id: str, schema: pa.Schema, inputs=(),
                catalog_properties=None, storage_options=None):
     """Where the tasks of a table run write their partitions, and how the driver commits them.
@@ -283,13 +289,7 @@ def table_sink(target: TableURI, *, mode: str, run_id: str, schema: pa.Schema, i
     transaction, metadata only) and ``abort()`` (a failure before the commit: remove the files).
     The target is checked here, before anything is computed (the rules of :mod:`.output`).
     """
-    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
-    for source in sources:
-        if source.key == target.key:
-            from .output import UnsafeOutputError
-
-            raise UnsafeOutputError(f"the output {target.uri} is the input {source.uri}: write the selection "
-                                    "elsewhere (the input is never modified)")
+    sources = _other_than(target, inputs)
     if target.format == "delta":
         from .delta import DeltaSink
 

@@ -71,7 +71,7 @@ from .output import (
     work_location,
 )
 from .parquet import concatenate, to_arrow, write_table
-from .storage import Location, resolve
+from .storage import Location, fsync_dir, resolve
 from .summary import SAMPLE_ROWS, RunSummary, partition_summary, signature_share, summarise_run
 
 FORMAT = 1  # version of the work directory layout
@@ -454,11 +454,7 @@ def _write_json(path, value: dict) -> None:
 
 
 def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_dir(os.fspath(path))
 
 
 def _now() -> str:
