@@ -282,3 +282,30 @@ def test_sharded_graph_on_dask_gives_the_same_groups(client):
         for one, other in zip(find_groups_sharded(parts)[0], got, strict=True):
             for key in ("shadowed", "kept", "weights"):
                 np.testing.assert_array_equal(one[key], other[key])
+
+
+@pytest.mark.parametrize("one_task", [True, False])
+def test_the_plan_graph_runs_the_search_the_table_size_picks(one_task, monkeypatch):
+    """Up to ONE_TASK_ROWS rows the groups come from one find_groups task, above from the sharded
+    stages; the other search gets no rows. Either way they are those of shards.table_groups."""
+    import dask
+
+    from datamask_dask.ops import operator
+    from datamask_dask.plan import shards
+
+    parts = _copy_groups(n_parts=9, rows=120)
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 10**9 if one_task else 100)
+    seen = []
+
+    def recording(inputs, cosine):
+        seen.append(sum(len(p["quality"]) for p in inputs))
+        return find_groups(inputs, cosine)
+
+    monkeypatch.setattr(operator, "find_groups", recording)
+    got = dask.compute(*operator.table_groups([dask.delayed(p) for p in parts], 0.95), scheduler="sync")
+    assert seen == [9 * 120 if one_task else 0]
+    expected = shards.table_groups(parts)
+    assert sum(len(g["shadowed"]) for g in got) > 100
+    for one, other in zip(expected, got, strict=True):
+        for key in ("shadowed", "kept", "weights"):
+            np.testing.assert_array_equal(one[key], other[key])

@@ -14,9 +14,10 @@ The result is lazy. Its graph has two passes over the input:
    turns the sketches into integer quotas (or token budgets) per partition and group, so the
    selected total is exact, and fixes the table-wide quality range and the embedding dimension.
    With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
-   256-bit SimHash per row, and a sharded map-shuffle-reduce graph finds the near-duplicate
-   groups of the whole table (:mod:`datamask_dask.plan.shards`: no task holds more than a shard
-   of the band keys, candidate pairs or groups); in each group every row but the best is
+   256-bit SimHash per row, and the near-duplicate groups of the whole table are found: in one
+   task up to ``ONE_TASK_ROWS`` rows (1M), above that by a sharded map-shuffle-reduce graph
+   (:mod:`datamask_dask.plan.shards`: no task holds more than a shard of the band keys,
+   candidate pairs or groups); in each group every row but the best is
    *shadowed*: left out of the sketches and ineligible in the select pass, so no partition
    selects a copy of a better row that lives in another one, and the best row stands for the
    group (its weight, which the learner's Facility counts). ``diversity_scope="partition"``
@@ -38,6 +39,7 @@ workers: nothing depends on where or when a task runs. :func:`plan_selection` an
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 
 import dask
@@ -57,6 +59,7 @@ from ..partition.checks import (
 )
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
+from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
 from ..plan.shards import (
     ROUNDS,
@@ -67,6 +70,8 @@ from ..plan.shards import (
     bucket_pairs,
     deliver,
     forward_weights,
+    gate,
+    one_task,
     partition_groups,
     shard_count,
     signature_pieces,
@@ -297,11 +302,8 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
     """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
 
     Round 1 scans each partition (checks, and a SimHash signature per row); the near-duplicate
-    groups of the whole table are then found by a sharded map-shuffle-reduce graph
-    (:mod:`datamask_dask.plan.shards`: band keys per partition, candidates and their verification
-    per shard, groups resolved per shard, results routed back per partition), whose tasks each hold
-    one shard of the band keys, candidate pairs or edges, never the whole table; round 2 turns each
-    scan into its quality sketches without its shadowed rows (and with its kept rows' weights).
+    groups of the whole table are then found (:func:`table_groups`); round 2 turns each scan into its
+    quality sketches without its shadowed rows (and with its kept rows' weights).
     """
     scans = [dask.delayed(scan_partition, pure=True)(part, i, spec,
                                                      dask_key_name=_key("datamask-plan-scan", part, i, spec))
@@ -309,7 +311,7 @@ def table_summaries(parts: list, spec: SelectSpec) -> list:
     signed = "datamask-plan-signatures"
     inputs = [dask.delayed(duplicate_input, pure=True)(scan, dask_key_name=_key(signed, scan))
               for scan in scans]
-    groups = sharded_groups(inputs, spec.duplicate_cosine)
+    groups = table_groups(inputs, spec.duplicate_cosine)
     return [dask.delayed(summarise_scan, pure=True)(scan, groups[i],
                                                     dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
@@ -320,16 +322,41 @@ def _task(name: str, function, *args, nout: int | None = None):
                                                         dask_key_name=_key(name, function.__name__, *args))
 
 
-def sharded_groups(inputs: list, cosine: float) -> list:
-    """The near-duplicate groups of :func:`datamask_dask.plan.shards.find_groups_sharded` as a Delayed
-    graph: one Delayed per partition, computing to its entry of
-    :func:`datamask_dask.plan.duplicates.find_groups`."""
-    n_parts = len(inputs)
-    shards = shard_count(n_parts, _PARTITIONS_PER_SHARD)
+def table_groups(inputs: list, cosine: float) -> list:
+    """:func:`datamask_dask.plan.shards.table_groups` as a Delayed graph: one Delayed per partition.
+
+    A graph is fixed before any row is read, so it holds both searches: the one-task search
+    (:func:`~datamask_dask.plan.duplicates.find_groups`) and the sharded graph
+    (:func:`sharded_groups`). One small task counts the rows and picks one; the partitions' inputs
+    reach the other through :func:`~datamask_dask.plan.shards.gate` with no rows, so its tasks
+    move and do next to nothing.
+    """
     name = "datamask-plan-duplicates"
     # the table's size from one small count per partition (a task taking every input would gather
     # every signature on one worker)
     rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
+    single = _task(name, one_task, rows)
+    many = _task(name, operator.not_, single)
+    found = _task(name, find_groups, [_task(name, gate, part, single) for part in inputs], cosine,
+                  nout=len(inputs))
+    sharded = sharded_groups([_task(name, gate, part, many) for part in inputs], cosine, rows)
+    return [_task(name, _either, single, found[i], sharded[i]) for i in range(len(inputs))]
+
+
+def _either(single: bool, found: dict, sharded: dict) -> dict:
+    return found if single else sharded
+
+
+def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
+    """The near-duplicate groups of :func:`datamask_dask.plan.shards.find_groups_sharded` as a Delayed
+    graph: one Delayed per partition, computing to its entry of
+    :func:`datamask_dask.plan.duplicates.find_groups`. ``rows``: the table's rows (a Delayed), which
+    size the bands (counted here by default)."""
+    n_parts = len(inputs)
+    shards = shard_count(n_parts, _PARTITIONS_PER_SHARD)
+    name = "datamask-plan-duplicates"
+    if rows is None:
+        rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
     plan = _task(name, band_plan, rows)
     records = [_task(name, band_records, part, i, plan, shards, nout=shards) for i, part in enumerate(inputs)]
     buckets = [_task(name, bucket_pairs, [r[s] for r in records], shards) for s in range(shards)]

@@ -45,8 +45,15 @@ import math
 
 import numpy as np
 
-from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, hamming_threshold
+from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, find_groups, hamming_threshold
 
+# Tables up to this many rows find their groups in one task (duplicates.find_groups, the same
+# search on a few threads): it holds ~44 bytes a row plus one band's keys at a time, where the
+# sharded graph shuffles ~640 bytes a row of band keys and each candidate pair twice. At 1M rows,
+# d = 768, 2,000 clusters (benchmarks/bench_pipeline.py's data): 2.3 s in one task (2 threads)
+# against 32 worker-seconds for the sharded stages, which pay off only where one task cannot hold
+# the table.
+ONE_TASK_ROWS = 1_000_000
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
@@ -314,6 +321,29 @@ def partition_groups(pieces: list) -> dict:
     order = np.argsort(kept)
     return {"shadowed": np.sort((shadowed & mask).astype(np.int64)),
             "kept": (kept[order] & mask).astype(np.int64), "weights": weights[order]}
+
+
+def one_task(n_rows: int) -> bool:
+    """Whether a table of ``n_rows`` rows finds its groups in one task (see ``ONE_TASK_ROWS``)."""
+    return n_rows <= ONE_TASK_ROWS
+
+
+def gate(part: dict, keep: bool) -> dict:
+    """``part`` (a partition's input to the search) if ``keep``, else the same with no rows: an engine
+    can wire both searches into one static graph and feed only the chosen one."""
+    if keep:
+        return part
+    return {"quality": np.asarray(part["quality"])[:0], "codes": np.asarray(part["codes"])[:0],
+            "labels": [], "signatures": np.asarray(part["signatures"], dtype=np.uint8)[:0]}
+
+
+def table_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
+    """The near-duplicate groups of the whole table, per partition, as every engine finds them: in one
+    task (:func:`~datamask_dask.plan.duplicates.find_groups`) up to ``ONE_TASK_ROWS`` rows, with the
+    sharded stages (:func:`find_groups_sharded`) above."""
+    if one_task(sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)):
+        return find_groups(parts, cosine)
+    return find_groups_sharded(parts, cosine)[0]
 
 
 def shard_count(n_rows: int, rows_per_shard: int) -> int:

@@ -13,9 +13,9 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    :func:`datamask_dask.plan.reduce.make_plan` turns the summaries into exact global quotas.
    With ``diversity_scope="table"`` (the default) each task sends its scan instead (checks and
    SimHash signatures, ~44 bytes a row) and the driver sets near-duplicates across the table
-   aside with the stages of the Dask operator's sharded graph, run one after another
-   (:func:`datamask_dask.plan.shards.find_groups_sharded`; the driver then holds every signature)
-   before summarising, so both engines select the same rows.
+   aside with the search the Dask operator's graph runs (:func:`datamask_dask.plan.shards.table_groups`:
+   one task up to 1M rows, the sharded stages one after another above; the driver then holds every
+   signature) before summarising, so both engines select the same rows.
 2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task concatenates its
    partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
@@ -64,7 +64,7 @@ from datamask_dask.partition.checks import (
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
-from datamask_dask.plan.shards import find_groups_sharded
+from datamask_dask.plan.shards import table_groups
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
 
@@ -174,8 +174,8 @@ def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
     if spec.diversity_scope == "table":  # near-duplicates across the table, as the Dask operator sets aside
         present = sorted(payloads)
         inputs = [duplicate_input(payloads[p]["scan"]) for p in present]
-        # the stages of Dask's sharded graph, run here one after another: the same groups as Dask's
-        groups = find_groups_sharded(inputs, spec.duplicate_cosine)[0]
+        # the search Dask's graph runs (one task, or the sharded stages one after another): the same groups
+        groups = table_groups(inputs, spec.duplicate_cosine)
         for number, found in zip(present, groups, strict=True):
             payloads[number] = {"summary": summarise_scan(payloads[number]["scan"], found)}
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
