@@ -82,7 +82,10 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     """
     if kind not in ("cpu", "cuda"):
         return Client(kind, set_as_default=set_as_default)
-    if multiprocessing.parent_process() is not None:
+    # A spawned worker re-imports the script before multiprocessing knows its parent: it is then
+    # still "inheriting" (what multiprocessing's own check of this mistake reads).
+    if multiprocessing.parent_process() is not None or getattr(multiprocessing.current_process(),
+                                                               "_inheriting", False):
         raise RuntimeError(_MAIN_GUARD + " (this process is a worker that re-imported the script)")
     threads_per_worker = int(threads_per_worker)
     if threads_per_worker < 1:
