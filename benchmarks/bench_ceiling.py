@@ -1,0 +1,182 @@
+"""A selection job against the I/O ceiling: what ``datamask select`` costs beyond its files' plain I/O.
+
+The ceiling is the plain I/O of the same files: in ``--workers`` warm processes, each file read
+whole with ``pyarrow.parquet.read_table``, a boolean column added and the table written with
+``write_table`` (no dictionary, no statistics). The jobs are ``datamask select --n-workers W``
+runs, each a fresh process; their time is the job's own ("in X s" of its summary line: plan,
+select and write, run summary; cluster start-up excluded). ``share of ceiling`` = ceiling seconds /
+job seconds (1.0 would be a job as cheap as copying its files). Jobs and the ceiling are
+interleaved ``--repeats`` times, so load from other work falls on all alike; medians are reported.
+
+Jobs: the CLI's defaults (table scope, Pair_simi), ``--diversity-scope partition``, ``--algorithm
+Facility``, ``--output-columns selection`` (the selection table only), and the fixed cost: the
+default job on a 4-file input of 500 rows a file. ``--before PATH`` runs the same jobs with another
+checkout of the package (``git worktree add``) beside this one. Each job's selection digest (a
+hash of the selected ids) shows whether two runs selected the same rows. The worker-seconds per
+stage come from the run record of the last repeat.
+
+    python benchmarks/bench_ceiling.py --rows 200000 --repeats 3 --out benchmarks/results-ceiling-200k.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_pipeline as pipeline  # noqa: E402  (data generation)
+from bench_scope_cost import _selection_digest  # noqa: E402
+
+JOBS = {
+    "default (table scope, Pair_simi)": [],
+    "partition scope": ["--diversity-scope", "partition"],
+    "Facility": ["--algorithm", "Facility"],
+    "selection-only output": ["--output-columns", "selection"],
+}
+TINY_ROWS, TINY_FILES = 500, 4
+
+
+def _copy_with_column(job: tuple[str, str]) -> float:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    source, target = job
+    started = time.perf_counter()
+    table = pq.read_table(source)
+    table = table.append_column("selected", pa.array(np.zeros(table.num_rows, dtype=bool)))
+    pq.write_table(table, target, use_dictionary=False, write_statistics=False)
+    return time.perf_counter() - started
+
+
+def _warm(_):
+    import pyarrow.parquet  # noqa: F401
+
+    return os.getpid()
+
+
+def ceiling(pool, files: list[Path], scratch: Path) -> float:
+    """Wall seconds of the plain I/O of ``files`` on the pool's warm processes."""
+    out = scratch / "ceiling"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    started = time.perf_counter()
+    pool.map(_copy_with_column, [(str(f), str(out / f.name)) for f in files], chunksize=1)
+    return time.perf_counter() - started
+
+
+def run_job(tree: str, source: Path, target: Path, workers: int, flags: list[str]) -> dict:
+    shutil.rmtree(target, ignore_errors=True)
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "integrations")])}
+    command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
+               str(target), "--n-workers", str(workers), *flags]
+    load = os.getloadavg()[0]
+    run = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=tempfile.gettempdir())
+    if run.returncode:
+        raise SystemExit(f"{' '.join(command)}:\n{run.stderr[-3000:]}")
+    seconds = float(re.search(r" in ([\d.]+) s", run.stdout).group(1))
+    record_path = target / "_datamask_run.json"
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    return {"seconds": seconds, "load": load, "phases": record.get("phases", {}),
+            "stages": record.get("stages", {}), "digest": _selection_digest(target)}
+
+
+def ensure_tiny(folder: Path, d: int) -> Path:
+    """``TINY_FILES`` files of ``TINY_ROWS`` rows: the fixed cost of a job."""
+    if len(list(folder.glob("*.parquet"))) != TINY_FILES:
+        folder.mkdir(parents=True, exist_ok=True)
+        model = pipeline._cluster_model(d, 2000)
+        for number in range(TINY_FILES):
+            quality, emb = pipeline.make_partition(number, TINY_ROWS, d, model)
+            pipeline.write_partition(folder / f"part.{number:05d}.parquet", number, quality, emb)
+    return folder
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--rows-per-partition", type=int, default=50_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--jobs", nargs="+", choices=[*JOBS, "fixed cost"], default=[*JOBS, "fixed cost"])
+    parser.add_argument("--before", help="another checkout of the package: its jobs run beside this one's")
+    parser.add_argument("--cache", default=str(HERE.parent / ".benchmark-cache"))
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
+    tiny = ensure_tiny(Path(args.cache) / f"tiny-d{args.dim}", args.dim)
+    files = sorted(source.glob("*.parquet"))
+    trees = {"": str(HERE.parent)} if not args.before else {"before: ": args.before, "": str(HERE.parent)}
+    jobs = {f"{label}{name}": (tree, tiny if name == "fixed cost" else source,
+                               [] if name == "fixed cost" else JOBS[name])
+            for name in args.jobs for label, tree in trees.items()}
+    scratch = Path(tempfile.mkdtemp(prefix="bench-ceiling-"))
+    runs: dict[str, list] = {name: [] for name in jobs}
+    ceilings = []
+    try:
+        with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+            pool.map(_warm, range(args.workers))
+            for _ in range(args.repeats):
+                ceilings.append(ceiling(pool, files, scratch))
+                print(f"ceiling {ceilings[-1]:.2f} s", file=sys.stderr, flush=True)
+                for name, (tree, data, flags) in jobs.items():
+                    runs[name].append(run_job(tree, data, scratch / "out", args.workers, flags))
+                    print(name, runs[name][-1]["seconds"], file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    text = report(args, argv, source, ceilings, runs)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def report(args, argv, source: Path, ceilings: list[float], runs: dict) -> str:
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    top = float(np.median(ceilings))
+    lines = [f"# A job against the I/O ceiling ({args.rows:,} rows, d = {args.dim}, "
+             f"{args.rows // args.rows_per_partition} files, {args.workers} workers)", "",
+             f"Command: `python benchmarks/bench_ceiling.py {given}`", "",
+             f"Data: `{source.name}` of bench_pipeline (clustered, 20% near-copies within each file). "
+             f"Machine: {os.cpu_count()} CPU cores shared with other work; jobs and ceiling interleaved, "
+             "medians compared.",
+             "", f"I/O ceiling (read_table + bool column + write_table, {args.workers} warm processes): "
+             f"{', '.join(f'{c:.2f}' for c in ceilings)} s, median **{top:.2f} s**.", "",
+             "| job | seconds per repeat | median s | share of ceiling | plan / select and write / summary s "
+             "| load at start | selection digest |", "|---|---|---:|---:|---|---|---|"]
+    for name, values in runs.items():
+        median = float(np.median([r["seconds"] for r in values]))
+        phases = values[-1]["phases"]
+        split = " / ".join(f"{phases.get(p, np.nan):.2f}" for p in ("plan", "select and write", "summary"))
+        share = "" if name.endswith("fixed cost") else f"{top / median:.2f}"
+        seconds = ", ".join(f"{r['seconds']:.1f}" for r in values)
+        loads = ", ".join(f"{r['load']:.1f}" for r in values)
+        digest = values[-1]["digest"]
+        lines.append(f"| {name} | {seconds} | {median:.2f} | {share} | {split} | {loads} | {digest} |")
+    stage_names = sorted({s for values in runs.values() for s in values[-1]["stages"]})
+    lines += ["", "Worker-seconds per stage (last repeat, summed over workers; the package's stage clocks):",
+              "",
+              "| job | " + " | ".join(stage_names) + " |", "|---|" + "---:|" * len(stage_names)]
+    for name, values in runs.items():
+        stages = values[-1]["stages"]
+        cells = [f"{stages[s]:.2f}" if s in stages else "" for s in stage_names]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "Fixed cost: the default job on 4 files of 500 rows. Selection digest: a hash of the "
+              "selected rows' ids (last repeat); equal digests, equal selections."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
