@@ -293,9 +293,10 @@ def near_duplicate_pairs(unit: np.ndarray, threshold: float = DUPLICATE_COSINE) 
     """Pairs ``i < j`` of unit rows with cosine >= ``threshold`` (blocked: O(block * n) memory)."""
     count = 0
     for start in range(0, len(unit), _BLOCK):
-        block = unit[start:start + _BLOCK] @ unit[start:].T  # rows against themselves and later rows
-        upper = np.triu(np.ones(block.shape, dtype=bool), k=1)
-        count += int(np.count_nonzero((block >= threshold) & upper))
+        rows = unit[start:start + _BLOCK]
+        # the block's pairs among themselves (upper triangle of a small square), then with later rows
+        count += int(np.count_nonzero(np.triu(rows @ rows.T >= threshold, k=1)))
+        count += int(np.count_nonzero(rows @ unit[start + len(rows):].T >= threshold))
     return count
 
 
