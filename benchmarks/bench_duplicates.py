@@ -108,7 +108,7 @@ def sharded(args) -> int:
             parts.append({"quality": quality, "codes": np.zeros(len(quality), dtype=np.int64),
                           "labels": [None], "signatures": duplicates.signatures(emb, planes)})
         del previous, emb
-        n_shards = sharding.shard_count(len(parts), 4)
+        n_shards = sharding.shard_count(len(parts), sharding.PARTITIONS_PER_SHARD)
         stages = {}
 
         def on_task(name, function, *task_args, stages=stages):

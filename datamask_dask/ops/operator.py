@@ -62,6 +62,7 @@ from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
 from ..plan.shards import (
+    PARTITIONS_PER_SHARD,
     ROUNDS,
     attach_left,
     band_plan,
@@ -83,7 +84,6 @@ __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
 _PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when nothing else says it
 _SPLIT_EVERY = 8  # fan-in of the duplicate-id tree reduction
-_PARTITIONS_PER_SHARD = 4  # the near-duplicate graph has one shard per this many partitions
 
 
 def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -325,17 +325,21 @@ def _task(name: str, function, *args, nout: int | None = None):
 def table_groups(inputs: list, cosine: float) -> list:
     """:func:`datamask_dask.plan.shards.table_groups` as a Delayed graph: one Delayed per partition.
 
-    A graph is fixed before any row is read, so it holds both searches: the one-task search
+    Up to ``PARTITIONS_PER_SHARD`` partitions the choice is known at once. Beyond, the graph (fixed
+    before any row is read) holds both searches: the one-task search
     (:func:`~datamask_dask.plan.duplicates.find_groups`) and the sharded graph
     (:func:`sharded_groups`). One small task counts the rows and picks one; the partitions' inputs
     reach the other through :func:`~datamask_dask.plan.shards.gate` with no rows, so its tasks
     move and do next to nothing.
     """
     name = "datamask-plan-duplicates"
+    if one_task(None, len(inputs)):  # known before any row is read: the one-task search alone
+        found = _task(name, find_groups, inputs, cosine, nout=len(inputs))
+        return [found[i] for i in range(len(inputs))]
     # the table's size from one small count per partition (a task taking every input would gather
     # every signature on one worker)
     rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
-    single = _task(name, one_task, rows)
+    single = _task(name, one_task, rows, len(inputs))
     many = _task(name, operator.not_, single)
     found = _task(name, find_groups, [_task(name, gate, part, single) for part in inputs], cosine,
                   nout=len(inputs))
@@ -353,7 +357,7 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
     :func:`datamask_dask.plan.duplicates.find_groups`. ``rows``: the table's rows (a Delayed), which
     size the bands (counted here by default)."""
     n_parts = len(inputs)
-    shards = shard_count(n_parts, _PARTITIONS_PER_SHARD)
+    shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     name = "datamask-plan-duplicates"
     if rows is None:
         rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])

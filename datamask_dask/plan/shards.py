@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, find_groups, hamming_threshold
+from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, find_groups, hamming_threshold
 
 # Tables up to this many rows find their groups in one task (duplicates.find_groups, the same
 # search on a few threads): it holds ~44 bytes a row plus one band's keys at a time, where the
@@ -54,6 +54,7 @@ from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, find_groups, hamming_th
 # against 32 worker-seconds for the sharded stages, which pay off only where one task cannot hold
 # the table.
 ONE_TASK_ROWS = 1_000_000
+PARTITIONS_PER_SHARD = 4  # the sharded graph has one shard per this many partitions
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
@@ -155,17 +156,22 @@ def bucket_pairs(pieces: list, shards: int) -> dict:
     """
     key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
-    # A key belongs to one band, whose records arrive in reference order (pieces in partition
-    # order, rows in order): a stable sort by key leaves each bucket sorted by reference.
-    order = np.argsort(key, kind="stable")
-    key, ref = key[order], ref[order]
     empty = np.zeros(0, dtype=np.uint64)
     if key.size < 2:
         return {"pieces": [(empty, empty) for _ in range(shards)], "pairs": 0}
+    # Buckets by one unstable sort of every record (several times faster than a stable one); then
+    # only the records of buckets of two or more (on clustered data a minority) sorted by (key,
+    # reference), so that each bucket lists its rows by reference on any machine.
+    order = np.argsort(key)
+    key = key[order]
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     size = np.diff(np.r_[start, key.size])
     keep = size > 1
     start, size = start[keep], size[keep]
+    members = _ranges(start, size)
+    key, ref = key[members], ref[order[members]]
+    ref = ref[np.lexsort((ref, key))]
+    start = np.cumsum(size) - size
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
     first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
@@ -179,12 +185,16 @@ def bucket_pairs(pieces: list, shards: int) -> dict:
 
 
 def _unique(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs sorted by (a, b), each once."""
+    """Pairs, each once, in the order of a hash of the pair (one sort of one key: several times
+    faster than sorting by (a, b)). Repeats of a pair share the hash, so they end up side by side
+    unless another pair has the same 64-bit hash, which at worst keeps a repeat (harmless: every
+    later stage is indifferent to repeated pairs and to their order)."""
     if not a.size:
         return a, b
-    order = np.lexsort((b, a))
-    a, b = a[order], b[order]
-    keep = np.r_[True, (a[1:] != a[:-1]) | (b[1:] != b[:-1])]
+    hashed = _mix(a ^ _mix(b))
+    order = np.argsort(hashed)
+    hashed, a, b = hashed[order], a[order], b[order]
+    keep = np.r_[True, (hashed[1:] != hashed[:-1]) | (a[1:] != a[:-1]) | (b[1:] != b[:-1])]
     return a[keep], b[keep]
 
 
@@ -323,9 +333,12 @@ def partition_groups(pieces: list) -> dict:
             "kept": (kept[order] & mask).astype(np.int64), "weights": weights[order]}
 
 
-def one_task(n_rows: int) -> bool:
-    """Whether a table of ``n_rows`` rows finds its groups in one task (see ``ONE_TASK_ROWS``)."""
-    return n_rows <= ONE_TASK_ROWS
+def one_task(n_rows: int | None, n_parts: int) -> bool:
+    """Whether a table of ``n_rows`` rows in ``n_parts`` partitions finds its groups in one task: up
+    to ``ONE_TASK_ROWS`` rows, or whatever its size when the sharded graph would have a single shard
+    (``n_parts <= PARTITIONS_PER_SHARD``: that shard's task would hold all of the table's band keys,
+    ~15x the one task's bytes). ``n_rows`` None: not known yet."""
+    return n_parts <= PARTITIONS_PER_SHARD or (n_rows is not None and n_rows <= ONE_TASK_ROWS)
 
 
 def gate(part: dict, keep: bool) -> dict:
@@ -337,13 +350,15 @@ def gate(part: dict, keep: bool) -> dict:
             "labels": [], "signatures": np.asarray(part["signatures"], dtype=np.uint8)[:0]}
 
 
-def table_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
+def table_groups(parts: list[dict], cosine: float = 0.95, n_parts: int | None = None) -> list[dict]:
     """The near-duplicate groups of the whole table, per partition, as every engine finds them: in one
-    task (:func:`~datamask_dask.plan.duplicates.find_groups`) up to ``ONE_TASK_ROWS`` rows, with the
-    sharded stages (:func:`find_groups_sharded`) above."""
-    if one_task(sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)):
+    task (:func:`~datamask_dask.plan.duplicates.find_groups`) where :func:`one_task` says so, with
+    the sharded stages (:func:`find_groups_sharded`) otherwise. ``n_parts``: the table's partitions
+    (default ``len(parts)``; an engine that leaves out empty partitions passes the count with them)."""
+    n_parts = len(parts) if n_parts is None else n_parts
+    if one_task(sum(int(np.asarray(p["quality"]).shape[0]) for p in parts), n_parts):
         return find_groups(parts, cosine)
-    return find_groups_sharded(parts, cosine)[0]
+    return find_groups_sharded(parts, cosine, shards=shard_count(n_parts, PARTITIONS_PER_SHARD))[0]
 
 
 def shard_count(n_rows: int, rows_per_shard: int) -> int:

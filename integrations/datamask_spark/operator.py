@@ -175,7 +175,7 @@ def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
         present = sorted(payloads)
         inputs = [duplicate_input(payloads[p]["scan"]) for p in present]
         # the search Dask's graph runs (one task, or the sharded stages one after another): the same groups
-        groups = table_groups(inputs, spec.duplicate_cosine)
+        groups = table_groups(inputs, spec.duplicate_cosine, n_parts=max(payloads, default=-1) + 1)
         for number, found in zip(present, groups, strict=True):
             payloads[number] = {"summary": summarise_scan(payloads[number]["scan"], found)}
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
