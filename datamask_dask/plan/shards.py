@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, find_groups, hamming_threshold
+from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, find_groups, hamming_threshold
 
 # Tables up to this many rows find their groups in one task (duplicates.find_groups, the same
 # search on a few threads): it holds ~44 bytes a row plus one band's keys at a time, where the
@@ -159,19 +159,14 @@ def bucket_pairs(pieces: list, shards: int) -> dict:
     empty = np.zeros(0, dtype=np.uint64)
     if key.size < 2:
         return {"pieces": [(empty, empty) for _ in range(shards)], "pairs": 0}
-    # Buckets by one unstable sort of every record (several times faster than a stable one); then
-    # only the records of buckets of two or more (on clustered data a minority) sorted by (key,
-    # reference), so that each bucket lists its rows by reference on any machine.
-    order = np.argsort(key)
-    key = key[order]
+    # A key belongs to one band, whose records arrive in reference order (pieces in partition
+    # order, rows in order): a stable sort by key leaves each bucket sorted by reference.
+    order = np.argsort(key, kind="stable")
+    key, ref = key[order], ref[order]
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     size = np.diff(np.r_[start, key.size])
     keep = size > 1
     start, size = start[keep], size[keep]
-    members = _ranges(start, size)
-    key, ref = key[members], ref[order[members]]
-    ref = ref[np.lexsort((ref, key))]
-    start = np.cumsum(size) - size
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
     first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
