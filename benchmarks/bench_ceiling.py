@@ -25,6 +25,7 @@ import json
 import multiprocessing
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
 
 
 def report(args, argv, source: Path, ceilings: list[float], runs: dict) -> str:
-    given = " ".join(sys.argv[1:] if argv is None else argv)
+    given = shlex.join(sys.argv[1:] if argv is None else argv)
     top = float(np.median(ceilings))
     lines = [f"# A job against the I/O ceiling ({args.rows:,} rows, d = {args.dim}, "
              f"{args.rows // args.rows_per_partition} files, {args.workers} workers)", "",
