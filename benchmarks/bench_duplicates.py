@@ -43,7 +43,7 @@ import bench_pipeline as pipeline  # noqa: E402  (data generation)
 from datamask_dask.plan import duplicates  # noqa: E402
 
 PLANTED = (0.85, 0.90, 0.95, 0.98, 0.99, 0.999)  # cosines of the planted cross-partition copies
-STAGES = ("band_records", "bucket_pairs", "signature_pieces", "attach_left", "verify_pairs", "best_parents",
+STAGES = ("band_records", "bucket_edges", "best_parents",
           "forward_weights", "deliver", "partition_groups")
 
 

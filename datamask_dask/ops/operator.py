@@ -64,19 +64,16 @@ from ..plan.reduce import make_plan
 from ..plan.shards import (
     PARTITIONS_PER_SHARD,
     ROUNDS,
-    attach_left,
     band_plan,
     band_records,
     best_parents,
-    bucket_pairs,
+    bucket_edges,
     deliver,
     forward_weights,
     gate,
     one_task,
     partition_groups,
     shard_count,
-    signature_pieces,
-    verify_pairs,
 )
 from ..progress import named
 
@@ -363,14 +360,8 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
         rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
     plan = _task(name, band_plan, rows)
     records = [_task(name, band_records, part, i, plan, shards, nout=shards) for i, part in enumerate(inputs)]
-    buckets = [_task(name, bucket_pairs, [r[s] for r in records], shards) for s in range(shards)]
-    candidates = [[b["pieces"][t] for b in buckets] for t in range(shards)]
-    signed = [_task(name, signature_pieces, part, i, shards, nout=shards) for i, part in enumerate(inputs)]
-    left = [_task(name, attach_left, candidates[s], [r[s] for r in signed], shards, nout=shards)
-            for s in range(shards)]
-    edges = [_task(name, verify_pairs, [x[s] for x in left], [r[s] for r in signed], shards, cosine,
-                   nout=shards) for s in range(shards)]
-    parents = [_task(name, best_parents, [e[s] for e in edges], shards) for s in range(shards)]
+    buckets = [_task(name, bucket_edges, [r[s] for r in records], shards, cosine) for s in range(shards)]
+    parents = [_task(name, best_parents, [b["pieces"][s] for b in buckets], shards) for s in range(shards)]
     pending = [p["pending"] for p in parents]
     roots = [[] for _ in range(shards)]
     for _ in range(ROUNDS):

@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from .duplicates import SIGNATURE_BITS, SIGNATURE_BYTES, find_groups, hamming_threshold
+from .duplicates import _PAIR_BATCH, SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, find_groups, hamming_threshold
 
 # Tables up to this many rows find their groups in one task (duplicates.find_groups, the same
 # search on a few threads): it holds ~44 bytes a row plus one band's keys at a time, where the
@@ -117,17 +117,18 @@ def references(number: int, n: int) -> np.ndarray:
 
 
 def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -> list:
-    """Partition ``number``'s band keys and row references, one ``(key, ref)`` piece per shard.
+    """Partition ``number``'s band records, one ``(key, ref, quality, words)`` piece per shard.
 
     ``part``: as for :func:`~datamask_dask.plan.duplicates.find_groups`; ``plan``: :func:`band_plan`;
-    ``bands``: the bands of this round (default all).
+    ``bands``: the bands of this round (default all). Each record carries its row's quality and
+    signature (four uint64 words), so that a bucket's task verifies its candidates itself.
     """
-    sig = np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES)
+    sig = np.ascontiguousarray(np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES))
     n = sig.shape[0]
     bands = range(plan["positions"].shape[0]) if bands is None else bands
     if n == 0:
         empty = np.zeros(0, dtype=np.uint64)
-        return [(empty, empty) for _ in range(shards)]
+        return [(empty, empty, np.zeros(0), np.zeros((0, 4), dtype=np.uint64)) for _ in range(shards)]
     label_hash = np.array([_label_hash(label) for label in part["labels"]], dtype=np.uint64)
     group = label_hash[np.asarray(part["codes"], dtype=np.int64)]
     bits = np.unpackbits(sig, axis=1)  # (n, 256) one byte per bit
@@ -142,116 +143,75 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
         salt = np.uint64((band + 1) * _GOLDEN % 2**64)
         keys.append(_mix(word ^ group ^ salt))
     key = np.concatenate(keys)
-    ref = np.tile(refs, len(keys))
-    return _split((key % np.uint64(shards)).astype(np.int64), shards, key, ref)
+    rows = np.tile(np.arange(n), len(keys))
+    quality = np.asarray(part["quality"], dtype=np.float64)
+    words = sig.view(np.uint64).reshape(-1, 4)
+    pieces = _split((key % np.uint64(shards)).astype(np.int64), shards, key, rows)
+    return [(k, refs[r], quality[r], words[r]) for k, r in pieces]
 
 
 # --------------------------------------------------------------------------- 2. candidates
 
 
-def bucket_pairs(pieces: list, shards: int) -> dict:
-    """Candidate pairs ``(a, b)``, ``a < b``, of one shard's buckets, routed to the shard of ``a``.
+def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
+    """The verified near-duplicate pairs of one shard's buckets, as edges ``(worse, better, quality
+    of better)`` routed to the shard of the worse row.
 
-    Returns ``{"pieces": [(a, b) per shard], "pairs": candidate pairs before deduplication}``.
+    Rows sharing a key are candidates: a bucket of up to ``FULL_BUCKET`` rows gives all its pairs,
+    a larger one each row paired with its ``ANCHORS`` lowest references. A candidate is verified
+    when its signatures' Hamming distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``).
+    Returns ``{"pieces": [(worse, better, quality) per shard], "pairs": candidates verified}``; a
+    pair found by several bands gives its edge once per band (later stages take each once).
     """
     key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
     empty = np.zeros(0, dtype=np.uint64)
     if key.size < 2:
-        return {"pieces": [(empty, empty) for _ in range(shards)], "pairs": 0}
+        return {"pieces": [(empty, empty, np.zeros(0)) for _ in range(shards)], "pairs": 0}
     # A key belongs to one band, whose records arrive in reference order (pieces in partition
     # order, rows in order): a stable sort by key leaves each bucket sorted by reference.
     order = np.argsort(key, kind="stable")
-    key, ref = key[order], ref[order]
+    key = key[order]
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     size = np.diff(np.r_[start, key.size])
     keep = size > 1
     start, size = start[keep], size[keep]
+    # only the rows of buckets of two or more, in bucket order: a bucket's rows then sit side by side
+    rows = order[_ranges(start, size)]
+    ref = ref[rows]
+    quality = np.concatenate([np.zeros(0)] + [p[2] for p in pieces])[rows]
+    words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])[rows]
+    columns = np.ascontiguousarray(words.T)  # one contiguous column per word: the gathers below read less
+    start = np.cumsum(size) - size
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
     first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
     offset = np.arange(int(first.sum())) - np.repeat(np.cumsum(first) - first, first)
     position = np.repeat(start, first) + offset
     later = np.repeat(start + size, first) - position - 1
-    a = np.repeat(position, later)
-    b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(later) - later, later))
-    a, b = ref[a], ref[b]  # a < b; a pair found by several bands is made unique by attach_left
-    return {"pieces": _split(shard_of(a, shards), shards, a, b), "pairs": int(a.size)}
-
-
-def _unique(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs, each once, in the order of a hash of the pair (one sort of one key: several times
-    faster than sorting by (a, b)). Repeats of a pair share the hash, so they end up side by side
-    unless another pair has the same 64-bit hash, which at worst keeps a repeat (harmless: every
-    later stage is indifferent to repeated pairs and to their order)."""
-    if not a.size:
-        return a, b
-    hashed = _mix(a ^ _mix(b))
-    order = np.argsort(hashed)
-    hashed, a, b = hashed[order], a[order], b[order]
-    keep = np.r_[True, (hashed[1:] != hashed[:-1]) | (a[1:] != a[:-1]) | (b[1:] != b[:-1])]
-    return a[keep], b[keep]
-
-
-# --------------------------------------------------------------------------- 3. verification
-
-
-def signature_pieces(part: dict, number: int, shards: int) -> list:
-    """Partition ``number``'s rows as ``(ref, quality, words)`` pieces, one per shard of the reference."""
-    sig = np.ascontiguousarray(np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES))
-    refs = references(number, sig.shape[0])
-    return _split(shard_of(refs, shards), shards, refs, np.asarray(part["quality"], dtype=np.float64),
-                  sig.view(np.uint64).reshape(-1, 4))
-
-
-def _table(pieces: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One shard's rows, sorted by reference: (ref, quality, words)."""
-    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
-    quality = np.concatenate([np.zeros(0)] + [p[1] for p in pieces])
-    words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[2] for p in pieces])
-    order = np.argsort(ref)
-    return ref[order], quality[order], words[order]
-
-
-def _lookup(table_ref: np.ndarray, refs: np.ndarray) -> np.ndarray:
-    at = np.searchsorted(table_ref, refs)
-    if refs.size and not np.array_equal(table_ref[np.minimum(at, table_ref.size - 1)], refs):
-        raise AssertionError("a candidate's signature is missing from its shard")
-    return at
-
-
-def attach_left(pairs: list, rows: list, shards: int) -> list:
-    """Candidate pairs of one shard (the shard of ``a``) with ``a``'s quality and signature, routed
-    to the shard of ``b``: pieces ``(a, b, quality_a, words_a)``."""
-    a = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pairs])
-    b = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pairs])
-    a, b = _unique(a, b)
-    ref, quality, words = _table(rows)
-    at = _lookup(ref, a)
-    return _split(shard_of(b, shards), shards, a, b, quality[at], words[at])
-
-
-def verify_pairs(pairs: list, rows: list, shards: int, cosine: float) -> list:
-    """Verified near-duplicate pairs of one shard (the shard of ``b``), as edges ``(worse, better,
-    quality of better)`` routed to the shard of the worse row."""
-    a = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pairs])
-    b = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pairs])
-    qa = np.concatenate([np.zeros(0)] + [p[2] for p in pairs])
-    wa = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pairs])
-    ref, quality, words = _table(rows)
-    at = _lookup(ref, b)
-    qb, wb = quality[at], words[at]
-    distance = np.zeros(a.size, dtype=np.int64)
-    for i in range(4):
-        distance += np.bitwise_count(wa[:, i] ^ wb[:, i])
-    near = distance <= hamming_threshold(cosine, margin=VERIFY_MARGIN)
-    a, b, qa, qb = a[near], b[near], qa[near], qb[near]
-    # better: higher quality, then the lower reference (partition, then row); a < b
-    a_better = qa >= qb
-    worse = np.where(a_better, b, a)
-    better = np.where(a_better, a, b)
-    better_quality = np.where(a_better, qa, qb)
-    return _split(shard_of(worse, shards), shards, worse, better, better_quality)
+    limit = hamming_threshold(cosine, margin=VERIFY_MARGIN)
+    found, cumulative, done = [], np.cumsum(later), 0
+    while done < position.size:  # batches of about _PAIR_BATCH candidate pairs
+        before = cumulative[done - 1] if done else 0
+        stop = max(done + 1, int(np.searchsorted(cumulative, before + _PAIR_BATCH, side="right")))
+        count = later[done:stop]
+        a = np.repeat(position[done:stop], count)
+        b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(count) - count, count))
+        distance = np.zeros(a.size, dtype=np.int64)
+        for column in columns:
+            distance += np.bitwise_count(column[a] ^ column[b])
+        near = distance <= limit
+        found.append((a[near], b[near]))
+        done = stop
+    a = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[0] for f in found])
+    b = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[1] for f in found])
+    # better: higher quality, then the lower reference (partition, then row); ref[a] < ref[b]
+    a_better = quality[a] >= quality[b]
+    worse = np.where(a_better, ref[b], ref[a])
+    better = np.where(a_better, ref[a], ref[b])
+    better_quality = np.where(a_better, quality[a], quality[b])
+    return {"pieces": _split(shard_of(worse, shards), shards, worse, better, better_quality),
+            "pairs": int(cumulative[-1]) if cumulative.size else 0}
 
 
 # --------------------------------------------------------------------------- 4-5. groups
@@ -366,37 +326,31 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
 
     ``rounds_of``: bands per round of stages 1-2 (all at once by default). ``on_task(name, fn,
-    *args)`` runs each task (default: calls it), so a caller can time or measure them; ``spill(pieces)``
-    may move each task's candidate pieces out of memory until it is used (e.g. to memory-mapped files, as a
-    shuffle spills to disk). Returns the
-    per-partition groups and statistics: candidate pairs, unresolved counts, band bits and count,
-    and each shard's :func:`best_parents` (which row each shadowed row points to).
+    *args)`` runs each task (default: calls it), so a caller can time or measure them;
+    ``spill(pieces)`` may move each task's edge pieces out of memory until they are used (e.g. to
+    memory-mapped files, as a shuffle spills to disk). Returns the per-partition groups and
+    statistics: candidate pairs, unresolved counts, band bits and count, and each shard's
+    :func:`best_parents` (which row each shadowed row points to).
     """
     run = on_task or (lambda name, fn, *args: fn(*args))
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
     plan = band_plan(n_rows)
     n_bands = plan["positions"].shape[0]
     rounds_of = rounds_of or n_bands
-    candidates = [[] for _ in range(shards)]
+    edges = [[] for _ in range(shards)]
     n_pairs = 0
     for first in range(0, n_bands, rounds_of):
         bands = range(first, min(n_bands, first + rounds_of))
         records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
         for s in range(shards):
-            out = run("bucket_pairs", bucket_pairs, [r[s] for r in records], shards)
+            out = run("bucket_edges", bucket_edges, [r[s] for r in records], shards, cosine)
             n_pairs += out["pairs"]
             pieces = out["pieces"] if spill is None else spill(out["pieces"])
             for t in range(shards):
-                candidates[t].append(pieces[t])
+                edges[t].append(pieces[t])
         del records
-    rows = [run("signature_pieces", signature_pieces, p, i, shards) for i, p in enumerate(parts)]
-    left = [run("attach_left", attach_left, candidates[s], [r[s] for r in rows], shards)
-            for s in range(shards)]
-    del candidates
-    edges = [run("verify_pairs", verify_pairs, [x[s] for x in left], [r[s] for r in rows], shards, cosine)
-             for s in range(shards)]
-    del left, rows
-    parents = [run("best_parents", best_parents, [e[s] for e in edges], shards) for s in range(shards)]
+    parents = [run("best_parents", best_parents, edges[s], shards) for s in range(shards)]
+    del edges
     pending = [p["pending"] for p in parents]
     roots = [[] for _ in range(shards)]
     for _ in range(ROUNDS):
