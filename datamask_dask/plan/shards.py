@@ -12,25 +12,26 @@ Stages
 ------
 1. :func:`band_records` (per partition): for each of ``BANDS`` bands, a 64-bit key hashed from the
    band's number, the row's group label and ``bits`` signature bits chosen at random (fixed seed,
-   the same for every partition and run), with a row reference ``partition << 32 | position``.
-   Keys go to shard ``hash(key) % shards``. ``bits`` grows with the table (:func:`band_plan`), so
-   that pairs colliding by chance stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
-2. :func:`bucket_pairs` (per shard): rows sharing a key are candidates. A bucket of up to
+   the same for every partition and run), with a row reference ``partition << 32 | position``,
+   the row's quality and its signature (56 bytes a record). Keys go to shard ``hash(key) %
+   shards``. ``bits`` grows with the table (:func:`band_plan`), so that pairs colliding by chance
+   stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
+2. :func:`bucket_edges` (per shard): rows sharing a key are candidates. A bucket of up to
    ``FULL_BUCKET`` rows gives all its pairs; a larger one (clustered data) each row paired with
-   ``ANCHORS`` anchors (its lowest references), so the work stays O(rows x anchors).
-3. :func:`signature_pieces` (per partition) hashes each row's signature and quality to the shard
-   of its reference; :func:`attach_left` and :func:`verify_pairs` (per shard) join both members'
-   signatures to each candidate pair and keep the pairs within :func:`hamming_threshold` (with
-   ``VERIFY_MARGIN``, tighter than the single-task search's, so that pairs at cosine 0.90 are
-   rarely merged).
-4. :func:`best_parents` (per shard of the worse row): each row with a verified better neighbour
+   ``ANCHORS`` anchors (its lowest references) and ``NEIGHBOURS`` neighbours by signature, so the
+   work stays O(rows x (anchors + neighbours)). Each
+   candidate is verified where it is found, on the two records' signatures: the pairs within
+   :func:`hamming_threshold` (with ``VERIFY_MARGIN``, tighter than the single-task search's, so
+   that pairs at cosine 0.90 are rarely merged) become edges, sent to the shard of the worse row.
+   Candidate pairs are never shuffled: only the verified edges leave the task.
+3. :func:`best_parents` (per shard of the worse row): each row with a verified better neighbour
    (higher quality, then lower reference) is *shadowed*, and its best such neighbour is its parent.
-5. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
+4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
    a kept row, which then stands for itself and all rows that reached it.
-6. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
+5. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
    back to their partitions, each receiving only its own rows.
 
-The rule of stage 4 is local to verified pairs: a row is shadowed when a better row verifies as
+The rule of stage 3 is local to verified pairs: a row is shadowed when a better row verifies as
 its near-duplicate. It keeps the guarantees of the single-task search's connected components --
 the best member of every group stays eligible, and no verified pair is kept twice -- and gives the
 same groups wherever each group's members are near-duplicates of one another (copies of one
@@ -49,17 +50,17 @@ from .duplicates import _PAIR_BATCH, SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, f
 
 # Tables up to this many rows find their groups in one task (duplicates.find_groups, the same
 # search on a few threads): it holds ~44 bytes a row plus one band's keys at a time, where the
-# sharded graph shuffles ~640 bytes a row of band keys and each candidate pair twice. At 1M rows,
-# d = 768, 2,000 clusters (benchmarks/bench_pipeline.py's data): 2.3 s in one task (2 threads)
-# against 32 worker-seconds for the sharded stages, which pay off only where one task cannot hold
-# the table.
+# sharded graph moves ~2.2 KB a row of band records. At 200k rows, d = 768, 2,000 clusters
+# (benchmarks/bench_pipeline.py's data), one process: 0.24 s in one task against 4.4 s for the
+# sharded stages, which pay off only where one task cannot hold the table.
 ONE_TASK_ROWS = 1_000_000
 PARTITIONS_PER_SHARD = 4  # the sharded graph has one shard per this many partitions
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
-ANCHORS = 4  # larger buckets verify each row against this many anchors
+ANCHORS = 4  # larger buckets verify each row against this many anchors ...
+NEIGHBOURS = 4  # ... and against this many neighbours in the bucket sorted by signature
 ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
 # Standard deviations of the Hamming estimate above the distance expected at ``cosine`` that still
 # verify a pair (the single-task search uses 0.75). At 0.95 (bench_duplicates --sharded, d = 64,
@@ -153,12 +154,36 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
 # --------------------------------------------------------------------------- 2. candidates
 
 
+def _neighbour_pairs(start: np.ndarray, size: np.ndarray, word: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(a, b)``, ``a < b``, of each large bucket's rows (more than ``FULL_BUCKET``) that are
+    within ``NEIGHBOURS`` places of each other once the bucket is sorted by ``word`` (the first 64
+    bits of the signature): near-copies share a long prefix, so they sit side by side where the
+    bucket's anchors would miss them."""
+    large = size > FULL_BUCKET
+    start, size = start[large], size[large]
+    empty = np.zeros(0, dtype=np.int64)
+    if not start.size:
+        return empty, empty
+    members = _ranges(start, size)
+    bucket = np.repeat(np.arange(start.size), size)
+    members = members[np.lexsort((members, word[members], bucket))]
+    bucket = np.repeat(np.arange(start.size), size)  # unchanged: buckets stay in order
+    pairs = [(members[:-d][same], members[d:][same]) for d in range(1, NEIGHBOURS + 1)
+             for same in [bucket[:-d] == bucket[d:]]]
+    a = np.concatenate([empty] + [np.minimum(x, y) for x, y in pairs])
+    b = np.concatenate([empty] + [np.maximum(x, y) for x, y in pairs])
+    return a, b
+
+
 def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     """The verified near-duplicate pairs of one shard's buckets, as edges ``(worse, better, quality
     of better)`` routed to the shard of the worse row.
 
     Rows sharing a key are candidates: a bucket of up to ``FULL_BUCKET`` rows gives all its pairs,
-    a larger one each row paired with its ``ANCHORS`` lowest references. A candidate is verified
+    a larger one each row paired with its ``ANCHORS`` lowest references and with its
+    ``NEIGHBOURS`` nearest places in the bucket sorted by signature (:func:`_neighbour_pairs`;
+    planted copies at cosine 0.98 with at most one row left eligible: 98.6% -> 99.0% at 4M rows in
+    ``bench_duplicates.py --sharded``, 10% more time). A candidate is verified
     when its signatures' Hamming distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``).
     Returns ``{"pieces": [(worse, better, quality) per shard], "pairs": candidates verified}``; a
     pair found by several bands gives its edge once per band (later stages take each once).
@@ -190,18 +215,22 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     position = np.repeat(start, first) + offset
     later = np.repeat(start + size, first) - position - 1
     limit = hamming_threshold(cosine, margin=VERIFY_MARGIN)
-    found, cumulative, done = [], np.cumsum(later), 0
+
+    def verified(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        distance = np.zeros(a.size, dtype=np.int64)
+        for column in columns:
+            distance += np.bitwise_count(column[a] ^ column[b])
+        near = distance <= limit
+        return a[near], b[near]
+
+    found, cumulative, done = [verified(*_neighbour_pairs(start, size, columns[0]))], np.cumsum(later), 0
     while done < position.size:  # batches of about _PAIR_BATCH candidate pairs
         before = cumulative[done - 1] if done else 0
         stop = max(done + 1, int(np.searchsorted(cumulative, before + _PAIR_BATCH, side="right")))
         count = later[done:stop]
         a = np.repeat(position[done:stop], count)
         b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(count) - count, count))
-        distance = np.zeros(a.size, dtype=np.int64)
-        for column in columns:
-            distance += np.bitwise_count(column[a] ^ column[b])
-        near = distance <= limit
-        found.append((a[near], b[near]))
+        found.append(verified(a, b))
         done = stop
     a = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[0] for f in found])
     b = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[1] for f in found])
