@@ -130,7 +130,7 @@ def sharded(args) -> int:
         spilled = iter(range(10**9))
 
         def spill(pieces, folder=spill_dir, count=spilled):
-            """A task's candidate pieces to one memory-mapped file per column (a shuffle's spill)."""
+            """A task's edge pieces to one memory-mapped file per column (a shuffle's spill)."""
             sizes = np.cumsum([0] + [len(piece[0]) for piece in pieces])
             columns = []
             for column in range(len(pieces[0])):
