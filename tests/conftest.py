@@ -20,6 +20,18 @@ from datamask_dask.sample_data import make_corpus
 FAST = {"n_epochs": 20, "n_rollout": 8}
 
 
+def require_lakehouse():
+    """Skip the calling test module unless the lakehouse extra is installed (deltalake, and pyiceberg
+    with its SQL catalog); returns the deltalake module."""
+    deltalake = pytest.importorskip("deltalake", reason="the lakehouse extra (pip install '.[lakehouse]') is "
+                                    "not installed")
+    pytest.importorskip("pyiceberg.catalog.sql", reason="the lakehouse extra (pyiceberg[sql-sqlite,pyarrow]) "
+                        "is not installed")
+    pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy "
+                        "(pyiceberg[sql-sqlite])")
+    return deltalake
+
+
 def spark_worker_environment() -> None:
     """Spark's Python workers run this interpreter and find both packages (datamask_dask, datamask_spark)."""
     import os

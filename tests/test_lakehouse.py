@@ -12,12 +12,9 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import require_lakehouse
 
-deltalake = pytest.importorskip("deltalake", reason="the lakehouse extra (pip install '.[lakehouse]') is "
-                                "not installed")
-pytest.importorskip("pyiceberg.catalog.sql", reason="the lakehouse extra (pyiceberg[sql-sqlite,pyarrow]) is "
-                    "not installed")
-pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy (pyiceberg[sql-sqlite])")
+deltalake = require_lakehouse()
 
 import pyiceberg.io.pyarrow as iceberg_pyarrow  # noqa: E402
 from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402

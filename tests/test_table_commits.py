@@ -10,12 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import require_lakehouse
 
-deltalake = pytest.importorskip("deltalake", reason="the lakehouse extra (pip install '.[lakehouse]') is "
-                                "not installed")
-pytest.importorskip("pyiceberg.catalog.sql", reason="the lakehouse extra (pyiceberg[sql-sqlite,pyarrow]) is "
-                    "not installed")
-pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy (pyiceberg[sql-sqlite])")
+deltalake = require_lakehouse()
 from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 
 import datamask_dask  # noqa: E402

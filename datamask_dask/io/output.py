@@ -81,12 +81,17 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
         return _check_remote_target(location, overwrite=overwrite, inputs=inputs, flag=flag)
     target = Path(location.path)
     check_inputs(target, inputs)
-    if not os.path.lexists(target):
-        return
+    if os.path.lexists(target):
+        _refuse_replacing(target, overwrite, flag, _not_ours)
+
+
+def _refuse_replacing(target, overwrite: bool, flag: str, not_ours) -> None:
+    """An existing output is replaced only with ``overwrite``, and only if datamask wrote it
+    (``not_ours(target)`` says what else it is, or None)."""
     if not overwrite:
         raise FileExistsError(f"{target} exists; pass {flag} to replace it (only an output of an earlier "
                               "datamask run is ever replaced)")
-    problem = _not_ours(target)
+    problem = not_ours(target)
     if problem:
         raise UnsafeOutputError(f"{flag} refused: {target} {problem}. datamask replaces only outputs it "
                                 "wrote itself (they carry a run record); move it away or choose another "
@@ -337,16 +342,8 @@ def _check_remote_target(target: Location, *, overwrite: bool, inputs, flag: str
     _check_remote_inputs(target, inputs)
     if committing(target) is not None:  # our own interrupted commit: the run resumes it
         return
-    if not target.exists():
-        return
-    if not overwrite:
-        raise FileExistsError(f"{target} exists; pass {flag} to replace it (only an output of an earlier "
-                              "datamask run is ever replaced)")
-    problem = _remote_not_ours(target)
-    if problem:
-        raise UnsafeOutputError(f"{flag} refused: {target} {problem}. datamask replaces only outputs it "
-                                "wrote itself (they carry a run record); move it away or choose another "
-                                "output")
+    if target.exists():
+        _refuse_replacing(target, overwrite, flag, _remote_not_ours)
 
 
 def _remote_not_ours(target: Location) -> str | None:

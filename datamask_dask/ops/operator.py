@@ -62,7 +62,9 @@ from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
 from ..plan.shards import (
+    BANDS,
     PARTITIONS_PER_SHARD,
+    ROUND_BANDS,
     ROUNDS,
     band_plan,
     band_records,
@@ -359,8 +361,17 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
     if rows is None:
         rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
     plan = _task(name, band_plan, rows)
-    records = [_task(name, band_records, part, i, plan, shards, nout=shards) for i, part in enumerate(inputs)]
-    buckets = [_task(name, bucket_edges, [r[s] for r in records], shards, cosine) for s in range(shards)]
+    # Bands in rounds, each round's records made once the previous round's buckets are done: the
+    # records of one round (56 bytes a row per band) are all the shuffle holds at a time.
+    buckets, done = [], None
+    for first in range(0, BANDS, ROUND_BANDS):
+        bands = range(first, min(BANDS, first + ROUND_BANDS))
+        records = [_task(name, _round_records, part, i, plan, shards, bands, done, nout=shards)
+                   for i, part in enumerate(inputs)]
+        round_buckets = [_task(name, bucket_edges, [r[s] for r in records], shards, cosine)
+                         for s in range(shards)]
+        done = _task(name, sum, [b["pairs"] for b in round_buckets])
+        buckets += round_buckets
     parents = [_task(name, best_parents, [b["pieces"][s] for b in buckets], shards) for s in range(shards)]
     pending = [p["pending"] for p in parents]
     roots = [[] for _ in range(shards)]
@@ -373,6 +384,12 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
     delivered = [_task(name, deliver, parents[s], roots[s], [p[s] for p in pending], n_parts)
                  for s in range(shards)]
     return [_task(name, partition_groups, [d["pieces"][i] for d in delivered]) for i in range(n_parts)]
+
+
+def _round_records(part: dict, number: int, plan: dict, shards: int, bands: range, _previous) -> list:
+    """:func:`~datamask_dask.plan.shards.band_records` of one round of bands (``_previous``: the
+    previous round's finished buckets, only an ordering)."""
+    return band_records(part, number, plan, shards, bands)
 
 
 def _rows_of(part: dict) -> int:
