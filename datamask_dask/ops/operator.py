@@ -351,39 +351,64 @@ def _either(single: bool, found: dict, sharded: dict) -> dict:
 
 
 def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
-    """The near-duplicate groups of :func:`datamask_dask.plan.shards.find_groups_sharded` as a Delayed
+    """The near-duplicate groups of :func:`datamask_dask.plan.shards.find_groups_sharded` as a Dask
     graph: one Delayed per partition, computing to its entry of
     :func:`datamask_dask.plan.duplicates.find_groups`. ``rows``: the table's rows (a Delayed), which
-    size the bands (counted here by default)."""
+    size the bands (counted here by default).
+
+    A hash-bucket shuffle has ~shards**2 edges, so the graph is written as one task dict (a Delayed
+    call per task merges its arguments' graphs each time: quadratic in the graph). Bands go in
+    rounds, each round's records made once the previous round's buckets are done, so the shuffle
+    holds one round's records at a time (``ROUND_BANDS`` x 56 bytes a row).
+    """
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
     n_parts = len(inputs)
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
-    name = "datamask-plan-duplicates"
     if rows is None:
+        name = "datamask-plan-duplicates"
         rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
-    plan = _task(name, band_plan, rows)
-    # Bands in rounds, each round's records made once the previous round's buckets are done: the
-    # records of one round (56 bytes a row per band) are all the shuffle holds at a time.
+    token = tokenize(inputs, cosine, rows)
+    layer = f"datamask-plan-duplicates-{token}"
+    dsk: dict = {}
+
+    def task(stage: str, index: tuple, *spec) -> tuple:
+        key = (f"datamask-plan-duplicates-{stage}-{token}", *index)
+        dsk[key] = spec
+        return key
+
+    def pick(source: tuple, index) -> tuple:  # one item of a task's result, as a task of its own
+        key = (f"{source[0]}-item", *source[1:], index)
+        dsk[key] = (operator.getitem, source, index)
+        return key
+
+    plan = task("plan", (), band_plan, rows.key)
     buckets, done = [], None
-    for first in range(0, BANDS, ROUND_BANDS):
-        bands = range(first, min(BANDS, first + ROUND_BANDS))
-        records = [_task(name, _round_records, part, i, plan, shards, bands, done, nout=shards)
+    for r, first in enumerate(range(0, BANDS, ROUND_BANDS)):
+        bands = list(range(first, min(BANDS, first + ROUND_BANDS)))
+        records = [task("records", (r, i), _round_records, part.key, i, plan, shards, bands, done)
                    for i, part in enumerate(inputs)]
-        round_buckets = [_task(name, bucket_edges, [r[s] for r in records], shards, cosine)
+        round_buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], shards, cosine)
                          for s in range(shards)]
-        done = _task(name, sum, [b["pairs"] for b in round_buckets])
+        done = task("round", (r,), sum, [pick(b, "pairs") for b in round_buckets])
         buckets += round_buckets
-    parents = [_task(name, best_parents, [b["pieces"][s] for b in buckets], shards) for s in range(shards)]
-    pending = [p["pending"] for p in parents]
+    edges = [pick(b, "pieces") for b in buckets]
+    parents = [task("parents", (s,), best_parents, [pick(e, s) for e in edges], shards)
+               for s in range(shards)]
+    pending = [pick(p, "pending") for p in parents]
     roots = [[] for _ in range(shards)]
-    for _ in range(ROUNDS):
-        moved = [_task(name, forward_weights, parents[s], [p[s] for p in pending], shards)
+    for f in range(ROUNDS):
+        moved = [task("forward", (f, s), forward_weights, parents[s], [pick(p, s) for p in pending], shards)
                  for s in range(shards)]
         for s in range(shards):
-            roots[s].append(moved[s]["roots"])
-        pending = [m["pending"] for m in moved]
-    delivered = [_task(name, deliver, parents[s], roots[s], [p[s] for p in pending], n_parts)
-                 for s in range(shards)]
-    return [_task(name, partition_groups, [d["pieces"][i] for d in delivered]) for i in range(n_parts)]
+            roots[s].append(pick(moved[s], "roots"))
+        pending = [pick(m, "pending") for m in moved]
+    delivered = [pick(task("deliver", (s,), deliver, parents[s], roots[s], [pick(p, s) for p in pending],
+                           n_parts), "pieces") for s in range(shards)]
+    groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
+    graph = HighLevelGraph.from_collections(layer, dsk, dependencies=[*inputs, rows])
+    return [Delayed(key, graph, layer=layer) for key in groups]
 
 
 def _round_records(part: dict, number: int, plan: dict, shards: int, bands: range, _previous) -> list:
