@@ -61,7 +61,7 @@ MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
 ANCHORS = 4  # larger buckets verify each row against this many anchors ...
-NEIGHBOURS = 4  # ... and against this many neighbours in the bucket sorted by signature
+NEIGHBOURS = 16  # ... and against this many neighbours in the bucket sorted by signature
 ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
 # Standard deviations of the Hamming estimate above the distance expected at ``cosine`` that still
 # verify a pair (the single-task search uses 0.75). At 0.95 (bench_duplicates --sharded, d = 64,
