@@ -183,8 +183,8 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     Rows sharing a key are candidates: a bucket of up to ``FULL_BUCKET`` rows gives all its pairs,
     a larger one each row paired with its ``ANCHORS`` lowest references and with its
     ``NEIGHBOURS`` nearest places in the bucket sorted by signature (:func:`_neighbour_pairs`;
-    planted copies at cosine 0.98 with at most one row left eligible: 98.6% -> 99.0% at 4M rows in
-    ``bench_duplicates.py --sharded``, 10% more time). A candidate is verified
+    planted copies at cosine 0.98 with at most one row left eligible: 98.6% -> 99.1% at 4M rows in
+    ``bench_duplicates.py --sharded``). A candidate is verified
     when its signatures' Hamming distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``).
     Returns ``{"pieces": [(worse, better, quality) per shard], "pairs": candidates verified}``; a
     pair found by several bands gives its edge once per band (later stages take each once).
