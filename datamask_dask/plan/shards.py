@@ -167,8 +167,7 @@ def _neighbour_pairs(start: np.ndarray, size: np.ndarray, word: np.ndarray) -> t
         return empty, empty
     members = _ranges(start, size)
     bucket = np.repeat(np.arange(start.size), size)
-    members = members[np.lexsort((members, word[members], bucket))]
-    bucket = np.repeat(np.arange(start.size), size)  # unchanged: buckets stay in order
+    members = members[np.lexsort((members, word[members], bucket))]  # buckets stay in place
     pairs = [(members[:-d][same], members[d:][same]) for d in range(1, NEIGHBOURS + 1)
              for same in [bucket[:-d] == bucket[d:]]]
     a = np.concatenate([empty] + [np.minimum(x, y) for x, y in pairs])
@@ -184,10 +183,10 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     a larger one each row paired with its ``ANCHORS`` lowest references and with its
     ``NEIGHBOURS`` nearest places in the bucket sorted by signature (:func:`_neighbour_pairs`;
     planted copies at cosine 0.98 with at most one row left eligible: 98.6% -> 99.1% at 4M rows in
-    ``bench_duplicates.py --sharded``). A candidate is verified
-    when its signatures' Hamming distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``).
-    Returns ``{"pieces": [(worse, better, quality) per shard], "pairs": candidates verified}``; a
-    pair found by several bands gives its edge once per band (later stages take each once).
+    ``bench_duplicates.py --sharded``). A candidate is verified when its signatures' Hamming
+    distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``). Returns ``{"pieces":
+    [(worse, better, quality) per shard], "pairs": the buckets' full and anchor pairs}``; a pair
+    found by several bands gives its edge once per band (later stages take each once).
     """
     key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
