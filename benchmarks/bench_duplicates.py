@@ -85,7 +85,9 @@ def sharded(args) -> int:
              f"near-copies inside each partition), {args.copies:.0%} of each partition's rows replaced by "
              f"copies of the previous partition's rows at cosines {', '.join(map(str, PLANTED))} (in turn). "
              "Every task of the sharded graph runs in this process, one after another, with tracemalloc "
-             f"on; bands in rounds of {args.rounds_of}; one shard per 4 partitions. {os.cpu_count()} cores.",
+             f"on; bands in rounds of {args.rounds_of}; one shard per 4 partitions. {os.cpu_count()} cores. "
+             "Candidate pairs: the buckets' full and anchor pairs, before repeats across bands are dropped "
+             "(the neighbour pairs of large buckets, at most 16 a row per band, are not counted).",
              "", "| rows | band bits x bands | shards | candidate pairs | per row | seconds | us per row | "
              "largest task memory (stage) | shadowed rows | unresolved | load |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
