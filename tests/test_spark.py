@@ -65,6 +65,28 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
     assert np.isfinite(got.loc[got["selected"], "score"]).all()
 
 
+def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corpus, tmp_path, monkeypatch):
+    """Above ONE_TASK_ROWS both engines run the sharded near-duplicate stages (Spark on its driver,
+    Dask as a graph): the same copies are set aside, so the same rows are selected."""
+    import dask.dataframe as dd
+    import pandas as pd
+
+    from datamask_dask.plan import shards
+
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)  # the sharded stages at any size (both in this process)
+    copies = corpus.iloc[:300].assign(chunk_id=corpus["chunk_id"].iloc[:300] + 100_000)
+    table = pd.concat([corpus, copies], ignore_index=True)  # exact copies, in the last partitions
+    path = tmp_path / "with-copies"
+    datamask_dask.write_parquet(dd.from_pandas(table, npartitions=6, sort=False), path)
+    options = {"ratio": 0.2, "seed": 7, **FAST}
+    got = read_files(spark, path).transform(datamask_select, **options).toPandas()
+    chosen = set(got.loc[got["selected"], "chunk_id"])
+    assert len(chosen) == round(0.2 * len(table))
+    assert chosen == dask_selected(path, **options)
+    copied = set(corpus["chunk_id"].iloc[:300])
+    assert not any(i in chosen and i + 100_000 in chosen for i in copied)  # never a row and its copy
+
+
 def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parquet_dir, tmp_path):
     """The job's writer (Python workers write parquet): the same rows as Dask, every column, a run record."""
     import pyarrow.parquet as pq
