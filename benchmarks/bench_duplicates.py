@@ -41,6 +41,7 @@ sys.path.insert(0, str(HERE))
 import bench_pipeline as pipeline  # noqa: E402  (data generation)
 
 from datamask_dask.plan import duplicates  # noqa: E402
+from datamask_dask.plan import shards as sharding  # noqa: E402
 
 PLANTED = (0.85, 0.90, 0.95, 0.98, 0.99, 0.999)  # cosines of the planted cross-partition copies
 STAGES = ("band_records", "bucket_edges", "best_parents",
@@ -74,8 +75,6 @@ def _nbytes(value) -> int:
 
 def sharded(args) -> int:
     """The sharded step at each of ``args.sizes`` (see the module docstring)."""
-    from datamask_dask.plan import shards as sharding
-
     model = pipeline._cluster_model(args.dim, 2000)
     planes = duplicates.hyperplanes(args.dim)
     given = " ".join(sys.argv[1:])
@@ -201,7 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sharded", action="store_true", help="measure the sharded step (plan.shards)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000],
                         help="--sharded: table sizes, one run each")
-    parser.add_argument("--rounds-of", type=int, default=10, help="--sharded: bands per round")
+    parser.add_argument("--rounds-of", type=int, default=sharding.ROUND_BANDS,
+                        help="--sharded: bands per round")
     args = parser.parse_args(argv)
     if args.sharded:
         return sharded(args)

@@ -335,9 +335,7 @@ def table_groups(inputs: list, cosine: float) -> list:
     if one_task(None, len(inputs)):  # known before any row is read: the one-task search alone
         found = _task(name, find_groups, inputs, cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]
-    # the table's size from one small count per partition (a task taking every input would gather
-    # every signature on one worker)
-    rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
+    rows = _row_count(inputs)
     single = _task(name, one_task, rows, len(inputs))
     many = _task(name, operator.not_, single)
     found = _task(name, find_groups, [_task(name, gate, part, single) for part in inputs], cosine,
@@ -366,9 +364,7 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
 
     n_parts = len(inputs)
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
-    if rows is None:
-        name = "datamask-plan-duplicates"
-        rows = _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
+    rows = _row_count(inputs) if rows is None else rows
     token = tokenize(inputs, cosine, rows)
     layer = f"datamask-plan-duplicates-{token}"
     dsk: dict = {}
@@ -415,6 +411,13 @@ def _round_records(part: dict, number: int, plan: dict, shards: int, bands: rang
     """:func:`~datamask_dask.plan.shards.band_records` of one round of bands (``_previous``: the
     previous round's finished buckets, only an ordering)."""
     return band_records(part, number, plan, shards, bands)
+
+
+def _row_count(inputs: list):
+    """The table's rows, from one small count per partition (a task taking every input would gather
+    every signature on one worker)."""
+    name = "datamask-plan-duplicates"
+    return _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
 
 
 def _rows_of(part: dict) -> int:

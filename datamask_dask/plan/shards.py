@@ -56,7 +56,7 @@ from .duplicates import _PAIR_BATCH, SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, f
 ONE_TASK_ROWS = 1_000_000
 PARTITIONS_PER_SHARD = 4  # the sharded graph has one shard per this many partitions
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
-ROUND_BANDS = 10  # bands whose records the Dask graph shuffles at once (2.2 KB a row for all 40)
+ROUND_BANDS = 10  # bands whose records are shuffled (or held) at once (2.2 KB a row for all 40)
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
@@ -351,10 +351,11 @@ def shard_count(n_rows: int, rows_per_shard: int) -> int:
 
 
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
-                        rounds_of: int | None = None, on_task=None, spill=None) -> tuple[list[dict], dict]:
+                        rounds_of: int = ROUND_BANDS, on_task=None, spill=None) -> tuple[list[dict], dict]:
     """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
 
-    ``rounds_of``: bands per round of stages 1-2 (all at once by default). ``on_task(name, fn,
+    ``rounds_of``: bands per round of stages 1-2 (as the Dask graph makes them by default: one
+    round's records are all that is held at a time). ``on_task(name, fn,
     *args)`` runs each task (default: calls it), so a caller can time or measure them;
     ``spill(pieces)`` may move each task's edge pieces out of memory until they are used (e.g. to
     memory-mapped files, as a shuffle spills to disk). Returns the per-partition groups and
@@ -365,7 +366,6 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
     plan = band_plan(n_rows)
     n_bands = plan["positions"].shape[0]
-    rounds_of = rounds_of or n_bands
     edges = [[] for _ in range(shards)]
     n_pairs = 0
     for first in range(0, n_bands, rounds_of):

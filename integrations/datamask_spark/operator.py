@@ -13,9 +13,10 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    :func:`datamask_dask.plan.reduce.make_plan` turns the summaries into exact global quotas.
    With ``diversity_scope="table"`` (the default) each task sends its scan instead (checks and
    SimHash signatures, ~44 bytes a row) and the driver sets near-duplicates across the table
-   aside with the search the Dask operator's graph runs (:func:`datamask_dask.plan.shards.table_groups`:
-   one task up to 1M rows or 4 partitions, the sharded stages one after another above; the driver holds every
-   signature) before summarising, so both engines select the same rows.
+   aside with the search the Dask operator's graph runs
+   (:func:`datamask_dask.plan.shards.table_groups`: one task up to 1M rows or 4 partitions, the
+   sharded stages one after another above; the driver holds every signature) before summarising,
+   so both engines select the same rows.
 2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task concatenates its
    partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
