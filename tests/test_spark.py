@@ -6,6 +6,7 @@ order (a union of per-file reads), so Spark and Dask see the same partitions.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
 
 
 def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corpus, tmp_path, monkeypatch):
-    """Above ONE_TASK_ROWS both engines run the sharded near-duplicate stages (Spark on its driver,
+    """Above ONE_TASK_ROWS both engines run the sharded near-duplicate stages (Spark as DataFrame steps,
     Dask as a graph): the same copies are set aside, so the same rows are selected."""
     import dask.dataframe as dd
     import pandas as pd
@@ -85,6 +86,52 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
     assert chosen == dask_selected(path, **options)
     copied = set(corpus["chunk_id"].iloc[:300])
     assert not any(i in chosen and i + 100_000 in chosen for i in copied)  # never a row and its copy
+
+
+def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark, tmp_path, monkeypatch):
+    """Above ONE_TASK_ROWS Spark's plan runs the sharded stages as DataFrame steps: the driver
+    collects summaries, never a scan, and the plan's shadowed rows and kept rows' weights (chains
+    of near-copies included) are those of the Dask graph on the same partitions."""
+    import dask.dataframe as dd
+    import pandas as pd
+    import pyarrow as pa
+    from datamask_spark import operator as spark_operator
+
+    from datamask_dask.ops.operator import plan_selection as dask_plan
+    from datamask_dask.plan import shards
+    from datamask_dask.sample_data import make_corpus
+
+    table = make_corpus(1200, 16, seed=5)
+    rng = np.random.default_rng(5)
+    emb = np.stack(table["feature_arr"].to_numpy())
+    sources = rng.choice(600, 300, replace=False)  # 1-3 near-copies each (cosine ~0.97-0.99), later on
+    copies = np.repeat(sources, rng.integers(1, 4, sources.size))
+    noise = rng.uniform(0.12, 0.22, (copies.size, 1)) / 4 * rng.standard_normal((copies.size, 16))
+    values = np.concatenate([emb, emb[copies] + noise]).astype(np.float32).ravel()
+    features = pa.FixedSizeListArray.from_arrays(pa.array(values), 16)
+    n = len(table) + copies.size
+    table = pd.DataFrame({"chunk_id": np.arange(n), "quality_score": rng.random(n),
+                          "feature_arr": pd.Series(pd.arrays.ArrowExtensionArray(features)),
+                          "text": [f"document {i}" for i in range(n)]})
+    path = tmp_path / "near-copies"
+    datamask_dask.write_parquet(dd.from_pandas(table, npartitions=6, sort=False), path)
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)  # the sharded stages at any size
+    collected = []
+    real = spark_operator.gather_summaries
+    monkeypatch.setattr(spark_operator, "gather_summaries",
+                        lambda rows, spec: collected.append(rows) or real(rows, spec))
+    _, plan = spark_operator.plan_selection(read_files(spark, path), 0.2, seed=7, **FAST)
+    assert all("summary" in pickle.loads(row["payload"]) for row in collected[0])  # no scan on the driver
+    expected = dask_plan(datamask_dask.read_parquet(path), 0.2, seed=7, **FAST)[1].compute(scheduler="sync")
+    assert sum(len(v) for v in plan["shadowed"].values()) > 200
+    assert max(w.max() for _, w in plan["weights"].values()) >= 3  # groups of more than two rows
+    assert plan["shadowed"].keys() == expected["shadowed"].keys()
+    for p, rows in expected["shadowed"].items():
+        np.testing.assert_array_equal(plan["shadowed"][p], rows)
+    assert plan["weights"].keys() == expected["weights"].keys()
+    for p, (kept, weights) in expected["weights"].items():
+        np.testing.assert_array_equal(plan["weights"][p][0], kept)
+        np.testing.assert_array_equal(plan["weights"][p][1], weights)
 
 
 def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parquet_dir, tmp_path):

@@ -32,17 +32,44 @@ def connect():
     session.stop()
 
 
+def test_connect_runs_the_sharded_search_on_the_executors(connect, parquet_dir, monkeypatch):
+    """Above ONE_TASK_ROWS (8 partitions) the sharded stages run as DataFrame steps over Connect:
+    every row's copy in the other half is set aside, never both selected."""
+    from datamask_spark import operator
+    from datamask_spark.shards import sharded_summaries as shards_on_spark
+    from pyspark.sql import functions as F
+
+    from datamask_dask.plan import shards
+
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)
+    calls = []
+    monkeypatch.setattr(operator, "sharded_summaries",
+                        lambda *args: calls.append(args) or shards_on_spark(*args))
+    sdf = _read_files(connect, parquet_dir)
+    both = sdf.unionByName(sdf.withColumn("chunk_id", F.col("chunk_id") + 100_000))
+    got = both.transform(datamask_select, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id")
+    ids = {r["chunk_id"] for r in got.collect()}
+    assert len(calls) == 1 and calls[0][3] == 8  # the sharded stages ran, on 8 partitions
+    assert len(ids) == 320 and not any(i + 100_000 in ids for i in ids)
+
+
+def _read_files(connect, parquet_dir):
+    """One partition per file, in file order."""
+    files = sorted(Path(parquet_dir).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
+    sdf = None
+    for path in files:
+        part = connect.read.parquet(str(path))
+        sdf = part if sdf is None else sdf.union(part)
+    return sdf
+
+
 def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir, tmp_path):
     import pyarrow.parquet as pq
     from datamask_spark import write_file_selection
     from datamask_spark.writer import write_selection
     from pyspark.sql import functions as F
 
-    files = sorted(Path(parquet_dir).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
-    sdf = None
-    for path in files:
-        part = connect.read.parquet(str(path))
-        sdf = part if sdf is None else sdf.union(part)
+    sdf = _read_files(connect, parquet_dir)
     got = sdf.transform(datamask_select, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id")
     ids = {r["chunk_id"] for r in got.collect()}
     want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), ratio=0.1, seed=7,

@@ -45,8 +45,8 @@ from .operator import (
     SummaryTask,
     duplicate_ids,
     empty_frame,
-    gather_summaries,
     partition_number,
+    plan_summaries,
     transport,
 )
 from .writer import RESULT_SCHEMA, WriteTask, write_run
@@ -134,13 +134,16 @@ def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):
     columns = spec.plan_columns
     schema = pa.schema([files.schema.field(c) for c in columns])
     summarise = _ReadPiece(SummaryTask(spec, schema), files, columns)
-    rows = tasks.mapInArrow(summarise, PLAN_SCHEMA).collect()
     with ThreadPoolExecutor(1) as pool:
-        # The id check after the scans, not beside them: its tasks then reuse the scans' Python
-        # workers (a new one imports torch, ~3 s) and run while the driver searches duplicates.
-        ids = pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)) if spec.check_ids else None
-        summaries = gather_summaries(rows, spec)
-        ids = ids.result() if ids is not None else None
+        ids = []
+
+        def check_ids():  # after the scans, not beside them: its tasks then reuse the scans' Python
+            # workers (a new one imports torch, ~3 s) and run while near-duplicates are searched
+            if spec.check_ids:
+                ids.append(pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)))
+
+        summaries = plan_summaries(tasks.mapInArrow(summarise, PLAN_SCHEMA), spec, then=check_ids)
+        ids = ids[0].result() if ids else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
         dim = adapters.fixed_dimension(meta[spec.embedding_column].dtype)

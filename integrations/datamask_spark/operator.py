@@ -11,12 +11,12 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    checks raised), collected on the driver. Duplicate ids are found by a DataFrame aggregation
    (``groupBy(id)``, count > 1) rather than by shipping every id to the driver.
    :func:`datamask_dask.plan.reduce.make_plan` turns the summaries into exact global quotas.
-   With ``diversity_scope="table"`` (the default) each task sends its scan instead (checks and
-   SimHash signatures, ~44 bytes a row) and the driver sets near-duplicates across the table
-   aside with the search the Dask operator's graph runs
-   (:func:`datamask_dask.plan.shards.table_groups`: one task up to 1M rows or 4 partitions, the
-   sharded stages one after another above; the driver holds every signature) before summarising,
-   so both engines select the same rows.
+   With ``diversity_scope="table"`` (the default) each task keeps its scan instead (checks and
+   SimHash signatures, ~44 bytes a row; the plan rows are persisted) and near-duplicates across
+   the table are set aside with the search the Dask operator's graph runs, so both engines select
+   the same rows (:func:`plan_summaries`): up to 1M rows or 4 partitions the scans are collected
+   and searched on the driver in one task; beyond, the sharded stages run on the executors
+   (:mod:`datamask_spark.shards`) and only the summaries are collected.
 2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task concatenates its
    partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
@@ -64,13 +64,17 @@ from datamask_dask.partition.checks import (
 )
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
+from datamask_dask.plan.duplicates import find_groups
 from datamask_dask.plan.reduce import make_plan
-from datamask_dask.plan.shards import table_groups
+from datamask_dask.plan.shards import one_task
+
+from .shards import sharded_summaries
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
 
 _MARK = re.compile(r"DATAMASK-ERROR (\w+) ([A-Za-z0-9+/=]+) END")
-PLAN_SCHEMA = "partition int, payload binary"  # a plan task's row: partition, pickled summary or error
+# a plan task's row: partition, its rows, whether its checks failed, pickled summary, scan or error
+PLAN_SCHEMA = "partition int, rows long, failed boolean, payload binary"
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -157,7 +161,7 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
         # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
         # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
         ids = pool.submit(id_report, sdf, spec.id_column) if spec.check_ids else None
-        summaries = gather_summaries(projected.mapInArrow(task, PLAN_SCHEMA).collect(), spec)
+        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec)
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
@@ -165,19 +169,54 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     return summaries, ids, dim
 
 
+def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
+    """Each partition's summary, in partition order, from the plan pass's rows (a DataFrame of
+    :data:`PLAN_SCHEMA`, one row per partition), which this runs.
+
+    With ``diversity_scope="table"`` the rows hold scans, and near-duplicates across the table are
+    set aside by the search the Dask operator runs (:func:`datamask_dask.plan.shards.one_task`
+    decides which, the same groups): on the driver for a table one task can hold (the rows'
+    scans collected, ~44 bytes a row), else by the sharded stages on the executors
+    (:func:`datamask_spark.shards.sharded_summaries`: only the summaries reach the driver). The
+    scans are persisted meanwhile. ``then``: called once every partition is scanned.
+    """
+    if spec.diversity_scope != "table":
+        rows = plan_rows.collect()
+        if then is not None:
+            then()
+        return gather_summaries(rows, spec)
+    from pyspark import StorageLevel
+
+    scans = plan_rows.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        heads = scans.select("partition", "rows", "failed").collect()
+        if then is not None:
+            then()
+        failed = sorted(row["partition"] for row in heads if row["failed"])
+        if failed:  # the first failed partition's error, raised on the driver
+            raise pickle.loads(scans.where(f"partition = {failed[0]}").first()["payload"])["error"]
+        n_rows = sum(row["rows"] for row in heads)
+        n_parts = max((row["partition"] for row in heads), default=-1) + 1
+        if one_task(n_rows, n_parts):
+            return gather_summaries(scans.collect(), spec)
+        return gather_summaries(sharded_summaries(scans, spec.duplicate_cosine, n_rows, n_parts), spec)
+    finally:
+        scans.unpersist()
+
+
 def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
-    """Each partition's summary, in partition order, from the plan pass's rows (the table-wide
-    near-duplicate search runs here, on the driver)."""
+    """Each partition's summary, in partition order, from the plan pass's collected rows. Rows that
+    hold scans (table scope, a table one task can hold) have the table-wide near-duplicate search
+    run here, on the driver, first."""
     payloads = {row["partition"]: pickle.loads(row["payload"]) for row in rows}
     failed = [payloads[p]["error"] for p in sorted(payloads) if "error" in payloads[p]]
     if failed:
         raise failed[0]
-    if spec.diversity_scope == "table":  # near-duplicates across the table, as the Dask operator sets aside
-        present = sorted(payloads)
-        inputs = [duplicate_input(payloads[p]["scan"]) for p in present]
-        # the search Dask's graph runs (one task, or the sharded stages one after another): the same groups
-        groups = table_groups(inputs, spec.duplicate_cosine, n_parts=max(payloads, default=-1) + 1)
-        for number, found in zip(present, groups, strict=True):
+    scanned = [p for p in sorted(payloads) if "scan" in payloads[p]]
+    if scanned:  # near-duplicates across the table, as the Dask operator sets aside
+        inputs = [duplicate_input(payloads[p]["scan"]) for p in scanned]
+        groups = find_groups(inputs, spec.duplicate_cosine)
+        for number, found in zip(scanned, groups, strict=True):
             payloads[number] = {"summary": summarise_scan(payloads[number]["scan"], found)}
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
     # partition beyond the plan as planned empty).
@@ -206,6 +245,8 @@ class SummaryTask:
         except DataMaskError as exc:  # reported by the driver, not as a Spark task failure
             payload = {"error": exc}
         yield pa.RecordBatch.from_pydict({"partition": pa.array([number], pa.int32()),
+                                          "rows": pa.array([len(frame)], pa.int64()),
+                                          "failed": pa.array(["error" in payload], pa.bool_()),
                                           "payload": pa.array([pickle.dumps(payload)], pa.binary())})
 
 

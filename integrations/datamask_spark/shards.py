@@ -1,0 +1,182 @@
+"""The table-wide near-duplicate search on Spark, on the executors: the driver never holds a signature.
+
+The stages of :mod:`datamask_dask.plan.shards` (the Dask operator runs them as a task graph), each a
+DataFrame step over the plan pass's scans, so that no task holds more than a shard:
+
+1. band records (``mapInArrow`` over the scans, one round of ``ROUND_BANDS`` bands at a time),
+   repartitioned by band key;
+2. per shard, the buckets' candidates verified on their signatures
+   (:func:`~datamask_dask.plan.shards.bucket_edges`), edges repartitioned by the worse row;
+3. per shard of worse rows, each shadowed row's best better neighbour
+   (:func:`~datamask_dask.plan.shards.best_parents`);
+4. ``ROUNDS`` rounds of forwarding each shadowed row's count to its parent (DataFrame joins), as
+   :func:`~datamask_dask.plan.shards.forward_weights` does;
+5. the groups grouped by partition, joined to the partition's scan and summarised there
+   (:func:`~datamask_dask.partition.checks.summarise_scan`): only the summaries reach the driver.
+
+Every stage sorts what it receives, so the groups equal the Dask graph's on the same partitions
+whatever order Spark's shuffles deliver rows in.
+"""
+
+from __future__ import annotations
+
+import pickle
+from functools import reduce
+
+import numpy as np
+import pyarrow as pa
+
+from datamask_dask.partition.checks import duplicate_input, summarise_scan
+from datamask_dask.plan.shards import (
+    BANDS,
+    PARTITIONS_PER_SHARD,
+    ROUND_BANDS,
+    ROUNDS,
+    band_plan,
+    band_records,
+    best_parents,
+    bucket_edges,
+    shard_count,
+)
+
+RECORD_SCHEMA = "key long, ref long, quality double, w0 long, w1 long, w2 long, w3 long"
+_RECORD_NAMES = ["key", "ref", "quality", "w0", "w1", "w2", "w3"]
+EDGE_SCHEMA = "worse long, better long, quality double"
+PARENT_SCHEMA = "child long, parent long"
+_POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
+
+
+def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
+    """The plan pass's summaries with near-duplicates across the table set aside, as a DataFrame.
+
+    ``scans``: the plan pass's rows (``partition, rows, failed, payload``; each payload a pickled
+    ``{"scan": ...}``), none failed, best persisted (it is read once per round and once to summarise).
+    Returns the collected rows of the same schema whose payloads are pickled ``{"summary": ...}``.
+    ``n_rows`` sizes the bands, ``n_parts`` the shards (as the Dask graph's).
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
+    plan = band_plan(n_rows)
+    rounds = []
+    for first in range(0, BANDS, ROUND_BANDS):
+        bands = list(range(first, min(BANDS, first + ROUND_BANDS)))
+        records = scans.mapInArrow(BandRecords(plan, bands), RECORD_SCHEMA)
+        rounds.append(records.repartition(shards, "key").mapInArrow(BucketEdges(cosine), EDGE_SCHEMA))
+    edges = reduce(lambda a, b: a.unionAll(b), rounds)
+    parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
+    parents = parents.persist(StorageLevel.MEMORY_AND_DISK)  # read by every forwarding round
+    try:
+        roots = forwarded_counts(parents)
+        partition = F.shiftright(F.col("ref"), 32).cast("int").alias("partition")
+        position = F.col("ref").bitwiseAND(F.lit(_POSITION)).alias("position")
+        shadowed = (parents.select(F.col("child").alias("ref")).select(partition, position)
+                    .groupBy("partition").agg(F.collect_list("position").alias("shadowed")))
+        kept = (roots.select(partition, position, (F.col("count") + 1).alias("weight"))
+                .groupBy("partition").agg(F.collect_list(F.struct("position", "weight")).alias("kept")))
+        joined = scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
+        summaries = joined.mapInArrow(Summarise(), scans.schema).collect()
+    finally:
+        parents.unpersist()
+    return summaries
+
+
+def forwarded_counts(parents):
+    """Each kept row that shadowed rows reach and how many reach it (``ref, count``): every shadowed
+    row's count of one climbs its parents for ``ROUNDS`` rounds, as
+    :func:`~datamask_dask.plan.shards.forward_weights` moves it (counts still climbing after the
+    last round are dropped there too)."""
+    from pyspark.sql import functions as F
+
+    pending = parents.select(F.col("parent").alias("target"), F.lit(1).cast("long").alias("count"))
+    links = parents.select(F.col("child").alias("target"), F.col("parent").alias("next"))
+    roots = []
+    for _ in range(ROUNDS):
+        step = pending.groupBy("target").agg(F.sum("count").alias("count")).join(links, "target", "left")
+        roots.append(step.where(F.col("next").isNull()).select(F.col("target").alias("ref"), "count"))
+        pending = step.where(F.col("next").isNotNull()).select(F.col("next").alias("target"), "count")
+    return reduce(lambda a, b: a.unionAll(b), roots).groupBy("ref").agg(F.sum("count").alias("count"))
+
+
+def _rows(batches):
+    """The rows of a task's Arrow batches as one table (None for none)."""
+    batches = [b for b in batches if b.num_rows]
+    return pa.Table.from_batches(batches) if batches else None
+
+
+def _uint64(column: pa.ChunkedArray) -> np.ndarray:
+    return column.to_numpy().view(np.uint64)
+
+
+def _int64(values: np.ndarray) -> pa.Array:
+    return pa.array(np.asarray(values, dtype=np.uint64).view(np.int64), pa.int64())
+
+
+class BandRecords:
+    """Stage 1: the band records of one round for each scanned partition of the task."""
+
+    def __init__(self, plan: dict, bands: list[int]):
+        self.plan, self.bands = plan, bands
+
+    def __call__(self, batches):
+        for batch in batches:
+            for row in batch.select(["partition", "payload"]).to_pylist():
+                part = duplicate_input(pickle.loads(row["payload"])["scan"])
+                key, ref, quality, words = band_records(part, row["partition"], self.plan, 1, self.bands)[0]
+                columns = [_int64(key), _int64(ref), pa.array(quality, pa.float64())]
+                columns += [_int64(words[:, i]) for i in range(4)]
+                yield pa.RecordBatch.from_arrays(columns, names=_RECORD_NAMES)
+
+
+class BucketEdges:
+    """Stage 2: the verified pairs of one shard's buckets, as edges ``(worse, better, quality)``."""
+
+    def __init__(self, cosine: float):
+        self.cosine = cosine
+
+    def __call__(self, batches):
+        table = _rows(batches)
+        if table is None:
+            return
+        ref = _uint64(table.column("ref"))
+        order = np.argsort(ref, kind="stable")  # each bucket in reference order, as the Dask graph sends it
+        key, quality = _uint64(table.column("key"))[order], table.column("quality").to_numpy()[order]
+        words = np.stack([_uint64(table.column(f"w{i}")) for i in range(4)], axis=1)[order]
+        piece = (key, ref[order], quality, words)
+        worse, better, quality = bucket_edges([piece], 1, self.cosine)["pieces"][0]
+        yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
+                                         names=["worse", "better", "quality"])
+
+
+class BestParents:
+    """Stage 3: each shadowed row of one shard of worse rows and its best better neighbour."""
+
+    def __call__(self, batches):
+        table = _rows(batches)
+        if table is None:
+            return
+        worse, better = _uint64(table.column("worse")), _uint64(table.column("better"))
+        found = best_parents([(worse, better, table.column("quality").to_numpy())], 1)
+        yield pa.RecordBatch.from_arrays([_int64(found["child"]), _int64(found["parent"])],
+                                         names=["child", "parent"])
+
+
+class Summarise:
+    """Stage 5: each partition's scan summarised without its shadowed rows, with its kept rows' weights."""
+
+    def __call__(self, batches):
+        for batch in batches:
+            for row in batch.to_pylist():
+                kept = sorted((k["position"], k["weight"]) for k in row["kept"] or [])
+                groups = {"shadowed": np.sort(np.asarray(row["shadowed"] or [], dtype=np.int64)),
+                          "kept": np.array([k for k, _ in kept], dtype=np.int64),
+                          "weights": np.array([w for _, w in kept], dtype=np.int64)}
+                summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)
+                out = {"partition": row["partition"], "rows": row["rows"], "failed": False,
+                       "payload": pickle.dumps({"summary": summary})}
+                yield pa.RecordBatch.from_pylist([out], schema=_PLAN_ROW)
+
+
+_PLAN_ROW = pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("failed", pa.bool_()),
+                       ("payload", pa.binary())])  # datamask_spark.operator.PLAN_SCHEMA in Arrow
