@@ -22,8 +22,9 @@ Stages
    work stays O(rows x (anchors + neighbours)). Each
    candidate is verified where it is found, on the two records' signatures: the pairs within
    :func:`hamming_threshold` (with ``VERIFY_MARGIN``, tighter than the single-task search's, so
-   that pairs at cosine 0.90 are rarely merged) become edges, sent to the shard of the worse row.
-   Candidate pairs are never shuffled: only the verified edges leave the task.
+   that pairs at cosine 0.90 are rarely merged) become edges, and each worse row's best edge is
+   sent to the shard of the worse row. Candidate pairs are never shuffled, and a row has at most
+   one edge per bucket task however many bands and buckets found it.
 3. :func:`best_parents` (per shard of the worse row): each row with a verified better neighbour
    (higher quality, then lower reference) is *shadowed*, and its best such neighbour is its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
@@ -176,8 +177,8 @@ def _neighbour_pairs(start: np.ndarray, size: np.ndarray, word: np.ndarray) -> t
 
 
 def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
-    """The verified near-duplicate pairs of one shard's buckets, as edges ``(worse, better, quality
-    of better)`` routed to the shard of the worse row.
+    """The verified near-duplicate pairs of one shard's buckets, as each worse row's best edge
+    ``(worse, better, quality of better)``, routed to the shard of the worse row.
 
     Rows sharing a key are candidates: a bucket of up to ``FULL_BUCKET`` rows gives all its pairs,
     a larger one each row paired with its ``ANCHORS`` lowest references and with its
@@ -185,8 +186,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     planted copies at cosine 0.98 with at most one row left eligible: 98.6% -> 99.1% at 4M rows in
     ``bench_duplicates.py --sharded``). A candidate is verified when its signatures' Hamming
     distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``). Returns ``{"pieces":
-    [(worse, better, quality) per shard], "pairs": the buckets' full and anchor pairs}``; a pair
-    found by several bands gives its edge once per band (later stages take each once).
+    [(worse, better, quality) per shard], "pairs": the buckets' candidate pairs}``.
     """
     key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
@@ -239,8 +239,19 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     worse = np.where(a_better, ref[b], ref[a])
     better = np.where(a_better, ref[a], ref[b])
     better_quality = np.where(a_better, quality[a], quality[b])
+    # only each worse row's best edge leaves: the best of the tasks' bests is best_parents' choice
+    worse, better, better_quality = _best_edges(worse, better, better_quality)
     return {"pieces": _split(shard_of(worse, shards), shards, worse, better, better_quality),
             "pairs": int(cumulative[-1]) if cumulative.size else 0}
+
+
+def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> tuple:
+    """Each worse row's best edge (its better row of highest quality, then lowest reference), sorted
+    by worse row."""
+    order = np.lexsort((better, -quality, worse))
+    worse, better, quality = worse[order], better[order], quality[order]
+    first = np.r_[True, worse[1:] != worse[:-1]] if worse.size else np.zeros(0, dtype=bool)
+    return worse[first], better[first], quality[first]
 
 
 # --------------------------------------------------------------------------- 4-5. groups
@@ -255,10 +266,7 @@ def best_parents(edges: list, shards: int) -> dict:
     worse = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[0] for e in edges])
     better = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[1] for e in edges])
     quality = np.concatenate([np.zeros(0)] + [e[2] for e in edges])
-    order = np.lexsort((better, -quality, worse))  # per worse row: best quality, then lowest ref
-    worse, better = worse[order], better[order]
-    first = np.r_[True, worse[1:] != worse[:-1]] if worse.size else np.zeros(0, dtype=bool)
-    child, parent = worse[first], better[first]
+    child, parent, _ = _best_edges(worse, better, quality)
     ones = np.ones(child.size, dtype=np.int64)
     return {"child": child, "parent": parent,
             "pending": _split(shard_of(parent, shards), shards, parent, ones)}
