@@ -83,14 +83,38 @@ def run_job(tree: str, source: Path, target: Path, workers: int, flags: list[str
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
                str(target), "--n-workers", str(workers), *flags]
     load = os.getloadavg()[0]
-    run = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=tempfile.gettempdir())
-    if run.returncode:
-        raise SystemExit(f"{' '.join(command)}:\n{run.stderr[-3000:]}")
-    seconds = float(re.search(r" in ([\d.]+) s", run.stdout).group(1))
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        job = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=environment,
+                               cwd=tempfile.gettempdir())
+        peak = peak_rss(job)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if job.returncode:
+        raise SystemExit(f"{' '.join(command)}:\n{stderr[-3000:]}")
+    seconds = float(re.search(r" in ([\d.]+) s", stdout).group(1))
     record_path = target / "_datamask_run.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
-    return {"seconds": seconds, "load": load, "phases": record.get("phases", {}),
-            "stages": record.get("stages", {}), "digest": _selection_digest(target)}
+    return {"seconds": seconds, "load": load, "phases": record.get("phases", {}), "peak_rss": peak,
+            "stages": record.get("stages", {}), "summary": record.get("summary") or {},
+            "digest": _selection_digest(target)}
+
+
+def peak_rss(job: subprocess.Popen, every: float = 0.25) -> dict:
+    """Wait for ``job``; the peak resident memory (bytes) of its own process ("main") and of the
+    largest of its descendants (the cluster's workers), sampled every ``every`` seconds."""
+    import psutil
+
+    peak = {"main": 0, "largest worker": 0}
+    root = psutil.Process(job.pid)
+    while job.poll() is None:
+        try:
+            peak["main"] = max(peak["main"], root.memory_info().rss)
+            for child in root.children(recursive=True):
+                peak["largest worker"] = max(peak["largest worker"], child.memory_info().rss)
+        except psutil.Error:  # a process ended between the listing and the reading
+            pass
+        time.sleep(every)
+    return peak
 
 
 def ensure_tiny(folder: Path, d: int) -> Path:

@@ -1,0 +1,94 @@
+"""The table scope as the table grows: ``datamask select`` end to end at several sizes of one corpus.
+
+The data has issue 27's shape: d = ``--dim`` (32), ``--rows-per-partition`` rows a file (100,000),
+``--copies`` (10%) of each file's rows near-copies (cosine ~0.99) of rows of the previous file
+(``bench_scope_cost.ensure_spread_dataset``), generated once under ``--data`` at the largest size;
+each smaller size is the first files of it (a folder of links). Each size is one fresh ``datamask
+select --n-workers W`` process with the CLI's defaults (table scope, Pair_simi). Reported: the
+job's own seconds (start-up excluded) and plan phase, the peak resident memory of the job's
+process and of its largest worker (sampled every 0.25 s), and the near-duplicate pairs among the
+selected rows (the run summary's SimHash LSH estimate on its sample of the selection) against the
+same estimate on a random pick of as many rows.
+
+    python benchmarks/bench_table_scale.py --sizes 1000000 6000000 --data /work/data-e2e/n6000000 \\
+        --out benchmarks/results-table-scale.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_ceiling import run_job  # noqa: E402
+from bench_scope_cost import ensure_spread_dataset, random_pairs  # noqa: E402
+
+
+def first_files(source: Path, n_files: int, folder: Path) -> Path:
+    """A folder of links to ``source``'s first ``n_files`` parquet files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.glob("*.parquet"))[:n_files]:
+        link = folder / path.name
+        if not link.exists():
+            link.symlink_to(path)
+    return folder
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 6_000_000])
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--rows-per-partition", type=int, default=100_000)
+    parser.add_argument("--copies", type=float, default=0.1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--data", default="/tmp/datamask-scale", help="where the largest size is generated")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    source = ensure_spread_dataset(Path(args.data), max(args.sizes), args.dim, args.rows_per_partition,
+                                   args.copies)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    rows = []
+    for size in sorted(args.sizes):
+        n_files = size // args.rows_per_partition
+        folder = first_files(source, n_files, source.with_name(f"{source.name}-first{n_files}"))
+        load = os.getloadavg()[0]
+        job = run_job(str(HERE.parent), folder, scratch / "out", args.workers, [])
+        pairs = job["summary"].get("selected_pairs") or {}
+        rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
+        rows.append((size, n_files, job, pairs, rand, load))
+        print(size, job["seconds"], job["peak_rss"], pairs, rand, file=sys.stderr, flush=True)
+    first = rows[0][2]
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [f"# The table scope as the table grows (d = {args.dim}, {args.rows_per_partition:,} rows a "
+             f"file, {args.copies:.0%} cross-file near-copies)", "",
+             f"Command: `python benchmarks/bench_table_scale.py {given}`", "",
+             f"`datamask select --n-workers {args.workers}`, CLI defaults (table scope, Pair_simi); "
+             f"{os.cpu_count()} CPU cores shared with other work; one run per size.", "",
+             "| rows | files | load at start | job s | plan s | time / smallest's | peak RSS, job process | "
+             "peak RSS, largest worker | largest / smallest's | selected pairs within / across (of rows) | "
+             "random pick within / across |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    base = max(first["peak_rss"].values())
+    for size, n_files, job, pairs, rand, load in rows:
+        peak = job["peak_rss"]
+        plan = job["phases"].get("plan", 0)
+        lines.append(f"| {size:,} | {n_files} | {load:.1f} | {job['seconds']:.1f} | {plan:.1f} "
+                     f"| {job['seconds'] / first['seconds']:.2f}x | {peak['main'] / 2**30:.2f} GiB | "
+                     f"{peak['largest worker'] / 2**30:.2f} GiB | {max(peak.values()) / base:.2f}x | "
+                     f"{pairs.get('within')} / {pairs.get('across')} ({pairs.get('rows', 0):,}) | "
+                     f"{rand.get('within')} / {rand.get('across')} |")
+    lines += ["", "Pairs: cosine >= the run summary's threshold, among the rows of the run summary's sample "
+              "of the selection; random: the same estimate on as many rows drawn at random from the input."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
