@@ -59,8 +59,8 @@ PARTITIONS_PER_SHARD = 4  # the sharded graph has one shard per this many partit
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
 # Bands whose records are shuffled (or held) at once: 280 bytes a row (2.2 KB for all 40). A worker
 # holds about twice its share of a round's records (its own and those it receives), so its peak
-# follows this: at 6M rows, d = 32, 2 workers (bench_table_scale.py), 5.9-6.4 GB with rounds of 10
-# bands, 4.3 GB with rounds of 5, for about the same time.
+# follows this: at 6M rows, d = 32, 2 workers (bench_table_scale.py's data), 5.6-6.1 GiB with
+# rounds of 10 bands, 3.6 GiB with rounds of 5, for about the same time.
 ROUND_BANDS = 5
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)

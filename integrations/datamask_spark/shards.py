@@ -47,7 +47,7 @@ _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
 
 
 def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
-    """The plan pass's summaries with near-duplicates across the table set aside, as a DataFrame.
+    """The plan pass's summaries with near-duplicates across the table set aside (collected rows).
 
     ``scans``: the plan pass's rows (``partition, rows, failed, payload``; each payload a pickled
     ``{"scan": ...}``), none failed, best persisted (it is read once per round and once to summarise).
