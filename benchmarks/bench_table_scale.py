@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -52,15 +53,18 @@ def main(argv=None) -> int:
                                    args.copies)
     scratch = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     rows = []
-    for size in sorted(args.sizes):
-        n_files = size // args.rows_per_partition
-        folder = first_files(source, n_files, source.with_name(f"{source.name}-first{n_files}"))
-        load = os.getloadavg()[0]
-        job = run_job(str(HERE.parent), folder, scratch / "out", args.workers, [])
-        pairs = job["summary"].get("selected_pairs") or {}
-        rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
-        rows.append((size, n_files, job, pairs, rand, load))
-        print(size, job["seconds"], job["peak_rss"], pairs, rand, file=sys.stderr, flush=True)
+    try:
+        for size in sorted(args.sizes):
+            n_files = size // args.rows_per_partition
+            folder = first_files(source, n_files, source.with_name(f"{source.name}-first{n_files}"))
+            load = os.getloadavg()[0]
+            job = run_job(str(HERE.parent), folder, scratch / "out", args.workers, [])
+            pairs = job["summary"].get("selected_pairs") or {}
+            rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
+            rows.append((size, n_files, job, pairs, rand, load))
+            print(size, job["seconds"], job["peak_rss"], pairs, rand, file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     first = rows[0][2]
     given = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"# The table scope as the table grows (d = {args.dim}, {args.rows_per_partition:,} rows a "
