@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -245,6 +246,8 @@ def main(argv=None) -> int:
             same = all(r["ids"] == want for r in runs[engine] + runs["dask"])
             print(f"\n{engine} / dask wall time: {median[engine] / median['dask']:.2f}x (medians; per "
                   f"repeat {pairs}); same rows selected in every run: {same}")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    print(f"\nPeak RSS of this process (Spark's driver; the Dask client): {peak:.2f} GiB")
     return 0
 
 
