@@ -3,8 +3,10 @@
 The stages of :mod:`datamask_dask.plan.shards` (the Dask operator runs them as a task graph), each a
 DataFrame step over the plan pass's scans, so that no task holds more than a shard:
 
-1. band records (``mapInArrow`` over the scans, one round of ``ROUND_BANDS`` bands at a time),
-   repartitioned by band key;
+1. band records (``mapInArrow`` over the scans, one round of ``ROUND_BANDS`` bands at a time), as
+   one row per partition and shard holding that shard's piece (the arrays the Dask graph moves,
+   pickled: Spark shuffles a few large binary values, not a row per record), repartitioned by
+   shard;
 2. per shard, the buckets' candidates verified on their signatures
    (:func:`~datamask_dask.plan.shards.bucket_edges`), edges repartitioned by the worse row;
 3. per shard of worse rows, each shadowed row's best better neighbour
@@ -14,8 +16,9 @@ DataFrame step over the plan pass's scans, so that no task holds more than a sha
 5. the groups grouped by partition, joined to the partition's scan and summarised there
    (:func:`~datamask_dask.partition.checks.summarise_scan`): only the summaries reach the driver.
 
-Every stage sorts what it receives, so the groups equal the Dask graph's on the same partitions
-whatever order Spark's shuffles deliver rows in.
+Every stage orders what it receives (a shard's pieces by partition, as the Dask graph passes them),
+so the groups equal the Dask graph's on the same partitions whatever order Spark's shuffles
+deliver rows in.
 """
 
 from __future__ import annotations
@@ -39,8 +42,7 @@ from datamask_dask.plan.shards import (
     shard_count,
 )
 
-RECORD_SCHEMA = "key long, ref long, quality double, w0 long, w1 long, w2 long, w3 long"
-_RECORD_NAMES = ["key", "ref", "quality", "w0", "w1", "w2", "w3"]
+RECORD_SCHEMA = "shard int, partition int, piece binary"  # a pickled band_records piece
 EDGE_SCHEMA = "worse long, better long, quality double"
 PARENT_SCHEMA = "child long, parent long"
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
@@ -62,8 +64,8 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     rounds = []
     for first in range(0, BANDS, ROUND_BANDS):
         bands = list(range(first, min(BANDS, first + ROUND_BANDS)))
-        records = scans.mapInArrow(BandRecords(plan, bands), RECORD_SCHEMA)
-        rounds.append(records.repartition(shards, "key").mapInArrow(BucketEdges(cosine), EDGE_SCHEMA))
+        records = scans.mapInArrow(BandRecords(plan, shards, bands), RECORD_SCHEMA)
+        rounds.append(records.repartition(shards, "shard").mapInArrow(BucketEdges(cosine), EDGE_SCHEMA))
     edges = reduce(lambda a, b: a.unionAll(b), rounds)
     parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
     parents = parents.persist(StorageLevel.MEMORY_AND_DISK)  # read by every forwarding round
@@ -114,23 +116,24 @@ def _int64(values: np.ndarray) -> pa.Array:
 
 
 class BandRecords:
-    """Stage 1: the band records of one round for each scanned partition of the task."""
+    """Stage 1: the band records of one round for each scanned partition of the task, one row per shard."""
 
-    def __init__(self, plan: dict, bands: list[int]):
-        self.plan, self.bands = plan, bands
+    def __init__(self, plan: dict, shards: int, bands: list[int]):
+        self.plan, self.shards, self.bands = plan, shards, bands
 
     def __call__(self, batches):
         for batch in batches:
             for row in batch.select(["partition", "payload"]).to_pylist():
                 part = duplicate_input(pickle.loads(row["payload"])["scan"])
-                key, ref, quality, words = band_records(part, row["partition"], self.plan, 1, self.bands)[0]
-                columns = [_int64(key), _int64(ref), pa.array(quality, pa.float64())]
-                columns += [_int64(words[:, i]) for i in range(4)]
-                yield pa.RecordBatch.from_arrays(columns, names=_RECORD_NAMES)
+                pieces = band_records(part, row["partition"], self.plan, self.shards, self.bands)
+                yield pa.RecordBatch.from_pydict(
+                    {"shard": pa.array(range(self.shards), pa.int32()),
+                     "partition": pa.array([row["partition"]] * self.shards, pa.int32()),
+                     "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces], pa.binary())})
 
 
 class BucketEdges:
-    """Stage 2: the verified pairs of one shard's buckets, as edges ``(worse, better, quality)``."""
+    """Stage 2: the verified pairs of the task's shards' buckets, as edges ``(worse, better, quality)``."""
 
     def __init__(self, cosine: float):
         self.cosine = cosine
@@ -139,14 +142,14 @@ class BucketEdges:
         table = _rows(batches)
         if table is None:
             return
-        ref = _uint64(table.column("ref"))
-        order = np.argsort(ref, kind="stable")  # each bucket in reference order, as the Dask graph sends it
-        key, quality = _uint64(table.column("key"))[order], table.column("quality").to_numpy()[order]
-        words = np.stack([_uint64(table.column(f"w{i}")) for i in range(4)], axis=1)[order]
-        piece = (key, ref[order], quality, words)
-        worse, better, quality = bucket_edges([piece], 1, self.cosine)["pieces"][0]
-        yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
-                                         names=["worse", "better", "quality"])
+        rows = sorted(zip(table.column("shard").to_pylist(), table.column("partition").to_pylist(),
+                          range(table.num_rows), strict=True))
+        pieces = table.column("piece")
+        for shard in sorted({s for s, _, _ in rows}):  # several shards may hash to one task
+            mine = [pickle.loads(pieces[i].as_py()) for s, _, i in rows if s == shard]  # in partition order
+            worse, better, quality = bucket_edges(mine, 1, self.cosine)["pieces"][0]
+            yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
+                                             names=["worse", "better", "quality"])
 
 
 class BestParents:
