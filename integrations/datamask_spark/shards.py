@@ -3,10 +3,11 @@
 The stages of :mod:`datamask_dask.plan.shards` (the Dask operator runs them as a task graph), each a
 DataFrame step over the plan pass's scans, so that no task holds more than a shard:
 
-1. band records (``mapInArrow`` over the scans, one round of ``ROUND_BANDS`` bands at a time), as
-   one row per partition and shard holding that shard's piece (the arrays the Dask graph moves,
-   pickled: Spark shuffles a few large binary values, not a row per record), repartitioned by
-   shard;
+1. band records (one ``mapInArrow`` over the scans, making ``ROUND_BANDS`` bands at a time), as
+   one row per round, shard and partition holding that shard's piece (the arrays the Dask graph
+   moves, pickled: Spark shuffles a few large binary values, not a row per record),
+   repartitioned by round and shard (Spark's shuffle spills to disk, so the rounds need no
+   barrier between them);
 2. per shard, the buckets' candidates verified on their signatures
    (:func:`~datamask_dask.plan.shards.bucket_edges`), edges repartitioned by the worse row;
 3. per shard of worse rows, each shadowed row's best better neighbour
@@ -23,6 +24,7 @@ deliver rows in.
 
 from __future__ import annotations
 
+import math
 import pickle
 from functools import reduce
 
@@ -42,7 +44,7 @@ from datamask_dask.plan.shards import (
     shard_count,
 )
 
-RECORD_SCHEMA = "shard int, partition int, piece binary"  # a pickled band_records piece
+RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled band_records piece
 EDGE_SCHEMA = "worse long, better long, quality double"
 PARENT_SCHEMA = "child long, parent long"
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
@@ -61,12 +63,9 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
 
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     plan = band_plan(n_rows)
-    rounds = []
-    for first in range(0, BANDS, ROUND_BANDS):
-        bands = list(range(first, min(BANDS, first + ROUND_BANDS)))
-        records = scans.mapInArrow(BandRecords(plan, shards, bands), RECORD_SCHEMA)
-        rounds.append(records.repartition(shards, "shard").mapInArrow(BucketEdges(cosine), EDGE_SCHEMA))
-    edges = reduce(lambda a, b: a.unionAll(b), rounds)
+    records = scans.mapInArrow(BandRecords(plan, shards), RECORD_SCHEMA)
+    buckets = records.repartition(math.ceil(BANDS / ROUND_BANDS) * shards, "round", "shard")
+    edges = buckets.mapInArrow(BucketEdges(cosine), EDGE_SCHEMA)
     parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
     parents = parents.persist(StorageLevel.MEMORY_AND_DISK)  # read by every forwarding round
     try:
@@ -116,20 +115,23 @@ def _int64(values: np.ndarray) -> pa.Array:
 
 
 class BandRecords:
-    """Stage 1: the band records of one round for each scanned partition of the task, one row per shard."""
+    """Stage 1: the band records of each scanned partition of the task, one row per round and shard."""
 
-    def __init__(self, plan: dict, shards: int, bands: list[int]):
-        self.plan, self.shards, self.bands = plan, shards, bands
+    def __init__(self, plan: dict, shards: int):
+        self.plan, self.shards = plan, shards
 
     def __call__(self, batches):
         for batch in batches:
             for row in batch.select(["partition", "payload"]).to_pylist():
                 part = duplicate_input(pickle.loads(row["payload"])["scan"])
-                pieces = band_records(part, row["partition"], self.plan, self.shards, self.bands)
-                yield pa.RecordBatch.from_pydict(
-                    {"shard": pa.array(range(self.shards), pa.int32()),
-                     "partition": pa.array([row["partition"]] * self.shards, pa.int32()),
-                     "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces], pa.binary())})
+                for r, first in enumerate(range(0, BANDS, ROUND_BANDS)):  # one round's records held at a time
+                    bands = range(first, min(BANDS, first + ROUND_BANDS))
+                    pieces = band_records(part, row["partition"], self.plan, self.shards, bands)
+                    yield pa.RecordBatch.from_pydict(
+                        {"round": pa.array([r] * self.shards, pa.int32()),
+                         "shard": pa.array(range(self.shards), pa.int32()),
+                         "partition": pa.array([row["partition"]] * self.shards, pa.int32()),
+                         "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces], pa.binary())})
 
 
 class BucketEdges:
@@ -142,11 +144,12 @@ class BucketEdges:
         table = _rows(batches)
         if table is None:
             return
-        rows = sorted(zip(table.column("shard").to_pylist(), table.column("partition").to_pylist(),
-                          range(table.num_rows), strict=True))
+        columns = [table.column(c).to_pylist() for c in ("round", "shard", "partition")]
+        rows = sorted(zip(*columns, range(table.num_rows), strict=True))
         pieces = table.column("piece")
-        for shard in sorted({s for s, _, _ in rows}):  # several shards may hash to one task
-            mine = [pickle.loads(pieces[i].as_py()) for s, _, i in rows if s == shard]  # in partition order
+        for bucket in sorted({(r, s) for r, s, _, _ in rows}):  # several may hash to one task
+            # the shard's pieces of this round, in partition order (as the Dask graph passes them)
+            mine = [pickle.loads(pieces[i].as_py()) for r, s, _, i in rows if (r, s) == bucket]
             worse, better, quality = bucket_edges(mine, 1, self.cosine)["pieces"][0]
             yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
                                              names=["worse", "better", "quality"])
