@@ -135,15 +135,15 @@ def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):
     schema = pa.schema([files.schema.field(c) for c in columns])
     summarise = _ReadPiece(SummaryTask(spec, schema), files, columns)
     with ThreadPoolExecutor(1) as pool:
-        ids = []
+        id_check = []
 
         def check_ids():  # after the scans, not beside them: its tasks then reuse the scans' Python
             # workers (a new one imports torch, ~3 s) and run while near-duplicates are searched
             if spec.check_ids:
-                ids.append(pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)))
+                id_check.append(pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)))
 
         summaries = plan_summaries(tasks.mapInArrow(summarise, PLAN_SCHEMA), spec, then=check_ids)
-        ids = ids[0].result() if ids else None
+        ids = id_check[0].result() if id_check else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
         dim = adapters.fixed_dimension(meta[spec.embedding_column].dtype)
