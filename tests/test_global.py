@@ -309,3 +309,18 @@ def test_the_plan_graph_runs_the_search_the_table_size_picks(one_task, monkeypat
     for one, other in zip(expected, got, strict=True):
         for key in ("shadowed", "kept", "weights"):
             np.testing.assert_array_equal(one[key], other[key])
+
+
+def test_the_plan_graph_holds_each_task_once():
+    """Every partition's summary depends on the table-wide search: the plan graph must hold that
+    search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own
+    when it is passed inside a list), or graphs of a few hundred partitions take minutes to cull."""
+    from datamask_dask.ops.operator import plan_selection
+    from datamask_dask.sample_data import make_corpus
+
+    ddf = dd.from_pandas(make_corpus(12 * 50, 8, seed=1), npartitions=12, sort=False)
+    graph = plan_selection(ddf, 0.1)[1].__dask_graph__()
+    layers = [set(layer.keys()) for layer in graph.layers.values()]
+    unique = set().union(*layers)
+    assert any("datamask-plan-duplicates-buckets" in str(key) for key in unique)  # the sharded search
+    assert sum(len(keys) for keys in layers) == len(unique)

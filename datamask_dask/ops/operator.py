@@ -285,9 +285,22 @@ def plan_graph(ddf, spec: SelectSpec):
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
         n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
         probes = ddf[spec.embedding_column].partitions[list(range(n_probe))].to_delayed()
-        dim = dask.delayed(_probe_dimension, pure=True)(probes)
-    return dask.delayed(make_plan, pure=True)(summaries, ids, dim, spec,
+        dim = dask.delayed(_probe_dimension, pure=True)(_listed("datamask-plan-probes", probes))
+    return dask.delayed(make_plan, pure=True)(_listed("datamask-plan-summaries", summaries), ids, dim, spec,
                                               dask_key_name=_key("datamask-plan", summaries, ids, dim, spec))
+
+
+def _listed(prefix: str, items: list) -> Delayed:
+    """The Delayed ``items`` as one Delayed list, to pass to a delayed call. A Python list of Delayed
+    arguments makes dask copy each item's whole culled graph into a layer of its own: quadratic
+    where the items share a graph, as every partition's summary shares the near-duplicate search
+    (60 partitions: 695,000 graph entries for 11,600 tasks). One task listing their keys keeps each
+    shared layer once."""
+    from dask.highlevelgraph import HighLevelGraph
+
+    key = _key(prefix, *items)
+    task = (list, [item.key for item in items])
+    return Delayed(key, HighLevelGraph.from_collections(key, {key: task}, dependencies=items))
 
 
 def _key(prefix: str, *args) -> str:
@@ -333,13 +346,13 @@ def table_groups(inputs: list, cosine: float) -> list:
     """
     name = "datamask-plan-duplicates"
     if one_task(None, len(inputs)):  # known before any row is read: the one-task search alone
-        found = _task(name, find_groups, inputs, cosine, nout=len(inputs))
+        found = _task(name, find_groups, _listed(name, inputs), cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]
     rows = _row_count(inputs)
     single = _task(name, one_task, rows, len(inputs))
     many = _task(name, operator.not_, single)
-    found = _task(name, find_groups, [_task(name, gate, part, single) for part in inputs], cosine,
-                  nout=len(inputs))
+    gated = _listed(name, [_task(name, gate, part, single) for part in inputs])
+    found = _task(name, find_groups, gated, cosine, nout=len(inputs))
     sharded = sharded_groups([_task(name, gate, part, many) for part in inputs], cosine, rows)
     return [_task(name, _either, single, found[i], sharded[i]) for i in range(len(inputs))]
 
@@ -417,7 +430,7 @@ def _row_count(inputs: list):
     """The table's rows, from one small count per partition (a task taking every input would gather
     every signature on one worker)."""
     name = "datamask-plan-duplicates"
-    return _task(name, sum, [_task(name, _rows_of, part) for part in inputs])
+    return _task(name, sum, _listed(name, [_task(name, _rows_of, part) for part in inputs]))
 
 
 def _rows_of(part: dict) -> int:
@@ -468,6 +481,7 @@ def id_graph(parts: list, id_column: str):
         for i, part in enumerate(parts)]
     while len(level) > 1:
         level = [dask.delayed(merge_ids, pure=True)(
-            level[i:i + _SPLIT_EVERY], dask_key_name=_key("datamask-plan-ids", level[i:i + _SPLIT_EVERY]))
+            _listed("datamask-plan-ids", level[i:i + _SPLIT_EVERY]),
+            dask_key_name=_key("datamask-plan-ids", level[i:i + _SPLIT_EVERY]))
             for i in range(0, len(level), _SPLIT_EVERY)]
     return dask.delayed(id_report, pure=True)(level[0], dask_key_name=_key("datamask-plan-ids", level[0]))
