@@ -54,7 +54,7 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     """The plan pass's summaries with near-duplicates across the table set aside (collected rows).
 
     ``scans``: the plan pass's rows (``partition, rows, failed, payload``; each payload a pickled
-    ``{"scan": ...}``), none failed, best persisted (it is read once per round and once to summarise).
+    ``{"scan": ...}``), none failed, best persisted (it is read twice: for band records, to summarise).
     Returns the collected rows of the same schema whose payloads are pickled ``{"summary": ...}``.
     ``n_rows`` sizes the bands, ``n_parts`` the shards (as the Dask graph's).
     """
