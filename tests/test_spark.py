@@ -88,14 +88,20 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
     assert not any(i in chosen and i + 100_000 in chosen for i in copied)  # never a row and its copy
 
 
-def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark, tmp_path, monkeypatch):
+@pytest.mark.parametrize("persist", ["allowed", "refused"])
+def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark, tmp_path, monkeypatch,
+                                                                          persist):
     """Above ONE_TASK_ROWS Spark's plan runs the sharded stages as DataFrame steps: the driver
     collects summaries, never a scan, and the plan's shadowed rows and kept rows' weights (chains
-    of near-copies included) are those of the Dask graph on the same partitions."""
+    of near-copies included) are those of the Dask graph on the same partitions. A session that
+    refuses to persist (serverless Spark Connect) gets the same plan, with a warning."""
+    import contextlib
+
     import dask.dataframe as dd
     import pandas as pd
     import pyarrow as pa
     from datamask_spark import operator as spark_operator
+    from pyspark.errors import PySparkException
 
     from datamask_dask.ops.operator import plan_selection as dask_plan
     from datamask_dask.plan import shards
@@ -120,7 +126,15 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
     real = spark_operator.gather_summaries
     monkeypatch.setattr(spark_operator, "gather_summaries",
                         lambda rows, spec: collected.append(rows) or real(rows, spec))
-    _, plan = spark_operator.plan_selection(read_files(spark, path), 0.2, seed=7, **FAST)
+    sdf, refused = read_files(spark, path), contextlib.nullcontext()
+    if persist == "refused":
+        def refuse(self, *args, **kwargs):
+            raise PySparkException("PERSIST TABLE is not supported on serverless compute")
+
+        monkeypatch.setattr(type(sdf), "persist", refuse)
+        refused = pytest.warns(RuntimeWarning, match="Spark cannot persist")  # the scans, the parent links
+    with refused:
+        _, plan = spark_operator.plan_selection(sdf, 0.2, seed=7, **FAST)
     assert all("summary" in pickle.loads(row["payload"]) for row in collected[0])  # no scan on the driver
     expected = dask_plan(datamask_dask.read_parquet(path), 0.2, seed=7, **FAST)[1].compute(scheduler="sync")
     assert sum(len(v) for v in plan["shadowed"].values()) > 200

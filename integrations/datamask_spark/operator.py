@@ -68,7 +68,7 @@ from datamask_dask.plan.duplicates import find_groups
 from datamask_dask.plan.reduce import make_plan
 from datamask_dask.plan.shards import one_task
 
-from .shards import sharded_summaries
+from .shards import cached, sharded_summaries
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
 
@@ -178,17 +178,15 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
     decides which, the same groups): on the driver for a table one task can hold (the rows'
     scans collected, ~44 bytes a row), else by the sharded stages on the executors
     (:func:`datamask_spark.shards.sharded_summaries`: only the summaries reach the driver). The
-    scans are persisted meanwhile. ``then``: called once every partition is scanned.
+    scans are persisted meanwhile (:func:`datamask_spark.shards.cached`). ``then``: called once
+    every partition is scanned.
     """
     if spec.diversity_scope != "table":
         rows = plan_rows.collect()
         if then is not None:
             then()
         return gather_summaries(rows, spec)
-    from pyspark import StorageLevel
-
-    scans = plan_rows.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
+    with cached(plan_rows, "the plan pass's scans") as scans:
         heads = scans.select("partition", "rows", "failed").collect()
         if then is not None:
             then()
@@ -200,8 +198,6 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
         if one_task(n_rows, n_parts):
             return gather_summaries(scans.collect(), spec)
         return gather_summaries(sharded_summaries(scans, spec.duplicate_cosine, n_rows, n_parts), spec)
-    finally:
-        scans.unpersist()
 
 
 def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import math
 import pickle
+import warnings
+from contextlib import contextmanager
 from functools import reduce
 
 import numpy as np
@@ -58,7 +60,6 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     Returns the collected rows of the same schema whose payloads are pickled ``{"summary": ...}``.
     ``n_rows`` sizes the bands, ``n_parts`` the shards (as the Dask graph's).
     """
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
@@ -67,8 +68,7 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     buckets = records.repartition(math.ceil(BANDS / ROUND_BANDS) * shards, "round", "shard")
     edges = buckets.mapInArrow(BucketEdges(cosine), EDGE_SCHEMA)
     parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
-    parents = parents.persist(StorageLevel.MEMORY_AND_DISK)  # read by every forwarding round
-    try:
+    with cached(parents, "the near-duplicate search's parent links") as parents:  # read by every round
         roots = forwarded_counts(parents)
         partition = F.shiftright(F.col("ref"), 32).cast("int").alias("partition")
         position = F.col("ref").bitwiseAND(F.lit(_POSITION)).alias("position")
@@ -77,10 +77,30 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
         kept = (roots.select(partition, position, (F.col("count") + 1).alias("weight"))
                 .groupBy("partition").agg(F.collect_list(F.struct("position", "weight")).alias("kept")))
         joined = scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
-        summaries = joined.mapInArrow(Summarise(), scans.schema).collect()
+        return joined.mapInArrow(Summarise(), scans.schema).collect()
+
+
+@contextmanager
+def cached(frame, what: str):
+    """``frame`` persisted on the executors for the block, then unpersisted. Where the session
+    refuses to persist (serverless Spark Connect services do), ``frame`` itself, with a warning
+    naming ``what``: its rows are then computed again each time they are read."""
+    from pyspark import StorageLevel
+    from pyspark.errors import PySparkException
+
+    try:
+        kept = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    except PySparkException as exc:
+        warnings.warn(f"Spark cannot persist {what} ({exc}): they are computed again each time they are "
+                      "read, which costs time but gives the same selection", RuntimeWarning, stacklevel=3)
+        kept = None
+    if kept is None:
+        yield frame
+        return
+    try:
+        yield kept
     finally:
-        parents.unpersist()
-    return summaries
+        kept.unpersist()
 
 
 def forwarded_counts(parents):
