@@ -62,12 +62,11 @@ from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
 from ..plan.shards import (
-    BANDS,
     PARTITIONS_PER_SHARD,
-    ROUND_BANDS,
     ROUNDS,
     band_plan,
     band_records,
+    band_rounds,
     best_parents,
     bucket_edges,
     deliver,
@@ -294,13 +293,13 @@ def _listed(prefix: str, items: list) -> Delayed:
     """The Delayed ``items`` as one Delayed list, to pass to a delayed call. A Python list of Delayed
     arguments makes dask copy each item's whole culled graph into a layer of its own: quadratic
     where the items share a graph, as every partition's summary shares the near-duplicate search
-    (60 partitions: 695,000 graph entries for 11,600 tasks). One task listing their keys keeps each
-    shared layer once."""
-    from dask.highlevelgraph import HighLevelGraph
+    (60 partitions: 695,000 graph entries for 12,900 tasks). Passed one by one, each is a
+    reference, and each shared layer is kept once."""
+    return _task(prefix, _as_list, *items)
 
-    key = _key(prefix, *items)
-    task = (list, [item.key for item in items])
-    return Delayed(key, HighLevelGraph.from_collections(key, {key: task}, dependencies=items))
+
+def _as_list(*items) -> list:
+    return list(items)
 
 
 def _key(prefix: str, *args) -> str:
@@ -394,8 +393,7 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
 
     plan = task("plan", (), band_plan, rows.key)
     buckets, done = [], None
-    for r, first in enumerate(range(0, BANDS, ROUND_BANDS)):
-        bands = list(range(first, min(BANDS, first + ROUND_BANDS)))
+    for r, bands in enumerate(band_rounds()):
         records = [task("records", (r, i), _round_records, part.key, i, plan, shards, bands, done)
                    for i, part in enumerate(inputs)]
         round_buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], shards, cosine)

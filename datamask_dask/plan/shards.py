@@ -85,6 +85,11 @@ def band_plan(n_rows: int, bands: int = BANDS) -> dict:
     return {"bits": bits, "positions": positions}
 
 
+def band_rounds(n_bands: int = BANDS, rounds_of: int = ROUND_BANDS) -> list[range]:
+    """The bands of each round of stages 1-2, in order: ``rounds_of`` at a time."""
+    return [range(first, min(n_bands, first + rounds_of)) for first in range(0, n_bands, rounds_of)]
+
+
 def _mix(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a bijective, well-spread hash of uint64 values."""
     x = x.astype(np.uint64, copy=True)
@@ -382,8 +387,7 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     n_bands = plan["positions"].shape[0]
     edges = [[] for _ in range(shards)]
     n_pairs = 0
-    for first in range(0, n_bands, rounds_of):
-        bands = range(first, min(n_bands, first + rounds_of))
+    for bands in band_rounds(n_bands, rounds_of):
         records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
         for s in range(shards):
             out = run("bucket_edges", bucket_edges, [r[s] for r in records], shards, cosine)
