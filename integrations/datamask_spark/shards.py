@@ -24,7 +24,7 @@ deliver rows in.
 
 from __future__ import annotations
 
-import math
+import itertools
 import pickle
 import warnings
 from contextlib import contextmanager
@@ -35,12 +35,11 @@ import pyarrow as pa
 
 from datamask_dask.partition.checks import duplicate_input, summarise_scan
 from datamask_dask.plan.shards import (
-    BANDS,
     PARTITIONS_PER_SHARD,
-    ROUND_BANDS,
     ROUNDS,
     band_plan,
     band_records,
+    band_rounds,
     best_parents,
     bucket_edges,
     shard_count,
@@ -61,11 +60,12 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     ``n_rows`` sizes the bands, ``n_parts`` the shards (as the Dask graph's).
     """
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     plan = band_plan(n_rows)
     records = scans.mapInArrow(BandRecords(plan, shards), RECORD_SCHEMA)
-    buckets = records.repartition(math.ceil(BANDS / ROUND_BANDS) * shards, "round", "shard")
+    buckets = records.repartition(len(band_rounds()) * shards, "round", "shard")
     edges = buckets.mapInArrow(BucketEdges(cosine), EDGE_SCHEMA)
     parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
     with cached(parents, "the near-duplicate search's parent links") as parents:  # read by every round
@@ -77,7 +77,7 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
         kept = (roots.select(partition, position, (F.col("count") + 1).alias("weight"))
                 .groupBy("partition").agg(F.collect_list(F.struct("position", "weight")).alias("kept")))
         joined = scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
-        return joined.mapInArrow(Summarise(), scans.schema).collect()
+        return joined.mapInArrow(Summarise(to_arrow_schema(scans.schema)), scans.schema).collect()
 
 
 @contextmanager
@@ -144,8 +144,7 @@ class BandRecords:
         for batch in batches:
             for row in batch.select(["partition", "payload"]).to_pylist():
                 part = duplicate_input(pickle.loads(row["payload"])["scan"])
-                for r, first in enumerate(range(0, BANDS, ROUND_BANDS)):  # one round's records held at a time
-                    bands = range(first, min(BANDS, first + ROUND_BANDS))
+                for r, bands in enumerate(band_rounds()):  # one round's records held at a time
                     pieces = band_records(part, row["partition"], self.plan, self.shards, bands)
                     yield pa.RecordBatch.from_pydict(
                         {"round": pa.array([r] * self.shards, pa.int32()),
@@ -167,9 +166,10 @@ class BucketEdges:
         columns = [table.column(c).to_pylist() for c in ("round", "shard", "partition")]
         rows = sorted(zip(*columns, range(table.num_rows), strict=True))
         pieces = table.column("piece")
-        for bucket in sorted({(r, s) for r, s, _, _ in rows}):  # several may hash to one task
-            # the shard's pieces of this round, in partition order (as the Dask graph passes them)
-            mine = [pickle.loads(pieces[i].as_py()) for r, s, _, i in rows if (r, s) == bucket]
+        # several (round, shard) may hash to one task; each one's pieces in partition order, as the
+        # Dask graph passes them
+        for _, bucket in itertools.groupby(rows, key=lambda row: row[:2]):
+            mine = [pickle.loads(pieces[i].as_py()) for *_, i in bucket]
             worse, better, quality = bucket_edges(mine, 1, self.cosine)["pieces"][0]
             yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
                                              names=["worse", "better", "quality"])
@@ -189,7 +189,11 @@ class BestParents:
 
 
 class Summarise:
-    """Stage 5: each partition's scan summarised without its shadowed rows, with its kept rows' weights."""
+    """Stage 5: each partition's scan summarised without its shadowed rows, with its kept rows'
+    weights, as a row of the plan pass's ``schema`` (Arrow)."""
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
 
     def __call__(self, batches):
         for batch in batches:
@@ -201,8 +205,4 @@ class Summarise:
                 summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)
                 out = {"partition": row["partition"], "rows": row["rows"], "failed": False,
                        "payload": pickle.dumps({"summary": summary})}
-                yield pa.RecordBatch.from_pylist([out], schema=_PLAN_ROW)
-
-
-_PLAN_ROW = pa.schema([("partition", pa.int32()), ("rows", pa.int64()), ("failed", pa.bool_()),
-                       ("payload", pa.binary())])  # datamask_spark.operator.PLAN_SCHEMA in Arrow
+                yield pa.RecordBatch.from_pylist([out], schema=self.schema)
