@@ -197,7 +197,8 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     planted copies at cosine 0.98 with at most one row left eligible: 98.6% -> 99.1% at 4M rows in
     ``bench_duplicates.py --sharded``). A candidate is verified when its signatures' Hamming
     distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``). Returns ``{"pieces":
-    [(worse, better, quality) per shard], "pairs": the buckets' candidate pairs}``.
+    [(worse, better, quality) per shard], "pairs": the buckets' full and anchor pairs (the
+    neighbour pairs are not counted)}``.
     """
     key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
