@@ -269,6 +269,36 @@ def test_sharded_groups_equal_the_single_task_groups(shards):
             np.testing.assert_array_equal(one[key], other[key])
 
 
+def test_band_values_from_byte_tables_are_the_chosen_bits_packed():
+    from datamask_dask.plan.shards import _byte_tables, band_plan
+
+    sig = np.random.default_rng(3).integers(0, 256, (1000, 32), dtype=np.uint8)
+    bits = np.unpackbits(sig, axis=1)
+    for positions in band_plan(10**7)["positions"][:5]:
+        value = np.zeros(len(sig), dtype=np.uint32)
+        for byte, table in _byte_tables(positions).items():
+            value |= table[sig[:, byte]]
+        expected = (bits[:, positions].astype(np.uint64) << np.arange(len(positions), dtype=np.uint64)).sum(1)
+        np.testing.assert_array_equal(value, expected)
+
+
+def test_best_edges_and_key_order_match_their_sorts():
+    from datamask_dask.plan.shards import _best_edges, _sort_by_key
+
+    rng = np.random.default_rng(4)
+    worse = rng.integers(0, 300, 5000).astype(np.uint64)
+    better = rng.integers(0, 300, 5000).astype(np.uint64)
+    quality = rng.integers(0, 4, 5000) / 4  # many ties: broken by the lower better row
+    order = np.lexsort((better, -quality, worse))
+    first = np.r_[True, worse[order][1:] != worse[order][:-1]]
+    for got, want in zip(_best_edges(worse, better, quality), (worse, better, quality), strict=True):
+        np.testing.assert_array_equal(got, want[order][first])
+    key = rng.integers(0, 50, 5000).astype(np.uint64) << np.uint64(40)  # repeated keys
+    order, sorted_key = _sort_by_key(key)
+    np.testing.assert_array_equal(order, np.argsort(key, kind="stable"))
+    np.testing.assert_array_equal(sorted_key, np.sort(key))
+
+
 def test_sharded_graph_on_dask_gives_the_same_groups(client):
     import dask
 

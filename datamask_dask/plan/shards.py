@@ -130,6 +130,20 @@ def references(number: int, n: int) -> np.ndarray:
 # --------------------------------------------------------------------------- 1. band keys
 
 
+def _byte_tables(positions: np.ndarray) -> dict:
+    """For one band's bit positions: ``{byte: table}``, where ``table[v]`` holds the chosen bits of a
+    signature byte of value ``v`` at their places in the band's value (the chosen bits packed in
+    order, the first lowest). The value of a band is the OR of its bytes' tables: one lookup per
+    byte it touches, where unpacking every bit costs 256 bytes a row (7x slower at 100k rows)."""
+    tables: dict[int, np.ndarray] = {}
+    values = np.arange(256, dtype=np.uint32)
+    for place, position in enumerate(int(p) for p in positions):
+        byte, bit = divmod(position, 8)  # bits counted from each byte's highest (np.unpackbits' order)
+        table = tables.setdefault(byte, np.zeros(256, dtype=np.uint32))
+        table |= ((values >> np.uint32(7 - bit)) & np.uint32(1)) << np.uint32(place)
+    return tables
+
+
 def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -> list:
     """Partition ``number``'s band records, one ``(key, ref, quality, words)`` piece per shard.
 
@@ -139,27 +153,26 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
     """
     sig = np.ascontiguousarray(np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES))
     n = sig.shape[0]
-    bands = range(plan["positions"].shape[0]) if bands is None else bands
+    bands = list(range(plan["positions"].shape[0]) if bands is None else bands)
     if n == 0:
         empty = np.zeros(0, dtype=np.uint64)
         return [(empty, empty, np.zeros(0), np.zeros((0, 4), dtype=np.uint64)) for _ in range(shards)]
     label_hash = np.array([_label_hash(label) for label in part["labels"]], dtype=np.uint64)
     group = label_hash[np.asarray(part["codes"], dtype=np.int64)]
-    bits = np.unpackbits(sig, axis=1)  # (n, 256) one byte per bit
-    refs = references(number, n)
-    keys = []
-    for band in bands:
-        chosen = bits[:, plan["positions"][band]]
-        value = np.packbits(chosen, axis=1, bitorder="little")  # up to 4 bytes
-        word = np.zeros(n, dtype=np.uint64)
-        for i in range(value.shape[1]):
-            word |= value[:, i].astype(np.uint64) << np.uint64(8 * i)
-        salt = np.uint64((band + 1) * _GOLDEN % 2**64)
-        keys.append(_mix(word ^ group ^ salt))
+    tables = [_byte_tables(plan["positions"][band]) for band in bands]
+    value = np.zeros((len(bands), n), dtype=np.uint32)  # each band's chosen bits, packed
+    for byte, column in enumerate(sig.T):
+        index = column.astype(np.intp)  # one conversion per byte, shared by the bands that read it
+        for row, band_tables in zip(value, tables):
+            if byte in band_tables:
+                row |= band_tables[byte].take(index)
+    keys = [_mix(row.astype(np.uint64) ^ group ^ np.uint64((band + 1) * _GOLDEN % 2**64))
+            for row, band in zip(value, bands)]
     key = np.concatenate(keys)
     rows = np.tile(np.arange(n), len(keys))
     quality = np.asarray(part["quality"], dtype=np.float64)
     words = sig.view(np.uint64).reshape(-1, 4)
+    refs = references(number, n)
     pieces = _split((key % np.uint64(shards)).astype(np.int64), shards, key, rows)
     return [(k, refs[r], quality[r], words[r]) for k, r in pieces]
 
@@ -206,9 +219,8 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     if key.size < 2:
         return {"pieces": [(empty, empty, np.zeros(0)) for _ in range(shards)], "pairs": 0}
     # A key belongs to one band, whose records arrive in reference order (pieces in partition
-    # order, rows in order): a stable sort by key leaves each bucket sorted by reference.
-    order = np.argsort(key, kind="stable")
-    key = key[order]
+    # order, rows in order): sorted by key, then by arrival, each bucket is sorted by reference.
+    order, key = _sort_by_key(key)
     start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     size = np.diff(np.r_[start, key.size])
     keep = size > 1
@@ -257,13 +269,29 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
             "pairs": int(cumulative[-1]) if cumulative.size else 0}
 
 
+def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stable order of 64-bit hash keys and the sorted keys, with each key's lowest bits given
+    to its index: one value sort (SIMD) runs ~2x faster than a stable argsort. Two keys that differ
+    only in those bits (64 - log2(len) bits stay, 2**-40 a pair at 10^7 records) share a bucket: one
+    more candidate pair, verified like the rest."""
+    index_bits = max(1, int(key.size).bit_length())
+    low = np.uint64((1 << index_bits) - 1)
+    packed = np.sort((key & ~low) | np.arange(key.size, dtype=np.uint64))
+    return (packed & low).astype(np.intp), packed & ~low
+
+
 def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> tuple:
     """Each worse row's best edge (its better row of highest quality, then lowest reference), sorted
     by worse row."""
-    order = np.lexsort((better, -quality, worse))
+    if not worse.size:
+        return worse, better, quality
+    order = np.argsort(worse, kind="stable")  # one key, then per-row maxima: 3x a 3-key lexsort
     worse, better, quality = worse[order], better[order], quality[order]
-    first = np.r_[True, worse[1:] != worse[:-1]] if worse.size else np.zeros(0, dtype=bool)
-    return worse[first], better[first], quality[first]
+    start = np.flatnonzero(np.r_[True, worse[1:] != worse[:-1]])
+    best = np.maximum.reduceat(quality, start)
+    row = np.cumsum(np.r_[False, worse[1:] != worse[:-1]])
+    tied = np.where(quality == best[row], better, np.uint64(2**64 - 1))
+    return worse[start], np.minimum.reduceat(tied, start), best
 
 
 # --------------------------------------------------------------------------- 4-5. groups
