@@ -163,11 +163,11 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
     value = np.zeros((len(bands), n), dtype=np.uint32)  # each band's chosen bits, packed
     for byte, column in enumerate(sig.T):
         index = column.astype(np.intp)  # one conversion per byte, shared by the bands that read it
-        for row, band_tables in zip(value, tables):
+        for row, band_tables in zip(value, tables, strict=True):
             if byte in band_tables:
                 row |= band_tables[byte].take(index)
     keys = [_mix(row.astype(np.uint64) ^ group ^ np.uint64((band + 1) * _GOLDEN % 2**64))
-            for row, band in zip(value, bands)]
+            for row, band in zip(value, bands, strict=True)]
     key = np.concatenate(keys)
     rows = np.tile(np.arange(n), len(keys))
     quality = np.asarray(part["quality"], dtype=np.float64)
