@@ -205,7 +205,8 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
         return empty, empty
     members = _ranges(start, size)
     bucket = np.repeat(np.arange(start.size), size)
-    members = members[np.lexsort((members, columns[0][members], bucket))]  # buckets stay in place
+    # lexsort is stable: rows of one bucket with the same first word stay in reference order
+    members = members[np.lexsort((columns[0][members], bucket))]  # buckets stay in place
     words = columns[:, members]
     found = []
     for d in range(1, NEIGHBOURS + 1):
