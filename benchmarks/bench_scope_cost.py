@@ -60,16 +60,23 @@ def ensure_spread_dataset(folder: Path, n_rows: int, d: int, rows_per_partition:
     return folder
 
 
+def planted_copies(number: int, n_rows: int, copies: float) -> tuple:
+    """Which rows of file ``number`` (of ``n_rows`` rows, as the previous file) ``_spread`` makes
+    near-copies, and of which rows of the previous file: ``(rng, rows, sources)``, the generator
+    left where ``_spread`` goes on to draw the noise."""
+    rng = np.random.default_rng(10_000 + number)
+    n_copy = int(copies * n_rows)
+    rows = rng.choice(n_rows, n_copy, replace=False)
+    return rng, rows, rng.integers(0, n_rows, n_copy)
+
+
 def _spread(number: int, emb: np.ndarray, previous: np.ndarray | None, copies: float) -> np.ndarray:
     """``emb`` with ``copies`` of its rows near-copies of rows of ``previous`` (cosine ~0.99)."""
     if previous is None or not copies:
         return emb
-    rng = np.random.default_rng(10_000 + number)
-    n_copy = int(copies * len(emb))
-    rows = rng.choice(len(emb), n_copy, replace=False)
-    sources = rng.integers(0, len(previous), n_copy)
+    rng, rows, sources = planted_copies(number, len(emb), copies)
     noise = 0.15 / np.sqrt(emb.shape[1])  # cosine about 0.99 to the source row, whatever the dimension
-    emb[rows] = previous[sources] + noise * rng.standard_normal((n_copy, emb.shape[1]), dtype=np.float32)
+    emb[rows] = previous[sources] + noise * rng.standard_normal((rows.size, emb.shape[1]), dtype=np.float32)
     emb[rows] /= np.linalg.norm(emb[rows], axis=1, keepdims=True)
     return emb
 

@@ -23,10 +23,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_ceiling import run_job  # noqa: E402
-from bench_scope_cost import ensure_spread_dataset, random_pairs  # noqa: E402
+from bench_scope_cost import ensure_spread_dataset, planted_copies, random_pairs  # noqa: E402
 
 
 def first_files(source: Path, n_files: int, folder: Path) -> Path:
@@ -37,6 +40,23 @@ def first_files(source: Path, n_files: int, folder: Path) -> Path:
         if not link.exists():
             link.symlink_to(path)
     return folder
+
+
+def planted_pairs_selected(output: Path, n_files: int, rows_per_file: int, copies: float) -> dict:
+    """The planted cross-file copy pairs (global row numbers, the ``chunk_id`` column) of the first
+    ``n_files`` files: how many there are, how many the job selected both rows of, and how many a
+    random pick of as many rows as the job selected would (seed 0)."""
+    table = pq.read_table(output, columns=["chunk_id", "selected"])
+    selected = np.zeros(n_files * rows_per_file, dtype=bool)
+    selected[table.column("chunk_id").to_numpy()] = table.column("selected").to_numpy()
+    pairs = [(number * rows_per_file + rows, (number - 1) * rows_per_file + sources)
+             for number in range(1, n_files)
+             for _, rows, sources in [planted_copies(number, rows_per_file, copies)]]
+    copy, source = (np.concatenate(side) for side in zip(*pairs, strict=True))
+    pick = np.zeros_like(selected)
+    pick[np.random.default_rng(0).choice(selected.size, int(selected.sum()), replace=False)] = True
+    return {"pairs": int(copy.size), "job": int((selected[copy] & selected[source]).sum()),
+            "random": int((pick[copy] & pick[source]).sum())}
 
 
 def main(argv=None) -> int:
@@ -61,8 +81,9 @@ def main(argv=None) -> int:
             job = run_job(str(HERE.parent), folder, scratch / "out", args.workers, [])
             pairs = job["summary"].get("selected_pairs") or {}
             rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
-            rows.append((size, n_files, job, pairs, rand, load))
-            print(size, job["seconds"], job["peak_rss"], pairs, rand, file=sys.stderr, flush=True)
+            planted = planted_pairs_selected(scratch / "out", n_files, args.rows_per_partition, args.copies)
+            rows.append((size, n_files, job, pairs, rand, planted, load))
+            print(size, job["seconds"], job["peak_rss"], pairs, rand, planted, file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     first = rows[0][2]
@@ -74,19 +95,22 @@ def main(argv=None) -> int:
              f"{os.cpu_count()} CPU cores shared with other work; one run per size.", "",
              "| rows | files | load at start | job s | plan s | time / smallest's | peak RSS, job process | "
              "peak RSS, largest worker | largest / smallest's | selected pairs within / across (of rows) | "
-             "random pick within / across |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "random pick within / across | planted copy pairs: both selected, job / random pick |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     base = max(first["peak_rss"].values())
-    for size, n_files, job, pairs, rand, load in rows:
+    for size, n_files, job, pairs, rand, planted, load in rows:
         peak = job["peak_rss"]
         plan = job["phases"].get("plan", 0)
         lines.append(f"| {size:,} | {n_files} | {load:.1f} | {job['seconds']:.1f} | {plan:.1f} "
                      f"| {job['seconds'] / first['seconds']:.2f}x | {peak['main'] / 2**30:.2f} GiB | "
                      f"{peak['largest worker'] / 2**30:.2f} GiB | {max(peak.values()) / base:.2f}x | "
                      f"{pairs.get('within')} / {pairs.get('across')} ({pairs.get('rows', 0):,}) | "
-                     f"{rand.get('within')} / {rand.get('across')} |")
+                     f"{rand.get('within')} / {rand.get('across')} | {planted['job']:,} / "
+                     f"{planted['random']:,} of {planted['pairs']:,} |")
     lines += ["", "Pairs: cosine >= the run summary's threshold, among the rows of the run summary's sample "
-              "of the selection; random: the same estimate on as many rows drawn at random from the input."]
+              "of the selection; random: the same estimate on as many rows drawn at random from the input. "
+              "Planted copy pairs: every (copy, source) pair the generator planted across files, counted "
+              "exactly on the job's `selected` column and on a random pick of as many rows."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
