@@ -392,10 +392,14 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
         return key
 
     plan = task("plan", (), band_plan, rows.key)
+    # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
+    # blocks x shards, not partitions x shards
+    blocks = range(0, n_parts, PARTITIONS_PER_SHARD)
     buckets, done = [], None
     for r, bands in enumerate(band_rounds()):
-        records = [task("records", (r, i), _round_records, part.key, i, plan, shards, bands, done)
-                   for i, part in enumerate(inputs)]
+        records = [task("records", (r, first), _block_records,
+                        [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
+                        shards, bands, done) for first in blocks]
         round_buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], shards, cosine)
                          for s in range(shards)]
         done = task("round", (r,), sum, [pick(b, "pairs") for b in round_buckets])
@@ -418,10 +422,14 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
     return [Delayed(key, graph, layer=layer) for key in groups]
 
 
-def _round_records(part: dict, number: int, plan: dict, shards: int, bands: range, _previous) -> list:
-    """:func:`~datamask_dask.plan.shards.band_records` of one round of bands (``_previous``: the
-    previous round's finished buckets, only an ordering)."""
-    return band_records(part, number, plan, shards, bands)
+def _block_records(parts: list, first: int, plan: dict, shards: int, bands: range, _previous) -> list:
+    """:func:`~datamask_dask.plan.shards.band_records` of one round of bands for consecutive
+    partitions ``first, first + 1, ...``, one piece per shard with their records in partition order
+    (as a bucket task would concatenate them). ``_previous``: the previous round's finished buckets,
+    only an ordering."""
+    pieces = [band_records(part, first + i, plan, shards, bands) for i, part in enumerate(parts)]
+    return [tuple(np.concatenate(column) for column in zip(*by_shard, strict=True))
+            for by_shard in zip(*pieces, strict=True)]
 
 
 def _row_count(inputs: list):
