@@ -57,11 +57,12 @@ from .duplicates import _PAIR_BATCH, SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, f
 ONE_TASK_ROWS = 1_000_000
 PARTITIONS_PER_SHARD = 4  # the sharded graph has one shard per this many partitions
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
-# Bands whose records are shuffled (or held) at once: 280 bytes a row (2.2 KB for all 40). A worker
+# Bands whose records are shuffled (or held) at once: 112 bytes a row (2.2 KB for all 40). A worker
 # holds about twice its share of a round's records (its own and those it receives), so its peak
-# follows this: at 6M rows, d = 32, 2 workers (bench_table_scale.py's data), 5.6-6.1 GiB with
-# rounds of 10 bands, 3.6 GiB with rounds of 5, for about the same time.
-ROUND_BANDS = 5
+# follows this: at 6M rows, d = 32, 2 workers (bench_table_scale.py's data), largest worker 3.1 GiB
+# with rounds of 5 bands (87 s), 2.1 GiB with rounds of 2 (84 s). More rounds cost tasks: 20 rounds
+# make 13,233 tasks at 60 partitions (bench_plan_graph.py).
+ROUND_BANDS = 2
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
