@@ -256,13 +256,13 @@ def _copy_groups(n_parts=5, rows=300, dim=64, seed=4):
              "labels": ["x", "y"], "signatures": sig[i * rows:(i + 1) * rows]} for i in range(n_parts)]
 
 
-@pytest.mark.parametrize("shards", [1, 3, 8])
-def test_sharded_groups_equal_the_single_task_groups(shards):
+@pytest.mark.parametrize(("shards", "row_shards"), [(1, 1), (3, 2), (8, 3)])
+def test_sharded_groups_equal_the_single_task_groups(shards, row_shards):
     from datamask_dask.plan.shards import find_groups_sharded
 
     parts = _copy_groups()
     single = find_groups(parts)
-    sharded, stats = find_groups_sharded(parts, shards=shards, rounds_of=7)
+    sharded, stats = find_groups_sharded(parts, shards=shards, rounds_of=7, row_shards=row_shards)
     assert sum(len(g["shadowed"]) for g in single) > 100 and stats["unresolved"] == 0
     for one, other in zip(single, sharded, strict=True):
         for key in ("shadowed", "kept", "weights"):

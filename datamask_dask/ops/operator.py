@@ -62,6 +62,7 @@ from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
 from ..plan.shards import (
+    PARTITIONS_PER_ROW_SHARD,
     PARTITIONS_PER_SHARD,
     ROUNDS,
     band_plan,
@@ -72,6 +73,7 @@ from ..plan.shards import (
     deliver,
     forward_weights,
     gate,
+    merge_edges,
     one_task,
     partition_groups,
     shard_count,
@@ -376,6 +378,7 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
 
     n_parts = len(inputs)
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
+    row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
     rows = _row_count(inputs) if rows is None else rows
     token = tokenize(inputs, cosine, rows)
     layer = f"datamask-plan-duplicates-{token}"
@@ -395,28 +398,29 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
     # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
     # blocks x shards, not partitions x shards
     blocks = range(0, n_parts, PARTITIONS_PER_SHARD)
-    buckets, done = [], None
+    done, edges = None, [[] for _ in range(row_shards)]
     for r, bands in enumerate(band_rounds()):
         records = [task("records", (r, first), _block_records,
                         [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
                         shards, bands, done) for first in blocks]
-        round_buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], shards, cosine)
-                         for s in range(shards)]
-        done = task("round", (r,), sum, [pick(b, "pairs") for b in round_buckets])
-        buckets += round_buckets
-    edges = [pick(b, "pieces") for b in buckets]
-    parents = [task("parents", (s,), best_parents, [pick(e, s) for e in edges], shards)
-               for s in range(shards)]
+        buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], row_shards, cosine)
+                   for s in range(shards)]
+        done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
+        found = [pick(b, "pieces") for b in buckets]
+        # each row shard keeps one best edge a row, so its edges do not pile up round after round
+        edges = [[task("edges", (r, t), merge_edges, edges[t] + [pick(f, t) for f in found])]
+                 for t in range(row_shards)]
+    parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
     pending = [pick(p, "pending") for p in parents]
-    roots = [[] for _ in range(shards)]
+    roots = [[] for _ in range(row_shards)]
     for f in range(ROUNDS):
-        moved = [task("forward", (f, s), forward_weights, parents[s], [pick(p, s) for p in pending], shards)
-                 for s in range(shards)]
-        for s in range(shards):
+        moved = [task("forward", (f, s), forward_weights, parents[s], [pick(p, s) for p in pending],
+                      row_shards) for s in range(row_shards)]
+        for s in range(row_shards):
             roots[s].append(pick(moved[s], "roots"))
         pending = [pick(m, "pending") for m in moved]
     delivered = [pick(task("deliver", (s,), deliver, parents[s], roots[s], [pick(p, s) for p in pending],
-                           n_parts), "pieces") for s in range(shards)]
+                           n_parts), "pieces") for s in range(row_shards)]
     groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
     graph = HighLevelGraph.from_collections(layer, dsk, dependencies=[*inputs, rows])
     return [Delayed(key, graph, layer=layer) for key in groups]

@@ -25,8 +25,9 @@ Stages
    that pairs at cosine 0.90 are rarely merged) become edges, and each worse row's best edge is
    sent to the shard of the worse row. Candidate pairs are never shuffled, and a row has at most
    one edge per bucket task however many bands and buckets found it.
-3. :func:`best_parents` (per shard of the worse row): each row with a verified better neighbour
-   (higher quality, then lower reference) is *shadowed*, and its best such neighbour is its parent.
+3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
+   edge; :func:`best_parents`: each row with a verified better neighbour (higher quality, then
+   lower reference) is *shadowed*, and its best such neighbour is its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
    a kept row, which then stands for itself and all rows that reached it.
 5. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
@@ -55,7 +56,10 @@ from .duplicates import _PAIR_BATCH, SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, f
 # (benchmarks/bench_pipeline.py's data), one process: 0.24 s in one task against 4.4 s for the
 # sharded stages, which pay off only where one task cannot hold the table.
 ONE_TASK_ROWS = 1_000_000
-PARTITIONS_PER_SHARD = 4  # the sharded graph has one shard per this many partitions
+PARTITIONS_PER_SHARD = 4  # the sharded graph has one key shard (stages 1-2) per this many partitions
+# ... and one row shard (stages 3-5: edges, parents and counts, ~50 bytes a row) per this many: every
+# round sends edges from each key shard to each row shard, so fewer row shards mean fewer picks
+PARTITIONS_PER_ROW_SHARD = 16
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
 # Bands whose records are shuffled (or held) at once: 112 bytes a row (2.2 KB for all 40). A worker
 # holds about twice its share of a round's records (its own and those it receives), so its peak
@@ -314,16 +318,23 @@ def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> t
 # --------------------------------------------------------------------------- 4-5. groups
 
 
+def merge_edges(edges: list) -> tuple:
+    """Edge pieces ``(worse, better, quality of better)`` of one row shard merged into each worse
+    row's best edge: after each round, so that a row shard holds at most one edge a row however
+    many rounds and buckets found it (the best of bests is the best)."""
+    worse = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[0] for e in edges])
+    better = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[1] for e in edges])
+    quality = np.concatenate([np.zeros(0)] + [e[2] for e in edges])
+    return _best_edges(worse, better, quality)
+
+
 def best_parents(edges: list, shards: int) -> dict:
     """Each shadowed row of one shard and its best verified better neighbour (its parent).
 
     Returns ``{"child": sorted refs, "parent": their parents, "pending": [(target, count)] per shard}``:
     each shadowed row's count of one, sent to its parent's shard.
     """
-    worse = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[0] for e in edges])
-    better = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[1] for e in edges])
-    quality = np.concatenate([np.zeros(0)] + [e[2] for e in edges])
-    child, parent, _ = _best_edges(worse, better, quality)
+    child, parent, _ = merge_edges(edges)
     ones = np.ones(child.size, dtype=np.int64)
     return {"child": child, "parent": parent,
             "pending": _split(shard_of(parent, shards), shards, parent, ones)}
@@ -407,7 +418,8 @@ def table_groups(parts: list[dict], cosine: float = 0.95, n_parts: int | None = 
     n_parts = len(parts) if n_parts is None else n_parts
     if one_task(sum(int(np.asarray(p["quality"]).shape[0]) for p in parts), n_parts):
         return find_groups(parts, cosine)
-    return find_groups_sharded(parts, cosine, shards=shard_count(n_parts, PARTITIONS_PER_SHARD))[0]
+    return find_groups_sharded(parts, cosine, shards=shard_count(n_parts, PARTITIONS_PER_SHARD),
+                               row_shards=shard_count(n_parts, PARTITIONS_PER_ROW_SHARD))[0]
 
 
 def shard_count(n_rows: int, rows_per_shard: int) -> int:
@@ -416,44 +428,49 @@ def shard_count(n_rows: int, rows_per_shard: int) -> int:
 
 
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
-                        rounds_of: int = ROUND_BANDS, on_task=None, spill=None) -> tuple[list[dict], dict]:
+                        rounds_of: int = ROUND_BANDS, on_task=None, spill=None,
+                        row_shards: int | None = None) -> tuple[list[dict], dict]:
     """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
 
-    ``rounds_of``: bands per round of stages 1-2 (as the Dask graph makes them by default: one
-    round's records are all that is held at a time). ``on_task(name, fn,
-    *args)`` runs each task (default: calls it), so a caller can time or measure them;
+    ``shards``: key shards of stages 1-2; ``row_shards``: row shards of stages 3-5 (default
+    ``shards``); the groups do not depend on either. ``rounds_of``: bands per round of stages 1-2
+    (as the Dask graph makes them by default: one round's records are all that is held at a
+    time). ``on_task(name, fn, *args)`` runs each task (default: calls it), so a caller can time
+    or measure them;
     ``spill(pieces)`` may move each task's edge pieces out of memory until they are used (e.g. to
     memory-mapped files, as a shuffle spills to disk). Returns the per-partition groups and
     statistics: candidate pairs, unresolved counts, band bits and count, and each shard's
     :func:`best_parents` (which row each shadowed row points to).
     """
     run = on_task or (lambda name, fn, *args: fn(*args))
+    row_shards = shards if row_shards is None else row_shards
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
     plan = band_plan(n_rows)
     n_bands = plan["positions"].shape[0]
-    edges = [[] for _ in range(shards)]
+    edges = [[] for _ in range(row_shards)]
     n_pairs = 0
     for bands in band_rounds(n_bands, rounds_of):
         records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
         for s in range(shards):
-            out = run("bucket_edges", bucket_edges, [r[s] for r in records], shards, cosine)
+            out = run("bucket_edges", bucket_edges, [r[s] for r in records], row_shards, cosine)
             n_pairs += out["pairs"]
             pieces = out["pieces"] if spill is None else spill(out["pieces"])
-            for t in range(shards):
+            for t in range(row_shards):
                 edges[t].append(pieces[t])
         del records
-    parents = [run("best_parents", best_parents, edges[s], shards) for s in range(shards)]
+        edges = [[run("merge_edges", merge_edges, shard_edges)] for shard_edges in edges]
+    parents = [run("best_parents", best_parents, edges[s], row_shards) for s in range(row_shards)]
     del edges
     pending = [p["pending"] for p in parents]
-    roots = [[] for _ in range(shards)]
+    roots = [[] for _ in range(row_shards)]
     for _ in range(ROUNDS):
-        moved = [run("forward_weights", forward_weights, parents[s], [p[s] for p in pending], shards)
-                 for s in range(shards)]
-        for s in range(shards):
+        moved = [run("forward_weights", forward_weights, parents[s], [p[s] for p in pending], row_shards)
+                 for s in range(row_shards)]
+        for s in range(row_shards):
             roots[s].append(moved[s]["roots"])
         pending = [m["pending"] for m in moved]
     delivered = [run("deliver", deliver, parents[s], roots[s], [p[s] for p in pending], len(parts))
-                 for s in range(shards)]
+                 for s in range(row_shards)]
     groups = [run("partition_groups", partition_groups, [d["pieces"][i] for d in delivered])
               for i in range(len(parts))]
     return groups, {"pairs": n_pairs, "unresolved": sum(d["unresolved"] for d in delivered),
