@@ -44,7 +44,7 @@ from datamask_dask.plan import duplicates  # noqa: E402
 from datamask_dask.plan import shards as sharding  # noqa: E402
 
 PLANTED = (0.85, 0.90, 0.95, 0.98, 0.99, 0.999)  # cosines of the planted cross-partition copies
-STAGES = ("band_records", "bucket_edges", "best_parents",
+STAGES = ("band_records", "bucket_edges", "merge_edges", "best_parents",
           "forward_weights", "deliver", "partition_groups")
 
 
@@ -88,8 +88,8 @@ def sharded(args) -> int:
              "Candidate pairs: the buckets' full and anchor pairs, before repeats across bands are dropped "
              "(the neighbour pairs of large buckets, at most 16 a row per band, are not counted).",
              "", "| rows | band bits x bands | shards | candidate pairs | per row | seconds | us per row | "
-             "largest task memory (stage) | shadowed rows | unresolved | load |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "largest task memory (stage) | shadowed rows | unresolved | groups digest | load |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|"]
     recall_lines = ["", "Planted pairs by true cosine: share in one group (both rows stand for by the same "
                     "kept row) / share of which at most one row stays eligible:", "",
                     "| rows | " + " | ".join(f"{c}" for c in PLANTED) + " |",
@@ -156,12 +156,13 @@ def sharded(args) -> int:
         lines.append(f"| {n_rows:,} | {stats['bits']} x {stats['bands']} | {n_shards} | {stats['pairs']:,} | "
                      f"{stats['pairs'] / n_rows:.2f} | {seconds:.1f} | {1e6 * seconds / n_rows:.1f} | "
                      f"{worst[1][0] / 2**20:.0f} MiB ({worst[0]}) | "
-                     f"{sum(len(g['shadowed']) for g in groups):,} | {stats['unresolved']} | {load:.1f} |")
+                     f"{sum(len(g['shadowed']) for g in groups):,} | {stats['unresolved']} | "
+                     f"{_digest(groups)} | {load:.1f} |")
         recall_lines.append(f"| {n_rows:,} | " + " | ".join(
             f"{same[cosines == c].mean():.2%} / {handled[cosines == c].mean():.2%}" for c in PLANTED) + " |")
-        names = STAGES
-        stage_lines.append(f"| {n_rows:,} | " + " | ".join(
-            f"{stages[s][0] / 2**20:.0f} MiB, {stages[s][1]:.1f} s" for s in names) + " |")
+        cells = [f"{stages[s][0] / 2**20:.0f} MiB, {stages[s][1]:.1f} s" if s in stages else "-"
+                 for s in STAGES]  # "-": a stage that an older package does not have
+        stage_lines.append(f"| {n_rows:,} | " + " | ".join(cells) + " |")
         print("\n".join([lines[-1], recall_lines[-1], stage_lines[-1]]), flush=True)
         del parts, groups, stats, root
     text = "\n".join(lines + recall_lines + stage_lines) + "\n"
@@ -169,6 +170,17 @@ def sharded(args) -> int:
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def _digest(groups: list[dict]) -> str:
+    """A short hash of every partition's shadowed rows, kept rows and weights: equal digests, equal groups."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for group in groups:
+        for key in ("shadowed", "kept", "weights"):
+            digest.update(np.ascontiguousarray(group[key], dtype=np.int64).tobytes())
+    return digest.hexdigest()[:12]
 
 
 def _roots(parents: list, n_rows: int, rows_per_partition: int) -> np.ndarray:
