@@ -64,8 +64,8 @@ BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 
 # Bands whose records are shuffled (or held) at once: 112 bytes a row (2.2 KB for all 40). A worker
 # holds about twice its share of a round's records (its own and those it receives), so its peak
 # follows this: at 6M rows, d = 32, 2 workers (bench_table_scale.py's data), largest worker 3.1 GiB
-# with rounds of 5 bands (87 s), 2.1 GiB with rounds of 2 (84 s). More rounds cost tasks: 20 rounds
-# make 13,233 tasks at 60 partitions (bench_plan_graph.py).
+# with rounds of 5 bands (87 s), 2.1 GiB with rounds of 2 (84 s; 1.55-1.97 GiB once edges were
+# merged after each round), and no less with rounds of 1 (99 s). More rounds cost tasks.
 ROUND_BANDS = 2
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
