@@ -139,7 +139,7 @@ def _byte_tables(positions: np.ndarray) -> dict:
     """For one band's bit positions: ``{byte: table}``, where ``table[v]`` holds the chosen bits of a
     signature byte of value ``v`` at their places in the band's value (the chosen bits packed in
     order, the first lowest). The value of a band is the OR of its bytes' tables: one lookup per
-    byte it touches, where unpacking every bit costs 256 bytes a row (7x slower at 100k rows)."""
+    byte it touches, where unpacking every bit would write 256 bytes a row."""
     tables: dict[int, np.ndarray] = {}
     values = np.arange(256, dtype=np.uint32)
     for place, position in enumerate(int(p) for p in positions):
@@ -187,7 +187,7 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
 
 def _distance(x, y) -> np.ndarray:
     """Hamming distances between signatures given as two iterables of their 4 words (arrays), uint16.
-    Pass generators of per-word gathers: 1D gathers run ~1.8x faster than one 2D fancy index."""
+    Pass generators of per-word gathers: 1D gathers run faster than one 2D fancy index."""
     distance = None
     for a, b in zip(x, y, strict=True):
         bits = np.bitwise_count(a ^ b)
@@ -202,7 +202,7 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
     its first signature word: near-copies share a long prefix, so they sit side by side where the
     bucket's anchors would miss them. ``columns``: the rows' signature words (4, rows). The
     signatures are gathered once in that order and compared with themselves shifted by 1 to
-    ``NEIGHBOURS`` places, so a pair costs no gather (few of them verify: ~2% on clustered data)."""
+    ``NEIGHBOURS`` places, so a pair costs no gather (few of them verify)."""
     large = size > FULL_BUCKET
     start, size = start[large], size[large]
     empty = np.zeros(0, dtype=np.int64)
@@ -251,7 +251,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     rows = order[_ranges(start, size)]
     ref = ref[rows]
     quality = np.concatenate([np.zeros(0)] + [p[2] for p in pieces])[rows]
-    # np.take gathers rows ~3x faster than fancy indexing; one contiguous column per word, since the
+    # np.take gathers rows faster than fancy indexing; one contiguous column per word, since the
     # verification gathers single words
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
     columns = np.ascontiguousarray(np.take(words, rows, axis=0).T)
@@ -292,7 +292,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
 
 def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The stable order of 64-bit hash keys and the sorted keys, with each key's lowest bits given
-    to its index: one value sort (SIMD) runs ~2x faster than a stable argsort. Two keys that differ
+    to its index: one value sort runs faster than a stable argsort. Two keys that differ
     only in those bits (64 - log2(len) bits stay, 2**-40 a pair at 10^7 records) share a bucket: one
     more candidate pair, verified like the rest."""
     index_bits = max(1, int(key.size).bit_length())
@@ -306,7 +306,7 @@ def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> t
     by worse row."""
     if not worse.size:
         return worse, better, quality
-    order = np.argsort(worse, kind="stable")  # one key, then per-row maxima: 3x a 3-key lexsort
+    order = np.argsort(worse, kind="stable")  # one key, then per-row maxima: no 3-key lexsort
     worse, better, quality = worse[order], better[order], quality[order]
     start = np.flatnonzero(np.r_[True, worse[1:] != worse[:-1]])
     best = np.maximum.reduceat(quality, start)
