@@ -61,12 +61,12 @@ PARTITIONS_PER_SHARD = 4  # the sharded graph has one key shard (stages 1-2) per
 # round sends edges from each key shard to each row shard, so fewer row shards mean fewer picks
 PARTITIONS_PER_ROW_SHARD = 16
 BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
-# Bands whose records are shuffled (or held) at once: 112 bytes a row (2.2 KB for all 40). A worker
+# Bands whose records are shuffled (or held) at once: 56 bytes a row (2.2 KB for all 40). A worker
 # holds about twice its share of a round's records (its own and those it receives), so its peak
-# follows this: at 6M rows, d = 32, 2 workers (bench_table_scale.py's data), largest worker 3.1 GiB
-# with rounds of 5 bands (87 s), 2.1 GiB with rounds of 2 (84 s; 1.55-1.97 GiB once edges were
-# merged after each round), and no less with rounds of 1 (99 s). More rounds cost tasks.
-ROUND_BANDS = 2
+# follows this. bench_table_scale.py's data (d = 32, 2 workers), largest worker and job time: 6M
+# rows 3.08 GiB / 87 s with rounds of 5 bands, 1.55 GiB / 77 s with rounds of 2, 1.21 GiB / 81 s
+# with rounds of 1; 20M rows 4.66 GiB / 339 s (rounds of 2), 3.05 GiB / 357 s (rounds of 1).
+ROUND_BANDS = 1
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
