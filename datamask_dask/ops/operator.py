@@ -407,9 +407,11 @@ def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
                    for s in range(shards)]
         done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
         found = [pick(b, "pieces") for b in buckets]
-        # each row shard keeps one best edge a row, so its edges do not pile up round after round
-        edges = [[task("edges", (r, t), merge_edges, edges[t] + [pick(f, t) for f in found])]
-                 for t in range(row_shards)]
+        # each row shard merges its earlier rounds' edges into one best edge a row before it takes
+        # this round's, so they do not pile up; best_parents merges the last round's with them
+        merged = [[task("edges", (r, t), merge_edges, edges[t])] if edges[t] else []
+                  for t in range(row_shards)]
+        edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
     parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
     pending = [pick(p, "pending") for p in parents]
     roots = [[] for _ in range(row_shards)]

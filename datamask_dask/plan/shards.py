@@ -450,6 +450,9 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     edges = [[] for _ in range(row_shards)]
     n_pairs = 0
     for bands in band_rounds(n_bands, rounds_of):
+        # earlier rounds' edges merged into one best edge a row (best_parents merges the last round's)
+        edges = [[run("merge_edges", merge_edges, shard_edges)] if shard_edges else []
+                 for shard_edges in edges]
         records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
         for s in range(shards):
             out = run("bucket_edges", bucket_edges, [r[s] for r in records], row_shards, cosine)
@@ -458,7 +461,6 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
             for t in range(row_shards):
                 edges[t].append(pieces[t])
         del records
-        edges = [[run("merge_edges", merge_edges, shard_edges)] for shard_edges in edges]
     parents = [run("best_parents", best_parents, edges[s], row_shards) for s in range(row_shards)]
     del edges
     pending = [p["pending"] for p in parents]
