@@ -127,6 +127,35 @@ def test_summary_in_single_file_footer(tmp_path):
         RunSummary.read(tmp_path)
 
 
+def test_facility_coverage_on_the_sample_is_measured_on_reference_rows(monkeypatch):
+    """Above REFERENCE_ROWS, Facility's term is the mean over a random subset of the sample, the same
+    for every pick: close to the whole sample's value, and the sample's record says so."""
+    from types import SimpleNamespace
+
+    from datamask_dask.io import summary
+    from datamask_dask.learn.objectives import evaluate_selection
+
+    frame = make_corpus(3000, 16, seed=4)
+    frame["selected"] = np.zeros(len(frame), dtype=bool)
+    frame.loc[np.random.default_rng(0).choice(len(frame), 300, replace=False), "selected"] = True
+    spec = SimpleNamespace(selected_column="selected", embedding_column="feature_arr",
+                           quality=(("quality_score", 1.0),), by=None)
+    settings = {"algorithm": "Facility", "lamb": 0.0}
+    whole = summary.compare_on_sample(frame, spec, settings)
+    assert "reference_rows" not in whole["sample"]
+    unit = summary.unit_rows(frame["feature_arr"])
+    exact = evaluate_selection(frame["quality_score"], unit, frame["selected"].to_numpy(),
+                               algorithm="Facility", lamb=0.0)
+    assert whole["objective"]["datamask"]["diversity"] == pytest.approx(exact["diversity"], rel=1e-6)
+
+    monkeypatch.setattr(summary, "REFERENCE_ROWS", 1000)
+    sampled = summary.compare_on_sample(frame, spec, settings)
+    assert sampled["sample"]["reference_rows"] == 1000
+    for pick, values in sampled["objective"].items():
+        value = whole["objective"][pick]["diversity"]
+        assert values["diversity"] != value and values["diversity"] == pytest.approx(value, abs=0.02)
+
+
 def test_near_duplicate_pairs_counts_pairs_once():
     rng = np.random.default_rng(0)
     base = rng.standard_normal((3000, 8)).astype(np.float32)
