@@ -1,12 +1,18 @@
 """A selection job against the I/O ceiling: what ``datamask select`` costs beyond its files' plain I/O.
 
-The ceiling is the plain I/O of the same files: in ``--workers`` warm processes, each file read
-whole with ``pyarrow.parquet.read_table``, a boolean column added and the table written with
-``write_table`` (no dictionary, no statistics). The jobs are ``datamask select --n-workers W``
-runs, each a fresh process; their time is the job's own ("in X s" of its summary line: plan,
-select and write, run summary; cluster start-up excluded). ``share of ceiling`` = ceiling seconds /
-job seconds (1.0 would be a job as cheap as copying its files). Jobs and the ceiling are
-interleaved ``--repeats`` times, so load from other work falls on all alike; medians are reported.
+The ceiling is the plain I/O of the same files: in ``--workers`` processes, each file read whole
+with ``pyarrow.parquet.read_table``, a boolean column added and the table written with
+``write_table`` (no dictionary, no statistics). It is taken twice a repeat: in warm processes (one
+pool kept for the whole run) and in fresh ones (a new pool each repeat, as every job has: a job
+starts its own cluster of worker processes). The two differ by what the machine charges a process
+for memory it touches for the first time, which the run measures too (a fresh process filling
+1 GiB): on a virtual machine whose host backs guest memory lazily, or takes freed pages back,
+that costs ~1 s a GiB, and a fresh worker pays it on every page of its peak. The jobs are
+``datamask select --n-workers W`` runs, each a fresh process; their time is the job's own ("in X s"
+of its summary line: plan, select and write, run summary; cluster start-up excluded). ``share of
+ceiling`` = ceiling seconds / job seconds (1.0 would be a job as cheap as copying its files), for
+the warm and the fresh ceiling. Jobs and the ceilings are interleaved ``--repeats`` times, so load
+from other work falls on all alike; medians are reported.
 
 Jobs: the CLI's defaults (table scope, Pair_simi), ``--diversity-scope partition``, ``--algorithm
 Facility``, ``--output-columns selection`` (the selection table only), and the fixed cost: the
@@ -65,6 +71,30 @@ def _warm(_):
     import pyarrow.parquet  # noqa: F401
 
     return os.getpid()
+
+
+def _touch(gib: float) -> tuple[float, float]:
+    """Seconds to fill ``gib`` GiB of new memory in this process, and again right after freeing it."""
+    seconds = []
+    for _ in range(2):
+        started = time.perf_counter()
+        block = np.ones(int(gib * 2**30) // 8)
+        seconds.append(time.perf_counter() - started)
+        del block
+    return seconds[0], seconds[1]
+
+
+def first_touch(gib: float = 1.0) -> tuple[float, float]:
+    """:func:`_touch` in a fresh process (what a new worker pays for its memory)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_touch, (gib,))
+
+
+def fresh_ceiling(workers: int, files: list[Path], scratch: Path) -> float:
+    """:func:`ceiling` in a new pool of processes (modules imported before the clock starts)."""
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(_warm, range(workers), chunksize=1)
+        return ceiling(pool, files, scratch)
 
 
 def ceiling(pool, files: list[Path], scratch: Path) -> float:
@@ -149,47 +179,59 @@ def main(argv=None) -> int:
             for name in args.jobs for label, tree in trees.items()}
     scratch = Path(tempfile.mkdtemp(prefix="bench-ceiling-"))
     runs: dict[str, list] = {name: [] for name in jobs}
-    ceilings = []
+    ceilings: dict[str, list] = {"warm": [], "fresh": []}
+    touches = [first_touch()]
     try:
         with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-            pool.map(_warm, range(args.workers))
+            pool.map(_warm, range(args.workers), chunksize=1)
+            ceiling(pool, files, scratch)  # the pool's processes touch their memory once, untimed
             for _ in range(args.repeats):
-                ceilings.append(ceiling(pool, files, scratch))
-                print(f"ceiling {ceilings[-1]:.2f} s", file=sys.stderr, flush=True)
+                ceilings["warm"].append(ceiling(pool, files, scratch))
+                ceilings["fresh"].append(fresh_ceiling(args.workers, files, scratch))
+                print(f"ceiling {ceilings['warm'][-1]:.2f} s warm, {ceilings['fresh'][-1]:.2f} s fresh",
+                      file=sys.stderr, flush=True)
                 for name, (tree, data, flags) in jobs.items():
                     runs[name].append(run_job(tree, data, scratch / "out", args.workers, flags))
                     print(name, runs[name][-1]["seconds"], file=sys.stderr, flush=True)
+        touches.append(first_touch())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    text = report(args, argv, source, ceilings, runs)
+    text = report(args, argv, source, ceilings, runs, touches)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     return 0
 
 
-def report(args, argv, source: Path, ceilings: list[float], runs: dict) -> str:
+def report(args, argv, source: Path, ceilings: dict, runs: dict, touches: list) -> str:
     given = shlex.join(sys.argv[1:] if argv is None else argv)
-    top = float(np.median(ceilings))
+    warm, fresh = (float(np.median(ceilings[kind])) for kind in ("warm", "fresh"))
     lines = [f"# A job against the I/O ceiling ({args.rows:,} rows, d = {args.dim}, "
              f"{args.rows // args.rows_per_partition} files, {args.workers} workers)", "",
              f"Command: `python benchmarks/bench_ceiling.py {given}`", "",
              f"Data: `{source.name}` of bench_pipeline (clustered, 20% near-copies within each file). "
              f"Machine: {os.cpu_count()} CPU cores shared with other work; jobs and ceiling interleaved, "
              "medians compared.",
-             "", f"I/O ceiling (read_table + bool column + write_table, {args.workers} warm processes): "
-             f"{', '.join(f'{c:.2f}' for c in ceilings)} s, median **{top:.2f} s**.", "",
-             "| job | seconds per repeat | median s | share of ceiling | plan / select and write / summary s "
-             "| load at start | selection digest |", "|---|---|---:|---:|---|---|---|"]
+             "", f"I/O ceiling (read_table + bool column + write_table, {args.workers} processes): warm "
+             f"{', '.join(f'{c:.2f}' for c in ceilings['warm'])} s, median **{warm:.2f} s**; fresh "
+             f"processes {', '.join(f'{c:.2f}' for c in ceilings['fresh'])} s, median **{fresh:.2f} s**.",
+             "", "Memory a fresh process touches for the first time: 1 GiB filled in "
+             f"{' and '.join(f'{t[0]:.2f} s' for t in touches)} (at the start and at the end of the run), "
+             f"and again right after it was freed in {' and '.join(f'{t[1]:.2f} s' for t in touches)}.", "",
+             "| job | seconds per repeat | median s | share of ceiling: warm / fresh | largest worker peak "
+             "| plan / select and write / summary s | load at start | selection digest |",
+             "|---|---|---:|---:|---:|---|---|---|"]
     for name, values in runs.items():
         median = float(np.median([r["seconds"] for r in values]))
         phases = values[-1]["phases"]
         split = " / ".join(f"{phases.get(p, np.nan):.2f}" for p in ("plan", "select and write", "summary"))
-        share = "" if name.endswith("fixed cost") else f"{top / median:.2f}"
+        share = "" if name.endswith("fixed cost") else f"{warm / median:.2f} / {fresh / median:.2f}"
         seconds = ", ".join(f"{r['seconds']:.1f}" for r in values)
         loads = ", ".join(f"{r['load']:.1f}" for r in values)
+        peak = max(r["peak_rss"]["largest worker"] for r in values) / 2**30
         digest = values[-1]["digest"]
-        lines.append(f"| {name} | {seconds} | {median:.2f} | {share} | {split} | {loads} | {digest} |")
+        lines.append(f"| {name} | {seconds} | {median:.2f} | {share} | {peak:.2f} GiB | {split} | {loads} "
+                     f"| {digest} |")
     stage_names = sorted({s for values in runs.values() for s in values[-1]["stages"]})
     lines += ["", "Worker-seconds per stage (last repeat, summed over workers; the package's stage clocks):",
               "",
