@@ -138,7 +138,16 @@ def test_delta_selection_only_and_modes(delta_source, tmp_path):
     assert table.column_names == ["chunk_id", "selected", "run_id"]
     assert set(table.column("run_id").to_pylist()) == {report.run_id}
     assert int(table.column("selected").to_numpy().sum()) == round(RATIO * N)
-    _check_summary(_delta_run_record(out))  # the sample comes from the selecting tasks, not the output
+    record = _delta_run_record(out)
+    _check_summary(record)  # the sample comes from the selecting tasks, not the output
+    assert set(record["phases"]) == {"plan", "select and write", "summary"}
+    assert record["stages"]["plan read"] > 0 and record["stages"]["read"] > 0
+    # its select pass reads only the columns it uses, and selects the rows a full output selects
+    full = select_table(f"delta://{delta_source}", f"delta://{tmp_path / 'all'}", RATIO, **OPTIONS)
+    everything = deltalake.DeltaTable(tmp_path / "all").to_pyarrow_table()
+    assert "text" in everything.column_names and full.selected == report.selected
+    chosen = everything.filter(everything.column("selected")).column("chunk_id").to_pylist()
+    assert sorted(chosen) == sorted(table.filter(table.column("selected")).column("chunk_id").to_pylist())
     with pytest.raises(FileExistsError):  # mode is explicit
         select_table(f"delta://{delta_source}", f"delta://{out}", RATIO, output_columns=SELECTION, **OPTIONS)
     with pytest.raises(UnsafeOutputError):  # the input is never the output

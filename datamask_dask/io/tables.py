@@ -429,7 +429,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     TableRunReport
     """
     from ..config import load_config
-    from ..ops.operator import apply_plan, partitions, plan_selection
+    from ..ops.operator import apply_plan, column_reads, partitions, plan_selection
 
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:
@@ -463,6 +463,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                               time.perf_counter() - start)
     spec, plan = plan_selection(source.frame, ratio, config=config, scheduler=scheduler, **options)
     plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]  # validates the input
+    planned = time.perf_counter()
     # The run's id: the same job on the same input over the same output state resumes (and its
     # commit is recognised if it already happened); any other is a new run.
     newest = table_record(target, catalog_properties=catalog_properties, storage_options=storage_options)
@@ -488,6 +489,10 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     if newest is not None:  # markers its run could not remove after committing: it is complete
         sink.markers(newest.get("run_id")).remove()
     parts = partitions(source.frame)
+    if columns is not None:  # the select pass reads what it uses: no text column to decode for nothing
+        used = [spec.id_column, *spec.select_columns]
+        used += [spec.token_column] if spec.token_column in source.frame.columns else []  # for the summary
+        parts = column_reads(source.frame, list(dict.fromkeys(used)), "datamask-read")
     done = markers.read(len(parts)) if resume else {}
     todo = [number for number in range(len(parts)) if number not in done]
     per_part = math.ceil(summary_rows / max(len(parts), 1))
@@ -503,6 +508,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         if not markers.any():  # nothing finished: nothing to resume
             sink.abort()
         raise
+    written_at = time.perf_counter()
     results = {**done, **{number: output for number, output in zip(todo, outputs, strict=True)}}
     files = [results[number][0] for number in range(len(parts))]
     parts = [results[number][1] for number in range(len(parts))]
@@ -510,8 +516,10 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
     record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-                  stages=stages.add_up(p.pop("stages") for p in parts), summary=summary,
-                  reused=sorted(done), phases={"plan, select and summary": time.perf_counter() - start})
+                  stages=stages.add_up([plan.get("stages"), *(p.pop("stages") for p in parts)]),
+                  summary=summary, reused=sorted(done),
+                  phases={"plan": planned - start, "select and write": written_at - planned,
+                          "summary": time.perf_counter() - written_at})
     record = _json(record)
     written = sink.commit(files, schema, record)
     markers.clear()

@@ -274,7 +274,7 @@ def _partitions(ddf, plan) -> list:
 
 def plan_graph(ddf, spec: SelectSpec):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
-    parts = plan_input(ddf, spec.plan_columns)
+    parts = column_reads(ddf, spec.plan_columns)
     if spec.diversity_scope == "table":
         summaries = table_summaries(parts, spec)
     else:
@@ -449,8 +449,10 @@ def _rows_of(part: dict) -> int:
     return len(part["quality"])
 
 
-def plan_input(ddf, columns: list[str]) -> list:
-    """The plan pass's reads: ``ddf[columns]`` per partition, column-pruned where the source allows it.
+def column_reads(ddf, columns: list[str], name: str = "datamask-plan-read") -> list:
+    """``ddf[columns]`` per partition (one Delayed each, named ``name`` on the dashboard), column-pruned
+    where the source allows it: the plan pass's reads, and the select pass's where the output needs
+    only some columns.
 
     The pruned read is taken only where it gives the partitions of :func:`partitions` (Dask's parquet
     reader may merge small partitions differently once columns are pruned). Otherwise, or where the
@@ -468,9 +470,9 @@ def plan_input(ddf, columns: list[str]) -> list:
     if pushed_down:
         parts = projected.to_delayed()
         if len(parts) == len(whole):
-            return named(parts, "datamask-plan-read")
+            return named(parts, name)
     return [dask.delayed(_take_columns, pure=True)(part, columns, i,
-                                                   dask_key_name=_key("datamask-plan-read", part, i, columns))
+                                                   dask_key_name=_key(name, part, i, columns))
             for i, part in enumerate(whole)]
 
 

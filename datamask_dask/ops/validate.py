@@ -17,7 +17,7 @@ from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
 from ..partition.spec import SelectSpec
 from ..plan.reduce import dimension_problems, duplicate_problems, make_plan
-from .operator import id_graph, make_spec, plan_input
+from .operator import column_reads, id_graph, make_spec
 
 
 @dataclass
@@ -109,7 +109,7 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
         report.problems = list(getattr(exc, "problems", None) or [Problem(str(exc))])
         return report
     spec = dataclasses.replace(spec, validate="full")
-    parts = plan_input(ddf, spec.plan_columns)
+    parts = column_reads(ddf, spec.plan_columns)
     checks = [dask.delayed(_validate_partition, pure=True)(part, i, spec) for i, part in enumerate(parts)]
     ids = id_graph(parts, spec.id_column) if spec.check_ids else None
     checks, ids = dask.compute(checks, ids, scheduler=scheduler)
