@@ -12,7 +12,8 @@ that costs ~1 s a GiB, and a fresh worker pays it on every page of its peak. The
 of its summary line: plan, select and write, run summary; cluster start-up excluded). ``share of
 ceiling`` = ceiling seconds / job seconds (1.0 would be a job as cheap as copying its files), for
 the warm and the fresh ceiling. Jobs and the ceilings are interleaved ``--repeats`` times, so load
-from other work falls on all alike; medians are reported.
+from other work falls on all alike, and each repeat starts with the next job (each job follows a
+different one); medians are reported.
 
 Jobs: the CLI's defaults (table scope, Pair_simi), ``--diversity-scope partition``, ``--algorithm
 Facility``, ``--output-columns selection`` (the selection table only), and the fixed cost: the
@@ -185,12 +186,16 @@ def main(argv=None) -> int:
         with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
             pool.map(_warm, range(args.workers), chunksize=1)
             ceiling(pool, files, scratch)  # the pool's processes touch their memory once, untimed
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):
                 ceilings["warm"].append(ceiling(pool, files, scratch))
                 ceilings["fresh"].append(fresh_ceiling(args.workers, files, scratch))
                 print(f"ceiling {ceilings['warm'][-1]:.2f} s warm, {ceilings['fresh'][-1]:.2f} s fresh",
                       file=sys.stderr, flush=True)
-                for name, (tree, data, flags) in jobs.items():
+                # each repeat starts one job later: a job runs after a different one each time (a job
+                # that frees much memory leaves the next job's fresh workers more of it to fault in)
+                names = list(jobs)[repeat % len(jobs):] + list(jobs)[:repeat % len(jobs)]
+                for name in names:
+                    tree, data, flags = jobs[name]
                     runs[name].append(run_job(tree, data, scratch / "out", args.workers, flags))
                     print(name, runs[name][-1]["seconds"], file=sys.stderr, flush=True)
         touches.append(first_touch())
