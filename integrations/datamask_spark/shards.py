@@ -46,6 +46,12 @@ from datamask_dask.plan.shards import (
 )
 
 RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled band_records piece
+# Bands a bucket task takes at once. Spark's shuffle spills to disk, so rounds bound only a bucket
+# task's records, not what the executors hold between stages (the Dask graph's rounds of 1 bound
+# that); fewer, larger pieces cost less to pickle and shuffle. The file job at 2M rows, d = 32,
+# local[2] (benchmarks/results-spark-2m-sharded.md), two runs each: rounds of 2 75.7 and 74.9 s,
+# rounds of 1 82.2 and 81.4 s. The groups do not depend on the rounds.
+ROUND_BANDS = 2
 EDGE_SCHEMA = "worse long, better long, quality double"
 PARENT_SCHEMA = "child long, parent long"
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
@@ -65,7 +71,7 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     plan = band_plan(n_rows)
     records = scans.mapInArrow(BandRecords(plan, shards), RECORD_SCHEMA)
-    buckets = records.repartition(len(band_rounds()) * shards, "round", "shard")
+    buckets = records.repartition(len(band_rounds(rounds_of=ROUND_BANDS)) * shards, "round", "shard")
     edges = buckets.mapInArrow(BucketEdges(cosine), EDGE_SCHEMA)
     parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
     with cached(parents, "the near-duplicate search's parent links") as parents:  # read by every round
@@ -144,7 +150,7 @@ class BandRecords:
         for batch in batches:
             for row in batch.select(["partition", "payload"]).to_pylist():
                 part = duplicate_input(pickle.loads(row["payload"])["scan"])
-                for r, bands in enumerate(band_rounds()):  # one round's records held at a time
+                for r, bands in enumerate(band_rounds(rounds_of=ROUND_BANDS)):  # a round's records at a time
                     pieces = band_records(part, row["partition"], self.plan, self.shards, bands)
                     yield pa.RecordBatch.from_pydict(
                         {"round": pa.array([r] * self.shards, pa.int32()),
