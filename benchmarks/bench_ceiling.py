@@ -9,7 +9,8 @@ for memory it touches for the first time, which the run measures too (a fresh pr
 1 GiB): on a virtual machine whose host backs guest memory lazily, or takes freed pages back,
 that costs ~1 s a GiB, and a fresh worker pays it on every page of its peak. The jobs are
 ``datamask select --n-workers W`` runs, each a fresh process; their time is the job's own ("in X s"
-of its summary line: plan, select and write, run summary; cluster start-up excluded). ``share of
+of its summary line: plan, select and write, run summary; cluster start-up excluded), and the
+process's wall time is reported beside it ("with start-up": interpreter, imports, cluster). ``share of
 ceiling`` = ceiling seconds / job seconds (1.0 would be a job as cheap as copying its files), for
 the warm and the fresh ceiling. Jobs and the ceilings are interleaved ``--repeats`` times, so load
 from other work falls on all alike, and each repeat starts with the next job (each job follows a
@@ -115,9 +116,11 @@ def run_job(tree: str, source: Path, target: Path, workers: int, flags: list[str
                str(target), "--n-workers", str(workers), *flags]
     load = os.getloadavg()[0]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
         job = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=environment,
                                cwd=tempfile.gettempdir())
         peak = peak_rss(job)
+        wall = time.perf_counter() - started
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
     if job.returncode:
@@ -125,8 +128,8 @@ def run_job(tree: str, source: Path, target: Path, workers: int, flags: list[str
     seconds = float(re.search(r" in ([\d.]+) s", stdout).group(1))
     record_path = target / "_datamask_run.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
-    return {"seconds": seconds, "load": load, "phases": record.get("phases", {}), "peak_rss": peak,
-            "stages": record.get("stages", {}), "summary": record.get("summary") or {},
+    return {"seconds": seconds, "wall": wall, "load": load, "phases": record.get("phases", {}),
+            "peak_rss": peak, "stages": record.get("stages", {}), "summary": record.get("summary") or {},
             "digest": _selection_digest(target)}
 
 
@@ -223,9 +226,10 @@ def report(args, argv, source: Path, ceilings: dict, runs: dict, touches: list) 
              "", "Memory a fresh process touches for the first time: 1 GiB filled in "
              f"{' and '.join(f'{t[0]:.2f} s' for t in touches)} (at the start and at the end of the run), "
              f"and again right after it was freed in {' and '.join(f'{t[1]:.2f} s' for t in touches)}.", "",
-             "| job | seconds per repeat | median s | share of ceiling: warm / fresh | largest worker peak "
-             "| plan / select and write / summary s | load at start | selection digest |",
-             "|---|---|---:|---:|---:|---|---|---|"]
+             "| job | seconds per repeat | median s | share of ceiling: warm / fresh "
+             "| with start-up, median s | largest worker peak | plan / select and write / summary s "
+             "| load at start | selection digest |",
+             "|---|---|---:|---:|---:|---:|---|---|---|"]
     for name, values in runs.items():
         median = float(np.median([r["seconds"] for r in values]))
         phases = values[-1]["phases"]
@@ -235,8 +239,9 @@ def report(args, argv, source: Path, ceilings: dict, runs: dict, touches: list) 
         loads = ", ".join(f"{r['load']:.1f}" for r in values)
         peak = max(r["peak_rss"]["largest worker"] for r in values) / 2**30
         digest = values[-1]["digest"]
-        lines.append(f"| {name} | {seconds} | {median:.2f} | {share} | {peak:.2f} GiB | {split} | {loads} "
-                     f"| {digest} |")
+        wall = float(np.median([r["wall"] for r in values]))
+        lines.append(f"| {name} | {seconds} | {median:.2f} | {share} | {wall:.2f} | {peak:.2f} GiB | {split} "
+                     f"| {loads} | {digest} |")
     stage_names = sorted({s for values in runs.values() for s in values[-1]["stages"]})
     lines += ["", "Worker-seconds per stage (last repeat, summed over workers; the package's stage clocks):",
               "",
