@@ -341,6 +341,48 @@ def test_the_plan_graph_runs_the_search_the_table_size_picks(one_task, monkeypat
             np.testing.assert_array_equal(one[key], other[key])
 
 
+def _plan_digest(plan: dict) -> str:
+    return repr([plan[k] for k in ("rows", "cells", "ranges", "dim", "digests")] +
+                [sorted((k, v.tolist()) for k, v in plan["shadowed"].items())])
+
+
+@pytest.mark.parametrize("one_task", [True, False])
+def test_a_plan_computed_now_runs_only_the_search_its_rows_call_for(one_task, monkeypatch):
+    """The writers compute the plan at once: scans first, then the one search the row count picks
+    (the lazy graph holds both and feeds one). The plan is the lazy graph's."""
+    from datamask_dask.ops import operator
+    from datamask_dask.plan import shards
+    from datamask_dask.sample_data import make_corpus
+
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 10**9 if one_task else 100)
+    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    seen = []
+
+    def recording(inputs, cosine):
+        seen.append(sum(len(p["quality"]) for p in inputs))
+        return find_groups(inputs, cosine)
+
+    monkeypatch.setattr(operator, "find_groups", recording)
+    spec, lazy = operator.plan_selection(ddf, 0.1)
+    lazy = lazy.compute(scheduler="sync")
+    assert seen == [720 if one_task else 0]  # both searches in the graph, the other one fed no rows
+    seen.clear()
+    now = operator.compute_plan(ddf, spec, scheduler="threads", progress=False)
+    assert seen == ([720] if one_task else [])  # only the chosen search
+    assert _plan_digest(now) == _plan_digest(lazy)
+    assert sum(len(v) for v in now["shadowed"].values()) > 0
+
+
+def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client):
+    from datamask_dask.ops import operator
+    from datamask_dask.sample_data import make_corpus
+
+    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    spec, lazy = operator.plan_selection(ddf, 0.1)
+    now = operator.compute_plan(ddf, spec, scheduler=client, progress=True)
+    assert _plan_digest(now) == _plan_digest(lazy.compute(scheduler=client))
+
+
 def test_the_plan_graph_holds_each_task_once():
     """Every partition's summary depends on the table-wide search: the plan graph must hold that
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own

@@ -429,7 +429,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     TableRunReport
     """
     from ..config import load_config
-    from ..ops.operator import apply_plan, column_reads, partitions, plan_selection
+    from ..ops.operator import apply_plan, column_reads, compute_plan, partitions, selection_spec
 
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:
@@ -461,8 +461,8 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     if since is not None and not source.files:  # nothing added since the last run: nothing to write
         return TableRunReport(target.uri, 0, 0, uuid.uuid4().hex, source.describe(), {}, {},
                               time.perf_counter() - start)
-    spec, plan = plan_selection(source.frame, ratio, config=config, scheduler=scheduler, **options)
-    plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]  # validates the input
+    spec = selection_spec(source.frame, ratio, config=config, scheduler=scheduler, **options)
+    plan = compute_plan(source.frame, spec, scheduler=scheduler, progress=progress)  # validates the input
     planned = time.perf_counter()
     # The run's id: the same job on the same input over the same output state resumes (and its
     # commit is recognised if it already happened); any other is a new run.

@@ -53,7 +53,7 @@ from .. import progress as progress_bars
 from .. import stages
 from ..config import load_config
 from ..errors import DataMaskError
-from ..ops.operator import partitions, plan_selection
+from ..ops.operator import compute_plan, partitions, selection_spec
 from ..partition import adapters
 from ..partition.select import select_partition
 from .output import (
@@ -207,8 +207,8 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
         # result: a resume keeps the one the run started with.
         options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
         settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
-    spec, plan = plan_selection(ddf, ratio, config=config, scheduler=scheduler, **options)
-    plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]  # validates the input
+    spec = selection_spec(ddf, ratio, config=config, scheduler=scheduler, **options)
+    plan = compute_plan(ddf, spec, scheduler=scheduler, progress=progress)  # validates the input
     phases = {"plan": time.perf_counter() - start}
     record = _record(ddf, settings, spec, plan, input_fingerprint)
     if manifest is not None:

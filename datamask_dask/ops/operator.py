@@ -34,7 +34,8 @@ The result is lazy. Its graph has two passes over the input:
 Same input, partitioning and seed give the same ``selected`` on any scheduler and any number of
 workers: nothing depends on where or when a task runs. :func:`plan_selection` and
 :func:`apply_plan` expose the two passes separately (the resumable writer,
-:func:`datamask_dask.write_selection`, computes the plan once and records it).
+:func:`datamask_dask.write_selection`, computes the plan once with :func:`compute_plan`, which
+counts the table's rows before its near-duplicate search, and records it).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import dask
 import numpy as np
 from dask.delayed import Delayed
 
+from .. import progress as progress_bars
 from ..config import load_config
 from ..partition import adapters
 from ..partition.checks import (
@@ -201,11 +203,18 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     plan : dask.delayed.Delayed
         Computes to the plan dict that :func:`apply_plan` and :func:`select_partition` follow.
     """
+    spec = selection_spec(ddf, ratio, config=config, scheduler=scheduler, **options)
+    return spec, plan_graph(ddf, spec)
+
+
+def selection_spec(ddf, ratio: float | Mapping | None = None, *, config=None, scheduler=None,
+                   **options) -> SelectSpec:
+    """The spec of :func:`plan_selection` (the options validated against ``ddf``'s schema), without
+    its graph: for :func:`compute_plan`."""
     _require_dask(ddf)
     settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     ratio_given = ratio is not None or "select_ratio" in options
-    spec = make_spec(ddf, settings, ratio_given=ratio_given, scheduler=scheduler)
-    return spec, plan_graph(ddf, spec)
+    return make_spec(ddf, settings, ratio_given=ratio_given, scheduler=scheduler)
 
 
 def make_spec(ddf, settings: Mapping, *, ratio_given: bool = True, scheduler=None) -> SelectSpec:
@@ -272,16 +281,19 @@ def _partitions(ddf, plan) -> list:
 # --------------------------------------------------------------------------- plan pass
 
 
-def plan_graph(ddf, spec: SelectSpec):
-    """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task."""
-    parts = column_reads(ddf, spec.plan_columns)
+def plan_graph(ddf, spec: SelectSpec, reads: dict | None = None, rows: int | None = None):
+    """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task.
+
+    ``reads``: :func:`plan_reads` of ``ddf`` (made here by default), perhaps persisted; ``rows``: the
+    table's rows where they are known, so the table scope's graph holds only the near-duplicate
+    search they call for (:func:`table_groups`).
+    """
+    reads = plan_reads(ddf, spec) if reads is None else reads
     if spec.diversity_scope == "table":
-        summaries = table_summaries(parts, spec)
+        summaries = scan_summaries(reads["scans"], spec, rows)
     else:
-        summaries = [dask.delayed(summarise_partition, pure=True)(
-            part, i, spec, dask_key_name=_key("datamask-plan-partition", part, i, spec))
-            for i, part in enumerate(parts)]
-    ids = id_graph(parts, spec.id_column) if spec.check_ids else None
+        summaries = reads["summaries"]
+    ids = id_reduction(reads["ids"]) if spec.check_ids else None
     dim = adapters.fixed_dimension(ddf._meta[spec.embedding_column].dtype)
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
         n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
@@ -311,20 +323,62 @@ def _key(prefix: str, *args) -> str:
     return f"{prefix}-{tokenize(*args)}"
 
 
-def table_summaries(parts: list, spec: SelectSpec) -> list:
+def plan_reads(ddf, spec: SelectSpec) -> dict:
+    """The plan pass's tasks that read the partitions: ``ids`` (each partition's distinct ids, when
+    they are checked) and, in table scope, ``scans`` (checks and a SimHash signature per row,
+    :func:`~datamask_dask.partition.checks.scan_partition`), else ``summaries``. The rest of the plan
+    works on their small results only."""
+    parts = column_reads(ddf, spec.plan_columns)
+    reads = {"ids": partition_id_tasks(parts, spec.id_column) if spec.check_ids else None}
+    if spec.diversity_scope == "table":
+        reads["scans"] = [dask.delayed(scan_partition, pure=True)(
+            part, i, spec, dask_key_name=_key("datamask-plan-scan", part, i, spec))
+            for i, part in enumerate(parts)]
+    else:
+        reads["summaries"] = [dask.delayed(summarise_partition, pure=True)(
+            part, i, spec, dask_key_name=_key("datamask-plan-partition", part, i, spec))
+            for i, part in enumerate(parts)]
+    return reads
+
+
+def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None = None) -> dict:
+    """The plan of :func:`plan_graph`, computed now (the writers' first pass).
+
+    A lazy plan cannot know the table's rows before it runs, so in table scope beyond
+    ``PARTITIONS_PER_SHARD`` partitions it holds both near-duplicate searches and feeds one; the
+    other still runs its tasks: at 20 partitions ~2,500, in rounds one after another (2.5-3 s on 2
+    workers). Computed now, the plan reads and scans the partitions first, keeps the scans where
+    they are, counts their rows, and then runs only the search that count calls for. Same plan.
+    """
+    reads = plan_reads(ddf, spec)
+    rows = None
+    if spec.diversity_scope == "table" and not one_task(None, len(reads["scans"])):
+        reads = progress_bars.persist(reads, scheduler=scheduler, progress=progress)
+        rows = progress_bars.compute(_scanned_rows(reads["scans"]), scheduler=scheduler, progress=False)[0]
+    plan = plan_graph(ddf, spec, reads, rows)
+    return progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
+
+
+def _scanned_rows(scans: list):
+    name = "datamask-plan-duplicates"
+    return _task(name, sum, _listed(name, [_task(name, _rows_of_scan, scan) for scan in scans]))
+
+
+def _rows_of_scan(scan: dict) -> int:
+    return scan["check"].rows
+
+
+def scan_summaries(scans: list, spec: SelectSpec, rows: int | None = None) -> list:
     """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
 
-    Round 1 scans each partition (checks, and a SimHash signature per row); the near-duplicate
-    groups of the whole table are then found (:func:`table_groups`); round 2 turns each scan into its
-    quality sketches without its shadowed rows (and with its kept rows' weights).
+    The near-duplicate groups of the whole table are found from the partitions' scans
+    (:func:`table_groups`; ``rows``: the table's rows, if known); each scan then becomes its quality
+    sketches without its shadowed rows (and with its kept rows' weights).
     """
-    scans = [dask.delayed(scan_partition, pure=True)(part, i, spec,
-                                                     dask_key_name=_key("datamask-plan-scan", part, i, spec))
-             for i, part in enumerate(parts)]
     signed = "datamask-plan-signatures"
     inputs = [dask.delayed(duplicate_input, pure=True)(scan, dask_key_name=_key(signed, scan))
               for scan in scans]
-    groups = table_groups(inputs, spec.duplicate_cosine)
+    groups = table_groups(inputs, spec.duplicate_cosine, rows)
     return [dask.delayed(summarise_scan, pure=True)(scan, groups[i],
                                                     dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
@@ -335,20 +389,23 @@ def _task(name: str, function, *args, nout: int | None = None):
                                                         dask_key_name=_key(name, function.__name__, *args))
 
 
-def table_groups(inputs: list, cosine: float) -> list:
+def table_groups(inputs: list, cosine: float, rows: int | None = None) -> list:
     """:func:`datamask_dask.plan.shards.table_groups` as a Delayed graph: one Delayed per partition.
 
-    Up to ``PARTITIONS_PER_SHARD`` partitions the choice is known at once. Beyond, the graph (fixed
-    before any row is read) holds both searches: the one-task search
+    Up to ``PARTITIONS_PER_SHARD`` partitions, or with the table's ``rows`` given
+    (:func:`compute_plan`), the choice is known at once. Otherwise the graph (fixed before any row
+    is read) holds both searches: the one-task search
     (:func:`~datamask_dask.plan.duplicates.find_groups`) and the sharded graph
     (:func:`sharded_groups`). One small task counts the rows and picks one; the partitions' inputs
     reach the other through :func:`~datamask_dask.plan.shards.gate` with no rows, so its tasks
-    move and do next to nothing.
+    move and do next to nothing (but its rounds still run one after another).
     """
     name = "datamask-plan-duplicates"
-    if one_task(None, len(inputs)):  # known before any row is read: the one-task search alone
+    if one_task(rows, len(inputs)):  # known before the search runs: the one-task search alone
         found = _task(name, find_groups, _listed(name, inputs), cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]
+    if rows is not None:  # known, and too many for one task: the sharded graph alone
+        return sharded_groups(inputs, cosine, dask.delayed(rows, pure=True))
     rows = _row_count(inputs)
     single = _task(name, one_task, rows, len(inputs))
     many = _task(name, operator.not_, single)
@@ -490,9 +547,18 @@ def _probe_dimension(parts: list) -> int | None:
 
 def id_graph(parts: list, id_column: str):
     """Lazy duplicate-id report over the partitions ``parts`` (a tree reduction)."""
-    level = [dask.delayed(partition_ids, pure=True)(
+    return id_reduction(partition_id_tasks(parts, id_column))
+
+
+def partition_id_tasks(parts: list, id_column: str) -> list:
+    """Each partition's distinct ids (the leaves of :func:`id_reduction`)."""
+    return [dask.delayed(partition_ids, pure=True)(
         part, i, id_column, dask_key_name=_key("datamask-plan-ids", part, i, id_column))
         for i, part in enumerate(parts)]
+
+
+def id_reduction(level: list):
+    """The duplicate-id report of :func:`partition_id_tasks`' results (a tree reduction)."""
     while len(level) > 1:
         level = [dask.delayed(merge_ids, pure=True)(
             _listed("datamask-plan-ids", level[i:i + _SPLIT_EVERY]),
