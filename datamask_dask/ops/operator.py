@@ -354,14 +354,10 @@ def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None
     rows = None
     if spec.diversity_scope == "table" and not one_task(None, len(reads["scans"])):
         reads = progress_bars.persist(reads, scheduler=scheduler, progress=progress)
-        rows = progress_bars.compute(_scanned_rows(reads["scans"]), scheduler=scheduler, progress=False)[0]
+        rows = progress_bars.compute(_row_count(reads["scans"], _rows_of_scan), scheduler=scheduler,
+                                     progress=False)[0]
     plan = plan_graph(ddf, spec, reads, rows)
     return progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
-
-
-def _scanned_rows(scans: list):
-    name = "datamask-plan-duplicates"
-    return _task(name, sum, _listed(name, [_task(name, _rows_of_scan, scan) for scan in scans]))
 
 
 def _rows_of_scan(scan: dict) -> int:
@@ -495,11 +491,13 @@ def _block_records(parts: list, first: int, plan: dict, shards: int, bands: rang
             for by_shard in zip(*pieces, strict=True)]
 
 
-def _row_count(inputs: list):
+def _row_count(inputs: list, rows_of=None):
     """The table's rows, from one small count per partition (a task taking every input would gather
-    every signature on one worker)."""
+    every signature on one worker). ``rows_of(part)``: one partition's rows (default: of a search
+    input)."""
     name = "datamask-plan-duplicates"
-    return _task(name, sum, _listed(name, [_task(name, _rows_of, part) for part in inputs]))
+    rows_of = _rows_of if rows_of is None else rows_of
+    return _task(name, sum, _listed(name, [_task(name, rows_of, part) for part in inputs]))
 
 
 def _rows_of(part: dict) -> int:
