@@ -299,19 +299,50 @@ def test_best_edges_and_key_order_match_their_sorts():
     np.testing.assert_array_equal(sorted_key, np.sort(key))
 
 
-def test_sharded_graph_on_dask_gives_the_same_groups(client):
+@pytest.mark.parametrize("wiring", ["task_groups", "shuffled_groups"])
+def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring):
+    """Both wirings of the search give the in-process stages' groups, whatever order a shuffle
+    delivers rows in (the DataFrame shuffles: Dask's disk shuffle on the synchronous scheduler, p2p
+    on a cluster)."""
     import dask
 
-    from datamask_dask.ops.operator import sharded_groups
+    from datamask_dask.ops import search
     from datamask_dask.plan.shards import find_groups_sharded
 
     parts = _copy_groups(n_parts=9, rows=120)
-    graph = sharded_groups([dask.delayed(p) for p in parts], 0.95)
+    graph = getattr(search, wiring)([dask.delayed(p) for p in parts], 0.95, dask.delayed(9 * 120))
+    expected = find_groups_sharded(parts)[0]
+    assert sum(len(g["shadowed"]) for g in expected) > 100
     for scheduler in ("sync", client):
         got = dask.compute(*graph, scheduler=scheduler)
-        for one, other in zip(find_groups_sharded(parts)[0], got, strict=True):
+        for one, other in zip(expected, got, strict=True):
             for key in ("shadowed", "kept", "weights"):
                 np.testing.assert_array_equal(one[key], other[key])
+
+
+def _plan_tasks(n_parts: int) -> int:
+    from datamask_dask.ops.operator import plan_selection
+    from datamask_dask.sample_data import make_corpus
+
+    ddf = dd.from_pandas(make_corpus(n_parts * 20, 8, seed=1), npartitions=n_parts, sort=False)
+    return len(dict(plan_selection(ddf, 0.1)[1].__dask_graph__()))
+
+
+def test_above_shuffle_partitions_the_plan_graph_grows_linearly(monkeypatch):
+    """Above ``SHUFFLE_PARTITIONS`` every all-to-all step of the search is a DataFrame shuffle: four
+    times the partitions, about four times the plan's tasks. Wired task to task the search grows
+    as the partitions squared."""
+    from datamask_dask.ops import search
+    from datamask_dask.plan import shards
+
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)
+    monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", 8)
+    shuffled = {n: _plan_tasks(n) for n in (16, 64)}
+    assert shuffled[64] < 4.5 * shuffled[16], shuffled
+    monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", 64)
+    wired = {n: _plan_tasks(n) for n in (16, 64)}
+    assert wired[64] > 8 * wired[16], wired
+    assert shuffled[64] < wired[64] / 2, (shuffled, wired)
 
 
 @pytest.mark.parametrize("one_task", [True, False])
@@ -394,5 +425,5 @@ def test_the_plan_graph_holds_each_task_once():
     graph = plan_selection(ddf, 0.1)[1].__dask_graph__()
     layers = [set(layer.keys()) for layer in graph.layers.values()]
     unique = set().union(*layers)
-    assert any("datamask-plan-duplicates-buckets" in str(key) for key in unique)  # the sharded search
+    assert any("datamask-plan-duplicates-records" in str(key) for key in unique)  # the sharded search
     assert sum(len(keys) for keys in layers) == len(unique)

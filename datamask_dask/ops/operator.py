@@ -63,24 +63,9 @@ from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
-from ..plan.shards import (
-    PARTITIONS_PER_ROW_SHARD,
-    PARTITIONS_PER_SHARD,
-    ROUNDS,
-    band_plan,
-    band_records,
-    band_rounds,
-    best_parents,
-    bucket_edges,
-    deliver,
-    forward_weights,
-    gate,
-    merge_edges,
-    one_task,
-    partition_groups,
-    shard_count,
-)
+from ..plan.shards import gate, one_task
 from ..progress import named
+from .search import sharded_groups
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
@@ -400,7 +385,7 @@ def table_groups(inputs: list, cosine: float, rows: int | None = None) -> list:
     if one_task(rows, len(inputs)):  # known before the search runs: the one-task search alone
         found = _task(name, find_groups, _listed(name, inputs), cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]
-    if rows is not None:  # known, and too many for one task: the sharded graph alone
+    if rows is not None:  # known, and too many for one task: the sharded search alone
         return sharded_groups(inputs, cosine, dask.delayed(rows, pure=True))
     rows = _row_count(inputs)
     single = _task(name, one_task, rows, len(inputs))
@@ -413,82 +398,6 @@ def table_groups(inputs: list, cosine: float, rows: int | None = None) -> list:
 
 def _either(single: bool, found: dict, sharded: dict) -> dict:
     return found if single else sharded
-
-
-def sharded_groups(inputs: list, cosine: float, rows=None) -> list:
-    """The near-duplicate groups of :func:`datamask_dask.plan.shards.find_groups_sharded` as a Dask
-    graph: one Delayed per partition, computing to its entry of
-    :func:`datamask_dask.plan.duplicates.find_groups`. ``rows``: the table's rows (a Delayed), which
-    size the bands (counted here by default).
-
-    A hash-bucket shuffle has ~shards**2 edges, so the graph is written as one task dict (a Delayed
-    call per task merges its arguments' graphs each time: quadratic in the graph). Bands go in
-    rounds, each round's records made once the previous round's buckets are done, so the shuffle
-    holds one round's records at a time (``ROUND_BANDS`` x 56 bytes a row).
-    """
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-
-    n_parts = len(inputs)
-    shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
-    row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
-    rows = _row_count(inputs) if rows is None else rows
-    token = tokenize(inputs, cosine, rows)
-    layer = f"datamask-plan-duplicates-{token}"
-    dsk: dict = {}
-
-    def task(stage: str, index: tuple, *spec) -> tuple:
-        key = (f"datamask-plan-duplicates-{stage}-{token}", *index)
-        dsk[key] = spec
-        return key
-
-    def pick(source: tuple, index) -> tuple:  # one item of a task's result, as a task of its own
-        key = (f"{source[0]}-item", *source[1:], index)
-        dsk[key] = (operator.getitem, source, index)
-        return key
-
-    plan = task("plan", (), band_plan, rows.key)
-    # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
-    # blocks x shards, not partitions x shards
-    blocks = range(0, n_parts, PARTITIONS_PER_SHARD)
-    done, edges = None, [[] for _ in range(row_shards)]
-    for r, bands in enumerate(band_rounds()):
-        records = [task("records", (r, first), _block_records,
-                        [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
-                        shards, bands, done) for first in blocks]
-        buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], row_shards, cosine)
-                   for s in range(shards)]
-        done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
-        found = [pick(b, "pieces") for b in buckets]
-        # each row shard merges its earlier rounds' edges into one best edge a row before it takes
-        # this round's, so they do not pile up; best_parents merges the last round's with them
-        merged = [[task("edges", (r, t), merge_edges, edges[t])] if edges[t] else []
-                  for t in range(row_shards)]
-        edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
-    parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
-    pending = [pick(p, "pending") for p in parents]
-    roots = [[] for _ in range(row_shards)]
-    for f in range(ROUNDS):
-        moved = [task("forward", (f, s), forward_weights, parents[s], [pick(p, s) for p in pending],
-                      row_shards) for s in range(row_shards)]
-        for s in range(row_shards):
-            roots[s].append(pick(moved[s], "roots"))
-        pending = [pick(m, "pending") for m in moved]
-    delivered = [pick(task("deliver", (s,), deliver, parents[s], roots[s], [pick(p, s) for p in pending],
-                           n_parts), "pieces") for s in range(row_shards)]
-    groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
-    graph = HighLevelGraph.from_collections(layer, dsk, dependencies=[*inputs, rows])
-    return [Delayed(key, graph, layer=layer) for key in groups]
-
-
-def _block_records(parts: list, first: int, plan: dict, shards: int, bands: range, _previous) -> list:
-    """:func:`~datamask_dask.plan.shards.band_records` of one round of bands for consecutive
-    partitions ``first, first + 1, ...``, one piece per shard with their records in partition order
-    (as a bucket task would concatenate them). ``_previous``: the previous round's finished buckets,
-    only an ordering."""
-    pieces = [band_records(part, first + i, plan, shards, bands) for i, part in enumerate(parts)]
-    return [tuple(np.concatenate(column) for column in zip(*by_shard, strict=True))
-            for by_shard in zip(*pieces, strict=True)]
 
 
 def _row_count(inputs: list, rows_of=None):

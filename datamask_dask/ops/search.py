@@ -1,0 +1,282 @@
+"""The table-wide near-duplicate search on Dask: the stages of :mod:`datamask_dask.plan.shards`
+wired into the plan's graph, so that no task holds more than a shard of the table.
+
+Two wirings of the same stages give the same groups (:func:`sharded_groups` picks one by the
+table's partitions):
+
+- **Task to task** (:func:`task_groups`, up to ``SHUFFLE_PARTITIONS`` partitions): every records
+  task sends one piece to every bucket task, in memory, one band a round. Cheapest where it fits,
+  but its edges grow as the partitions squared (about 3.5 x partitions**2 tasks: 140,683 at 200
+  partitions), which no scheduler holds at 10**4 partitions.
+- **DataFrame shuffles** (:func:`shuffled_groups`, above): every all-to-all step is a Dask
+  DataFrame shuffle (``set_index`` on known divisions, ``shuffle``, ``groupby(split_out=)``,
+  ``merge``) with Dask's shuffle method: ``p2p`` with a distributed Client (disk-backed), ``disk``
+  on the local schedulers, or what ``dask.config``'s ``dataframe.shuffle.method`` names. Each
+  shuffle has O(partitions) tasks, so the graph grows linearly (``benchmarks/bench_plan_graph.py``);
+  each record is converted to Arrow and back and written to disk on the way, which costs more than
+  the task-to-task pieces where those fit (``benchmarks/bench_search_graph.py``).
+
+Stages of :func:`shuffled_groups`:
+
+1. **records**: one task per partition and ``RECORD_BANDS`` bands makes the band records
+   (:func:`~datamask_dask.plan.shards.band_records`: key, row reference, quality, the 4 signature
+   words), placed by ``key % buckets`` into ``buckets`` partitions of about
+   ``PARTITIONS_PER_SHARD`` partitions' worth of one band each;
+2. **edges**: each bucket partition's candidates verified
+   (:func:`~datamask_dask.plan.shards.bucket_edges`), each worse row's best edge shuffled by worse row;
+3. **parents**: each shadowed row's best better neighbour
+   (:func:`~datamask_dask.plan.shards.best_parents`);
+4. **counts**: ``ROUNDS`` rounds of each shadowed row's count moving to its parent (a group-by and a
+   join a round, as :func:`~datamask_dask.plan.shards.forward_weights` moves them);
+5. **deliver**: shadowed and kept rows indexed by partition number (``set_index`` on known
+   divisions), so that each partition's groups are one output partition: a partition receives only
+   its own rows.
+
+Every task orders what it receives (a bucket's records by row reference, as the records arrive in
+the in-process stages), so the groups equal :func:`~datamask_dask.plan.shards.find_groups_sharded`'s
+whatever order a shuffle delivers rows in.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import dask
+import numpy as np
+import pandas as pd
+from dask.delayed import Delayed
+
+from ..plan.shards import (
+    BANDS,
+    PARTITIONS_PER_ROW_SHARD,
+    PARTITIONS_PER_SHARD,
+    ROUND_BANDS,
+    ROUNDS,
+    band_plan,
+    band_records,
+    band_rounds,
+    best_parents,
+    bucket_edges,
+    deliver,
+    forward_weights,
+    merge_edges,
+    partition_groups,
+    shard_count,
+)
+
+__all__ = ["sharded_groups", "shuffled_groups", "task_groups"]
+
+# Tables of more partitions take the DataFrame shuffles: the task-to-task graph would have ~230,000
+# tasks at 256 partitions, and the scheduler's cost per task is paid one task after another.
+SHUFFLE_PARTITIONS = 256
+
+# Bands whose records one task makes at once (56 bytes a row each): ~45 MB for 100k rows.
+RECORD_BANDS = 8
+_WORDS = ["w0", "w1", "w2", "w3"]
+_RECORDS = pd.DataFrame({"bucket": np.zeros(0, np.int64), "key": np.zeros(0, np.uint64),
+                         "ref": np.zeros(0, np.uint64), "quality": np.zeros(0),
+                         **{w: np.zeros(0, np.uint64) for w in _WORDS}})
+_EDGES = pd.DataFrame({"worse": np.zeros(0, np.uint64), "better": np.zeros(0, np.uint64),
+                       "quality": np.zeros(0)})
+_LINKS = pd.DataFrame({"child": np.zeros(0, np.int64), "parent": np.zeros(0, np.int64)})
+_ROWS = pd.DataFrame({"partition": np.zeros(0, np.int64), "position": np.zeros(0, np.int64),
+                      "weight": np.zeros(0, np.int64)})
+_POSITION = (1 << 32) - 1  # a row reference is partition << 32 | position
+_PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
+
+
+def sharded_groups(inputs: list, cosine: float, rows) -> list:
+    """The near-duplicate groups of :func:`~datamask_dask.plan.shards.find_groups_sharded` as a Dask
+    graph: one Delayed per partition of ``inputs`` (Delayed search inputs), computing to its entry of
+    :func:`~datamask_dask.plan.duplicates.find_groups`. ``rows``: the table's rows (a Delayed), which
+    size the bands. Wired task to task up to ``SHUFFLE_PARTITIONS`` partitions, by DataFrame
+    shuffles above."""
+    wiring = task_groups if len(inputs) <= SHUFFLE_PARTITIONS else shuffled_groups
+    return wiring(inputs, cosine, rows)
+
+
+def shuffled_groups(inputs: list, cosine: float, rows) -> list:
+    """:func:`sharded_groups` wired by DataFrame shuffles: O(partitions) tasks."""
+    import dask.dataframe as dd
+
+    n_parts = len(inputs)
+    plan = _named("plan", band_plan, rows)
+    rounds = band_rounds(BANDS, RECORD_BANDS)
+    buckets = shard_count(n_parts * BANDS, PARTITIONS_PER_SHARD)  # a bucket task: ~4 partitions x 1 band
+    records = dd.from_delayed(
+        [_named("records", _records, part, number, plan, bands, buckets)
+         for number, part in enumerate(inputs) for bands in rounds],
+        meta=_RECORDS, prefix="datamask-plan-duplicates-records", verify_meta=False)
+    row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
+    edges = (_by_number(records, "bucket", buckets)
+             .map_partitions(_edges, cosine, meta=_EDGES, token=f"{_PREFIX}-buckets"))
+    links = (edges.shuffle("worse", npartitions=row_shards, ignore_index=True)
+             .map_partitions(_parents, meta=_LINKS, token=f"{_PREFIX}-parents"))
+    counts = forwarded_counts(links, row_shards)
+    results = dd.concat([links[["child"]].map_partitions(_shadowed, meta=_ROWS),
+                         counts.map_partitions(_kept, meta=_ROWS)])
+    # partition p's rows in output partition p: divisions 0, 1, ..., n_parts
+    delivered = _by_number(results, "partition", n_parts)
+    # not fused: dask's blockwise fusion of the counting rounds' graph takes exponential time
+    parts = delivered.optimize(fuse=False).to_delayed(optimize_graph=False)
+    return [_named("groups", _partition_groups, part) for part in parts]
+
+
+def task_groups(inputs: list, cosine: float, rows) -> list:
+    """:func:`sharded_groups` wired task to task, in memory. The exchange has ~shards**2 edges, so the
+    graph is written as one task dict (a Delayed call per task merges its arguments' graphs each
+    time: quadratic in the graph). Bands go in rounds, each round's records made once the previous
+    round's buckets are done, so the workers hold one round's records at a time (``ROUND_BANDS`` x
+    56 bytes a row).
+    """
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    n_parts = len(inputs)
+    shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
+    row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
+    token = tokenize(inputs, cosine, rows)
+    layer = f"datamask-plan-duplicates-{token}"
+    dsk: dict = {}
+
+    def task(stage: str, index: tuple, *spec) -> tuple:
+        key = (f"datamask-plan-duplicates-{stage}-{token}", *index)
+        dsk[key] = spec
+        return key
+
+    def pick(source: tuple, index) -> tuple:  # one item of a task's result, as a task of its own
+        key = (f"{source[0]}-item", *source[1:], index)
+        dsk[key] = (operator.getitem, source, index)
+        return key
+
+    plan = task("plan", (), band_plan, rows.key)
+    # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
+    # blocks x shards, not partitions x shards
+    blocks = range(0, n_parts, PARTITIONS_PER_SHARD)
+    done, edges = None, [[] for _ in range(row_shards)]
+    for r, bands in enumerate(band_rounds(BANDS, ROUND_BANDS)):
+        records = [task("records", (r, first), _block_records,
+                        [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
+                        shards, bands, done) for first in blocks]
+        buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], row_shards, cosine)
+                   for s in range(shards)]
+        done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
+        found = [pick(b, "pieces") for b in buckets]
+        # each row shard merges its earlier rounds' edges into one best edge a row before it takes
+        # this round's, so they do not pile up; best_parents merges the last round's with them
+        merged = [[task("edges", (r, t), merge_edges, edges[t])] if edges[t] else []
+                  for t in range(row_shards)]
+        edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
+    parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
+    pending = [pick(p, "pending") for p in parents]
+    roots = [[] for _ in range(row_shards)]
+    for f in range(ROUNDS):
+        moved = [task("forward", (f, s), forward_weights, parents[s], [pick(p, s) for p in pending],
+                      row_shards) for s in range(row_shards)]
+        for s in range(row_shards):
+            roots[s].append(pick(moved[s], "roots"))
+        pending = [pick(m, "pending") for m in moved]
+    delivered = [pick(task("deliver", (s,), deliver, parents[s], roots[s], [pick(p, s) for p in pending],
+                           n_parts), "pieces") for s in range(row_shards)]
+    groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
+    graph = HighLevelGraph.from_collections(layer, dsk, dependencies=[*inputs, rows])
+    return [Delayed(key, graph, layer=layer) for key in groups]
+
+
+def _block_records(parts: list, first: int, plan: dict, shards: int, bands: range, _previous) -> list:
+    """:func:`~datamask_dask.plan.shards.band_records` of one round of bands for consecutive
+    partitions ``first, first + 1, ...``, one piece per shard with their records in partition order
+    (as a bucket task would concatenate them). ``_previous``: the previous round's finished buckets,
+    only an ordering."""
+    pieces = [band_records(part, first + i, plan, shards, bands) for i, part in enumerate(parts)]
+    return [tuple(np.concatenate(column) for column in zip(*by_shard, strict=True))
+            for by_shard in zip(*pieces, strict=True)]
+
+
+def _named(stage: str, function, *args) -> Delayed:
+    """``function(*args)`` as a Delayed named ``datamask-plan-duplicates-<stage>`` on the dashboard."""
+    from dask.base import tokenize
+
+    return dask.delayed(function, pure=True)(*args, dask_key_name=f"{_PREFIX}-{stage}-{tokenize(*args)}")
+
+
+def forwarded_counts(links, shards: int):
+    """Each kept row that shadowed rows reach and how many reach it (``ref, count``): each shadowed
+    row's count of one climbs its parents (``links``: ``child, parent``) for ``ROUNDS`` rounds, as
+    :func:`~datamask_dask.plan.shards.forward_weights` moves them (counts still climbing after the
+    last round are dropped there too)."""
+    import dask.dataframe as dd
+
+    pending = links.map_partitions(_first_step, meta=pd.DataFrame({"target": np.zeros(0, np.int64),
+                                                                   "count": np.zeros(0, np.int64)}))
+    # nullable, so that a target with no parent gets <NA>, not a float NaN beside int64 references
+    nexts = links.rename(columns={"child": "target", "parent": "next"}).astype({"next": "Int64"})
+    roots = []
+    for _ in range(ROUNDS):
+        summed = pending.groupby("target").sum(split_out=shards).reset_index()
+        step = summed.merge(nexts, on="target", how="left", npartitions=shards)
+        roots.append(step[step["next"].isna()][["target", "count"]])
+        pending = step[~step["next"].isna()].map_partitions(_moved, meta=summed._meta)
+    every = dd.concat(roots)
+    return every.groupby("target").sum(split_out=shards).reset_index()
+
+
+def _by_number(frame, column: str, n: int):
+    """``frame`` shuffled so that output partition ``i`` holds the rows whose ``column`` is ``i``
+    (``0 <= column < n``): ``set_index`` on known divisions, which places rows by a search of the
+    divisions (a hash shuffle would hash every value, as float64)."""
+    return frame.set_index(column, divisions=list(range(n + 1)))
+
+
+def _records(part: dict, number: int, plan: dict, bands: range, buckets: int) -> pd.DataFrame:
+    (key, ref, quality, words), = band_records(part, number, plan, 1, bands)
+    return pd.DataFrame({"bucket": (key % np.uint64(buckets)).astype(np.int64), "key": key, "ref": ref,
+                         "quality": quality, **{w: words[:, i] for i, w in enumerate(_WORDS)}})
+
+
+def _edges(records: pd.DataFrame, cosine: float) -> pd.DataFrame:
+    """One bucket partition's verified edges: its records in row-reference order, as the in-process
+    stages pass them (a bucket is sorted by reference, whatever order the shuffle delivered)."""
+    order = np.argsort(records["ref"].to_numpy(), kind="stable")
+    words = np.stack([records[w].to_numpy()[order] for w in _WORDS], axis=1)
+    piece = (records["key"].to_numpy()[order], records["ref"].to_numpy()[order],
+             records["quality"].to_numpy()[order], words)
+    worse, better, quality = bucket_edges([piece], 1, cosine)["pieces"][0]
+    return pd.DataFrame({"worse": worse, "better": better, "quality": quality})
+
+
+def _parents(edges: pd.DataFrame) -> pd.DataFrame:
+    found = best_parents([(edges["worse"].to_numpy(), edges["better"].to_numpy(),
+                           edges["quality"].to_numpy())], 1)
+    return pd.DataFrame({"child": found["child"].view(np.int64), "parent": found["parent"].view(np.int64)})
+
+
+def _first_step(links: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"target": links["parent"].to_numpy(), "count": np.ones(len(links), np.int64)})
+
+
+def _moved(step: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({"target": step["next"].to_numpy(np.int64),
+                         "count": step["count"].to_numpy(np.int64)})
+
+
+def _shadowed(children: pd.DataFrame) -> pd.DataFrame:
+    ref = children["child"].to_numpy()
+    return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
+                         "weight": np.zeros(len(ref), np.int64)})
+
+
+def _kept(counts: pd.DataFrame) -> pd.DataFrame:
+    ref = counts["target"].to_numpy(np.int64)  # a kept row also stands for itself
+    return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
+                         "weight": counts["count"].to_numpy(np.int64) + 1})
+
+
+def _partition_groups(rows: pd.DataFrame) -> dict:
+    """One partition's entry of :func:`~datamask_dask.plan.duplicates.find_groups` from its rows
+    (weight 0: shadowed; else kept, standing for ``weight`` rows)."""
+    position, weight = rows["position"].to_numpy(np.int64), rows["weight"].to_numpy(np.int64)
+    kept = weight > 0
+    order = np.argsort(position[kept])
+    return {"shadowed": np.sort(position[~kept]), "kept": position[kept][order],
+            "weights": weight[kept][order]}
