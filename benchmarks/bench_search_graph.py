@@ -5,11 +5,14 @@ sharded search forced), on ``--partitions`` partitions of ``--rows-per-partition
 file of search inputs (256-bit SimHash signatures of d = 32 embeddings, 10% of each partition's
 rows near-copies at cosine 0.99 of rows of the previous one; quality uniform) that the workers
 load themselves, so the driver sends no data. ``--workers`` worker processes of one thread.
+``--wiring`` picks how the search is wired (``datamask_dask.ops.search``): ``tasks`` (task to task),
+``shuffles`` (DataFrame shuffles, with ``--shuffle``'s methods: ``default`` is p2p on the cluster),
+or ``auto`` (by ``SHUFFLE_PARTITIONS``).
 Reported per size: wall seconds of the compute, tasks in the graph, the largest worker's peak
 RSS (psutil, every 0.2 s), and a digest of the groups (equal digests, equal groups). Run it with
 another checkout's package first on ``PYTHONPATH`` to compare.
 
-    python benchmarks/bench_search_graph.py --partitions 20 60 --shuffle p2p tasks
+    python benchmarks/bench_search_graph.py --partitions 20 60 --wiring tasks shuffles
 """
 
 from __future__ import annotations
@@ -82,14 +85,15 @@ def _listing(*items):
     return items
 
 
-def measure(paths: list[Path], rows: int, workers: int, method: str | None) -> dict:
+def measure(paths: list[Path], rows: int, workers: int, method: str | None, wiring: str) -> dict:
     import dask
     from distributed import Client, LocalCluster
 
-    from datamask_dask.ops import operator
+    from datamask_dask.ops import operator, search
     from datamask_dask.plan import shards
 
     shards.ONE_TASK_ROWS = 0
+    search.SHUFFLE_PARTITIONS = {"auto": search.SHUFFLE_PARTITIONS, "tasks": 10**9, "shuffles": 0}[wiring]
     config = {"dataframe.shuffle.method": method} if method else {}
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster, \
             Client(cluster), dask.config.set(config):
@@ -113,8 +117,9 @@ def main(argv=None) -> int:
     parser.add_argument("--partitions", type=int, nargs="+", default=[20, 60])
     parser.add_argument("--rows-per-partition", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--wiring", nargs="+", choices=["auto", "tasks", "shuffles"], default=["auto"])
     parser.add_argument("--shuffle", nargs="+", default=["default"],
-                        help="dask shuffle methods to run (default: the package's choice)")
+                        help="dask shuffle methods of the shuffles wiring (default: dask's choice)")
     parser.add_argument("--data", help="folder for the inputs (default: a temporary one)")
     parser.add_argument("--label", default="this checkout")
     args = parser.parse_args(argv)
@@ -122,15 +127,17 @@ def main(argv=None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     given = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"Command: `python benchmarks/bench_search_graph.py {given}`\n")
-    print("| package | shuffle | partitions | rows | seconds | tasks | largest worker peak | shadowed "
-          "| groups digest |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| package | wiring | shuffle | partitions | rows | seconds | tasks | largest worker peak "
+          "| shadowed | groups digest |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
     paths = make_inputs(folder, max(args.partitions), args.rows_per_partition)
     for n_parts in args.partitions:
-        for method in args.shuffle:
+        runs = [(w, m) for w in args.wiring for m in (args.shuffle if w != "tasks" else ["-"])]
+        for wiring, method in runs:
             r = measure(paths[:n_parts], args.rows_per_partition, args.workers,
-                        None if method == "default" else method)
-            print(f"| {args.label} | {method} | {n_parts} | {n_parts * args.rows_per_partition:,} | "
+                        None if method in ("default", "-") else method, wiring)
+            rows = n_parts * args.rows_per_partition
+            print(f"| {args.label} | {wiring} | {method} | {n_parts} | {rows:,} | "
                   f"{r['seconds']:.1f} | {r['tasks']:,} | {r['peak'] / 2**30:.2f} GiB | {r['shadowed']:,} | "
                   f"{r['digest']} |", flush=True)
     return 0

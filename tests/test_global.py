@@ -414,6 +414,24 @@ def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client)
     assert _plan_digest(now) == _plan_digest(lazy.compute(scheduler=client))
 
 
+def test_the_writers_plan_is_the_same_with_either_wiring_of_the_search(client, monkeypatch):
+    """compute_plan on a cluster (scans persisted on the workers, then the search): the DataFrame
+    shuffles (p2p) give the plan the task-to-task wiring gives."""
+    from datamask_dask.ops import operator, search
+    from datamask_dask.plan import shards
+    from datamask_dask.sample_data import make_corpus
+
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 100)
+    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    spec = operator.selection_spec(ddf, 0.1)
+    plans = {}
+    for limit in (10**9, 4):  # task to task; DataFrame shuffles
+        monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
+        plans[limit] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
+    assert _plan_digest(plans[4]) == _plan_digest(plans[10**9])
+    assert sum(len(v) for v in plans[4]["shadowed"].values()) > 0
+
+
 def test_the_plan_graph_holds_each_task_once():
     """Every partition's summary depends on the table-wide search: the plan graph must hold that
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own

@@ -16,8 +16,9 @@ The result is lazy. Its graph has two passes over the input:
    With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
    256-bit SimHash per row, and the near-duplicate groups of the whole table are found: in one
    task up to 1M rows (or 4 partitions), above that by a sharded map-shuffle-reduce graph
-   (:mod:`datamask_dask.plan.shards`: no task holds more than a shard of the band records or
-   groups); in each group every row but the best is
+   (:mod:`datamask_dask.plan.shards`, wired by :mod:`datamask_dask.ops.search`: no task holds more
+   than a shard of the band records or groups, and on large tables every all-to-all step is a Dask
+   DataFrame shuffle, p2p on a cluster); in each group every row but the best is
    *shadowed*: left out of the sketches and ineligible in the select pass, so no partition
    selects a copy of a better row that lives in another one, and the best row stands for the
    group (its weight, which the learner's Facility counts). ``diversity_scope="partition"``

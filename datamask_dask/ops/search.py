@@ -66,8 +66,13 @@ from ..plan.shards import (
 
 __all__ = ["sharded_groups", "shuffled_groups", "task_groups"]
 
-# Tables of more partitions take the DataFrame shuffles: the task-to-task graph would have ~230,000
-# tasks at 256 partitions, and the scheduler's cost per task is paid one task after another.
+# Tables of more partitions take the DataFrame shuffles. The task-to-task graph has ~3.5 x partitions**2
+# tasks, scheduled one after another: at 200 partitions of tiny data 140,670 tasks took 99.7 s on a
+# 2-worker LocalCluster, the shuffles' 23,457 tasks 36.7 s (benchmarks/results-plan-graph-shuffles.md).
+# Per row the shuffles cost about twice the worker time (each record goes through Arrow and disk):
+# 2M / 6M rows on 2 workers, 63.3 / 211.9 s against 46.5 / 106.3 s, but with a flat peak, 1.09 / 1.16
+# GiB against 0.41 / 0.70 (benchmarks/results-search-graph.md). So the rows, not the graph, decide up
+# to a few hundred partitions.
 SHUFFLE_PARTITIONS = 256
 
 # Bands whose records one task makes at once (56 bytes a row each): ~45 MB for 100k rows.
