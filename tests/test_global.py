@@ -432,6 +432,26 @@ def test_the_writers_plan_is_the_same_with_either_wiring_of_the_search(client, m
     assert sum(len(v) for v in plans[4]["shadowed"].values()) > 0
 
 
+@pytest.mark.parametrize("one_task", [True, False])
+def test_the_lazy_plan_is_the_same_with_either_wiring_of_the_search(client, monkeypatch, one_task):
+    """The lazy plan holds both searches and feeds one: with the DataFrame shuffles (p2p) as its
+    sharded search it plans what the task-to-task wiring plans, whether the shuffles get the rows
+    or run empty."""
+    from datamask_dask.ops import operator, search
+    from datamask_dask.plan import shards
+    from datamask_dask.sample_data import make_corpus
+
+    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 10**9 if one_task else 100)
+    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    digests = []
+    for limit in (10**9, 4):  # task to task; DataFrame shuffles
+        monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
+        plan = operator.plan_selection(ddf, 0.1)[1].compute(scheduler=client)
+        assert sum(len(v) for v in plan["shadowed"].values()) > 0
+        digests.append(_plan_digest(plan))
+    assert digests[0] == digests[1]
+
+
 def test_the_plan_graph_holds_each_task_once():
     """Every partition's summary depends on the table-wide search: the plan graph must hold that
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own
