@@ -4,10 +4,9 @@ Engine-agnostic (numpy only): each function below is one task of a hash-bucket s
 and its output is a list of *pieces*, one per shard (or partition) that receives it. The Dask
 operator wires them into its plan (:mod:`datamask_dask.ops.search`: task to task, or by DataFrame
 shuffles on large tables); a benchmark can call them in a loop (``benchmarks/bench_duplicates.py
---sharded``). The inputs are
-those of :func:`datamask_dask.plan.duplicates.find_groups` (per partition: quality, group codes and
-labels, 256-bit SimHash signatures), and so are the outputs: per partition, its shadowed rows and
-its kept rows with the rows each stands for.
+--sharded``). The inputs are those of :func:`datamask_dask.plan.duplicates.find_groups` (per
+partition: quality, group codes and labels, 256-bit SimHash signatures), and so are the outputs:
+per partition, its shadowed rows and its kept rows with the rows each stands for.
 
 Stages
 ------
