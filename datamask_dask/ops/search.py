@@ -6,7 +6,7 @@ table's partitions):
 
 - **Task to task** (:func:`task_groups`, up to ``SHUFFLE_PARTITIONS`` partitions): every records
   task sends one piece to every bucket task, in memory, one band a round. Cheapest where it fits,
-  but its edges grow as the partitions squared (about 3.5 x partitions**2 tasks: 140,683 at 200
+  but its edges grow as the partitions squared (about 3.5 x partitions**2 tasks: 140,670 at 200
   partitions), which no scheduler holds at 10**4 partitions.
 - **DataFrame shuffles** (:func:`shuffled_groups`, above): every all-to-all step is a Dask
   DataFrame shuffle (``set_index`` on known divisions, ``shuffle``, ``groupby(split_out=)``,
