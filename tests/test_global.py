@@ -299,25 +299,44 @@ def test_best_edges_and_key_order_match_their_sorts():
     np.testing.assert_array_equal(sorted_key, np.sort(key))
 
 
-@pytest.mark.parametrize("wiring", ["task_groups", "shuffled_groups"])
-def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring):
+@pytest.mark.parametrize(("wiring", "method"), [("task_groups", None), ("shuffled_groups", "tasks"),
+                                               ("shuffled_groups", "p2p")])
+def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method):
     """Both wirings of the search give the in-process stages' groups, whatever order a shuffle
-    delivers rows in (the DataFrame shuffles: Dask's disk shuffle on the synchronous scheduler, p2p
-    on a cluster)."""
+    delivers rows in (the DataFrame shuffles: in memory on the synchronous scheduler, p2p on a
+    cluster)."""
     import dask
 
     from datamask_dask.ops import search
     from datamask_dask.plan.shards import find_groups_sharded
 
     parts = _copy_groups(n_parts=9, rows=120)
-    graph = getattr(search, wiring)([dask.delayed(p) for p in parts], 0.95, dask.delayed(9 * 120))
+    with dask.config.set({"dataframe.shuffle.method": method}):
+        graph = getattr(search, wiring)([dask.delayed(p) for p in parts], 0.95, dask.delayed(9 * 120))
     expected = find_groups_sharded(parts)[0]
     assert sum(len(g["shadowed"]) for g in expected) > 100
-    for scheduler in ("sync", client):
+    for scheduler in ("sync", client) if method != "p2p" else (client,):
         got = dask.compute(*graph, scheduler=scheduler)
         for one, other in zip(expected, got, strict=True):
             for key in ("shadowed", "kept", "weights"):
                 np.testing.assert_array_equal(one[key], other[key])
+
+
+def test_the_shuffles_are_p2p_on_a_cluster_and_in_memory_without_one(client):
+    import subprocess
+    import sys
+
+    import dask
+
+    from datamask_dask.ops.search import shuffle_method
+
+    with client.as_current():  # as Dask's default shuffle method: p2p with a current Client
+        assert shuffle_method() == "p2p"
+        with dask.config.set({"dataframe.shuffle.method": "disk"}):
+            assert shuffle_method() == "disk"  # the user's choice wins
+    alone = subprocess.run([sys.executable, "-c", "from datamask_dask.ops.search import shuffle_method; "
+                            "print(shuffle_method())"], capture_output=True, text=True, check=True)
+    assert alone.stdout.strip() == "tasks"  # no client: in memory, not partd's disk shuffle
 
 
 def _plan_tasks(n_parts: int) -> int:
@@ -329,15 +348,18 @@ def _plan_tasks(n_parts: int) -> int:
 
 
 def test_above_shuffle_partitions_the_plan_graph_grows_linearly(monkeypatch):
-    """Above ``SHUFFLE_PARTITIONS`` every all-to-all step of the search is a DataFrame shuffle: four
-    times the partitions, about four times the plan's tasks. Wired task to task the search grows
-    as the partitions squared."""
+    """Above ``SHUFFLE_PARTITIONS`` every all-to-all step of the search is a DataFrame shuffle: with
+    p2p (a cluster's), four times the partitions give about four times the plan's tasks. Wired task
+    to task the search grows as the partitions squared."""
+    import dask
+
     from datamask_dask.ops import search
     from datamask_dask.plan import shards
 
     monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)
     monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", 8)
-    shuffled = {n: _plan_tasks(n) for n in (16, 64)}
+    with dask.config.set({"dataframe.shuffle.method": "p2p"}):
+        shuffled = {n: _plan_tasks(n) for n in (16, 64)}
     assert shuffled[64] < 4.5 * shuffled[16], shuffled
     monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", 64)
     wired = {n: _plan_tasks(n) for n in (16, 64)}
@@ -425,9 +447,10 @@ def test_the_writers_plan_is_the_same_with_either_wiring_of_the_search(client, m
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     spec = operator.selection_spec(ddf, 0.1)
     plans = {}
-    for limit in (10**9, 4):  # task to task; DataFrame shuffles
+    for limit in (10**9, 4):  # task to task; DataFrame shuffles (p2p: the client is current)
         monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
-        plans[limit] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
+        with client.as_current():
+            plans[limit] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
     assert _plan_digest(plans[4]) == _plan_digest(plans[10**9])
     assert sum(len(v) for v in plans[4]["shadowed"].values()) > 0
 
@@ -444,9 +467,10 @@ def test_the_lazy_plan_is_the_same_with_either_wiring_of_the_search(client, monk
     monkeypatch.setattr(shards, "ONE_TASK_ROWS", 10**9 if one_task else 100)
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     digests = []
-    for limit in (10**9, 4):  # task to task; DataFrame shuffles
+    for limit in (10**9, 4):  # task to task; DataFrame shuffles (p2p: the client is current)
         monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
-        plan = operator.plan_selection(ddf, 0.1)[1].compute(scheduler=client)
+        with client.as_current():
+            plan = operator.plan_selection(ddf, 0.1)[1].compute(scheduler=client)
         assert sum(len(v) for v in plan["shadowed"].values()) > 0
         digests.append(_plan_digest(plan))
     assert digests[0] == digests[1]

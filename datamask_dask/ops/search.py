@@ -10,9 +10,10 @@ table's partitions):
   partitions), which no scheduler holds at 10**4 partitions.
 - **DataFrame shuffles** (:func:`shuffled_groups`, above): every all-to-all step is a Dask
   DataFrame shuffle (``set_index`` on known divisions, ``shuffle``, ``groupby(split_out=)``,
-  ``merge``) with Dask's shuffle method: ``p2p`` with a distributed Client (disk-backed), ``disk``
-  on the local schedulers, or what ``dask.config``'s ``dataframe.shuffle.method`` names. Each
-  shuffle has O(partitions) tasks, so the graph grows linearly (``benchmarks/bench_plan_graph.py``);
+  ``merge``) by :func:`shuffle_method`: ``p2p`` with a distributed Client (disk-backed), ``tasks``
+  on the local schedulers (in memory), or what ``dask.config``'s ``dataframe.shuffle.method``
+  names. A p2p shuffle has O(partitions) tasks (``tasks``: O(p log p)), so the graph grows about
+  linearly (``benchmarks/bench_plan_graph.py``);
   each record is converted to Arrow and back and written to disk on the way, which costs more than
   the task-to-task pieces where those fit (``benchmarks/bench_search_graph.py``).
 
@@ -64,7 +65,7 @@ from ..plan.shards import (
     shard_count,
 )
 
-__all__ = ["sharded_groups", "shuffled_groups", "task_groups"]
+__all__ = ["sharded_groups", "shuffle_method", "shuffled_groups", "task_groups"]
 
 # Tables of more partitions take the DataFrame shuffles. The task-to-task graph has ~3.5 x partitions**2
 # tasks, scheduled one after another: at 200 partitions of tiny data 140,670 tasks took 99.7 s on a
@@ -101,10 +102,28 @@ def sharded_groups(inputs: list, cosine: float, rows) -> list:
     return wiring(inputs, cosine, rows)
 
 
+def shuffle_method() -> str:
+    """The shuffle method of :func:`shuffled_groups`: ``dask.config``'s ``dataframe.shuffle.method``
+    where set, else ``p2p`` with a distributed Client (as Dask's default) and ``tasks`` (in memory)
+    without one, where Dask's default, ``disk`` (partd), costs time quadratic in the partitions (tiny
+    data, synchronous scheduler: 8.3 s at 20 partitions, 32.9 s at 40; ``tasks`` 2.4 s, 7.6 s)."""
+    configured = dask.config.get("dataframe.shuffle.method", None)
+    if configured:
+        return configured
+    try:
+        from distributed import default_client
+
+        default_client()
+    except (ImportError, ValueError):
+        return "tasks"
+    return "p2p"
+
+
 def shuffled_groups(inputs: list, cosine: float, rows) -> list:
-    """:func:`sharded_groups` wired by DataFrame shuffles: O(partitions) tasks."""
+    """:func:`sharded_groups` wired by DataFrame shuffles: about linear in the partitions."""
     import dask.dataframe as dd
 
+    method = shuffle_method()
     n_parts = len(inputs)
     plan = _named("plan", band_plan, rows)
     rounds = band_rounds(BANDS, RECORD_BANDS)
@@ -114,15 +133,15 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
          for number, part in enumerate(inputs) for bands in rounds],
         meta=_RECORDS, prefix="datamask-plan-duplicates-records", verify_meta=False)
     row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
-    edges = (_by_number(records, "bucket", buckets)
+    edges = (_by_number(records, "bucket", buckets, method)
              .map_partitions(_edges, cosine, meta=_EDGES, token=f"{_PREFIX}-buckets"))
-    links = (edges.shuffle("worse", npartitions=row_shards, ignore_index=True)
+    links = (edges.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
              .map_partitions(_parents, meta=_LINKS, token=f"{_PREFIX}-parents"))
-    counts = forwarded_counts(links, row_shards)
+    counts = forwarded_counts(links, row_shards, method)
     results = dd.concat([links[["child"]].map_partitions(_shadowed, meta=_ROWS),
                          counts.map_partitions(_kept, meta=_ROWS)])
     # partition p's rows in output partition p: divisions 0, 1, ..., n_parts
-    delivered = _by_number(results, "partition", n_parts)
+    delivered = _by_number(results, "partition", n_parts, method)
     # not fused: dask's blockwise fusion of the counting rounds' graph takes exponential time
     parts = delivered.optimize(fuse=False).to_delayed(optimize_graph=False)
     return [_named("groups", _partition_groups, part) for part in parts]
@@ -206,7 +225,7 @@ def _named(stage: str, function, *args) -> Delayed:
     return dask.delayed(function, pure=True)(*args, dask_key_name=f"{_PREFIX}-{stage}-{tokenize(*args)}")
 
 
-def forwarded_counts(links, shards: int):
+def forwarded_counts(links, shards: int, method: str):
     """Each kept row that shadowed rows reach and how many reach it (``ref, count``): each shadowed
     row's count of one climbs its parents (``links``: ``child, parent``) for ``ROUNDS`` rounds, as
     :func:`~datamask_dask.plan.shards.forward_weights` moves them (counts still climbing after the
@@ -219,19 +238,19 @@ def forwarded_counts(links, shards: int):
     nexts = links.rename(columns={"child": "target", "parent": "next"}).astype({"next": "Int64"})
     roots = []
     for _ in range(ROUNDS):
-        summed = pending.groupby("target").sum(split_out=shards).reset_index()
-        step = summed.merge(nexts, on="target", how="left", npartitions=shards)
+        summed = pending.groupby("target").sum(split_out=shards, shuffle_method=method).reset_index()
+        step = summed.merge(nexts, on="target", how="left", npartitions=shards, shuffle_method=method)
         roots.append(step[step["next"].isna()][["target", "count"]])
         pending = step[~step["next"].isna()].map_partitions(_moved, meta=summed._meta)
     every = dd.concat(roots)
-    return every.groupby("target").sum(split_out=shards).reset_index()
+    return every.groupby("target").sum(split_out=shards, shuffle_method=method).reset_index()
 
 
-def _by_number(frame, column: str, n: int):
+def _by_number(frame, column: str, n: int, method: str):
     """``frame`` shuffled so that output partition ``i`` holds the rows whose ``column`` is ``i``
     (``0 <= column < n``): ``set_index`` on known divisions, which places rows by a search of the
     divisions (a hash shuffle would hash every value, as float64)."""
-    return frame.set_index(column, divisions=list(range(n + 1)))
+    return frame.set_index(column, divisions=list(range(n + 1)), shuffle_method=method)
 
 
 def _records(part: dict, number: int, plan: dict, bands: range, buckets: int) -> pd.DataFrame:
