@@ -13,9 +13,9 @@ table's partitions):
   ``merge``) by :func:`shuffle_method`: ``p2p`` with a distributed Client (disk-backed), ``tasks``
   on the local schedulers (in memory), or what ``dask.config``'s ``dataframe.shuffle.method``
   names. A p2p shuffle has O(partitions) tasks (``tasks``: O(p log p)), so the graph grows about
-  linearly (``benchmarks/bench_plan_graph.py``);
-  each record is converted to Arrow and back and written to disk on the way, which costs more than
-  the task-to-task pieces where those fit (``benchmarks/bench_search_graph.py``).
+  linearly (``benchmarks/bench_plan_graph.py``); each record is converted to Arrow and back and
+  written to disk on the way, which costs about twice the worker time of the task-to-task pieces
+  where those fit (``benchmarks/bench_search_graph.py``).
 
 Stages of :func:`shuffled_groups`:
 
