@@ -41,6 +41,7 @@ counts the table's rows before its near-duplicate search, and records it).
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Mapping
 
@@ -342,7 +343,10 @@ def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None
         reads = progress_bars.persist(reads, scheduler=scheduler, progress=progress)
         rows = progress_bars.compute(_row_count(reads["scans"], _rows_of_scan), scheduler=scheduler,
                                      progress=False)[0]
-    plan = plan_graph(ddf, spec, reads, rows)
+    # built with the scheduler as the current Client, so that a large table's search shuffles p2p
+    # on it even where it is not Dask's default
+    with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
+        plan = plan_graph(ddf, spec, reads, rows)
     return progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
 
 
