@@ -226,3 +226,12 @@ def named(parts: list, name: str) -> list:
         keys.append(new_key)
     layers = HighLevelGraph({name: graph}, {name: set()})
     return [Delayed(key, layers, layer=name) for key in keys]
+
+
+def named_task(name: str, function, *args, nout: int | None = None):
+    """``function(*args)`` as a Delayed the dashboard shows as ``name`` (its task prefix), its key
+    unique per function and arguments."""
+    from dask.base import tokenize
+
+    return dask.delayed(function, pure=True, nout=nout)(
+        *args, dask_key_name=f"{name}-{tokenize(function.__name__, *args)}")

@@ -66,7 +66,7 @@ from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
 from ..plan.shards import gate, one_task
-from ..progress import named
+from ..progress import named, named_task
 from .search import sharded_groups
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
@@ -296,7 +296,7 @@ def _listed(prefix: str, items: list) -> Delayed:
     where the items share a graph, as every partition's summary shares the near-duplicate search
     (60 partitions: 695,000 graph entries for 12,900 tasks). Passed one by one, each is a
     reference, and each shared layer is kept once."""
-    return _task(prefix, _as_list, *items)
+    return named_task(prefix, _as_list, *items)
 
 
 def _as_list(*items) -> list:
@@ -370,11 +370,6 @@ def scan_summaries(scans: list, spec: SelectSpec, rows: int | None = None) -> li
             for i, scan in enumerate(scans)]
 
 
-def _task(name: str, function, *args, nout: int | None = None):
-    return dask.delayed(function, pure=True, nout=nout)(*args,
-                                                        dask_key_name=_key(name, function.__name__, *args))
-
-
 def table_groups(inputs: list, cosine: float, rows: int | None = None) -> list:
     """:func:`datamask_dask.plan.shards.table_groups` as a Delayed graph: one Delayed per partition.
 
@@ -388,17 +383,17 @@ def table_groups(inputs: list, cosine: float, rows: int | None = None) -> list:
     """
     name = "datamask-plan-duplicates"
     if one_task(rows, len(inputs)):  # known before the search runs: the one-task search alone
-        found = _task(name, find_groups, _listed(name, inputs), cosine, nout=len(inputs))
+        found = named_task(name, find_groups, _listed(name, inputs), cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]
     if rows is not None:  # known, and too many for one task: the sharded search alone
         return sharded_groups(inputs, cosine, dask.delayed(rows, pure=True))
     rows = _row_count(inputs)
-    single = _task(name, one_task, rows, len(inputs))
-    many = _task(name, operator.not_, single)
-    gated = _listed(name, [_task(name, gate, part, single) for part in inputs])
-    found = _task(name, find_groups, gated, cosine, nout=len(inputs))
-    sharded = sharded_groups([_task(name, gate, part, many) for part in inputs], cosine, rows)
-    return [_task(name, _either, single, found[i], sharded[i]) for i in range(len(inputs))]
+    single = named_task(name, one_task, rows, len(inputs))
+    many = named_task(name, operator.not_, single)
+    gated = _listed(name, [named_task(name, gate, part, single) for part in inputs])
+    found = named_task(name, find_groups, gated, cosine, nout=len(inputs))
+    sharded = sharded_groups([named_task(name, gate, part, many) for part in inputs], cosine, rows)
+    return [named_task(name, _either, single, found[i], sharded[i]) for i in range(len(inputs))]
 
 
 def _either(single: bool, found: dict, sharded: dict) -> dict:
@@ -411,7 +406,7 @@ def _row_count(inputs: list, rows_of=None):
     input)."""
     name = "datamask-plan-duplicates"
     rows_of = _rows_of if rows_of is None else rows_of
-    return _task(name, sum, _listed(name, [_task(name, rows_of, part) for part in inputs]))
+    return named_task(name, sum, _listed(name, [named_task(name, rows_of, part) for part in inputs]))
 
 
 def _rows_of(part: dict) -> int:

@@ -64,6 +64,7 @@ from ..plan.shards import (
     partition_groups,
     shard_count,
 )
+from ..progress import named_task
 
 __all__ = ["sharded_groups", "shuffle_method", "shuffled_groups", "task_groups"]
 
@@ -125,13 +126,13 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
 
     method = shuffle_method()
     n_parts = len(inputs)
-    plan = _named("plan", band_plan, rows)
+    plan = named_task(f"{_PREFIX}-plan", band_plan, rows)
     rounds = band_rounds(BANDS, RECORD_BANDS)
     buckets = shard_count(n_parts * BANDS, PARTITIONS_PER_SHARD)  # a bucket task: ~4 partitions x 1 band
     records = dd.from_delayed(
-        [_named("records", _records, part, number, plan, bands, buckets)
+        [named_task(f"{_PREFIX}-records", _records, part, number, plan, bands, buckets)
          for number, part in enumerate(inputs) for bands in rounds],
-        meta=_RECORDS, prefix="datamask-plan-duplicates-records", verify_meta=False)
+        meta=_RECORDS, prefix=f"{_PREFIX}-records", verify_meta=False)
     row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
     edges = (_by_number(records, "bucket", buckets, method)
              .map_partitions(_edges, cosine, meta=_EDGES, token=f"{_PREFIX}-buckets"))
@@ -144,7 +145,7 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
     delivered = _by_number(results, "partition", n_parts, method)
     # not fused: dask's blockwise fusion of the counting rounds' graph takes exponential time
     parts = delivered.optimize(fuse=False).to_delayed(optimize_graph=False)
-    return [_named("groups", _partition_groups, part) for part in parts]
+    return [named_task(f"{_PREFIX}-groups", _partition_groups, part) for part in parts]
 
 
 def task_groups(inputs: list, cosine: float, rows) -> list:
@@ -161,11 +162,11 @@ def task_groups(inputs: list, cosine: float, rows) -> list:
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
     token = tokenize(inputs, cosine, rows)
-    layer = f"datamask-plan-duplicates-{token}"
+    layer = f"{_PREFIX}-{token}"
     dsk: dict = {}
 
     def task(stage: str, index: tuple, *spec) -> tuple:
-        key = (f"datamask-plan-duplicates-{stage}-{token}", *index)
+        key = (f"{_PREFIX}-{stage}-{token}", *index)
         dsk[key] = spec
         return key
 
@@ -216,13 +217,6 @@ def _block_records(parts: list, first: int, plan: dict, shards: int, bands: rang
     pieces = [band_records(part, first + i, plan, shards, bands) for i, part in enumerate(parts)]
     return [tuple(np.concatenate(column) for column in zip(*by_shard, strict=True))
             for by_shard in zip(*pieces, strict=True)]
-
-
-def _named(stage: str, function, *args) -> Delayed:
-    """``function(*args)`` as a Delayed named ``datamask-plan-duplicates-<stage>`` on the dashboard."""
-    from dask.base import tokenize
-
-    return dask.delayed(function, pure=True)(*args, dask_key_name=f"{_PREFIX}-{stage}-{tokenize(*args)}")
 
 
 def forwarded_counts(links, shards: int, method: str):
