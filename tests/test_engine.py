@@ -10,7 +10,7 @@ import torch
 
 from datamask_dask.errors import DataMaskError, InputDataError, OptionError
 from datamask_dask.learn.engine import learn_mask
-from datamask_dask.learn.objectives import DiversityMetric, evaluate_selection, register_metric
+from datamask_dask.learn.objectives import DiversityMetric, Facility, evaluate_selection, register_metric
 from datamask_dask.learn.options import DataMaskOptions
 from datamask_dask.sample_data import make_embeddings
 
@@ -246,6 +246,25 @@ def test_weighted_rows_are_covered_as_the_rows_they_stand_for(refine_reference, 
     score = [evaluate_selection(q, emb, m, algorithm="Facility", lamb=0.0, weights=weights)["objective"]
              for m in (weighted, plain)]
     assert weighted.sum() == 40 and score[0] > score[1]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("sampled", [False, True])  # a reference sample, or every row
+def test_facility_measures_two_selections_at_once_as_it_measures_each(weighted, sampled):
+    """``evaluate_both`` (the learner's check of its mask against quality top-k) gives each selection
+    exactly what ``evaluate`` gives it: disjoint, overlapping, equal and nested selections, sizes
+    that are no multiple of the padding."""
+    g = torch.Generator().manual_seed(3)
+    emb = torch.nn.functional.normalize(torch.randn(3000, 48, generator=g), dim=1)
+    rows = torch.randperm(3000, generator=g)
+    reference = emb[rows[:700]] if sampled else None
+    weights = (1 + 3 * torch.rand(700 if sampled else 3000, generator=g)).double() if weighted else None
+    metric = Facility()
+    first = rows[:517]
+    for second in (rows[517:900], rows[200:701], first.flip(0), rows[3:8]):
+        both = metric.evaluate_both(emb, first, second, reference=reference, weights=weights)
+        each = tuple(metric.evaluate(emb, s, reference=reference, weights=weights) for s in (first, second))
+        assert both == each
 
 
 @pytest.mark.parametrize("weights", [np.ones(10), np.full(1500, 0.5), np.full(1500, np.nan)])

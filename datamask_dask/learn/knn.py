@@ -78,7 +78,7 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
         rows, slots = asking // p, asking % p
         found = min(t, members.numel())
         # With one probe these are the final neighbours (sorted); else the merge below sorts.
-        products = _similarities(_aligned(low_reference, rows), _aligned(low_candidates, members),
+        products = _similarities(aligned_rows(low_reference, rows), aligned_rows(low_candidates, members),
                                  rows.numel(), members.numel())
         top = products.topk(found, dim=1, sorted=p == 1)
         values[rows, slots, :found] = top.values.float()
@@ -90,7 +90,7 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
 
 
 def _similarities(left: Tensor, right: Tensor, n_rows: int, n_columns: int) -> Tensor:
-    """``left @ right.T`` for operands padded by :func:`_aligned`: the first ``n_rows`` rows,
+    """``left @ right.T`` for operands padded by :func:`aligned_rows`: the first ``n_rows`` rows,
     with the padded columns (from ``n_columns`` on) at ``-inf`` so they never rank.
 
     CPU matrix kernels (oneDNN's bfloat16 ones above all) are generated and cached per shape,
@@ -102,7 +102,7 @@ def _similarities(left: Tensor, right: Tensor, n_rows: int, n_columns: int) -> T
     return products[:n_rows]
 
 
-def _aligned(x: Tensor, rows: Tensor | None = None) -> Tensor:
+def aligned_rows(x: Tensor, rows: Tensor | None = None) -> Tensor:
     """``x[rows]`` (all rows where None) with the row count rounded up to a multiple of ``_ALIGN``."""
     missing = -(x.shape[0] if rows is None else rows.numel()) % _ALIGN
     if rows is not None:  # pad the index (with any row), so the gather is the only copy
@@ -112,10 +112,10 @@ def _aligned(x: Tensor, rows: Tensor | None = None) -> Tensor:
 
 def _blocks(x: Tensor, right: Tensor):
     """``x @ right.T`` block by block (``_BLOCK_ROWS`` rows of ``x`` at a time), on aligned shapes."""
-    aligned = _aligned(right)  # once for every block
+    aligned = aligned_rows(right)  # once for every block
     for start in range(0, x.shape[0], _BLOCK_ROWS):
         block = x[start:start + _BLOCK_ROWS]
-        yield _similarities(_aligned(block), aligned, block.shape[0], right.shape[0])
+        yield _similarities(aligned_rows(block), aligned, block.shape[0], right.shape[0])
 
 
 def _exact(reference: Tensor, candidates: Tensor, t: int) -> tuple[Tensor, Tensor]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from .knn import top_neighbours
+from .knn import aligned_rows, top_neighbours
 
 Tensor = torch.Tensor
 _EVAL_BLOCK = 4096  # rows of the chunk compared with the selection at once when evaluating
@@ -226,15 +226,41 @@ class Facility(DiversityMetric):
         similarity to the selected rows of ``emb``: on a uniform sample drawn independently of the
         selection, an unbiased estimate of the whole chunk's term. ``weights`` (one per reference
         row): the rows each stands for; the mean is then weighted."""
-        sel = emb[selected]
-        rows = emb if reference is None else reference
-        total = 0.0
+        return self._coverage(emb if reference is None else reference, emb, selected, [(0, selected.numel())],
+                              weights)[0]
+
+    def evaluate_both(self, emb, first, second, reference=None, weights=None) -> tuple[float, float]:
+        """:meth:`evaluate` of two selections, each similarity computed once: the reference rows meet
+        the rows of either selection in one product, columns ordered (first only, both, second
+        only) so that each selection's columns are one slice. Where the selections share most rows
+        (the learned mask and quality top-k share about 70% at lamb 0.5) that is a third less work
+        than two evaluations, with the same values (each entry is the same dot product)."""
+        n = emb.shape[0]
+        in_first = torch.zeros(n, dtype=torch.bool, device=emb.device).index_fill_(0, first, True)
+        in_second = torch.zeros(n, dtype=torch.bool, device=emb.device).index_fill_(0, second, True)
+        shared = in_second[first]
+        columns = torch.cat([first[~shared], first[shared], second[~in_first[second]]])
+        spans = [(0, first.numel()), (int((~shared).sum()), columns.numel())]
+        values = self._coverage(emb if reference is None else reference, emb, columns, spans, weights)
+        return values[0], values[1]
+
+    @staticmethod
+    def _coverage(rows, emb, columns, spans, weights=None) -> list[float]:
+        """For each ``(start, stop)`` of ``spans``: the (weighted) mean over ``rows`` of the best
+        clamped similarity to the rows ``columns[start:stop]`` of ``emb``. The product runs on a
+        column count padded as :func:`~datamask_dask.learn.knn.top_neighbours` pads it (a count
+        that is no multiple of 16 measured 1.5x slower on CPU); the padding is in no span."""
+        selected = aligned_rows(emb, columns)
+        totals = [0.0] * len(spans)
         for start in range(0, rows.shape[0], _EVAL_BLOCK):
-            best = (rows[start:start + _EVAL_BLOCK] @ sel.T).amax(1).clamp(min=0)
-            if weights is not None:
-                best = best.double() * weights[start:start + _EVAL_BLOCK].double()
-            total += float(best.sum())
-        return total / (rows.shape[0] if weights is None else float(weights.double().sum()))
+            similarity = rows[start:start + _EVAL_BLOCK] @ selected.T
+            for i, (first, stop) in enumerate(spans):
+                best = similarity[:, first:stop].amax(1).clamp(min=0)
+                if weights is not None:
+                    best = best.double() * weights[start:start + _EVAL_BLOCK].double()
+                totals[i] += float(best.sum())
+        mass = rows.shape[0] if weights is None else float(weights.double().sum())
+        return [total / mass for total in totals]
 
 
 class DiSF(DiversityMetric):
@@ -443,6 +469,21 @@ def weighted_diversity(metrics, emb: Tensor, selected: Tensor, reference: Tensor
         values[metric.name] = metric.evaluate(emb, selected, **extra)
         total += weight * values[metric.name]
     return total, values
+
+
+def weighted_diversity_both(metrics, emb: Tensor, first: Tensor, second: Tensor, reference: Tensor | None = None,
+                            weights: Tensor | None = None) -> tuple[float, float]:
+    """:func:`weighted_diversity`'s total for two selections; metrics with an ``evaluate_both``
+    (:meth:`Facility.evaluate_both`) measure both at once."""
+    totals = [0.0, 0.0]
+    for metric, weight in metrics:
+        if hasattr(metric, "evaluate_both"):
+            extra = {} if reference is None else {"reference": reference}
+            values = metric.evaluate_both(emb, first, second, **extra, weights=weights)
+        else:
+            values = [weighted_diversity([(metric, 1.0)], emb, rows, reference, weights)[0] for rows in (first, second)]
+        totals = [total + weight * value for total, value in zip(totals, values)]
+    return totals[0], totals[1]
 
 
 def evaluate_selection(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float = 0.5,
