@@ -295,7 +295,7 @@ def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOp
     # both masks on the same held-out rows, in one pass over them (they share most rows)
     diversity = weighted_diversity_both(metrics, emb, topk, chosen, reference=held_emb, weights=held_weights)
     top, learned = (opts.lamb * float(qn[rows].mean()) + (1 - opts.lamb) * value
-                    for rows, value in zip((topk, chosen), diversity))
+                    for rows, value in zip((topk, chosen), diversity, strict=True))
     return topk if top > learned else chosen
 
 

@@ -471,7 +471,8 @@ def weighted_diversity(metrics, emb: Tensor, selected: Tensor, reference: Tensor
     return total, values
 
 
-def weighted_diversity_both(metrics, emb: Tensor, first: Tensor, second: Tensor, reference: Tensor | None = None,
+def weighted_diversity_both(metrics, emb: Tensor, first: Tensor, second: Tensor,
+                            reference: Tensor | None = None,
                             weights: Tensor | None = None) -> tuple[float, float]:
     """:func:`weighted_diversity`'s total for two selections; metrics with an ``evaluate_both``
     (:meth:`Facility.evaluate_both`) measure both at once."""
@@ -481,8 +482,9 @@ def weighted_diversity_both(metrics, emb: Tensor, first: Tensor, second: Tensor,
             extra = {} if reference is None else {"reference": reference}
             values = metric.evaluate_both(emb, first, second, **extra, weights=weights)
         else:
-            values = [weighted_diversity([(metric, 1.0)], emb, rows, reference, weights)[0] for rows in (first, second)]
-        totals = [total + weight * value for total, value in zip(totals, values)]
+            values = [weighted_diversity([(metric, 1.0)], emb, rows, reference, weights)[0]
+                      for rows in (first, second)]
+        totals = [total + weight * value for total, value in zip(totals, values, strict=True)]
     return totals[0], totals[1]
 
 
