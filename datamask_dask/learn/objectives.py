@@ -246,16 +246,16 @@ class Facility(DiversityMetric):
 
     @staticmethod
     def _coverage(rows, emb, columns, spans, weights=None) -> list[float]:
-        """For each ``(start, stop)`` of ``spans``: the (weighted) mean over ``rows`` of the best
-        clamped similarity to the rows ``columns[start:stop]`` of ``emb``. The product runs on a
+        """For each ``(low, high)`` of ``spans``: the (weighted) mean over ``rows`` of the best
+        clamped similarity to the rows ``columns[low:high]`` of ``emb``. The product runs on a
         column count padded as :func:`~datamask_dask.learn.knn.top_neighbours` pads it (a count
         that is no multiple of 16 measured 1.5x slower on CPU); the padding is in no span."""
         selected = aligned_rows(emb, columns)
         totals = [0.0] * len(spans)
         for start in range(0, rows.shape[0], _EVAL_BLOCK):
             similarity = rows[start:start + _EVAL_BLOCK] @ selected.T
-            for i, (first, stop) in enumerate(spans):
-                best = similarity[:, first:stop].amax(1).clamp(min=0)
+            for i, (low, high) in enumerate(spans):
+                best = similarity[:, low:high].amax(1).clamp(min=0)
                 if weights is not None:
                     best = best.double() * weights[start:start + _EVAL_BLOCK].double()
                 totals[i] += float(best.sum())
