@@ -73,3 +73,38 @@ def test_disf_first_order_gains_rank_like_the_exact_ones(rank):
     for rows in (member[0].numpy(), ~member[0].numpy()):
         rho = np.corrcoef(np.argsort(np.argsort(got[rows])), np.argsort(np.argsort(exact[rows])))[0, 1]
         assert rho > 0.95
+
+
+@pytest.mark.parametrize("neighbours", [1, 8])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_facility_compiled_step_gives_the_torch_steps_bits(monkeypatch, neighbours, weighted):
+    """The compiled CPU step (:mod:`datamask_dask.learn.facility_cpu`) and the torch operations it
+    replaces give the same rewards and gains, bit for bit (duplicate rows make ties), and so the
+    learner the same selection."""
+    from datamask_dask.learn import facility_cpu
+    from datamask_dask.learn.engine import learn_mask
+
+    _, e = make_embeddings(3000, 24, n_clusters=12, seed=2)
+    e[1500:1600] = e[1400:1500]  # exact copies: equal similarities, ties for the best
+    emb = torch.nn.functional.normalize(torch.tensor(e), dim=1)
+    g = torch.Generator().manual_seed(0)
+    weights = (1 + torch.randint(0, 4, (3000,), generator=g)).float() if weighted else None
+    metric = Facility(neighbours=neighbours, exact_max=1000, probes=1)
+    state = metric.prepare(emb, g, reference=emb, weights=weights)
+    idx = torch.stack([torch.randperm(3000, generator=g)[:300] for _ in range(3)])
+    member = torch.zeros(3, 3000, dtype=torch.bool).scatter_(1, idx, True)
+    assert facility_cpu.available(state[0])
+    compiled = metric.rewards_and_gains(emb, idx, state, member), metric.rewards(emb, idx, state)
+    monkeypatch.setattr(facility_cpu, "available", lambda values: False)
+    reference = metric.rewards_and_gains(emb, idx, state, member), metric.rewards(emb, idx, state)
+    assert all(torch.equal(a, b) for a, b in zip([*compiled[0], compiled[1]], [*reference[0], reference[1]],
+                                                  strict=True))
+    assert compiled[0][1].abs().sum() > 0  # gains, not all zero
+
+    q = np.random.default_rng(1).random(3000)
+    options = dict(algorithm="Facility", lamb=0.5, seed=3, neighbours=max(neighbours, 2), refine_epochs=5,
+                   weights=None if weights is None else weights.numpy())
+    masks = [learn_mask(q, e, 200, **options).mask]
+    monkeypatch.undo()
+    masks.append(learn_mask(q, e, 200, **options).mask)
+    assert np.array_equal(*masks)

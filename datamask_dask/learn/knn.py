@@ -60,7 +60,10 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
     n_clusters = math.ceil(n / cluster_rows)
     centroids = _spherical_kmeans(low_candidates, candidates, n_clusters, iterations, generator)
     membership = _nearest(low_candidates, centroids, 1)[:, 0]  # (n,)
-    probed = _nearest(low_reference, centroids, min(probes, n_clusters))  # (m, p)
+    if low_reference is low_candidates and probes == 1:  # each row probes its own cluster
+        probed = membership[:, None]
+    else:
+        probed = _nearest(low_reference, centroids, min(probes, n_clusters))  # (m, p)
     m, p = probed.shape
     values = torch.full((m, p, t), -math.inf, device=reference.device)
     indices = torch.zeros((m, p, t), dtype=torch.long, device=reference.device)

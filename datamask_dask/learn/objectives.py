@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
+from . import facility_cpu
 from .knn import aligned_rows, top_neighbours
 
 Tensor = torch.Tensor
@@ -174,7 +175,11 @@ class Facility(DiversityMetric):
 
     def rewards(self, emb, idx, state):
         member = torch.zeros((idx.shape[0], emb.shape[0]), dtype=torch.bool, device=idx.device)
-        return _weighted_mean(self._held(state, member.scatter_(1, idx, True))[0].amax(-1), state[3])
+        member.scatter_(1, idx, True)
+        if facility_cpu.available(state[0]):
+            best = facility_cpu.best_and_gains(state[0], state[1], member, None, with_gains=False)[0]
+            return _weighted_mean(best, state[3])
+        return _weighted_mean(self._held(state, member)[0].amax(-1), state[3])
 
     @staticmethod
     def _held(state, member):
@@ -191,12 +196,16 @@ class Facility(DiversityMetric):
 
     def rewards_and_gains(self, emb, idx, state, member):
         values, neighbours = state[:2]
+        share = state[3]
+        if facility_cpu.available(values) and not state[2]:  # one compiled pass (without the noise terms)
+            best, gain = facility_cpu.best_and_gains(values, neighbours, member, share)
+            gain /= values.shape[0]
+            return _weighted_mean(best, share), gain
         held, flat = self._held(state, member)
         best, arg = held.max(-1)  # (G, m): each reference row's best similarity to U, and where
         second = held.scatter_(-1, arg[..., None], 0.0).amax(-1)  # held is not needed any more
         owner = neighbours.gather(1, arg.T).T  # (G, m) batch row that is best for each reference row
         g, m = best.shape
-        share = state[3]
         # Joining: how much j raises each reference row's best similarity (0 for members).
         joining = (values[None] - best[..., None]).clamp_(min=0)
         # Leaving: a member loses what it alone provides (best - second where it is the best).

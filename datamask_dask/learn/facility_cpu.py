@@ -1,0 +1,99 @@
+"""Facility location's learning step on CPU as one compiled pass over the k-NN graph (numba).
+
+Each step of :class:`~datamask_dask.learn.objectives.Facility` reads the graph (m reference rows x
+t neighbours) for every rollout: which neighbours are in U, each reference row's best and second
+best similarity to U, and what each candidate would add or take away. In torch that is about ten
+whole-graph tensor operations a step (gather, multiply, max, scatter, subtract, clamp, two
+scatter-adds), each a pass through memory with a temporary of G x m x t floats; here it is one
+pass per rollout, with no temporaries.
+
+The arithmetic is the torch path's, operation for operation and in the same order (the same
+float32 products, differences and clamps; the gains summed over the graph's entries in row-major
+order, then each reference row's loss of its best row), so both give the same bits: the tests
+compare them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+try:
+    import numba
+except ImportError:  # the torch path runs instead
+    numba = None
+
+
+def available(values: torch.Tensor) -> bool:
+    """Whether the compiled step can run on ``values`` (a CPU graph, numba installed)."""
+    return numba is not None and values.device.type == "cpu" and values.dtype == torch.float32
+
+
+def best_and_gains(values: torch.Tensor, neighbours: torch.Tensor, member: torch.Tensor,
+                   share: torch.Tensor | None, with_gains: bool = True) -> tuple:
+    """Each rollout's best similarity per reference row (G, m) and, ``with_gains``, each candidate's
+    gain summed over the reference rows (G, n), not yet divided by m (else None).
+
+    ``values`` (m, t) float32 and ``neighbours`` (m, t): the graph; ``member`` (G, n) bool: the
+    rollouts' selections; ``share`` (m,) float32 or None: the reference rows' mean-1 weights.
+    """
+    member_np = member.contiguous().numpy()
+    values_np, neighbours_np = values.contiguous().numpy(), neighbours.contiguous().numpy()
+    g, n = member_np.shape
+    best = np.empty((g, values_np.shape[0]), dtype=np.float32)
+    gain = np.zeros((g, n), dtype=np.float32) if with_gains else np.zeros((0, 0), dtype=np.float32)
+    share_np = np.zeros(0, dtype=np.float32) if share is None else share.contiguous().numpy()
+    _kernel()(values_np, neighbours_np, member_np, share_np, best, gain, with_gains)
+    return torch.from_numpy(best), torch.from_numpy(gain) if with_gains else None
+
+
+_compiled = None
+
+
+def _kernel():
+    global _compiled
+    if _compiled is None:
+        _compiled = numba.njit(cache=True, nogil=True)(_step)
+    return _compiled
+
+
+def _step(values, neighbours, member, share, best, gain, with_gains):  # pragma: no cover (compiled)
+    rollouts = member.shape[0]
+    m, t = values.shape
+    zero = np.float32(0.0)
+    weighted = share.shape[0] > 0
+    owner = np.empty(m, dtype=np.int64)
+    leaving = np.empty(m, dtype=np.float32)
+    for g in range(rollouts):
+        for i in range(m):
+            # held[j] = values[i, j] * (neighbour j in U), as a float product like torch's
+            top = values[i, 0] * np.float32(member[g, neighbours[i, 0]])
+            arg = 0
+            for j in range(1, t):
+                held = values[i, j] * np.float32(member[g, neighbours[i, j]])
+                if held > top:  # the first maximal entry, as torch's max(dim)
+                    top, arg = held, j
+            best[g, i] = top
+            if not with_gains:
+                continue
+            # the second best: the maximum with the best entry set to 0
+            second = zero
+            for j in range(t):
+                held = zero if j == arg else values[i, j] * np.float32(member[g, neighbours[i, j]])
+                if held > second:
+                    second = held
+            owner[i] = neighbours[i, arg]
+            leaving[i] = top - second
+            if weighted:
+                leaving[i] = leaving[i] * share[i]
+            # joining: how much each neighbour would raise this row's best (0 for members)
+            for j in range(t):
+                joining = values[i, j] - top
+                if joining < zero:
+                    joining = zero
+                if weighted:
+                    joining = joining * share[i]
+                gain[g, neighbours[i, j]] += joining
+        if with_gains:  # after every joining term, as torch's second scatter-add
+            for i in range(m):
+                gain[g, owner[i]] += leaving[i]
