@@ -15,18 +15,19 @@ compare them.
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import torch
 
-try:
-    import numba
-except ImportError:  # the torch path runs instead
-    numba = None
+# numba (and LLVM, ~0.1 GiB a process) is imported at the first Facility step, not with the learner
+_HAS_NUMBA = importlib.util.find_spec("numba") is not None
 
 
 def available(values: torch.Tensor) -> bool:
-    """Whether the compiled step can run on ``values`` (a CPU graph, numba installed)."""
-    return numba is not None and values.device.type == "cpu" and values.dtype == torch.float32
+    """Whether the compiled step can run on ``values`` (a CPU graph, numba installed; else the
+    torch path runs)."""
+    return _HAS_NUMBA and values.device.type == "cpu" and values.dtype == torch.float32
 
 
 def best_and_gains(values: torch.Tensor, neighbours: torch.Tensor, member: torch.Tensor,
@@ -53,6 +54,8 @@ _compiled = None
 def _kernel():
     global _compiled
     if _compiled is None:
+        import numba
+
         _compiled = numba.njit(cache=True, nogil=True)(_step)
     return _compiled
 
