@@ -197,7 +197,8 @@ class Facility(DiversityMetric):
     def rewards_and_gains(self, emb, idx, state, member):
         values, neighbours = state[:2]
         share = state[3]
-        if facility_cpu.available(values) and not state[2]:  # one compiled pass (without the noise terms)
+        # one compiled pass on CPU; a reference sample's gains also need their noise (torch, below)
+        if facility_cpu.available(values) and not state[2]:
             best, gain = facility_cpu.best_and_gains(values, neighbours, member, share)
             gain /= values.shape[0]
             return _weighted_mean(best, share), gain
