@@ -69,22 +69,21 @@ def _step(values, neighbours, member, share, best, gain, with_gains):  # pragma:
     leaving = np.empty(m, dtype=np.float32)
     for g in range(rollouts):
         for i in range(m):
-            # held[j] = values[i, j] * (neighbour j in U), as a float product like torch's
+            # held[j] = values[i, j] * (neighbour j in U), as a float product like torch's; the best
+            # (its first maximal entry, as torch's max(dim)) and the second best, the maximum with
+            # the best entry set to 0 (every held value is >= 0), in one pass
             top = values[i, 0] * np.float32(member[g, neighbours[i, 0]])
             arg = 0
+            second = zero
             for j in range(1, t):
                 held = values[i, j] * np.float32(member[g, neighbours[i, j]])
-                if held > top:  # the first maximal entry, as torch's max(dim)
-                    top, arg = held, j
+                if held > top:
+                    second, top, arg = top, held, j
+                elif held > second:
+                    second = held
             best[g, i] = top
             if not with_gains:
                 continue
-            # the second best: the maximum with the best entry set to 0
-            second = zero
-            for j in range(t):
-                held = zero if j == arg else values[i, j] * np.float32(member[g, neighbours[i, j]])
-                if held > second:
-                    second = held
             owner[i] = neighbours[i, arg]
             leaving[i] = top - second
             if weighted:
