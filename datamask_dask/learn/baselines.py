@@ -432,11 +432,14 @@ class _FacilityState:
                 raise OptionError(f"option reference_size={reference_size!r} is invalid: "
                                   "expected an integer >= 1 or None")
             size = min(reference_size, n)
+        self.position = None  # each row's position among the reference rows (-1: not one), when sampled
         if size < n:
             gen = torch.Generator(device="cpu").manual_seed(seed)
             ref = torch.randperm(n, generator=gen)[:size].sort().values.to(emb.device)
             self.ref_emb = emb[ref]
             weights = None if weights is None else weights[ref]
+            self.position = torch.full((n,), -1, dtype=torch.long, device=emb.device)
+            self.position[ref] = torch.arange(size, device=emb.device)
         else:
             self.ref_emb = emb
         # mean-1 weights of the reference rows (None: each counts once)
@@ -456,7 +459,15 @@ class _FacilityState:
         """Clamped similarities of candidates ``start:stop`` to the reference rows, (rows, |V|)."""
         if self.cache is not None:
             return _take(self.cache, cand, start, stop)
-        return (_take(self.emb, cand, start, stop) @ self.ref_emb.T).clamp_(min=0)
+        cols = (_take(self.emb, cand, start, stop) @ self.ref_emb.T).clamp_(min=0)
+        if self.position is not None:
+            # A sampled reference row does not count itself as covered, as in the learner
+            # (Facility.prepare): else every sampled row would be worth n / |V| times the others.
+            rows = torch.arange(start, start + cols.shape[0], device=cols.device) if cand is None else cand[start:stop]
+            where = self.position[rows]
+            hit = (where >= 0).nonzero().flatten()
+            cols[hit, where[hit]] = 0.0
+        return cols
 
     def gains(self, cand: Tensor | None) -> Tensor:
         """``D(U + j) - D(U)`` for each candidate, in blocks so scratch memory stays bounded."""

@@ -160,6 +160,14 @@ class Facility(DiversityMetric):
         dtype = torch.bfloat16 if self.precision == "bfloat16" else emb.dtype
         values, neighbours = top_neighbours(reference, emb, self.neighbours, dtype=dtype, generator=generator,
                                             exact_max=self.exact_max, probes=self.probes)
+        # A row none of whose listed neighbours is in U is still covered by some row of U, at most
+        # as well as by its last listed neighbour: that similarity is its floor. Gains count only
+        # what a row adds above its floor, where counting from 0 would overrate covering rows. A
+        # single neighbour is its own floor, so it gets none; nor does a reference sample, whose gains
+        # are shrunk by their noise as counted from 0 (with a floor it selected worse there).
+        floor = values[:, -1].clamp(min=0) if values.shape[1] > 1 and reference_rows is None else \
+            values.new_zeros(values.shape[0])
+        values = values.sub_(floor[:, None])
         if reference_rows is not None:
             # A fixed sample of m reference rows, learned against for many steps: a sampled row is
             # its own best neighbour (similarity 1), so selecting it earns 1/m, while the chunk's
@@ -171,15 +179,15 @@ class Facility(DiversityMetric):
         # (m, t) each, whether the reference is a fixed sample (its gains are then shrunk), and the
         # reference rows' weights scaled to mean 1 (None: every row counts once)
         share = None if weights is None else _mean_one(weights.to(values.dtype))
-        return values.clamp_(min=0), neighbours, reference_rows is not None, share
+        return values.clamp_(min=0), neighbours, reference_rows is not None, share, _weighted_mean(floor, share)
 
     def rewards(self, emb, idx, state):
         member = torch.zeros((idx.shape[0], emb.shape[0]), dtype=torch.bool, device=idx.device)
         member.scatter_(1, idx, True)
         if facility_cpu.available(state[0]):
             best = facility_cpu.best_and_gains(state[0], state[1], member, None, with_gains=False)[0]
-            return _weighted_mean(best, state[3])
-        return _weighted_mean(self._held(state, member)[0].amax(-1), state[3])
+            return _weighted_mean(best, state[3]) + state[4]
+        return _weighted_mean(self._held(state, member)[0].amax(-1), state[3]) + state[4]
 
     @staticmethod
     def _held(state, member):
@@ -201,7 +209,7 @@ class Facility(DiversityMetric):
         if facility_cpu.available(values) and not state[2]:
             best, gain = facility_cpu.best_and_gains(values, neighbours, member, share)
             gain /= values.shape[0]
-            return _weighted_mean(best, share), gain
+            return _weighted_mean(best, share) + state[4], gain
         held, flat = self._held(state, member)
         best, arg = held.max(-1)  # (G, m): each reference row's best similarity to U, and where
         second = held.scatter_(-1, arg[..., None], 0.0).amax(-1)  # held is not needed any more
@@ -220,7 +228,7 @@ class Facility(DiversityMetric):
         gain /= m
         if state[2]:
             gain = _shrink(gain, self._gain_noise(flat, joining, owner, leaving, gain.shape, m))
-        return _weighted_mean(best, share), gain
+        return _weighted_mean(best, share) + state[4], gain
 
     @staticmethod
     def _gain_noise(flat, joining, owner, leaving, shape, m):

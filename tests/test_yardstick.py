@@ -1,0 +1,62 @@
+"""The yardstick: a selection's share of the baseline's gain over random."""
+
+import numpy as np
+import pytest
+
+from datamask_dask.learn.baselines import lazy_greedy, quality_topk, random_selection, stochastic_greedy
+from datamask_dask.learn.engine import learn_mask
+from datamask_dask.learn.objectives import evaluate_selection
+from datamask_dask.learn.yardstick import measure
+from datamask_dask.sample_data import make_embeddings
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return make_embeddings(3000, 32, n_clusters=40, seed=3)
+
+
+def _mask(n, rows):
+    mask = np.zeros(n, dtype=bool)
+    mask[rows] = True
+    return mask
+
+
+@pytest.mark.parametrize("algorithm", ["Pair_simi", "Facility"])
+def test_the_baseline_scores_one_and_random_scores_near_zero(corpus, algorithm):
+    q, e = corpus
+    k = 300
+    greedy = measure(q, e, _mask(len(q), lazy_greedy(q, e, k, algorithm=algorithm, lamb=0.0)),
+                     algorithm=algorithm, lamb=0.0)
+    assert greedy.baseline_name == "lazy greedy" and greedy.share == pytest.approx(1.0)
+    drawn = measure(q, e, _mask(len(q), random_selection(q, e, k, seed=7)), algorithm=algorithm, lamb=0.0)
+    assert abs(drawn.share) < 0.2 and drawn.random < drawn.baseline
+
+
+def test_a_learned_selection_is_measured_against_quality_topk(corpus):
+    q, e = corpus
+    learned = learn_mask(q, e, 300, algorithm="Facility", lamb=0.5).mask
+    score = measure(q, e, learned, algorithm="Facility", lamb=0.5)
+    assert score.objective == pytest.approx(
+        evaluate_selection(q, e, learned, algorithm="Facility", lamb=0.5)["objective"])
+    top = evaluate_selection(q, e, quality_topk(q, e, 300), algorithm="Facility", lamb=0.5)["objective"]
+    assert score.topk == pytest.approx(top) and score.over_topk == pytest.approx(score.objective - top)
+    assert score.share > score.topk_share and score.share > 0.9
+
+
+def test_above_the_greedy_size_the_baseline_is_stochastic_greedy(corpus):
+    q, e = corpus
+    pick = _mask(len(q), stochastic_greedy(q, e, 300, algorithm="Pair_simi", lamb=0.0))
+    score = measure(q, e, pick, algorithm="Pair_simi", lamb=0.0, greedy_max_rows=1000)
+    assert score.baseline_name == "stochastic greedy" and score.share == pytest.approx(1.0)
+
+
+def test_greedy_on_a_reference_sample_does_not_chase_the_sampled_rows(corpus):
+    """A sampled reference row covering itself would be worth n / |V| times any other row."""
+    q, e = corpus
+    k, size = 300, 500
+    pick = lazy_greedy(q, e, k, algorithm="Facility", lamb=0.0, reference_size=size, seed=0)
+    import torch
+
+    sampled = torch.randperm(len(q), generator=torch.Generator().manual_seed(0))[:size].numpy()
+    share_sampled = np.isin(pick, sampled).mean()
+    assert share_sampled < 3 * size / len(q)  # about the sample's share of the rows, not most of the pick
