@@ -463,7 +463,8 @@ class _FacilityState:
         if self.position is not None:
             # A sampled reference row does not count itself as covered, as in the learner
             # (Facility.prepare): else every sampled row would be worth n / |V| times the others.
-            rows = torch.arange(start, start + cols.shape[0], device=cols.device) if cand is None else cand[start:stop]
+            rows = cand[start:stop] if cand is not None else torch.arange(
+                start, start + cols.shape[0], device=cols.device)
             where = self.position[rows]
             hit = (where >= 0).nonzero().flatten()
             cols[hit, where[hit]] = 0.0

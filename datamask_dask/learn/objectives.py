@@ -176,10 +176,11 @@ class Facility(DiversityMetric):
             # m = 32k: n/m = 6x the weight). Without self-matches the sample estimates only how
             # well U covers *other* rows, which is unbiased for every candidate alike.
             values.masked_fill_(neighbours == reference_rows[:, None], 0.0)
-        # (m, t) each, whether the reference is a fixed sample (its gains are then shrunk), and the
-        # reference rows' weights scaled to mean 1 (None: every row counts once)
+        # (m, t) each, whether the reference is a fixed sample (its gains are then shrunk), the
+        # reference rows' weights scaled to mean 1 (None: every row counts once) and the mean floor
         share = None if weights is None else _mean_one(weights.to(values.dtype))
-        return values.clamp_(min=0), neighbours, reference_rows is not None, share, _weighted_mean(floor, share)
+        sampled = reference_rows is not None
+        return values.clamp_(min=0), neighbours, sampled, share, _weighted_mean(floor, share)
 
     def rewards(self, emb, idx, state):
         member = torch.zeros((idx.shape[0], emb.shape[0]), dtype=torch.bool, device=idx.device)
