@@ -1,14 +1,19 @@
-"""Selection quality of ``datamask select`` with the yardstick: the share of the best baseline's gain
-over random (lazy greedy up to 50k rows, stochastic greedy above), with the raw objective, random's
-and quality top-k's beside it.
+"""Selection quality of ``datamask select`` measured with the yardstick
+(:mod:`datamask_dask.learn.yardstick`): the share of the best baseline's gain over random, with the
+raw objective and quality top-k's share beside it; and, with ``--sweep``, what each lamb trades.
 
 Each case writes one synthetic table (``datamask_dask.sample_data.make_embeddings``: Zipf-sized
 clusters, 20% near-copies, quality skewed and correlated with the cluster) as parquet files and runs
-the job as a user would, through ``datamask select`` with the CLI defaults (``--engine`` choices and
-``--opt key=value`` add flags). The selection is then scored over every row of the table.
+the job as a user would, ``datamask select`` with the CLI defaults; ``--opt key=value`` changes a
+setting of the cpu profile. The selection is scored over every row of the table.
 
     python benchmarks/bench_quality.py --case 20k-d768 --json benchmarks/results/quality.json
-    python benchmarks/bench_quality.py --case 20k-d768 --metrics Pair_simi --lambs 0 --opt max_chunk_rows=20000
+    python benchmarks/bench_quality.py --case 20k-d768 --metrics Pair_simi --lambs 0 --opt refine_epochs=5
+    python benchmarks/bench_quality.py --case 20k-d768 --sweep --json benchmarks/results/lamb.json
+
+``--sweep`` runs lamb 0, 0.1, 0.25, 0.5, 0.75 and 1 with both ``--lamb-scale`` choices and reports
+the share of quality top-k's quality gain over random and of the diversity optimum's (greedy at
+lamb 0) diversity gain that each selection reaches.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from datamask_dask.config import PROFILES
-from datamask_dask.learn.yardstick import measure
+from datamask_dask.learn.yardstick import measure, term_shares
 from datamask_dask.sample_data import make_embeddings
 
 #: name: (rows, dim, files, clusters)
@@ -39,6 +44,7 @@ CASES = {
     "200k-d64": (200_000, 64, 4, 500),
     "1m-d64": (1_000_000, 64, 20, 2000),
 }
+SWEEP = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 CACHE = Path(__file__).resolve().parent.parent / ".benchmark-cache"
 
 
@@ -62,12 +68,11 @@ def dataset(case: str) -> tuple[Path, np.ndarray, np.ndarray]:
 
 
 def profile_with(changes: list[str]) -> Path:
-    """A copy of the cpu profile with ``key=value`` changes, which win over its per-metric sections too."""
+    """A copy of the cpu profile with ``key=value`` changes, which win over its per-metric sections."""
     settings = yaml.safe_load((PROFILES / "cpu.yaml").read_text())
     for item in changes:
         key, _, text = item.partition("=")
-        value = yaml.safe_load(text)
-        settings[key] = value
+        settings[key] = yaml.safe_load(text)
         for section in settings.get("algorithms", {}).values():
             section.pop(key, None)
     path = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "profile.yaml"
@@ -75,11 +80,11 @@ def profile_with(changes: list[str]) -> Path:
     return path
 
 
-def run_job(source: Path, metric: str, lamb: float, extra: list[str]) -> tuple[np.ndarray, float]:
+def run_job(source: Path, flags: list[str]) -> tuple[np.ndarray, float]:
     """``datamask select`` on ``source``; the ``selected`` column in id order and the job's wall time."""
     target = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "out"
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
-               str(target), "--algorithm", metric, "--lamb", str(lamb), "--no-progress", *extra]
+               str(target), "--no-progress", *flags]
     started = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -90,32 +95,63 @@ def run_job(source: Path, metric: str, lamb: float, extra: list[str]) -> tuple[n
     return table["selected"].to_numpy(), seconds
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=sorted(CASES), nargs="+", default=["20k-d768"])
-    parser.add_argument("--metrics", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
-    parser.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
-    parser.add_argument("--opt", action="append", default=[], help="key=value: a cpu profile setting changed (repeatable)")
-    parser.add_argument("--json", help="append the results to this JSON file")
-    args = parser.parse_args(argv)
-    extra = ["--config", str(profile_with(args.opt))] if args.opt else []
+def yardstick_rows(args, flags) -> list[dict]:
+    print("| case | metric | lamb | share of baseline's gain | objective | random | baseline | "
+          "top-k share | job s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
-    print("| case | metric | lamb | share of baseline's gain | objective | random | baseline | top-k share | s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for case in args.case:
         source, quality, emb = dataset(case)
         for metric in args.metrics:
             for lamb in args.lambs:
-                selected, seconds = run_job(source, metric, lamb, extra)
+                selected, seconds = run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb)])
                 score = measure(quality, emb, selected, algorithm=metric, lamb=lamb)
                 results.append({"case": case, "metric": metric, "lamb": lamb, "job_seconds": seconds,
-                                "options": args.opt, **score.as_dict()})
+                                **score.as_dict()})
                 print(f"| {case} | {metric} | {lamb} | {score.share:.2%} | {score.objective:.5f} | "
                       f"{score.random:.5f} | {score.baseline:.5f} ({score.baseline_name}) | "
                       f"{score.topk_share:.2%} | {seconds:.1f} |", flush=True)
+    return results
+
+
+def sweep_rows(args, flags) -> list[dict]:
+    print("| case | metric | lamb | lamb scale | quality: share of top-k's gain | "
+          "diversity: share of greedy's gain |\n|---|---|---:|---|---:|---:|")
+    results = []
+    for case in args.case:
+        source, quality, emb = dataset(case)
+        for metric in args.metrics:
+            runs = [(lamb, scale) for lamb in SWEEP for scale in ("paper", "gain")]
+            masks = [run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb), "--lamb-scale",
+                                      scale])[0] for lamb, scale in runs]
+            for (lamb, scale), shares in zip(runs, term_shares(quality, emb, masks, algorithm=metric),
+                                             strict=True):
+                results.append({"case": case, "metric": metric, "lamb": lamb, "lamb_scale": scale,
+                                "quality_share": shares.quality, "diversity_share": shares.diversity})
+                print(f"| {case} | {metric} | {lamb} | {scale} | {shares.quality:.1%} | "
+                      f"{shares.diversity:.1%} |", flush=True)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", choices=sorted(CASES), nargs="+", default=["20k-d768"])
+    parser.add_argument("--metrics", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
+    parser.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
+    parser.add_argument("--sweep", action="store_true", help="lamb 0 to 1 with both lamb scales")
+    parser.add_argument("--opt", action="append", default=[],
+                        help="key=value: a cpu profile setting changed (repeatable)")
+    parser.add_argument("--json", help="append the results to this JSON file")
+    args = parser.parse_args(argv)
+    flags = ["--config", str(profile_with(args.opt))] if args.opt else []
+    results = sweep_rows(args, flags) if args.sweep else yardstick_rows(args, flags)
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        record = {"command": "python benchmarks/bench_quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        record = {"command": "python benchmarks/bench_quality.py " + " ".join(sys.argv[1:] if argv is None
+                                                                               else argv),
+                  "data": {case: dict(zip(("rows", "dim", "files", "clusters"), CASES[case], strict=True))
+                           for case in args.case},
                   "machine": f"{platform.machine()}, {platform.processor() or platform.node()}",
                   "commit": commit, "results": results}
         path = Path(args.json)

@@ -37,6 +37,7 @@ import traceback
 import numpy as np
 
 from .errors import DataMaskError
+from .learn.options import LAMB_SCALES
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
@@ -71,6 +72,9 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     learner.add_argument("--init", choices=_INITS)
     learner.add_argument("--lamb", type=float,
                          help="weight of quality in the reward, in [0, 1] (default: 0.5)")
+    learner.add_argument("--lamb-scale", "--lamb_scale", dest="lamb_scale", choices=LAMB_SCALES,
+                         help="paper: the terms as they are; gain: each divided by what it can gain "
+                         "over random on the chunk, so lamb weighs points of gain (default: paper)")
     learner.add_argument("--seed", type=int)
     learner.add_argument("--prune", type=float, help="share of worst-quality rows made ineligible")
     job = parser.add_argument_group("job")
@@ -110,8 +114,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
 
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
-                "seed", "prune", "device", "id_column", "quality_column", "embedding_column", "by",
-                "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
+                "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
+                "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
                 "validate", "check_ids", "diversity_scope", "duplicate_cosine")
 
 

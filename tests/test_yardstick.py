@@ -6,7 +6,7 @@ import pytest
 from datamask_dask.learn.baselines import lazy_greedy, quality_topk, random_selection, stochastic_greedy
 from datamask_dask.learn.engine import learn_mask
 from datamask_dask.learn.objectives import evaluate_selection
-from datamask_dask.learn.yardstick import measure
+from datamask_dask.learn.yardstick import measure, term_shares
 from datamask_dask.sample_data import make_embeddings
 
 
@@ -46,7 +46,7 @@ def test_a_learned_selection_is_measured_against_quality_topk(corpus):
 def test_above_the_greedy_size_the_baseline_is_stochastic_greedy(corpus):
     q, e = corpus
     pick = _mask(len(q), stochastic_greedy(q, e, 300, algorithm="Pair_simi", lamb=0.0))
-    score = measure(q, e, pick, algorithm="Pair_simi", lamb=0.0, greedy_max_rows=1000)
+    score = measure(q, e, pick, algorithm="Pair_simi", lamb=0.0, greedy_max_work=1e6)
     assert score.baseline_name == "stochastic greedy" and score.share == pytest.approx(1.0)
 
 
@@ -60,3 +60,14 @@ def test_greedy_on_a_reference_sample_does_not_chase_the_sampled_rows(corpus):
     sampled = torch.randperm(len(q), generator=torch.Generator().manual_seed(0))[:size].numpy()
     share_sampled = np.isin(pick, sampled).mean()
     assert share_sampled < 3 * size / len(q)  # about the sample's share of the rows, not most of the pick
+
+
+@pytest.mark.parametrize("algorithm", ["Pair_simi", "Facility"])
+def test_a_gain_scaled_lamb_trades_quality_for_diversity_where_the_paper_scale_hardly_does(corpus, algorithm):
+    """Quality's spread dwarfs diversity's, so at lamb 0.5 the paper's scale is mostly quality."""
+    q, e = corpus
+    masks = [learn_mask(q, e, 300, algorithm=algorithm, lamb=0.5, lamb_scale=scale).mask
+             for scale in ("paper", "gain")]
+    paper, gain = term_shares(q, e, masks, algorithm=algorithm)
+    assert gain.diversity > paper.diversity + 0.1 and gain.quality < paper.quality
+    assert 0.2 < gain.quality < 1 and 0.2 < gain.diversity < 1  # neither term left out

@@ -21,7 +21,7 @@ import torch
 
 from .. import stages
 from ..errors import InputDataError, OptionError
-from .objectives import accepts, build_metrics, normalise_quality, weighted_diversity_both
+from .objectives import accepts, build_metrics, normalise_quality, weighted_diversity, weighted_diversity_both
 from .options import DataMaskOptions
 
 MIN_BATCH = 256  # a step's batch never has fewer rows than this (or the whole chunk)
@@ -103,6 +103,8 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     gen = torch.Generator(device=device).manual_seed(opts.seed)
     q_e, emb_e = (qn, emb) if eligible is None else (qn[eligible], emb[eligible])
     w_e = weights if weights is None or eligible is None else weights[eligible]
+    if opts.lamb_scale == "gain" and 0 < opts.lamb < 1:
+        opts = opts.replace(lamb=_gain_scaled_lamb(q_e, emb_e, k, opts, w_e), lamb_scale="paper")
     logits = _initial_logits(q_e, opts.init)
     pool_size = min(n_keep, math.ceil(opts.refine * k))
     if 2 * pool_size >= n_keep:
@@ -297,6 +299,42 @@ def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOp
     top, learned = (opts.lamb * float(qn[rows].mean()) + (1 - opts.lamb) * value
                     for rows, value in zip((topk, chosen), diversity, strict=True))
     return topk if top > learned else chosen
+
+
+#: Rows a diversity term is evaluated on when ``lamb_scale="gain"`` measures its spread.
+SPREAD_ROWS = 4096
+
+
+def _gain_scaled_lamb(qn, emb, k, opts: DataMaskOptions, weights=None) -> float:
+    """The lamb that weighs each term by what it can gain over a random pick on this chunk.
+
+    Quality's spread is quality top-k's mean over the chunk's mean (exact); diversity's is what a
+    short learn at ``lamb = 0`` gains over two random draws, Facility's measured on a uniform sample
+    of ``SPREAD_ROWS`` rows. ``lamb / spread_q : (1 - lamb) / spread_d`` is then the paper's weighting
+    that gives each term's points of gain the weights lamb and 1 - lamb.
+    """
+    n = qn.shape[0]
+    if k >= n:
+        return opts.lamb
+    spread_q = float(torch.topk(qn, k).values.mean() - qn.mean())
+    probe = learn_mask(qn, emb, k, opts.replace(lamb=0.0, lamb_scale="paper", prune=0.0, polish=0,
+                                                refine_epochs=min(opts.refine_epochs, 5)),
+                       device=emb.device, quality_range=(0.0, 1.0), weights=weights).mask
+    gen = torch.Generator(device="cpu").manual_seed(opts.seed)
+    reference = None if n <= SPREAD_ROWS else torch.randperm(n, generator=gen)[:SPREAD_ROWS].to(emb.device)
+    metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours)
+    rows = None if reference is None else emb[reference]
+    row_weights = weights if weights is None or reference is None else weights[reference]
+
+    def diversity(selected):
+        return weighted_diversity(metrics, emb, selected, rows, row_weights)[0]
+
+    drawn = [diversity(torch.randperm(n, generator=gen)[:k].to(emb.device)) for _ in range(2)]
+    spread_d = diversity(torch.as_tensor(probe, device=emb.device).nonzero().flatten()) - sum(drawn) / 2
+    if spread_q <= 0 or spread_d <= 0:
+        return opts.lamb  # a term that cannot gain: the weighting does not matter
+    quality, diversity_weight = opts.lamb / spread_q, (1 - opts.lamb) / spread_d
+    return quality / (quality + diversity_weight)
 
 
 def _prepare(metric, emb, gen, reference, positions, weights):

@@ -12,6 +12,7 @@ UPDATES = ("credit", "paper", "plackett_luce")
 INITS = ("quality", "same")
 FINALS = ("best", "topk", "sample")
 PRECISIONS = ("auto", "float32", "bfloat16")
+LAMB_SCALES = ("paper", "gain")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,13 @@ class DataMaskOptions:
         Learning rate, decayed linearly from ``max_lr`` to ``min_lr`` over ``n_epochs`` steps.
     lamb : float
         Weight of quality in the reward, in [0, 1]: ``lamb * quality + (1 - lamb) * diversity``.
+    lamb_scale : {"paper", "gain"}
+        How the two terms are put on one scale. ``"paper"``: as they are (quality min-max
+        normalised to [0, 1], diversity in its metric's units), whose spreads differ by an order of
+        magnitude, so lamb weighs them unevenly. ``"gain"``: each term divided by what it can gain
+        over a random pick on the chunk (quality: top-k's mean over the chunk's; diversity: a short
+        learn at ``lamb = 0`` over random draws), so lamb 0.5 weighs a point of each term's gain
+        alike; it costs that extra short learn per chunk.
     n_rollout : int
         Masks sampled per step (G). At least 2: advantages are standardised within the group.
     init : {"quality", "same"}
@@ -98,6 +106,7 @@ class DataMaskOptions:
     max_lr: float = 10.0
     min_lr: float = 1.0
     lamb: float = 0.5
+    lamb_scale: str = "paper"
     n_rollout: int = 4
     init: str = "quality"
     prune: float = 0.0
@@ -130,6 +139,7 @@ class DataMaskOptions:
                "an integer >= 2 (advantages are standardised within the group; the paper uses 128)")
         _check(0 <= self.prune < 1, "prune", self.prune, "a share in [0, 1)")
         _check(self.init in INITS, "init", self.init, f"one of {INITS}")
+        _check(self.lamb_scale in LAMB_SCALES, "lamb_scale", self.lamb_scale, f"one of {LAMB_SCALES}")
         _check(self.update in UPDATES, "update", self.update, f"one of {UPDATES}")
         _check(self.final in FINALS, "final", self.final, f"one of {FINALS}")
         _check(self.refine == 0 or self.refine >= 1, "refine", self.refine,

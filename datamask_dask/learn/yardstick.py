@@ -8,11 +8,12 @@ over random it gains too::
 
 ``f`` is the joint objective of :func:`~datamask_dask.learn.objectives.evaluate_selection` over
 every row given; ``random`` is the mean of ``seeds`` random picks of the same size; the baseline is
-lazy greedy (plain greedy where no term is lazy) up to ``greedy_max_rows`` rows and stochastic
-greedy above. Quality top-k is scored beside it, so a selection at ``lamb > 0`` can be checked
-against the trivial answer of the quality term. Above ``reference_rows`` rows, Facility's term is
-estimated on one fixed uniform sample of that many rows, the same for every selection scored, so
-their differences carry little of the sample's noise.
+the best of lazy greedy (plain greedy where no term is lazy; stochastic greedy where lazy greedy
+would cost more than ``greedy_max_work`` multiply-adds) and quality top-k, which stochastic greedy
+can fall below when quality weighs. Quality top-k's own share is reported beside the selection's,
+so a selection at ``lamb > 0`` is checked against the trivial answer of the quality term. Above
+``reference_rows`` rows, Facility's term is estimated on one fixed uniform sample of that many rows,
+the same for every selection scored, so their differences carry little of the sample's noise.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .baselines import lazy_greedy, quality_topk, random_selection, stochastic_greedy
-from .objectives import evaluate_selection
+from .baselines import DEFAULT_MAX_MEMORY, lazy_greedy, quality_topk, random_selection, stochastic_greedy
+from .objectives import DiSF, Facility, build_metrics, evaluate_selection, resolve_metrics
 
-#: Above this many rows the baseline is stochastic greedy (lazy greedy's cost grows as n x k).
-GREEDY_MAX_ROWS = 50_000
+#: Multiply-adds lazy greedy may cost (n x k candidate scores of d (Pair_simi) or d^2 (DiSF) each, or
+#: Facility's n x |V| x d similarity cache); above it the baseline is stochastic greedy.
+GREEDY_MAX_WORK = 1e12
 RANDOM_SEEDS = 3
 #: Rows Facility is evaluated on when the table has more (its exact value costs n x k products).
 REFERENCE_ROWS = 20_000
@@ -69,7 +71,7 @@ class Yardstick:
 
 
 def measure(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float = 0.5, quality_range=None,
-            seeds: int = RANDOM_SEEDS, greedy_max_rows: int = GREEDY_MAX_ROWS,
+            seeds: int = RANDOM_SEEDS, greedy_max_work: float = GREEDY_MAX_WORK,
             reference_rows: int = REFERENCE_ROWS, device="cpu") -> Yardstick:
     """Measure a selection of the rows of ``embeddings`` with the yardstick (see the module).
 
@@ -83,8 +85,8 @@ def measure(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float
         The objective, as for the learner (the table's quality range is what a job uses).
     seeds : int
         Random picks averaged (at least 3).
-    greedy_max_rows : int
-        Up to this many rows the baseline is lazy greedy, above it stochastic greedy.
+    greedy_max_work : float
+        Up to this cost (:func:`greedy_work`) the baseline is lazy greedy, above it stochastic greedy.
     reference_rows : int
         Above this many rows, Facility is evaluated on a fixed uniform sample of them.
     """
@@ -103,14 +105,61 @@ def measure(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float
         return evaluate_selection(quality, embeddings, rows, reference=reference, **common)["objective"]
 
     randoms = [score(random_selection(quality, embeddings, k, seed=seed, **common)) for seed in range(seeds)]
-    if n <= greedy_max_rows:
-        name, pick = "lazy greedy", lazy_greedy(quality, embeddings, k, **common)
-    else:
-        name = "stochastic greedy"
-        pick = stochastic_greedy(quality, embeddings, k, **common)
+    name, pick = greedy_pick(quality, embeddings, k, greedy_max_work, **common)
     objective, random, baseline = score(selected), float(np.mean(randoms)), score(pick)
     topk = score(quality_topk(quality, embeddings, k, **common))
+    if topk > baseline:  # stochastic greedy can fall below the quality term's own optimum
+        name, baseline = "quality top-k", topk
     span = baseline - random
     return Yardstick(objective=objective, random=random, baseline=baseline, baseline_name=name, topk=topk,
                      share=(objective - random) / span if span else float("nan"),
                      topk_share=(topk - random) / span if span else float("nan"))
+
+
+def greedy_work(n: int, k: int, d: int, algorithm) -> float:
+    """Multiply-adds of lazy greedy selecting ``k`` of ``n`` rows of dimension ``d`` (the order of it)."""
+    work = 16.0 * n * k  # each step's bookkeeping over every row (bounds, quality), a dozen passes
+    for metric, _ in build_metrics(resolve_metrics(algorithm)):
+        if isinstance(metric, Facility):  # the similarity cache: |V| reference rows, as many as fit
+            work += n * min(n, DEFAULT_MAX_MEMORY // (4 * n)) * d
+        else:
+            work += n * k * (d * d if isinstance(metric, DiSF) else d)
+    return work
+
+
+def greedy_pick(quality, embeddings, k: int, greedy_max_work: float = GREEDY_MAX_WORK, **common):
+    """The greedy baseline's name and rows: lazy greedy where its cost allows, else stochastic greedy."""
+    if greedy_work(len(quality), k, np.shape(embeddings)[1], common.get("algorithm", "Pair_simi")) \
+            <= greedy_max_work:
+        return "lazy greedy", lazy_greedy(quality, embeddings, k, **common)
+    return "stochastic greedy", stochastic_greedy(quality, embeddings, k, **common)
+
+
+@dataclass(frozen=True)
+class TermShares:
+    """What a selection reaches of each term's own optimum: the share of quality top-k's quality gain
+    over random, and of the diversity optimum's (greedy at lamb 0) diversity gain over random."""
+
+    quality: float
+    diversity: float
+
+
+def term_shares(quality, embeddings, selections, *, algorithm="Pair_simi", quality_range=None,
+                seeds: int = RANDOM_SEEDS, device="cpu") -> list[TermShares]:
+    """:class:`TermShares` of each selection (bool arrays of one size) on the rows given."""
+    quality = np.asarray(quality, dtype=np.float32)
+    embeddings = np.asarray(embeddings, dtype=np.float32)
+    embeddings = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    k = int(np.asarray(selections[0]).sum())
+    common = {"algorithm": algorithm, "quality_range": quality_range, "device": device}
+
+    def terms(rows) -> np.ndarray:
+        value = evaluate_selection(quality, embeddings, rows, lamb=0.5, **common)
+        return np.array([value["quality"], value["diversity"]])
+
+    random = np.mean([terms(random_selection(quality, embeddings, k, seed=seed)) for seed in range(seeds)], 0)
+    best_quality = terms(quality_topk(quality, embeddings, k))[0]
+    best_diversity = terms(greedy_pick(quality, embeddings, k, lamb=0.0, **common)[1])[1]
+    spans = np.array([best_quality, best_diversity]) - random
+    shares = [(terms(np.asarray(rows, dtype=bool)) - random) / spans for rows in selections]
+    return [TermShares(float(q), float(d)) for q, d in shares]
