@@ -8,7 +8,7 @@ the job as a user would, ``datamask select`` with the CLI defaults; ``--opt key=
 setting of the cpu profile. The selection is scored over every row of the table.
 
     python benchmarks/bench_quality.py --case 20k-d768 --json benchmarks/results/quality.json
-    python benchmarks/bench_quality.py --case 20k-d768 --metrics Pair_simi --lambs 0 --opt refine_epochs=5
+    python benchmarks/bench_quality.py --case 20k-d768 --metrics Pair_simi --lambs 0 --try refine_epochs=5
     python benchmarks/bench_quality.py --case 20k-d768 --sweep --json benchmarks/results/lamb.json
 
 ``--sweep`` runs lamb 0, 0.1, 0.25, 0.5, 0.75 and 1 with both ``--lamb-scale`` choices and reports
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from datamask_dask.config import PROFILES
-from datamask_dask.learn.yardstick import measure, term_shares
+from datamask_dask.learn.yardstick import measure_all, term_shares
 from datamask_dask.sample_data import make_embeddings
 
 #: name: (rows, dim, files, clusters)
@@ -80,8 +80,9 @@ def profile_with(changes: list[str]) -> Path:
     return path
 
 
-def run_job(source: Path, flags: list[str]) -> tuple[np.ndarray, float]:
-    """``datamask select`` on ``source``; the ``selected`` column in id order and the job's wall time."""
+def run_job(source: Path, flags: list[str]) -> tuple[np.ndarray, dict]:
+    """``datamask select`` on ``source``: the ``selected`` column in id order, and the job's seconds (its
+    wall time with start-up, its own phases' and the learner's worker-seconds from its run record)."""
     target = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "out"
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
                str(target), "--no-progress", *flags]
@@ -91,29 +92,37 @@ def run_job(source: Path, flags: list[str]) -> tuple[np.ndarray, float]:
     if run.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{run.stderr[-3000:]}")
     table = pq.read_table(target, columns=["chunk_id", "selected"]).sort_by("chunk_id")
+    record = json.loads((target / "_datamask_run.json").read_text())
     shutil.rmtree(target.parent, ignore_errors=True)
-    return table["selected"].to_numpy(), seconds
+    times = {"wall_seconds": seconds, "job_seconds": sum(record["phases"].values()),
+             "learn_seconds": record["stages"].get("learn", 0.0)}
+    return table["selected"].to_numpy(), times
 
 
-def yardstick_rows(args, flags) -> list[dict]:
-    print("| case | metric | lamb | share of baseline's gain | objective | random | baseline | "
-          "top-k share | job s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
+def yardstick_rows(args) -> list[dict]:
+    print("| case | metric | lamb | settings | share of baseline's gain | objective | random | baseline | "
+          "top-k share | job s |\n|---|---|---:|---|---:|---:|---:|---|---:|---|")
     results = []
     for case in args.case:
         source, quality, emb = dataset(case)
         for metric in args.metrics:
             for lamb in args.lambs:
-                selected, seconds = run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb)])
-                score = measure(quality, emb, selected, algorithm=metric, lamb=lamb)
-                results.append({"case": case, "metric": metric, "lamb": lamb, "job_seconds": seconds,
-                                **score.as_dict()})
-                print(f"| {case} | {metric} | {lamb} | {score.share:.2%} | {score.objective:.5f} | "
-                      f"{score.random:.5f} | {score.baseline:.5f} ({score.baseline_name}) | "
-                      f"{score.topk_share:.2%} | {seconds:.1f} |", flush=True)
+                runs = [run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb)])
+                        for flags in args.settings.values()]
+                scores = measure_all(quality, emb, [selected for selected, _ in runs], algorithm=metric,
+                                     lamb=lamb)
+                for name, (_, seconds), score in zip(args.settings, runs, scores, strict=True):
+                    results.append({"case": case, "metric": metric, "lamb": lamb, "settings": name,
+                                    **seconds, **score.as_dict()})
+                    print(f"| {case} | {metric} | {lamb} | {name} | {score.share:.2%} | "
+                          f"{score.objective:.5f} | {score.random:.5f} | {score.baseline:.5f} "
+                          f"({score.baseline_name}) | {score.topk_share:.2%} | {seconds['job_seconds']:.1f} "
+                          f"({seconds['learn_seconds']:.2f} learning) |", flush=True)
     return results
 
 
-def sweep_rows(args, flags) -> list[dict]:
+def sweep_rows(args) -> list[dict]:
+    flags = next(iter(args.settings.values()))
     print("| case | metric | lamb | lamb scale | quality: share of top-k's gain | "
           "diversity: share of greedy's gain |\n|---|---|---:|---|---:|---:|")
     results = []
@@ -141,10 +150,15 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", action="store_true", help="lamb 0 to 1 with both lamb scales")
     parser.add_argument("--opt", action="append", default=[],
                         help="key=value: a cpu profile setting changed (repeatable)")
+    parser.add_argument("--try", dest="tries", action="append", default=[], metavar="'KEY=VALUE ...'",
+                        help="also run with these settings changed, side by side (repeatable)")
     parser.add_argument("--json", help="append the results to this JSON file")
     args = parser.parse_args(argv)
-    flags = ["--config", str(profile_with(args.opt))] if args.opt else []
-    results = sweep_rows(args, flags) if args.sweep else yardstick_rows(args, flags)
+    args.settings = {" ".join(args.opt) or "defaults": ["--config", str(profile_with(args.opt))] if args.opt
+                     else []}
+    for changes in args.tries:
+        args.settings[changes] = ["--config", str(profile_with([*args.opt, *changes.split()]))]
+    results = sweep_rows(args) if args.sweep else yardstick_rows(args)
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()

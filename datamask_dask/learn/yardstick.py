@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..errors import OptionError
 from .baselines import DEFAULT_MAX_MEMORY, lazy_greedy, quality_topk, random_selection, stochastic_greedy
 from .objectives import DiSF, Facility, build_metrics, evaluate_selection, resolve_metrics
 
@@ -70,17 +71,23 @@ class Yardstick:
         return {**asdict(self), "over_topk": self.over_topk}
 
 
-def measure(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float = 0.5, quality_range=None,
-            seeds: int = RANDOM_SEEDS, greedy_max_work: float = GREEDY_MAX_WORK,
-            reference_rows: int = REFERENCE_ROWS, device="cpu") -> Yardstick:
-    """Measure a selection of the rows of ``embeddings`` with the yardstick (see the module).
+def measure(quality, embeddings, selected, **options) -> Yardstick:
+    """Measure one selection (a bool array) of the rows of ``embeddings``; see :func:`measure_all`."""
+    return measure_all(quality, embeddings, [selected], **options)[0]
+
+
+def measure_all(quality, embeddings, selections, *, algorithm="Pair_simi", lamb: float = 0.5,
+                quality_range=None, seeds: int = RANDOM_SEEDS, greedy_max_work: float = GREEDY_MAX_WORK,
+                reference_rows: int = REFERENCE_ROWS, device="cpu") -> list[Yardstick]:
+    """Measure selections of the rows of ``embeddings`` with the yardstick (see the module), the
+    references computed once for them all.
 
     Parameters
     ----------
     quality : array-like (n,)
     embeddings : array-like (n, d)
-    selected : array-like of bool (n,)
-        The selection to measure; its size is the ``k`` every reference picks.
+    selections : list of array-like of bool (n,)
+        The selections to measure, all of one size ``k``: the size every reference picks.
     algorithm, lamb, quality_range
         The objective, as for the learner (the table's quality range is what a job uses).
     seeds : int
@@ -93,8 +100,10 @@ def measure(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float
     quality = np.asarray(quality, dtype=np.float32)
     embeddings = np.asarray(embeddings, dtype=np.float32)
     embeddings = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
-    selected = np.asarray(selected, dtype=bool)
-    k = int(selected.sum())
+    selections = [np.asarray(selected, dtype=bool) for selected in selections]
+    k = int(selections[0].sum())
+    if any(int(selected.sum()) != k for selected in selections):
+        raise OptionError("selections measured together must all hold the same number of rows")
     n = len(quality)
     common = {"algorithm": algorithm, "lamb": lamb, "quality_range": quality_range, "device": device}
     reference = None
@@ -104,16 +113,20 @@ def measure(quality, embeddings, selected, *, algorithm="Pair_simi", lamb: float
     def score(rows) -> float:
         return evaluate_selection(quality, embeddings, rows, reference=reference, **common)["objective"]
 
-    randoms = [score(random_selection(quality, embeddings, k, seed=seed, **common)) for seed in range(seeds)]
+    random = float(np.mean([score(random_selection(quality, embeddings, k, seed=seed, **common))
+                            for seed in range(seeds)]))
     name, pick = greedy_pick(quality, embeddings, k, greedy_max_work, **common)
-    objective, random, baseline = score(selected), float(np.mean(randoms)), score(pick)
-    topk = score(quality_topk(quality, embeddings, k, **common))
+    baseline, topk = score(pick), score(quality_topk(quality, embeddings, k, **common))
     if topk > baseline:  # stochastic greedy can fall below the quality term's own optimum
         name, baseline = "quality top-k", topk
     span = baseline - random
-    return Yardstick(objective=objective, random=random, baseline=baseline, baseline_name=name, topk=topk,
-                     share=(objective - random) / span if span else float("nan"),
-                     topk_share=(topk - random) / span if span else float("nan"))
+
+    def share(value: float) -> float:
+        return (value - random) / span if span else float("nan")
+
+    return [Yardstick(objective=value, random=random, baseline=baseline, baseline_name=name, topk=topk,
+                      share=share(value), topk_share=share(topk))
+            for value in (score(selected) for selected in selections)]
 
 
 def greedy_work(n: int, k: int, d: int, algorithm) -> float:

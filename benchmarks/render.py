@@ -1,0 +1,100 @@
+"""Write the generated sections of docs/benchmarks.md from the JSON results in benchmarks/results/.
+
+Each section sits between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` and is rewritten
+from ``benchmarks/results/NAME.json`` (a list of runs, each with its command, data, machine, commit
+and results, as the benchmark scripts append them); nothing in it is typed by hand.
+
+    python benchmarks/render.py            # rewrite the sections
+    python benchmarks/render.py --check    # exit 1 if a section differs from its results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
+
+
+def _provenance(run: dict) -> list[str]:
+    data = "; ".join(f"{case}: {', '.join(f'{k} {v:,}' for k, v in shape.items())}"
+                     for case, shape in run.get("data", {}).items())
+    return [f"Command: `{run['command']}`", "", f"Data: {data}. Machine: {run['machine']}. "
+            f"Commit: `{run['commit']}`.", ""]
+
+
+def quality(runs: list[dict]) -> list[str]:
+    lines = []
+    for run in runs:
+        lines += _provenance(run)
+        lines += ["| case | metric | lamb | settings | share of baseline's gain | objective | random | "
+                  "baseline | quality top-k (share) | job s (learning) |",
+                  "|---|---|---:|---|---:|---:|---:|---|---|---:|"]
+        for row in run["results"]:
+            lines.append(f"| {row['case']} | {row['metric']} | {row['lamb']:g} | {row['settings']} | "
+                         f"**{row['share']:.1%}** | {row['objective']:.5f} | {row['random']:.5f} | "
+                         f"{row['baseline']:.5f} ({row['baseline_name']}) | {row['topk']:.5f} "
+                         f"({row['topk_share']:.1%}) | {row['job_seconds']:.1f} "
+                         f"({row['learn_seconds']:.2f}) |")
+        lines.append("")
+    return lines
+
+
+def lamb(runs: list[dict]) -> list[str]:
+    lines = []
+    for run in runs:
+        lines += _provenance(run)
+        lines += ["| case | metric | lamb | quality: share of top-k's gain (paper / gain scale) | "
+                  "diversity: share of greedy's gain (paper / gain scale) |", "|---|---|---:|---:|---:|"]
+        rows: dict = {}
+        for row in run["results"]:
+            rows.setdefault((row["case"], row["metric"], row["lamb"]), {})[row["lamb_scale"]] = row
+        for (case, metric, value), scales in rows.items():
+            paper, gain = scales["paper"], scales["gain"]
+            lines.append(f"| {case} | {metric} | {value:g} | {paper['quality_share']:.1%} / "
+                         f"{gain['quality_share']:.1%} | {paper['diversity_share']:.1%} / "
+                         f"{gain['diversity_share']:.1%} |")
+        lines.append("")
+    return lines
+
+
+SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb}
+
+
+def render(page: str) -> str:
+    for name, build in SECTIONS.items():
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            continue
+        body = "\n".join(build(json.loads(path.read_text())))
+        pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end: {name} -->)", re.S)
+        if not pattern.search(page):
+            raise SystemExit(f"docs/benchmarks.md has no '<!-- generated: {name} -->' section")
+        page = pattern.sub(lambda match, body=body: match.group(1) + body + "\n" + match.group(2), page)
+    return page
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if the page is not what the results give")
+    args = parser.parse_args(argv)
+    page = PAGE.read_text()
+    new = render(page)
+    if args.check:
+        if new != page:
+            print("docs/benchmarks.md is out of date: run python benchmarks/render.py", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
