@@ -481,7 +481,7 @@ def _run_demo(args, options: dict) -> None:
     import dask.dataframe as dd
 
     from .config import load_config
-    from .learn.objectives import evaluate_selection
+    from .learn.yardstick import measure
     from .ops.operator import datamask_select
     from .partition.adapters import embedding_matrix
     from .sample_data import make_corpus
@@ -497,18 +497,13 @@ def _run_demo(args, options: dict) -> None:
     mask = frame[settings["selected_column"]].to_numpy(copy=True)
     k = int(mask.sum())
     print(f"selected {k} of {len(frame)} rows ({k / len(frame):.1%}) in {elapsed:.1f} s")
-    if k:
-        quality = corpus["quality_score"].to_numpy(copy=True)
-        embeddings = embedding_matrix(corpus["feature_arr"])
-        rng = np.random.default_rng(int(settings["seed"]))
-        picks = {"datamask": mask, "random": rng.choice(len(corpus), k, replace=False),
-                 "quality top-k": np.argsort(-quality, kind="stable")[:k]}
-        scores = {name: evaluate_selection(quality, embeddings, pick, algorithm=settings["algorithm"],
-                                           lamb=settings["lamb"]) for name, pick in picks.items()}
-        print(f"objective (lamb={settings['lamb']}, {settings['algorithm']}), higher is better:")
-        for name, score in scores.items():
-            print(f"  {name:<14} objective {score['objective']:.4f}  quality {score['quality']:.4f}  "
-                  f"diversity {score['diversity']:.4f}")
+    if 0 < k < len(frame):
+        score = measure(corpus["quality_score"].to_numpy(copy=True), embedding_matrix(corpus["feature_arr"]),
+                        mask, algorithm=settings["algorithm"], lamb=settings["lamb"])
+        print(f"objective (lamb={settings['lamb']}, {settings['algorithm']}), higher is better: "
+              f"{score.objective:.4f}, {score.share:.1%} of {score.baseline_name}'s gain over random "
+              f"({score.baseline:.4f} against {score.random:.4f}); quality top-k {score.topk:.4f}, "
+              f"{score.topk_share:.1%}")
     output = getattr(args, "output", None)
     if output:
         from .io.parquet import write_parquet

@@ -75,6 +75,13 @@ def test_summary_has_every_field_after_local_cluster_run(run):
     assert objective["datamask"]["objective"] > objective["random"]["objective"]
     assert objective["datamask"]["objective"] > objective["quality_topk"]["objective"]
     assert objective["quality_topk"]["quality"] >= objective["datamask"]["quality"]
+    # The yardstick: the share of the best baseline's gain over random, on a sample of the sample.
+    yardstick = section["yardstick"]
+    assert yardstick["rows"] == 1600 and yardstick["selected"] == 160
+    assert yardstick["baseline_name"] in ("lazy greedy", "stochastic greedy", "quality top-k")
+    assert yardstick["random"] < yardstick["objective"] and yardstick["share"] > yardstick["topk_share"]
+    assert yardstick["share"] == pytest.approx((yardstick["objective"] - yardstick["random"])
+                                               / (yardstick["baseline"] - yardstick["random"]))
 
     # Exact per-group counts and tokens, checked against the output itself.
     frame = pd.read_parquet(out)
@@ -351,6 +358,8 @@ def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
     assert found, f"no probe in the DOM (exit {dom.returncode}): {dom.stderr[-2000:]}"
     widths = json.loads(found.group(1))
     assert len(widths) == len(FIGURES) and all(w > 0 for w in widths), widths
+    shown = re.search(r"<p id=\"yardstick\">(.*?)</p>", dom.stdout, re.S)  # rendered by the browser
+    assert shown and "gain over a random pick" in shown.group(1) and "%" in shown.group(1), dom.stdout[:500]
 
     shot = tmp_path / "screenshot.png"
     subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()],

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
+YARDSTICK_ROWS = 4_000  # of those, the rows greedy runs on for the yardstick (its cost grows as rows^2)
 SIGNATURE_ROWS = 100_000  # at most about this many selected rows' signatures reach the driver
 DUPLICATE_COSINE = 0.95  # two rows at least this similar are counted as a near-duplicate pair
 # Rows of the sample that Facility's coverage is measured on: its cost is reference x selected x d
@@ -292,7 +293,22 @@ def compare_on_sample(frame: pd.DataFrame, spec, settings: dict, *, seed: int = 
                        "diversity": value["diversity"], "rows": k,
                        "near_duplicate_pairs": near_duplicate_pairs(embeddings[np.sort(rows)])}
     out["objective"] = table
+    out["yardstick"] = sample_yardstick(quality, embeddings, mask, algorithm, lamb, seed)
     return out
+
+
+def sample_yardstick(quality, embeddings, mask, algorithm, lamb: float, seed: int) -> dict | None:
+    """The selection's share of the best baseline's gain over random on ``YARDSTICK_ROWS`` rows of the
+    sample (its selected rows among them against every reference picking as many there)."""
+    from ..learn.yardstick import measure
+
+    rows = np.arange(len(mask))
+    if len(rows) > YARDSTICK_ROWS:  # drawn apart from the other draws (a third stream of the seed)
+        rows = np.sort(np.random.default_rng([seed, 2]).choice(len(rows), YARDSTICK_ROWS, replace=False))
+    if not 0 < int(mask[rows].sum()) < len(rows):
+        return None
+    score = measure(quality[rows], embeddings[rows], mask[rows], algorithm=algorithm, lamb=lamb, seeds=3)
+    return {"rows": len(rows), "selected": int(mask[rows].sum()), **score.as_dict()}
 
 
 def unit_rows(series) -> np.ndarray:

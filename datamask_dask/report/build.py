@@ -337,6 +337,14 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
                 f"<figcaption class='note'>{html.escape(_CAPTIONS[name])}</figcaption></figure>")
 
     parts += ["<h2>Objective vs baselines</h2>", figure("objective")]
+    yardstick = summary.summary.get("yardstick")
+    if yardstick:
+        parts.append(
+            f"<p id='yardstick'>On {yardstick['rows']} rows of the sample, the selection reaches "
+            f"<b>{yardstick['share']:.1%}</b> of {html.escape(yardstick['baseline_name'])}'s gain over a "
+            f"random pick (objective {yardstick['objective']:.5f}, random {yardstick['random']:.5f}, "
+            f"{html.escape(yardstick['baseline_name'])} {yardstick['baseline']:.5f}); quality top-k reaches "
+            f"{yardstick['topk_share']:.1%} ({yardstick['topk']:.5f}).</p>")
     objective = summary.to_pandas("objective")
     if not objective.empty:
         threshold = summary.summary.get("duplicate_cosine")
