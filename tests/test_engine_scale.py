@@ -85,7 +85,7 @@ def test_sampled_reference_rows_never_represent_themselves():
     q, e = make_embeddings(500, 16, seed=0)
     emb = torch.as_tensor(e)
     rows = torch.arange(0, 500, 5)
-    values, neighbours, sampled, _ = Facility(neighbours=8).prepare(emb, torch.Generator().manual_seed(0),
+    values, neighbours, sampled, *_ = Facility(neighbours=8).prepare(emb, torch.Generator().manual_seed(0),
                                                                  emb[rows], reference_rows=rows)
     assert sampled
     assert (values[neighbours == rows[:, None]] == 0).all()
