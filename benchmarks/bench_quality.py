@@ -67,9 +67,9 @@ def dataset(case: str) -> tuple[Path, np.ndarray, np.ndarray]:
     return folder, quality, emb
 
 
-def profile_with(changes: list[str]) -> Path:
-    """A copy of the cpu profile with ``key=value`` changes, which win over its per-metric sections."""
-    settings = yaml.safe_load((PROFILES / "cpu.yaml").read_text())
+def profile_with(changes: list[str], profile: str = "cpu") -> Path:
+    """A copy of a profile with ``key=value`` changes, which win over its per-metric sections."""
+    settings = yaml.safe_load((PROFILES / f"{profile}.yaml").read_text())
     for item in changes:
         key, _, text = item.partition("=")
         settings[key] = yaml.safe_load(text)
@@ -148,16 +148,19 @@ def main(argv=None) -> int:
     parser.add_argument("--metrics", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
     parser.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
     parser.add_argument("--sweep", action="store_true", help="lamb 0 to 1 with both lamb scales")
+    parser.add_argument("--profile", default="cpu", help="the profile the settings start from (default: cpu)")
     parser.add_argument("--opt", action="append", default=[],
                         help="key=value: a cpu profile setting changed (repeatable)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="'KEY=VALUE ...'",
                         help="also run with these settings changed, side by side (repeatable)")
     parser.add_argument("--json", help="append the results to this JSON file")
     args = parser.parse_args(argv)
-    args.settings = {" ".join(args.opt) or "defaults": ["--config", str(profile_with(args.opt))] if args.opt
-                     else []}
+    named = [f"{args.profile} profile"] if args.profile != "cpu" else []
+    name = " ".join([*named, *args.opt]) or "defaults"
+    args.settings = {name: ["--config", str(profile_with(args.opt, args.profile))]
+                     if args.opt or args.profile != "cpu" else []}
     for changes in args.tries:
-        args.settings[changes] = ["--config", str(profile_with([*args.opt, *changes.split()]))]
+        args.settings[changes] = ["--config", str(profile_with([*args.opt, *changes.split()], args.profile))]
     results = sweep_rows(args) if args.sweep else yardstick_rows(args)
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
