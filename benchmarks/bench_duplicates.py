@@ -1,14 +1,22 @@
-"""The table scope's near-duplicate reduction alone, at scale: time, memory and LSH candidates.
+"""The table scope's near-duplicate search alone, at scale: time, memory, recall and false merges.
 
 Signs ``--rows`` clustered d = ``--dim`` embeddings (the pipeline benchmark's generator,
 ``bench_pipeline.make_partition``: 20% near-copies inside each partition) in partitions of
-``--rows-per-partition``, with ``--copies`` of each partition's rows replaced by near-copies of
-rows of the previous partition (duplicates spread across files), then runs
-:func:`datamask_dask.plan.duplicates.find_duplicates` on every signature in one process, as the
-reduction task does. Reports the seconds and the peak memory that the reduction allocates
-(tracemalloc, numpy arrays included), candidate pairs per band, and the shadowed rows.
+``--rows-per-partition``, with ``--copies`` of each partition's rows replaced by copies of rows of
+the previous partition at exact cosines (``PLANTED``, in turn: duplicates spread across files),
+then runs the one-task search (:func:`datamask_dask.plan.search.find_groups`) on every signature
+in one process, as the plan's search task does, ``--repeat`` times. Reports the seconds (the
+least and the median of the runs), the peak memory the search allocates (tracemalloc, numpy arrays
+included, one more run), the shadowed rows and a digest of the groups, and per planted cosine the
+share of planted pairs that end in one group (false merges at <= 0.90) and of which at most one
+row stays eligible (recall at >= 0.98).
 
     python benchmarks/bench_duplicates.py --rows 1000000 --out benchmarks/results-duplicates-1m.md
+
+The package is the one on ``PYTHONPATH``; one whose one-task search is still the connected
+components of ``plan.duplicates`` is measured the same way, so two checkouts compare side by side:
+
+    PYTHONPATH=<checkout> python benchmarks/bench_duplicates.py --rows 200000
 
 ``--sharded --sizes 1000000 4000000 16000000`` measures the sharded step instead
 (:mod:`datamask_dask.plan.shards`, every task run in this process one after another, bands in
@@ -206,8 +214,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rows-per-partition", type=int, default=50_000)
     parser.add_argument("--copies", type=float, default=0.1,
                         help="share of each partition's rows copied from the previous partition")
-    parser.add_argument("--threads", type=int, nargs="+", default=[duplicates.BAND_THREADS],
-                        help="find_duplicates' band threads (duplicates.BAND_THREADS), one run each")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs of the one-task search")
     parser.add_argument("--out")
     parser.add_argument("--sharded", action="store_true", help="measure the sharded step (plan.shards)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000],
@@ -219,59 +226,96 @@ def main(argv=None) -> int:
         return sharded(args)
     model = pipeline._cluster_model(args.dim, 2000)
     planes = duplicates.hyperplanes(args.dim)
-    parts, previous = [], None
+    parts, previous, planted = [], None, []
     started = time.perf_counter()
     for number in range(args.rows // args.rows_per_partition):
         quality, emb = pipeline.make_partition(number, args.rows_per_partition, args.dim, model)
         if previous is not None and args.copies:
             rng = np.random.default_rng(10_000 + number)
-            n_copy = int(args.copies * len(emb))
-            rows = rng.choice(len(emb), n_copy, replace=False)
-            sources = rng.integers(0, len(previous), n_copy)
-            emb[rows] = previous[sources] + 0.05 * rng.standard_normal((n_copy, args.dim), dtype=np.float32)
-            emb[rows] /= np.linalg.norm(emb[rows], axis=1, keepdims=True)
+            rows, sources, cosines = _planted_copies(emb, previous, rng, args.copies)
+            base = number * args.rows_per_partition
+            planted.append((base + rows, base - args.rows_per_partition + sources, cosines))
         previous = emb
         parts.append({"quality": quality, "codes": np.zeros(len(quality), dtype=np.int64), "labels": [None],
                       "signatures": duplicates.signatures(emb, planes)})
     made = time.perf_counter() - started
     del previous
-    table = duplicates.stack_parts(parts)
-    candidates = []
-    for band in range(duplicates.BANDS):
-        _, counts = np.unique(duplicates.band_keys(table["signatures"], band), return_counts=True)
-        candidates.append(int((counts * (counts - 1) // 2).sum()))
-    load = os.getloadavg()[0]
-    runs = []  # (threads, seconds, peak bytes, shadowed)
-    for threads in args.threads:
-        duplicates.BAND_THREADS = threads
-        tracemalloc.start()
-        started = time.perf_counter()
-        shadowed = duplicates.find_duplicates(parts)
-        runs.append((threads, time.perf_counter() - started, tracemalloc.get_traced_memory()[1], shadowed))
-        tracemalloc.stop()
-    if any(any(not np.array_equal(a, b) for a, b in zip(r[3], runs[0][3], strict=True)) for r in runs):
-        raise AssertionError("the shadowed rows depend on the number of threads")
     n = sum(len(p["quality"]) for p in parts)
+    find_groups, roots = _one_task_search()
+    find_groups(parts)  # once first: imports and compiled code loaded, as in a worker's later tasks
+    load = os.getloadavg()[0]
+    seconds = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        groups = find_groups(parts)
+        seconds.append(time.perf_counter() - started)
+    tracemalloc.start()
+    find_groups(parts)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    root = roots(parts)
     given = " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [f"# Near-duplicate reduction at {n:,} rows, d = {args.dim}", "",
+    lines = [f"# One-task near-duplicate search at {n:,} rows, d = {args.dim}", "",
              f"Command: `python benchmarks/bench_duplicates.py {given}`", "",
              f"{len(parts)} partitions of {args.rows_per_partition:,} rows (bench_pipeline's clustered "
              f"generator, 20% near-copies inside each partition, {args.copies:.0%} of each partition's rows "
-             f"near-copies of the previous partition's), generated and signed in {made:.0f} s; load average "
-             f"{load:.1f} "
-             f"on {os.cpu_count()} cores at the start of the reduction.", "",
-             "| rows | signature bytes | candidate pairs per band (min / median / max) | all bands | "
-             "threads | reduction s (one process) | peak memory allocated by the reduction | shadowed rows |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {n:,} | {table['signatures'].nbytes / 2**20:.0f} MiB | {min(candidates):,} / "
-              f"{int(np.median(candidates)):,} / {max(candidates):,} | {sum(candidates):,} | {threads} | "
-              f"{seconds:.1f} | {peak / 2**20:.0f} MiB | {sum(len(s) for s in shadowed):,} |"
-              for threads, seconds, peak, shadowed in runs]
+             f"copies of the previous partition's at cosines {', '.join(map(str, PLANTED))}), generated and "
+             f"signed in {made:.0f} s; load average {load:.1f} on {os.cpu_count()} cores at the start of the "
+             f"search; {args.repeat} runs after a first one.", "",
+             "| rows | search s (least / median) | peak memory allocated by the search | shadowed rows | "
+             "groups digest |", "|---:|---:|---:|---:|---|",
+             f"| {n:,} | {min(seconds):.2f} / {float(np.median(seconds)):.2f} | {peak / 2**20:.0f} MiB | "
+             f"{sum(len(g['shadowed']) for g in groups):,} | {_digest(groups)} |"]
+    lines += _recall_lines(n, planted, root, groups, args.rows_per_partition)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         Path(args.out).write_text(text)
     return 0
+
+
+def _one_task_search():
+    """The one-task search of the package on ``PYTHONPATH`` and a function giving each row's group
+    (its kept row's number): ``plan.search`` where the package has it, else the connected
+    components of ``plan.duplicates``, so that both sides of a comparison run this script."""
+    try:
+        from datamask_dask.plan import search
+    except ImportError:
+        def components(parts):
+            table = duplicates.stack_parts(parts)
+            left, right = duplicates.band_edges(table, range(duplicates.BANDS))
+            return duplicates._components(len(table["quality"]), left, right)
+
+        return duplicates.find_groups, components
+
+    def parents(parts):
+        parent = search.table_parents(search.stack_parts(parts))["parent"]
+        root = np.where(parent < 0, np.arange(parent.size), parent)
+        while True:
+            jumped = root[root]
+            if np.array_equal(jumped, root):
+                return root
+            root = jumped
+
+    return search.find_groups, parents
+
+
+def _recall_lines(n: int, planted: list, root: np.ndarray, groups: list, rows_per_partition: int) -> list:
+    """Per planted cosine: the share of planted pairs in one group / of which at most one row stays
+    eligible."""
+    if not planted:
+        return []
+    shadowed = np.zeros(n, dtype=bool)
+    for number, group in enumerate(groups):
+        shadowed[number * rows_per_partition + group["shadowed"]] = True
+    copies, sources, cosines = (np.concatenate([p[i] for p in planted]) for i in range(3))
+    same = root[copies] == root[sources]
+    handled = shadowed[copies] | shadowed[sources]
+    return ["", "Planted pairs by true cosine: share in one group / share of which at most one row stays "
+            "eligible:", "", "| rows | " + " | ".join(f"{c}" for c in PLANTED) + " |",
+            "|---:|" + "---:|" * len(PLANTED),
+            f"| {n:,} | " + " | ".join(f"{same[cosines == c].mean():.2%} / {handled[cosines == c].mean():.2%}"
+                                      for c in PLANTED) + " |"]
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Each size is a table of ``--rows-per-partition`` rows a partition (tiny, d = 8: the data costs
 next to nothing, so the times are the graph's), planned with the table scope and the sharded
-near-duplicate search forced (``shards.ONE_TASK_ROWS = 0``), and computed on the synchronous
+near-duplicate search forced (``search.ONE_TASK_PARTITIONS = 0``), and computed on the synchronous
 scheduler (``--workers N``: on a LocalCluster, where the shuffles are p2p). ``layer entries``
 counts every key of every layer of the plan's HighLevelGraph: it equals ``tasks`` when no layer
 repeats another's keys. ``--wiring`` picks how the search is wired
@@ -22,7 +22,7 @@ import dask.dataframe as dd
 
 from datamask_dask.ops import search
 from datamask_dask.ops.operator import plan_selection
-from datamask_dask.plan import shards
+from datamask_dask.plan import search as one
 from datamask_dask.sample_data import make_corpus
 
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
         client = Client(LocalCluster(n_workers=args.workers, threads_per_worker=1))
     where = f"LocalCluster, {args.workers} workers" if args.workers else "sync scheduler"
-    shards.ONE_TASK_ROWS = 0  # the sharded search at any size
+    one.ONE_TASK_PARTITIONS = 0  # the sharded search at any size
     given = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"Command: `python benchmarks/bench_plan_graph.py {given}`\n")
     print(f"| wiring | partitions | tasks | layer entries | build s | compute s ({where}) |")

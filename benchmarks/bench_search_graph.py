@@ -1,10 +1,10 @@
 """The table-wide near-duplicate search as a Dask graph on a LocalCluster: time, tasks and memory.
 
-The search alone (``datamask_dask.ops.operator.table_groups`` with the table's rows known and the
-sharded search forced), on ``--partitions`` partitions of ``--rows-per-partition`` rows, each a
-file of search inputs (256-bit SimHash signatures of d = 32 embeddings, 10% of each partition's
-rows near-copies at cosine 0.99 of rows of the previous one; quality uniform) that the workers
-load themselves, so the driver sends no data. ``--workers`` worker processes of one thread.
+The search alone (``datamask_dask.ops.operator.table_groups`` with the sharded wiring forced), on
+``--partitions`` partitions of ``--rows-per-partition`` rows, each a file of search inputs
+(256-bit SimHash signatures of d = 32 embeddings, 10% of each partition's rows near-copies at
+cosine 0.99 of rows of the previous one; quality uniform) that the workers load themselves, so the
+driver sends no data. ``--workers`` worker processes of one thread.
 ``--wiring`` picks how the search is wired (``datamask_dask.ops.search``): ``tasks`` (task to task),
 ``shuffles`` (DataFrame shuffles, with ``--shuffle``'s methods: ``default`` is p2p on the cluster),
 or ``auto`` (by ``SHUFFLE_PARTITIONS``).
@@ -90,15 +90,15 @@ def measure(paths: list[Path], rows: int, workers: int, method: str | None, wiri
     from distributed import Client, LocalCluster
 
     from datamask_dask.ops import operator, search
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search as one
 
-    shards.ONE_TASK_ROWS = 0
+    one.ONE_TASK_PARTITIONS = 0
     search.SHUFFLE_PARTITIONS = {"auto": search.SHUFFLE_PARTITIONS, "tasks": 10**9, "shuffles": 0}[wiring]
     config = {"dataframe.shuffle.method": method} if method else {}
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster, \
             Client(cluster), dask.config.set(config):
         inputs = [dask.delayed(load)(str(p)) for p in paths]
-        graph = operator.table_groups(inputs, 0.95, len(paths) * rows)
+        graph = operator.table_groups(inputs, 0.95)
         tasks = len(dict(dask.delayed(_listing)(*graph).__dask_graph__())) - 1
         stop, peak = threading.Event(), [0]
         watcher = threading.Thread(target=watch_peak, args=(stop, peak), daemon=True)

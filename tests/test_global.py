@@ -17,12 +17,11 @@ from datamask_dask.plan.duplicates import (
     band_edges,
     band_keys,
     count_pairs,
-    find_duplicates,
-    find_groups,
     hamming_threshold,
     hyperplanes,
     signatures,
 )
+from datamask_dask.plan.search import find_duplicates, find_groups
 from datamask_dask.sample_data import make_embeddings
 
 PARTS, ROWS, DIM = 4, 500, 32
@@ -126,15 +125,16 @@ def test_search_sets_aside_pairs_above_the_threshold_only(cosine, low, high):
 
 
 def test_band_pairs_are_the_brute_force_pairs_whatever_the_group_codes():
-    """Every pair sharing a band and group within the Hamming limit, once, on both sort paths
-    (keys packed with positions for small group codes, argsort beyond 2**11 groups)."""
+    """count_pairs' candidates: every pair sharing a band and group within the Hamming limit, once,
+    on both sort paths (keys packed with positions for small group codes, argsort beyond 2**11
+    groups)."""
     rng = np.random.default_rng(3)
     base = rng.standard_normal((300, 32)).astype(np.float32)
     noise = rng.uniform(0.05, 0.6, (150, 1)).astype(np.float32)  # cosine ~0.999 down to ~0.85
     emb = np.concatenate([base, base[:150] + noise * rng.standard_normal((150, 32)).astype(np.float32)])
     sig = signatures(emb, hyperplanes(32))
     group = rng.integers(0, 2, len(emb))
-    limit = hamming_threshold(0.95)
+    limit = hamming_threshold(0.95, margin=0.0)
     keys = np.stack([band_keys(sig, band) for band in range(BANDS)])
     bits = np.unpackbits(sig, axis=1)
     distance = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
@@ -293,10 +293,12 @@ def test_best_edges_and_key_order_match_their_sorts():
     first = np.r_[True, worse[order][1:] != worse[order][:-1]]
     for got, want in zip(_best_edges(worse, better, quality), (worse, better, quality), strict=True):
         np.testing.assert_array_equal(got, want[order][first])
-    key = rng.integers(0, 50, 5000).astype(np.uint64) << np.uint64(40)  # repeated keys
-    order, sorted_key = _sort_by_key(key)
-    np.testing.assert_array_equal(order, np.argsort(key, kind="stable"))
-    np.testing.assert_array_equal(sorted_key, np.sort(key))
+    high = rng.integers(0, 50, 5000).astype(np.uint64) << np.uint64(40)  # repeated keys
+    # ... and keys that differ only in the bits the sort lends to positions: still apart
+    for key in (high, high | rng.integers(0, 4, 5000).astype(np.uint64)):
+        order, sorted_key = _sort_by_key(key)
+        np.testing.assert_array_equal(order, np.argsort(key, kind="stable"))
+        np.testing.assert_array_equal(sorted_key, np.sort(key))
 
 
 @pytest.mark.parametrize(("wiring", "method"), [("task_groups", None), ("shuffled_groups", "tasks"),
@@ -354,9 +356,9 @@ def test_above_shuffle_partitions_the_plan_graph_grows_linearly(monkeypatch):
     import dask
 
     from datamask_dask.ops import search
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search as one
 
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)
+    monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 0)
     monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", 8)
     with dask.config.set({"dataframe.shuffle.method": "p2p"}):
         shuffled = {n: _plan_tasks(n) for n in (16, 64)}
@@ -368,16 +370,16 @@ def test_above_shuffle_partitions_the_plan_graph_grows_linearly(monkeypatch):
 
 
 @pytest.mark.parametrize("one_task", [True, False])
-def test_the_plan_graph_runs_the_search_the_table_size_picks(one_task, monkeypatch):
-    """Up to ONE_TASK_ROWS rows the groups come from one find_groups task, above from the sharded
-    stages; the other search gets no rows. Either way they are those of shards.table_groups."""
+def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatch):
+    """Up to ONE_TASK_PARTITIONS partitions the groups come from one find_groups task, above from the
+    sharded stages alone (chosen when the graph is built); the same groups either way."""
     import dask
 
     from datamask_dask.ops import operator
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search
 
     parts = _copy_groups(n_parts=9, rows=120)
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 10**9 if one_task else 100)
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 9 if one_task else 8)
     seen = []
 
     def recording(inputs, cosine):
@@ -385,9 +387,12 @@ def test_the_plan_graph_runs_the_search_the_table_size_picks(one_task, monkeypat
         return find_groups(inputs, cosine)
 
     monkeypatch.setattr(operator, "find_groups", recording)
-    got = dask.compute(*operator.table_groups([dask.delayed(p) for p in parts], 0.95), scheduler="sync")
-    assert seen == [9 * 120 if one_task else 0]
-    expected = shards.table_groups(parts)
+    graph = operator.table_groups([dask.delayed(p) for p in parts], 0.95)
+    keys = {str(key) for key in dict(graph[0].__dask_graph__())}
+    assert any("datamask-plan-duplicates-records" in key for key in keys) is not one_task
+    got = dask.compute(*graph, scheduler="sync")
+    assert seen == ([9 * 120] if one_task else [])
+    expected = find_groups(parts)
     assert sum(len(g["shadowed"]) for g in got) > 100
     for one, other in zip(expected, got, strict=True):
         for key in ("shadowed", "kept", "weights"):
@@ -400,28 +405,17 @@ def _plan_digest(plan: dict) -> str:
 
 
 @pytest.mark.parametrize("one_task", [True, False])
-def test_a_plan_computed_now_runs_only_the_search_its_rows_call_for(one_task, monkeypatch):
-    """The writers compute the plan at once: scans first, then the one search the row count picks
-    (the lazy graph holds both and feeds one). The plan is the lazy graph's."""
+def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
+    """The writers compute the plan at once, with the search wired as the lazy graph wires it."""
     from datamask_dask.ops import operator
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search
     from datamask_dask.sample_data import make_corpus
 
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 10**9 if one_task else 100)
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 4)
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
-    seen = []
-
-    def recording(inputs, cosine):
-        seen.append(sum(len(p["quality"]) for p in inputs))
-        return find_groups(inputs, cosine)
-
-    monkeypatch.setattr(operator, "find_groups", recording)
     spec, lazy = operator.plan_selection(ddf, 0.1)
     lazy = lazy.compute(scheduler="sync")
-    assert seen == [720 if one_task else 0]  # both searches in the graph, the other one fed no rows
-    seen.clear()
     now = operator.compute_plan(ddf, spec, scheduler="threads", progress=False)
-    assert seen == ([720] if one_task else [])  # only the chosen search
     assert _plan_digest(now) == _plan_digest(lazy)
     assert sum(len(v) for v in now["shadowed"].values()) > 0
 
@@ -436,15 +430,15 @@ def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client)
     assert _plan_digest(now) == _plan_digest(lazy.compute(scheduler=client))
 
 
-def test_the_writers_plan_is_the_same_with_either_wiring_of_the_search(client, monkeypatch):
-    """compute_plan on a cluster (scans persisted on the workers, then the search): the DataFrame
-    shuffles give the plan the task-to-task wiring gives, and they are p2p on the client it is
-    given, though that client is not Dask's default."""
+def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monkeypatch):
+    """compute_plan on a cluster: the DataFrame shuffles give the plan the task-to-task wiring and
+    the one task give, and they are p2p on the client it is given, though that client is not
+    Dask's default."""
     from datamask_dask.ops import operator, search
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search as one
     from datamask_dask.sample_data import make_corpus
 
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 100)
+    monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     spec = operator.selection_spec(ddf, 0.1)
     methods, choose = [], search.shuffle_method
@@ -454,20 +448,19 @@ def test_the_writers_plan_is_the_same_with_either_wiring_of_the_search(client, m
         monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
         plans[limit] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
     assert methods == ["p2p"]
-    assert _plan_digest(plans[4]) == _plan_digest(plans[10**9])
+    monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 32)
+    plans["one task"] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
+    assert _plan_digest(plans[4]) == _plan_digest(plans[10**9]) == _plan_digest(plans["one task"])
     assert sum(len(v) for v in plans[4]["shadowed"].values()) > 0
 
 
-@pytest.mark.parametrize("one_task", [True, False])
-def test_the_lazy_plan_is_the_same_with_either_wiring_of_the_search(client, monkeypatch, one_task):
-    """The lazy plan holds both searches and feeds one: with the DataFrame shuffles (p2p) as its
-    sharded search it plans what the task-to-task wiring plans, whether the shuffles get the rows
-    or run empty."""
+def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatch):
+    """With the DataFrame shuffles (p2p) the lazy plan is what the task-to-task wiring plans."""
     from datamask_dask.ops import operator, search
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search as one
     from datamask_dask.sample_data import make_corpus
 
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 10**9 if one_task else 100)
+    monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     digests = []
     for limit in (10**9, 4):  # task to task; DataFrame shuffles (p2p: the client is current)
@@ -479,12 +472,15 @@ def test_the_lazy_plan_is_the_same_with_either_wiring_of_the_search(client, monk
     assert digests[0] == digests[1]
 
 
-def test_the_plan_graph_holds_each_task_once():
+def test_the_plan_graph_holds_each_task_once(monkeypatch):
     """Every partition's summary depends on the table-wide search: the plan graph must hold that
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own
     when it is passed inside a list), or graphs of a few hundred partitions take minutes to cull."""
     from datamask_dask.ops.operator import plan_selection
+    from datamask_dask.plan import search
     from datamask_dask.sample_data import make_corpus
+
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)
 
     ddf = dd.from_pandas(make_corpus(12 * 50, 8, seed=1), npartitions=12, sort=False)
     graph = plan_selection(ddf, 0.1)[1].__dask_graph__()

@@ -67,14 +67,14 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
 
 
 def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corpus, tmp_path, monkeypatch):
-    """Above ONE_TASK_ROWS both engines run the sharded near-duplicate stages (Spark as DataFrame steps,
+    """Above ONE_TASK_PARTITIONS both engines run the sharded near-duplicate stages (Spark as DataFrame steps,
     Dask as a graph): the same copies are set aside, so the same rows are selected."""
     import dask.dataframe as dd
     import pandas as pd
 
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search
 
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)  # the sharded stages at any size (both in this process)
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)  # the sharded stages (both engines in this process)
     copies = corpus.iloc[:300].assign(chunk_id=corpus["chunk_id"].iloc[:300] + 100_000)
     table = pd.concat([corpus, copies], ignore_index=True)  # exact copies, in the last partitions
     path = tmp_path / "with-copies"
@@ -91,7 +91,7 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
 @pytest.mark.parametrize("persist", ["allowed", "refused"])
 def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark, tmp_path, monkeypatch,
                                                                           persist):
-    """Above ONE_TASK_ROWS Spark's plan runs the sharded stages as DataFrame steps: the driver
+    """Above ONE_TASK_PARTITIONS Spark's plan runs the sharded stages as DataFrame steps: the driver
     collects summaries, never a scan, and the plan's shadowed rows and kept rows' weights (chains
     of near-copies included) are those of the Dask graph on the same partitions. A session that
     refuses to persist (serverless Spark Connect) gets the same plan, with a warning."""
@@ -104,7 +104,7 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
     from pyspark.errors import PySparkException
 
     from datamask_dask.ops.operator import plan_selection as dask_plan
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search
     from datamask_dask.sample_data import make_corpus
 
     table = make_corpus(1200, 16, seed=5)
@@ -121,7 +121,7 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
                           "text": [f"document {i}" for i in range(n)]})
     path = tmp_path / "near-copies"
     datamask_dask.write_parquet(dd.from_pandas(table, npartitions=6, sort=False), path)
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)  # the sharded stages at any size
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)  # the sharded stages at any size
     collected = []
     real = spark_operator.gather_summaries
     monkeypatch.setattr(spark_operator, "gather_summaries",

@@ -33,15 +33,15 @@ def connect():
 
 
 def test_connect_runs_the_sharded_search_on_the_executors(connect, parquet_dir, monkeypatch):
-    """Above ONE_TASK_ROWS (8 partitions) the sharded stages run as DataFrame steps over Connect:
+    """Above ONE_TASK_PARTITIONS the sharded stages run as DataFrame steps over Connect (8 partitions):
     every row's copy in the other half is set aside, never both selected."""
     from datamask_spark import operator
     from datamask_spark.shards import sharded_summaries as shards_on_spark
     from pyspark.sql import functions as F
 
-    from datamask_dask.plan import shards
+    from datamask_dask.plan import search
 
-    monkeypatch.setattr(shards, "ONE_TASK_ROWS", 0)
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)
     calls = []
     monkeypatch.setattr(operator, "sharded_summaries",
                         lambda *args: calls.append(args) or shards_on_spark(*args))

@@ -14,15 +14,16 @@ The result is lazy. Its graph has two passes over the input:
    turns the sketches into integer quotas (or token budgets) per partition and group, so the
    selected total is exact, and fixes the table-wide quality range and the embedding dimension.
    With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
-   256-bit SimHash per row, and the near-duplicate groups of the whole table are found: in one
-   task up to 1M rows (or 4 partitions), above that by a sharded map-shuffle-reduce graph
-   (:mod:`datamask_dask.plan.shards`, wired by :mod:`datamask_dask.ops.search`: no task holds more
-   than a shard of the band records or groups, and on large tables every all-to-all step is a Dask
-   DataFrame shuffle, p2p on a cluster); in each group every row but the best is
-   *shadowed*: left out of the sketches and ineligible in the select pass, so no partition
-   selects a copy of a better row that lives in another one, and the best row stands for the
-   group (its weight, which the learner's Facility counts). ``diversity_scope="partition"``
-   skips this.
+   256-bit SimHash per row, and the near-duplicate groups of the whole table are found with one
+   rule at every size (:mod:`datamask_dask.plan.search`): a row with a verified better
+   near-duplicate is *shadowed* (left out of the sketches and ineligible in the select pass, so
+   no partition selects a copy of a better row that lives in another one), and a kept row stands
+   for the rows it shadows (its weight, which the learner's Facility counts). Up to
+   ``ONE_TASK_PARTITIONS`` partitions one task finds them; above, a sharded map-shuffle-reduce
+   graph (:mod:`datamask_dask.plan.shards`, wired by :mod:`datamask_dask.ops.search`: no task
+   holds more than a shard of the band records or groups, and on large tables every all-to-all
+   step is a Dask DataFrame shuffle, p2p on a cluster) finds the same groups.
+   ``diversity_scope="partition"`` skips this.
 2. **Select**: one :func:`datamask_dask.partition.select.select_partition` task per partition of
    :func:`partitions` (the partitions the plan pass read), gathered with ``dd.from_delayed`` and
    an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
@@ -35,14 +36,13 @@ The result is lazy. Its graph has two passes over the input:
 Same input, partitioning and seed give the same ``selected`` on any scheduler and any number of
 workers: nothing depends on where or when a task runs. :func:`plan_selection` and
 :func:`apply_plan` expose the two passes separately (the resumable writer,
-:func:`datamask_dask.write_selection`, computes the plan once with :func:`compute_plan`, which
-counts the table's rows before its near-duplicate search, and records it).
+:func:`datamask_dask.write_selection`, computes the plan once with :func:`compute_plan` and
+records it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Mapping
 
 import dask
@@ -63,9 +63,8 @@ from ..partition.checks import (
 )
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
-from ..plan.duplicates import find_groups
 from ..plan.reduce import make_plan
-from ..plan.shards import gate, one_task
+from ..plan.search import find_groups, one_task
 from ..progress import named, named_task
 from .search import sharded_groups
 
@@ -268,16 +267,14 @@ def _partitions(ddf, plan) -> list:
 # --------------------------------------------------------------------------- plan pass
 
 
-def plan_graph(ddf, spec: SelectSpec, reads: dict | None = None, rows: int | None = None):
+def plan_graph(ddf, spec: SelectSpec, reads: dict | None = None):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task.
 
-    ``reads``: :func:`plan_reads` of ``ddf`` (made here by default), perhaps persisted; ``rows``: the
-    table's rows where they are known, so the table scope's graph holds only the near-duplicate
-    search they call for (:func:`table_groups`).
+    ``reads``: :func:`plan_reads` of ``ddf`` (made here by default), perhaps persisted.
     """
     reads = plan_reads(ddf, spec) if reads is None else reads
     if spec.diversity_scope == "table":
-        summaries = scan_summaries(reads["scans"], spec, rows)
+        summaries = scan_summaries(reads["scans"], spec)
     else:
         summaries = reads["summaries"]
     ids = id_reduction(reads["ids"]) if spec.check_ids else None
@@ -329,84 +326,43 @@ def plan_reads(ddf, spec: SelectSpec) -> dict:
 
 
 def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None = None) -> dict:
-    """The plan of :func:`plan_graph`, computed now (the writers' first pass).
-
-    A lazy plan cannot know the table's rows before it runs, so in table scope beyond
-    ``PARTITIONS_PER_SHARD`` partitions it holds both near-duplicate searches and feeds one; the
-    other still runs its tasks: at 20 partitions ~2,500, in rounds one after another (2.5-3 s on 2
-    workers). Computed now, the plan reads and scans the partitions first, keeps the scans where
-    they are, counts their rows, and then runs only the search that count calls for. Same plan.
-    """
-    reads = plan_reads(ddf, spec)
-    rows = None
-    if spec.diversity_scope == "table" and not one_task(None, len(reads["scans"])):
-        reads = progress_bars.persist(reads, scheduler=scheduler, progress=progress)
-        rows = progress_bars.compute(_row_count(reads["scans"], _rows_of_scan), scheduler=scheduler,
-                                     progress=False)[0]
+    """The plan of :func:`plan_graph`, computed now (the writers' first pass)."""
     # built with the scheduler as the current Client, so that a large table's search shuffles p2p
     # on it even where it is not Dask's default
     with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
-        plan = plan_graph(ddf, spec, reads, rows)
+        plan = plan_graph(ddf, spec)
     return progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
 
 
-def _rows_of_scan(scan: dict) -> int:
-    return scan["check"].rows
-
-
-def scan_summaries(scans: list, spec: SelectSpec, rows: int | None = None) -> list:
+def scan_summaries(scans: list, spec: SelectSpec) -> list:
     """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
 
     The near-duplicate groups of the whole table are found from the partitions' scans
-    (:func:`table_groups`; ``rows``: the table's rows, if known); each scan then becomes its quality
-    sketches without its shadowed rows (and with its kept rows' weights).
+    (:func:`table_groups`); each scan then becomes its quality sketches without its shadowed rows
+    (and with its kept rows' weights).
     """
     signed = "datamask-plan-signatures"
     inputs = [dask.delayed(duplicate_input, pure=True)(scan, dask_key_name=_key(signed, scan))
               for scan in scans]
-    groups = table_groups(inputs, spec.duplicate_cosine, rows)
+    groups = table_groups(inputs, spec.duplicate_cosine)
     return [dask.delayed(summarise_scan, pure=True)(scan, groups[i],
                                                     dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
 
 
-def table_groups(inputs: list, cosine: float, rows: int | None = None) -> list:
-    """:func:`datamask_dask.plan.shards.table_groups` as a Delayed graph: one Delayed per partition.
-
-    Up to ``PARTITIONS_PER_SHARD`` partitions, or with the table's ``rows`` given
-    (:func:`compute_plan`), the choice is known at once. Otherwise the graph (fixed before any row
-    is read) holds both searches: the one-task search
-    (:func:`~datamask_dask.plan.duplicates.find_groups`) and the sharded graph
-    (:func:`sharded_groups`). One small task counts the rows and picks one; the partitions' inputs
-    reach the other through :func:`~datamask_dask.plan.shards.gate` with no rows, so its tasks
-    move and do next to nothing (but its rounds still run one after another).
+def table_groups(inputs: list, cosine: float) -> list:
+    """The near-duplicate groups of :func:`datamask_dask.plan.search.table_groups` as a Delayed graph:
+    one Delayed per partition. The wiring follows the partitions (known now, before any row is
+    read; the groups are the same either way): one task
+    (:func:`~datamask_dask.plan.search.find_groups`) for a few, the sharded graph
+    (:func:`~datamask_dask.ops.search.sharded_groups`) for more.
     """
     name = "datamask-plan-duplicates"
-    if one_task(rows, len(inputs)):  # known before the search runs: the one-task search alone
+    if one_task(len(inputs)):
         found = named_task(name, find_groups, _listed(name, inputs), cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]
-    if rows is not None:  # known, and too many for one task: the sharded search alone
-        return sharded_groups(inputs, cosine, dask.delayed(rows, pure=True))
-    rows = _row_count(inputs)
-    single = named_task(name, one_task, rows, len(inputs))
-    many = named_task(name, operator.not_, single)
-    gated = _listed(name, [named_task(name, gate, part, single) for part in inputs])
-    found = named_task(name, find_groups, gated, cosine, nout=len(inputs))
-    sharded = sharded_groups([named_task(name, gate, part, many) for part in inputs], cosine, rows)
-    return [named_task(name, _either, single, found[i], sharded[i]) for i in range(len(inputs))]
-
-
-def _either(single: bool, found: dict, sharded: dict) -> dict:
-    return found if single else sharded
-
-
-def _row_count(inputs: list, rows_of=None):
-    """The table's rows, from one small count per partition (a task taking every input would gather
-    every signature on one worker). ``rows_of(part)``: one partition's rows (default: of a search
-    input)."""
-    name = "datamask-plan-duplicates"
-    rows_of = _rows_of if rows_of is None else rows_of
-    return named_task(name, sum, _listed(name, [named_task(name, rows_of, part) for part in inputs]))
+    rows = named_task(name, sum, _listed(name, [named_task(name, _rows_of, part) for part in inputs]))
+    return sharded_groups(inputs, cosine, rows)
 
 
 def _rows_of(part: dict) -> int:

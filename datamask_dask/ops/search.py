@@ -96,7 +96,7 @@ _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 def sharded_groups(inputs: list, cosine: float, rows) -> list:
     """The near-duplicate groups of :func:`~datamask_dask.plan.shards.find_groups_sharded` as a Dask
     graph: one Delayed per partition of ``inputs`` (Delayed search inputs), computing to its entry of
-    :func:`~datamask_dask.plan.duplicates.find_groups`. ``rows``: the table's rows (a Delayed), which
+    :func:`~datamask_dask.plan.search.find_groups`. ``rows``: the table's rows (a Delayed), which
     size the bands. Wired task to task up to ``SHUFFLE_PARTITIONS`` partitions, by DataFrame
     shuffles above."""
     wiring = task_groups if len(inputs) <= SHUFFLE_PARTITIONS else shuffled_groups
@@ -292,7 +292,7 @@ def _kept(counts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _partition_groups(rows: pd.DataFrame) -> dict:
-    """One partition's entry of :func:`~datamask_dask.plan.duplicates.find_groups` from its rows
+    """One partition's entry of :func:`~datamask_dask.plan.search.find_groups` from its rows
     (weight 0: shadowed; else kept, standing for ``weight`` rows)."""
     position, weight = rows["position"].to_numpy(np.int64), rows["weight"].to_numpy(np.int64)
     kept = weight > 0

@@ -345,7 +345,7 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
     """Round 1 of the plan pass: one partition's checks (raising on bad data), kept for its summary.
 
     With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
-    :func:`duplicate_input` sends to :func:`datamask_dask.plan.duplicates.find_duplicates`.
+    :func:`duplicate_input` sends to :func:`datamask_dask.plan.search.find_groups`.
     """
     with stages.timed("check"):
         check = check_partition(frame, number, spec)
@@ -364,7 +364,7 @@ def duplicate_input(scan: dict) -> dict:
 def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> dict:
     """Round 2: the partition's plan summary, its shadowed rows left out of the sketches.
 
-    ``groups``: the partition's entry of :func:`datamask_dask.plan.duplicates.find_groups` (its
+    ``groups``: the partition's entry of :func:`datamask_dask.plan.search.find_groups` (its
     shadowed rows, and its kept rows with the group sizes they stand for), or only the shadowed
     rows' positions.
     """

@@ -1,80 +1,45 @@
-"""Near-duplicates across the whole table, found from compact signatures (``diversity_scope="table"``).
+"""SimHash signatures of rows, and near-duplicate pairs counted from them.
 
-Engine-agnostic (numpy, and torch for the signing product): the Dask operator (and the Spark
-integration) compute one small signature array per partition in the plan pass (:func:`signatures`),
-find the near-duplicate groups of the whole table from them -- with the sharded graph of
-:mod:`datamask_dask.plan.shards`, whose tasks each hold a shard; :func:`find_groups` here is the
-same search in one task, the reference it is tested against -- and hand each partition the
-positions of its rows that are *shadowed*: near-copies of a better row elsewhere in the table (or
-in the partition).
-Shadowed rows are left out of the quality sketches, so the quotas stay exact over the rows that
-remain, and the select pass treats them as ineligible. Each partition's learner then sees at most
-one member of every near-duplicate group in the table, so the selection cannot pick the same
-document twice from two partitions.
+Engine-agnostic (numpy, and torch for the signing product). The plan pass of ``diversity_scope=
+"table"`` signs every row (:func:`signatures`, in :mod:`datamask_dask.partition.checks`); the
+near-duplicate groups of the table are found from the signatures by
+:mod:`datamask_dask.plan.search` (one task) or the sharded stages of
+:mod:`datamask_dask.plan.shards`, with the same rule and the same groups.
 
-Method
-------
 1. **Signature** (per partition): a SimHash of each unit embedding, the signs of its projections on
    ``SIGNATURE_BITS`` = 256 fixed random hyperplanes (seed ``PLANE_SEED``, so every partition and
    every run uses the same ones), packed to 32 bytes per row. For two rows at angle ``theta`` each
    bit differs with probability ``theta / pi``, so ``cos(pi * hamming / 256)`` estimates their
-   cosine.
-2. **Candidates**: LSH banding, ``BANDS`` = 24 bands of ``BAND_BITS`` = 20 bits, each band a fixed
-   window of the 256 bits (:func:`band_keys`); rows that agree on a whole band (and are in the same ``by``
-   group) are candidate pairs. A pair at cosine 0.975 (hamming ~18) shares at least one band with
-   probability about 0.998, one at cosine 0.95 with probability about 0.95 (bands overlap, so
-   these are estimates; 16 disjoint bands of 16 bits recall as much but let 10x more pairs collide
-   by chance on clustered data).
-3. **Verification**: a candidate pair is a near-duplicate when its Hamming distance is at most
-   :func:`hamming_threshold` (the expected distance at ``cosine`` plus ``SEARCH_MARGIN`` = 0.75
-   standard deviations of the estimate: at 0.95, pairs at 0.98 are found 99% of the time, at
-   0.96 88%, at 0.95 74%; pairs at 0.92 are merged by mistake 25% of the time, at 0.90 8%).
-4. **Groups**: connected components of the verified pairs. In each group the best-quality member
-   is kept (ties: lowest partition, then lowest row) and every other member is shadowed. The kept
-   member *stands for* its group: its weight is the group's size (:func:`find_groups`), and
-   Facility weighs it so (:mod:`datamask_dask.learn.objectives`), so setting the copies aside does
-   not change which rows the objective asks to cover.
+   cosine, and :func:`hamming_threshold` turns a cosine into the largest distance that counts.
+2. **Counting pairs** (:func:`count_pairs`, the run summary's near-duplicate pairs among the
+   selected rows, :mod:`datamask_dask.io.summary`): LSH banding, ``BANDS`` = 24 bands of
+   ``BAND_BITS`` = 20 bits, each band a fixed window of the 256 bits (:func:`band_keys`); rows
+   that agree on a whole band are candidates, and a candidate within the Hamming distance expected
+   at the cosine counts. A pair at cosine 0.975 shares a band with probability about 0.998, one at
+   0.95 about 0.95.
 
-Cost and limits
----------------
 Signing costs one float32 product of each row with the 256 hyperplanes, in the plan pass's
-embedding checks (:mod:`datamask_dask.partition.checks`, which read each block once for the checks
-and the signatures), on blocks that are views of the Arrow column where possible. The reduction holds every
-row's signature, quality and group code: about 44 bytes per row on one task (440 MB for 10
-million rows), plus, per band, the rows that share their band key with another row (on clustered
-data about half of them) and their candidate pairs (batched). Pairs that collide by chance grow
-as ``N**2 / 2**21`` per band (several times more on clustered data); each pair found by several
-bands is kept once. ``benchmarks/bench_duplicates.py`` measures the reduction alone (seconds,
-peak memory, candidates per band) at a given size; ``--sharded`` the sharded step, whose bands
-widen with the table (:func:`datamask_dask.plan.shards.band_plan`) so chance collisions stay
-linear in the rows.
-
-The run summary (:mod:`datamask_dask.io.summary`) uses the same signatures and bands to count
-near-duplicate pairs among the selected rows (:func:`count_pairs`).
+embedding checks, on blocks that are views of the Arrow column where possible.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 SIGNATURE_BITS = 256
 SIGNATURE_BYTES = SIGNATURE_BITS // 8
-BANDS = 24  # LSH bands ...
+BANDS = 24  # LSH bands of count_pairs ...
 BAND_BITS = 20  # ... of 20 bits each, overlapping windows of the 256
 PLANE_SEED = 0x5EED_D0C5
-# Standard deviations of the Hamming estimate added to the expected distance at ``cosine`` when
-# searching. Share of pairs found at 0.95 (test_global, d = 64) by true cosine 0.98 / 0.96 / 0.95 /
-# 0.94 / 0.92 / 0.90: 0.75 -> 99% / 88% / 74% / 57% / 25% / 8%; 1.5 -> 99% / 93% / 87% / 74% / 44% /
-# 25%. 1.5 set aside ~10% more rows than the planted copies and cost twice the objective
-# (benchmarks/results-global-seeds*.md) for pairs mostly below the threshold.
-SEARCH_MARGIN = 0.75
+# Standard deviations of the Hamming estimate above the distance expected at ``cosine`` that still
+# verify a pair, one margin at every size and on every engine: wide enough that pairs well above the
+# threshold are seldom missed, narrow enough that pairs well below it are seldom set aside
+# (benchmarks/bench_duplicates.py measures both).
+VERIFY_MARGIN = 0.75
 _PAIR_BATCH = 1 << 22  # candidate pairs verified at once
-BAND_THREADS = 4  # threads of find_duplicates (at most one per core)
 
 
 def hyperplanes(dim: int) -> np.ndarray:
@@ -102,55 +67,14 @@ def signatures(block, planes) -> np.ndarray:
     return np.packbits(signs, axis=1)
 
 
-def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = SEARCH_MARGIN) -> int:
+def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = VERIFY_MARGIN) -> int:
     """Largest Hamming distance counted as a near-duplicate of cosine ``cosine``.
 
     ``margin``: standard deviations of the estimate added to the expected distance
-    (``SEARCH_MARGIN`` for the search, which should miss few pairs; 0 for counting pairs).
+    (``VERIFY_MARGIN`` for the search at every size; 0 for counting pairs).
     """
     p = math.acos(min(1.0, max(-1.0, cosine))) / math.pi
     return int(math.floor(bits * p + margin * math.sqrt(bits * p * (1 - p))))
-
-
-def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]:
-    """Shadowed rows of each partition: near-duplicates of a better row anywhere in the table.
-
-    The ``"shadowed"`` entries of :func:`find_groups`; see there.
-
-    Parameters
-    ----------
-    parts : list of dict, one per partition, in partition order
-        ``quality`` float64 (n,), ``codes`` int (n,) (group code of each row, indexing
-        ``labels``), ``labels`` (group labels, ``[None]`` without ``by``) and ``signatures``
-        uint8 (n, SIGNATURE_BYTES) from :func:`signatures`.
-    cosine : float
-        Rows at least this similar are near-duplicates (estimated from the signatures).
-
-    Returns
-    -------
-    list of int64 arrays
-        For each partition, the sorted positions of its shadowed rows. Deterministic: it depends
-        only on the rows' content and partition order, not on where or when anything ran.
-    """
-    return [found["shadowed"] for found in find_groups(parts, cosine)]
-
-
-def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
-    """Near-duplicate groups of the whole table, per partition: shadowed rows and kept rows' weights.
-
-    Parameters are those of :func:`find_duplicates`. Returns, for each partition, a dict of
-    ``shadowed`` (sorted int64 positions of its rows that are near-copies of a better row),
-    ``kept`` (sorted int64 positions of its rows kept for a group of two or more) and ``weights``
-    (int64, the size of each of those groups: the rows the kept row stands for, itself included).
-    """
-    table = stack_parts(parts)
-    # The bands on a few threads (sorting and comparing in numpy, which releases the GIL): an
-    # engine that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
-    threads = max(1, min(BAND_THREADS, os.cpu_count() or 1))
-    with ThreadPoolExecutor(threads) as pool:
-        edges = list(pool.map(lambda first: band_edges(table, range(first, BANDS, threads), cosine),
-                              range(threads)))
-    return resolve_groups(table, edges)
 
 
 def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, int]:
@@ -158,8 +82,8 @@ def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, in
 
     Returns ``(within, across)``: pairs of rows in the same block, and in two different blocks.
     An estimate: a pair counts when its Hamming distance is at most the one expected at
-    ``cosine`` (no margin), found through the same LSH bands as :func:`find_duplicates` (which
-    miss about 5% of the pairs right at ``cosine`` and almost none of the closer ones).
+    ``cosine`` (no margin), found through ``BANDS`` LSH bands (which miss about 5% of the pairs
+    right at ``cosine`` and almost none of the closer ones).
     """
     blocks = [np.asarray(b, dtype=np.uint8).reshape(-1, SIGNATURE_BYTES) for b in blocks]
     sizes = np.array([b.shape[0] for b in blocks], dtype=np.int64)
@@ -173,29 +97,11 @@ def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, in
     return within, int(left.size) - within
 
 
-def stack_parts(parts: list[dict]) -> dict:
-    """The partitions' inputs as one table: quality, global group index, signatures, offsets."""
-    sizes = [int(p["quality"].shape[0]) for p in parts]
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    labels = sorted({label for p in parts for label in p["labels"]}, key=lambda x: (type(x).__name__, x))
-    index_of = {label: i for i, label in enumerate(labels)}
-    group = np.concatenate([np.zeros(0, dtype=np.int64)] + [
-        np.asarray([index_of[lab] for lab in p["labels"]], dtype=np.int64)[np.asarray(p["codes"])]
-        for p in parts if len(p["quality"])])
-    quality = np.concatenate([np.zeros(0)] + [np.asarray(p["quality"], dtype=np.float64) for p in parts])
-    sig = np.concatenate([np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)] + [
-        np.asarray(p["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES) for p in parts if
-        len(p["quality"])])
-    return {"offsets": offsets, "group": group, "quality": quality, "signatures": np.ascontiguousarray(sig)}
-
-
 def band_edges(table: dict, bands, cosine: float = 0.95,
-               margin: float = SEARCH_MARGIN) -> tuple[np.ndarray, np.ndarray]:
-    """Verified near-duplicate pairs ``(left, right)``, each once, found by one band (an int) or several.
-
-    Bands are independent: an engine may run them as separate tasks (the Dask operator does) and
-    hand every result to :func:`shadowed_rows`. ``margin``: see :func:`hamming_threshold`.
-    """
+               margin: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(left, right)`` within :func:`hamming_threshold` that share a band (an int, or
+    several) and a group, each once; ``table``: ``signatures`` (n, SIGNATURE_BYTES) and ``group``
+    (n,) int."""
     bands = [bands] if isinstance(bands, int | np.integer) else list(bands)
     sig = table["signatures"]
     limit = hamming_threshold(cosine, margin=margin)
@@ -205,40 +111,6 @@ def band_edges(table: dict, bands, cosine: float = 0.95,
     edges = [_band_pairs(columns, words, table["group"], int(band), limit) for band in bands]
     return _unique_pairs(np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges]),
                          np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges]), sig.shape[0])
-
-
-def shadowed_rows(table: dict, edges: list) -> list[np.ndarray]:
-    """Union the verified pairs into groups; every member but the best of each is shadowed, per partition."""
-    return [found["shadowed"] for found in resolve_groups(table, edges)]
-
-
-def resolve_groups(table: dict, edges: list) -> list[dict]:
-    """Union the verified pairs into groups: per partition, the shadowed rows and the kept rows' weights.
-
-    Every member of a group but the best is shadowed; the best is kept and stands for the group
-    (its weight is the group's size). The dicts are those of :func:`find_groups`.
-    """
-    offsets, quality = table["offsets"], table["quality"]
-    n = int(offsets[-1])
-    left = np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges])
-    right = np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges])
-    root = _components(n, *_unique_pairs(left, right, max(n, 1)))
-    # keeper of each group: best quality, then lowest global row (= lowest partition, then row)
-    rank = np.empty(n, dtype=np.int64)
-    rank[np.lexsort((np.arange(n), -quality))] = np.arange(n)
-    best = np.full(n, n, dtype=np.int64)
-    np.minimum.at(best, root, rank)
-    shadowed = np.flatnonzero(rank != best[root])
-    size = np.bincount(root, minlength=n)
-    kept = np.flatnonzero((rank == best[root]) & (size[root] > 1))
-    weights = size[root[kept]]
-    out = []
-    for i in range(len(offsets) - 1):
-        low, high = offsets[i], offsets[i + 1]
-        mine = (kept >= low) & (kept < high)
-        out.append({"shadowed": shadowed[(shadowed >= low) & (shadowed < high)] - low,
-                    "kept": kept[mine] - low, "weights": weights[mine]})
-    return out
 
 
 def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
@@ -328,23 +200,3 @@ def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s, s + c) for s, c in zip(start, size)])``, vectorised."""
     total = int(size.sum())
     return np.repeat(start - (np.cumsum(size) - size), size) + np.arange(total)
-
-
-def _components(n: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """Connected components on ``n`` nodes: each node's smallest member (min-label propagation)."""
-    root = np.arange(n, dtype=np.int64)
-    if not left.size:
-        return root
-    while True:
-        low = np.minimum(root[left], root[right])
-        before = root.copy()
-        np.minimum.at(root, left, low)
-        np.minimum.at(root, right, low)
-        root = root[root]  # pointer jumping
-        while True:
-            jumped = root[root]
-            if np.array_equal(jumped, root):
-                break
-            root = jumped
-        if np.array_equal(root, before):
-            return root

@@ -4,15 +4,16 @@ Engine-agnostic (numpy only): each function below is one task of a hash-bucket s
 and its output is a list of *pieces*, one per shard (or partition) that receives it. The Dask
 operator wires them into its plan (:mod:`datamask_dask.ops.search`: task to task, or by DataFrame
 shuffles on large tables); a benchmark can call them in a loop (``benchmarks/bench_duplicates.py
---sharded``). The inputs are those of :func:`datamask_dask.plan.duplicates.find_groups` (per
+--sharded``). The inputs are those of :func:`datamask_dask.plan.search.find_groups` (per
 partition: quality, group codes and labels, 256-bit SimHash signatures), and so are the outputs:
 per partition, its shadowed rows and its kept rows with the rows each stands for.
 
 Stages
 ------
-1. :func:`band_records` (per partition): for each of ``BANDS`` bands, a 64-bit key hashed from the
-   band's number, the row's group label and ``bits`` signature bits chosen at random (fixed seed,
-   the same for every partition and run), with a row reference ``partition << 32 | position``,
+1. :func:`band_records` (per partition): for each of ``BANDS`` bands, a 64-bit key hashed
+   (bijectively, :func:`band_key`) from the band's number, the row's group label and ``bits``
+   signature bits chosen at random (fixed seed, the same for every partition and run), with a row
+   reference ``partition << 32 | position``,
    the row's quality and its signature (56 bytes a record). Keys go to shard ``hash(key) %
    shards``. ``bits`` grows with the table (:func:`band_plan`), so that pairs colliding by chance
    stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
@@ -21,8 +22,7 @@ Stages
    ``ANCHORS`` anchors (its lowest references) and ``NEIGHBOURS`` neighbours by signature, so the
    work stays O(rows x (anchors + neighbours)). Each
    candidate is verified where it is found, on the two records' signatures: the pairs within
-   :func:`hamming_threshold` (with ``VERIFY_MARGIN``, tighter than the single-task search's, so
-   that pairs at cosine 0.90 are rarely merged) become edges, and each worse row's best edge is
+   :func:`hamming_threshold` (``VERIFY_MARGIN``) become edges, and each worse row's best edge is
    sent to the shard of the worse row. Candidate pairs are never shuffled, and a row has at most
    one edge per bucket task however many bands and buckets found it.
 3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
@@ -34,12 +34,11 @@ Stages
    back to their partitions, each receiving only its own rows.
 
 The rule of stage 3 is local to verified pairs: a row is shadowed when a better row verifies as
-its near-duplicate. It keeps the guarantees of the single-task search's connected components --
-the best member of every group stays eligible, and no verified pair is kept twice -- and gives the
-same groups wherever each group's members are near-duplicates of one another (copies of one
-document); on a chain ``a ~ b ~ c`` with ``a`` and ``c`` not near-duplicates it keeps both ``a``
-and ``c`` where connected components keep one. Deterministic: every task sorts what it receives,
-so the result depends only on the rows, the partitioning and the shard count.
+its near-duplicate, so the best member of every group stays eligible and no verified pair is kept
+twice; on a chain ``a ~ b ~ c`` with ``a`` and ``c`` not near-duplicates both ``a`` and ``c`` stay.
+:func:`datamask_dask.plan.search.find_groups` applies the same rule to the same candidates in one
+task. Deterministic: every task sorts what it receives, and a bucket is exactly the rows of one
+key, so the groups depend only on the rows and their order, not on the partitions or shards.
 """
 
 from __future__ import annotations
@@ -48,19 +47,22 @@ import math
 
 import numpy as np
 
-from .duplicates import _PAIR_BATCH, SIGNATURE_BITS, SIGNATURE_BYTES, _ranges, find_groups, hamming_threshold
+from .duplicates import (
+    _PAIR_BATCH,
+    SIGNATURE_BITS,
+    SIGNATURE_BYTES,
+    VERIFY_MARGIN,
+    _ranges,
+    hamming_threshold,
+)
 
-# Tables up to this many rows find their groups in one task (duplicates.find_groups, the same
-# search on a few threads): it holds ~44 bytes a row plus one band's keys at a time, where the
-# sharded graph moves ~2.2 KB a row of band records. At 200k rows, d = 768, 2,000 clusters
-# (benchmarks/bench_pipeline.py's data), one process: 0.24 s in one task against 4.4 s for the
-# sharded stages, which pay off only where one task cannot hold the table.
-ONE_TASK_ROWS = 1_000_000
 PARTITIONS_PER_SHARD = 4  # the sharded graph has one key shard (stages 1-2) per this many partitions
 # ... and one row shard (stages 3-5: edges, parents and counts, ~50 bytes a row) per this many: every
 # round sends edges from each key shard to each row shard, so fewer row shards mean fewer picks
 PARTITIONS_PER_ROW_SHARD = 16
-BANDS = 40  # bands of random bits: recall of pairs at cosine 0.98 >= 99% up to 26 bits (simulated)
+# bands of random bits (at most 64: a key holds the band number in 6 bits): recall of pairs at
+# cosine 0.98 >= 99% up to 26 bits (simulated)
+BANDS = 40
 # Bands whose records are shuffled (or held) at once: 56 bytes a row (2.2 KB for all 40). A worker
 # holds about twice its share of a round's records (its own and those it receives), so its peak
 # follows this. bench_table_scale.py's data (d = 32, 2 workers), largest worker and job time: 6M
@@ -73,21 +75,30 @@ FULL_BUCKET = 12  # buckets up to this size verify all their pairs
 ANCHORS = 4  # larger buckets verify each row against this many anchors ...
 NEIGHBOURS = 16  # ... and against this many neighbours in the bucket sorted by signature
 ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
-# Standard deviations of the Hamming estimate above the distance expected at ``cosine`` that still
-# verify a pair (the single-task search uses 0.75). At 0.95 (bench_duplicates --sharded, d = 64,
-# 100k rows), pairs at true cosine 0.90 / 0.98 in one group: margin 0.75 (Hamming 29 of 256 bits)
-# 9.6% / 99.9%, 0.25 (27) 5.2% / 99.6%; 0.1 gives 26, ~3% at 0.90 in theory, ~99.5% at 0.98.
-VERIFY_MARGIN = 0.1
 BIT_SEED = 0xBA2D5
-_GOLDEN = 0x9E3779B97F4A7C15
+_VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
 
 
 def band_plan(n_rows: int, bands: int = BANDS) -> dict:
     """Bands for a table of ``n_rows``: ``bits`` per band and each band's bit positions (bands, bits)."""
     bits = int(min(MAX_BITS, max(MIN_BITS, math.ceil(math.log2(max(n_rows, 2))) + SLACK_BITS)))
+    # Bits dealt from shuffled decks of all 256, so that every bit is in as many bands as any other
+    # (give or take one): a close pair's few differing bits then spoil as few bands as they can.
     rng = np.random.default_rng(BIT_SEED)
-    positions = np.stack([np.sort(rng.choice(SIGNATURE_BITS, bits, replace=False)) for _ in range(bands)])
-    return {"bits": bits, "positions": positions}
+    deck: list[int] = []
+    positions = []
+    for _ in range(bands):
+        band: list[int] = []
+        while len(band) < bits:
+            if not deck:
+                deck = rng.permutation(SIGNATURE_BITS).tolist()
+            bit = deck.pop()
+            if bit in band:  # a repeat goes back under the deck
+                deck.insert(0, bit)
+            else:
+                band.append(bit)
+        positions.append(np.sort(band))
+    return {"bits": bits, "positions": np.stack(positions)}
 
 
 def band_rounds(n_bands: int = BANDS, rounds_of: int = ROUND_BANDS) -> list[range]:
@@ -151,10 +162,44 @@ def _byte_tables(positions: np.ndarray) -> dict:
     return tables
 
 
+def group_bits(labels: list) -> np.ndarray:
+    """Each ``by`` label's part of a band key, uint64: the high 32 bits, above the band value
+    (``MAX_BITS``) and the band number, so that two rows share a key exactly when they share band,
+    value and group, in any task (the one-task search buckets by the same triple)."""
+    hashes = np.array([_label_hash(label) for label in labels], dtype=np.uint64)
+    return (hashes & np.uint64(0xFFFFFFFF)) << np.uint64(32)
+
+
+def band_key(value: np.ndarray, band: int, group: np.ndarray) -> np.ndarray:
+    """The 64-bit key of band ``band`` of rows with band values ``value`` and :func:`group_bits`
+    ``group``: a bijective hash of the three packed, so keys spread over shards and never collide."""
+    return _mix(value.astype(np.uint64) | np.uint64(band << MAX_BITS) | group)
+
+
+def band_values(columns: np.ndarray, plan: dict, bands) -> np.ndarray:
+    """Each band's value of each row: the band's chosen bits packed, uint32 (len(bands), rows).
+
+    ``columns``: the signatures' bytes as columns (SIGNATURE_BYTES, rows). Rows go in blocks that
+    stay in cache while every band reads their bytes.
+    """
+    bands = list(bands)
+    tables = [_byte_tables(plan["positions"][band]) for band in bands]
+    by_byte = [[(i, t[byte]) for i, t in enumerate(tables) if byte in t] for byte in range(SIGNATURE_BYTES)]
+    n = columns.shape[1]
+    value = np.zeros((len(bands), n), dtype=np.uint32)
+    for start in range(0, n, _VALUE_BLOCK):
+        stop = min(n, start + _VALUE_BLOCK)
+        for byte, users in enumerate(by_byte):
+            index = columns[byte, start:stop].astype(np.intp)  # one conversion per byte and block
+            for i, table in users:
+                value[i, start:stop] |= table.take(index)
+    return value
+
+
 def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -> list:
     """Partition ``number``'s band records, one ``(key, ref, quality, words)`` piece per shard.
 
-    ``part``: as for :func:`~datamask_dask.plan.duplicates.find_groups`; ``plan``: :func:`band_plan`;
+    ``part``: as for :func:`~datamask_dask.plan.search.find_groups`; ``plan``: :func:`band_plan`;
     ``bands``: the bands of this round (default all). Each record carries its row's quality and
     signature (four uint64 words), so that a bucket's task verifies its candidates itself.
     """
@@ -164,17 +209,9 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
     if n == 0:
         empty = np.zeros(0, dtype=np.uint64)
         return [(empty, empty, np.zeros(0), np.zeros((0, 4), dtype=np.uint64)) for _ in range(shards)]
-    label_hash = np.array([_label_hash(label) for label in part["labels"]], dtype=np.uint64)
-    group = label_hash[np.asarray(part["codes"], dtype=np.int64)]
-    tables = [_byte_tables(plan["positions"][band]) for band in bands]
-    value = np.zeros((len(bands), n), dtype=np.uint32)  # each band's chosen bits, packed
-    for byte, column in enumerate(sig.T):
-        index = column.astype(np.intp)  # one conversion per byte, shared by the bands that read it
-        for row, band_tables in zip(value, tables, strict=True):
-            if byte in band_tables:
-                row |= band_tables[byte].take(index)
-    keys = [_mix(row.astype(np.uint64) ^ group ^ np.uint64((band + 1) * _GOLDEN % 2**64))
-            for row, band in zip(value, bands, strict=True)]
+    group = group_bits(part["labels"])[np.asarray(part["codes"], dtype=np.int64)]
+    value = band_values(np.ascontiguousarray(sig.T), plan, bands)
+    keys = [band_key(row, band, group) for row, band in zip(value, bands, strict=True)]
     key = np.concatenate(keys)
     rows = np.tile(np.arange(n), len(keys))
     quality = np.asarray(part["quality"], dtype=np.float64)
@@ -258,13 +295,35 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
     columns = np.ascontiguousarray(np.take(words, rows, axis=0).T)
     start = np.cumsum(size) - size
+    a, b, n_pairs = bucket_pairs(start, size, columns, hamming_threshold(cosine, margin=VERIFY_MARGIN))
+    # better: higher quality, then the lower reference (partition, then row); ref[a] < ref[b]
+    a_better = quality[a] >= quality[b]
+    worse = np.where(a_better, ref[b], ref[a])
+    better = np.where(a_better, ref[a], ref[b])
+    better_quality = np.where(a_better, quality[a], quality[b])
+    # only each worse row's best edge leaves: the best of the tasks' bests is best_parents' choice
+    worse, better, better_quality = _best_edges(worse, better, better_quality)
+    pieces = _split(shard_of(worse, shards), shards, worse, better, better_quality)
+    return {"pieces": pieces, "pairs": n_pairs}
+
+
+def bucket_pairs(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
+                 limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The verified candidate pairs ``(a, b)``, ``a < b``, of buckets of two rows or more laid side
+    by side (bucket ``i`` at places ``start[i]`` to ``start[i] + size[i]``, each in reference
+    order), and the count of full and anchor pairs tried. ``columns``: the rows' signature words
+    in that order (4, rows); ``limit``: the Hamming distance that still verifies a pair.
+
+    A bucket of up to ``FULL_BUCKET`` rows tries all its pairs, a larger one each row against its
+    ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by signature
+    (:func:`_neighbour_edges`).
+    """
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
     first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
     offset = np.arange(int(first.sum())) - np.repeat(np.cumsum(first) - first, first)
     position = np.repeat(start, first) + offset
     later = np.repeat(start + size, first) - position - 1
-    limit = hamming_threshold(cosine, margin=VERIFY_MARGIN)
 
     def verified(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         near = _distance((c[a] for c in columns), (c[b] for c in columns)) <= limit
@@ -281,26 +340,26 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
         done = stop
     a = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[0] for f in found])
     b = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[1] for f in found])
-    # better: higher quality, then the lower reference (partition, then row); ref[a] < ref[b]
-    a_better = quality[a] >= quality[b]
-    worse = np.where(a_better, ref[b], ref[a])
-    better = np.where(a_better, ref[a], ref[b])
-    better_quality = np.where(a_better, quality[a], quality[b])
-    # only each worse row's best edge leaves: the best of the tasks' bests is best_parents' choice
-    worse, better, better_quality = _best_edges(worse, better, better_quality)
-    return {"pieces": _split(shard_of(worse, shards), shards, worse, better, better_quality),
-            "pairs": int(cumulative[-1]) if cumulative.size else 0}
+    return a, b, int(cumulative[-1]) if cumulative.size else 0
 
 
 def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The stable order of 64-bit hash keys and the sorted keys, with each key's lowest bits given
-    to its index: one value sort runs faster than a stable argsort. Two keys that differ
-    only in those bits (64 - log2(len) bits stay, 2**-40 a pair at 10^7 records) share a bucket: one
-    more candidate pair, verified like the rest."""
+    """The stable order of 64-bit hash keys and the sorted keys. One value sort of each key with its
+    lowest bits given to its index runs faster than a stable argsort; keys that differ only in
+    those bits (64 - log2(len) bits stay: rare) come out interleaved, and only their runs are sorted
+    again, so that a bucket is exactly the rows of one key whatever the shard holds beside them."""
     index_bits = max(1, int(key.size).bit_length())
     low = np.uint64((1 << index_bits) - 1)
     packed = np.sort((key & ~low) | np.arange(key.size, dtype=np.uint64))
-    return (packed & low).astype(np.intp), packed & ~low
+    order = (packed & low).astype(np.intp)
+    high, exact = packed & ~low, key[order]
+    mixed = (high[1:] == high[:-1]) & (exact[1:] != exact[:-1])
+    if mixed.any():
+        run = np.cumsum(np.r_[True, high[1:] != high[:-1]])
+        places = np.flatnonzero(np.isin(run, run[1:][mixed]))
+        again = places[np.lexsort((order[places], exact[places]))]
+        order[places], exact[places] = order[again], exact[again]
+    return order, exact
 
 
 def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> tuple:
@@ -385,7 +444,7 @@ def deliver(parents: dict, roots: list, leftover: list, n_parts: int) -> dict:
 
 
 def partition_groups(pieces: list) -> dict:
-    """One partition's entry of :func:`~datamask_dask.plan.duplicates.find_groups` from its pieces."""
+    """One partition's entry of :func:`~datamask_dask.plan.search.find_groups` from its pieces."""
     mask = np.uint64(0xFFFFFFFF)
     shadowed = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     kept = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
@@ -393,35 +452,6 @@ def partition_groups(pieces: list) -> dict:
     order = np.argsort(kept)
     return {"shadowed": np.sort((shadowed & mask).astype(np.int64)),
             "kept": (kept[order] & mask).astype(np.int64), "weights": weights[order]}
-
-
-def one_task(n_rows: int | None, n_parts: int) -> bool:
-    """Whether a table of ``n_rows`` rows in ``n_parts`` partitions finds its groups in one task: up
-    to ``ONE_TASK_ROWS`` rows, or whatever its size when the sharded graph would have a single shard
-    (``n_parts <= PARTITIONS_PER_SHARD``: that shard's task would hold all of the table's band keys,
-    ~15x the one task's bytes). ``n_rows`` None: not known yet."""
-    return n_parts <= PARTITIONS_PER_SHARD or (n_rows is not None and n_rows <= ONE_TASK_ROWS)
-
-
-def gate(part: dict, keep: bool) -> dict:
-    """``part`` (a partition's input to the search) if ``keep``, else the same with no rows: an engine
-    can wire both searches into one static graph and feed only the chosen one."""
-    if keep:
-        return part
-    return {"quality": np.asarray(part["quality"])[:0], "codes": np.asarray(part["codes"])[:0],
-            "labels": [], "signatures": np.asarray(part["signatures"], dtype=np.uint8)[:0]}
-
-
-def table_groups(parts: list[dict], cosine: float = 0.95, n_parts: int | None = None) -> list[dict]:
-    """The near-duplicate groups of the whole table, per partition, as every engine finds them: in one
-    task (:func:`~datamask_dask.plan.duplicates.find_groups`) where :func:`one_task` says so, with
-    the sharded stages (:func:`find_groups_sharded`) otherwise. ``n_parts``: the table's partitions
-    (default ``len(parts)``; an engine that leaves out empty partitions passes the count with them)."""
-    n_parts = len(parts) if n_parts is None else n_parts
-    if one_task(sum(int(np.asarray(p["quality"]).shape[0]) for p in parts), n_parts):
-        return find_groups(parts, cosine)
-    return find_groups_sharded(parts, cosine, shards=shard_count(n_parts, PARTITIONS_PER_SHARD),
-                               row_shards=shard_count(n_parts, PARTITIONS_PER_ROW_SHARD))[0]
 
 
 def shard_count(n_rows: int, rows_per_shard: int) -> int:

@@ -14,9 +14,9 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    With ``diversity_scope="table"`` (the default) each task keeps its scan instead (checks and
    SimHash signatures, ~44 bytes a row; the plan rows are persisted) and near-duplicates across
    the table are set aside with the search the Dask operator's graph runs, so both engines select
-   the same rows (:func:`plan_summaries`): up to 1M rows or 4 partitions the scans are collected
-   and searched on the driver in one task; beyond, the sharded stages run on the executors
-   (:mod:`datamask_spark.shards`) and only the summaries are collected.
+   the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions the scans are
+   collected and searched on the driver in one task; beyond, the sharded stages run on the
+   executors (:mod:`datamask_spark.shards`) and only the summaries are collected (the same groups).
 2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task concatenates its
    partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
@@ -64,9 +64,8 @@ from datamask_dask.partition.checks import (
 )
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
-from datamask_dask.plan.duplicates import find_groups
 from datamask_dask.plan.reduce import make_plan
-from datamask_dask.plan.shards import one_task
+from datamask_dask.plan.search import find_groups, one_task
 
 from .shards import cached, sharded_summaries
 
@@ -174,9 +173,9 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
     :data:`PLAN_SCHEMA`, one row per partition), which this runs.
 
     With ``diversity_scope="table"`` the rows hold scans, and near-duplicates across the table are
-    set aside by the search the Dask operator runs (:func:`datamask_dask.plan.shards.one_task`
-    decides which, the same groups): on the driver for a table one task can hold (the rows'
-    scans collected, ~44 bytes a row), else by the sharded stages on the executors
+    set aside by the search the Dask operator runs (:func:`datamask_dask.plan.search.one_task`
+    decides where by the partitions; the same groups either way): on the driver for a few
+    partitions (the rows' scans collected, ~44 bytes a row), else by the sharded stages on the executors
     (:func:`datamask_spark.shards.sharded_summaries`: only the summaries reach the driver). The
     scans are persisted meanwhile (:func:`datamask_spark.shards.cached`). ``then``: called once
     every partition is scanned.
@@ -195,7 +194,7 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
             raise pickle.loads(scans.where(f"partition = {failed[0]}").first()["payload"])["error"]
         n_rows = sum(row["rows"] for row in heads)
         n_parts = max((row["partition"] for row in heads), default=-1) + 1
-        if one_task(n_rows, n_parts):
+        if one_task(n_parts):
             return gather_summaries(scans.collect(), spec)
         return gather_summaries(sharded_summaries(scans, spec.duplicate_cosine, n_rows, n_parts), spec)
 

@@ -1,0 +1,318 @@
+"""The table-wide near-duplicate rule in one task, and which wiring a table of ``n`` partitions takes.
+
+With ``diversity_scope="table"`` the plan pass hands each partition the positions of its rows that
+are *shadowed*: near-copies of a better row elsewhere in the table (or in the partition). Shadowed
+rows are left out of the quality sketches, so the quotas stay exact over the rows that remain, and
+the select pass treats them as ineligible; a kept row *stands for* the rows it shadows (its
+weight), and Facility weighs it so (:mod:`datamask_dask.learn.objectives`), so setting the copies
+aside does not change which rows the objective asks to cover.
+
+The rule, the same at every size and on every engine: a row is shadowed when a verified better
+row is its near-duplicate, and its best such row (highest quality, then lowest partition, then
+lowest row) is its parent; a kept row stands for itself and for the shadowed rows whose parents
+lead to it within ``ROUNDS`` steps. On a chain ``a ~ b ~ c`` with ``a`` and ``c`` not
+near-duplicates, ``b`` at the bottom is shadowed by the better of the two, and ``a`` and ``c`` both
+stay. Candidates are the rows that share a band (:func:`~datamask_dask.plan.shards.band_plan`:
+``bits`` signature bits, more as the table grows, and the ``by`` group) in the buckets'
+pairs of :func:`~datamask_dask.plan.shards.bucket_pairs`, verified within
+:func:`~datamask_dask.plan.duplicates.hamming_threshold` (``VERIFY_MARGIN``).
+
+:func:`find_groups` applies it in one task, compiled with numba: it holds every row's signature,
+quality and group (about 44 bytes a row) and, per band, a key and a few words a row. The sharded
+stages of :mod:`datamask_dask.plan.shards` apply it with no task holding more than a shard and
+find the same groups (tested on random tables); :func:`one_task` picks between them by the
+partitions alone, when the graph is built. ``benchmarks/bench_duplicates.py`` measures the one-task
+search (seconds, memory, recall of planted copies, false merges), ``--sharded`` the stages.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .duplicates import SIGNATURE_BYTES, VERIFY_MARGIN, hamming_threshold
+from .shards import (
+    ANCHORS,
+    FULL_BUCKET,
+    NEIGHBOURS,
+    PARTITIONS_PER_ROW_SHARD,
+    PARTITIONS_PER_SHARD,
+    ROUNDS,
+    _byte_tables,
+    _label_hash,
+    band_plan,
+    find_groups_sharded,
+    shard_count,
+)
+
+# Tables of up to this many partitions find their groups in one task: it holds ~44 bytes a row
+# (signature, quality, group) where the sharded graph moves ~2.2 KB a row of band records and
+# schedules ~3.5 x partitions**2 tasks; above, no task should hold the table.
+ONE_TASK_PARTITIONS = 32
+BAND_THREADS = 4  # threads of find_groups (bands run apart; numpy releases the GIL)
+
+
+def one_task(n_parts: int) -> bool:
+    """Whether a table of ``n_parts`` partitions finds its near-duplicate groups in one task: known
+    when the graph is built, and the groups are the same either way."""
+    return n_parts <= ONE_TASK_PARTITIONS
+
+
+def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]:
+    """Shadowed rows of each partition: the ``"shadowed"`` entries of :func:`find_groups`."""
+    return [found["shadowed"] for found in find_groups(parts, cosine)]
+
+
+def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
+    """The near-duplicate groups of the whole table, per partition, in one task.
+
+    Parameters
+    ----------
+    parts : list of dict, one per partition, in partition order
+        ``quality`` float64 (n,), ``codes`` int (n,) (group code of each row, indexing
+        ``labels``), ``labels`` (group labels, ``[None]`` without ``by``) and ``signatures``
+        uint8 (n, SIGNATURE_BYTES) from :func:`~datamask_dask.plan.duplicates.signatures`.
+    cosine : float
+        Rows at least this similar are near-duplicates (estimated from the signatures).
+
+    Returns
+    -------
+    list of dict
+        For each partition: ``shadowed`` (sorted int64 positions of its rows that have a verified
+        better near-duplicate), ``kept`` (sorted int64 positions of its kept rows that stand for
+        more than themselves) and ``weights`` (int64, the rows each of those stands for, itself
+        included). Deterministic: it depends only on the rows and their order.
+    """
+    if not available():  # the same groups, from the same stages in this process
+        return find_groups_sharded(parts, cosine, shards=1)[0]
+    table = stack_parts(parts)
+    return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
+
+
+def stack_parts(parts: list[dict]) -> dict:
+    """The partitions' inputs as one table: quality, group index, signatures, partition offsets.
+
+    A row's group index names its label's hash bits (:func:`~datamask_dask.plan.shards.group_bits`),
+    so that rows share a bucket here exactly when they share a band key in the sharded stages.
+    """
+    sizes = [int(np.asarray(p["quality"]).shape[0]) for p in parts]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    hashed = [np.array([_label_hash(label) & 0xFFFFFFFF for label in p["labels"]], dtype=np.int64)
+              [np.asarray(p["codes"], dtype=np.int64)] for p, size in zip(parts, sizes, strict=True) if size]
+    group = np.concatenate([np.zeros(0, dtype=np.int64)] + hashed)
+    group = np.unique(group, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    quality = np.concatenate([np.zeros(0)] + [np.asarray(p["quality"], dtype=np.float64) for p in parts])
+    sig = np.concatenate([np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)] + [
+        np.asarray(p["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES)
+        for p, size in zip(parts, sizes, strict=True) if size])
+    return {"offsets": offsets, "group": group, "quality": quality, "signatures": np.ascontiguousarray(sig)}
+
+
+def table_parents(table: dict, cosine: float = 0.95) -> dict:
+    """Each row's parent (its best verified better near-duplicate, a row number) or -1 for a kept
+    row, with the candidate pairs tried; ``table``: :func:`stack_parts`. Needs numba."""
+    quality = table["quality"]
+    n = quality.shape[0]
+    if n < 2:
+        return {"parent": np.full(n, -1, dtype=np.int64), "pairs": 0}
+    keys, buckets = _kernels()
+    plan = band_plan(n)
+    # rank: 0 for the best row (highest quality, then the lowest row); a lower rank is better
+    by_rank = np.lexsort((np.arange(n), -quality))
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_rank] = np.arange(n)
+    sig = table["signatures"]
+    words = np.ascontiguousarray(sig.view(np.uint64))  # (n, 4): a row's words side by side
+    group = table["group"]
+    n_groups = int(group.max(initial=0)) + 1
+    # a key (value, group) and a row packed in one int64 where the key fits in 31 bits: one value
+    # sort then orders the rows by key and, within a key, by row (the sharded stages' reference order)
+    packed = (n_groups << plan["bits"]) <= 1 << 31 and n < 1 << 32
+    limit = hamming_threshold(cosine, margin=VERIFY_MARGIN)
+    n_bands = plan["positions"].shape[0]
+    # The bands on a few threads (the compiled passes and numpy's sorts release the GIL): an engine
+    # that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
+    threads = max(1, min(BAND_THREADS, os.cpu_count() or 1, n_bands))
+
+    def run(first: int) -> tuple[np.ndarray, int]:
+        best, pairs = np.full(n, n, dtype=np.int64), 0
+        for band in range(first, n_bands, threads):
+            tables, touched = _band_tables(plan["positions"][band])
+            key = np.empty(n, dtype=np.int64)
+            keys(sig, tables, touched, group, plan["bits"], packed, key)
+            if packed:
+                key.sort()
+                sorted_key, order = key >> 32, key & 0xFFFFFFFF
+            else:
+                order = np.argsort(key, kind="stable")
+                sorted_key = key[order]
+            pairs += buckets(sorted_key, order, words, rank, best, limit, FULL_BUCKET, ANCHORS, NEIGHBOURS)
+        return best, pairs
+
+    if threads == 1:
+        found = [run(0)]
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            found = list(pool.map(run, range(threads)))
+    best = np.minimum.reduce([f[0] for f in found])
+    parent = np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)
+    return {"parent": parent, "pairs": sum(f[1] for f in found)}
+
+
+def _band_tables(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One band's :func:`~datamask_dask.plan.shards._byte_tables` as arrays: the tables of the
+    signature bytes it reads, uint32 (bytes, 256), and those bytes, int64 (bytes,)."""
+    tables = _byte_tables(positions)
+    touched = np.array(sorted(tables), dtype=np.int64)
+    return np.stack([tables[int(b)] for b in touched]), touched
+
+
+_compiled: list = []
+
+
+def available() -> bool:
+    """Whether :func:`find_groups` runs compiled (numba installed); else it runs the sharded stages
+    in one process, which give the same groups."""
+    return _kernels() is not None
+
+
+def _kernels():
+    """The compiled passes (:func:`_keys`, :func:`_buckets`), or None without numba."""
+    if not _compiled:
+        try:
+            import numba
+        except ImportError:
+            _compiled.append(None)
+        else:
+            _compiled.append((numba.njit(cache=True, nogil=True)(_keys),
+                              numba.njit(cache=True, nogil=True)(_buckets)))
+    return _compiled[0]
+
+
+def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (compiled)
+    """One band's key of each row, ``value | group << bits``, into ``out`` (int64), shifted above
+    the row's number where ``packed``; the value from the band's byte tables (:func:`_band_tables`)."""
+    for row in range(sig.shape[0]):
+        value = np.int64(0)
+        for t in range(touched.shape[0]):
+            value |= np.int64(tables[t, sig[row, touched[t]]])
+        key = value | (group[row] << bits)
+        out[row] = (key << 32) | row if packed else key
+
+
+def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbours):  # pragma: no cover
+    """One band's buckets (its rows sorted by key, ``sorted_key`` and ``order``), compiled: the pairs
+    :func:`~datamask_dask.plan.shards.bucket_pairs` tries, verified within ``limit``, each verified
+    pair's worse row taking the better's rank into ``best`` where lower. Returns the full and
+    anchor pairs tried."""
+    n = sorted_key.shape[0]  # also the rank no row has
+    # the buckets of two rows or more: their places in sorted order
+    start = np.empty(n // 2 + 1, dtype=np.int64)
+    size = np.empty(n // 2 + 1, dtype=np.int64)
+    buckets, members, low = 0, 0, 0
+    while low < n:
+        high = low + 1
+        while high < n and sorted_key[high] == sorted_key[low]:
+            high += 1
+        if high - low > 1:
+            start[buckets], size[buckets] = low, high - low
+            buckets += 1
+            members += high - low
+        low = high
+    # their rows' words and ranks side by side, gathered in one plain loop (the loads overlap; a
+    # gather inside the pair loop waits on each)
+    row = np.empty(members, dtype=np.int64)
+    local = np.empty((members, 4), dtype=np.uint64)
+    local_rank = np.empty(members, dtype=np.int64)
+    at = 0
+    for b in range(buckets):
+        for k in range(start[b], start[b] + size[b]):
+            row[at] = order[k]
+            at += 1
+    for k in range(members):
+        for w in range(4):
+            local[k, w] = words[row[k], w]
+        local_rank[k] = rank[row[k]]
+    local_best = np.full(members, n, dtype=np.int64)
+    m1, m2 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333)
+    m4, h01 = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x0101010101010101)
+    one, two, four, top = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(56)
+    pair = np.empty((256, 2), dtype=np.int64)  # a bucket's candidate pairs (places in local)
+    tried, low = 0, 0
+    for b in range(buckets):
+        count_size = size[b]
+        first = count_size if count_size <= full else min(count_size, anchors)
+        count = first * count_size + (count_size * neighbours if count_size > full else 0)
+        if count > pair.shape[0]:
+            pair = np.empty((2 * count, 2), dtype=np.int64)
+        count = 0
+        for i in range(low, low + first):
+            for j in range(i + 1, low + count_size):
+                pair[count, 0], pair[count, 1] = i, j
+                count += 1
+        tried += count
+        if count_size > full:  # and each row against its nearest places once sorted by first word
+            places = np.argsort(local[low:low + count_size, 0].copy(), kind="mergesort")
+            for k in range(count_size):
+                for d in range(1, min(neighbours, count_size - 1 - k) + 1):
+                    pair[count, 0], pair[count, 1] = low + places[k], low + places[k + d]
+                    count += 1
+        for c in range(count):
+            i, j = pair[c, 0], pair[c, 1]
+            distance = 0
+            for w in range(4):
+                v = local[i, w] ^ local[j, w]  # popcount, SWAR
+                v = v - ((v >> one) & m1)
+                v = (v & m2) + ((v >> two) & m2)
+                v = (v + (v >> four)) & m4
+                distance += int((v * h01) >> top)
+            if distance <= limit:
+                if local_rank[i] > local_rank[j]:
+                    local_best[i] = min(local_best[i], local_rank[j])
+                else:
+                    local_best[j] = min(local_best[j], local_rank[i])
+        low += count_size
+    for k in range(members):
+        if local_best[k] < n:
+            best[row[k]] = min(best[row[k]], local_best[k])
+    return tried
+
+
+def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[dict]:
+    """Per partition, the shadowed rows and the kept rows' weights from each row's parent.
+
+    Each shadowed row counts for the kept row its parents lead to within ``ROUNDS`` steps (as the
+    sharded stages forward counts for ``ROUNDS`` rounds); a kept row that any count reaches stands
+    for those rows and itself.
+    """
+    n = parent.shape[0]
+    shadowed = np.flatnonzero(parent >= 0)
+    count = np.zeros(n, dtype=np.int64)
+    at = parent[shadowed]
+    for _ in range(ROUNDS):
+        arrived = parent[at] < 0
+        np.add.at(count, at[arrived], 1)
+        at = parent[at[~arrived]]
+    kept = np.flatnonzero(count)
+    out = []
+    for i in range(len(offsets) - 1):
+        low, high = offsets[i], offsets[i + 1]
+        mine = kept[(kept >= low) & (kept < high)]
+        out.append({"shadowed": shadowed[(shadowed >= low) & (shadowed < high)] - low,
+                    "kept": mine - low, "weights": count[mine] + 1})
+    return out
+
+
+def table_groups(parts: list[dict], cosine: float = 0.95, n_parts: int | None = None) -> list[dict]:
+    """The near-duplicate groups of the whole table, per partition, in the wiring an engine takes
+    for ``n_parts`` partitions (default ``len(parts)``): :func:`find_groups` where :func:`one_task`
+    says so, the sharded stages (:func:`~datamask_dask.plan.shards.find_groups_sharded`) otherwise.
+    The same groups either way."""
+    n_parts = len(parts) if n_parts is None else n_parts
+    if one_task(n_parts):
+        return find_groups(parts, cosine)
+    return find_groups_sharded(parts, cosine, shards=shard_count(n_parts, PARTITIONS_PER_SHARD),
+                               row_shards=shard_count(n_parts, PARTITIONS_PER_ROW_SHARD))[0]
+

@@ -1,0 +1,173 @@
+"""One near-duplicate rule at every size: the one-task search and the sharded stages find the same groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datamask_dask.plan.duplicates import SIGNATURE_BITS, hamming_threshold
+from datamask_dask.plan.search import ONE_TASK_PARTITIONS, find_groups, one_task, table_groups
+from datamask_dask.plan.shards import FULL_BUCKET, ROUNDS, band_plan, find_groups_sharded
+
+KEYS = ("shadowed", "kept", "weights")
+
+
+def _flip(rng, bits: np.ndarray, count: int, avoid=()) -> np.ndarray:
+    """``bits`` (unpacked, 256) with ``count`` bits flipped, none of those in ``avoid``."""
+    choices = np.setdiff1d(np.arange(SIGNATURE_BITS), np.asarray(avoid, dtype=np.int64))
+    flipped = rng.choice(choices, count, replace=False)
+    out = bits.copy()
+    out[flipped] ^= 1
+    return out, flipped
+
+
+def _random_table(rng, large_buckets: bool = True) -> list[dict]:
+    """A small table of random signatures with planted near-duplicates: copies of one row, chains
+    ``a ~ b ~ c`` whose ends are apart, long chains of rising quality (deeper than ``ROUNDS``), and
+    (``large_buckets``) clusters of more than ``FULL_BUCKET`` near-identical rows; quality with ties,
+    partitions of random sizes (some empty), and sometimes a ``by`` column."""
+    rows = [rng.integers(0, 2, SIGNATURE_BITS).astype(np.uint8) for _ in range(int(rng.integers(20, 120)))]
+    quality = list(rng.integers(0, 6, len(rows)) / 4)
+    for _ in range(int(rng.integers(0, 6))):  # copies of one row
+        source = rows[int(rng.integers(len(rows)))]
+        for _ in range(int(rng.integers(1, 4))):
+            rows.append(_flip(rng, source, int(rng.integers(0, 12)))[0])
+            quality.append(rng.integers(0, 6) / 4)
+    for _ in range(int(rng.integers(0, 5))):  # a ~ b ~ c, a and c apart
+        a = rng.integers(0, 2, SIGNATURE_BITS).astype(np.uint8)
+        b, first = _flip(rng, a, 16)
+        c, _ = _flip(rng, b, 16, avoid=first)
+        rows += [a, b, c]
+        quality += list(rng.integers(0, 6, 3) / 4)
+    for _ in range(int(rng.integers(0, 3))):  # a long chain, each link better than the last
+        link = rng.integers(0, 2, SIGNATURE_BITS).astype(np.uint8)
+        for step in range(int(rng.integers(4, 9))):
+            rows.append(link)
+            quality.append(1.0 + step)
+            link = _flip(rng, link, 16)[0]
+    if large_buckets:
+        for _ in range(int(rng.integers(0, 3))):
+            centre = rng.integers(0, 2, SIGNATURE_BITS).astype(np.uint8)
+            for _ in range(int(rng.integers(FULL_BUCKET + 1, 40))):
+                rows.append(_flip(rng, centre, int(rng.integers(0, 24)))[0])
+                quality.append(rng.integers(0, 6) / 4)
+    order = rng.permutation(len(rows))
+    sig = np.packbits(np.stack(rows)[order], axis=1)
+    quality = np.asarray(quality)[order]
+    labels = [None] if rng.random() < 0.6 else ["x", "y", 7]
+    codes = rng.integers(0, len(labels), len(rows))
+    cuts = np.sort(rng.integers(0, len(rows) + 1, int(rng.integers(0, 7))))
+    bounds = np.r_[0, cuts, len(rows)]
+    return [{"quality": quality[lo:hi], "codes": codes[lo:hi], "labels": labels, "signatures": sig[lo:hi]}
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _assert_same(expected: list[dict], got: list[dict]) -> None:
+    assert len(expected) == len(got)
+    for one, other in zip(expected, got, strict=True):
+        for key in KEYS:
+            np.testing.assert_array_equal(one[key], other[key], err_msg=key)
+
+
+def test_one_task_and_many_shards_find_the_same_groups():
+    """The groups (shadowed rows, kept rows and their weights) of random small tables with planted
+    copies, chains and large buckets are the same in one task as in the sharded stages, whatever
+    the shards, row shards and bands per round."""
+    rng = np.random.default_rng(40)
+    shadowed = deep = 0
+    for _ in range(30):
+        parts = _random_table(rng)
+        single = find_groups(parts)
+        for shards, row_shards, rounds_of in [(1, 1, 40), (3, 2, 7), (8, 5, 13)]:
+            sharded, stats = find_groups_sharded(parts, shards=shards, row_shards=row_shards,
+                                                 rounds_of=rounds_of)
+            _assert_same(single, sharded)
+        deep += stats["unresolved"]
+        shadowed += sum(len(g["shadowed"]) for g in single)
+        _assert_same(single, table_groups(parts, n_parts=ONE_TASK_PARTITIONS + 1))
+    assert shadowed > 500 and deep > 0  # chains deeper than ROUNDS took part
+
+
+def _rule(parts: list[dict], cosine: float = 0.95) -> list[dict]:
+    """The rule from its statement, pair by pair, for tables whose buckets all take every pair:
+    candidates share a band's bits and a group; a verified candidate within the Hamming limit; a
+    row with a verified better one is shadowed and points to its best; a kept row stands for
+    itself and the rows whose pointers reach it within ``ROUNDS`` steps."""
+    quality = np.concatenate([p["quality"] for p in parts])
+    group = np.concatenate([np.asarray(p["labels"], dtype=object)[p["codes"]] for p in parts])
+    bits = np.unpackbits(np.concatenate([p["signatures"] for p in parts]), axis=1)
+    n = len(quality)
+    positions = band_plan(n)["positions"]
+    values = np.stack([bits[:, band] @ (1 << np.arange(band.size)) for band in positions])
+    candidate = (values[:, :, None] == values[:, None, :]).any(axis=0)
+    candidate &= np.array([[g == h for h in group] for g in group])
+    for band in values:  # every bucket small enough to take all its pairs
+        assert np.unique(band, return_counts=True)[1].max() <= FULL_BUCKET
+    distance = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
+    near = candidate & (distance <= hamming_threshold(cosine)) & ~np.eye(n, dtype=bool)
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.lexsort((np.arange(n), -quality))] = np.arange(n)
+    parent = np.full(n, -1)
+    for row in range(n):
+        better = np.flatnonzero(near[row] & (rank < rank[row]))
+        if better.size:
+            parent[row] = better[np.argmin(rank[better])]
+    weight = np.ones(n, dtype=np.int64)
+    for row in np.flatnonzero(parent >= 0):
+        at, steps = parent[row], 1
+        while parent[at] >= 0 and steps < ROUNDS:
+            at, steps = parent[at], steps + 1
+        if parent[at] < 0:
+            weight[at] += 1
+    offsets = np.cumsum([0] + [len(p["quality"]) for p in parts])
+    out = []
+    for low, high in zip(offsets[:-1], offsets[1:], strict=True):
+        kept = np.flatnonzero(weight[low:high] > 1)
+        out.append({"shadowed": np.flatnonzero(parent[low:high] >= 0), "kept": kept,
+                    "weights": weight[low:high][kept]})
+    return out
+
+
+def test_the_groups_follow_the_rule_pair_by_pair():
+    rng = np.random.default_rng(41)
+    shadowed = 0
+    for _ in range(25):
+        parts = _random_table(rng, large_buckets=False)
+        expected = _rule(parts)
+        _assert_same(expected, find_groups(parts))
+        _assert_same(expected, find_groups_sharded(parts, shards=3)[0])
+        shadowed += sum(len(g["shadowed"]) for g in expected)
+    assert shadowed > 100
+
+
+@pytest.mark.parametrize(("quality", "shadowed", "kept"), [
+    ((2.0, 1.0, 3.0), ["b"], {"c": 2}),  # b the worst: its better neighbours both stay
+    ((1.0, 3.0, 2.0), ["a", "c"], {"b": 3}),  # b the best: it stands for both
+    ((3.0, 2.0, 1.0), ["b", "c"], {"a": 3}),  # falling along the chain: c points to b, b to a
+])
+def test_a_chain_whose_ends_are_apart(quality, shadowed, kept):
+    """a ~ b ~ c with a and c apart: a row is set aside only for a better near-duplicate of its own."""
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, 2, SIGNATURE_BITS).astype(np.uint8)
+    b, first = _flip(rng, a, 16)
+    c, _ = _flip(rng, b, 16, avoid=first)
+    assert 16 <= hamming_threshold(0.95) < 32  # a ~ b, b ~ c, a and c apart
+    noise = rng.integers(0, 2, (30, SIGNATURE_BITS)).astype(np.uint8)
+    names = {"a": (0, 0), "b": (1, 5), "c": (2, 10)}  # (partition, position): one in each partition
+    parts = []
+    for number, row in enumerate((a, b, c)):
+        sig = np.insert(noise[10 * number:10 * (number + 1)], 5 * number, row, axis=0)
+        q = np.zeros(11)
+        q[5 * number] = quality[number]
+        parts.append({"quality": q, "codes": np.zeros(11, dtype=np.int64), "labels": [None],
+                      "signatures": np.packbits(sig, axis=1)})
+    for groups in (find_groups(parts), find_groups_sharded(parts, shards=2)[0]):
+        got_shadowed = sorted(name for name, (p, i) in names.items() if i in groups[p]["shadowed"])
+        got_kept = {name: int(groups[p]["weights"][list(groups[p]["kept"]).index(i)])
+                    for name, (p, i) in names.items() if i in groups[p]["kept"]}
+        assert got_shadowed == shadowed and got_kept == kept
+        assert sum(len(g["shadowed"]) for g in groups) == len(shadowed)  # the noise rows stay
+
+
+def test_the_wiring_follows_the_partitions_only():
+    assert one_task(1) and one_task(ONE_TASK_PARTITIONS) and not one_task(ONE_TASK_PARTITIONS + 1)
