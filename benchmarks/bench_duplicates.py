@@ -4,7 +4,7 @@ Signs ``--rows`` clustered d = ``--dim`` embeddings (the pipeline benchmark's ge
 ``bench_pipeline.make_partition``: 20% near-copies inside each partition) in partitions of
 ``--rows-per-partition``, with ``--copies`` of each partition's rows replaced by copies of rows of
 the previous partition at exact cosines (``PLANTED``, in turn: duplicates spread across files),
-then runs the one-task search (:func:`datamask_dask.plan.search.find_groups`) on every signature
+then runs the one-task search (:func:`datamask_dask.dedup.search.find_groups`) on every signature
 in one process, as the plan's search task does, ``--repeat`` times. Reports the seconds (the
 least and the median of the runs), the peak memory the search allocates (tracemalloc, numpy arrays
 included, one more run), the shadowed rows and a digest of the groups, and per planted cosine the
@@ -13,13 +13,13 @@ row stays eligible (recall at >= 0.98).
 
     python benchmarks/bench_duplicates.py --rows 1000000 --out benchmarks/results-duplicates-1m.md
 
-The package is the one on ``PYTHONPATH``; one whose one-task search is still the connected
-components of ``plan.duplicates`` is measured the same way, so two checkouts compare side by side:
+The package is the one on ``PYTHONPATH``; one whose one-task search is the connected components
+of ``plan.duplicates`` is measured the same way, so two checkouts compare side by side:
 
     PYTHONPATH=<checkout> python benchmarks/bench_duplicates.py --rows 200000
 
 ``--sharded --sizes 1000000 4000000 16000000`` measures the sharded step instead
-(:mod:`datamask_dask.plan.shards`, every task run in this process one after another, bands in
+(:mod:`datamask_dask.dedup.stages`, every task run in this process one after another, bands in
 rounds of ``--rounds-of``, one shard per 4 partitions as the Dask operator makes them): per size,
 candidate pairs per row, seconds per row, and each stage's largest task memory (its inputs' bytes
 plus the peak it allocates, tracemalloc). Besides bench_pipeline's in-partition copies, ``--copies``
@@ -48,8 +48,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_pipeline as pipeline  # noqa: E402  (data generation)
 
-from datamask_dask.plan import duplicates  # noqa: E402
-from datamask_dask.plan import shards as sharding  # noqa: E402
+try:
+    from datamask_dask.dedup import simhash as duplicates
+    from datamask_dask.dedup import stages as sharding
+except ImportError:  # a package that keeps them in plan/ (the other side of a side-by-side run)
+    from datamask_dask.plan import duplicates
+    from datamask_dask.plan import shards as sharding
 
 PLANTED = (0.85, 0.90, 0.95, 0.98, 0.99, 0.999)  # cosines of the planted cross-partition copies
 STAGES = ("band_records", "bucket_edges", "merge_edges", "best_parents",
@@ -216,7 +220,7 @@ def main(argv=None) -> int:
                         help="share of each partition's rows copied from the previous partition")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of the one-task search")
     parser.add_argument("--out")
-    parser.add_argument("--sharded", action="store_true", help="measure the sharded step (plan.shards)")
+    parser.add_argument("--sharded", action="store_true", help="measure the sharded stages (dedup.stages)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000],
                         help="--sharded: table sizes, one run each")
     parser.add_argument("--rounds-of", type=int, default=sharding.ROUND_BANDS,
@@ -276,10 +280,10 @@ def main(argv=None) -> int:
 
 def _one_task_search():
     """The one-task search of the package on ``PYTHONPATH`` and a function giving each row's group
-    (its kept row's number): ``plan.search`` where the package has it, else the connected
+    (its kept row's number): ``dedup.search`` where the package has it, else the connected
     components of ``plan.duplicates``, so that both sides of a comparison run this script."""
     try:
-        from datamask_dask.plan import search
+        from datamask_dask.dedup import search
     except ImportError:
         def components(parts):
             table = duplicates.stack_parts(parts)

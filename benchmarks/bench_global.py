@@ -36,7 +36,7 @@ import pandas as pd
 import pyarrow as pa
 
 from datamask_dask import datamask_select, evaluate_selection, make_embeddings
-from datamask_dask.plan.duplicates import count_pairs, hyperplanes, signatures
+from datamask_dask.dedup.simhash import count_pairs, hyperplanes, signatures
 
 THRESHOLD = 0.95
 

@@ -6,7 +6,7 @@ near-duplicate search forced (``search.ONE_TASK_PARTITIONS = 0``), and computed 
 scheduler (``--workers N``: on a LocalCluster, where the shuffles are p2p). ``layer entries``
 counts every key of every layer of the plan's HighLevelGraph: it equals ``tasks`` when no layer
 repeats another's keys. ``--wiring`` picks how the search is wired
-(``datamask_dask.ops.search``): ``tasks`` (task to task), ``shuffles`` (DataFrame shuffles), or
+(``datamask_dask.dedup.dask_graph``): ``tasks`` (task to task), ``shuffles`` (DataFrame shuffles), or
 ``auto`` (by ``SHUFFLE_PARTITIONS``).
 
     python benchmarks/bench_plan_graph.py --partitions 60 200 --wiring tasks shuffles --workers 2
@@ -20,9 +20,9 @@ import time
 
 import dask.dataframe as dd
 
-from datamask_dask.ops import search
+from datamask_dask.dedup import dask_graph as search
+from datamask_dask.dedup import search as one
 from datamask_dask.ops.operator import plan_selection
-from datamask_dask.plan import search as one
 from datamask_dask.sample_data import make_corpus
 
 

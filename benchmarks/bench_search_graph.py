@@ -1,11 +1,11 @@
 """The table-wide near-duplicate search as a Dask graph on a LocalCluster: time, tasks and memory.
 
-The search alone (``datamask_dask.ops.operator.table_groups`` with the sharded wiring forced), on
+The search alone (``datamask_dask.dedup.dask_graph.table_groups`` with the sharded wiring forced), on
 ``--partitions`` partitions of ``--rows-per-partition`` rows, each a file of search inputs
 (256-bit SimHash signatures of d = 32 embeddings, 10% of each partition's rows near-copies at
 cosine 0.99 of rows of the previous one; quality uniform) that the workers load themselves, so the
 driver sends no data. ``--workers`` worker processes of one thread.
-``--wiring`` picks how the search is wired (``datamask_dask.ops.search``): ``tasks`` (task to task),
+``--wiring`` picks how the search is wired (``datamask_dask.dedup.dask_graph``): ``tasks`` (task to task),
 ``shuffles`` (DataFrame shuffles, with ``--shuffle``'s methods: ``default`` is p2p on the cluster),
 or ``auto`` (by ``SHUFFLE_PARTITIONS``).
 Reported per size: wall seconds of the compute, tasks in the graph, the largest worker's peak
@@ -30,7 +30,7 @@ import numpy as np
 
 def make_inputs(folder: Path, n_parts: int, rows: int, dim: int = 32, copies: float = 0.1) -> list[Path]:
     """One ``.npz`` of search inputs per partition (made once per folder)."""
-    from datamask_dask.plan.duplicates import hyperplanes, signatures
+    from datamask_dask.dedup.simhash import hyperplanes, signatures
 
     planes = hyperplanes(dim)
     paths, previous = [], None
@@ -89,8 +89,8 @@ def measure(paths: list[Path], rows: int, workers: int, method: str | None, wiri
     import dask
     from distributed import Client, LocalCluster
 
-    from datamask_dask.ops import operator, search
-    from datamask_dask.plan import search as one
+    from datamask_dask.dedup import dask_graph as search
+    from datamask_dask.dedup import search as one
 
     one.ONE_TASK_PARTITIONS = 0
     search.SHUFFLE_PARTITIONS = {"auto": search.SHUFFLE_PARTITIONS, "tasks": 10**9, "shuffles": 0}[wiring]
@@ -98,7 +98,7 @@ def measure(paths: list[Path], rows: int, workers: int, method: str | None, wiri
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster, \
             Client(cluster), dask.config.set(config):
         inputs = [dask.delayed(load)(str(p)) for p in paths]
-        graph = operator.table_groups(inputs, 0.95)
+        graph = search.table_groups(inputs, 0.95)
         tasks = len(dict(dask.delayed(_listing)(*graph).__dask_graph__())) - 1
         stop, peak = threading.Event(), [0]
         watcher = threading.Thread(target=watch_peak, args=(stop, peak), daemon=True)

@@ -235,3 +235,16 @@ def named_task(name: str, function, *args, nout: int | None = None):
 
     return dask.delayed(function, pure=True, nout=nout)(
         *args, dask_key_name=f"{name}-{tokenize(function.__name__, *args)}")
+
+
+def listed(name: str, items: list):
+    """The Delayed ``items`` as one Delayed list (shown as ``name``), to pass to a delayed call. A
+    Python list of Delayed arguments makes dask copy each item's whole culled graph into a layer of
+    its own: quadratic where the items share a graph, as every partition's summary shares the
+    near-duplicate search. Passed one by one, each is a reference, and each shared layer is kept
+    once."""
+    return named_task(name, _as_list, *items)
+
+
+def _as_list(*items) -> list:
+    return list(items)

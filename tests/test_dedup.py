@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datamask_dask.plan.duplicates import SIGNATURE_BITS, hamming_threshold
-from datamask_dask.plan.search import ONE_TASK_PARTITIONS, find_groups, one_task, table_groups
-from datamask_dask.plan.shards import FULL_BUCKET, ROUNDS, band_plan, find_groups_sharded
+from datamask_dask.dedup.search import ONE_TASK_PARTITIONS, find_groups, one_task, table_groups
+from datamask_dask.dedup.simhash import SIGNATURE_BITS, hamming_threshold
+from datamask_dask.dedup.stages import FULL_BUCKET, ROUNDS, band_plan, find_groups_sharded
 
 KEYS = ("shadowed", "kept", "weights")
 

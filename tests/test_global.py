@@ -10,9 +10,8 @@ import pytest
 from conftest import FAST
 
 from datamask_dask import datamask_select
-from datamask_dask.errors import OptionError
-from datamask_dask.io.writer import write_selection
-from datamask_dask.plan.duplicates import (
+from datamask_dask.dedup.search import find_duplicates, find_groups
+from datamask_dask.dedup.simhash import (
     BANDS,
     band_edges,
     band_keys,
@@ -21,7 +20,8 @@ from datamask_dask.plan.duplicates import (
     hyperplanes,
     signatures,
 )
-from datamask_dask.plan.search import find_duplicates, find_groups
+from datamask_dask.errors import OptionError
+from datamask_dask.io.writer import write_selection
 from datamask_dask.sample_data import make_embeddings
 
 PARTS, ROWS, DIM = 4, 500, 32
@@ -258,7 +258,7 @@ def _copy_groups(n_parts=5, rows=300, dim=64, seed=4):
 
 @pytest.mark.parametrize(("shards", "row_shards"), [(1, 1), (3, 2), (8, 3)])
 def test_sharded_groups_equal_the_single_task_groups(shards, row_shards):
-    from datamask_dask.plan.shards import find_groups_sharded
+    from datamask_dask.dedup.stages import find_groups_sharded
 
     parts = _copy_groups()
     single = find_groups(parts)
@@ -270,7 +270,7 @@ def test_sharded_groups_equal_the_single_task_groups(shards, row_shards):
 
 
 def test_band_values_from_byte_tables_are_the_chosen_bits_packed():
-    from datamask_dask.plan.shards import _byte_tables, band_plan
+    from datamask_dask.dedup.stages import _byte_tables, band_plan
 
     sig = np.random.default_rng(3).integers(0, 256, (1000, 32), dtype=np.uint8)
     bits = np.unpackbits(sig, axis=1)
@@ -283,7 +283,7 @@ def test_band_values_from_byte_tables_are_the_chosen_bits_packed():
 
 
 def test_best_edges_and_key_order_match_their_sorts():
-    from datamask_dask.plan.shards import _best_edges, _sort_by_key
+    from datamask_dask.dedup.stages import _best_edges, _sort_by_key
 
     rng = np.random.default_rng(4)
     worse = rng.integers(0, 300, 5000).astype(np.uint64)
@@ -309,8 +309,8 @@ def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method):
     cluster)."""
     import dask
 
-    from datamask_dask.ops import search
-    from datamask_dask.plan.shards import find_groups_sharded
+    from datamask_dask.dedup import dask_graph as search
+    from datamask_dask.dedup.stages import find_groups_sharded
 
     parts = _copy_groups(n_parts=9, rows=120)
     with dask.config.set({"dataframe.shuffle.method": method}):
@@ -330,14 +330,15 @@ def test_the_shuffles_are_p2p_on_a_cluster_and_in_memory_without_one(client):
 
     import dask
 
-    from datamask_dask.ops.search import shuffle_method
+    from datamask_dask.dedup.dask_graph import shuffle_method
 
     with client.as_current():  # as Dask's default shuffle method: p2p with a current Client
         assert shuffle_method() == "p2p"
         with dask.config.set({"dataframe.shuffle.method": "disk"}):
             assert shuffle_method() == "disk"  # the user's choice wins
-    alone = subprocess.run([sys.executable, "-c", "from datamask_dask.ops.search import shuffle_method; "
-                            "print(shuffle_method())"], capture_output=True, text=True, check=True)
+    alone = subprocess.run([sys.executable, "-c", "from datamask_dask.dedup.dask_graph import "
+                            "shuffle_method; print(shuffle_method())"], capture_output=True, text=True,
+                           check=True)
     assert alone.stdout.strip() == "tasks"  # no client: in memory, not partd's disk shuffle
 
 
@@ -355,8 +356,8 @@ def test_above_shuffle_partitions_the_plan_graph_grows_linearly(monkeypatch):
     to task the search grows as the partitions squared."""
     import dask
 
-    from datamask_dask.ops import search
-    from datamask_dask.plan import search as one
+    from datamask_dask.dedup import dask_graph as search
+    from datamask_dask.dedup import search as one
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 0)
     monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", 8)
@@ -375,8 +376,7 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
     sharded stages alone (chosen when the graph is built); the same groups either way."""
     import dask
 
-    from datamask_dask.ops import operator
-    from datamask_dask.plan import search
+    from datamask_dask.dedup import dask_graph, search
 
     parts = _copy_groups(n_parts=9, rows=120)
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 9 if one_task else 8)
@@ -386,8 +386,8 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
         seen.append(sum(len(p["quality"]) for p in inputs))
         return find_groups(inputs, cosine)
 
-    monkeypatch.setattr(operator, "find_groups", recording)
-    graph = operator.table_groups([dask.delayed(p) for p in parts], 0.95)
+    monkeypatch.setattr(dask_graph, "find_groups", recording)
+    graph = dask_graph.table_groups([dask.delayed(p) for p in parts], 0.95)
     keys = {str(key) for key in dict(graph[0].__dask_graph__())}
     assert any("datamask-plan-duplicates-records" in key for key in keys) is not one_task
     got = dask.compute(*graph, scheduler="sync")
@@ -407,8 +407,8 @@ def _plan_digest(plan: dict) -> str:
 @pytest.mark.parametrize("one_task", [True, False])
 def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
     """The writers compute the plan at once, with the search wired as the lazy graph wires it."""
+    from datamask_dask.dedup import search
     from datamask_dask.ops import operator
-    from datamask_dask.plan import search
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 4)
@@ -434,8 +434,9 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     """compute_plan on a cluster: the DataFrame shuffles give the plan the task-to-task wiring and
     the one task give, and they are p2p on the client it is given, though that client is not
     Dask's default."""
-    from datamask_dask.ops import operator, search
-    from datamask_dask.plan import search as one
+    from datamask_dask.dedup import dask_graph as search
+    from datamask_dask.dedup import search as one
+    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
@@ -456,8 +457,9 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
 
 def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatch):
     """With the DataFrame shuffles (p2p) the lazy plan is what the task-to-task wiring plans."""
-    from datamask_dask.ops import operator, search
-    from datamask_dask.plan import search as one
+    from datamask_dask.dedup import dask_graph as search
+    from datamask_dask.dedup import search as one
+    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
@@ -476,8 +478,8 @@ def test_the_plan_graph_holds_each_task_once(monkeypatch):
     """Every partition's summary depends on the table-wide search: the plan graph must hold that
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own
     when it is passed inside a list), or graphs of a few hundred partitions take minutes to cull."""
+    from datamask_dask.dedup import search
     from datamask_dask.ops.operator import plan_selection
-    from datamask_dask.plan import search
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)

@@ -10,8 +10,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "datamask_dask"
 # Rooms from the bottom up: a module may import from its own room and from rooms below it.
 RANKS = {"errors": 0, "stages": 0, "_lazy": 0, "progress": 0, "learn": 1, "config": 2, "plan": 3,
-         "partition": 4, "sample_data": 4, "ops": 5, "io": 6, "cluster": 7, "report": 7, "text": 7,
-         "cli": 8}
+         "dedup": 4, "partition": 5, "sample_data": 5, "ops": 6, "io": 7, "cluster": 8, "report": 8,
+         "text": 8, "cli": 9}
 
 
 def _modules() -> dict[str, Path]:

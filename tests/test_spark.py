@@ -72,7 +72,7 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
     import dask.dataframe as dd
     import pandas as pd
 
-    from datamask_dask.plan import search
+    from datamask_dask.dedup import search
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)  # the sharded stages (both engines in this process)
     copies = corpus.iloc[:300].assign(chunk_id=corpus["chunk_id"].iloc[:300] + 100_000)
@@ -103,8 +103,8 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
     from datamask_spark import operator as spark_operator
     from pyspark.errors import PySparkException
 
+    from datamask_dask.dedup import search
     from datamask_dask.ops.operator import plan_selection as dask_plan
-    from datamask_dask.plan import search
     from datamask_dask.sample_data import make_corpus
 
     table = make_corpus(1200, 16, seed=5)

@@ -39,7 +39,7 @@ def test_connect_runs_the_sharded_search_on_the_executors(connect, parquet_dir, 
     from datamask_spark.shards import sharded_summaries as shards_on_spark
     from pyspark.sql import functions as F
 
-    from datamask_dask.plan import search
+    from datamask_dask.dedup import search
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)
     calls = []

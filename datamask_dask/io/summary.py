@@ -10,7 +10,7 @@ or the ``datamask.run`` footer key, see :mod:`datamask_dask.io.output`):
   marker);
 - on the driver, from those signatures: near-duplicate pairs (cosine >= ``DUPLICATE_COSINE``)
   among *all* the selected rows, within a partition and across partitions
-  (:func:`datamask_dask.plan.duplicates.count_pairs`, an estimate: LSH over the selected rows
+  (:func:`datamask_dask.dedup.simhash.count_pairs`, an estimate: LSH over the selected rows
   only, so it costs about as much as the table scope's search on a tenth of the table);
 - on the driver, once every part file is written and before the record is published: a sample
   of the output (whole row groups drawn at random until ``sample_rows`` rows, then thinned to
@@ -92,8 +92,8 @@ def _selected_signatures(series, rows: np.ndarray) -> str:
     """SimHash signatures of the rows ``rows`` of an embedding column, base64 of (len(rows), 32) bytes."""
     import base64
 
+    from ..dedup.simhash import hyperplanes, signatures
     from ..partition.adapters import embedding_source
-    from ..plan.duplicates import hyperplanes, signatures
 
     source = embedding_source(series, f"column {series.name!r}")
     return base64.b64encode(signatures(source.rows(rows), hyperplanes(source.dim)).tobytes()).decode("ascii")
@@ -107,7 +107,7 @@ def selected_pairs(parts: list) -> dict | None:
     """
     import base64
 
-    from ..plan.duplicates import count_pairs
+    from ..dedup.simhash import count_pairs
 
     blocks = [np.frombuffer(base64.b64decode(part["signatures"]), dtype=np.uint8)
               for _, part in parts if part.get("signatures")]

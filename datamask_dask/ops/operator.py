@@ -15,14 +15,15 @@ The result is lazy. Its graph has two passes over the input:
    selected total is exact, and fixes the table-wide quality range and the embedding dimension.
    With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
    256-bit SimHash per row, and the near-duplicate groups of the whole table are found with one
-   rule at every size (:mod:`datamask_dask.plan.search`): a row with a verified better
+   rule at every size (:mod:`datamask_dask.dedup.search`): a row with a verified better
    near-duplicate is *shadowed* (left out of the sketches and ineligible in the select pass, so
    no partition selects a copy of a better row that lives in another one), and a kept row stands
    for the rows it shadows (its weight, which the learner's Facility counts). Up to
    ``ONE_TASK_PARTITIONS`` partitions one task finds them; above, a sharded map-shuffle-reduce
-   graph (:mod:`datamask_dask.plan.shards`, wired by :mod:`datamask_dask.ops.search`: no task
+   graph (:mod:`datamask_dask.dedup.stages`, wired by :mod:`datamask_dask.dedup.dask_graph`: no task
    holds more than a shard of the band records or groups, and on large tables every all-to-all
-   step is a Dask DataFrame shuffle, p2p on a cluster) finds the same groups.
+   step is a Dask DataFrame shuffle, p2p on a cluster) finds the same groups
+   (:mod:`datamask_dask.dedup`).
    ``diversity_scope="partition"`` skips this.
 2. **Select**: one :func:`datamask_dask.partition.select.select_partition` task per partition of
    :func:`partitions` (the partitions the plan pass read), gathered with ``dd.from_delayed`` and
@@ -51,6 +52,7 @@ from dask.delayed import Delayed
 
 from .. import progress as progress_bars
 from ..config import load_config
+from ..dedup.dask_graph import table_groups
 from ..partition import adapters
 from ..partition.checks import (
     duplicate_input,
@@ -64,9 +66,7 @@ from ..partition.checks import (
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.reduce import make_plan
-from ..plan.search import find_groups, one_task
-from ..progress import named, named_task
-from .search import sharded_groups
+from ..progress import listed, named
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
@@ -282,22 +282,9 @@ def plan_graph(ddf, spec: SelectSpec, reads: dict | None = None):
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
         n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
         probes = ddf[spec.embedding_column].partitions[list(range(n_probe))].to_delayed()
-        dim = dask.delayed(_probe_dimension, pure=True)(_listed("datamask-plan-probes", probes))
-    return dask.delayed(make_plan, pure=True)(_listed("datamask-plan-summaries", summaries), ids, dim, spec,
+        dim = dask.delayed(_probe_dimension, pure=True)(listed("datamask-plan-probes", probes))
+    return dask.delayed(make_plan, pure=True)(listed("datamask-plan-summaries", summaries), ids, dim, spec,
                                               dask_key_name=_key("datamask-plan", summaries, ids, dim, spec))
-
-
-def _listed(prefix: str, items: list) -> Delayed:
-    """The Delayed ``items`` as one Delayed list, to pass to a delayed call. A Python list of Delayed
-    arguments makes dask copy each item's whole culled graph into a layer of its own: quadratic
-    where the items share a graph, as every partition's summary shares the near-duplicate search
-    (60 partitions: 695,000 graph entries for 12,900 tasks). Passed one by one, each is a
-    reference, and each shared layer is kept once."""
-    return named_task(prefix, _as_list, *items)
-
-
-def _as_list(*items) -> list:
-    return list(items)
 
 
 def _key(prefix: str, *args) -> str:
@@ -338,8 +325,8 @@ def scan_summaries(scans: list, spec: SelectSpec) -> list:
     """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
 
     The near-duplicate groups of the whole table are found from the partitions' scans
-    (:func:`table_groups`); each scan then becomes its quality sketches without its shadowed rows
-    (and with its kept rows' weights).
+    (:func:`datamask_dask.dedup.dask_graph.table_groups`); each scan then becomes its quality
+    sketches without its shadowed rows (and with its kept rows' weights).
     """
     signed = "datamask-plan-signatures"
     inputs = [dask.delayed(duplicate_input, pure=True)(scan, dask_key_name=_key(signed, scan))
@@ -348,25 +335,6 @@ def scan_summaries(scans: list, spec: SelectSpec) -> list:
     return [dask.delayed(summarise_scan, pure=True)(scan, groups[i],
                                                     dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
-
-
-def table_groups(inputs: list, cosine: float) -> list:
-    """The near-duplicate groups of :func:`datamask_dask.plan.search.table_groups` as a Delayed graph:
-    one Delayed per partition. The wiring follows the partitions (known now, before any row is
-    read; the groups are the same either way): one task
-    (:func:`~datamask_dask.plan.search.find_groups`) for a few, the sharded graph
-    (:func:`~datamask_dask.ops.search.sharded_groups`) for more.
-    """
-    name = "datamask-plan-duplicates"
-    if one_task(len(inputs)):
-        found = named_task(name, find_groups, _listed(name, inputs), cosine, nout=len(inputs))
-        return [found[i] for i in range(len(inputs))]
-    rows = named_task(name, sum, _listed(name, [named_task(name, _rows_of, part) for part in inputs]))
-    return sharded_groups(inputs, cosine, rows)
-
-
-def _rows_of(part: dict) -> int:
-    return len(part["quality"])
 
 
 def column_reads(ddf, columns: list[str], name: str = "datamask-plan-read") -> list:
@@ -424,7 +392,7 @@ def id_reduction(level: list):
     """The duplicate-id report of :func:`partition_id_tasks`' results (a tree reduction)."""
     while len(level) > 1:
         level = [dask.delayed(merge_ids, pure=True)(
-            _listed("datamask-plan-ids", level[i:i + _SPLIT_EVERY]),
+            listed("datamask-plan-ids", level[i:i + _SPLIT_EVERY]),
             dask_key_name=_key("datamask-plan-ids", level[i:i + _SPLIT_EVERY]))
             for i in range(0, len(level), _SPLIT_EVERY)]
     return dask.delayed(id_report, pure=True)(level[0], dask_key_name=_key("datamask-plan-ids", level[0]))

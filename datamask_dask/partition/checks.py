@@ -27,8 +27,8 @@ import numpy as np
 import pandas as pd
 
 from .. import stages
+from ..dedup import simhash
 from ..errors import InputDataError, Problem, problems_error
-from ..plan import duplicates
 from ..plan.quotas import make_sketch
 from . import adapters
 from .spec import SelectSpec, check_embedding_type
@@ -202,7 +202,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     summary : float64 array (n, 2) or None
         Each row's norm and projection on a fixed random direction (a cheap content summary).
     signatures : uint8 array (n, 32) or None
-        With ``sign``, each row's SimHash (:func:`datamask_dask.plan.duplicates.signatures`),
+        With ``sign``, each row's SimHash (:func:`datamask_dask.dedup.simhash.signatures`),
         computed from the same blocks (the embeddings are read once).
     """
     where = f"partition {number}"
@@ -215,18 +215,18 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         return None, [Problem(str(exc), name, number)], None, None
     n = len(series)
     if n == 0:
-        return None, [], None, (np.zeros((0, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
+        return None, [], None, (np.zeros((0, simhash.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
     block_bytes = block_bytes or min(_BLOCK_BYTES, (spec.memory_budget or _BLOCK_BYTES) // 4)
     # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
     # headroom) and their projections.
-    step = max(1, block_bytes // (8 * source.dim + 4 * duplicates.SIGNATURE_BITS))
+    step = max(1, block_bytes // (8 * source.dim + 4 * simhash.SIGNATURE_BITS))
     # The content summary (the run's fingerprint, which a resume compares) is a projection on a
     # fixed direction by einsum: its bits do not depend on BLAS threads or block sizes, which
     # differ between the run and its resume (a float32 matrix product's rounding does).
     direction = np.random.default_rng(0).standard_normal(source.dim).astype(np.float32)
-    planes = duplicates.hyperplanes(source.dim) if sign else None
+    planes = simhash.hyperplanes(source.dim) if sign else None
     summary = np.empty((n, 2), dtype=np.float64)
-    signed = np.empty((n, duplicates.SIGNATURE_BYTES), dtype=np.uint8) if sign else None
+    signed = np.empty((n, simhash.SIGNATURE_BYTES), dtype=np.uint8) if sign else None
     for start in range(0, n, step):
         stop = min(n, start + step)
         block = source.span(start, stop)
@@ -234,7 +234,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         summary[start:stop, 1] = _projection(block, direction)
         if sign:
             with stages.timed("sign"):
-                signed[start:stop] = duplicates.signatures(block, planes)
+                signed[start:stop] = simhash.signatures(block, planes)
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
 
@@ -345,7 +345,7 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
     """Round 1 of the plan pass: one partition's checks (raising on bad data), kept for its summary.
 
     With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
-    :func:`duplicate_input` sends to :func:`datamask_dask.plan.search.find_groups`.
+    :func:`duplicate_input` sends to :func:`datamask_dask.dedup.search.find_groups`.
     """
     with stages.timed("check"):
         check = check_partition(frame, number, spec)
@@ -364,7 +364,7 @@ def duplicate_input(scan: dict) -> dict:
 def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> dict:
     """Round 2: the partition's plan summary, its shadowed rows left out of the sketches.
 
-    ``groups``: the partition's entry of :func:`datamask_dask.plan.search.find_groups` (its
+    ``groups``: the partition's entry of :func:`datamask_dask.dedup.search.find_groups` (its
     shadowed rows, and its kept rows with the group sizes they stand for), or only the shadowed
     rows' positions.
     """
@@ -386,7 +386,7 @@ def summarise_check(check, shadowed: np.ndarray | None = None, kept: np.ndarray 
     """The plan summary of a partition that passed :func:`~datamask_dask.partition.checks.check_partition`.
 
     ``shadowed``: positions of the partition's rows that are near-duplicates of a better row (see
-    :mod:`datamask_dask.plan.duplicates`). Each cell then has two sketches: ``sketch`` without
+    :mod:`datamask_dask.dedup.simhash`). Each cell then has two sketches: ``sketch`` without
     them (what the quotas are planned on) and ``sketch_all`` with them (the fallback when a group
     has too few rows left for its quota), ``n`` its rows in all and ``shadowed`` their positions.
     ``kept`` and ``weights``: positions of the rows kept for a group of near-copies and the rows

@@ -6,7 +6,7 @@ call :func:`make_plan` once. The plan is a small dict: the spec, integer quotas 
 budgets) per partition and group, the table-wide quality range per group, rows per partition,
 the embedding dimension, each partition's content digest and, with ``diversity_scope="table"``,
 the positions of each partition's shadowed rows (near-duplicates of a better row elsewhere, see
-:mod:`datamask_dask.plan.duplicates`; 8 bytes per shadowed row) and of its kept rows that stand
+:mod:`datamask_dask.dedup.search`; 8 bytes per shadowed row) and of its kept rows that stand
 for a group, with the group's size (``weights``: the learner's Facility weighs them so).
 
 Shadowed rows are ineligible: a group's quota is still ``round(ratio * rows)`` over *all* its rows,

@@ -54,6 +54,7 @@ import pyarrow as pa
 
 from datamask_dask import errors as _errors
 from datamask_dask.config import load_config
+from datamask_dask.dedup.search import find_groups, one_task
 from datamask_dask.errors import DataMaskError
 from datamask_dask.partition.checks import (
     SHOW,
@@ -65,7 +66,6 @@ from datamask_dask.partition.checks import (
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
-from datamask_dask.plan.search import find_groups, one_task
 
 from .shards import cached, sharded_summaries
 
@@ -173,7 +173,7 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
     :data:`PLAN_SCHEMA`, one row per partition), which this runs.
 
     With ``diversity_scope="table"`` the rows hold scans, and near-duplicates across the table are
-    set aside by the search the Dask operator runs (:func:`datamask_dask.plan.search.one_task`
+    set aside by the search the Dask operator runs (:func:`datamask_dask.dedup.search.one_task`
     decides where by the partitions; the same groups either way): on the driver for a few
     partitions (the rows' scans collected, ~44 bytes a row), else by the sharded stages on the executors
     (:func:`datamask_spark.shards.sharded_summaries`: only the summaries reach the driver). The

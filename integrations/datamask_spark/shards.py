@@ -1,6 +1,6 @@
 """The table-wide near-duplicate search on Spark, on the executors: the driver never holds a signature.
 
-The stages of :mod:`datamask_dask.plan.shards` (the Dask operator runs them as a task graph), each a
+The stages of :mod:`datamask_dask.dedup.stages` (the Dask operator runs them as a task graph), each a
 DataFrame step over the plan pass's scans, so that no task holds more than a shard:
 
 1. band records (one ``mapInArrow`` over the scans, making ``ROUND_BANDS`` bands at a time), as
@@ -9,11 +9,11 @@ DataFrame step over the plan pass's scans, so that no task holds more than a sha
    repartitioned by round and shard (Spark's shuffle spills to disk, so the rounds need no
    barrier between them);
 2. per shard, the buckets' candidates verified on their signatures
-   (:func:`~datamask_dask.plan.shards.bucket_edges`), edges repartitioned by the worse row;
+   (:func:`~datamask_dask.dedup.stages.bucket_edges`), edges repartitioned by the worse row;
 3. per shard of worse rows, each shadowed row's best better neighbour
-   (:func:`~datamask_dask.plan.shards.best_parents`);
+   (:func:`~datamask_dask.dedup.stages.best_parents`);
 4. ``ROUNDS`` rounds of forwarding each shadowed row's count to its parent (DataFrame joins), as
-   :func:`~datamask_dask.plan.shards.forward_weights` does;
+   :func:`~datamask_dask.dedup.stages.forward_weights` does;
 5. the groups grouped by partition, joined to the partition's scan and summarised there
    (:func:`~datamask_dask.partition.checks.summarise_scan`): only the summaries reach the driver.
 
@@ -33,8 +33,7 @@ from functools import reduce
 import numpy as np
 import pyarrow as pa
 
-from datamask_dask.partition.checks import duplicate_input, summarise_scan
-from datamask_dask.plan.shards import (
+from datamask_dask.dedup.stages import (
     PARTITIONS_PER_SHARD,
     ROUNDS,
     band_plan,
@@ -44,6 +43,7 @@ from datamask_dask.plan.shards import (
     bucket_edges,
     shard_count,
 )
+from datamask_dask.partition.checks import duplicate_input, summarise_scan
 
 RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled band_records piece
 # Bands a bucket task takes at once. Spark's shuffle spills to disk, so rounds bound only a bucket
@@ -112,7 +112,7 @@ def cached(frame, what: str):
 def forwarded_counts(parents):
     """Each kept row that shadowed rows reach and how many reach it (``ref, count``): every shadowed
     row's count of one climbs its parents for ``ROUNDS`` rounds, as
-    :func:`~datamask_dask.plan.shards.forward_weights` moves it (counts still climbing after the
+    :func:`~datamask_dask.dedup.stages.forward_weights` moves it (counts still climbing after the
     last round are dropped there too)."""
     from pyspark.sql import functions as F
 

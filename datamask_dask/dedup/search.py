@@ -12,14 +12,14 @@ row is its near-duplicate, and its best such row (highest quality, then lowest p
 lowest row) is its parent; a kept row stands for itself and for the shadowed rows whose parents
 lead to it within ``ROUNDS`` steps. On a chain ``a ~ b ~ c`` with ``a`` and ``c`` not
 near-duplicates, ``b`` at the bottom is shadowed by the better of the two, and ``a`` and ``c`` both
-stay. Candidates are the rows that share a band (:func:`~datamask_dask.plan.shards.band_plan`:
+stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`:
 ``bits`` signature bits, more as the table grows, and the ``by`` group) in the buckets'
-pairs of :func:`~datamask_dask.plan.shards.bucket_pairs`, verified within
-:func:`~datamask_dask.plan.duplicates.hamming_threshold` (``VERIFY_MARGIN``).
+pairs of :func:`~datamask_dask.dedup.stages.bucket_pairs`, verified within
+:func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
 
 :func:`find_groups` applies it in one task, compiled with numba: it holds every row's signature,
 quality and group (about 44 bytes a row) and, per band, a key and a few words a row. The sharded
-stages of :mod:`datamask_dask.plan.shards` apply it with no task holding more than a shard and
+stages of :mod:`datamask_dask.dedup.stages` apply it with no task holding more than a shard and
 find the same groups (tested on random tables); :func:`one_task` picks between them by the
 partitions alone, when the graph is built. ``benchmarks/bench_duplicates.py`` measures the one-task
 search (seconds, memory, recall of planted copies, false merges), ``--sharded`` the stages.
@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .duplicates import SIGNATURE_BYTES, VERIFY_MARGIN, hamming_threshold
-from .shards import (
+from .simhash import SIGNATURE_BYTES, VERIFY_MARGIN, hamming_threshold
+from .stages import (
     ANCHORS,
     FULL_BUCKET,
     NEIGHBOURS,
@@ -73,7 +73,7 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
     parts : list of dict, one per partition, in partition order
         ``quality`` float64 (n,), ``codes`` int (n,) (group code of each row, indexing
         ``labels``), ``labels`` (group labels, ``[None]`` without ``by``) and ``signatures``
-        uint8 (n, SIGNATURE_BYTES) from :func:`~datamask_dask.plan.duplicates.signatures`.
+        uint8 (n, SIGNATURE_BYTES) from :func:`~datamask_dask.dedup.simhash.signatures`.
     cosine : float
         Rows at least this similar are near-duplicates (estimated from the signatures).
 
@@ -94,7 +94,7 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
 def stack_parts(parts: list[dict]) -> dict:
     """The partitions' inputs as one table: quality, group index, signatures, partition offsets.
 
-    A row's group index names its label's hash bits (:func:`~datamask_dask.plan.shards.group_bits`),
+    A row's group index names its label's hash bits (:func:`~datamask_dask.dedup.stages.group_bits`),
     so that rows share a bucket here exactly when they share a band key in the sharded stages.
     """
     sizes = [int(np.asarray(p["quality"]).shape[0]) for p in parts]
@@ -162,7 +162,7 @@ def table_parents(table: dict, cosine: float = 0.95) -> dict:
 
 
 def _band_tables(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One band's :func:`~datamask_dask.plan.shards._byte_tables` as arrays: the tables of the
+    """One band's :func:`~datamask_dask.dedup.stages._byte_tables` as arrays: the tables of the
     signature bytes it reads, uint32 (bytes, 256), and those bytes, int64 (bytes,)."""
     tables = _byte_tables(positions)
     touched = np.array(sorted(tables), dtype=np.int64)
@@ -204,7 +204,7 @@ def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (
 
 def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbours):  # pragma: no cover
     """One band's buckets (its rows sorted by key, ``sorted_key`` and ``order``), compiled: the pairs
-    :func:`~datamask_dask.plan.shards.bucket_pairs` tries, verified within ``limit``, each verified
+    :func:`~datamask_dask.dedup.stages.bucket_pairs` tries, verified within ``limit``, each verified
     pair's worse row taking the better's rank into ``best`` where lower. Returns the full and
     anchor pairs tried."""
     n = sorted_key.shape[0]  # also the rank no row has
@@ -308,7 +308,7 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[dict]:
 def table_groups(parts: list[dict], cosine: float = 0.95, n_parts: int | None = None) -> list[dict]:
     """The near-duplicate groups of the whole table, per partition, in the wiring an engine takes
     for ``n_parts`` partitions (default ``len(parts)``): :func:`find_groups` where :func:`one_task`
-    says so, the sharded stages (:func:`~datamask_dask.plan.shards.find_groups_sharded`) otherwise.
+    says so, the sharded stages (:func:`~datamask_dask.dedup.stages.find_groups_sharded`) otherwise.
     The same groups either way."""
     n_parts = len(parts) if n_parts is None else n_parts
     if one_task(n_parts):

@@ -2,9 +2,9 @@
 
 Engine-agnostic (numpy only): each function below is one task of a hash-bucket shuffle graph,
 and its output is a list of *pieces*, one per shard (or partition) that receives it. The Dask
-operator wires them into its plan (:mod:`datamask_dask.ops.search`: task to task, or by DataFrame
+operator wires them into its plan (:mod:`datamask_dask.dedup.dask_graph`: task to task, or by DataFrame
 shuffles on large tables); a benchmark can call them in a loop (``benchmarks/bench_duplicates.py
---sharded``). The inputs are those of :func:`datamask_dask.plan.search.find_groups` (per
+--sharded``). The inputs are those of :func:`datamask_dask.dedup.search.find_groups` (per
 partition: quality, group codes and labels, 256-bit SimHash signatures), and so are the outputs:
 per partition, its shadowed rows and its kept rows with the rows each stands for.
 
@@ -36,7 +36,7 @@ Stages
 The rule of stage 3 is local to verified pairs: a row is shadowed when a better row verifies as
 its near-duplicate, so the best member of every group stays eligible and no verified pair is kept
 twice; on a chain ``a ~ b ~ c`` with ``a`` and ``c`` not near-duplicates both ``a`` and ``c`` stay.
-:func:`datamask_dask.plan.search.find_groups` applies the same rule to the same candidates in one
+:func:`datamask_dask.dedup.search.find_groups` applies the same rule to the same candidates in one
 task. Deterministic: every task sorts what it receives, and a bucket is exactly the rows of one
 key, so the groups depend only on the rows and their order, not on the partitions or shards.
 """
@@ -47,7 +47,7 @@ import math
 
 import numpy as np
 
-from .duplicates import (
+from .simhash import (
     _PAIR_BATCH,
     SIGNATURE_BITS,
     SIGNATURE_BYTES,
@@ -199,7 +199,7 @@ def band_values(columns: np.ndarray, plan: dict, bands) -> np.ndarray:
 def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -> list:
     """Partition ``number``'s band records, one ``(key, ref, quality, words)`` piece per shard.
 
-    ``part``: as for :func:`~datamask_dask.plan.search.find_groups`; ``plan``: :func:`band_plan`;
+    ``part``: as for :func:`~datamask_dask.dedup.search.find_groups`; ``plan``: :func:`band_plan`;
     ``bands``: the bands of this round (default all). Each record carries its row's quality and
     signature (four uint64 words), so that a bucket's task verifies its candidates itself.
     """
@@ -444,7 +444,7 @@ def deliver(parents: dict, roots: list, leftover: list, n_parts: int) -> dict:
 
 
 def partition_groups(pieces: list) -> dict:
-    """One partition's entry of :func:`~datamask_dask.plan.search.find_groups` from its pieces."""
+    """One partition's entry of :func:`~datamask_dask.dedup.search.find_groups` from its pieces."""
     mask = np.uint64(0xFFFFFFFF)
     shadowed = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     kept = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])

@@ -3,8 +3,8 @@
 Engine-agnostic (numpy, and torch for the signing product). The plan pass of ``diversity_scope=
 "table"`` signs every row (:func:`signatures`, in :mod:`datamask_dask.partition.checks`); the
 near-duplicate groups of the table are found from the signatures by
-:mod:`datamask_dask.plan.search` (one task) or the sharded stages of
-:mod:`datamask_dask.plan.shards`, with the same rule and the same groups.
+:mod:`datamask_dask.dedup.search` (one task) or the sharded stages of
+:mod:`datamask_dask.dedup.stages`, with the same rule and the same groups.
 
 1. **Signature** (per partition): a SimHash of each unit embedding, the signs of its projections on
    ``SIGNATURE_BITS`` = 256 fixed random hyperplanes (seed ``PLANE_SEED``, so every partition and

@@ -1,8 +1,9 @@
-"""The table-wide near-duplicate search on Dask: the stages of :mod:`datamask_dask.plan.shards`
-wired into the plan's graph, so that no task holds more than a shard of the table.
+"""The table-wide near-duplicate search on Dask, wired into the plan's graph (:func:`table_groups`):
+in one task for a few partitions (:func:`~datamask_dask.dedup.search.find_groups`), else the stages
+of :mod:`datamask_dask.dedup.stages`, so that no task holds more than a shard of the table.
 
-Two wirings of the same stages give the same groups (:func:`sharded_groups` picks one by the
-table's partitions):
+Two wirings of the stages give the same groups (:func:`sharded_groups` picks one by the table's
+partitions):
 
 - **Task to task** (:func:`task_groups`, up to ``SHUFFLE_PARTITIONS`` partitions): every records
   task sends one piece to every bucket task, in memory, one band a round. Cheapest where it fits,
@@ -20,21 +21,21 @@ table's partitions):
 Stages of :func:`shuffled_groups`:
 
 1. **records**: one task per partition and ``RECORD_BANDS`` bands makes the band records
-   (:func:`~datamask_dask.plan.shards.band_records`: key, row reference, quality, the 4 signature
+   (:func:`~datamask_dask.dedup.stages.band_records`: key, row reference, quality, the 4 signature
    words), placed by ``key % buckets`` into ``buckets`` partitions of about
    ``PARTITIONS_PER_SHARD`` partitions' worth of one band each;
 2. **edges**: each bucket partition's candidates verified
-   (:func:`~datamask_dask.plan.shards.bucket_edges`), each worse row's best edge shuffled by worse row;
+   (:func:`~datamask_dask.dedup.stages.bucket_edges`), each worse row's best edge shuffled by worse row;
 3. **parents**: each shadowed row's best better neighbour
-   (:func:`~datamask_dask.plan.shards.best_parents`);
+   (:func:`~datamask_dask.dedup.stages.best_parents`);
 4. **counts**: ``ROUNDS`` rounds of each shadowed row's count moving to its parent (a group-by and a
-   join a round, as :func:`~datamask_dask.plan.shards.forward_weights` moves them);
+   join a round, as :func:`~datamask_dask.dedup.stages.forward_weights` moves them);
 5. **deliver**: shadowed and kept rows indexed by partition number (``set_index`` on known
    divisions), so that each partition's groups are one output partition: a partition receives only
    its own rows.
 
 Every task orders what it receives (a bucket's records by row reference, as the records arrive in
-the in-process stages), so the groups equal :func:`~datamask_dask.plan.shards.find_groups_sharded`'s
+the in-process stages), so the groups equal :func:`~datamask_dask.dedup.stages.find_groups_sharded`'s
 whatever order a shuffle delivers rows in.
 """
 
@@ -47,7 +48,9 @@ import numpy as np
 import pandas as pd
 from dask.delayed import Delayed
 
-from ..plan.shards import (
+from ..progress import listed, named_task
+from .search import find_groups, one_task
+from .stages import (
     BANDS,
     PARTITIONS_PER_ROW_SHARD,
     PARTITIONS_PER_SHARD,
@@ -64,9 +67,8 @@ from ..plan.shards import (
     partition_groups,
     shard_count,
 )
-from ..progress import named_task
 
-__all__ = ["sharded_groups", "shuffle_method", "shuffled_groups", "task_groups"]
+__all__ = ["sharded_groups", "shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
 
 # Tables of more partitions take the DataFrame shuffles. The task-to-task graph has ~3.5 x partitions**2
 # tasks, scheduled one after another: at 200 partitions of tiny data 140,670 tasks took 99.7 s on a
@@ -93,10 +95,28 @@ _POSITION = (1 << 32) - 1  # a row reference is partition << 32 | position
 _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 
 
+def table_groups(inputs: list, cosine: float) -> list:
+    """The near-duplicate groups of the whole table as a Dask graph: one Delayed per partition of
+    ``inputs`` (Delayed search inputs), computing to its entry of
+    :func:`~datamask_dask.dedup.search.find_groups`. The wiring follows the partitions, known when
+    the graph is built (:func:`~datamask_dask.dedup.search.one_task`; the groups are the same
+    either way): one task for a few, :func:`sharded_groups` for more."""
+    if one_task(len(inputs)):
+        found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
+        return [found[i] for i in range(len(inputs))]
+    counts = [named_task(_PREFIX, _rows_of, part) for part in inputs]
+    rows = named_task(_PREFIX, sum, listed(_PREFIX, counts))
+    return sharded_groups(inputs, cosine, rows)
+
+
+def _rows_of(part: dict) -> int:
+    return len(part["quality"])
+
+
 def sharded_groups(inputs: list, cosine: float, rows) -> list:
-    """The near-duplicate groups of :func:`~datamask_dask.plan.shards.find_groups_sharded` as a Dask
+    """The near-duplicate groups of :func:`~datamask_dask.dedup.stages.find_groups_sharded` as a Dask
     graph: one Delayed per partition of ``inputs`` (Delayed search inputs), computing to its entry of
-    :func:`~datamask_dask.plan.search.find_groups`. ``rows``: the table's rows (a Delayed), which
+    :func:`~datamask_dask.dedup.search.find_groups`. ``rows``: the table's rows (a Delayed), which
     size the bands. Wired task to task up to ``SHUFFLE_PARTITIONS`` partitions, by DataFrame
     shuffles above."""
     wiring = task_groups if len(inputs) <= SHUFFLE_PARTITIONS else shuffled_groups
@@ -210,7 +230,7 @@ def task_groups(inputs: list, cosine: float, rows) -> list:
 
 
 def _block_records(parts: list, first: int, plan: dict, shards: int, bands: range, _previous) -> list:
-    """:func:`~datamask_dask.plan.shards.band_records` of one round of bands for consecutive
+    """:func:`~datamask_dask.dedup.stages.band_records` of one round of bands for consecutive
     partitions ``first, first + 1, ...``, one piece per shard with their records in partition order
     (as a bucket task would concatenate them). ``_previous``: the previous round's finished buckets,
     only an ordering."""
@@ -222,7 +242,7 @@ def _block_records(parts: list, first: int, plan: dict, shards: int, bands: rang
 def forwarded_counts(links, shards: int, method: str):
     """Each kept row that shadowed rows reach and how many reach it (``ref, count``): each shadowed
     row's count of one climbs its parents (``links``: ``child, parent``) for ``ROUNDS`` rounds, as
-    :func:`~datamask_dask.plan.shards.forward_weights` moves them (counts still climbing after the
+    :func:`~datamask_dask.dedup.stages.forward_weights` moves them (counts still climbing after the
     last round are dropped there too)."""
     import dask.dataframe as dd
 
@@ -292,7 +312,7 @@ def _kept(counts: pd.DataFrame) -> pd.DataFrame:
 
 
 def _partition_groups(rows: pd.DataFrame) -> dict:
-    """One partition's entry of :func:`~datamask_dask.plan.search.find_groups` from its rows
+    """One partition's entry of :func:`~datamask_dask.dedup.search.find_groups` from its rows
     (weight 0: shadowed; else kept, standing for ``weight`` rows)."""
     position, weight = rows["position"].to_numpy(np.int64), rows["weight"].to_numpy(np.int64)
     kept = weight > 0
