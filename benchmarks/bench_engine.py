@@ -16,8 +16,8 @@ Methods: ``engine`` (``learn_mask`` with default options plus any ``--engine-opt
 whole reference`` (the same with ``refine_reference = n``; only where n exceeds the default
 sample), ``published loop`` (``update="paper", refine=0, final="topk"`` with the reference tool's
 ``n_epochs=5000, n_rollout=128``; ``--paper-opt`` overrides them, e.g. to fit a CPU), ``random``,
-``quality top-k``,
-``lazy greedy`` (the reference of the ``% of greedy`` column), ``stochastic greedy`` (eps 0.1),
+``quality top-k``, ``lazy greedy`` (the share column's baseline:
+``(f - f(random)) / (f(lazy greedy) - f(random))``), ``stochastic greedy`` (eps 0.1),
 ``DiSF batched greedy`` (DiSF only) and ``apricot`` (Facility only: apricot-select's
 ``FacilityLocationSelection(k, metric="cosine", optimizer="lazy")``; note apricot's "cosine"
 similarity is the *squared* cosine and it ignores quality, so it optimises a different objective
@@ -231,15 +231,17 @@ def _apricot(emb, k):
 
 
 def _add_percent(block: list[Row]) -> None:
+    """Each row's share of lazy greedy's gain over random, in percent (the project's yardstick)."""
     ref = next((r.objective for r in block if r.method == REFERENCE and r.objective is not None), None)
+    rnd = next((r.objective for r in block if r.method == "random" and r.objective is not None), None)
     for row in block:
-        if ref and row.objective is not None:
-            row.percent = 100.0 * row.objective / ref
+        if ref is not None and rnd is not None and ref != rnd and row.objective is not None:
+            row.percent = 100.0 * (row.objective - rnd) / (ref - rnd)
 
 
 def _markdown(rows: list[Row]) -> str:
-    head = ("| n | algorithm | lamb | method | objective | % of lazy greedy | quality | diversity "
-            "| wall s | note |\n|---:|---|---:|---|---:|---:|---:|---:|---:|---|")
+    head = ("| n | algorithm | lamb | method | objective | % of lazy greedy's gain over random | quality "
+            "| diversity | wall s | note |\n|---:|---|---:|---|---:|---:|---:|---:|---:|---|")
     lines = [head]
     for r in rows:
         def fmt(v, spec):
