@@ -69,6 +69,14 @@ def _assert_same(expected: list[dict], got: list[dict]) -> None:
             np.testing.assert_array_equal(one[key], other[key], err_msg=key)
 
 
+@pytest.fixture(autouse=True)
+def compiled(monkeypatch):
+    """find_groups' compiled passes at any size (small tables otherwise run the stages in one process)."""
+    from datamask_dask.dedup import search
+
+    monkeypatch.setattr(search, "COMPILED_ROWS", 0)
+
+
 def test_one_task_and_many_shards_find_the_same_groups():
     """The groups (shadowed rows, kept rows and their weights) of random small tables with planted
     copies, chains and large buckets are the same in one task as in the sharded stages, whatever
@@ -171,3 +179,15 @@ def test_a_chain_whose_ends_are_apart(quality, shadowed, kept):
 
 def test_the_wiring_follows_the_partitions_only():
     assert one_task(1) and one_task(ONE_TASK_PARTITIONS) and not one_task(ONE_TASK_PARTITIONS + 1)
+
+
+def test_small_tables_take_the_stages_in_one_process(monkeypatch):
+    """Below COMPILED_ROWS find_groups runs the sharded stages in its own process: the same groups
+    as the compiled passes."""
+    from datamask_dask.dedup import search
+
+    parts = _random_table(np.random.default_rng(42))
+    compiled = find_groups(parts)
+    monkeypatch.setattr(search, "COMPILED_ROWS", 10**9)
+    monkeypatch.setattr(search, "table_parents", None)  # not called
+    _assert_same(compiled, find_groups(parts))

@@ -18,7 +18,8 @@ pairs of :func:`~datamask_dask.dedup.stages.bucket_pairs`, verified within
 :func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
 
 :func:`find_groups` applies it in one task, compiled with numba: it holds every row's signature,
-quality and group (about 44 bytes a row) and, per band, a key and a few words a row. The sharded
+quality and group (about 44 bytes a row) and, per band, a key and a few words a row (below
+``COMPILED_ROWS`` rows, or without numba, it runs the sharded stages in its own process). The sharded
 stages of :mod:`datamask_dask.dedup.stages` apply it with no task holding more than a shard and
 find the same groups (tested on random tables); :func:`one_task` picks between them by the
 partitions alone, when the graph is built. ``benchmarks/bench_duplicates.py`` measures the one-task
@@ -51,6 +52,9 @@ from .stages import (
 # (signature, quality, group) where the sharded graph moves ~2.2 KB a row of band records and
 # schedules ~3.5 x partitions**2 tasks; above, no task should hold the table.
 ONE_TASK_PARTITIONS = 32
+# Smaller tables run the sharded stages in this process (numpy): the same groups, for less than it
+# costs a fresh worker to import numba and load the compiled passes.
+COMPILED_ROWS = 50_000
 BAND_THREADS = 4  # threads of find_groups (bands run apart; numpy releases the GIL)
 
 
@@ -85,7 +89,8 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
         more than themselves) and ``weights`` (int64, the rows each of those stands for, itself
         included). Deterministic: it depends only on the rows and their order.
     """
-    if not available():  # the same groups, from the same stages in this process
+    n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
+    if n_rows < COMPILED_ROWS or not available():  # the same groups, from the stages in this process
         return find_groups_sharded(parts, cosine, shards=1)[0]
     table = stack_parts(parts)
     return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
