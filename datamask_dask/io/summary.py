@@ -38,6 +38,7 @@ import pandas as pd
 
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
 YARDSTICK_ROWS = 4_000  # of those, the rows greedy runs on for the yardstick (its cost grows as rows^2)
+YARDSTICK_WORK = 2e10  # multiply-adds lazy greedy may cost there (above: stochastic greedy), about a second
 SIGNATURE_ROWS = 100_000  # at most about this many selected rows' signatures reach the driver
 DUPLICATE_COSINE = 0.95  # two rows at least this similar are counted as a near-duplicate pair
 # Rows of the sample that Facility's coverage is measured on: its cost is reference x selected x d
@@ -307,7 +308,8 @@ def sample_yardstick(quality, embeddings, mask, algorithm, lamb: float, seed: in
         rows = np.sort(np.random.default_rng([seed, 2]).choice(len(rows), YARDSTICK_ROWS, replace=False))
     if not 0 < int(mask[rows].sum()) < len(rows):
         return None
-    score = measure(quality[rows], embeddings[rows], mask[rows], algorithm=algorithm, lamb=lamb, seeds=3)
+    score = measure(quality[rows], embeddings[rows], mask[rows], algorithm=algorithm, lamb=lamb, seeds=3,
+                    greedy_max_work=YARDSTICK_WORK)
     return {"rows": len(rows), "selected": int(mask[rows].sum()), **score.as_dict()}
 
 

@@ -136,7 +136,7 @@ def greedy_work(n: int, k: int, d: int, algorithm) -> float:
         if isinstance(metric, Facility):  # the similarity cache: |V| reference rows, as many as fit
             work += n * min(n, DEFAULT_MAX_MEMORY // (4 * n)) * d
         else:
-            work += n * k * (d * d if isinstance(metric, DiSF) else d)
+            work += n * k * (8 * d * d if isinstance(metric, DiSF) else d)  # DiSF: several d x d passes
     return work
 
 
