@@ -2,7 +2,8 @@
 
 Each section sits between ``<!-- generated: NAME -->`` and ``<!-- end: NAME -->`` and is rewritten
 from ``benchmarks/results/NAME.json`` (a list of runs, each with its command, data, machine, commit
-and results, as the benchmark scripts append them); nothing in it is typed by hand.
+and results, as the benchmark scripts append them); a row a later run measured again shows the later
+figure. Nothing in it is typed by hand.
 
     python benchmarks/render.py            # rewrite the sections
     python benchmarks/render.py --check    # exit 1 if a section differs from its results
@@ -28,9 +29,20 @@ def _provenance(run: dict) -> list[str]:
             f"Commit: `{run['commit']}`.", ""]
 
 
+def _newest(runs: list[dict], key) -> list[dict]:
+    """The runs with only the rows no later run measured again (a later run supersedes its rows)."""
+    seen, kept = set(), []
+    for run in reversed(runs):
+        rows = [row for row in run["results"] if key(row) not in seen]
+        seen.update(key(row) for row in rows)
+        if rows:
+            kept.append({**run, "results": rows})
+    return kept[::-1]
+
+
 def quality(runs: list[dict]) -> list[str]:
     lines = []
-    for run in runs:
+    for run in _newest(runs, lambda row: (row["case"], row["metric"], row["lamb"], row["settings"])):
         lines += _provenance(run)
         lines += ["| case | metric | lamb | settings | share of baseline's gain | objective | random | "
                   "baseline | quality top-k (share) | job s (learning) |",
@@ -47,7 +59,7 @@ def quality(runs: list[dict]) -> list[str]:
 
 def lamb(runs: list[dict]) -> list[str]:
     lines = []
-    for run in runs:
+    for run in _newest(runs, lambda row: (row["case"], row["metric"], row["lamb"], row["lamb_scale"])):
         lines += _provenance(run)
         lines += ["| case | metric | lamb | quality: share of top-k's gain (paper / gain scale) | "
                   "diversity: share of greedy's gain (paper / gain scale) |", "|---|---|---:|---:|---:|"]
