@@ -309,16 +309,15 @@ def _gain_scaled_lamb(qn, emb, k, opts: DataMaskOptions, weights=None) -> float:
     """The lamb that weighs each term by what it can gain over a random pick on this chunk.
 
     Quality's spread is quality top-k's mean over the chunk's mean (exact); diversity's is what a
-    short learn at ``lamb = 0`` gains over two random draws, Facility's measured on a uniform sample
-    of ``SPREAD_ROWS`` rows. ``lamb / spread_q : (1 - lamb) / spread_d`` is then the paper's weighting
-    that gives each term's points of gain the weights lamb and 1 - lamb.
+    learn at ``lamb = 0`` (from equal logits) gains over two random draws, Facility's measured on a
+    uniform sample of ``SPREAD_ROWS`` rows. ``lamb / spread_q : (1 - lamb) / spread_d`` is then the
+    paper's weighting that gives each term's points of gain the weights lamb and 1 - lamb.
     """
     n = qn.shape[0]
     if k >= n:
         return opts.lamb
     spread_q = float(torch.topk(qn, k).values.mean() - qn.mean())
-    probe = learn_mask(qn, emb, k, opts.replace(lamb=0.0, lamb_scale="paper", prune=0.0, polish=0,
-                                                refine_epochs=min(opts.refine_epochs, 5)),
+    probe = learn_mask(qn, emb, k, opts.replace(lamb=0.0, lamb_scale="paper", prune=0.0, init="same"),
                        device=emb.device, quality_range=(0.0, 1.0), weights=weights).mask
     gen = torch.Generator(device="cpu").manual_seed(opts.seed)
     reference = None if n <= SPREAD_ROWS else torch.randperm(n, generator=gen)[:SPREAD_ROWS].to(emb.device)

@@ -37,9 +37,9 @@ class DataMaskOptions:
         How the two terms are put on one scale. ``"paper"``: as they are (quality min-max
         normalised to [0, 1], diversity in its metric's units), whose spreads differ by an order of
         magnitude, so lamb weighs them unevenly. ``"gain"``: each term divided by what it can gain
-        over a random pick on the chunk (quality: top-k's mean over the chunk's; diversity: a short
-        learn at ``lamb = 0`` over random draws), so lamb 0.5 weighs a point of each term's gain
-        alike; it costs that extra short learn per chunk.
+        over a random pick on the chunk (quality: top-k's mean over the chunk's; diversity: a learn
+        at ``lamb = 0`` over random draws), so lamb 0.5 weighs a point of each term's gain alike; it
+        costs that extra learn per chunk.
     n_rollout : int
         Masks sampled per step (G). At least 2: advantages are standardised within the group.
     init : {"quality", "same"}
