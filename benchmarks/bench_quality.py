@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from datamask_dask.config import PROFILES
-from datamask_dask.learn.yardstick import measure_all, term_shares
+from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all, term_shares
 from datamask_dask.sample_data import make_embeddings
 
 #: name: (rows, dim, files, clusters)
@@ -110,7 +110,7 @@ def yardstick_rows(args) -> list[dict]:
                 runs = [run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb)])
                         for flags in args.settings.values()]
                 scores = measure_all(quality, emb, [selected for selected, _ in runs], algorithm=metric,
-                                     lamb=lamb)
+                                     lamb=lamb, greedy_max_work=args.greedy_max_work)
                 for name, (_, seconds), score in zip(args.settings, runs, scores, strict=True):
                     results.append({"case": case, "metric": metric, "lamb": lamb, "settings": name,
                                     **seconds, **score.as_dict()})
@@ -148,6 +148,8 @@ def main(argv=None) -> int:
     parser.add_argument("--metrics", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
     parser.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
     parser.add_argument("--sweep", action="store_true", help="lamb 0 to 1 with both lamb scales")
+    parser.add_argument("--greedy-max-work", type=float, default=GREEDY_MAX_WORK,
+                        help="lazy greedy's cost above which the baseline is stochastic greedy")
     parser.add_argument("--profile", default="cpu", help="the profile the settings start from (default: cpu)")
     parser.add_argument("--opt", action="append", default=[],
                         help="key=value: a cpu profile setting changed (repeatable)")
