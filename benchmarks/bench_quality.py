@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -141,6 +142,18 @@ def sweep_rows(args) -> list[dict]:
     return results
 
 
+def machine() -> str:
+    """The CPU model, its cores and the memory, as the results state them."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,7 +184,7 @@ def main(argv=None) -> int:
                                                                                else argv),
                   "data": {case: dict(zip(("rows", "dim", "files", "clusters"), CASES[case], strict=True))
                            for case in args.case},
-                  "machine": f"{platform.machine()}, {platform.processor() or platform.node()}",
+                  "machine": machine(),
                   "commit": commit, "results": results}
         path = Path(args.json)
         previous = json.loads(path.read_text()) if path.exists() else []
