@@ -115,7 +115,7 @@ def measure_all(quality, embeddings, selections, *, algorithm="Pair_simi", lamb:
 
     random = float(np.mean([score(random_selection(quality, embeddings, k, seed=seed, **common))
                             for seed in range(seeds)]))
-    name, pick = greedy_pick(quality, embeddings, k, greedy_max_work, **common)
+    name, pick = greedy_pick(quality, embeddings, k, greedy_max_work, reference_rows, **common)
     baseline, topk = score(pick), score(quality_topk(quality, embeddings, k, **common))
     if topk > baseline:  # stochastic greedy can fall below the quality term's own optimum
         name, baseline = "quality top-k", topk
@@ -140,12 +140,18 @@ def greedy_work(n: int, k: int, d: int, algorithm) -> float:
     return work
 
 
-def greedy_pick(quality, embeddings, k: int, greedy_max_work: float = GREEDY_MAX_WORK, **common):
-    """The greedy baseline's name and rows: lazy greedy where its cost allows, else stochastic greedy."""
+def greedy_pick(quality, embeddings, k: int, greedy_max_work: float = GREEDY_MAX_WORK,
+                reference_rows: int = REFERENCE_ROWS, **common):
+    """The greedy baseline's name and rows: lazy greedy where its cost allows, else stochastic greedy.
+
+    Stochastic greedy represents ``reference_rows`` rows (its own sample, drawn apart from the
+    evaluation's), their similarities computed as needed: the few that a memory-bound cache holds
+    at a million rows are covered long before k picks, after which its picks are random."""
     if greedy_work(len(quality), k, np.shape(embeddings)[1], common.get("algorithm", "Pair_simi")) \
             <= greedy_max_work:
         return "lazy greedy", lazy_greedy(quality, embeddings, k, **common)
-    return "stochastic greedy", stochastic_greedy(quality, embeddings, k, **common)
+    return "stochastic greedy", stochastic_greedy(quality, embeddings, k, seed=1, max_memory_bytes=0,
+                                                  reference_size=min(reference_rows, len(quality)), **common)
 
 
 @dataclass(frozen=True)
