@@ -25,8 +25,9 @@ PAGE = ROOT / "docs" / "benchmarks.md"
 def _provenance(run: dict) -> list[str]:
     data = "; ".join(f"{case}: {', '.join(f'{k} {v:,}' for k, v in shape.items())}"
                      for case, shape in run.get("data", {}).items())
+    note = [f"Note: {run['note']}.", ""] if run.get("note") else []
     return [f"Command: `{run['command']}`", "", f"Data: {data}. Machine: {run['machine']}. "
-            f"Commit: `{run['commit']}`.", ""]
+            f"Commit: `{run['commit']}`.", "", *note]
 
 
 def _newest(runs: list[dict], key) -> list[dict]:

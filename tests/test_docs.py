@@ -82,3 +82,14 @@ def test_the_command_line_page_is_the_parser_help():
     reference = cli_reference()
     for line in build_parser().format_help().splitlines():
         assert line.strip() in reference
+
+
+def test_the_benchmarks_page_is_what_its_results_give():
+    """The generated sections of docs/benchmarks.md come from benchmarks/results/*.json, not by hand."""
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "render.py"), "--check"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    page = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    for name in ("quality", "tradeoff", "lamb"):
+        section = page.split(f"<!-- generated: {name} -->")[1].split(f"<!-- end: {name} -->")[0]
+        assert "Command: `python benchmarks/bench_quality.py" in section and "Commit: `" in section, name
