@@ -70,13 +70,8 @@ from .stages import (
 
 __all__ = ["sharded_groups", "shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
 
-# Tables of more partitions take the DataFrame shuffles. The task-to-task graph has ~3.5 x partitions**2
-# tasks, scheduled one after another: at 200 partitions of tiny data 140,670 tasks took 99.7 s on a
-# 2-worker LocalCluster, the shuffles' 23,457 tasks 36.7 s (benchmarks/results-plan-graph-shuffles.md).
-# Per row the shuffles cost about twice the worker time (each record goes through Arrow and disk):
-# 2M / 6M rows on 2 workers, 63.3 / 211.9 s against 46.5 / 106.3 s, but with a flat peak, 1.09 / 1.16
-# GiB against 0.41 / 0.70 (benchmarks/results-search-graph.md). So the rows, not the graph, decide up
-# to a few hundred partitions.
+# Tables of more partitions take the DataFrame shuffles: the task-to-task graph grows as partitions**2
+# and is scheduled task by task, while the shuffles cost more worker time per row but keep a flat peak.
 SHUFFLE_PARTITIONS = 256
 
 # Bands whose records one task makes at once (64 bytes a row each, its bucket number included):
@@ -126,8 +121,8 @@ def sharded_groups(inputs: list, cosine: float, rows) -> list:
 def shuffle_method() -> str:
     """The shuffle method of :func:`shuffled_groups`: ``dask.config``'s ``dataframe.shuffle.method``
     where set, else ``p2p`` with a distributed Client (as Dask's default) and ``tasks`` (in memory)
-    without one, where Dask's default, ``disk`` (partd), costs time quadratic in the partitions (tiny
-    data, synchronous scheduler: 8.3 s at 20 partitions, 32.9 s at 40; ``tasks`` 2.4 s, 7.6 s)."""
+    without one, where Dask's default, ``disk`` (partd), costs time quadratic in the partitions
+    (``benchmarks/bench_plan_graph.py`` measures it)."""
     configured = dask.config.get("dataframe.shuffle.method", None)
     if configured:
         return configured
