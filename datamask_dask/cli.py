@@ -100,7 +100,9 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
                      help="also write the learned scores under this name")
     job.add_argument("--max-chunk-rows", "--max_chunk_rows", dest="max_chunk_rows", type=int)
     job.add_argument("--memory-budget", "--memory_budget", dest="memory_budget",
-                     help="working memory per selection task, e.g. 2GiB (default: from the workers' limit)")
+                     help="working memory per selection task, e.g. 2GiB: sizes the chunks (default: none; "
+                          "the workers' memory is checked, and a chunk that does not fit fails before "
+                          "learning)")
     job.add_argument("--validate", choices=("full", "light"),
                      help="full: check every embedding before learning; light (cpu profile): small "
                      "columns first, embeddings chunk by chunk")

@@ -76,7 +76,7 @@ from .summary import SAMPLE_ROWS, RunSummary, partition_summary, signature_share
 
 FORMAT = 1  # version of the work directory layout
 # Settings that change how a run checks its input, not what it selects.
-_NOT_IN_FINGERPRINT = ("check_ids", "validate", "memory_budget")
+_NOT_IN_FINGERPRINT = ("check_ids", "validate")
 
 
 class ResumeError(DataMaskError):
@@ -202,11 +202,6 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
     work = work_location(target)
     manifest = read_manifest(work) if resume or committing(target) is not None else None
     settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
-    if manifest is not None and settings["memory_budget"] is None:
-        # The default budget comes from the cluster, and it sizes chunks, which changes the
-        # result: a resume keeps the one the run started with.
-        options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
-        settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     spec = selection_spec(ddf, ratio, config=config, scheduler=scheduler, **options)
     plan = compute_plan(ddf, spec, scheduler=scheduler, progress=progress)  # validates the input
     phases = {"plan": time.perf_counter() - start}
@@ -326,11 +321,6 @@ def _check_same_run(manifest: dict, record: dict, target: Location, work: Locati
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
         raise ResumeError(f"cannot resume the unfinished run on {target}: it was started with other "
                           f"options ({shown}). {hint}")
-    if manifest["memory_budget"] != record["memory_budget"]:
-        raise ResumeError(f"cannot resume the unfinished run on {target}: it was started with "
-                          f"memory_budget={manifest['memory_budget']}, this run has "
-                          f"{record['memory_budget']} (the budget sizes chunks, which changes the "
-                          f"selection). {hint}")
     old, new = manifest["input"], record["input"]
     keys = ("partitions", "columns", "rows", "content", "fingerprint")
     changed = [k for k in keys if old.get(k) != new.get(k)]

@@ -144,9 +144,11 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         memory_budget : int or str, optional
             Working memory of one selection task beyond its partition, in bytes or as text
             (``"2GiB"``): chunks and the learner's batches are sized to fit (see
-            :mod:`datamask_dask.plan.memory`). Default: half the per-thread memory limit of the
-            current distributed cluster's workers, or most of a GPU's free memory when learning
-            on one; no bound on the local schedulers. ``"off"``: no bound.
+            :mod:`datamask_dask.plan.memory`), which changes the selection as ``max_chunk_rows``
+            does. Default: no budget; the chunks are the options' and a task whose chunk does not
+            fit in half the per-thread memory limit of the current distributed cluster's workers
+            (most of a GPU's free memory when learning on one) fails before learning, naming the
+            ``max_chunk_rows`` that would fit. ``"off"``: no budget and no check.
 
     Returns
     -------
@@ -180,8 +182,9 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     ddf, ratio, config, **options
         As for :func:`datamask_select`.
     scheduler : optional
-        The scheduler the job will run on (a distributed Client gives the default
-        ``memory_budget``); by default the current default Client, if any.
+        The scheduler the job will run on (a distributed Client's workers give the memory
+        limit that is checked, see ``memory_budget``); by default the current default Client,
+        if any.
 
     Returns
     -------

@@ -216,7 +216,8 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     n = len(series)
     if n == 0:
         return None, [], None, (np.zeros((0, simhash.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
-    block_bytes = block_bytes or min(_BLOCK_BYTES, (spec.memory_budget or _BLOCK_BYTES) // 4)
+    memory = spec.memory_budget or spec.memory_limit or _BLOCK_BYTES
+    block_bytes = block_bytes or min(_BLOCK_BYTES, memory // 4)
     # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
     # headroom) and their projections.
     step = max(1, block_bytes // (8 * source.dim + 4 * simhash.SIGNATURE_BITS))

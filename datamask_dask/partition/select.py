@@ -16,7 +16,7 @@ import numpy as np
 from .. import stages
 from ..errors import InputDataError, OptionError
 from ..learn.engine import learn_mask
-from ..plan.memory import plan_memory
+from ..plan.memory import check_memory, plan_memory
 from ..plan.quotas import fit_budget, split_budget, split_quota
 from . import adapters
 from .checks import check_vectors, group_codes, quality_values, token_values
@@ -46,6 +46,7 @@ def select_partition(frame, plan: dict, partition_info=None):
         codes, labels = group_codes(frame, spec, where)
         device = _resolve_device(spec.device, frame, where)
         memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
+        check_memory(spec.memory_limit, n, source.dim, memory.options, min(memory.max_chunk_rows, n), where)
         code_of = {label: code for code, label in enumerate(labels)}
         shadowed = plan.get("shadowed", {}).get(number)
         weights = None

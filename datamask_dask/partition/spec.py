@@ -16,7 +16,7 @@ import pyarrow as pa
 from ..config import learner_options
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
-from ..plan.memory import resolve_budget
+from ..plan.memory import parse_budget, resolve_budget
 from . import adapters
 
 VALIDATE_MODES = ("full", "light")
@@ -44,7 +44,8 @@ class SelectSpec:
     check_ids: bool
     options: DataMaskOptions  # the learner's, with prune=0: pruning is table-wide, done by the plan
     validate: str = "full"  # "full": the plan pass also reads and checks every embedding
-    memory_budget: int | None = None  # bytes of working memory per task (None: no bound)
+    memory_budget: int | None = None  # the user's bytes of working memory per task: sizes chunks
+    memory_limit: int | None = None  # what the workers' memory leaves a task: checked, never sizes chunks
     diversity_scope: str = "table"  # "table": near-duplicates across partitions are shadowed first
     duplicate_cosine: float = 0.95  # rows at least this similar are near-duplicates (table scope)
 
@@ -125,6 +126,8 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
     if not _is_number(cosine) or not 0 < cosine < 1:
         raise OptionError(f"option duplicate_cosine={cosine!r} is invalid: expected a cosine in (0, 1), "
                           "e.g. 0.95")
+    memory = resolve_budget(settings.get("memory_budget"), device=device, meta=meta, scheduler=scheduler)
+    given = parse_budget(settings.get("memory_budget")) is not None
     return SelectSpec(
         id_column=str(settings["id_column"]), quality=quality,
         embedding_column=str(settings["embedding_column"]),
@@ -136,8 +139,7 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         max_chunk_rows=int(_check_number(settings["max_chunk_rows"], "max_chunk_rows", 2, integer=True)),
         device=device, check_ids=bool(settings["check_ids"]),
         options=options.replace(prune=0.0), validate=validate,
-        memory_budget=resolve_budget(settings.get("memory_budget"), device=device, meta=meta,
-                                     scheduler=scheduler),
+        memory_budget=memory if given else None, memory_limit=None if given else memory,
         diversity_scope=scope, duplicate_cosine=float(cosine))
 
 
