@@ -62,7 +62,9 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     k : int
         Rows to select, 1 <= k <= rows left after pruning.
     options : DataMaskOptions, optional
-        Learner settings; keyword ``overrides`` replace single options.
+        Learner settings; keyword ``overrides`` replace single options. The defaults are
+        ``datamask_select``'s, except ``config.METRIC_DEFAULTS``, which the operator adds for the
+        metric chosen: give them here to learn one chunk exactly as the operator does.
     device : str or torch.device
         ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; the loop runs there end to end.
     quality_range : (float, float), optional

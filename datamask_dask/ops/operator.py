@@ -92,9 +92,11 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         wins over ``dask.config``'s ``datamask`` namespace.
     **options
         Learner options (``n_epochs``, ``partial``, ``algorithm``, ``max_lr``, ``min_lr``,
-        ``lamb``, ``n_rollout``, ``init``, ``seed``, ``update``, ``final``, ...) and:
+        ``lamb``, ``n_rollout``, ``init``, ``seed``, ``update``, ``final``, ...: see
+        :class:`~datamask_dask.learn.options.DataMaskOptions`, whose defaults apply, with
+        ``config.METRIC_DEFAULTS`` for the metric chosen) and:
 
-        prune : float
+        prune : float, default 0.0
             Share of the table, worst quality first, made ineligible (table-wide, not per
             partition; per group with ``by``).
         id_column : str, default ``"chunk_id"``
@@ -112,10 +114,12 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             share of the budget has left, so the total falls short by less than about one row's
             tokens per partition.
         token_column : str, default ``"n_tokens"``
-        device : {"auto", "cpu", "cuda", "cuda:N"}
+        device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
             ``"auto"`` learns on the GPU when the partition is cuDF.
-        max_chunk_rows : int, default 200_000
-            Partitions with more eligible rows are learned in chunks of at most this many rows.
+        max_chunk_rows : int, default 50_000
+            Partitions with more eligible rows are learned in chunks of at most this many rows
+            (default 100_000 for Facility and 10_000 for DiSF: ``config.METRIC_DEFAULTS``).
+            Chunks select apart, so the chunk size is part of what a selection means.
         oversample : float, default 2
             Size of the table-wide quality pool that sets partition quotas, as a multiple of
             the quota (see :mod:`datamask_dask.plan.quotas`); >= 1.
@@ -126,7 +130,7 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         check_ids : bool, default True
             Fail on duplicate or null ids. The check is a tree reduction whose last task holds
             every distinct id: turn it off for tables whose ids do not fit in one worker.
-        validate : {"full", "light"}, default "full"
+        validate : {"full", "light"}, default "light"
             ``"full"``: the plan pass also reads every embedding and checks it (null, ragged,
             dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
             ``"light"``: the plan pass reads only the small columns (one read of the embeddings
