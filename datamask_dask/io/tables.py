@@ -21,6 +21,7 @@ URIs (a query string picks a snapshot: time travel)::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -45,6 +46,8 @@ from .summary import SAMPLE_ROWS, signature_share, summarise_table_run, table_pa
 __all__ = ["ParquetSink", "TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table",
            "select_table", "selection_columns", "table_pieces", "table_record", "table_sink",
            "write_table_output"]
+
+log = logging.getLogger(__name__)
 
 OUTPUT_COLUMNS = ("all", "selection")
 RUN_ID_COLUMN = "run_id"
@@ -495,6 +498,11 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         parts = column_reads(source.frame, list(dict.fromkeys(used)), "datamask-read")
     done = markers.read(len(parts)) if resume else {}
     todo = [number for number in range(len(parts)) if number not in done]
+    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan["rows"]), len(parts),
+             planned - start)
+    if done:
+        log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
+                 target.uri, len(done), len(todo))
     per_part = math.ceil(summary_rows / max(len(parts), 1))
     seed = int(settings.get("seed") or 0)
     plan_node = dask.delayed(plan, traverse=False, name=f"datamask-plan-{run_id}")
@@ -523,6 +531,8 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     record = _json(record)
     written = sink.commit(files, schema, record)
     markers.clear()
+    log.info("committed %s (%s): %d rows, %d selected (%.1f s in all)", target.uri, target.format, rows,
+             selected, time.perf_counter() - start)
     return TableRunReport(target.uri, rows, selected, run_id, source.describe(), written, record,
                           time.perf_counter() - start)
 

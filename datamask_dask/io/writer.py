@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -73,6 +74,8 @@ from .output import (
 from .parquet import concatenate, to_arrow, write_table
 from .storage import Location, fsync_dir, resolve
 from .summary import SAMPLE_ROWS, RunSummary, partition_summary, signature_share, summarise_run
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1  # version of the work directory layout
 # Settings that change how a run checks its input, not what it selects.
@@ -214,6 +217,11 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
         manifest = {**record, "format": FORMAT, "run_id": uuid.uuid4().hex, "runs": []}
     done = finished_partitions(work, manifest, plan["rows"])
     todo = [i for i in range(ddf.npartitions) if i not in done]
+    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan["rows"]),
+             len(plan["rows"]), phases["plan"])
+    if done:
+        log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
+                 target.uri, len(done), len(todo))
     manifest["runs"].append({"started": _now(), "computed": todo, "reused": sorted(done)})
     _write_json(work.child(MANIFEST), manifest)
 
@@ -261,6 +269,8 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
         commit_objects(files, target, work, manifest, single_file=single_file, empty=empty, record=record)
     work.remove()
     phases["commit"] = time.perf_counter() - started
+    log.info("committed %s: %d rows, %d selected (%.1f s in all)", target.uri, report.rows, report.selected,
+             time.perf_counter() - start)
     return dataclasses.replace(report, seconds=time.perf_counter() - start, record=record,
                                summary=RunSummary(record))
 

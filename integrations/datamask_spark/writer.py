@@ -21,6 +21,7 @@ is committed as :func:`datamask_dask.io.output.publish_objects` does (its run re
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -44,6 +45,8 @@ from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, signature_s
 from datamask_dask.io.writer import _dumps, _plain, _stem
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
+
+log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
 __all__ = ["write_run", "write_selection"]
 
@@ -124,6 +127,8 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
             with spark_errors():
                 spec, plan, tasks, schema = run(staging)
                 planned = time.perf_counter()
+                log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan["rows"]),
+                         len(plan["rows"]), planned - started)
                 results = sorted((row.asDict() for row in tasks.collect()), key=lambda r: r["partition"])
             selected_at = time.perf_counter()
             files = [r["file"] for r in results if r["file"]]
@@ -159,6 +164,8 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                                 default=_plain)
         finally:
             staging.remove()
+    log.info("committed %s: %d rows, %d selected (%.1f s in all)", target.uri, record["rows"],
+             record["selected"], time.perf_counter() - started)
     return record
 
 
