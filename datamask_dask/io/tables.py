@@ -36,10 +36,11 @@ from .. import progress as progress_bars
 from .. import stages
 from ..errors import OptionError
 from ..partition import adapters
-from ._lake import compute_arrow, dumps, lake_versions
+from ._lake import compute_arrow, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
 from .parquet import to_arrow
 from .pieces import Pieces, to_dask
+from .records import as_json, dumps
 from .storage import Location, resolve
 from .summary import SAMPLE_ROWS, signature_share, summarise_table_run, table_part_summary
 
@@ -242,7 +243,7 @@ def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, input
     """One ``part.0.parquet`` and the run record, published by the rules of :mod:`.output`."""
     from .output import publish_objects
     from .parquet import write_table
-    from .writer import _dumps, _fsync_dir, _write_atomic
+    from .writer import _fsync_dir, _write_atomic
 
     check_target(target, overwrite=overwrite, inputs=inputs)
     result = compute_arrow(data, scheduler=scheduler)  # before the lock: a failing selection writes nothing
@@ -263,7 +264,7 @@ def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, input
             staging.mkdir()
             _write_atomic(staging / "part.0.parquet", lambda handle: write_table(result, handle))
             _write_atomic(staging / RUN_RECORD, lambda handle: handle.write(
-                _dumps({**(record or {}), "files": ["part.0.parquet"]})))
+                dumps({**(record or {}), "files": ["part.0.parquet"]}, indent=1).encode()))
             publish(staging, target)
             _fsync_dir(target.parent)
         finally:
@@ -345,7 +346,6 @@ class ParquetSink:
     def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
         from .output import publish_objects
         from .parquet import write_table
-        from .writer import _dumps
 
         names = [w["name"] for w in written if w] or ["part.0.parquet"]
         if not any(written):  # an empty table still gets its schema
@@ -354,7 +354,8 @@ class ParquetSink:
         with output_lock(self.target):
             check_target(self.target, overwrite=self.overwrite, inputs=self.inputs)
             if self.target.local:
-                self.work.child(RUN_RECORD).write_bytes(_dumps({**(record or {}), "files": names}))
+                text = dumps({**(record or {}), "files": names}, indent=1)
+                self.work.child(RUN_RECORD).write_bytes(text.encode())
                 publish(Path(self.work.path), Path(self.target.path))
             else:
                 def copy() -> None:
@@ -528,7 +529,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                   summary=summary, reused=sorted(done),
                   phases={"plan": planned - start, "select and write": written_at - planned,
                           "summary": time.perf_counter() - written_at})
-    record = _json(record)
+    record = as_json(record)
     written = sink.commit(files, schema, record)
     markers.clear()
     log.info("committed %s (%s): %d rows, %d selected (%.1f s in all)", target.uri, target.format, rows,
@@ -616,10 +617,3 @@ def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run
         written = write(to_arrow(out), number)
         markers.write(number, written, part)
     return written, part
-
-
-def _json(record: dict) -> dict:
-    import json
-
-    return json.loads(dumps(record))
-

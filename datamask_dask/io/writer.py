@@ -72,6 +72,7 @@ from .output import (
     work_location,
 )
 from .parquet import concatenate, to_arrow, write_table
+from .records import as_json, dumps, plain
 from .storage import Location, fsync_dir, resolve
 from .summary import SAMPLE_ROWS, RunSummary, partition_summary, signature_share, summarise_run
 
@@ -245,7 +246,7 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
             raise
         for marker in written:
             computed.append(marker.pop("stages"))
-            markers[int(marker["partition"])] = json.loads(_dumps(marker))  # as a resumed run reads it
+            markers[int(marker["partition"])] = as_json(marker)  # as a resumed run reads it
     phases["select and write"] = time.perf_counter() - started
     manifest["runs"][-1]["finished"] = _now()
     _write_json(work.child(MANIFEST), manifest)
@@ -290,7 +291,7 @@ def read_manifest(work) -> dict | None:
 def _record(ddf, settings: Mapping, spec, plan: dict, input_fingerprint) -> dict:
     """What identifies a run: its options and its input (as the manifest stores them)."""
     options = {k: v for k, v in settings.items() if k not in _NOT_IN_FINGERPRINT}
-    return json.loads(json.dumps({
+    return as_json({
         "settings": options,
         "memory_budget": spec.memory_budget,
         "input": {
@@ -301,23 +302,15 @@ def _record(ddf, settings: Mapping, spec, plan: dict, input_fingerprint) -> dict
             "fingerprint": input_fingerprint,
         },
         "plan": _hash({"cells": plan["cells"], "ranges": plan["ranges"], "dim": plan["dim"]}),
-    }, default=_plain, sort_keys=True))
+    })
 
 
-def _plain(value):
-    """JSON form of what settings and plans hold beyond plain data (metric objects, numpy scalars)."""
-    if hasattr(value, "item"):
-        return value.item()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"type": type(value).__qualname__, **dataclasses.asdict(value)}
-    if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    return {"type": f"{type(value).__module__}.{type(value).__qualname__}",
-            "state": {k: v for k, v in sorted(vars(value).items())} if hasattr(value, "__dict__") else None}
+def _record_bytes(value) -> bytes:
+    return dumps(value, indent=1).encode()
 
 
 def _hash(value) -> str:
-    text = json.dumps(value, default=_plain, sort_keys=True)
+    text = dumps(value)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
@@ -347,10 +340,10 @@ def finished_partitions(work, manifest: dict, rows: list[int]) -> dict[int, dict
     work, done = resolve(work), {}
     present = set(work.list())
     for number, n_rows in enumerate(rows):
-        if f"{_stem(number)}.done" not in present:
+        if f"{part_stem(number)}.done" not in present:
             continue
         try:
-            marker = json.loads(work.child(f"{_stem(number)}.done").read_bytes())
+            marker = json.loads(work.child(f"{part_stem(number)}.done").read_bytes())
         except (OSError, ValueError):
             continue
         if marker.get("run_id") != manifest["run_id"] or marker.get("rows") != n_rows:
@@ -373,7 +366,7 @@ def _parquet_rows(part: Location) -> int:
     return pq.ParquetFile(part.path, filesystem=None if part.local else part.fs).metadata.num_rows
 
 
-def _stem(number: int) -> str:
+def part_stem(number: int) -> str:
     return f"part-{number:05d}"
 
 
@@ -409,11 +402,11 @@ def write_part(frame, work, number: int, run_id: str, selected_column: str, summ
     marker = {"partition": number, "rows": rows, "selected": selected, "file": None, "bytes": 0,
               "run_id": run_id, "summary": summary or {}}
     if rows:
-        part = work.child(f"{_stem(number)}.parquet")
+        part = work.child(f"{part_stem(number)}.parquet")
         with part.open_write() as handle:
             _write_frame(frame, handle)
         marker.update(file=part.name, bytes=part.size())
-    _write_json(work.child(f"{_stem(number)}.done"), marker)
+    _write_json(work.child(f"{part_stem(number)}.done"), marker)
     return marker
 
 
@@ -440,13 +433,9 @@ def _write_atomic(path: Path, write) -> None:
     _fsync_dir(path.parent)
 
 
-def _dumps(value: dict) -> bytes:
-    return json.dumps(value, indent=1, sort_keys=True, default=_plain).encode()
-
-
 def _write_json(path, value: dict) -> None:
     """``value`` as JSON, written whole (``path``: a local Path or a :class:`Location`)."""
-    data = _dumps(value)
+    data = _record_bytes(value)
     if isinstance(path, Location):
         path.write_bytes(data)
     else:
@@ -496,7 +485,7 @@ def commit(files: list[Path], target: Path, *, single_file: bool = False,
     try:
         if single_file:
             schema = pq.read_schema(files[0]).remove_metadata() if files else empty.schema
-            schema = schema.with_metadata({FOOTER_KEY: _dumps(record)})
+            schema = schema.with_metadata({FOOTER_KEY: _record_bytes(record)})
             _write_atomic(staging, lambda handle: concatenate(files, handle, schema))
         else:
             staging.mkdir()
@@ -528,7 +517,7 @@ def commit_objects(files: list[Location], target: Location, work: Location, mani
     record = dict(record or {})
     if single_file:
         schema = (pq.read_schema(_parquet_source(files[0])).remove_metadata() if files else empty.schema)
-        schema = schema.with_metadata({FOOTER_KEY: _dumps(record)})
+        schema = schema.with_metadata({FOOTER_KEY: _record_bytes(record)})
         with target.open_write() as handle:
             concatenate([_parquet_source(f) for f in files], handle, schema)
         return
@@ -546,7 +535,7 @@ def commit_objects(files: list[Location], target: Location, work: Location, mani
                 write_table(empty, handle)
 
     publish_objects(target, names, write, record, pending=manifest.get("commit"), remember=remember,
-                    default=_plain)
+                    default=plain)
 
 
 def _parquet_source(file: Location):
@@ -560,7 +549,7 @@ def run_record(report: SelectionReport, settings: Mapping, manifest: dict, marke
     versions = library_versions()
     per_partition = [{"partition": i, "rows": markers[i]["rows"], "selected": markers[i]["selected"]}
                      for i in sorted(markers)]
-    return json.loads(json.dumps({
+    return as_json({
         "format": FORMAT, "tool": "datamask-dask", "kind": "selection", "run_id": manifest["run_id"],
         "finished": _now(), "input": {"location": None if input_location is None else str(input_location),
                                       **manifest["input"]},
@@ -568,7 +557,7 @@ def run_record(report: SelectionReport, settings: Mapping, manifest: dict, marke
         "profile": settings.get("profile"), "memory_budget": manifest["memory_budget"],
         "rows": report.rows, "selected": report.selected, "partitions": per_partition,
         "phases": report.phases, "stages": report.stages, "versions": versions, "summary": summary,
-    }, default=_plain, sort_keys=True))
+    })
 
 
 def _link(source: Path, destination: Path) -> None:

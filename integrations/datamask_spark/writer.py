@@ -40,9 +40,10 @@ from datamask_dask.io.output import (
     publish_objects,
 )
 from datamask_dask.io.parquet import write_table
+from datamask_dask.io.records import dumps, plain
 from datamask_dask.io.storage import Location, resolve
 from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, signature_share, summarise_run
-from datamask_dask.io.writer import _dumps, _plain, _stem
+from datamask_dask.io.writer import part_stem
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
 
@@ -133,7 +134,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
             selected_at = time.perf_counter()
             files = [r["file"] for r in results if r["file"]]
             if not files:  # an empty table still gets its schema
-                files = [f"{_stem(0)}.parquet"]
+                files = [f"{part_stem(0)}.parquet"]
                 with staging.child(files[0]).open_write() as handle:
                     write_table(_with_selection(schema.empty_table(), spec), handle)
             worker_stages = stages.add_up([plan.get("stages")] + [json.loads(r["stages"]) for r in results])
@@ -153,7 +154,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                                   "commit": round(time.perf_counter() - selected_at, 3)},
                       "stages": {k: round(v, 3) for k, v in worker_stages.items()}}
             if target.local:
-                staging.child(RUN_RECORD).write_bytes(_dumps(record))
+                staging.child(RUN_RECORD).write_bytes(dumps(record, indent=1).encode())
                 publish(Path(staging.path), Path(target.path))
             else:
                 def copy() -> None:
@@ -161,7 +162,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                         staging.child(name).copy_to(target.child(name))
 
                 publish_objects(target, files, copy, {k: v for k, v in record.items() if k != "files"},
-                                default=_plain)
+                                default=plain)
         finally:
             staging.remove()
     log.info("committed %s: %d rows, %d selected (%.1f s in all)", target.uri, record["rows"],
@@ -190,7 +191,7 @@ class WriteTask:
                 table = pa.Table.from_batches(batches)
                 for field, values in added:
                     table = table.append_column(field, values)
-                part = self.directory.child(f"{_stem(number)}.parquet")
+                part = self.directory.child(f"{part_stem(number)}.parquet")
                 with part.open_write() as handle:
                     write_table(table, handle)
                 name, size = part.name, part.size()
@@ -202,7 +203,7 @@ class WriteTask:
              "selected": pa.array([selected], pa.int64()), "file": pa.array([name], pa.string()),
              "bytes": pa.array([size], pa.int64()),
              "stages": pa.array([json.dumps(stages.take())], pa.string()),
-             "summary": pa.array([json.dumps(summary, default=_plain)], pa.string())})
+             "summary": pa.array([json.dumps(summary, default=plain)], pa.string())})
 
     def _summary(self, table: pa.Table, number: int) -> dict:
         """Groups, tokens, learning curves and the selected rows' signatures, as Dask's writer
