@@ -89,11 +89,11 @@ def main(argv=None) -> int:
     pick = lazy_greedy(quality, emb, k, algorithm="Facility", lamb=0.0)
     rows.append(("lazy greedy, all rows", pick, time.perf_counter() - started))
     plan = masks["table"][1]
-    shadowed = plan["shadowed"].get(0, np.zeros(0, dtype=np.int64))
+    shadowed = plan.shadowed.get(0, np.zeros(0, dtype=np.int64))
     kept = np.setdiff1d(np.arange(args.rows), shadowed)
     weights = np.ones(args.rows)
-    if 0 in plan["weights"]:
-        weights[plan["weights"][0][0]] = plan["weights"][0][1]
+    if 0 in plan.weights:
+        weights[plan.weights[0][0]] = plan.weights[0][1]
     for label, w in (("lazy greedy, kept rows only", None),
                      ("lazy greedy, kept rows weighted", weights[kept])):
         started = time.perf_counter()

@@ -44,21 +44,21 @@ def profile(data: str, scope: str, n_workers: int, algorithm: str) -> dict:
         wall = time.perf_counter() - started
         memory = {address: info["metrics"].get("spilled_bytes", {})
                   for address, info in client.scheduler_info()["workers"].items()}
-        shadowed = sum(len(v) for v in plan["shadowed"].values())
+        shadowed = sum(len(v) for v in plan.shadowed.values())
         return {"wall": wall, "t0": time.time() - wall, "tasks": _tasks(stream.data),
-                "stages": plan.get("stages"), "spilled": memory, "rows": plan["rows"],
+                "stages": plan.stages, "spilled": memory, "rows": plan.rows,
                 "shadowed": shadowed, "digest": _digest(plan)}
     finally:
         client.shutdown()
 
 
-def _digest(plan: dict) -> str:
+def _digest(plan) -> str:
     """A hash of the plan's quotas and shadowed rows: equal plans, equal digests."""
     import hashlib
 
-    digest = hashlib.blake2b(repr([plan[k] for k in ("rows", "cells", "ranges", "dim", "digests")]).encode(),
-                             digest_size=8)
-    for partition, rows in sorted(plan["shadowed"].items()):
+    identity = repr([getattr(plan, k) for k in ("rows", "cells", "ranges", "dim", "digests")])
+    digest = hashlib.blake2b(identity.encode(), digest_size=8)
+    for partition, rows in sorted(plan.shadowed.items()):
         digest.update(repr(partition).encode() + rows.astype("int64").tobytes())
     return digest.hexdigest()
 

@@ -96,11 +96,11 @@ def test_plan_weights_count_every_shadowed_row_once(planted):
 
     spec, plan = plan_selection(_ddf(planted[0]), 0.1, seed=0, **FAST)
     plan = plan.compute(scheduler="sync")
-    shadowed = sum(len(rows) for rows in plan["shadowed"].values())
-    extra = sum(int((weights - 1).sum()) for _, weights in plan["weights"].values())
+    shadowed = sum(len(rows) for rows in plan.shadowed.values())
+    extra = sum(int((weights - 1).sum()) for _, weights in plan.weights.values())
     assert shadowed > 400 and extra == shadowed
-    for number, (kept, weights) in plan["weights"].items():
-        assert not np.isin(kept, plan["shadowed"].get(number, [])).any() and (weights >= 2).all()
+    for number, (kept, weights) in plan.weights.items():
+        assert not np.isin(kept, plan.shadowed.get(number, [])).any() and (weights >= 2).all()
 
 
 def _pairs_at(cosine: float, n: int, dim: int, rng) -> np.ndarray:
@@ -399,9 +399,9 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
             np.testing.assert_array_equal(one[key], other[key])
 
 
-def _plan_digest(plan: dict) -> str:
-    return repr([plan[k] for k in ("rows", "cells", "ranges", "dim", "digests")] +
-                [sorted((k, v.tolist()) for k, v in plan["shadowed"].items())])
+def _plan_digest(plan) -> str:
+    return repr([getattr(plan, k) for k in ("rows", "cells", "ranges", "dim", "digests")] +
+                [sorted((k, v.tolist()) for k, v in plan.shadowed.items())])
 
 
 @pytest.mark.parametrize("one_task", [True, False])
@@ -417,7 +417,7 @@ def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
     lazy = lazy.compute(scheduler="sync")
     now = operator.compute_plan(ddf, spec, scheduler="threads", progress=False)
     assert _plan_digest(now) == _plan_digest(lazy)
-    assert sum(len(v) for v in now["shadowed"].values()) > 0
+    assert sum(len(v) for v in now.shadowed.values()) > 0
 
 
 def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client):
@@ -452,7 +452,7 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 32)
     plans["one task"] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
     assert _plan_digest(plans[4]) == _plan_digest(plans[10**9]) == _plan_digest(plans["one task"])
-    assert sum(len(v) for v in plans[4]["shadowed"].values()) > 0
+    assert sum(len(v) for v in plans[4].shadowed.values()) > 0
 
 
 def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatch):
@@ -469,7 +469,7 @@ def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatc
         monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
         with client.as_current():
             plan = operator.plan_selection(ddf, 0.1)[1].compute(scheduler=client)
-        assert sum(len(v) for v in plan["shadowed"].values()) > 0
+        assert sum(len(v) for v in plan.shadowed.values()) > 0
         digests.append(_plan_digest(plan))
     assert digests[0] == digests[1]
 

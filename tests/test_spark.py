@@ -137,15 +137,15 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
         _, plan = spark_operator.plan_selection(sdf, 0.2, seed=7, **FAST)
     assert all("summary" in pickle.loads(row["payload"]) for row in collected[0])  # no scan on the driver
     expected = dask_plan(datamask_dask.read_parquet(path), 0.2, seed=7, **FAST)[1].compute(scheduler="sync")
-    assert sum(len(v) for v in plan["shadowed"].values()) > 200
-    assert max(w.max() for _, w in plan["weights"].values()) >= 3  # groups of more than two rows
-    assert plan["shadowed"].keys() == expected["shadowed"].keys()
-    for p, rows in expected["shadowed"].items():
-        np.testing.assert_array_equal(plan["shadowed"][p], rows)
-    assert plan["weights"].keys() == expected["weights"].keys()
-    for p, (kept, weights) in expected["weights"].items():
-        np.testing.assert_array_equal(plan["weights"][p][0], kept)
-        np.testing.assert_array_equal(plan["weights"][p][1], weights)
+    assert sum(len(v) for v in plan.shadowed.values()) > 200
+    assert max(w.max() for _, w in plan.weights.values()) >= 3  # groups of more than two rows
+    assert plan.shadowed.keys() == expected.shadowed.keys()
+    for p, rows in expected.shadowed.items():
+        np.testing.assert_array_equal(plan.shadowed[p], rows)
+    assert plan.weights.keys() == expected.weights.keys()
+    for p, (kept, weights) in expected.weights.items():
+        np.testing.assert_array_equal(plan.weights[p][0], kept)
+        np.testing.assert_array_equal(plan.weights[p][1], weights)
 
 
 def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parquet_dir, tmp_path):

@@ -51,9 +51,9 @@ _BLOCK = 2048  # rows per block of the blocked similarity products
 # --------------------------------------------------------------------------- per partition (workers)
 
 
-def signature_share(plan: dict) -> float:
+def signature_share(plan) -> float:
     """The share of the selected rows whose signatures go into the run summary (see the module notes)."""
-    planned = sum(max(int(cell[3]), 0) for cells in plan.get("cells", {}).values() for cell in cells)
+    planned = plan.planned
     return min(1.0, SIGNATURE_ROWS / planned) if planned else 1.0
 
 

@@ -36,6 +36,7 @@ from .. import progress as progress_bars
 from .. import stages
 from ..errors import OptionError
 from ..partition import adapters
+from ..plan.types import Plan
 from ._lake import compute_arrow, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
 from .parquet import to_arrow
@@ -499,7 +500,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         parts = column_reads(source.frame, list(dict.fromkeys(used)), "datamask-read")
     done = markers.read(len(parts)) if resume else {}
     todo = [number for number in range(len(parts)) if number not in done]
-    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan["rows"]), len(parts),
+    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan.rows), len(parts),
              planned - start)
     if done:
         log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
@@ -525,7 +526,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
     record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-                  stages=stages.add_up([plan.get("stages"), *(p.pop("stages") for p in parts)]),
+                  stages=stages.add_up([plan.stages, *(p.pop("stages") for p in parts)]),
                   summary=summary, reused=sorted(done),
                   phases={"plan": planned - start, "select and write": written_at - planned,
                           "summary": time.perf_counter() - written_at})
@@ -538,13 +539,13 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                           time.perf_counter() - start)
 
 
-def _run_key(plan: dict, settings: dict, target: TableURI, mode: str, output_columns: str, newest) -> str:
+def _run_key(plan: Plan, settings: dict, target: TableURI, mode: str, output_columns: str, newest) -> str:
     """A table run's id: its plan (the input's content digests, quotas), settings, output and the
     output's newest datamask run before it."""
     import hashlib
 
-    identity = dumps({"digests": plan.get("digests"), "cells": plan.get("cells"),
-                      "ranges": plan.get("ranges"), "settings": settings, "output": target.uri,
+    identity = dumps({"digests": list(plan.digests), "cells": plan.identity()["cells"],
+                      "ranges": dict(plan.ranges), "settings": settings, "output": target.uri,
                       "mode": mode, "columns": output_columns, "after": newest})
     return hashlib.blake2b(identity.encode(), digest_size=16).hexdigest()
 
@@ -599,7 +600,7 @@ class RunMarkers:
         self.location.remove()
 
 
-def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run_id: str, sample_rows: int,
+def _select_part(frame, plan: Plan, number: int, spec, columns: dict | None, run_id: str, sample_rows: int,
                  seed: int, write, markers: RunMarkers):
     """One partition of a table run, in one task: selected, written by ``write`` (a sink's writer),
     and its part of the summary. Returns what ``write`` returned (the file's descriptor) and the part.

@@ -57,6 +57,7 @@ from ..errors import DataMaskError
 from ..ops.operator import compute_plan, partitions, selection_spec
 from ..partition import adapters
 from ..partition.select import select_partition
+from ..plan.types import Plan
 from .output import (
     FOOTER_KEY,
     MANIFEST,
@@ -216,10 +217,10 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
         work.remove()  # our hidden work directory: a stale one without a manifest, or resume=False
         work.makedirs()
         manifest = {**record, "format": FORMAT, "run_id": uuid.uuid4().hex, "runs": []}
-    done = finished_partitions(work, manifest, plan["rows"])
+    done = finished_partitions(work, manifest, plan.rows)
     todo = [i for i in range(ddf.npartitions) if i not in done]
-    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan["rows"]),
-             len(plan["rows"]), phases["plan"])
+    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan.rows), len(plan.rows),
+             phases["plan"])
     if done:
         log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
                  target.uri, len(done), len(todo))
@@ -254,13 +255,13 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
     files = [work.child(markers[i]["file"]) for i in sorted(markers) if markers[i]["file"]]
     empty = _empty_table(ddf, spec) if not files else None
     started = time.perf_counter()
-    summary = summarise_run(files, markers, settings, plan["spec"], sample_rows=summary_rows,
+    summary = summarise_run(files, markers, settings, plan.spec, sample_rows=summary_rows,
                             seed=int(settings.get("seed") or 0))
     phases["summary"] = time.perf_counter() - started
     report = SelectionReport(target.uri, sum(m["rows"] for m in markers.values()),
                              sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
                              time.perf_counter() - start, phases,
-                             stages.add_up([plan.get("stages"), *computed]))
+                             stages.add_up([plan.stages, *computed]))
     started = time.perf_counter()
     record = run_record(report, settings, manifest, markers, input_location, summary)
     if target.local:
@@ -288,7 +289,7 @@ def read_manifest(work) -> dict | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
-def _record(ddf, settings: Mapping, spec, plan: dict, input_fingerprint) -> dict:
+def _record(ddf, settings: Mapping, spec, plan: Plan, input_fingerprint) -> dict:
     """What identifies a run: its options and its input (as the manifest stores them)."""
     options = {k: v for k, v in settings.items() if k not in _NOT_IN_FINGERPRINT}
     return as_json({
@@ -297,11 +298,11 @@ def _record(ddf, settings: Mapping, spec, plan: dict, input_fingerprint) -> dict
         "input": {
             "partitions": ddf.npartitions,
             "columns": {str(c): str(t) for c, t in ddf._meta.dtypes.items()},
-            "rows": plan["rows"],
-            "content": _hash(plan.get("digests", [])),
+            "rows": list(plan.rows),
+            "content": _hash(list(plan.digests)),
             "fingerprint": input_fingerprint,
         },
-        "plan": _hash({"cells": plan["cells"], "ranges": plan["ranges"], "dim": plan["dim"]}),
+        "plan": _hash(plan.identity()),
     })
 
 
@@ -370,18 +371,18 @@ def part_stem(number: int) -> str:
     return f"part-{number:05d}"
 
 
-def _select_and_write(frame, plan: dict, number: int, work: Location, run_id: str,
+def _select_and_write(frame, plan: Plan, number: int, work: Location, run_id: str,
                       columns=(None, None)) -> dict:
     """Select partition ``number`` of the table and write it; its marker, with this task's stage seconds."""
     stages.take_curves()  # curves left on this thread by other work are not this partition's
     with stages.timed("select"):
         selected = select_partition(frame, plan, {"number": number})
     # Group counts, tokens and learning curves for the run summary (datamask_dask.io.summary).
-    summary = partition_summary(selected, plan["spec"].selected_column, *columns,
-                                embedding_column=plan["spec"].embedding_column, number=number,
+    summary = partition_summary(selected, plan.spec.selected_column, *columns,
+                                embedding_column=plan.spec.embedding_column, number=number,
                                 share=signature_share(plan))
     with stages.timed("write"):
-        marker = write_part(selected, work, number, run_id, plan["spec"].selected_column, summary)
+        marker = write_part(selected, work, number, run_id, plan.spec.selected_column, summary)
     # This thread's stage seconds since the last take: the read fused in front of this task too.
     return {**marker, "stages": stages.take()}
 

@@ -2,12 +2,13 @@
 
 Engine-agnostic: the Dask operator and the Spark integration collect one summary per partition
 (:func:`datamask_dask.partition.checks.summarise_partition`) and the duplicate-id report, and
-call :func:`make_plan` once. The plan is a small dict: the spec, integer quotas (or token
-budgets) per partition and group, the table-wide quality range per group, rows per partition,
-the embedding dimension, each partition's content digest and, with ``diversity_scope="table"``,
-the positions of each partition's shadowed rows (near-duplicates of a better row elsewhere, see
-:mod:`datamask_dask.dedup.search`; 8 bytes per shadowed row) and of its kept rows that stand
-for a group, with the group's size (``weights``: the learner's Facility weighs them so).
+call :func:`make_plan` once. The plan (:class:`~datamask_dask.plan.types.Plan`) is small: the
+spec, integer quotas (or token budgets) per partition and group, the table-wide quality range per
+group, rows per partition, the embedding dimension, each partition's content digest and, with
+``diversity_scope="table"``, the positions of each partition's shadowed rows (near-duplicates of a
+better row elsewhere, see :mod:`datamask_dask.dedup.search`; 8 bytes per shadowed row) and of its
+kept rows that stand for a group, with the group's size (``weights``: the learner's Facility weighs
+them so).
 
 Shadowed rows are ineligible: a group's quota is still ``round(ratio * rows)`` over *all* its rows,
 planned on the sketches of the rows that remain (``prune`` then applies to those). When a group
@@ -23,6 +24,7 @@ import numpy as np
 from .. import stages
 from ..errors import OptionError, Problem, problems_error
 from .quotas import plan_rows, plan_tokens
+from .types import Cell, Plan
 
 SHOW = 5  # values quoted in a message
 
@@ -31,7 +33,7 @@ def _group_sort_key(label):
     return (type(label).__name__, label)
 
 
-def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
+def make_plan(summaries: list[dict], ids, dim, spec) -> Plan:
     """Integer quotas (or token budgets) per partition and group, and the table-wide quality range.
 
     Raises
@@ -67,16 +69,17 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
                                              n_rows, spec), False
         for (partition, cell), (eligible, quota, budget) in zip(members, plan.T, strict=True):
             cells.setdefault(partition, []).append(
-                (label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
+                Cell(label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
             if deduplicated and "shadowed" in cell:
                 shadowed.setdefault(partition, []).append(cell["shadowed"])
                 if len(cell.get("kept", ())):
                     weights.setdefault(partition, []).append((cell["kept"], cell["weights"]))
-    return {"spec": spec, "cells": cells, "rows": [s["n"] for s in summaries], "dim": dim, "ranges": ranges,
-            "shadowed": {p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
-            "weights": {p: _stack_weights(v) for p, v in weights.items()},
-            "digests": [s.get("digest", "") for s in summaries],
-            "stages": stages.add_up(s.get("stages") for s in summaries)}
+    return Plan(spec=spec, cells={p: tuple(c) for p, c in cells.items()},
+                rows=tuple(int(s["n"]) for s in summaries), dim=dim, ranges=ranges,
+                shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
+                weights={p: _stack_weights(v) for p, v in weights.items()},
+                digests=tuple(s.get("digest", "") for s in summaries),
+                stages=stages.add_up(s.get("stages") for s in summaries))
 
 
 def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
    :func:`datamask_dask.partition.select.select_partition` and yields its input batches unchanged
-   with ``selected`` (and the score column) appended. The plan, a small dict, reaches the
+   with ``selected`` (and the score column) appended. The plan, small and typed, reaches the
    executors inside the function's closure. :func:`datamask_spark.writer.write_selection` runs
    the same step but has the worker write the rows as parquet itself (much faster than sending
    them back through Spark's row-wise writer).
@@ -66,6 +66,7 @@ from datamask_dask.partition.checks import (
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
+from datamask_dask.plan.types import Plan
 
 from .shards import cached, sharded_summaries
 
@@ -132,7 +133,7 @@ def spec_from_spark(sdf, settings: Mapping, *, ratio_given: bool = True) -> Sele
     return spec_from_meta(empty_frame(arrow_schema(sdf)), settings, ratio_given=ratio_given)
 
 
-def apply_plan(sdf, spec: SelectSpec, plan: dict):
+def apply_plan(sdf, spec: SelectSpec, plan: Plan):
     """The select pass: ``sdf`` plus the ``selected`` column (lazy), following ``plan``."""
     from pyspark.sql.types import BooleanType, FloatType, StructField, StructType
 
@@ -142,7 +143,7 @@ def apply_plan(sdf, spec: SelectSpec, plan: dict):
     return sdf.mapInArrow(select_task(sdf, spec, plan), StructType(fields))
 
 
-def select_task(sdf, spec: SelectSpec, plan: dict) -> SelectTask:
+def select_task(sdf, spec: SelectSpec, plan: Plan) -> SelectTask:
     """The select pass's per-partition function for ``sdf`` (it reads only the columns the learner needs)."""
     names = set(sdf.columns)
     columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in names]
@@ -284,7 +285,7 @@ def probe_dimension(sdf, column: str) -> int | None:
 class SelectTask:
     """The select pass's ``mapInArrow`` function: one partition's rows plus ``selected``."""
 
-    def __init__(self, plan: dict, schema: pa.Schema, columns: list[str]):
+    def __init__(self, plan: Plan, schema: pa.Schema, columns: list[str]):
         self.plan, self.schema, self.columns = plan, schema, columns
 
     def __call__(self, batches):
@@ -309,7 +310,7 @@ class SelectTask:
         added : list of (pyarrow.Field, pyarrow.Array)
             ``selected`` (and the score column) for all of the partition's rows, in batch order.
         """
-        spec = self.plan["spec"]
+        spec = self.plan.spec
         number = partition_number()
         _limit_threads()
         batches = [b for b in batches if b.num_rows]

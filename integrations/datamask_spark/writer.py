@@ -128,8 +128,8 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
             with spark_errors():
                 spec, plan, tasks, schema = run(staging)
                 planned = time.perf_counter()
-                log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan["rows"]),
-                         len(plan["rows"]), planned - started)
+                log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan.rows),
+                         len(plan.rows), planned - started)
                 results = sorted((row.asDict() for row in tasks.collect()), key=lambda r: r["partition"])
             selected_at = time.perf_counter()
             files = [r["file"] for r in results if r["file"]]
@@ -137,7 +137,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                 files = [f"{part_stem(0)}.parquet"]
                 with staging.child(files[0]).open_write() as handle:
                     write_table(_with_selection(schema.empty_table(), spec), handle)
-            worker_stages = stages.add_up([plan.get("stages")] + [json.loads(r["stages"]) for r in results])
+            worker_stages = stages.add_up([plan.stages] + [json.loads(r["stages"]) for r in results])
             # The run summary as Dask's writer makes it: the partitions' parts, then a sample of the files.
             markers = {r["partition"]: {"summary": json.loads(r["summary"] or "{}")} for r in results}
             summary = summarise_run([staging.child(f) for f in files], markers, settings, spec,
@@ -209,7 +209,7 @@ class WriteTask:
         """Groups, tokens, learning curves and the selected rows' signatures, as Dask's writer
         summarises a partition."""
         plan = self.select.plan
-        spec = plan["spec"]
+        spec = plan.spec
         names = [spec.selected_column, spec.embedding_column, spec.by, spec.token_column]
         present = [n for n in dict.fromkeys(names) if n is not None and n in table.column_names]
         frame = table.select(present).to_pandas(types_mapper=pd.ArrowDtype)
