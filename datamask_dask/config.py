@@ -59,7 +59,7 @@ class OperatorOptions:
 
     ratio: float | dict = 0.1  # share of rows to select, in (0, 1]; or {group: ratio} with `by`
     budget_tokens: int | dict | None = None  # select by tokens: total tokens of the selected rows <= this
-    token_column: str = "n_tokens"
+    token_column: str = "n_tokens"  # noqa: S105 (a column name, not a secret)
     by: str | None = None  # group column: quotas per group
     id_column: str = "chunk_id"
     quality_column: str | list | dict = "quality_score"  # a name, a list of names, or {name: weight}

@@ -149,7 +149,7 @@ class BandRecords:
     def __call__(self, batches):
         for batch in batches:
             for row in batch.select(["partition", "payload"]).to_pylist():
-                part = duplicate_input(pickle.loads(row["payload"])["scan"])
+                part = duplicate_input(pickle.loads(row["payload"])["scan"])  # noqa: S301 (this job's own task payloads)
                 for r, bands in enumerate(band_rounds(rounds_of=ROUND_BANDS)):  # a round's records at a time
                     pieces = band_records(part, row["partition"], self.plan, self.shards, bands)
                     yield pa.RecordBatch.from_pydict(
@@ -175,7 +175,7 @@ class BucketEdges:
         # several (round, shard) may hash to one task; each one's pieces in partition order, as the
         # Dask graph passes them
         for _, bucket in itertools.groupby(rows, key=lambda row: row[:2]):
-            mine = [pickle.loads(pieces[i].as_py()) for *_, i in bucket]
+            mine = [pickle.loads(pieces[i].as_py()) for *_, i in bucket]  # noqa: S301 (this job's own task payloads)
             worse, better, quality = bucket_edges(mine, 1, self.cosine)["pieces"][0]
             yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
                                              names=["worse", "better", "quality"])
@@ -208,7 +208,7 @@ class Summarise:
                 groups = {"shadowed": np.sort(np.asarray(row["shadowed"] or [], dtype=np.int64)),
                           "kept": np.array([k for k, _ in kept], dtype=np.int64),
                           "weights": np.array([w for _, w in kept], dtype=np.int64)}
-                summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)
+                summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)  # noqa: S301 (this job's own task payloads)
                 out = {"partition": row["partition"], "rows": row["rows"], "failed": False,
                        "payload": pickle.dumps({"summary": summary})}
                 yield pa.RecordBatch.from_pylist([out], schema=self.schema)
