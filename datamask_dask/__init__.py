@@ -19,11 +19,11 @@ Public names are imported on first use, so ``import datamask_dask.learn`` loads 
 Dask nor pyarrow.
 """
 
-from ._lazy import attach
+import lazy_loader
 
 __version__ = "0.1.0"
 
-__getattr__, __dir__, __all__ = attach(__name__, {
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "cluster": ["get_client"],
     "config": ["load_config"],
     "ops.operator": ["datamask_select"],
