@@ -7,7 +7,7 @@ on a parquet directory, on a local cluster of ``--n-workers`` worker processes
 ``client.get_task_stream``: per task prefix the tasks, their compute seconds (sum, longest) and
 the seconds spent moving their inputs between workers or to and from disk (spilling); per worker
 its busy share of the plan's wall time; and the stage clocks the plan summaries carry
-(:mod:`datamask_dask.stages`). ``--scope`` picks the diversity scope; ``--before PATH`` profiles
+(:mod:`datamask_dask.telemetry`). ``--scope`` picks the diversity scope; ``--before PATH`` profiles
 another checkout of the package too (in a fresh process each), for before/after tables.
 
     python benchmarks/profile_plan.py --data /work/data-1m --out benchmarks/results-plan-profile.md

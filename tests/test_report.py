@@ -201,15 +201,15 @@ LONG_LEARNING = {"n_epochs": 300, "refine_epochs": 200, "summary_rows": 0}  # ab
 
 
 def test_progress_shows_learning_steps_locally(tmp_path, capsys):
-    from datamask_dask import stages
+    from datamask_dask import telemetry
 
     events = []
-    stages.add_step_sink(events.append)
+    telemetry.add_step_sink(events.append)
     try:
         ddf = dd.from_pandas(make_corpus(4000, 16, seed=0), npartitions=2, sort=False)
         write_selection(ddf, tmp_path / "out", 0.1, scheduler="threads", progress=True, **LONG_LEARNING)
     finally:
-        stages.remove_step_sink(events.append)
+        telemetry.remove_step_sink(events.append)
     runs = {event["run"]: event for event in events}  # the last event of each learner run
     assert sorted(event["where"] for event in runs.values()) == ["partition 0", "partition 1"]
     assert all(event["step"] == event["steps"] == 200 for event in runs.values())  # each ran to its end
@@ -219,12 +219,12 @@ def test_progress_shows_learning_steps_locally(tmp_path, capsys):
 
 
 def test_learning_steps_reach_the_client_from_worker_processes(client, tmp_path, capsys):
-    from datamask_dask import stages
+    from datamask_dask import telemetry
 
     ddf = dd.from_pandas(make_corpus(4000, 16, seed=0), npartitions=2, sort=False)
     started = time.time()
     write_selection(ddf, tmp_path / "out", 0.1, scheduler=client, progress=True, **LONG_LEARNING)
-    events = [event for stamp, event in client.get_events(stages.STEP_TOPIC) if stamp >= started]
+    events = [event for stamp, event in client.get_events(telemetry.STEP_TOPIC) if stamp >= started]
     assert {event["where"] for event in events} == {"partition 0", "partition 1"}
     assert len({event["run"].split("-")[0] for event in events}) == 2  # from both worker processes
     assert all(event["steps"] == 200 for event in events) and max(e["step"] for e in events) == 200

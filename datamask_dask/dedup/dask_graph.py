@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 from dask.delayed import Delayed
 
-from ..progress import listed, named_task
+from ..graph_keys import listed, named_task
 from .search import find_groups, one_task
 from .stages import (
     BANDS,

@@ -33,7 +33,7 @@ import dask
 import pyarrow as pa
 
 from .. import progress as progress_bars
-from .. import stages
+from .. import telemetry
 from ..errors import OptionError
 from ..partition import adapters
 from ..plan.types import Plan
@@ -526,7 +526,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
     record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-                  stages=stages.add_up([plan.stages, *(p.pop("stages") for p in parts)]),
+                  stages=telemetry.add_up([plan.stages, *(p.pop("stages") for p in parts)]),
                   summary=summary, reused=sorted(done),
                   phases={"plan": planned - start, "select and write": written_at - planned,
                           "summary": time.perf_counter() - written_at})
@@ -611,10 +611,10 @@ def _select_part(frame, plan: Plan, number: int, spec, columns: dict | None, run
 
     out = select_partition(frame, plan, {"number": number})
     part = table_part_summary(out, number, spec, sample_rows, seed, signature_share(plan))
-    part["stages"] = stages.take()
+    part["stages"] = telemetry.take()
     if columns is not None:
         out = selection_columns(out, run_id, **columns)
-    with stages.timed("write"):
+    with telemetry.timed("write"):
         written = write(to_arrow(out), number)
         markers.write(number, written, part)
     return written, part

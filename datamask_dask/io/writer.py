@@ -51,7 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import progress as progress_bars
-from .. import stages
+from .. import telemetry
 from ..config import load_config
 from ..errors import DataMaskError
 from ..ops.operator import compute_plan, partitions, selection_spec
@@ -105,7 +105,7 @@ class SelectionReport:
     phases : dict
         Wall seconds of the driver's phases: ``plan``, ``select and write``, ``commit``.
     stages : dict
-        Worker seconds summed over tasks, per stage (:mod:`datamask_dask.stages`): ``plan read``,
+        Worker seconds summed over tasks, per stage (:mod:`datamask_dask.telemetry`): ``plan read``,
         ``plan check``, ``read``, ``select`` (of which ``extract`` and ``learn``), ``write``.
     record : dict
         The run record kept with the output (:mod:`datamask_dask.io.output`): settings after
@@ -261,7 +261,7 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
     report = SelectionReport(target.uri, sum(m["rows"] for m in markers.values()),
                              sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
                              time.perf_counter() - start, phases,
-                             stages.add_up([plan.stages, *computed]))
+                             telemetry.add_up([plan.stages, *computed]))
     started = time.perf_counter()
     record = run_record(report, settings, manifest, markers, input_location, summary)
     if target.local:
@@ -374,17 +374,17 @@ def part_stem(number: int) -> str:
 def _select_and_write(frame, plan: Plan, number: int, work: Location, run_id: str,
                       columns=(None, None)) -> dict:
     """Select partition ``number`` of the table and write it; its marker, with this task's stage seconds."""
-    stages.take_curves()  # curves left on this thread by other work are not this partition's
-    with stages.timed("select"):
+    telemetry.take_curves()  # curves left on this thread by other work are not this partition's
+    with telemetry.timed("select"):
         selected = select_partition(frame, plan, {"number": number})
     # Group counts, tokens and learning curves for the run summary (datamask_dask.io.summary).
     summary = partition_summary(selected, plan.spec.selected_column, *columns,
                                 embedding_column=plan.spec.embedding_column, number=number,
                                 share=signature_share(plan))
-    with stages.timed("write"):
+    with telemetry.timed("write"):
         marker = write_part(selected, work, number, run_id, plan.spec.selected_column, summary)
     # This thread's stage seconds since the last take: the read fused in front of this task too.
-    return {**marker, "stages": stages.take()}
+    return {**marker, "stages": telemetry.take()}
 
 
 def write_part(frame, work, number: int, run_id: str, selected_column: str, summary=None) -> dict:

@@ -53,6 +53,7 @@ from dask.delayed import Delayed
 from .. import progress as progress_bars
 from ..config import load_config
 from ..dedup.dask_graph import table_groups
+from ..graph_keys import listed, named
 from ..partition import adapters
 from ..partition.checks import (
     duplicate_input,
@@ -66,7 +67,6 @@ from ..partition.checks import (
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.reduce import make_plan
-from ..progress import listed, named
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .. import stages
+from .. import telemetry
 from ..dedup import simhash
 from ..errors import InputDataError, Problem, problems_error
 from ..plan.quotas import make_sketch
@@ -234,7 +234,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         summary[start:stop, 0] = row_norms(block)
         summary[start:stop, 1] = _projection(block, direction)
         if sign:
-            with stages.timed("sign"):
+            with telemetry.timed("sign"):
                 signed[start:stop] = simhash.signatures(block, planes)
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
@@ -348,11 +348,11 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
     With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
     :func:`duplicate_input` sends to :func:`datamask_dask.dedup.search.find_groups`.
     """
-    with stages.timed("check"):
+    with telemetry.timed("check"):
         check = check_partition(frame, number, spec)
         check.raise_if_failed()
     # this thread's stage seconds since the last take: the read of these columns and the checks
-    return {"check": check, "stages": {f"plan {stage}": s for stage, s in stages.take().items()}}
+    return {"check": check, "stages": {f"plan {stage}": s for stage, s in telemetry.take().items()}}
 
 
 def duplicate_input(scan: dict) -> dict:

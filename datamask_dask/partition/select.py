@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import stages
+from .. import telemetry
 from ..errors import InputDataError, OptionError
 from ..learn.engine import learn_mask
 from ..plan.memory import MemoryPlan, check_memory, plan_memory
@@ -142,19 +142,19 @@ def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
 
 def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number: int, where: str):
     spec, options = part.spec, part.memory.options
-    with stages.timed("extract"):
+    with telemetry.timed("extract"):
         embeddings = part.source.rows(chunk)  # our own copy
     if spec.validate != "full":  # "full" checked every row in the plan pass
         norms = check_vectors(embeddings, chunk, part.frame, spec, where)
         if isinstance(embeddings, np.ndarray):
             embeddings /= norms[:, None]  # in place: the learner finds unit rows and copies nothing
     try:
-        with stages.timed("learn"), stages.learning(where):
+        with telemetry.timed("learn"), telemetry.learning(where):
             result = learn_mask(part.quality[chunk], embeddings, k, options, device=part.device,
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
                                 seed=derive_seed(options.seed, part.number, cell.group, chunk_number))
-        stages.note_curve(where, result.history)  # for the run summary's learning curves
+        telemetry.note_curve(where, result.history)  # for the run summary's learning curves
         return result
     except InputDataError as exc:
         raise InputDataError(f"{where}: {exc}") from exc

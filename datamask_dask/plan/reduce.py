@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import stages
+from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Plan
@@ -79,7 +79,7 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> Plan:
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
                 weights={p: _stack_weights(v) for p, v in weights.items()},
                 digests=tuple(s.get("digest", "") for s in summaries),
-                stages=stages.add_up(s.get("stages") for s in summaries))
+                stages=telemetry.add_up(s.get("stages") for s in summaries))
 
 
 def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:

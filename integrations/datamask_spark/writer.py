@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from datamask_dask import stages
+from datamask_dask import telemetry
 from datamask_dask.config import load_config
 from datamask_dask.io.output import (
     RUN_RECORD,
@@ -137,7 +137,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                 files = [f"{part_stem(0)}.parquet"]
                 with staging.child(files[0]).open_write() as handle:
                     write_table(_with_selection(schema.empty_table(), spec), handle)
-            worker_stages = stages.add_up([plan.stages] + [json.loads(r["stages"]) for r in results])
+            worker_stages = telemetry.add_up([plan.stages] + [json.loads(r["stages"]) for r in results])
             # The run summary as Dask's writer makes it: the partitions' parts, then a sample of the files.
             markers = {r["partition"]: {"summary": json.loads(r["summary"] or "{}")} for r in results}
             summary = summarise_run([staging.child(f) for f in files], markers, settings, spec,
@@ -177,17 +177,17 @@ class WriteTask:
         self.select, self.directory = select, directory
 
     def __call__(self, batches):
-        stages.take()  # what ran on this worker before is not this partition's
-        stages.take_curves()
-        with stages.timed("read"):  # Spark's scan and the Arrow transfer into this worker
+        telemetry.take()  # what ran on this worker before is not this partition's
+        telemetry.take_curves()
+        with telemetry.timed("read"):  # Spark's scan and the Arrow transfer into this worker
             batches = list(batches)
-        with stages.timed("select"):
+        with telemetry.timed("select"):
             batches, added = self.select.select(batches)
         number = partition_number()
         rows = sum(b.num_rows for b in batches)
         selected, name, size, summary = 0, "", 0, {}
         if rows:
-            with stages.timed("write"):
+            with telemetry.timed("write"):
                 table = pa.Table.from_batches(batches)
                 for field, values in added:
                     table = table.append_column(field, values)
@@ -196,13 +196,13 @@ class WriteTask:
                     write_table(table, handle)
                 name, size = part.name, part.size()
             selected = int(np.count_nonzero(added[0][1].to_numpy(zero_copy_only=False)))
-            with stages.timed("summary"):
+            with telemetry.timed("summary"):
                 summary = self._summary(table, number)
         yield pa.RecordBatch.from_pydict(
             {"partition": pa.array([number], pa.int32()), "rows": pa.array([rows], pa.int64()),
              "selected": pa.array([selected], pa.int64()), "file": pa.array([name], pa.string()),
              "bytes": pa.array([size], pa.int64()),
-             "stages": pa.array([json.dumps(stages.take())], pa.string()),
+             "stages": pa.array([json.dumps(telemetry.take())], pa.string()),
              "summary": pa.array([json.dumps(summary, default=plain)], pa.string())})
 
     def _summary(self, table: pa.Table, number: int) -> dict:
