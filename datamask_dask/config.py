@@ -64,6 +64,7 @@ OPERATOR_DEFAULTS: dict = {
     "memory_budget": None,  # bytes (or "2GiB") per selection task; None: from the workers' limits
     "diversity_scope": "table",  # "table": near-duplicates across partitions first; "partition": none
     "duplicate_cosine": 0.95,  # near-duplicate threshold of the table scope
+    "explain": False,  # also output each row's reason (selected, near-duplicate...) and duplicate_of
 }
 
 #: Other spellings accepted for a key (the reference tool's and the issue's).

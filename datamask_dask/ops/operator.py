@@ -53,7 +53,7 @@ from dask.delayed import Delayed
 from .. import progress as progress_bars
 from ..config import load_config
 from ..dedup.dask_graph import table_groups
-from ..partition import adapters
+from ..partition import adapters, explain
 from ..partition.checks import (
     duplicate_input,
     id_report,
@@ -237,6 +237,8 @@ def apply_plan(ddf, spec: SelectSpec, plan):
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
+    if spec.explain:
+        out_columns.update(explain.meta_columns(ddf._meta[spec.id_column].dtype))
     meta = adapters.with_columns(ddf._meta, out_columns)
     tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i},
                                                        dask_key_name=("datamask-select-" + token, i))

@@ -18,7 +18,7 @@ from ..errors import InputDataError, OptionError
 from ..learn.engine import learn_mask
 from ..plan.memory import plan_memory
 from ..plan.quotas import fit_budget, split_budget, split_quota
-from . import adapters
+from . import adapters, explain
 from .checks import check_vectors, group_codes, quality_values, token_values
 from .spec import SelectSpec
 
@@ -37,6 +37,9 @@ def select_partition(frame, plan: dict, partition_info=None):
             "before datamask_select)")
     selected = np.zeros(n, dtype=bool)
     scores = np.full(n, np.nan, dtype=np.float32) if spec.score_column else None
+    # explain: each row's reason (explain.REASONS), set as the steps below decide; rows of no cell
+    # (a group whose quota is 0 everywhere) had no quota
+    reasons = np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None
     cells = plan["cells"].get(number, [])
     if n and cells:
         adapters.require_columns(frame, spec.select_columns, where)
@@ -58,25 +61,35 @@ def select_partition(frame, plan: dict, partition_info=None):
             visible[shadowed] = False  # near-duplicates of a better row elsewhere: ineligible
             if scores is not None:
                 scores[shadowed] = -np.inf
+            if reasons is not None:
+                reasons[shadowed] = explain.NEAR_DUPLICATE
         for label, index, eligible, quota, budget in cells:
             rows = np.flatnonzero((codes == code_of[label]) & visible)
             context = where if spec.by is None else f"{where}, group {label!r}"
             _select_cell(rows, eligible, quota, budget, index, quality, tokens, source, frame, spec, plan,
-                         number, device, context, selected, scores, memory, weights)
+                         number, device, context, selected, scores, memory, weights, reasons)
     columns = {spec.selected_column: selected}
     if spec.score_column:
         columns[spec.score_column] = scores
+    if reasons is not None:
+        reasons[selected] = explain.SELECTED
+        columns.update(explain.explain_columns(frame, spec, reasons, plan.get("explain", {}).get(number)))
     return adapters.with_columns(frame, columns)
 
 
 def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, source, frame, spec, plan,
-                 number, device, context, selected, scores, memory, weights=None) -> None:
-    """Select inside one group of one partition: eligible rows, chunks, learner, budget."""
+                 number, device, context, selected, scores, memory, weights=None, reasons=None) -> None:
+    """Select inside one group of one partition: eligible rows, chunks, learner, budget.
+
+    ``reasons`` (explain): each row's reason code, set here for the cell's rows."""
     order = np.argsort(-quality[rows], kind="stable")
     eligible = np.sort(rows[order[:n_eligible]])
     if scores is not None:
         scores[rows] = -np.inf
         scores[eligible] = np.nan
+    if reasons is not None:
+        reasons[rows] = explain.QUALITY_PRUNED
+        reasons[eligible] = explain.QUOTA_EXHAUSTED
     if eligible.size == 0 or (quota == 0 if budget is None else budget == 0):
         return
     n_chunks = math.ceil(eligible.size / memory.max_chunk_rows)
@@ -100,6 +113,8 @@ def _select_cell(rows, n_eligible, quota, budget, group_index, quality, tokens, 
                 scores[chunk] = result.scores
         elif k >= chunk.size:
             mask[:] = True
+        if reasons is not None and k > 0:
+            reasons[chunk] = np.where(mask, explain.BUDGET_EXHAUSTED, explain.NOT_CHOSEN)  # if not selected
         if budgets is not None:
             mask = fit_budget(mask, tokens[chunk], preference, budgets[chunk_number])
         selected[chunk[mask]] = True
