@@ -110,13 +110,16 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
                      "learning; partition: each partition on its own (cheaper)")
     job.add_argument("--duplicate-cosine", "--duplicate_cosine", dest="duplicate_cosine", type=float,
                      help="near-duplicate threshold of the table scope (default 0.95)")
+    job.add_argument("--explain", action="store_const", const=True,
+                     help="also write each row's reason (selected, near-duplicate, quality-pruned...) and, "
+                     "for a near-duplicate, the id of the row it stands behind (duplicate_of)")
     job.add_argument("--verbose", action="store_true", help="show tracebacks and Dask's logs on errors")
 
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
                 "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
-                "validate", "check_ids", "diversity_scope", "duplicate_cosine")
+                "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,7 +49,8 @@ def duplicate_type(id_dtype) -> pa.DataType:
         kind = getattr(id_dtype, "pyarrow_dtype", None)
         if kind is not None:
             return pa.int64() if pa.types.is_integer(kind) else pa.float64()
-        return pa.int64() if np.dtype(getattr(id_dtype, "numpy_dtype", id_dtype)).kind in "iu" else pa.float64()
+        numpy_kind = np.dtype(getattr(id_dtype, "numpy_dtype", id_dtype)).kind
+        return pa.int64() if numpy_kind in "iu" else pa.float64()
     return pa.string()
 
 
@@ -85,9 +86,27 @@ def explain_columns(frame, spec, reasons: np.ndarray, links: dict | None) -> dic
     if adapters.is_cudf(frame):
         import cudf
 
-        columns = {REASON_COLUMN: cudf.Series.from_arrow(reason), DUPLICATE_COLUMN: cudf.Series.from_arrow(duplicate)}
+        columns = {REASON_COLUMN: cudf.Series.from_arrow(reason),
+                   DUPLICATE_COLUMN: cudf.Series.from_arrow(duplicate)}
         for series in columns.values():
             series.index = frame.index  # assign aligns on the index
         return {**columns, SIMILARITY_COLUMN: similarity}
     return {REASON_COLUMN: pd.arrays.ArrowExtensionArray(reason),
             DUPLICATE_COLUMN: pd.arrays.ArrowExtensionArray(duplicate), SIMILARITY_COLUMN: similarity}
+
+
+def arrow_fields(id_type: pa.DataType) -> list[pa.Field]:
+    """The explain columns' Arrow fields, for an id column of Arrow type ``id_type``."""
+    meta = pd.Series([], dtype=pd.ArrowDtype(id_type)).dtype
+    return [pa.field(REASON_COLUMN, pa.string(), nullable=False),
+            pa.field(DUPLICATE_COLUMN, duplicate_type(meta)), pa.field(SIMILARITY_COLUMN, pa.float32())]
+
+
+def arrow_columns(out, id_type: pa.DataType) -> list[tuple[pa.Field, pa.Array]]:
+    """The explain columns of a selected pandas partition as ``(field, array)`` pairs (Spark)."""
+    pairs = []
+    for field in arrow_fields(id_type):
+        values = pa.array(out[field.name])
+        values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        pairs.append((field, values.cast(field.type)))
+    return pairs
