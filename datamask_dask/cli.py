@@ -182,10 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace --output if an earlier datamask run wrote it")
     _add_corpus_options(demo)
     _add_job_options(demo)
-    from .report.cli import add_report_parser
+    from .report.cli import add_explain_parser, add_report_parser
     from .text.cli import add_text_options, add_text_parsers
 
     add_report_parser(commands)
+    add_explain_parser(commands)
     add_text_parsers(commands)
     add_text_options(select)
     return parser
@@ -209,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report.cli import run_report
 
         return run_report(args)
+    if args.command == "explain":
+        from .report.cli import run_explain
+
+        return run_explain(args)
     if args.command in ("embed", "score"):
         from .text.cli import run_text
 
