@@ -142,3 +142,30 @@ def test_parquet_selection_only_and_table_outputs(corpus, parquet_dir, tmp_path)
     got = table.to_pandas().set_index("chunk_id").sort_index()
     want = out.set_index("chunk_id").sort_index()
     assert got["reason"].tolist() == want["reason"].astype(str).tolist()
+
+
+def test_explain_command_tells_a_rows_story(parquet_dir, tmp_path, capsys):
+    from datamask_dask.cli import main
+    from datamask_dask.report.audit import row_story
+
+    out = tmp_path / "out"
+    datamask_dask.write_selection(datamask_dask.read_parquet(parquet_dir), out, ratio=0.1, prune=PRUNE,
+                                  explain=True, **FAST)
+    frame = pd.read_parquet(out, dtype_backend="pyarrow")
+    near = frame[frame["reason"] == "near-duplicate"].iloc[0]
+    story = row_story(out, str(near["chunk_id"]))
+    assert story["row"]["reason"] == "near-duplicate" and story["row"]["duplicate_of"] == near["duplicate_of"]
+    group = story["group"]
+    assert group["kept"]["reason"] != "near-duplicate"
+    assert all(m["quality"] <= group["kept"]["quality"] for m in group["members"])
+    assert story["row"]["text"] == f"document {near['chunk_id']}"
+    assert story["partition"]["rows"] == 400 and story["partition"]["quality_rank"] >= 1
+    assert main(["explain", str(out), "--id", str(near["chunk_id"])]) == 0
+    printed = capsys.readouterr().out
+    assert "near-duplicate" in printed and f"set aside behind row {near['duplicate_of']}" in printed
+    assert main(["explain", str(out), "--id", "no-such-row"]) == 1
+    assert "--id 'no-such-row'" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    datamask_dask.write_selection(datamask_dask.read_parquet(parquet_dir), plain, ratio=0.1, **FAST)
+    assert main(["explain", str(plain), "--id", "1"]) == 1
+    assert "written without explain" in capsys.readouterr().err

@@ -34,10 +34,12 @@ def _corpus() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def run(client, tmp_path_factory):
-    """One selection on the 2-worker LocalCluster, with groups and a token column: (report, output)."""
+    """One selection on the 2-worker LocalCluster, with groups, a token column and each row's reason
+    (explain): (report, output)."""
     out = tmp_path_factory.mktemp("report") / "selected"
     ddf = dd.from_pandas(_corpus(), npartitions=4, sort=False)
-    report = write_selection(ddf, out, 0.1, by="lang", scheduler=client, progress=False, **FAST)
+    report = write_selection(ddf, out, 0.1, by="lang", scheduler=client, progress=False, explain=True,
+                             prune=0.2, **FAST)
     return report, out
 
 
@@ -297,7 +299,8 @@ def test_report_renders_valid_pngs(pages):
     assert "http://" not in text and "https://" not in text and "<script" not in text  # no network
     linked = pages["linked"].read_text(encoding="utf-8")
     assert all(f'src="{name}.png"' in linked for name in FIGURES)
-    for heading in ("Objective vs baselines", "Learning curves", "Per partition", "Per group (lang)"):
+    for heading in ("Objective vs baselines", "Learning curves", "Per partition", "Per group (lang)",
+                    "Audit: why each row was selected, or not", "kept vs set aside"):
         assert heading in text
 
 
@@ -360,6 +363,14 @@ def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
     assert len(widths) == len(FIGURES) and all(w > 0 for w in widths), widths
     shown = re.search(r"<p id=\"yardstick\">(.*?)</p>", dom.stdout, re.S)  # rendered by the browser
     assert shown and "gain over a random pick" in shown.group(1) and "%" in shown.group(1), dom.stdout[:500]
+    audit = re.search(r"<section id=\"audit\">(.*?)</section>", dom.stdout, re.S)  # the audit, as drawn
+    assert audit, dom.stdout[:500]
+    for reason in ("selected", "near-duplicate", "quality-pruned", "not-chosen"):
+        assert f"<td>{reason}</td>" in audit.group(1), reason
+    groups = re.search(r"<p id=\"audit-groups\">(\d+) near-duplicate groups; the kept row is the best by "
+                       r"quality in <b>(\d+)</b>", audit.group(1))
+    assert groups and int(groups.group(1)) > 0 and groups.group(1) == groups.group(2)
+    assert all(part in audit.group(1) for part in ("audit-group-0", "set aside", "document "))
 
     shot = tmp_path / "screenshot.png"
     subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()],
