@@ -141,6 +141,12 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             partitioned by topic).
         duplicate_cosine : float, default 0.95
             Near-duplicate threshold of the table scope.
+        explain : bool, default False
+            Also output why each row was selected or not: ``reason`` (``selected``,
+            ``near-duplicate``, ``quality-pruned``, ``quota-exhausted``, ``not-chosen``,
+            ``budget-exhausted``; the user guide's output page says what each means), ``duplicate_of``
+            (the id of the row a near-duplicate stands behind, null otherwise) and ``similarity``
+            (its estimated cosine to that row). The selection is the same either way.
         memory_budget : int or str, optional
             Working memory of one selection task beyond its partition, in bytes or as text
             (``"2GiB"``): chunks and the learner's batches are sized to fit (see
