@@ -48,7 +48,8 @@ def run_job(data: Path, out: Path, explain: bool, extra: list[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
@@ -74,12 +75,14 @@ def main(argv=None) -> int:
     ratios = [next(r["seconds"] for r in runs if r["repeat"] == i and r["explain"])
               / next(r["seconds"] for r in runs if r["repeat"] == i and not r["explain"])
               for i in range(args.repeats)]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
+                            text=True).stdout.strip()
     result = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "data": f"datamask sample --rows {args.rows} --partitions {args.partitions} (d = 64)",
               "job": "datamask select --input DATA --output OUT --overwrite " + " ".join(extra),
               "machine": machine(), "commit": commit, "runs": runs,
-              "median_seconds": {"without": statistics.median(plain), "with_explain": statistics.median(explained)},
+              "median_seconds": {"without": statistics.median(plain),
+                                 "with_explain": statistics.median(explained)},
               "ratio_per_repeat": ratios, "median_ratio": statistics.median(ratios),
               "same_selection": len({r["digest"] for r in runs}) == 1}
     text = json.dumps(result, indent=2)
