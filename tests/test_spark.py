@@ -394,3 +394,18 @@ def test_spark_and_dask_give_the_same_reasons(sdf, parquet_dir, monkeypatch, sha
                                   want["duplicate_of"].fillna(-1).astype(np.int64))
     np.testing.assert_allclose(got["similarity"].astype(np.float32), want["similarity"].to_numpy(np.float32))
     assert want["duplicate_of"].dtype == pd.ArrowDtype(pa.int64())
+
+
+def test_file_selection_explains_as_dask_does(spark, parquet_dir, tmp_path):
+    """The Spark file job writes the reasons Dask gives on the same partitions."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+    from datamask_spark.files import write_file_selection
+
+    options = {"ratio": 0.1, "seed": 7, "prune": 0.3, "explain": True, **FAST}
+    write_file_selection(spark, parquet_dir, tmp_path / "out", **options)
+    got = pq.read_table(tmp_path / "out").to_pandas(types_mapper=pd.ArrowDtype).set_index("chunk_id").sort_index()
+    want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), **options).compute(
+        scheduler="sync").set_index("chunk_id").sort_index()
+    for column in ("selected", "reason", "duplicate_of"):
+        assert got[column].astype(str).tolist() == want[column].astype(str).tolist(), column
