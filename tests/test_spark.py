@@ -404,7 +404,8 @@ def test_file_selection_explains_as_dask_does(spark, parquet_dir, tmp_path):
 
     options = {"ratio": 0.1, "seed": 7, "prune": 0.3, "explain": True, **FAST}
     write_file_selection(spark, parquet_dir, tmp_path / "out", **options)
-    got = pq.read_table(tmp_path / "out").to_pandas(types_mapper=pd.ArrowDtype).set_index("chunk_id").sort_index()
+    got = pq.read_table(tmp_path / "out").to_pandas(types_mapper=pd.ArrowDtype)
+    got = got.set_index("chunk_id").sort_index()
     want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), **options).compute(
         scheduler="sync").set_index("chunk_id").sort_index()
     for column in ("selected", "reason", "duplicate_of"):
