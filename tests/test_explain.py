@@ -160,6 +160,10 @@ def test_explain_command_tells_a_rows_story(parquet_dir, tmp_path, capsys):
     assert all(m["quality"] <= group["kept"]["quality"] for m in group["members"])
     assert story["row"]["text"] == f"document {near['chunk_id']}"
     assert story["partition"]["rows"] == 400 and story["partition"]["quality_rank"] >= 1
+    nearest = story["nearest_selected"]
+    assert len(nearest) == 3 and [n["cosine"] for n in nearest] == sorted((n["cosine"] for n in nearest),
+                                                                          reverse=True)
+    assert set(n["id"] for n in nearest) <= set(frame.loc[frame["selected"], "chunk_id"].tolist())
     assert main(["explain", str(out), "--id", str(near["chunk_id"])]) == 0
     printed = capsys.readouterr().out
     assert "near-duplicate" in printed and f"set aside behind row {near['duplicate_of']}" in printed

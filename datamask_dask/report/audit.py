@@ -49,12 +49,7 @@ def read_output(output, columns: list[str]) -> tuple[pd.DataFrame, dict]:
     if table.format == "parquet":
         source = resolve(table.location)
         record = RunSummary.read(source).record
-        if source.isfile():
-            files = [source]
-        else:
-            present = set(source.list())
-            files = [source.child(name) for name in record.get("files", []) if name in present]
-            files = files or [source.child(name) for name in sorted(present) if name.endswith(".parquet")]
+        files = _files(source, record)
         frame = sample_files(files, columns, sys.maxsize)
         frame["_partition"] = _file_partitions(files, frame, columns)
         return _integral_links(frame), record
@@ -74,6 +69,60 @@ def _integral_links(frame: pd.DataFrame) -> pd.DataFrame:
         if np.array_equal(values, np.round(values)):
             frame[DUPLICATE_COLUMN] = column.astype("Int64")
     return frame
+
+
+def _files(source, record: dict) -> list:
+    """The data files of a parquet output (a file, or the parts its run record lists)."""
+    if source.isfile():
+        return [source]
+    present = set(source.list())
+    files = [source.child(name) for name in record.get("files", []) if name in present]
+    return files or [source.child(name) for name in sorted(present) if name.endswith(".parquet")]
+
+
+def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
+    """The ``k`` selected rows whose embeddings are nearest the row of id ``value`` (cosine), read
+    file by file (parquet: only the selected rows' part of each file is kept, and the row's own file
+    is found by its id's statistics)."""
+    import pyarrow.parquet as pq
+
+    from ..io.summary import unit_rows
+
+    settings = record.get("settings") or {}
+    id_column = settings.get("id_column") or "chunk_id"
+    embedding = settings.get("embedding_column") or "feature_arr"
+    selected = settings.get("selected_column") or "selected"
+    table = parse_table_uri(output)
+    if table.format == "parquet":
+        files = _files(resolve(table.location), record)
+
+        def read(file, filters):
+            found = pq.read_table(file.path, columns=[id_column, embedding], filters=filters,
+                                  filesystem=None if file.local else file.fs)
+            return found.to_pandas(types_mapper=pd.ArrowDtype)
+
+        if not files or embedding not in _parquet_schema(files[0]):
+            return []
+        mine = next((f for f in (read(file, [(id_column, "==", value)]) for file in files) if len(f)), None)
+        chosen = pd.concat([read(file, [(selected, "==", True)]) for file in files], ignore_index=True)
+    else:
+        ddf = read_table(table).frame
+        if embedding not in ddf.columns:
+            return []
+        mine = ddf.loc[ddf[id_column] == value, [id_column, embedding]].compute(scheduler="threads")
+        chosen = ddf.loc[ddf[selected], [id_column, embedding]].compute(scheduler="threads")
+    if mine is None or not len(mine) or not len(chosen):
+        return []
+    chosen = chosen[chosen[id_column] != value].reset_index(drop=True)
+    cosine = unit_rows(chosen[embedding]) @ unit_rows(mine[embedding].iloc[:1])[0]
+    best = np.argsort(-cosine, kind="stable")[:k]
+    return [{"id": _plain(chosen[id_column].iloc[i]), "cosine": float(cosine[i])} for i in best]
+
+
+def _parquet_schema(file) -> list[str]:
+    from ..io.summary import _parquet_file
+
+    return _parquet_file(file).schema_arrow.names
 
 
 def _file_partitions(files, frame, columns) -> np.ndarray:
@@ -201,10 +250,11 @@ def parse_id(text: str, dtype):
             return text
 
 
-def row_story(output, row_id: str, *, text_column: str = "text") -> dict:
+def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int = 3) -> dict:
     """One row's story from an explained output: its reason and quality, its near-duplicate group
     (members, quality, estimated cosine, the kept row), its partition's quota and its quality rank
-    there, and text snippets where a text column exists.
+    there, the ``neighbours`` nearest selected rows by embedding (0: none, nothing more is read) and
+    text snippets where a text column exists.
 
     Raises
     ------
@@ -250,6 +300,8 @@ def row_story(output, row_id: str, *, text_column: str = "text") -> dict:
         story["partition"] = {"number": part, "rows": int(mine.sum()), "selected": chosen,
                               "eligible": int(eligible.sum()), "group": frame[by].iloc[at] if by else None,
                               "quality_rank": int((quality[mine] > quality[at]).sum()) + 1}
+    if neighbours > 0:
+        story["nearest_selected"] = nearest_selected(output, record, _plain(value), neighbours)
     return story
 
 
@@ -284,4 +336,7 @@ def format_story(story: dict) -> str:
                          + (f"  {member['text']}" if "text" in member else ""))
         if "text" in kept:
             lines.append(f"    kept text: {kept['text']}")
+    if story.get("nearest_selected"):
+        nearest = ", ".join(f"{n['id']!r} ({n['cosine']:.3f})" for n in story["nearest_selected"])
+        lines.append(f"  nearest selected rows (cosine): {nearest}")
     return "\n".join(lines)

@@ -75,6 +75,9 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--id", dest="row_id", required=True, help="the row's id (the run's id column)")
     parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
                         help="column whose snippets are shown, where the output has it (default: text)")
+    parser.add_argument("--neighbours", type=int, default=3,
+                        help="show this many nearest selected rows by embedding (reads the selected rows' "
+                        "embeddings; 0: none)")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print the story as JSON")
     return parser
 
@@ -86,7 +89,7 @@ def run_explain(args: argparse.Namespace) -> int:
     from .audit import format_story, row_story
 
     try:
-        story = row_story(args.output, args.row_id, text_column=args.text_column)
+        story = row_story(args.output, args.row_id, text_column=args.text_column, neighbours=args.neighbours)
     except (OSError, ValueError) as exc:
         print(f"datamask explain: error: {exc}", file=sys.stderr)
         return 1
