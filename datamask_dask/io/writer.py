@@ -474,7 +474,7 @@ def _empty_table(ddf, spec) -> pa.Table:
     if spec.explain:
         from ..partition.explain import meta_columns
 
-        columns.update(meta_columns(ddf._meta[spec.id_column].dtype))
+        columns.update(meta_columns(ddf._meta, spec.id_column))
     return to_arrow(adapters.with_columns(ddf._meta, columns))
 
 

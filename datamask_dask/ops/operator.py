@@ -244,7 +244,7 @@ def apply_plan(ddf, spec: SelectSpec, plan):
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
     if spec.explain:
-        out_columns.update(explain.meta_columns(ddf._meta[spec.id_column].dtype))
+        out_columns.update(explain.meta_columns(ddf._meta, spec.id_column))
     meta = adapters.with_columns(ddf._meta, out_columns)
     tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i},
                                                        dask_key_name=("datamask-select-" + token, i))

@@ -54,10 +54,17 @@ def duplicate_type(id_dtype) -> pa.DataType:
     return pa.string()
 
 
-def meta_columns(id_dtype) -> dict:
-    """The explain columns of an empty frame (a Dask ``meta``)."""
+def meta_columns(meta, id_column: str) -> dict:
+    """The explain columns of the empty frame ``meta`` (a Dask ``meta``), in its library."""
+    kind = duplicate_type(meta[id_column].dtype)
+    if adapters.is_cudf(meta):
+        import cudf
+
+        return {REASON_COLUMN: cudf.Series.from_arrow(pa.array([], pa.string())),
+                DUPLICATE_COLUMN: cudf.Series.from_arrow(pa.array([], kind)),
+                SIMILARITY_COLUMN: np.zeros(0, dtype=np.float32)}
     return {REASON_COLUMN: pd.array([], dtype=pd.ArrowDtype(pa.string())),
-            DUPLICATE_COLUMN: pd.array([], dtype=pd.ArrowDtype(duplicate_type(id_dtype))),
+            DUPLICATE_COLUMN: pd.array([], dtype=pd.ArrowDtype(kind)),
             SIMILARITY_COLUMN: np.zeros(0, dtype=np.float32)}
 
 
