@@ -228,6 +228,7 @@ def _row(frame, position: int, id_column: str, quality, reason, text) -> dict:
 
 def _snippet(value) -> str:
     value = "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
+    value = " ".join(value.split())  # one line: paragraphs and indentation read as one snippet
     return value if len(value) <= SNIPPET else value[:SNIPPET - 1] + "\u2026"
 
 

@@ -299,6 +299,7 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
 .note { color: #666; font-size: 0.85em; }
+.audit-group td:last-child { text-align: left; }
 """
 
 _CAPTIONS = {
