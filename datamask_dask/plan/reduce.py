@@ -100,8 +100,13 @@ def duplicate_links(summaries: list[dict]) -> dict:
         theirs = np.zeros((ref.size, links["signatures"].shape[1]), dtype=np.uint8)
         for q in np.unique(part).tolist():
             mine = part == q
-            parents = summaries[q]["links"]
-            at = np.searchsorted(parents["parents"], position[mine])
+            parents = summaries[q].get("links") or {"parents": np.zeros(0, dtype=np.int64)}
+            named = parents["parents"]
+            at = np.searchsorted(named, position[mine])
+            listed = named.size and (named[np.minimum(at, named.size - 1)] == position[mine]).all()
+            if not listed:  # every wiring lists each parent in its partition: a broken search otherwise
+                raise RuntimeError(f"explain: partition {q} does not list rows that near-duplicates of "
+                                   f"partition {number} stand behind; please report this with the run record")
             ids[mine] = parents["parent_ids"][at]
             theirs[mine] = parents["parent_signatures"][at]
         bits = links["signatures"].shape[1] * 8
