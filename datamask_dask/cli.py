@@ -112,6 +112,9 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
                      "learning; partition: each partition on its own (cheaper)")
     job.add_argument("--duplicate-cosine", "--duplicate_cosine", dest="duplicate_cosine", type=float,
                      help="near-duplicate threshold of the table scope")
+    job.add_argument("--explain", action="store_const", const=True,
+                     help="also write each row's reason (selected, near-duplicate, quality-pruned...) and, "
+                     "for a near-duplicate, the id of the row it stands behind (duplicate_of)")
     job.add_argument("--verbose", action="store_true", help="show tracebacks and Dask's logs on errors")
     _show_defaults(parser)
 
@@ -132,7 +135,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
                 "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
-                "validate", "check_ids", "diversity_scope", "duplicate_cosine")
+                "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -195,10 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace --output if an earlier datamask run wrote it")
     _add_corpus_options(demo)
     _add_job_options(demo)
-    from .report.cli import add_report_parser
+    from .report.cli import add_explain_parser, add_report_parser
     from .text.cli import add_text_options, add_text_parsers
 
     add_report_parser(commands)
+    add_explain_parser(commands)
     add_text_parsers(commands)
     add_text_options(select)
     return parser
@@ -222,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report.cli import run_report
 
         return run_report(args)
+    if args.command == "explain":
+        from .report.cli import run_explain
+
+        return run_explain(args)
     if args.command in ("embed", "score"):
         from .text.cli import run_text
 

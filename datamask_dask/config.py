@@ -78,6 +78,7 @@ class OperatorOptions:
     memory_budget: int | str | None = None  # bytes (or "2GiB") per selection task: sizes chunks
     diversity_scope: str = "table"  # "table": near-duplicates across partitions first; "partition": none
     duplicate_cosine: float = 0.95  # near-duplicate threshold of the table scope
+    explain: bool = False  # also output each row's reason (selected, near-duplicate...) and duplicate_of
 
 
 #: Operator settings and their defaults.

@@ -265,7 +265,7 @@ def test_sharded_groups_equal_the_single_task_groups(shards, row_shards):
     sharded, stats = find_groups_sharded(parts, shards=shards, rounds_of=7, row_shards=row_shards)
     assert sum(len(g["shadowed"]) for g in single) > 100 and stats["unresolved"] == 0
     for one, other in zip(single, sharded, strict=True):
-        for key in ("shadowed", "kept", "weights"):
+        for key in ("shadowed", "kept", "weights", "parent", "parents"):
             np.testing.assert_array_equal(one[key], other[key])
 
 
@@ -320,7 +320,7 @@ def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method):
     for scheduler in ("sync", client) if method != "p2p" else (client,):
         got = dask.compute(*graph, scheduler=scheduler)
         for one, other in zip(expected, got, strict=True):
-            for key in ("shadowed", "kept", "weights"):
+            for key in ("shadowed", "kept", "weights", "parent", "parents"):
                 np.testing.assert_array_equal(one[key], other[key])
 
 
@@ -395,7 +395,7 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
     expected = find_groups(parts)
     assert sum(len(g["shadowed"]) for g in got) > 100
     for one, other in zip(expected, got, strict=True):
-        for key in ("shadowed", "kept", "weights"):
+        for key in ("shadowed", "kept", "weights", "parent", "parents"):
             np.testing.assert_array_equal(one[key], other[key])
 
 

@@ -176,9 +176,13 @@ def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_prop
 
 
 def selection_columns(ddf, run_id: str, *, id_column="chunk_id", selected_column="selected",
-                      score_column=None):
-    """The selection-only result: id, selected, the score if there is one, and the run id."""
+                      score_column=None, explain=False):
+    """The selection-only result: id, selected, the score if there is one, the explain columns if
+    asked, and the run id."""
+    from ..partition.explain import COLUMNS
+
     names = [id_column, selected_column] + ([score_column] if score_column else [])
+    names += list(COLUMNS) if explain else []
     frame = ddf[names]
     return frame.assign(**{RUN_ID_COLUMN: run_id}).astype({RUN_ID_COLUMN: "string[pyarrow]"})
 
@@ -483,7 +487,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     columns = None
     if output_columns == "selection":
         columns = {"id_column": spec.id_column, "selected_column": spec.selected_column,
-                   "score_column": spec.score_column}
+                   "score_column": spec.score_column, "explain": spec.explain}
         meta = selection_columns(meta, run_id, **columns)
     # Each task writes its partition's file and a completion marker; the driver commits the files'
     # names in one transaction.

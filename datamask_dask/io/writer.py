@@ -461,6 +461,10 @@ def _empty_table(ddf, spec) -> pa.Table:
     columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         columns[spec.score_column] = np.zeros(0, dtype=np.float32)
+    if spec.explain:
+        from ..partition.explain import meta_columns
+
+        columns.update(meta_columns(ddf._meta, spec.id_column))
     return to_arrow(adapters.with_columns(ddf._meta, columns))
 
 

@@ -54,7 +54,7 @@ from .. import progress as progress_bars
 from ..config import load_config
 from ..dedup.dask_graph import table_groups
 from ..graph_keys import listed, named
-from ..partition import adapters
+from ..partition import adapters, explain
 from ..partition.checks import (
     duplicate_input,
     id_report,
@@ -145,6 +145,12 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             partitioned by topic).
         duplicate_cosine : float, default 0.95
             Near-duplicate threshold of the table scope.
+        explain : bool, default False
+            Also output why each row was selected or not: ``reason`` (``selected``,
+            ``near-duplicate``, ``quality-pruned``, ``quota-exhausted``, ``not-chosen``,
+            ``budget-exhausted``; the user guide's output page says what each means), ``duplicate_of``
+            (the id of the row a near-duplicate stands behind, null otherwise) and ``similarity``
+            (its estimated cosine to that row). The selection is the same either way.
         memory_budget : int or str, optional
             Working memory of one selection task beyond its partition, in bytes or as text
             (``"2GiB"``): chunks and the learner's batches are sized to fit (see
@@ -244,6 +250,8 @@ def apply_plan(ddf, spec: SelectSpec, plan):
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
+    if spec.explain:
+        out_columns.update(explain.meta_columns(ddf._meta, spec.id_column))
     meta = adapters.with_columns(ddf._meta, out_columns)
     tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i},
                                                        dask_key_name=("datamask-select-" + token, i))

@@ -352,7 +352,10 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
         check = check_partition(frame, number, spec)
         check.raise_if_failed()
     # this thread's stage seconds since the last take: the read of these columns and the checks
-    return {"check": check, "stages": {f"plan {stage}": s for stage, s in telemetry.take().items()}}
+    scan = {"check": check, "stages": {f"plan {stage}": s for stage, s in telemetry.take().items()}}
+    if spec.explain and spec.diversity_scope == "table":  # to name the rows near-duplicates stand behind
+        scan["ids"] = adapters.host_values(frame, spec.id_column).to_numpy()
+    return scan
 
 
 def duplicate_input(scan: dict) -> dict:
@@ -373,7 +376,22 @@ def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> dict:
         summary = summarise_check(scan["check"], groups["shadowed"], groups["kept"], groups["weights"])
     else:
         summary = summarise_check(scan["check"], groups)
+    if "ids" in scan and isinstance(groups, dict) and "parent" in groups:
+        summary["links"] = duplicate_links(scan, groups)
     return {**summary, "stages": scan["stages"]}
+
+
+def duplicate_links(scan: dict, groups: dict) -> dict:
+    """What ``explain`` needs of a partition's near-duplicate groups (``make_plan`` joins them):
+    its shadowed rows with their parents' references and their signatures, and the id and
+    signature of each of its rows that is a parent. Only rows in groups, never the embeddings."""
+    signatures = scan["check"].signatures
+    parents = np.asarray(groups["parents"], dtype=np.int64)
+    return {"shadowed": np.asarray(groups["shadowed"], dtype=np.int64),
+            "parent": np.asarray(groups["parent"], dtype=np.int64),
+            "signatures": signatures[groups["shadowed"]],
+            "parents": parents, "parent_ids": scan["ids"][parents],
+            "parent_signatures": signatures[parents]}
 
 
 def _codes(check) -> tuple[np.ndarray, list]:

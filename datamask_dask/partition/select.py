@@ -20,7 +20,7 @@ from ..learn.engine import learn_mask
 from ..plan.memory import MemoryPlan, check_memory, plan_memory
 from ..plan.quotas import fit_budget, split_budget, split_quota
 from ..plan.types import Cell, Plan
-from . import adapters
+from . import adapters, explain
 from .checks import check_vectors, group_codes, quality_values, token_values
 from .spec import SelectSpec
 
@@ -40,6 +40,7 @@ class _Partition:
     weights: np.ndarray | None  # how many rows each row stands for (near-duplicate groups), or None
     selected: np.ndarray
     scores: np.ndarray | None
+    reasons: np.ndarray | None  # explain: each row's reason code (explain.REASONS), set as steps decide
 
     @property
     def spec(self) -> SelectSpec:
@@ -60,6 +61,8 @@ def select_partition(frame, plan: Plan, partition_info=None):
             "before datamask_select)")
     selected = np.zeros(n, dtype=bool)
     scores = np.full(n, np.nan, dtype=np.float32) if spec.score_column else None
+    # explain: rows of no cell (a group whose quota is 0 everywhere) had no quota
+    reasons = np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None
     cells = plan.cells_of(number)
     if n and cells:
         adapters.require_columns(frame, spec.select_columns, where)
@@ -77,7 +80,7 @@ def select_partition(frame, plan: Plan, partition_info=None):
             weights[kept] = counts
         part = _Partition(frame=frame, number=number, plan=plan, source=source, quality=quality,
                           tokens=tokens, device=device, memory=memory, weights=weights, selected=selected,
-                          scores=scores)
+                          scores=scores, reasons=reasons)
         code_of = {label: code for code, label in enumerate(labels)}
         visible = np.ones(n, dtype=bool)
         shadowed = plan.shadowed.get(number)
@@ -85,23 +88,31 @@ def select_partition(frame, plan: Plan, partition_info=None):
             visible[shadowed] = False  # near-duplicates of a better row elsewhere: ineligible
             if scores is not None:
                 scores[shadowed] = -np.inf
+            if reasons is not None:
+                reasons[shadowed] = explain.NEAR_DUPLICATE
         for cell in cells:
             rows = np.flatnonzero((codes == code_of[cell.label]) & visible)
             _select_cell(part, cell, rows, where if spec.by is None else f"{where}, group {cell.label!r}")
     columns = {spec.selected_column: selected}
     if spec.score_column:
         columns[spec.score_column] = scores
+    if reasons is not None:
+        reasons[selected] = explain.SELECTED
+        columns.update(explain.explain_columns(frame, spec, reasons, plan.explain.get(number)))
     return adapters.with_columns(frame, columns)
 
 
 def _select_cell(part: _Partition, cell: Cell, rows: np.ndarray, context: str) -> None:
     """Select inside one group of one partition: eligible rows, chunks, learner, budget."""
-    quality, tokens, scores = part.quality, part.tokens, part.scores
+    quality, tokens, scores, reasons = part.quality, part.tokens, part.scores, part.reasons
     order = np.argsort(-quality[rows], kind="stable")
     eligible = np.sort(rows[order[:cell.eligible]])
     if scores is not None:
         scores[rows] = -np.inf
         scores[eligible] = np.nan
+    if reasons is not None:
+        reasons[rows] = explain.QUALITY_PRUNED
+        reasons[eligible] = explain.QUOTA_EXHAUSTED
     if eligible.size == 0 or (cell.quota == 0 if cell.budget is None else cell.budget == 0):
         return
     n_chunks = math.ceil(eligible.size / part.memory.max_chunk_rows)
@@ -125,6 +136,8 @@ def _select_cell(part: _Partition, cell: Cell, rows: np.ndarray, context: str) -
                 scores[chunk] = result.scores
         elif k >= chunk.size:
             mask[:] = True
+        if reasons is not None and k > 0:
+            reasons[chunk] = np.where(mask, explain.BUDGET_EXHAUSTED, explain.NOT_CHOSEN)  # if not selected
         if budgets is not None:
             mask = fit_budget(mask, tokens[chunk], preference, budgets[chunk_number])
         part.selected[chunk[mask]] = True

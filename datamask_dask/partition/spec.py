@@ -48,11 +48,13 @@ class SelectSpec:
     memory_limit: int | None = None  # what the workers' memory leaves a task: checked, never sizes chunks
     diversity_scope: str = "table"  # "table": near-duplicates across partitions are shadowed first
     duplicate_cosine: float = 0.95  # rows at least this similar are near-duplicates (table scope)
+    explain: bool = False  # also output each row's reason, and the row a near-duplicate stands behind
 
     @property
     def plan_columns(self) -> list[str]:
         """Columns the plan pass reads."""
-        names = ([self.id_column] if self.check_ids else []) + [c for c, _ in self.quality]
+        # explain: the plan names the rows near-duplicates stand behind by id
+        names = ([self.id_column] if self.check_ids or self.explain else []) + [c for c, _ in self.quality]
         names += [self.by] if self.by else []
         names += [self.token_column] if self.budget is not None else []
         names += [self.embedding_column] if self.validate == "full" or self.diversity_scope == "table" else []
@@ -64,6 +66,7 @@ class SelectSpec:
         names = [c for c, _ in self.quality] + [self.embedding_column]
         names += [self.by] if self.by else []
         names += [self.token_column] if self.budget is not None else []
+        names += [self.id_column] if self.explain else []  # duplicate_of takes the id column's type
         return list(dict.fromkeys(names))
 
 
@@ -93,6 +96,10 @@ def spec_from_meta(meta, settings: Mapping, *, ratio_given: bool = True, schedul
                               "with selected_column= / score_column= (the input is never overwritten)")
     if spec.score_column == spec.selected_column:
         raise OptionError("score_column and selected_column must differ")
+    if spec.explain:
+        from .explain import check_free
+
+        check_free([*meta.columns, spec.selected_column, spec.score_column])
     problems = schema_problems(meta, spec)
     if problems:
         raise problems_error(problems)
@@ -126,6 +133,10 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
     if not _is_number(cosine) or not 0 < cosine < 1:
         raise OptionError(f"option duplicate_cosine={cosine!r} is invalid: expected a cosine in (0, 1), "
                           "e.g. 0.95")
+    explain = settings.get("explain", False)
+    if not isinstance(explain, bool | np.bool_):
+        raise OptionError(f"option explain={explain!r} is invalid: expected True or False (True adds the "
+                          "reason, duplicate_of and similarity columns)")
     memory = resolve_budget(settings.get("memory_budget"), device=device, meta=meta, scheduler=scheduler)
     given = parse_budget(settings.get("memory_budget")) is not None
     return SelectSpec(
@@ -140,7 +151,7 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         device=device, check_ids=bool(settings["check_ids"]),
         options=options.replace(prune=0.0), validate=validate,
         memory_budget=memory if given else None, memory_limit=None if given else memory,
-        diversity_scope=scope, duplicate_cosine=float(cosine))
+        diversity_scope=scope, duplicate_cosine=float(cosine), explain=bool(explain))
 
 
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:

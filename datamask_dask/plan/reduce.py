@@ -79,7 +79,51 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> Plan:
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
                 weights={p: _stack_weights(v) for p, v in weights.items()},
                 digests=tuple(s.get("digest", "") for s in summaries),
-                stages=telemetry.add_up(s.get("stages") for s in summaries))
+                stages=telemetry.add_up(s.get("stages") for s in summaries),
+                explain=duplicate_links(summaries) if spec.explain else {})
+
+
+def duplicate_links(summaries: list[dict]) -> dict:
+    """Per partition, its near-duplicates' positions, the ids of the rows they stand behind, and the
+    cosine estimated from the two rows' SimHash signatures (``explain=True``).
+
+    Joins each partition's shadowed rows (their parents as references ``partition << 32 |
+    position``) with the ids of the parent rows that their own partitions listed.
+    """
+    out = {}
+    for number, summary in enumerate(summaries):
+        links = summary.get("links")
+        if links is None or not len(links["shadowed"]):
+            continue
+        ref = links["parent"]
+        part, position = ref >> 32, ref & 0xFFFFFFFF
+        ids = np.empty(ref.size, dtype=object)
+        theirs = np.zeros((ref.size, links["signatures"].shape[1]), dtype=np.uint8)
+        for q in np.unique(part).tolist():
+            mine = part == q
+            parents = summaries[q].get("links") or {"parents": np.zeros(0, dtype=np.int64)}
+            named = parents["parents"]
+            at = np.searchsorted(named, position[mine])
+            listed = named.size and (named[np.minimum(at, named.size - 1)] == position[mine]).all()
+            if not listed:  # every wiring lists each parent in its partition: a broken search otherwise
+                raise RuntimeError(f"explain: partition {q} does not list rows that near-duplicates of "
+                                   f"partition {number} stand behind; please report this with the run record")
+            ids[mine] = parents["parent_ids"][at]
+            theirs[mine] = parents["parent_signatures"][at]
+        bits = links["signatures"].shape[1] * 8
+        hamming = np.bitwise_count(np.bitwise_xor(links["signatures"], theirs)).sum(axis=1)
+        out[number] = {"position": links["shadowed"], "duplicate_of": _plain_array(ids),
+                       "similarity": np.cos(np.pi * hamming / bits).astype(np.float32)}
+    return out
+
+
+def _plain_array(values: np.ndarray) -> np.ndarray:
+    """Ids as a typed array where they are all numbers of one kind, else as objects."""
+    try:
+        typed = np.asarray(values.tolist())
+    except (ValueError, TypeError):
+        return values
+    return typed if typed.dtype.kind in "iuf" else values
 
 
 def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:

@@ -42,6 +42,9 @@ class Plan:
     weights: Mapping[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     digests: tuple[str, ...] = ()  # each partition's content digest, as the plan pass read it
     stages: Mapping[str, float] = field(default_factory=dict)  # seconds of the plan pass's stages
+    # explain=True: partition -> its near-duplicates' positions, the ids of the rows they stand
+    # behind and the estimated cosine (reduce.duplicate_links)
+    explain: Mapping[int, dict] = field(default_factory=dict)
 
     def cells_of(self, partition: int) -> tuple[Cell, ...]:
         return self.cells.get(partition, ())

@@ -56,6 +56,7 @@ from datamask_dask import errors as _errors
 from datamask_dask.config import load_config
 from datamask_dask.dedup.search import find_groups, one_task
 from datamask_dask.errors import DataMaskError
+from datamask_dask.partition import explain
 from datamask_dask.partition.checks import (
     SHOW,
     duplicate_input,
@@ -140,6 +141,12 @@ def apply_plan(sdf, spec: SelectSpec, plan: Plan):
     fields = list(sdf.schema.fields) + [StructField(spec.selected_column, BooleanType(), False)]
     if spec.score_column:
         fields.append(StructField(spec.score_column, FloatType(), True))
+    if spec.explain:
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        id_type = arrow_schema(sdf).field(spec.id_column).type
+        fields += [StructField(f.name, from_arrow_type(f.type), f.nullable)
+                   for f in explain.arrow_fields(id_type)]
     return sdf.mapInArrow(select_task(sdf, spec, plan), StructType(fields))
 
 
@@ -327,6 +334,8 @@ class SelectTask:
         if spec.score_column:
             added.append((pa.field(spec.score_column, pa.float32()),
                           pa.array(out[spec.score_column].to_numpy(dtype=np.float32), pa.float32())))
+        if spec.explain:
+            added += explain.arrow_columns(out, self.schema.field(spec.id_column).type)
         return batches, added
 
 

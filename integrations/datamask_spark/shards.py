@@ -78,11 +78,16 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
         roots = forwarded_counts(parents)
         partition = F.shiftright(F.col("ref"), 32).cast("int").alias("partition")
         position = F.col("ref").bitwiseAND(F.lit(_POSITION)).alias("position")
-        shadowed = (parents.select(F.col("child").alias("ref")).select(partition, position)
-                    .groupBy("partition").agg(F.collect_list("position").alias("shadowed")))
+        shadowed = (parents.select(F.col("child").alias("ref"), "parent")
+                    .select(partition, position, "parent").groupBy("partition")
+                    .agg(F.collect_list(F.struct("position", "parent")).alias("shadowed")))
         kept = (roots.select(partition, position, (F.col("count") + 1).alias("weight"))
                 .groupBy("partition").agg(F.collect_list(F.struct("position", "weight")).alias("kept")))
-        joined = scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
+        # the rows that are some row's parent, in their own partitions (explain names them by id)
+        named = (parents.select(F.col("parent").alias("ref")).distinct().select(partition, position)
+                 .groupBy("partition").agg(F.collect_list("position").alias("parents")))
+        joined = (scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
+                  .join(named, "partition", "left"))
         return joined.mapInArrow(Summarise(to_arrow_schema(scans.schema)), scans.schema).collect()
 
 
@@ -205,9 +210,12 @@ class Summarise:
         for batch in batches:
             for row in batch.to_pylist():
                 kept = sorted((k["position"], k["weight"]) for k in row["kept"] or [])
-                groups = {"shadowed": np.sort(np.asarray(row["shadowed"] or [], dtype=np.int64)),
+                shadowed = sorted((c["position"], c["parent"]) for c in row["shadowed"] or [])
+                groups = {"shadowed": np.array([c for c, _ in shadowed], dtype=np.int64),
                           "kept": np.array([k for k, _ in kept], dtype=np.int64),
-                          "weights": np.array([w for _, w in kept], dtype=np.int64)}
+                          "weights": np.array([w for _, w in kept], dtype=np.int64),
+                          "parent": np.array([p for _, p in shadowed], dtype=np.int64),
+                          "parents": np.unique(np.asarray(row["parents"] or [], dtype=np.int64))}
                 summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)  # noqa: S301 (this job's own task payloads)
                 out = {"partition": row["partition"], "rows": row["rows"], "failed": False,
                        "payload": pickle.dumps({"summary": summary})}

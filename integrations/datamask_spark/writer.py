@@ -221,4 +221,9 @@ def _with_selection(table: pa.Table, spec) -> pa.Table:
     table = table.append_column(pa.field(spec.selected_column, pa.bool_()), pa.array([], pa.bool_()))
     if spec.score_column:
         table = table.append_column(pa.field(spec.score_column, pa.float32()), pa.array([], pa.float32()))
+    if spec.explain:
+        from datamask_dask.partition.explain import arrow_fields
+
+        for field in arrow_fields(table.schema.field(spec.id_column).type):
+            table = table.append_column(field, pa.array([], field.type))
     return table
