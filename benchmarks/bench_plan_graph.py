@@ -20,9 +20,9 @@ import time
 
 import dask.dataframe as dd
 
+from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.dedup import dask_graph as search
 from datamask_dask.dedup import search as one
-from datamask_dask.ops.operator import plan_selection
 from datamask_dask.sample_data import make_corpus
 
 

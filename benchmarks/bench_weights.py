@@ -37,7 +37,7 @@ def select(path: Path, scope: str, algorithm: str, lamb: float, ratio: float):
     import dask
     import dask.dataframe as dd
 
-    from datamask_dask.ops.operator import apply_plan, plan_selection
+    from datamask_dask.dask_engine.operator import apply_plan, plan_selection
 
     ddf = dd.read_parquet(str(path))
     started = time.perf_counter()

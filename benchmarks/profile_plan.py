@@ -1,6 +1,6 @@
 """Where the plan pass's time goes: its tasks on a local cluster, from the distributed task stream.
 
-Runs only the plan pass (:func:`datamask_dask.ops.operator.plan_selection`, computed as
+Runs only the plan pass (:func:`datamask_dask.dask_engine.operator.plan_selection`, computed as
 ``write_selection`` computes it) of ``datamask select`` with the CLI's defaults (cpu profile)
 on a parquet directory, on a local cluster of ``--n-workers`` worker processes
 (:func:`datamask_dask.cluster.get_client`, as ``datamask select --n-workers``), and reports from
@@ -31,8 +31,8 @@ def profile(data: str, scope: str, n_workers: int, algorithm: str) -> dict:
     from distributed import get_task_stream
 
     from datamask_dask.cluster import get_client
+    from datamask_dask.dask_engine.operator import plan_selection
     from datamask_dask.io.parquet import read_parquet
-    from datamask_dask.ops.operator import plan_selection
 
     client = get_client("cpu", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
     try:

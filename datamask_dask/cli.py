@@ -513,9 +513,9 @@ def _run_sample(args) -> int:
 
 
 def _run_validate(args, options: dict) -> int:
+    from .dask_engine.validate import validate_table
     from .io.parquet import read_parquet
     from .io.storage import resolve
-    from .ops.validate import validate_table
 
     source = resolve(args.input)
     if not source.exists():
@@ -532,8 +532,8 @@ def _run_demo(args, options: dict) -> None:
     import dask.dataframe as dd
 
     from .config import load_config
+    from .dask_engine.operator import datamask_select
     from .learn.yardstick import measure
-    from .ops.operator import datamask_select
     from .partition.adapters import embedding_matrix
     from .sample_data import make_corpus
 

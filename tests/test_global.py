@@ -92,7 +92,7 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
 
 
 def test_plan_weights_count_every_shadowed_row_once(planted):
-    from datamask_dask.ops.operator import plan_selection
+    from datamask_dask.dask_engine.operator import plan_selection
 
     spec, plan = plan_selection(_ddf(planted[0]), 0.1, seed=0, **FAST)
     plan = plan.compute(scheduler="sync")
@@ -343,7 +343,7 @@ def test_the_shuffles_are_p2p_on_a_cluster_and_in_memory_without_one(client):
 
 
 def _plan_tasks(n_parts: int) -> int:
-    from datamask_dask.ops.operator import plan_selection
+    from datamask_dask.dask_engine.operator import plan_selection
     from datamask_dask.sample_data import make_corpus
 
     ddf = dd.from_pandas(make_corpus(n_parts * 20, 8, seed=1), npartitions=n_parts, sort=False)
@@ -407,8 +407,8 @@ def _plan_digest(plan) -> str:
 @pytest.mark.parametrize("one_task", [True, False])
 def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
     """The writers compute the plan at once, with the search wired as the lazy graph wires it."""
+    from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import search
-    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 4)
@@ -421,7 +421,7 @@ def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
 
 
 def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client):
-    from datamask_dask.ops import operator
+    from datamask_dask.dask_engine import operator
     from datamask_dask.sample_data import make_corpus
 
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
@@ -434,9 +434,9 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     """compute_plan on a cluster: the DataFrame shuffles give the plan the task-to-task wiring and
     the one task give, and they are p2p on the client it is given, though that client is not
     Dask's default."""
+    from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import dask_graph as search
     from datamask_dask.dedup import search as one
-    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
@@ -457,9 +457,9 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
 
 def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatch):
     """With the DataFrame shuffles (p2p) the lazy plan is what the task-to-task wiring plans."""
+    from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import dask_graph as search
     from datamask_dask.dedup import search as one
-    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
@@ -478,8 +478,8 @@ def test_the_plan_graph_holds_each_task_once(monkeypatch):
     """Every partition's summary depends on the table-wide search: the plan graph must hold that
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own
     when it is passed inside a list), or graphs of a few hundred partitions take minutes to cull."""
+    from datamask_dask.dask_engine.operator import plan_selection
     from datamask_dask.dedup import search
-    from datamask_dask.ops.operator import plan_selection
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)

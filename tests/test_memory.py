@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from datamask_dask import OptionError, datamask_select
+from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.learn.options import DataMaskOptions
-from datamask_dask.ops.operator import plan_selection
 from datamask_dask.plan.memory import (
     ROW_BYTES,
     chunk_bytes,
@@ -33,7 +33,7 @@ SCRIPT = r"""
 import json, sys, threading, time
 import dask.dataframe as dd, numpy as np, pandas as pd, psutil, pyarrow as pa
 from datamask_dask import datamask_select
-from datamask_dask.ops.operator import plan_selection
+from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.plan.memory import plan_memory
 
 n, d, budget = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])

@@ -237,7 +237,7 @@ def test_learning_steps_reach_the_client_from_worker_processes(client, tmp_path,
 def test_task_names_say_what_they_are():
     from dask.utils import key_split
 
-    from datamask_dask.ops.operator import datamask_select, plan_selection
+    from datamask_dask.dask_engine.operator import datamask_select, plan_selection
 
     ddf = dd.from_pandas(make_corpus(200, 8, seed=0), npartitions=2, sort=False)
     _, plan = plan_selection(ddf, 0.1, **FAST)

@@ -103,8 +103,8 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
     from datamask_spark import operator as spark_operator
     from pyspark.errors import PySparkException
 
+    from datamask_dask.dask_engine.operator import plan_selection as dask_plan
     from datamask_dask.dedup import search
-    from datamask_dask.ops.operator import plan_selection as dask_plan
     from datamask_dask.sample_data import make_corpus
 
     table = make_corpus(1200, 16, seed=5)

@@ -438,7 +438,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     TableRunReport
     """
     from ..config import load_config
-    from ..ops.operator import apply_plan, column_reads, compute_plan, partitions, selection_spec
+    from ..dask_engine.operator import apply_plan, column_reads, compute_plan, partitions, selection_spec
 
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:

@@ -53,8 +53,8 @@ import pyarrow.parquet as pq
 from .. import progress as progress_bars
 from .. import telemetry
 from ..config import load_config
+from ..dask_engine.operator import compute_plan, partitions, selection_spec
 from ..errors import DataMaskError
-from ..ops.operator import compute_plan, partitions, selection_spec
 from ..partition import adapters
 from ..partition.select import select_partition
 from ..plan.types import Plan

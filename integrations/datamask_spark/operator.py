@@ -1,6 +1,6 @@
 """The Spark operator: ``datamask_select(sdf, ratio=0.1)`` adds a boolean ``selected`` column.
 
-It mirrors the Dask operator (:mod:`datamask_dask.ops.operator`) pass for pass and reuses its
+It mirrors the Dask operator (:mod:`datamask_dask.dask_engine.operator`) pass for pass and reuses its
 engine-agnostic core; Spark only moves partitions, through DataFrame APIs (no RDD, SparkContext,
 broadcast or accumulator), so it runs on classic Spark and on Spark Connect alike.
 
