@@ -48,6 +48,18 @@ def spark_worker_environment() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(paths + sorted(roots - set(paths)))
 
 
+def read_files(spark, directory):
+    """One Spark partition per parquet file, in file-name order (as datamask_dask.read_parquet reads)."""
+    from pathlib import Path
+
+    files = sorted(Path(directory).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
+    frame = None
+    for path in files:
+        part = spark.read.parquet(str(path))
+        frame = part if frame is None else frame.union(part)
+    return frame
+
+
 @pytest.fixture(scope="session")
 def client():
     """A distributed Client on a LocalCluster of 2 worker processes with 1 thread each.

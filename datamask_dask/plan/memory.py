@@ -21,7 +21,7 @@ the partition itself is modelled as (float32 values, ``d`` the embedding dimensi
 leaves; when that chunk would be small (under ``GOOD_CHUNK`` rows) it first lowers
 ``rollout_chunk`` (speed only), then Facility's ``reference_size`` / ``refine_reference``. Each
 is only ever lowered from the value the options give. Embeddings are validated in blocks of at
-most a quarter of the budget. The factors are conservative: ``tests/test_memory.py`` measures
+most a quarter of the budget. The factors are conservative: ``tests/plan/test_memory.py`` measures
 the peak resident memory of a partition larger than its budget on CPU.
 
 Only a budget the user gives sizes chunks: chunk and batch sizes change the result, so what the

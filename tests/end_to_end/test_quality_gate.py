@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-GATE = Path(__file__).resolve().parent.parent / "benchmarks" / "quality_gate.py"
+GATE = Path(__file__).resolve().parents[2] / "benchmarks" / "quality_gate.py"
 
 
 def test_the_default_selections_keep_their_recorded_share_of_greedys_gain():

@@ -66,11 +66,10 @@ def test_every_way_of_running_selects_the_same_rows(parquet_dir, small_workers, 
                  "--seed", str(SEED)]) == 0
     digests["CLI"] = written(tmp_path / "cli")
     if _has_spark():
-        from conftest import spark_worker_environment
+        from conftest import read_files, spark_worker_environment
         from datamask_spark import datamask_select as spark_select
         from datamask_spark.files import write_file_selection
         from pyspark.sql import SparkSession
-        from test_spark import read_files
 
         spark_worker_environment()
         spark = (SparkSession.builder.master("local[2]").appName("datamask-conformance")

@@ -420,7 +420,7 @@ def test_config_sections_per_algorithm(tmp_path):
 def test_config_files_in_the_repository():
     from pathlib import Path
 
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[2] / "conf"
     reference = load_config(conf / "reference.yaml")
     assert {k: reference[k] for k in ("n_epochs", "partial", "n_rollout", "max_lr", "min_lr", "init", "lamb",
                                       "algorithm", "update", "refine", "final")} == {

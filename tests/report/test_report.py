@@ -399,7 +399,7 @@ def test_audit_section_on_the_text_corpus_in_headless_chromium(tmp_path):
     from datamask_dask.text import embed, score_quality
 
     browser = _browser()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     try:
         from text_pipeline import build_corpus
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "datamask_dask"
+PACKAGE = Path(__file__).resolve().parents[2] / "datamask_dask"
 ROOT = PACKAGE.parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

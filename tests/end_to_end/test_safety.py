@@ -19,7 +19,7 @@ from datamask_dask import OptionError, load_config, write_selection
 from datamask_dask.cli import main
 from datamask_dask.io.writer import work_dir
 
-PACKAGE = Path(__file__).resolve().parents[1] / "datamask_dask"
+PACKAGE = Path(__file__).resolve().parents[2] / "datamask_dask"
 FAST_FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"])]
 # What the package must never do with a user's file, each with a line that does it: ruff's bandit
 # rules (S) and banned APIs (TID251, pyproject.toml) must refuse every one in the package's code.

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from nbclient import NotebookClient
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def test_quickstart_notebook(tmp_path):

@@ -23,7 +23,7 @@ from datamask_dask.text.cli import text_command  # noqa: E402
 from datamask_dask.text.embedding import default_model_path  # noqa: E402
 
 FAST = {"n_epochs": 20, "n_rollout": 8}
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "text_pipeline.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "text_pipeline.py"
 
 GOOD = ("The history of the city begins in the twelfth century, when a small group of merchants settled on "
         "the bank of the river. Over the following decades they built a market, a church and a bridge, and "

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 BLOCK = re.compile(r"^```(python|bash)\n(.*?)^```", re.M | re.S)
 

@@ -7,14 +7,13 @@ order (a union of per-file reads), so Spark and Dask see the same partitions.
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
 
-from conftest import FAST, spark_worker_environment  # noqa: E402
+from conftest import FAST, read_files, spark_worker_environment  # noqa: E402
 from datamask_spark import datamask_select, spark_errors  # noqa: E402
 
 import datamask_dask  # noqa: E402
@@ -32,16 +31,6 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
-
-
-def read_files(spark, directory):
-    """One Spark partition per parquet file, in file-name order (as datamask_dask.read_parquet reads)."""
-    files = sorted(Path(directory).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
-    frame = None
-    for path in files:
-        part = spark.read.parquet(str(path))
-        frame = part if frame is None else frame.union(part)
-    return frame
 
 
 @pytest.fixture(scope="module")
