@@ -33,18 +33,27 @@ def _corpus(rows: int, seed: int) -> pa.Table:
 
 
 @pytest.fixture
-def sources(tmp_path):
+def sources(tmp_path, monkeypatch):
     """Two parquet directories of 3 files (3 partitions, in file-name order): good, and the same with a
-    NaN in an embedding of the last file."""
+    NaN in an embedding of the file the scheduler selects last (so the others are written first)."""
     import pyarrow.parquet as pq
+
+    from datamask_dask.io import tables
 
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
     bad.mkdir()
-    for number in range(3):
-        part = _corpus(400, number).set_column(0, "chunk_id", pa.array(np.arange(400) + 400 * number))
+    parts = [_corpus(400, number).set_column(0, "chunk_id", pa.array(np.arange(400) + 400 * number))
+             for number in range(3)]
+    for number, part in enumerate(parts):
         pq.write_table(part, good / f"part.{number}.parquet")
-        if number == 2:
+    order, select = [], tables._select_part
+    monkeypatch.setattr(tables, "_select_part", lambda frame, plan, number, *args: order.append(number) or
+                        select(frame, plan, number, *args))
+    select_table(str(good), str(tmp_path / "order"), 0.1, **OPTIONS, **LATE_CHECK)
+    monkeypatch.undo()
+    for number, part in enumerate(parts):
+        if number == order[-1]:
             vectors = part.column("feature_arr").to_pylist()
             vectors[5][3] = float("nan")
             part = part.set_column(2, "feature_arr", pa.array(vectors, pa.list_(pa.float32())))
