@@ -43,6 +43,7 @@ def test_select_file_to_file(tmp_path, corpus, capsys):
     assert sorted(os.listdir(tmp_path)) == ["in.parquet", "out.parquet"]  # no staging left behind
 
 
+@pytest.mark.slow
 def test_select_directory_on_the_cluster(tmp_path, corpus, client, capsys):
     source, target = tmp_path / "in", tmp_path / "out"
     dd.from_pandas(corpus, npartitions=3, sort=False).to_parquet(source)  # written by dask
@@ -123,6 +124,7 @@ def test_usage_errors():
         main(["select", "--n_epochs", "many"])
 
 
+@pytest.mark.slow
 def test_console_script_demo(tmp_path):
     script = shutil.which("datamask", path=str(Path(sys.executable).parent))
     assert script, "the datamask entry point is not installed in this environment"

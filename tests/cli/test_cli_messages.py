@@ -101,6 +101,7 @@ def test_non_parquet_input_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and "--input" in err[0] and "parquet" in err[0]
 
 
+@pytest.mark.slow
 def test_errors_on_a_cluster_are_one_line(tmp_path, corpus):
     frame = corpus.copy()
     frame.loc[3, "quality_score"] = np.nan

@@ -120,6 +120,7 @@ def _check(result: pd.DataFrame, source: pd.DataFrame, options: dict) -> None:
     assert int(result["selected"].sum()) == _expected_total(source, options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_datamask_select_on_every_shape(shape, table, parquet_input, client):
     build, where, options = SHAPES[shape]
@@ -130,6 +131,7 @@ def test_datamask_select_on_every_shape(shape, table, parquet_input, client):
     _check(result, source, options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_write_selection_on_every_shape(shape, table, parquet_input, client, tmp_path):
     build, where, options = SHAPES[shape]
@@ -146,6 +148,7 @@ def test_write_selection_on_every_shape(shape, table, parquet_input, client, tmp
     assert set(written.columns) >= {*map(str, source.columns), "selected"}
 
 
+@pytest.mark.slow
 def test_the_lazy_result_gives_one_selection_however_it_is_computed(table, client, tmp_path):
     ddf = dd.concat([dd.from_pandas(table.iloc[:250], npartitions=2),
                      dd.from_pandas(table.iloc[250:], npartitions=2)])

@@ -205,6 +205,7 @@ def test_token_budget_per_group(corpus):
 # ------------------------------------------------------------------ determinism
 
 
+@pytest.mark.slow
 def test_same_selection_on_every_scheduler_and_worker_count(client, corpus):
     ddf = dd.from_pandas(_with_groups_and_tokens(corpus), npartitions=4, sort=False)
     out = datamask_select(ddf, ratio=0.1, seed=11, score_column="score", **FAST)

@@ -303,6 +303,7 @@ def test_best_edges_and_key_order_match_their_sorts():
 
 @pytest.mark.parametrize(("wiring", "method"), [("task_groups", None), ("shuffled_groups", "tasks"),
                                                ("shuffled_groups", "p2p")])
+@pytest.mark.slow
 def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method):
     """Both wirings of the search give the in-process stages' groups, whatever order a shuffle
     delivers rows in (the DataFrame shuffles: in memory on the synchronous scheduler, p2p on a
@@ -350,6 +351,7 @@ def _plan_tasks(n_parts: int) -> int:
     return len(dict(plan_selection(ddf, 0.1)[1].__dask_graph__()))
 
 
+@pytest.mark.slow
 def test_above_shuffle_partitions_the_plan_graph_grows_linearly(monkeypatch):
     """Above ``SHUFFLE_PARTITIONS`` every all-to-all step of the search is a DataFrame shuffle: with
     p2p (a cluster's), four times the partitions give about four times the plan's tasks. Wired task
@@ -430,6 +432,7 @@ def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client)
     assert _plan_digest(now) == _plan_digest(lazy.compute(scheduler=client))
 
 
+@pytest.mark.slow
 def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monkeypatch):
     """compute_plan on a cluster: the DataFrame shuffles give the plan the task-to-task wiring and
     the one task give, and they are p2p on the client it is given, though that client is not
@@ -455,6 +458,7 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     assert sum(len(v) for v in plans[4].shadowed.values()) > 0
 
 
+@pytest.mark.slow
 def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatch):
     """With the DataFrame shuffles (p2p) the lazy plan is what the task-to-task wiring plans."""
     from datamask_dask.dask_engine import operator

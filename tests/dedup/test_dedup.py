@@ -77,6 +77,7 @@ def compiled(monkeypatch):
     monkeypatch.setattr(search, "COMPILED_ROWS", 0)
 
 
+@pytest.mark.slow
 def test_one_task_and_many_shards_find_the_same_groups():
     """The groups (shadowed rows, kept rows and their weights) of random small tables with planted
     copies, chains and large buckets are the same in one task as in the sharded stages, whatever

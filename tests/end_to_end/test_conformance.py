@@ -22,6 +22,8 @@ from datamask_dask.io.parquet import write_parquet
 from datamask_dask.io.writer import write_selection
 from datamask_dask.sample_data import make_corpus
 
+pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset
+
 SEED = 7
 
 

@@ -55,6 +55,7 @@ def test_blocks_that_do_not_run_say_why():
             assert re.match(r"# not run: \S", first), f"{page.name}: say why the block does not run: {first}"
 
 
+@pytest.mark.slow
 def test_every_runnable_code_block_of_the_docs_runs(tmp_path):
     runnable = [(page, kind, code) for page, kind, code in _blocks() if not code.startswith("# not run")]
     assert len(runnable) >= 4

@@ -11,6 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -89,6 +89,7 @@ def test_the_import_contracts_refuse_an_upward_import(tmp_path):
 
 @pytest.mark.parametrize("module", ["datamask_dask.learn", "datamask_dask.learn.engine",
                                     "datamask_dask.learn.baselines"])
+@pytest.mark.slow
 def test_the_learner_loads_no_dataframe_library(module):
     code = (f"import sys, {module} as m; getattr(m, '__all__', None); "
             "print(sorted(x for x in ('pandas', 'dask', 'pyarrow', 'cudf', 'distributed') "
@@ -97,6 +98,7 @@ def test_the_learner_loads_no_dataframe_library(module):
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_the_face_names_resolve_lazily():
     code = ("import sys, datamask_dask as d; before = 'dask' in sys.modules; "
             "names = [getattr(d, n) for n in d.__all__]; print(before, 'dask' in sys.modules, len(names))")

@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset
+
 GATE = Path(__file__).resolve().parents[2] / "benchmarks" / "quality_gate.py"
 
 

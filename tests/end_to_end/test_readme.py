@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
+
+pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

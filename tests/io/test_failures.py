@@ -62,6 +62,7 @@ def target(request, tmp_path):
     return resolve(f"s3://lake/killed-worker-{tmp_path.name}", options)
 
 
+@pytest.mark.slow
 def test_killed_worker_gives_the_same_result(target, source, expected):
     from distributed import Client, LocalCluster
 

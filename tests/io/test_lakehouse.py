@@ -94,6 +94,7 @@ def test_delta_read_partitions_projection_and_time_travel(delta_source):
     assert len(read_delta(delta_source, timestamp=when)) == FIRST
 
 
+@pytest.mark.slow
 def test_delta_round_trip_full_table(delta_source, tmp_path):
     out = tmp_path / "out_delta"
     report = select_table(f"delta://{delta_source}", f"delta://{out}", RATIO, **OPTIONS)
@@ -271,6 +272,7 @@ def test_iceberg_failure_in_the_middle_of_a_write_leaves_the_table(catalog, cata
         write_iceberg(replacement, catalog, "ns.source", mode="append")
 
 
+@pytest.mark.slow
 def test_iceberg_catalog_by_name_from_pyiceberg_configuration(tmp_path, catalog_properties, iceberg_source):
     """``iceberg://local/...``, the catalog only in ``$PYICEBERG_HOME/.pyiceberg.yaml`` (read at import)."""
     import os

@@ -29,6 +29,8 @@ from datamask_dask.sample_data import make_corpus
 pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'datamask-dask[s3]')")
 pytest.importorskip("moto", reason="moto[server] is not installed (the test extra brings it)")
 
+pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset
+
 N_PARTS = 6
 FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"]), "--select_ratio", "0.1",
          "--seed", "5"]

@@ -95,6 +95,7 @@ def test_overwrite_refuses_a_foreign_single_file(tmp_path, corpus, capsys):
     assert foreign.read_bytes() == b"not parquet at all"
 
 
+@pytest.mark.slow
 def test_run_record_is_kept_with_the_output(tmp_path, corpus, parquet_dir):
     out = tmp_path / "out"
     ddf = read_parquet(parquet_dir)

@@ -86,6 +86,7 @@ def test_uninterrupted_run_matches_the_operator(eight_parts, reference):
     assert not work_dir(reference).exists()  # the work directory goes once the output is published
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_without_recomputing_finished_partitions(tmp_path, eight_parts, reference, killed,
                                                                     capsys):
     target = tmp_path / "out"

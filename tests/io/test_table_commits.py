@@ -125,6 +125,7 @@ def test_an_iceberg_run_failing_after_some_files_were_written_leaves_the_table(s
     assert not catalog.table_exists("out.new")
 
 
+@pytest.mark.slow
 def test_a_killed_delta_run_resumes_from_the_files_its_tasks_wrote(sources, tmp_path, capsys):
     import json
     import os

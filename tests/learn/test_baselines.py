@@ -135,6 +135,7 @@ def test_incremental_objective_matches_evaluate_selection(algorithm):
 # --------------------------------------------------------------------------- every baseline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", BASELINES, ids=lambda f: f.__name__)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_returns_k_distinct_indices(fn, algorithm):
@@ -193,6 +194,7 @@ def test_lazy_greedy_equals_plain_greedy(algorithm, lamb, memory):
     np.testing.assert_array_equal(lazy, plain)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("lamb", [0.0, 0.5])
 def test_greedy_beats_random_and_quality_topk(algorithm, lamb):

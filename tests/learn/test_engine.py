@@ -73,6 +73,7 @@ def test_beats_random_and_quality_topk_at_lamb_half(chunk, algorithm):
     assert score > top
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_matches_brute_force_on_tiny_chunks(algorithm):
     """n <= 20: the learner finds the exact optimum for most seeds."""
@@ -136,6 +137,7 @@ def test_aliases_are_case_insensitive():
     assert DataMaskOptions(algorithm="FACILITY").metric_weights == (("facility", 1.0),)
 
 
+@pytest.mark.slow
 def test_memory_does_not_grow_with_n_squared():
     """100k rows: an n x n float matrix would need 40 GB; the learner must stay far below 2 GB."""
     code = (

@@ -74,6 +74,7 @@ def test_a_gain_scaled_lamb_trades_quality_for_diversity_where_the_paper_scale_h
     assert 0.2 < gain.quality < 1 and 0.2 < gain.diversity < 1  # neither term left out
 
 
+@pytest.mark.slow
 def test_facility_on_an_approximate_graph_keeps_most_of_greedys_gain():
     """Each row's gain counts above the floor of its last listed neighbour: a single probe of the
     clustered k-NN search misses neighbours, and counting from 0 would overrate covering their rows."""

@@ -91,6 +91,7 @@ print(json.dumps({"partition_bytes": int(frame.memory_usage(deep=True).sum()),
 """
 
 
+@pytest.mark.slow
 def test_a_partition_larger_than_the_budget_stays_under_it():
     n, d = 40_000, 192
     run = subprocess.run([sys.executable, "-c", SCRIPT, str(n), str(d), str(BUDGET)], capture_output=True,

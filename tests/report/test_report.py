@@ -282,6 +282,7 @@ def pages(run, tmp_path_factory):
             "linked": build_report(out, root / "linked", embed=False, sample_rows=800)}
 
 
+@pytest.mark.slow
 def test_report_renders_valid_pngs(pages):
     from PIL import Image
 
@@ -348,6 +349,7 @@ window.addEventListener("load", function () {
 </script>"""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["embedded", "linked"])
 def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
     browser = _browser()
@@ -385,6 +387,7 @@ def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
     assert colours is not None and len(colours) > 20  # the page drew something, not a blank window
 
 
+@pytest.mark.slow
 def test_audit_section_on_the_text_corpus_in_headless_chromium(tmp_path):
     """The text path's example corpus (paragraphs of this machine's Python: licences and notices
     repeat), embedded and scored, selected with explain: the report's audit section, as Chromium

@@ -55,6 +55,7 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
     assert np.isfinite(got.loc[got["selected"], "score"]).all()
 
 
+@pytest.mark.slow
 def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corpus, tmp_path, monkeypatch):
     """Above ONE_TASK_PARTITIONS both engines run the sharded near-duplicate stages (Spark as DataFrame steps,
     Dask as a graph): the same copies are set aside, so the same rows are selected."""
@@ -77,6 +78,7 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
     assert not any(i in chosen and i + 100_000 in chosen for i in copied)  # never a row and its copy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("persist", ["allowed", "refused"])
 def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark, tmp_path, monkeypatch,
                                                                           persist):
@@ -137,6 +139,7 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
         np.testing.assert_array_equal(plan.weights[p][1], weights)
 
 
+@pytest.mark.slow
 def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parquet_dir, tmp_path):
     """The job's writer (Python workers write parquet): the same rows as Dask, every column, a run record."""
     import pyarrow.parquet as pq
@@ -167,6 +170,7 @@ def _lang_tokens(frame):
     return frame.assign(lang=np.where(ids % 3 == 0, "de", "en"), n_tokens=ids % 50 + 10)
 
 
+@pytest.mark.slow
 def test_groups_prune_and_token_budget_match_dask(spark, sdf, parquet_dir):
     from pyspark.sql import functions as F
 
@@ -185,6 +189,7 @@ def test_groups_prune_and_token_budget_match_dask(spark, sdf, parquet_dir):
     assert 5000 - 60 * 4 < budget["n_tokens"].sum() <= 5000
 
 
+@pytest.mark.slow
 def test_bad_data_names_the_spark_partition(spark, sdf):
     from pyspark.sql import functions as F
 
@@ -201,6 +206,7 @@ def test_bad_data_names_the_spark_partition(spark, sdf):
         datamask_select(sdf, ratio=0.1, quality_column="quality")
 
 
+@pytest.mark.slow
 def test_select_pass_error_reaches_the_driver_as_the_package_error(sdf):
     from pyspark.sql import functions as F
 
@@ -215,6 +221,7 @@ def test_select_pass_error_reaches_the_driver_as_the_package_error(sdf):
     assert "Traceback" not in str(caught.value) and "DATAMASK-ERROR" not in str(caught.value)
 
 
+@pytest.mark.slow
 def test_empty_partitions(sdf):
     # the middle 2 of 4 partitions empty (partition p of sdf holds rows 400 p to 400 p + 399)
     mixed = sdf.where("chunk_id < 400 or chunk_id >= 1200")
@@ -222,6 +229,7 @@ def test_empty_partitions(sdf):
     assert got == 80
 
 
+@pytest.mark.slow
 def test_select_parquet_job_follows_the_output_rules(spark, parquet_dir, tmp_path):
     """The CLI's --engine spark job: exact count, a run record, no overlap with the input, and no
     overwrite of what datamask did not write."""
@@ -247,6 +255,7 @@ def test_select_parquet_job_follows_the_output_rules(spark, parquet_dir, tmp_pat
     assert (foreign / "notes.txt").read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_file_selection_reads_the_pieces_in_the_workers(spark, corpus, parquet_dir, tmp_path):
     """Parquet in, parquet out with the workers reading their pieces: the Dask reader's partitions,
     hence Dask's rows; every column with the input's Arrow types; a run record."""
@@ -273,6 +282,7 @@ def test_file_selection_reads_the_pieces_in_the_workers(spark, corpus, parquet_d
         write_file_selection(spark, parquet_dir, parquet_dir / "out", ratio=0.1)
 
 
+@pytest.mark.slow
 def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -299,6 +309,7 @@ def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tm
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tmp_path, capsys):
     """``datamask select --engine spark`` on a parquet directory: the file job, Dask's rows."""
     import pyarrow.parquet as pq
@@ -323,6 +334,7 @@ def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tm
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_file_selection_reads_delta_and_iceberg_tables(spark, corpus, tmp_path):
     """Delta and Iceberg inputs: the workers read the snapshot's files (deltalake fragments, pyiceberg
     scan tasks), the same partitions as the Dask readers, hence Dask's rows."""
@@ -360,6 +372,7 @@ def test_file_selection_reads_delta_and_iceberg_tables(spark, corpus, tmp_path):
         assert set(got.loc[got["selected"], "chunk_id"]) == set(want.loc[want["selected"], "chunk_id"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharded", [False, True])
 def test_spark_and_dask_give_the_same_reasons(sdf, parquet_dir, monkeypatch, sharded):
     """explain=True on the same partitions: the same reason, duplicate_of and similarity for every row,
@@ -385,6 +398,7 @@ def test_spark_and_dask_give_the_same_reasons(sdf, parquet_dir, monkeypatch, sha
     assert want["duplicate_of"].dtype == pd.ArrowDtype(pa.int64())
 
 
+@pytest.mark.slow
 def test_file_selection_explains_as_dask_does(spark, parquet_dir, tmp_path):
     """The Spark file job writes the reasons Dask gives on the same partitions."""
     import pandas as pd

@@ -18,6 +18,7 @@ from datamask_spark import datamask_select  # noqa: E402
 import datamask_dask  # noqa: E402
 from datamask_dask.errors import InputDataError  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset
 
 @pytest.fixture(scope="module")
 def connect():

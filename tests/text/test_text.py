@@ -62,6 +62,7 @@ def test_embed_shape_dtype_and_determinism():
     np.testing.assert_allclose(np.linalg.norm(mean, axis=1), 1.0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_model_loaded_once_per_worker_process(client):
     before = client.run(load_count)
     texts = [f"Document number {i} talks about topic {i % 7}." for i in range(48)]
@@ -128,6 +129,7 @@ def test_bad_text_is_named(stage):
         stage(nulls, text_column="txt")
 
 
+@pytest.mark.slow
 def test_text_path_end_to_end_on_cluster(client):
     rng = np.random.default_rng(0)
     topics = ["rivers and lakes", "compilers and parsers", "medieval trade", "tennis matches", "bread baking"]
@@ -169,6 +171,7 @@ def test_select_helper_fills_missing_columns():
     assert list(filled.columns) == ["text", "quality_score", "feature_arr"]  # quality kept as given
 
 
+@pytest.mark.slow
 def test_example_meets_target(client, tmp_path):
     # 1000 paragraphs, the example's default size: at 500 the corpus holds too few duplicate clusters
     # for the comparison with random to be stable.
