@@ -20,6 +20,7 @@ Embeddings are checked in blocks of rows, so validating a partition needs about
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from .. import telemetry
 from ..dedup import simhash
 from ..errors import InputDataError, Problem, problems_error
 from ..plan.quotas import make_sketch
+from ..plan.types import CellSummary, PartitionSummary
 from . import adapters
 from .spec import SelectSpec, check_embedding_type
 
@@ -336,7 +338,7 @@ def _digest(frame, spec: SelectSpec, check: PartitionCheck, vectors: np.ndarray 
 
 
 
-def summarise_partition(frame, number: int, spec: SelectSpec) -> dict:
+def summarise_partition(frame, number: int, spec: SelectSpec) -> PartitionSummary:
     """One partition's contribution to the plan, after its checks: rows, dimension, sketches."""
     scan = scan_partition(frame, number, spec)
     return summarise_scan(scan)
@@ -365,7 +367,7 @@ def duplicate_input(scan: dict) -> dict:
     return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}
 
 
-def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> dict:
+def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> PartitionSummary:
     """Round 2: the partition's plan summary, its shadowed rows left out of the sketches.
 
     ``groups``: the partition's entry of :func:`datamask_dask.dedup.search.find_groups` (its
@@ -376,9 +378,9 @@ def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> dict:
         summary = summarise_check(scan["check"], groups["shadowed"], groups["kept"], groups["weights"])
     else:
         summary = summarise_check(scan["check"], groups)
-    if "ids" in scan and isinstance(groups, dict) and "parent" in groups:
-        summary["links"] = duplicate_links(scan, groups)
-    return {**summary, "stages": scan["stages"]}
+    explained = "ids" in scan and isinstance(groups, dict) and "parent" in groups
+    links = duplicate_links(scan, groups) if explained else None
+    return dataclasses.replace(summary, stages=scan["stages"], links=links)
 
 
 def duplicate_links(scan: dict, groups: dict) -> dict:
@@ -401,7 +403,7 @@ def _codes(check) -> tuple[np.ndarray, list]:
 
 
 def summarise_check(check, shadowed: np.ndarray | None = None, kept: np.ndarray | None = None,
-                    weights: np.ndarray | None = None) -> dict:
+                    weights: np.ndarray | None = None) -> PartitionSummary:
     """The plan summary of a partition that passed :func:`~datamask_dask.partition.checks.check_partition`.
 
     ``shadowed``: positions of the partition's rows that are near-duplicates of a better row (see
@@ -423,17 +425,17 @@ def summarise_check(check, shadowed: np.ndarray | None = None, kept: np.ndarray 
         rows = codes == code
         q = check.quality[rows]
         tokens = None if check.tokens is None else check.tokens[rows]
-        cell = {"sketch": make_sketch(q, tokens), "min": float(q.min()), "max": float(q.max()),
-                "n": int(rows.sum())}
+        sketch = make_sketch(q, tokens)
+        cell = CellSummary(sketch=sketch, min=float(q.min()), max=float(q.max()), n=int(rows.sum()))
         if hidden[rows].any():
-            kept = ~hidden[rows]
-            cell["sketch_all"] = cell["sketch"]
-            cell["sketch"] = make_sketch(q[kept], None if tokens is None else tokens[kept])
-            cell["shadowed"] = np.flatnonzero(rows & hidden).astype(np.int64)
-            cell["kept"] = np.flatnonzero(rows & (weight > 1)).astype(np.int64)
-            cell["weights"] = weight[cell["kept"]]
+            remain = ~hidden[rows]
+            stand_for = np.flatnonzero(rows & (weight > 1)).astype(np.int64)
+            cell = dataclasses.replace(
+                cell, sketch=make_sketch(q[remain], None if tokens is None else tokens[remain]),
+                sketch_all=sketch, shadowed=np.flatnonzero(rows & hidden).astype(np.int64), kept=stand_for,
+                weights=weight[stand_for])
         cells[label] = cell
-    return {"n": check.rows, "cells": cells, "dim": check.dim, "digest": check.digest}
+    return PartitionSummary(n=check.rows, cells=cells, dim=check.dim, digest=check.digest)
 
 
 

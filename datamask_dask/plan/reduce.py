@@ -24,7 +24,7 @@ import numpy as np
 from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
 from .quotas import plan_rows, plan_tokens
-from .types import Cell, Plan
+from .types import Cell, PartitionSummary, Plan
 
 SHOW = 5  # values quoted in a message
 
@@ -33,7 +33,7 @@ def _group_sort_key(label):
     return (type(label).__name__, label)
 
 
-def make_plan(summaries: list[dict], ids, dim, spec) -> Plan:
+def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
     """Integer quotas (or token budgets) per partition and group, and the table-wide quality range.
 
     Raises
@@ -43,47 +43,47 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> Plan:
     OptionError
         For a ratio or token budget the data cannot meet.
     """
-    dims = [s.get("dim") for s in summaries]
+    dims = [s.dim for s in summaries]
     problems = duplicate_problems(ids, spec.id_column) + dimension_problems(dims, spec.embedding_column)
     if problems:
         raise problems_error(problems)
     if dim is None:
         dim = next((d for d in dims if d is not None), None)
-    labels = sorted({label for s in summaries for label in s["cells"]}, key=_group_sort_key)
+    labels = sorted({label for s in summaries for label in s.cells}, key=_group_sort_key)
     cells: dict[int, list] = {}
     ranges = {}
     shadowed: dict[int, list] = {}
     weights: dict[int, list] = {}
     for index, label in enumerate(labels):
-        members = [(p, s["cells"][label]) for p, s in enumerate(summaries) if label in s["cells"]]
-        n_rows = sum(c.get("n", c["sketch"].n_rows) for _, c in members)
-        ranges[index] = (min(c["min"] for _, c in members), max(c["max"] for _, c in members))
-        deduplicated = any("shadowed" in c for _, c in members)
+        members = [(p, s.cells[label]) for p, s in enumerate(summaries) if label in s.cells]
+        n_rows = sum(c.n for _, c in members)
+        ranges[index] = (min(c.min for _, c in members), max(c.max for _, c in members))
+        deduplicated = any(c.shadowed is not None for _, c in members)
         try:
-            plan = _plan_group(label, [c["sketch"] for _, c in members], n_rows, spec)
+            plan = _plan_group(label, [c.sketch for _, c in members], n_rows, spec)
         except OptionError:
             if not deduplicated:
                 raise
             # Too few rows are left once near-duplicates are set aside: plan this group on every row.
-            plan, deduplicated = _plan_group(label, [c.get("sketch_all", c["sketch"]) for _, c in members],
-                                             n_rows, spec), False
+            every_row = [c.sketch if c.sketch_all is None else c.sketch_all for _, c in members]
+            plan, deduplicated = _plan_group(label, every_row, n_rows, spec), False
         for (partition, cell), (eligible, quota, budget) in zip(members, plan.T, strict=True):
             cells.setdefault(partition, []).append(
                 Cell(label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
-            if deduplicated and "shadowed" in cell:
-                shadowed.setdefault(partition, []).append(cell["shadowed"])
-                if len(cell.get("kept", ())):
-                    weights.setdefault(partition, []).append((cell["kept"], cell["weights"]))
+            if deduplicated and cell.shadowed is not None:
+                shadowed.setdefault(partition, []).append(cell.shadowed)
+                if cell.kept is not None and len(cell.kept):
+                    weights.setdefault(partition, []).append((cell.kept, cell.weights))
     return Plan(spec=spec, cells={p: tuple(c) for p, c in cells.items()},
-                rows=tuple(int(s["n"]) for s in summaries), dim=dim, ranges=ranges,
+                rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
                 weights={p: _stack_weights(v) for p, v in weights.items()},
-                digests=tuple(s.get("digest", "") for s in summaries),
-                stages=telemetry.add_up(s.get("stages") for s in summaries),
+                digests=tuple(s.digest for s in summaries),
+                stages=telemetry.add_up(s.stages for s in summaries),
                 explain=duplicate_links(summaries) if spec.explain else {})
 
 
-def duplicate_links(summaries: list[dict]) -> dict:
+def duplicate_links(summaries: list[PartitionSummary]) -> dict:
     """Per partition, its near-duplicates' positions, the ids of the rows they stand behind, and the
     cosine estimated from the two rows' SimHash signatures (``explain=True``).
 
@@ -92,7 +92,7 @@ def duplicate_links(summaries: list[dict]) -> dict:
     """
     out = {}
     for number, summary in enumerate(summaries):
-        links = summary.get("links")
+        links = summary.links
         if links is None or not len(links["shadowed"]):
             continue
         ref = links["parent"]
@@ -101,7 +101,7 @@ def duplicate_links(summaries: list[dict]) -> dict:
         theirs = np.zeros((ref.size, links["signatures"].shape[1]), dtype=np.uint8)
         for q in np.unique(part).tolist():
             mine = part == q
-            parents = summaries[q].get("links") or {"parents": np.zeros(0, dtype=np.int64)}
+            parents = summaries[q].links or {"parents": np.zeros(0, dtype=np.int64)}
             named = parents["parents"]
             at = np.searchsorted(named, position[mine])
             listed = named.size and (named[np.minimum(at, named.size - 1)] == position[mine]).all()

@@ -17,6 +17,38 @@ if TYPE_CHECKING:  # the spec is the partition room's; the plan only carries it
 
 
 @dataclass(frozen=True)
+class CellSummary:
+    """One group's rows in one partition, as the reduction plans them (no row leaves the worker)."""
+
+    sketch: object  # quotas.QualitySketch of the rows that remain (near-duplicates set aside)
+    min: float  # the group's quality range in the partition
+    max: float
+    n: int  # rows in all
+    # with near-duplicates set aside (table scope): the sketch of every row (the fallback when too
+    # few rows remain for the quota), the set-aside rows' positions, and the positions of the kept
+    # rows that stand for a group of copies with the group sizes
+    sketch_all: object | None = None
+    shadowed: np.ndarray | None = None
+    kept: np.ndarray | None = None
+    weights: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class PartitionSummary:
+    """One partition's contribution to the plan, after its checks."""
+
+    n: int  # rows
+    cells: Mapping[object, CellSummary]  # group label -> its rows here
+    dim: int | None  # the embedding dimension read (None: not read)
+    digest: str = ""  # the content digest of the columns read
+    stages: Mapping[str, float] = field(default_factory=dict)  # seconds of the plan pass's stages
+    links: dict | None = None  # explain: near-duplicates' parents (checks.duplicate_links)
+
+
+EMPTY_SUMMARY = PartitionSummary(n=0, cells={}, dim=None)
+
+
+@dataclass(frozen=True)
 class Cell:
     """One group's share of one partition: what its select task learns there."""
 

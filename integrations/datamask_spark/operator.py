@@ -67,7 +67,7 @@ from datamask_dask.partition.checks import (
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
-from datamask_dask.plan.types import Plan
+from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
 
 from .shards import cached, sharded_summaries
 
@@ -176,7 +176,7 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     return summaries, ids, dim
 
 
-def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
+def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[PartitionSummary]:
     """Each partition's summary, in partition order, from the plan pass's rows (a DataFrame of
     :data:`PLAN_SCHEMA`, one row per partition), which this runs.
 
@@ -207,7 +207,7 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
         return gather_summaries(sharded_summaries(scans, spec.duplicate_cosine, n_rows, n_parts), spec)
 
 
-def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
+def gather_summaries(rows: list, spec: SelectSpec) -> list[PartitionSummary]:
     """Each partition's summary, in partition order, from the plan pass's collected rows. Rows that
     hold scans (table scope, a table one task can hold) have the table-wide near-duplicate search
     run here, on the driver, first."""
@@ -227,7 +227,7 @@ def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
     return [payloads[p]["summary"] if p in payloads else _EMPTY for p in range(count)]
 
 
-_EMPTY = {"n": 0, "cells": {}, "dim": None, "digest": "", "stages": {}}
+_EMPTY = EMPTY_SUMMARY
 
 
 class SummaryTask:
