@@ -109,7 +109,7 @@ def measure(paths: list[Path], rows: int, workers: int, method: str | None, wiri
         stop.set()
         watcher.join()
     return {"seconds": seconds, "tasks": tasks, "peak": peak[0], "digest": digest(groups),
-            "shadowed": sum(len(g["shadowed"]) for g in groups)}
+            "shadowed": sum(len(g.shadowed) for g in groups)}
 
 
 def main(argv=None) -> int:

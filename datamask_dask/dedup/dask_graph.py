@@ -49,6 +49,7 @@ import pandas as pd
 from dask.delayed import Delayed
 
 from ..graph_keys import listed, named_task
+from .groups import DuplicateGroups
 from .search import find_groups, one_task
 from .stages import (
     BANDS,
@@ -323,6 +324,6 @@ def _partition_groups(rows: pd.DataFrame) -> dict:
     kept, child = weight > 0, weight == 0
     order = np.argsort(position[kept])
     by_child = np.argsort(position[child])
-    return {"shadowed": position[child][by_child], "kept": position[kept][order],
-            "weights": weight[kept][order], "parent": parent[child][by_child],
-            "parents": np.unique(position[weight == _IS_PARENT])}
+    return DuplicateGroups(shadowed=position[child][by_child], kept=position[kept][order],
+                           weights=weight[kept][order], parent=parent[child][by_child],
+                           parents=np.unique(position[weight == _IS_PARENT]))

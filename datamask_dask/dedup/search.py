@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .groups import DuplicateGroups
 from .simhash import SIGNATURE_BYTES, VERIFY_MARGIN, hamming_threshold
 from .stages import (
     ANCHORS,
@@ -65,11 +66,11 @@ def one_task(n_parts: int) -> bool:
 
 
 def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]:
-    """Shadowed rows of each partition: the ``"shadowed"`` entries of :func:`find_groups`."""
-    return [found["shadowed"] for found in find_groups(parts, cosine)]
+    """Shadowed rows of each partition: the ``shadowed`` of each of :func:`find_groups`'s groups."""
+    return [found.shadowed for found in find_groups(parts, cosine)]
 
 
-def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
+def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups]:
     """The near-duplicate groups of the whole table, per partition, in one task.
 
     Parameters
@@ -288,7 +289,7 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
     return tried
 
 
-def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[dict]:
+def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroups]:
     """Per partition, the shadowed rows and the kept rows' weights from each row's parent.
 
     Each shadowed row counts for the kept row its parents lead to within ``ROUNDS`` steps (as the
@@ -314,13 +315,14 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[dict]:
         low, high = offsets[i], offsets[i + 1]
         mine = kept[(kept >= low) & (kept < high)]
         here = (shadowed >= low) & (shadowed < high)
-        out.append({"shadowed": shadowed[here] - low, "kept": mine - low, "weights": count[mine] + 1,
-                    "parent": parent_ref[here],
-                    "parents": parents[(parents >= low) & (parents < high)] - low})
+        out.append(DuplicateGroups(shadowed=shadowed[here] - low, kept=mine - low, weights=count[mine] + 1,
+                                   parent=parent_ref[here],
+                                   parents=parents[(parents >= low) & (parents < high)] - low))
     return out
 
 
-def table_groups(parts: list[dict], cosine: float = 0.95, n_parts: int | None = None) -> list[dict]:
+def table_groups(parts: list[dict], cosine: float = 0.95,
+                 n_parts: int | None = None) -> list[DuplicateGroups]:
     """The near-duplicate groups of the whole table, per partition, in the wiring an engine takes
     for ``n_parts`` partitions (default ``len(parts)``): :func:`find_groups` where :func:`one_task`
     says so, the sharded stages (:func:`~datamask_dask.dedup.stages.find_groups_sharded`) otherwise.

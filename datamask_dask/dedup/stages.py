@@ -47,6 +47,7 @@ import math
 
 import numpy as np
 
+from .groups import DuplicateGroups
 from .simhash import (
     _PAIR_BATCH,
     SIGNATURE_BITS,
@@ -458,10 +459,10 @@ def partition_groups(pieces: list) -> dict:
     parents = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[4] for p in pieces])
     order = np.argsort(kept)
     by_child = np.argsort(shadowed)
-    return {"shadowed": (shadowed[by_child] & mask).astype(np.int64),
-            "kept": (kept[order] & mask).astype(np.int64), "weights": weights[order],
-            "parent": parent[by_child].astype(np.int64),
-            "parents": np.unique((parents & mask).astype(np.int64))}
+    return DuplicateGroups(shadowed=(shadowed[by_child] & mask).astype(np.int64),
+                           kept=(kept[order] & mask).astype(np.int64), weights=weights[order],
+                           parent=parent[by_child].astype(np.int64),
+                           parents=np.unique((parents & mask).astype(np.int64)))
 
 
 def shard_count(n_rows: int, rows_per_shard: int) -> int:

@@ -29,6 +29,7 @@ import pandas as pd
 
 from .. import telemetry
 from ..dedup import simhash
+from ..dedup.groups import DuplicateGroups
 from ..errors import InputDataError, Problem, problems_error
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
@@ -367,31 +368,31 @@ def duplicate_input(scan: dict) -> dict:
     return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}
 
 
-def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> PartitionSummary:
+def summarise_scan(scan: dict, groups: DuplicateGroups | np.ndarray | None = None) -> PartitionSummary:
     """Round 2: the partition's plan summary, its shadowed rows left out of the sketches.
 
     ``groups``: the partition's entry of :func:`datamask_dask.dedup.search.find_groups` (its
     shadowed rows, and its kept rows with the group sizes they stand for), or only the shadowed
     rows' positions.
     """
-    if isinstance(groups, dict):
-        summary = summarise_check(scan["check"], groups["shadowed"], groups["kept"], groups["weights"])
+    if isinstance(groups, DuplicateGroups):
+        summary = summarise_check(scan["check"], groups.shadowed, groups.kept, groups.weights)
     else:
         summary = summarise_check(scan["check"], groups)
-    explained = "ids" in scan and isinstance(groups, dict) and "parent" in groups
+    explained = "ids" in scan and isinstance(groups, DuplicateGroups)
     links = duplicate_links(scan, groups) if explained else None
     return dataclasses.replace(summary, stages=scan["stages"], links=links)
 
 
-def duplicate_links(scan: dict, groups: dict) -> dict:
+def duplicate_links(scan: dict, groups: DuplicateGroups) -> dict:
     """What ``explain`` needs of a partition's near-duplicate groups (``make_plan`` joins them):
     its shadowed rows with their parents' references and their signatures, and the id and
     signature of each of its rows that is a parent. Only rows in groups, never the embeddings."""
     signatures = scan["check"].signatures
-    parents = np.asarray(groups["parents"], dtype=np.int64)
-    return {"shadowed": np.asarray(groups["shadowed"], dtype=np.int64),
-            "parent": np.asarray(groups["parent"], dtype=np.int64),
-            "signatures": signatures[groups["shadowed"]],
+    parents = np.asarray(groups.parents, dtype=np.int64)
+    return {"shadowed": np.asarray(groups.shadowed, dtype=np.int64),
+            "parent": np.asarray(groups.parent, dtype=np.int64),
+            "signatures": signatures[groups.shadowed],
             "parents": parents, "parent_ids": scan["ids"][parents],
             "parent_signatures": signatures[parents]}
 

@@ -33,6 +33,7 @@ from functools import reduce
 import numpy as np
 import pyarrow as pa
 
+from datamask_dask.dedup.groups import DuplicateGroups
 from datamask_dask.dedup.stages import (
     PARTITIONS_PER_SHARD,
     ROUNDS,
@@ -211,11 +212,11 @@ class Summarise:
             for row in batch.to_pylist():
                 kept = sorted((k["position"], k["weight"]) for k in row["kept"] or [])
                 shadowed = sorted((c["position"], c["parent"]) for c in row["shadowed"] or [])
-                groups = {"shadowed": np.array([c for c, _ in shadowed], dtype=np.int64),
-                          "kept": np.array([k for k, _ in kept], dtype=np.int64),
-                          "weights": np.array([w for _, w in kept], dtype=np.int64),
-                          "parent": np.array([p for _, p in shadowed], dtype=np.int64),
-                          "parents": np.unique(np.asarray(row["parents"] or [], dtype=np.int64))}
+                groups = DuplicateGroups(shadowed=np.array([c for c, _ in shadowed], dtype=np.int64),
+                                         kept=np.array([k for k, _ in kept], dtype=np.int64),
+                                         weights=np.array([w for _, w in kept], dtype=np.int64),
+                                         parent=np.array([p for _, p in shadowed], dtype=np.int64),
+                                         parents=np.unique(np.asarray(row["parents"] or [], dtype=np.int64)))
                 summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)  # noqa: S301 (this job's own task payloads)
                 out = {"partition": row["partition"], "rows": row["rows"], "failed": False,
                        "payload": pickle.dumps({"summary": summary})}

@@ -87,8 +87,8 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
     assert shadowed[0].tolist() == [0] and shadowed[1].tolist() == [1, 2]
     groups = find_groups(parts)
     # each kept row stands for its pair
-    assert groups[0]["kept"].tolist() == [1, 2] and groups[0]["weights"].tolist() == [2, 2]
-    assert groups[1]["kept"].tolist() == [0] and groups[1]["weights"].tolist() == [2]
+    assert groups[0].kept.tolist() == [1, 2] and groups[0].weights.tolist() == [2, 2]
+    assert groups[1].kept.tolist() == [0] and groups[1].weights.tolist() == [2]
 
 
 def test_plan_weights_count_every_shadowed_row_once(planted):
@@ -263,10 +263,10 @@ def test_sharded_groups_equal_the_single_task_groups(shards, row_shards):
     parts = _copy_groups()
     single = find_groups(parts)
     sharded, stats = find_groups_sharded(parts, shards=shards, rounds_of=7, row_shards=row_shards)
-    assert sum(len(g["shadowed"]) for g in single) > 100 and stats["unresolved"] == 0
+    assert sum(len(g.shadowed) for g in single) > 100 and stats["unresolved"] == 0
     for one, other in zip(single, sharded, strict=True):
         for key in ("shadowed", "kept", "weights", "parent", "parents"):
-            np.testing.assert_array_equal(one[key], other[key])
+            np.testing.assert_array_equal(getattr(one, key), getattr(other, key))
 
 
 def test_band_values_from_byte_tables_are_the_chosen_bits_packed():
@@ -317,12 +317,12 @@ def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method):
     with dask.config.set({"dataframe.shuffle.method": method}):
         graph = getattr(search, wiring)([dask.delayed(p) for p in parts], 0.95, dask.delayed(9 * 120))
     expected = find_groups_sharded(parts)[0]
-    assert sum(len(g["shadowed"]) for g in expected) > 100
+    assert sum(len(g.shadowed) for g in expected) > 100
     for scheduler in ("sync", client) if method != "p2p" else (client,):
         got = dask.compute(*graph, scheduler=scheduler)
         for one, other in zip(expected, got, strict=True):
             for key in ("shadowed", "kept", "weights", "parent", "parents"):
-                np.testing.assert_array_equal(one[key], other[key])
+                np.testing.assert_array_equal(getattr(one, key), getattr(other, key))
 
 
 def test_the_shuffles_are_p2p_on_a_cluster_and_in_memory_without_one(client):
@@ -395,10 +395,10 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
     got = dask.compute(*graph, scheduler="sync")
     assert seen == ([9 * 120] if one_task else [])
     expected = find_groups(parts)
-    assert sum(len(g["shadowed"]) for g in got) > 100
+    assert sum(len(g.shadowed) for g in got) > 100
     for one, other in zip(expected, got, strict=True):
         for key in ("shadowed", "kept", "weights", "parent", "parents"):
-            np.testing.assert_array_equal(one[key], other[key])
+            np.testing.assert_array_equal(getattr(one, key), getattr(other, key))
 
 
 def _plan_digest(plan) -> str:

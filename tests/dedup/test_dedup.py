@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from datamask_dask.dedup.groups import DuplicateGroups
 from datamask_dask.dedup.search import ONE_TASK_PARTITIONS, find_groups, one_task, table_groups
 from datamask_dask.dedup.simhash import SIGNATURE_BITS, hamming_threshold
 from datamask_dask.dedup.stages import FULL_BUCKET, ROUNDS, band_plan, find_groups_sharded
@@ -62,11 +63,11 @@ def _random_table(rng, large_buckets: bool = True) -> list[dict]:
             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def _assert_same(expected: list[dict], got: list[dict]) -> None:
+def _assert_same(expected: list, got: list) -> None:
     assert len(expected) == len(got)
     for one, other in zip(expected, got, strict=True):
         for key in KEYS:
-            np.testing.assert_array_equal(one[key], other[key], err_msg=key)
+            np.testing.assert_array_equal(getattr(one, key), getattr(other, key), err_msg=key)
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +93,7 @@ def test_one_task_and_many_shards_find_the_same_groups():
                                                  rounds_of=rounds_of)
             _assert_same(single, sharded)
         deep += stats["unresolved"]
-        shadowed += sum(len(g["shadowed"]) for g in single)
+        shadowed += sum(len(g.shadowed) for g in single)
         _assert_same(single, table_groups(parts, n_parts=ONE_TASK_PARTITIONS + 1))
     assert shadowed > 500 and deep > 0  # chains deeper than ROUNDS took part
 
@@ -136,9 +137,9 @@ def _rule(parts: list[dict], cosine: float = 0.95) -> list[dict]:
         kept = np.flatnonzero(weight[low:high] > 1)
         shadowed = np.flatnonzero(parent[low:high] >= 0)
         parents = np.unique(parent[parent >= 0])
-        out.append({"shadowed": shadowed, "kept": kept, "weights": weight[low:high][kept],
-                    "parent": ref[parent[low + shadowed]],
-                    "parents": parents[(parents >= low) & (parents < high)] - low})
+        out.append(DuplicateGroups(shadowed=shadowed, kept=kept, weights=weight[low:high][kept],
+                                   parent=ref[parent[low + shadowed]],
+                                   parents=parents[(parents >= low) & (parents < high)] - low))
     return out
 
 
@@ -150,7 +151,7 @@ def test_the_groups_follow_the_rule_pair_by_pair():
         expected = _rule(parts)
         _assert_same(expected, find_groups(parts))
         _assert_same(expected, find_groups_sharded(parts, shards=3)[0])
-        shadowed += sum(len(g["shadowed"]) for g in expected)
+        shadowed += sum(len(g.shadowed) for g in expected)
     assert shadowed > 100
 
 
@@ -176,11 +177,11 @@ def test_a_chain_whose_ends_are_apart(quality, shadowed, kept):
         parts.append({"quality": q, "codes": np.zeros(11, dtype=np.int64), "labels": [None],
                       "signatures": np.packbits(sig, axis=1)})
     for groups in (find_groups(parts), find_groups_sharded(parts, shards=2)[0]):
-        got_shadowed = sorted(name for name, (p, i) in names.items() if i in groups[p]["shadowed"])
-        got_kept = {name: int(groups[p]["weights"][list(groups[p]["kept"]).index(i)])
-                    for name, (p, i) in names.items() if i in groups[p]["kept"]}
+        got_shadowed = sorted(name for name, (p, i) in names.items() if i in groups[p].shadowed)
+        got_kept = {name: int(groups[p].weights[list(groups[p].kept).index(i)])
+                    for name, (p, i) in names.items() if i in groups[p].kept}
         assert got_shadowed == shadowed and got_kept == kept
-        assert sum(len(g["shadowed"]) for g in groups) == len(shadowed)  # the noise rows stay
+        assert sum(len(g.shadowed) for g in groups) == len(shadowed)  # the noise rows stay
 
 
 def test_the_wiring_follows_the_partitions_only():
