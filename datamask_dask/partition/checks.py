@@ -345,7 +345,16 @@ def summarise_partition(frame, number: int, spec: SelectSpec) -> PartitionSummar
     return summarise_scan(scan)
 
 
-def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
+@dataclass(frozen=True)
+class Scan:
+    """Round 1 of the plan pass on one partition: its checks, kept on the worker for its summary."""
+
+    check: object  # the partition's PartitionCheck (quality, codes, signatures...)
+    stages: dict  # seconds of the read and the checks
+    ids: np.ndarray | None = None  # explain: the ids, to name the rows near-duplicates stand behind
+
+
+def scan_partition(frame, number: int, spec: SelectSpec) -> Scan:
     """Round 1 of the plan pass: one partition's checks (raising on bad data), kept for its summary.
 
     With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
@@ -355,20 +364,19 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
         check = check_partition(frame, number, spec)
         check.raise_if_failed()
     # this thread's stage seconds since the last take: the read of these columns and the checks
-    scan = {"check": check, "stages": {f"plan {stage}": s for stage, s in telemetry.take().items()}}
-    if spec.explain and spec.diversity_scope == "table":  # to name the rows near-duplicates stand behind
-        scan["ids"] = adapters.host_values(frame, spec.id_column).to_numpy()
-    return scan
+    stages = {f"plan {stage}": s for stage, s in telemetry.take().items()}
+    named = spec.explain and spec.diversity_scope == "table"  # to name the rows near-duplicates stand behind
+    return Scan(check, stages, adapters.host_values(frame, spec.id_column).to_numpy() if named else None)
 
 
-def duplicate_input(scan: dict) -> dict:
+def duplicate_input(scan: Scan) -> dict:
     """What the near-duplicate reduction needs of one scanned partition (about 44 bytes a row)."""
-    check = scan["check"]
+    check = scan.check
     codes, labels = _codes(check)
     return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}
 
 
-def summarise_scan(scan: dict, groups: DuplicateGroups | np.ndarray | None = None) -> PartitionSummary:
+def summarise_scan(scan: Scan, groups: DuplicateGroups | np.ndarray | None = None) -> PartitionSummary:
     """Round 2: the partition's plan summary, its shadowed rows left out of the sketches.
 
     ``groups``: the partition's entry of :func:`datamask_dask.dedup.search.find_groups` (its
@@ -376,24 +384,24 @@ def summarise_scan(scan: dict, groups: DuplicateGroups | np.ndarray | None = Non
     rows' positions.
     """
     if isinstance(groups, DuplicateGroups):
-        summary = summarise_check(scan["check"], groups.shadowed, groups.kept, groups.weights)
+        summary = summarise_check(scan.check, groups.shadowed, groups.kept, groups.weights)
     else:
-        summary = summarise_check(scan["check"], groups)
-    explained = "ids" in scan and isinstance(groups, DuplicateGroups)
+        summary = summarise_check(scan.check, groups)
+    explained = scan.ids is not None and isinstance(groups, DuplicateGroups)
     links = duplicate_links(scan, groups) if explained else None
-    return dataclasses.replace(summary, stages=scan["stages"], links=links)
+    return dataclasses.replace(summary, stages=scan.stages, links=links)
 
 
-def duplicate_links(scan: dict, groups: DuplicateGroups) -> dict:
+def duplicate_links(scan: Scan, groups: DuplicateGroups) -> dict:
     """What ``explain`` needs of a partition's near-duplicate groups (``make_plan`` joins them):
     its shadowed rows with their parents' references and their signatures, and the id and
     signature of each of its rows that is a parent. Only rows in groups, never the embeddings."""
-    signatures = scan["check"].signatures
+    signatures = scan.check.signatures
     parents = np.asarray(groups.parents, dtype=np.int64)
     return {"shadowed": np.asarray(groups.shadowed, dtype=np.int64),
             "parent": np.asarray(groups.parent, dtype=np.int64),
             "signatures": signatures[groups.shadowed],
-            "parents": parents, "parent_ids": scan["ids"][parents],
+            "parents": parents, "parent_ids": scan.ids[parents],
             "parent_signatures": signatures[parents]}
 
 
