@@ -48,14 +48,11 @@ class Pipeline:
 
     def track_largest_worker_mib(self, source):
         """Largest resident memory of a worker process during the job (its peak, from the OS)."""
+        import resource
+
         self._job(source)
-        peaks = self.client.run(_peak_rss)
-        return max(peaks.values()) / 2**20
+        usage = self.client.run(resource.getrusage, resource.RUSAGE_SELF)  # a builtin: workers need no import
+        return max(u.ru_maxrss for u in usage.values()) / 2**10  # KiB on Linux
 
     track_largest_worker_mib.unit = "MiB"
 
-
-def _peak_rss() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
