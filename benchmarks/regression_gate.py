@@ -52,6 +52,9 @@ def run_side(tree: Path, commit: str, results: Path, args) -> None:
     results.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "integrations")])}
+    # one machine name for both sides, so their results sit side by side (~/.asv-machine.json)
+    subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", "gate", "--config",
+                    str(path)], cwd=ROOT / "benchmarks", env=env, check=True, capture_output=True)
     command = [sys.executable, "-m", "asv", "run", "--config", str(path), "--python=same",
                "--set-commit-hash", commit, "--machine", "gate", *(["--quick"] if not args.full else []),
                *itertools.chain.from_iterable(("-b", pattern) for pattern in args.bench)]
