@@ -69,3 +69,11 @@ def test_the_suites_graph_counts_grow_from_one_task_to_task_to_task():
         counts[wiring] = bench.track_tasks(wiring)
         assert bench.track_layer_entries(wiring) >= counts[wiring]
     assert 0 < counts["one task, 20 partitions"] < counts["task to task, 60 partitions"]
+
+
+def test_a_timing_measured_again_counts_its_least_value_and_a_failure_only_if_it_fails_again():
+    first = {("t", ()): result(2.0, "seconds"), ("f", ()): result(None, "rows")}
+    again = {("t", ()): result(1.5, "seconds"), ("f", ()): result(1600, "rows")}
+    merged = regression_gate.least(first, again)
+    assert merged[("t", ())][0] == 1.5 and merged[("f", ())][0] == 1600
+    assert regression_gate.least(again, first)[("t", ())][0] == 1.5
