@@ -116,9 +116,12 @@ def suite(runs: list[dict]) -> list[str]:
             text = f"{value:.3g} s"
         elif row["unit"] == "bytes":
             text = f"{value / 2**20:,.0f} MiB"
+        elif float(value).is_integer():
+            text = f"{int(value):,} {row['unit']}"
         else:
-            text = f"{value:,.4g} {row['unit']}"
-        lines.append(f"| {row['benchmark']} | {', '.join(map(str, row['params']))} | {text} |")
+            text = f"{value:,.2f} {row['unit']}"
+        params = ", ".join(str(param).strip("'") for param in row["params"])
+        lines.append(f"| {row['benchmark']} | {params} | {text} |")
     return [*lines, ""]
 
 
