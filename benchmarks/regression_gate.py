@@ -126,15 +126,21 @@ def verdict(before: tuple, after: tuple, args) -> tuple[str, str]:
 
 def record_suite(args, argv) -> int:
     """The suite on the working tree, its figures appended to ``args.record`` (benchmarks/record.py)."""
+    work = Path(tempfile.mkdtemp(prefix="datamask-suite-"))
+    run_side(ROOT, git("rev-parse", "HEAD"), work / "head", args)
+    save_record(args, argv, load(work / "head"))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def save_record(args, argv, figures: dict) -> None:
+    """Append ``figures`` (:func:`load`'s) with the command, the suites' data, machine and commit."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import record
     from suite.data import SHAPES
 
-    work = Path(tempfile.mkdtemp(prefix="datamask-suite-"))
-    run_side(ROOT, git("rev-parse", "HEAD"), work / "head", args)
     results = [{"benchmark": name, "params": list(params), "value": value, "unit": unit}
-               for (name, params), (value, _, _, unit, _) in sorted(load(work / "head").items(), key=str)]
-    shutil.rmtree(work, ignore_errors=True)
+               for (name, params), (value, _, _, unit, _) in sorted(figures.items(), key=str)]
     note = "" if args.full else "asv's quick profile: one sample of each timing"
     entry = {"command": record.command("regression_gate.py", argv), "data": SHAPES,
              "machine": record.machine(), "commit": record.commit(), "note": note, "results": results}
@@ -143,13 +149,12 @@ def record_suite(args, argv) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([*previous, entry], indent=1) + "\n")
     print(f"recorded {len(results)} figures in {path}")
-    return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", default="main", help="the commit to compare with (default: main)")
+    parser.add_argument("--base", help="the commit to compare with (default: main; none with --record alone)")
     parser.add_argument("--factor", type=float, default=1.3, help="allowed growth of time and memory")
     parser.add_argument("--points", type=float, default=0.5, help="allowed drop of a quality share")
     parser.add_argument("-b", "--bench", action="append", default=[], help="asv's benchmark regex")
@@ -158,10 +163,12 @@ def main(argv=None) -> int:
     parser.add_argument("--confirm", type=int, default=2,
                         help="runs of a failing timing or memory benchmark again on both sides, alternating; "
                              "the least of each side's values counts (default 2)")
-    parser.add_argument("--record", help="run the working tree only and append its figures to this JSON file")
+    parser.add_argument("--record", help="append the working tree's figures to this JSON file (alone: no "
+                                          "comparison, only the working tree runs)")
     args = parser.parse_args(argv)
-    if args.record:
+    if args.record and args.base is None:
         return record_suite(args, argv)
+    args.base = args.base or "main"
     base = git("rev-parse", args.base)
     # the working tree as a commit object (uncommitted changes included), or HEAD when it is clean
     head = git("stash", "create") or git("rev-parse", "HEAD")
@@ -197,6 +204,8 @@ def main(argv=None) -> int:
         state, change = verdict(before.get(key, MISSING), after[key], args)
         failed += state == "FAIL"
         print(f"{state:>7}  {label:<72} {change}")
+    if args.record:
+        save_record(args, argv, after)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     if failed:

@@ -3,6 +3,8 @@ scorer on documents long enough to fill a window of 128 tokens. Skipped without 
 
 from __future__ import annotations
 
+import time
+
 PARAGRAPH = ("The history of the city begins in the twelfth century, when a small group of merchants "
              "settled on the bank of the river. Over the following decades they built a market, a church "
              "and a bridge, and the town grew into one of the most important trading centres of the region. ")
@@ -10,6 +12,7 @@ PARAGRAPH = ("The history of the city begins in the twelfth century, when a smal
 
 class Text:
     timeout = 300
+    timer = staticmethod(time.process_time)  # CPU seconds: other processes on a shared machine do not count
 
     def setup(self):
         try:
