@@ -25,7 +25,7 @@ What runs, for every (size, algorithm, workers):
   worker process during the job, next to the target ``2 x (one partition's embedding bytes) +
   1 GiB``.
 - **Stages**: worker-seconds spent in each stage, summed over the workers, as the package
-  reports them (``SelectionReport.stages``, see :mod:`datamask_dask.stages`):
+  reports them (``SelectionReport.stages``, see :mod:`datamask_dask.telemetry`):
   ``read`` (parquet -> Arrow-backed pandas, both passes), ``plan`` (per-partition checks,
   sketches and the quota plan), ``extract`` (Arrow list column -> float32 matrix),
   ``learn`` (:func:`~datamask_dask.learn.engine.learn_mask`), ``select other`` (the rest of the select

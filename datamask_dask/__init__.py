@@ -6,28 +6,31 @@ for Dask dataframes, pandas or cuDF partitions, on CPU or GPU.
 The package reads as its pipeline, one direction of imports (each room uses only those below it):
 
     cli, cluster        the command line and Dask clusters
-    report/             the HTML report of a finished run (matplotlib)
+    report/             the HTML report of a finished run (matplotlib), datamask explain
     text/               from raw text: embed and score_quality, in the same dataframe style
     io/                 parquet, Delta and Iceberg in and out, the atomic resumable writer, run record
-    ops/                the Dask operator (datamask_select) and validate_table
+    dask_engine/        the Dask engine: datamask_select and validate_table as Dask graphs
     partition/          one partition (pandas or cuDF): adapters, spec, checks, the select step
-    plan/               quotas, memory budget, the reduction to one plan (no Dask, no Spark)
+    dedup/              table-wide near-duplicates: signatures, stages, each engine's wiring
+    plan/               quotas, memory checks, the reduction to one typed plan (no Dask, no Spark)
     learn/              the learner on one chunk: torch and numpy only, no dataframe
     config, errors      settings and exceptions, used everywhere
+
+The Spark engine is ``datamask_spark`` (integrations/), on the same rooms.
 
 Public names are imported on first use, so ``import datamask_dask.learn`` loads neither pandas,
 Dask nor pyarrow.
 """
 
-from ._lazy import attach
+import lazy_loader
 
 __version__ = "0.1.0"
 
-__getattr__, __dir__, __all__ = attach(__name__, {
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "cluster": ["get_client"],
     "config": ["load_config"],
-    "ops.operator": ["datamask_select"],
-    "ops.validate": ["ValidationReport", "validate_table"],
+    "dask_engine.operator": ["datamask_select"],
+    "dask_engine.validate": ["ValidationReport", "validate_table"],
     "io.parquet": ["read_parquet", "selected_counts", "write_parquet"],
     "io.writer": ["ResumeError", "SelectionReport", "write_selection"],
     "io.summary": ["RunSummary"],

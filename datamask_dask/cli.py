@@ -61,20 +61,19 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     learner = parser.add_argument_group("learner (reference tool's flags)")
     learner.add_argument("--n_epochs", "--n-epochs", type=int, help="optimisation steps")
     learner.add_argument("--algorithm", type=_weights,
-                         help="diversity metric: DiSF, Facility, Pair_simi, or e.g. Facility=0.7,DiSF=0.3 "
-                         "(default: Pair_simi, from the cpu and gpu profiles)")
+                         help="diversity metric: DiSF, Facility, Pair_simi, or e.g. Facility=0.7,DiSF=0.3")
     learner.add_argument("--partial", type=float, help="share of a chunk taking part in each step")
     learner.add_argument("--max_lr", "--max-lr", type=float)
     learner.add_argument("--min_lr", "--min-lr", type=float)
     learner.add_argument("--n_rollout", "--n-rollout", type=int, help="masks sampled per step")
     learner.add_argument("--select_ratio", "--select-ratio", "--ratio", dest="ratio", type=float,
-                         help="share of rows to select (default 0.1)")
+                         help="share of rows to select")
     learner.add_argument("--init", choices=_INITS)
     learner.add_argument("--lamb", type=float,
-                         help="weight of quality in the reward, in [0, 1] (default: 0.5)")
+                         help="weight of quality in the reward, in [0, 1]")
     learner.add_argument("--lamb-scale", "--lamb_scale", dest="lamb_scale", choices=LAMB_SCALES,
                          help="paper: the terms as they are; gain: each divided by what it can gain "
-                         "over random on the chunk, so lamb weighs points of gain (default: paper)")
+                         "over random on the chunk, so lamb weighs points of gain")
     learner.add_argument("--seed", type=int)
     learner.add_argument("--prune", type=float, help="share of worst-quality rows made ineligible")
     job = parser.add_argument_group("job")
@@ -86,7 +85,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
                      help="start a local cluster with this many worker processes (default: threads)")
     job.add_argument("--threads-per-worker", dest="threads_per_worker", type=int, default=1)
-    job.add_argument("--id-column", "--id_column", dest="id_column", help="default: chunk_id")
+    job.add_argument("--id-column", "--id_column", dest="id_column", help="unique id of each row")
     job.add_argument("--no-check-ids", dest="check_ids", action="store_const", const=False,
                      help="skip the duplicate-id check (it holds every distinct id in one task)")
     job.add_argument("--quality-column", "--quality_column", dest="quality_column", type=_weights,
@@ -98,25 +97,45 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--token-column", "--token_column", dest="token_column")
     job.add_argument("--score-column", "--score_column", dest="score_column",
                      help="also write the learned scores under this name")
-    job.add_argument("--max-chunk-rows", "--max_chunk_rows", dest="max_chunk_rows", type=int)
+    job.add_argument("--max-chunk-rows", "--max_chunk_rows", dest="max_chunk_rows", type=int,
+                     help="partitions are learned in chunks of at most this many rows, which select apart")
     job.add_argument("--memory-budget", "--memory_budget", dest="memory_budget",
-                     help="working memory per selection task, e.g. 2GiB (default: from the workers' limit)")
+                     help="working memory per selection task, e.g. 2GiB: sizes the chunks (default: none; "
+                          "the workers' memory is checked, and a chunk that does not fit fails before "
+                          "learning)")
     job.add_argument("--validate", choices=("full", "light"),
-                     help="full: check every embedding before learning; light (cpu profile): small "
-                     "columns first, embeddings chunk by chunk")
+                     help="full: check every embedding before learning; light: small columns first, "
+                     "embeddings chunk by chunk")
     job.add_argument("--diversity-scope", "--diversity_scope", dest="diversity_scope",
                      choices=("table", "partition"),
-                     help="table (default): near-duplicates across the whole table are set aside before "
+                     help="table: near-duplicates across the whole table are set aside before "
                      "learning; partition: each partition on its own (cheaper)")
     job.add_argument("--duplicate-cosine", "--duplicate_cosine", dest="duplicate_cosine", type=float,
-                     help="near-duplicate threshold of the table scope (default 0.95)")
+                     help="near-duplicate threshold of the table scope")
+    job.add_argument("--explain", action="store_const", const=True,
+                     help="also write each row's reason (selected, near-duplicate, quality-pruned...) and, "
+                     "for a near-duplicate, the id of the row it stands behind (duplicate_of)")
     job.add_argument("--verbose", action="store_true", help="show tracebacks and Dask's logs on errors")
+    _show_defaults(parser)
+
+
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append each setting's built-in default to its help, from the one place defaults live."""
+    from .config import default_settings, default_text
+
+    settings = default_settings()
+    for action in parser._actions:
+        flag = action.const is not None  # a switch such as --no-check-ids: its name says what it sets
+        if action.dest in settings and settings[action.dest] is not None and not flag \
+                and "default" not in (action.help or ""):
+            text = f"(default: {default_text(action.dest)})"
+            action.help = f"{action.help} {text}" if action.help else text
 
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
                 "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
-                "validate", "check_ids", "diversity_scope", "duplicate_cosine")
+                "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,10 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace --output if an earlier datamask run wrote it")
     _add_corpus_options(demo)
     _add_job_options(demo)
-    from .report.cli import add_report_parser
+    from .report.cli import add_explain_parser, add_report_parser
     from .text.cli import add_text_options, add_text_parsers
 
     add_report_parser(commands)
+    add_explain_parser(commands)
     add_text_parsers(commands)
     add_text_options(select)
     return parser
@@ -206,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         from .report.cli import run_report
 
         return run_report(args)
+    if args.command == "explain":
+        from .report.cli import run_explain
+
+        return run_explain(args)
     if args.command in ("embed", "score"):
         from .text.cli import run_text
 
@@ -219,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {key: getattr(args, key) for key in _OPTION_KEYS if getattr(args, key, None) is not None}
     if not args.verbose:
         _quiet_dask()
+    _log_to_stderr(args)
     client = None
     spark = args.command == "select" and getattr(args, "engine", "dask") == "spark" and not args.demo
     try:
@@ -282,6 +307,32 @@ def _say_what_is_kept(args) -> None:
     done = sum(name.endswith(".done") for name in names)
     print(f"datamask: {done} finished partition(s) are kept in {work}: run the same command again to "
           "resume, or add --no-resume to start over", file=sys.stderr)
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is at each record, so a later redirection is followed."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _log_to_stderr(args) -> None:
+    """A batch job (no progress bar) or --verbose logs what ran: phases, reused partitions, commits."""
+    progress = getattr(args, "progress", None)
+    batch = progress is False or (progress is None and not sys.stderr.isatty())
+    if not (args.verbose or batch):
+        return
+    logger = logging.getLogger("datamask_dask")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s datamask: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
 
 
 def _quiet_dask() -> None:
@@ -462,9 +513,9 @@ def _run_sample(args) -> int:
 
 
 def _run_validate(args, options: dict) -> int:
+    from .dask_engine.validate import validate_table
     from .io.parquet import read_parquet
     from .io.storage import resolve
-    from .ops.validate import validate_table
 
     source = resolve(args.input)
     if not source.exists():
@@ -481,8 +532,8 @@ def _run_demo(args, options: dict) -> None:
     import dask.dataframe as dd
 
     from .config import load_config
+    from .dask_engine.operator import datamask_select
     from .learn.yardstick import measure
-    from .ops.operator import datamask_select
     from .partition.adapters import embedding_matrix
     from .sample_data import make_corpus
 

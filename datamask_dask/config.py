@@ -3,19 +3,22 @@
 Precedence, highest first: keyword arguments > a config (``config=`` / ``--config``: a profile
 name or a YAML file) > the ``datamask`` namespace of ``dask.config`` (e.g.
 ``dask.config.set({"datamask.n_epochs": 50})``, ``DASK_DATAMASK__N_EPOCHS=50`` or a ``datamask:``
-section in a Dask YAML file) > the device's profile > the built-in defaults.
+section in a Dask YAML file) > the device's profile > the built-in defaults (:class:`OperatorOptions`,
+:class:`~datamask_dask.learn.options.DataMaskOptions` and, for the metric chosen,
+:data:`METRIC_DEFAULTS`).
 
 Profiles ship inside the package (``datamask_dask/profiles/``; ``conf/`` in the repository links
 to them) and are named by their stem:
 
-- ``cpu``: measured on CPU workers; the default when the job runs on CPU;
+- ``cpu``: the built-in defaults, chosen on CPU workers; it applies when the job runs on CPU;
 - ``gpu``: the default when it runs on a GPU (``device="cuda"``, or cuDF partitions with
   ``device="auto"``);
 - ``reference``: the published method with the reference tool's settings (the paper's loop).
 
 With no ``config``, the device's profile applies under ``dask.config`` and the keyword arguments;
 a ``config`` replaces it (a file starts from the built-in defaults, so copy a profile to tune
-it). The resolved settings name what was used under ``"profile"``.
+it). Every profile, like every file, overrides the built-in defaults only. The resolved settings
+name what was used under ``"profile"``.
 
 A config file is a flat YAML mapping (optionally nested under a top-level ``datamask:`` key) of
 the learner options (:class:`~datamask_dask.learn.options.DataMaskOptions`) and the operator settings
@@ -45,25 +48,53 @@ import yaml
 from .errors import OptionError
 from .learn.options import DataMaskOptions
 
-#: Operator settings and their defaults (the learner's come from DataMaskOptions).
-OPERATOR_DEFAULTS: dict = {
-    "ratio": 0.1,  # share of rows to select, in (0, 1]; or {group: ratio} with `by`
-    "budget_tokens": None,  # select by tokens instead: total tokens of the selected rows <= this
-    "token_column": "n_tokens",
-    "by": None,  # group column: quotas per group
-    "id_column": "chunk_id",
-    "quality_column": "quality_score",  # a name, a list of names, or {name: weight}
-    "embedding_column": "feature_arr",
-    "selected_column": "selected",
-    "score_column": None,  # also output the learned logits under this name
-    "device": "auto",  # "auto" (GPU for cuDF partitions), "cpu", "cuda", "cuda:N"
-    "max_chunk_rows": 200_000,  # larger partitions are learned in chunks of at most this many rows
-    "oversample": 2.0,  # candidate pool = table-wide quality top (oversample * quota) rows
-    "check_ids": True,  # fail on duplicate ids (needs every id in one task: turn off for huge tables)
-    "validate": "full",  # "full": the plan pass checks every embedding too; "light": small columns only
-    "memory_budget": None,  # bytes (or "2GiB") per selection task; None: from the workers' limits
-    "diversity_scope": "table",  # "table": near-duplicates across partitions first; "partition": none
-    "duplicate_cosine": 0.95,  # near-duplicate threshold of the table scope
+
+@dataclasses.dataclass(frozen=True)
+class OperatorOptions:
+    """The operator's settings and their defaults (the learner's are :class:`DataMaskOptions`').
+
+    These defaults, with :data:`METRIC_DEFAULTS`, are what runs when no config is given; the
+    profiles and config files only override them.
+    """
+
+    ratio: float | dict = 0.1  # share of rows to select, in (0, 1]; or {group: ratio} with `by`
+    budget_tokens: int | dict | None = None  # select by tokens: total tokens of the selected rows <= this
+    token_column: str = "n_tokens"  # noqa: S105 (a column name, not a secret)
+    by: str | None = None  # group column: quotas per group
+    id_column: str = "chunk_id"
+    quality_column: str | list | dict = "quality_score"  # a name, a list of names, or {name: weight}
+    embedding_column: str = "feature_arr"
+    selected_column: str = "selected"
+    score_column: str | None = None  # also output the learned logits under this name
+    device: str = "auto"  # "auto" (GPU for cuDF partitions), "cpu", "cuda", "cuda:N"
+    # Partitions are learned in chunks of at most this many rows, which select apart: a larger
+    # chunk sees more of its rows' neighbours, at a cost per row that stays flat for Pair_simi.
+    max_chunk_rows: int = 50_000
+    oversample: float = 2.0  # candidate pool = table-wide quality top (oversample * quota) rows
+    check_ids: bool = True  # fail on duplicate ids (needs every id in one task: turn off for huge tables)
+    # "light": the plan pass reads the small columns only, and embeddings are checked chunk by chunk
+    # just before learning (one read of the embeddings fewer); "full": the plan pass checks them too.
+    validate: str = "light"
+    memory_budget: int | str | None = None  # bytes (or "2GiB") per selection task: sizes chunks
+    diversity_scope: str = "table"  # "table": near-duplicates across partitions first; "partition": none
+    duplicate_cosine: float = 0.95  # near-duplicate threshold of the table scope
+    explain: bool = False  # also output each row's reason (selected, near-duplicate...) and duplicate_of
+
+
+#: Operator settings and their defaults.
+OPERATOR_DEFAULTS: dict = {f.name: f.default for f in dataclasses.fields(OperatorOptions)}
+
+#: Defaults that depend on the diversity metric chosen: they win over the defaults above and lose
+#: to every profile, config, ``dask.config`` value and keyword argument.
+METRIC_DEFAULTS: dict = {
+    "Facility": {
+        "max_chunk_rows": 100_000,  # its clustered k-NN graph keeps the cost per row nearly flat
+        "exact_neighbours": 4096,  # above this the k-NN graph searches the nearest clusters (knn.py)
+        "refine_reference": 1_000_000,  # every row of the chunk is represented (a sample fits its noise)
+        "refine_epochs": 30,  # its rewards move less per step than Pair_simi's
+        "refine_lr": 1.0,
+    },
+    "DiSF": {"max_chunk_rows": 10_000},  # its step over a chunk's Gram factor grows faster than the chunk
 }
 
 #: Other spellings accepted for a key (the reference tool's and the issue's).
@@ -84,6 +115,12 @@ def known_keys() -> list[str]:
 def default_settings() -> dict:
     """The defaults: learner options from DataMaskOptions, then the operator's."""
     return {**DataMaskOptions().as_dict(), **OPERATOR_DEFAULTS}
+
+
+def default_text(key: str) -> str:
+    """A setting's built-in default as ``--help`` shows it, with the metrics whose default differs."""
+    differ = [f"{metric}: {values[key]}" for metric, values in METRIC_DEFAULTS.items() if key in values]
+    return f"{default_settings()[key]}" + (f"; {', '.join(differ)}" if differ else "")
 
 
 def read_config_file(path: str | os.PathLike) -> dict:
@@ -196,6 +233,11 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend
     else:
         profile = device_profile(given.get("device", from_dask.get("device")), backend)
         layers = [read_config_file(PROFILES / f"{profile}.yaml"), from_dask]
+    algorithm = given.get("algorithm", next((layer["algorithm"] for layer in reversed(layers)
+                                             if "algorithm" in layer), settings["algorithm"]))
+    if isinstance(algorithm, str):
+        defaults = {_metric_key(name, strict=True): values for name, values in METRIC_DEFAULTS.items()}
+        settings.update(defaults.get(_metric_key(algorithm), {}))
     sections: dict = {}
     for layer in layers:
         for metric, section in layer.pop(SECTIONS, {}).items():

@@ -9,7 +9,7 @@ the command's result::
 
 Tasks done are counted by a :class:`dask.diagnostics.ProgressBar` on the local schedulers
 (threads, processes, sync) and from the futures' states on a distributed client. Learner runs
-report their steps through :mod:`datamask_dask.stages`: in this process directly, from Dask
+report their steps through :mod:`datamask_dask.telemetry`: in this process directly, from Dask
 workers as distributed events, so one chunk of a million rows does not look like a hang.
 """
 
@@ -24,7 +24,7 @@ import time
 import dask
 from dask.diagnostics import ProgressBar
 
-from . import stages
+from . import telemetry
 
 #: Characters of the bar, and seconds between two draws.
 WIDTH, DRAW_INTERVAL = 40, 0.1
@@ -76,18 +76,18 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     line = _Line(sys.stderr, learning)
     client = client_of(scheduler)
     if client is None:
-        stages.add_step_sink(learning)  # the learners run in this process
+        telemetry.add_step_sink(learning)  # the learners run in this process
         try:
             with _LocalBar(line):
                 return dask.compute(*collections, scheduler=scheduler)
         finally:
-            stages.remove_step_sink(learning)
+            telemetry.remove_step_sink(learning)
     futures = client.compute(list(collections))
-    client.subscribe_topic(stages.STEP_TOPIC, lambda event: learning(event[1]))  # (time, message)
+    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: learning(event[1]))  # (time, message)
     try:
         _wait(futures, line)
     finally:
-        client.unsubscribe_topic(stages.STEP_TOPIC)
+        client.unsubscribe_topic(telemetry.STEP_TOPIC)
         line.end()
     return tuple(client.gather(futures))
 
@@ -136,7 +136,8 @@ def _wait(futures: list, line) -> None:
 
 
 class LearningSteps:
-    """The learner runs in flight, kept from the step events of :class:`datamask_dask.stages.StepCounter`."""
+    """The learner runs in flight, kept from the step events of
+    :class:`datamask_dask.telemetry.StepCounter`."""
 
     def __init__(self):
         self._runs: dict[str, dict] = {}  # run -> its latest event, oldest run first
@@ -199,52 +200,3 @@ class _LocalBar(ProgressBar):
     def _finish(self, dsk, state, errored):
         super()._finish(dsk, state, errored)  # the last draw
         self._line.end()
-
-
-def named(parts: list, name: str) -> list:
-    """The partitions' tasks (``collection.to_delayed()``: one graph) under the key name ``name``.
-
-    Dask names a fused task after the first word of each layer it fuses ("datamask-_to_string_dtype-
-    datamask-<token>" for our read, Dask's string conversion and our step): the dashboard shows
-    what the task does instead. Naming is cosmetic, so it never fails a job: a task that cannot be
-    renamed (a legacy tuple task or a plain key, as graphs from ``dd.concat`` or ``repartition``
-    may hold) keeps Dask's name.
-    """
-    from dask.delayed import Delayed
-    from dask.highlevelgraph import HighLevelGraph
-
-    graph = dict(parts[0].__dask_graph__()) if parts else {}  # every part shares one graph
-    keys = []
-    for part in parts:
-        key = part.key
-        try:
-            new_key = (f"{name}-{key[0].rsplit('-', 1)[-1]}", key[1])  # the token stays
-            graph[new_key] = graph[key].substitute({}, key=new_key)
-        except Exception:  # not a renamable task: keep Dask's key
-            new_key = key
-        # The old key stays: another part may depend on it (or be it), and compute culls it otherwise.
-        keys.append(new_key)
-    layers = HighLevelGraph({name: graph}, {name: set()})
-    return [Delayed(key, layers, layer=name) for key in keys]
-
-
-def named_task(name: str, function, *args, nout: int | None = None):
-    """``function(*args)`` as a Delayed the dashboard shows as ``name`` (its task prefix), its key
-    unique per function and arguments."""
-    from dask.base import tokenize
-
-    return dask.delayed(function, pure=True, nout=nout)(
-        *args, dask_key_name=f"{name}-{tokenize(function.__name__, *args)}")
-
-
-def listed(name: str, items: list):
-    """The Delayed ``items`` as one Delayed list (shown as ``name``), to pass to a delayed call. A
-    Python list of Delayed arguments makes dask copy each item's whole culled graph into a layer of
-    its own: quadratic where the items share a graph, as every partition's summary shares the
-    near-duplicate search. Passed one by one, each is a reference, and each shared layer is kept
-    once."""
-    return named_task(name, _as_list, *items)
-
-
-def _as_list(*items) -> list:
-    return list(items)

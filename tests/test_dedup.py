@@ -9,7 +9,7 @@ from datamask_dask.dedup.search import ONE_TASK_PARTITIONS, find_groups, one_tas
 from datamask_dask.dedup.simhash import SIGNATURE_BITS, hamming_threshold
 from datamask_dask.dedup.stages import FULL_BUCKET, ROUNDS, band_plan, find_groups_sharded
 
-KEYS = ("shadowed", "kept", "weights")
+KEYS = ("shadowed", "kept", "weights", "parent", "parents")
 
 
 def _flip(rng, bits: np.ndarray, count: int, avoid=()) -> np.ndarray:
@@ -128,11 +128,16 @@ def _rule(parts: list[dict], cosine: float = 0.95) -> list[dict]:
         if parent[at] < 0:
             weight[at] += 1
     offsets = np.cumsum([0] + [len(p["quality"]) for p in parts])
+    part_of = np.searchsorted(offsets, np.arange(n), side="right") - 1
+    ref = (part_of << 32) | (np.arange(n) - offsets[part_of])  # partition << 32 | position
     out = []
     for low, high in zip(offsets[:-1], offsets[1:], strict=True):
         kept = np.flatnonzero(weight[low:high] > 1)
-        out.append({"shadowed": np.flatnonzero(parent[low:high] >= 0), "kept": kept,
-                    "weights": weight[low:high][kept]})
+        shadowed = np.flatnonzero(parent[low:high] >= 0)
+        parents = np.unique(parent[parent >= 0])
+        out.append({"shadowed": shadowed, "kept": kept, "weights": weight[low:high][kept],
+                    "parent": ref[parent[low + shadowed]],
+                    "parents": parents[(parents >= low) & (parents < high)] - low})
     return out
 
 

@@ -4,6 +4,10 @@ Every fenced ```python and ```bash block of ``docs/`` runs, page by page in the 
 site's navigation, in one directory (the getting-started page makes the sample corpus the later
 pages use). A block that cannot run here opens with ``# not run: <why>`` (it needs a bucket, a
 Spark session, a GPU...), and says so on the page.
+
+Our own runner rather than mktestdocs or Sybil: the pages interleave bash and python blocks that
+build on each other in one directory, which mktestdocs runs one language at a time and Sybil only
+through an evaluator like this one.
 """
 
 from __future__ import annotations

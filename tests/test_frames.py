@@ -172,7 +172,7 @@ def test_dashboard_names_never_fail_a_job():
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
 
-    from datamask_dask.progress import named
+    from datamask_dask.graph_keys import named
 
     graph = {("legacy-abc", 0): (sum, [1, 2]), ("legacy-abc", 1): ("legacy-abc", 0)}
     layers = HighLevelGraph({"legacy": graph}, {"legacy": set()})

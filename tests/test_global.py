@@ -92,15 +92,15 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
 
 
 def test_plan_weights_count_every_shadowed_row_once(planted):
-    from datamask_dask.ops.operator import plan_selection
+    from datamask_dask.dask_engine.operator import plan_selection
 
     spec, plan = plan_selection(_ddf(planted[0]), 0.1, seed=0, **FAST)
     plan = plan.compute(scheduler="sync")
-    shadowed = sum(len(rows) for rows in plan["shadowed"].values())
-    extra = sum(int((weights - 1).sum()) for _, weights in plan["weights"].values())
+    shadowed = sum(len(rows) for rows in plan.shadowed.values())
+    extra = sum(int((weights - 1).sum()) for _, weights in plan.weights.values())
     assert shadowed > 400 and extra == shadowed
-    for number, (kept, weights) in plan["weights"].items():
-        assert not np.isin(kept, plan["shadowed"].get(number, [])).any() and (weights >= 2).all()
+    for number, (kept, weights) in plan.weights.items():
+        assert not np.isin(kept, plan.shadowed.get(number, [])).any() and (weights >= 2).all()
 
 
 def _pairs_at(cosine: float, n: int, dim: int, rng) -> np.ndarray:
@@ -265,7 +265,7 @@ def test_sharded_groups_equal_the_single_task_groups(shards, row_shards):
     sharded, stats = find_groups_sharded(parts, shards=shards, rounds_of=7, row_shards=row_shards)
     assert sum(len(g["shadowed"]) for g in single) > 100 and stats["unresolved"] == 0
     for one, other in zip(single, sharded, strict=True):
-        for key in ("shadowed", "kept", "weights"):
+        for key in ("shadowed", "kept", "weights", "parent", "parents"):
             np.testing.assert_array_equal(one[key], other[key])
 
 
@@ -320,7 +320,7 @@ def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method):
     for scheduler in ("sync", client) if method != "p2p" else (client,):
         got = dask.compute(*graph, scheduler=scheduler)
         for one, other in zip(expected, got, strict=True):
-            for key in ("shadowed", "kept", "weights"):
+            for key in ("shadowed", "kept", "weights", "parent", "parents"):
                 np.testing.assert_array_equal(one[key], other[key])
 
 
@@ -343,7 +343,7 @@ def test_the_shuffles_are_p2p_on_a_cluster_and_in_memory_without_one(client):
 
 
 def _plan_tasks(n_parts: int) -> int:
-    from datamask_dask.ops.operator import plan_selection
+    from datamask_dask.dask_engine.operator import plan_selection
     from datamask_dask.sample_data import make_corpus
 
     ddf = dd.from_pandas(make_corpus(n_parts * 20, 8, seed=1), npartitions=n_parts, sort=False)
@@ -395,20 +395,20 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
     expected = find_groups(parts)
     assert sum(len(g["shadowed"]) for g in got) > 100
     for one, other in zip(expected, got, strict=True):
-        for key in ("shadowed", "kept", "weights"):
+        for key in ("shadowed", "kept", "weights", "parent", "parents"):
             np.testing.assert_array_equal(one[key], other[key])
 
 
-def _plan_digest(plan: dict) -> str:
-    return repr([plan[k] for k in ("rows", "cells", "ranges", "dim", "digests")] +
-                [sorted((k, v.tolist()) for k, v in plan["shadowed"].items())])
+def _plan_digest(plan) -> str:
+    return repr([getattr(plan, k) for k in ("rows", "cells", "ranges", "dim", "digests")] +
+                [sorted((k, v.tolist()) for k, v in plan.shadowed.items())])
 
 
 @pytest.mark.parametrize("one_task", [True, False])
 def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
     """The writers compute the plan at once, with the search wired as the lazy graph wires it."""
+    from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import search
-    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 4)
@@ -417,11 +417,11 @@ def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
     lazy = lazy.compute(scheduler="sync")
     now = operator.compute_plan(ddf, spec, scheduler="threads", progress=False)
     assert _plan_digest(now) == _plan_digest(lazy)
-    assert sum(len(v) for v in now["shadowed"].values()) > 0
+    assert sum(len(v) for v in now.shadowed.values()) > 0
 
 
 def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client):
-    from datamask_dask.ops import operator
+    from datamask_dask.dask_engine import operator
     from datamask_dask.sample_data import make_corpus
 
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
@@ -434,9 +434,9 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     """compute_plan on a cluster: the DataFrame shuffles give the plan the task-to-task wiring and
     the one task give, and they are p2p on the client it is given, though that client is not
     Dask's default."""
+    from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import dask_graph as search
     from datamask_dask.dedup import search as one
-    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
@@ -452,14 +452,14 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 32)
     plans["one task"] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
     assert _plan_digest(plans[4]) == _plan_digest(plans[10**9]) == _plan_digest(plans["one task"])
-    assert sum(len(v) for v in plans[4]["shadowed"].values()) > 0
+    assert sum(len(v) for v in plans[4].shadowed.values()) > 0
 
 
 def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatch):
     """With the DataFrame shuffles (p2p) the lazy plan is what the task-to-task wiring plans."""
+    from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import dask_graph as search
     from datamask_dask.dedup import search as one
-    from datamask_dask.ops import operator
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
@@ -469,7 +469,7 @@ def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatc
         monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
         with client.as_current():
             plan = operator.plan_selection(ddf, 0.1)[1].compute(scheduler=client)
-        assert sum(len(v) for v in plan["shadowed"].values()) > 0
+        assert sum(len(v) for v in plan.shadowed.values()) > 0
         digests.append(_plan_digest(plan))
     assert digests[0] == digests[1]
 
@@ -478,8 +478,8 @@ def test_the_plan_graph_holds_each_task_once(monkeypatch):
     """Every partition's summary depends on the table-wide search: the plan graph must hold that
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own
     when it is passed inside a list), or graphs of a few hundred partitions take minutes to cull."""
+    from datamask_dask.dask_engine.operator import plan_selection
     from datamask_dask.dedup import search
-    from datamask_dask.ops.operator import plan_selection
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)

@@ -141,3 +141,20 @@ def test_cudf_write_selection_end_to_end(cuda_client, corpus, parquet_dir, tmp_p
     assert report.rows == table.num_rows == len(corpus) and report.selected == 160
     assert sorted(table.column("chunk_id").to_pylist()) == corpus["chunk_id"].tolist()
     assert report.record["profile"] == "gpu"
+
+
+
+def test_cudf_partitions_explain_every_row(cuda_client, corpus):
+    """explain=True on cuDF partitions: a reason for every row, agreeing with the selection."""
+    result = datamask_select(_gpu_frame(corpus, 4), ratio=0.1, prune=0.3, explain=True, **FAST).compute(
+        scheduler=cuda_client)
+    assert isinstance(result, cudf.DataFrame)
+    got = result.to_pandas()
+    assert list(got.columns)[-3:] == ["reason", "duplicate_of", "similarity"]
+    reason = got["reason"].astype(str)
+    assert ((reason == "selected") == got["selected"]).all() and got["selected"].sum() == 160
+    near = reason == "near-duplicate"
+    assert near.any() and (got["duplicate_of"].notna() == near).all()
+    quality = got.set_index("chunk_id")["quality_score"]
+    better = quality.loc[got.loc[near, "duplicate_of"].astype("int64").to_numpy()].to_numpy()
+    assert (better >= got.loc[near, "quality_score"].to_numpy()).all()

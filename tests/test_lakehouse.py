@@ -343,3 +343,14 @@ def test_parse_table_uri():
     assert parse_table_uri("/data/corpus").format == "parquet"
     with pytest.raises(ValueError):
         parse_table_uri("iceberg://prod")
+
+
+def test_iceberg_output_keeps_the_reasons(catalog, catalog_properties, iceberg_source):
+    select_table("iceberg://local/ns.source", "iceberg://local/out.explained", RATIO,
+                 catalog_properties=catalog_properties, explain=True, prune=0.3, **OPTIONS)
+    data = catalog.load_table("out.explained").scan().to_arrow().to_pandas()
+    reasons = data["reason"].value_counts()
+    assert reasons["selected"] == round(RATIO * N) and reasons.sum() == N
+    assert {"near-duplicate", "quality-pruned"} <= set(reasons.index)
+    near = data[data["reason"] == "near-duplicate"]
+    assert near["duplicate_of"].notna().all() and near["duplicate_of"].isin(data["chunk_id"]).all()

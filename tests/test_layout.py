@@ -1,6 +1,9 @@
-"""The package's architecture holds: the learner loads no dataframe library, imports run one way."""
+"""The package's architecture holds: the learner loads no dataframe library, imports run one way
+(import-linter's contracts in pyproject.toml)."""
 
 import ast
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,10 +11,8 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "datamask_dask"
-# Rooms from the bottom up: a module may import from its own room and from rooms below it.
-RANKS = {"errors": 0, "stages": 0, "_lazy": 0, "progress": 0, "learn": 1, "config": 2, "plan": 3,
-         "dedup": 4, "partition": 5, "sample_data": 5, "ops": 6, "io": 7, "cluster": 8, "report": 8,
-         "text": 8, "cli": 9}
+ROOT = PACKAGE.parent
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
 def _modules() -> dict[str, Path]:
@@ -45,12 +46,8 @@ def _graph() -> dict[str, set[str]]:
     return {name: _imports(name, path, known) for name, path in known.items()}
 
 
-def _room(module: str) -> str:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "face"
-
-
 def test_no_import_circle():
+    """Inside a room too (import-linter's layers only order the rooms)."""
     graph = _graph()
     state: dict[str, int] = {}
     path: list[str] = []
@@ -71,19 +68,23 @@ def test_no_import_circle():
             visit(node)
 
 
-def test_imports_run_one_way():
-    """cli and io on top, the learner at the bottom: no room imports from a room above it."""
-    upward = []
-    for module, targets in _graph().items():
-        room = _room(module)
-        if room == "face":  # the package face names everything (lazily)
-            continue
-        assert room in RANKS, f"{module}: room {room!r} has no rank in this test; give it one"
-        for target in targets:
-            other = _room(target)
-            if other != "face" and RANKS[other] > RANKS[room]:
-                upward.append(f"{module} -> {target}")
-    assert not upward, f"imports from a room above: {upward}"
+def test_the_import_contracts_hold():
+    """The rooms import downwards only, Spark included (pyproject.toml's [tool.importlinter])."""
+    out = subprocess.run([str(LINT_IMPORTS), "--no-cache"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_import_contracts_refuse_an_upward_import(tmp_path):
+    """A copy of the package where the learner imports the CLI breaks the layers contract."""
+    shutil.copytree(PACKAGE, tmp_path / "datamask_dask", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "integrations" / "datamask_spark", tmp_path / "datamask_spark",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    (tmp_path / "datamask_dask" / "learn" / "planted.py").write_text("from ..cli import main\n")
+    out = subprocess.run([str(LINT_IMPORTS), "--no-cache"], capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1, out.stdout
+    assert "datamask_dask.learn.planted -> datamask_dask.cli" in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize("module", ["datamask_dask.learn", "datamask_dask.learn.engine",

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from datamask_dask import OptionError, datamask_select
+from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.learn.options import DataMaskOptions
-from datamask_dask.ops.operator import plan_selection
 from datamask_dask.plan.memory import (
     ROW_BYTES,
     chunk_bytes,
@@ -33,7 +33,7 @@ SCRIPT = r"""
 import json, sys, threading, time
 import dask.dataframe as dd, numpy as np, pandas as pd, psutil, pyarrow as pa
 from datamask_dask import datamask_select
-from datamask_dask.ops.operator import plan_selection
+from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.plan.memory import plan_memory
 
 n, d, budget = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -147,10 +147,13 @@ def test_default_budget_comes_from_the_workers(client, corpus):
     worker = next(iter(client.scheduler_info()["workers"].values()))
     expected = int(worker["memory_limit"] / worker["nthreads"] * 0.5)  # the conftest cluster: 3 GiB, 1 thread
     assert resolve_budget(None, scheduler=client) == expected
-    assert plan_selection(ddf, scheduler=client)[0].memory_budget == expected
-    assert plan_selection(ddf, scheduler=client, memory_budget="off")[0].memory_budget is None
-    assert plan_selection(ddf, scheduler="threads")[0].memory_budget is None  # local scheduler: no bound
-    assert plan_selection(ddf, memory_budget="64MiB")[0].memory_budget == 64 * 2**20
+    spec = plan_selection(ddf, scheduler=client)[0]
+    assert (spec.memory_limit, spec.memory_budget) == (expected, None)  # checked, never sizes chunks
+    spec = plan_selection(ddf, scheduler=client, memory_budget="off")[0]
+    assert (spec.memory_limit, spec.memory_budget) == (None, None)
+    assert plan_selection(ddf, scheduler="threads")[0].memory_limit is None  # local scheduler: no limit
+    spec = plan_selection(ddf, memory_budget="64MiB")[0]
+    assert (spec.memory_limit, spec.memory_budget) == (None, 64 * 2**20)
 
 
 def test_a_binding_budget_gives_the_same_selection_everywhere(client):

@@ -257,3 +257,21 @@ def test_sample_and_report_commands_on_s3(s3, s3_corpus, capsys):
     assert "s3://lake/sample-out-report/index.html" in capsys.readouterr().out
     page = resolve("s3://lake/sample-out-report/index.html", s3).read_bytes().decode()
     assert "datamask selection report: sample-out" in page and "<img" in page
+
+
+def test_explain_and_its_report_on_s3(s3, s3_corpus, capsys):
+    """An explained output in the bucket: `datamask explain` and the report's audit read it there."""
+    assert main(["select", "--input", s3_corpus, "--output", "s3://lake/explained", "--explain", *FLAGS]) == 0
+    frame = read_parquet("s3://lake/explained", storage_options=s3).compute()
+    near = frame[frame["reason"] == "near-duplicate"]
+    assert len(near) and frame["reason"].eq("selected").sum() == frame["selected"].sum()
+    capsys.readouterr()
+    row = int(near["chunk_id"].iloc[0])
+    assert main(["explain", "s3://lake/explained", "--id", str(row)]) == 0
+    printed = capsys.readouterr().out
+    assert f"row {row}: near-duplicate" in printed and "nearest selected rows" in printed
+    assert main(["explain", "s3://lake/explained", "--id", "-5"]) == 1
+    assert "--id '-5'" in capsys.readouterr().err
+    assert main(["report", "s3://lake/explained"]) == 0
+    page = resolve("s3://lake/explained-report/index.html", s3).read_bytes().decode()
+    assert "<section id='audit'>" in page and "audit-group-0" in page

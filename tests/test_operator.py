@@ -14,6 +14,7 @@ import torch
 from conftest import FAST
 
 from datamask_dask import datamask_select, get_client, load_config
+from datamask_dask.config import METRIC_DEFAULTS
 from datamask_dask.errors import InputDataError, OptionError
 from datamask_dask.sample_data import make_corpus
 
@@ -397,9 +398,14 @@ def test_config_sections_per_algorithm(tmp_path):
     config.write_text("algorithm: Pair_simi\nrefine_epochs: 5\nalgorithms:\n"
                       "  Facility: {refine_epochs: 40, max_chunk_rows: 123}\n  pair_simi: {n_rollout: 6}\n")
     pair = load_config(config)
-    assert (pair["refine_epochs"], pair["n_rollout"], pair["max_chunk_rows"]) == (5, 6, 200_000)
+    assert (pair["refine_epochs"], pair["n_rollout"], pair["max_chunk_rows"]) == (5, 6, 50_000)
     facility = load_config(config, algorithm="fl")  # any spelling of the metric picks its section
-    assert (facility["refine_epochs"], facility["max_chunk_rows"], facility["n_rollout"]) == (40, 123, 4)
+    assert (facility["refine_epochs"], facility["max_chunk_rows"], facility["n_rollout"]) == (40, 123, 2)
+    # a file's own values win over the built-in defaults of the metric chosen
+    disf = METRIC_DEFAULTS["DiSF"]["max_chunk_rows"]
+    assert load_config(config, algorithm="DiSF")["max_chunk_rows"] == disf
+    config.write_text("max_chunk_rows: 777\n")
+    assert load_config(config, algorithm="DiSF")["max_chunk_rows"] == 777
     assert load_config(config, algorithm="Facility", refine_epochs=7)["refine_epochs"] == 7  # kwargs win
     typo = tmp_path / "typo.yaml"
     typo.write_text("algorithms:\n  Facilty: {refine_epochs: 40}\n")
@@ -427,6 +433,36 @@ def test_config_files_in_the_repository():
     assert load_config()["profile"] == "cpu" and load_config(device="cuda")["profile"] == "gpu"
     assert load_config(backend="cudf")["profile"] == "gpu"
     assert load_config(backend="pandas")["profile"] == "cpu"
+
+
+def test_one_set_of_defaults_and_the_docs_state_them(capsys):
+    """What runs without a config is the built-in defaults (the cpu profile only names the device), and
+    datamask_select's docstring (docs/api.md) and ``datamask select --help`` state those defaults."""
+    import ast
+    import re
+
+    from datamask_dask.cli import main
+    from datamask_dask.config import default_settings
+
+    defaults = default_settings()
+    for metric in (None, "Pair_simi", "Facility", "DiSF"):
+        settings = load_config(algorithm=metric) if metric else load_config()
+        expected = {**defaults, **METRIC_DEFAULTS.get(metric, {}), "device": "cpu", "profile": "cpu"}
+        assert settings == {**expected, "algorithm": metric or defaults["algorithm"]}
+    stated = re.findall(r"^ +(\w+)(?: \(alias \w+\))? : [^\n]*?, default ([^\s(]+)$", datamask_select.__doc__,
+                        re.M)
+    assert len(stated) >= 12
+    for name, text in stated:
+        value = text.strip('`"')
+        assert (ast.literal_eval(value) if value[0].isdigit() or value in ("True", "False") else value) == \
+            defaults[name], name
+    with pytest.raises(SystemExit):
+        main(["select", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"(default: {defaults['max_chunk_rows']}; Facility: 100000, DiSF: 10000)" in shown
+    for name in ("n_rollout", "lamb", "validate", "duplicate_cosine", "seed", "n_epochs"):
+        flag = name.replace("_", "[-_]")
+        assert re.search(rf"--{flag}\b[^(]*\(default: {re.escape(str(defaults[name]))}\)", shown), name
 
 
 def test_bad_config_files(tmp_path):

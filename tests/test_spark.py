@@ -103,8 +103,8 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
     from datamask_spark import operator as spark_operator
     from pyspark.errors import PySparkException
 
+    from datamask_dask.dask_engine.operator import plan_selection as dask_plan
     from datamask_dask.dedup import search
-    from datamask_dask.ops.operator import plan_selection as dask_plan
     from datamask_dask.sample_data import make_corpus
 
     table = make_corpus(1200, 16, seed=5)
@@ -137,15 +137,15 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
         _, plan = spark_operator.plan_selection(sdf, 0.2, seed=7, **FAST)
     assert all("summary" in pickle.loads(row["payload"]) for row in collected[0])  # no scan on the driver
     expected = dask_plan(datamask_dask.read_parquet(path), 0.2, seed=7, **FAST)[1].compute(scheduler="sync")
-    assert sum(len(v) for v in plan["shadowed"].values()) > 200
-    assert max(w.max() for _, w in plan["weights"].values()) >= 3  # groups of more than two rows
-    assert plan["shadowed"].keys() == expected["shadowed"].keys()
-    for p, rows in expected["shadowed"].items():
-        np.testing.assert_array_equal(plan["shadowed"][p], rows)
-    assert plan["weights"].keys() == expected["weights"].keys()
-    for p, (kept, weights) in expected["weights"].items():
-        np.testing.assert_array_equal(plan["weights"][p][0], kept)
-        np.testing.assert_array_equal(plan["weights"][p][1], weights)
+    assert sum(len(v) for v in plan.shadowed.values()) > 200
+    assert max(w.max() for _, w in plan.weights.values()) >= 3  # groups of more than two rows
+    assert plan.shadowed.keys() == expected.shadowed.keys()
+    for p, rows in expected.shadowed.items():
+        np.testing.assert_array_equal(plan.shadowed[p], rows)
+    assert plan.weights.keys() == expected.weights.keys()
+    for p, (kept, weights) in expected.weights.items():
+        np.testing.assert_array_equal(plan.weights[p][0], kept)
+        np.testing.assert_array_equal(plan.weights[p][1], weights)
 
 
 def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parquet_dir, tmp_path):
@@ -369,3 +369,44 @@ def test_file_selection_reads_delta_and_iceberg_tables(spark, corpus, tmp_path):
         want = datamask_dask.datamask_select(read_table(uri, catalog_properties=properties).frame, ratio=0.1,
                                              seed=7, **FAST).compute(scheduler="sync")
         assert set(got.loc[got["selected"], "chunk_id"]) == set(want.loc[want["selected"], "chunk_id"])
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_spark_and_dask_give_the_same_reasons(sdf, parquet_dir, monkeypatch, sharded):
+    """explain=True on the same partitions: the same reason, duplicate_of and similarity for every row,
+    with the one-task near-duplicate search and with the sharded stages (Spark's DataFrame steps)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    from datamask_dask.dedup import search
+
+    if sharded:
+        monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)
+    options = {"ratio": 0.1, "seed": 7, "prune": 0.3, "explain": True, **FAST}
+    out = sdf.transform(datamask_select, **options)
+    assert out.columns[-4:] == ["selected", "reason", "duplicate_of", "similarity"]
+    got = out.toPandas().set_index("chunk_id").sort_index()
+    want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), **options).compute(
+        scheduler="sync").set_index("chunk_id").sort_index()
+    assert got["reason"].tolist() == want["reason"].astype(str).tolist()
+    assert set(got["reason"]) >= {"selected", "near-duplicate", "quality-pruned", "not-chosen"}
+    np.testing.assert_array_equal(got["duplicate_of"].fillna(-1).astype(np.int64),
+                                  want["duplicate_of"].fillna(-1).astype(np.int64))
+    np.testing.assert_allclose(got["similarity"].astype(np.float32), want["similarity"].to_numpy(np.float32))
+    assert want["duplicate_of"].dtype == pd.ArrowDtype(pa.int64())
+
+
+def test_file_selection_explains_as_dask_does(spark, parquet_dir, tmp_path):
+    """The Spark file job writes the reasons Dask gives on the same partitions."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+    from datamask_spark.files import write_file_selection
+
+    options = {"ratio": 0.1, "seed": 7, "prune": 0.3, "explain": True, **FAST}
+    write_file_selection(spark, parquet_dir, tmp_path / "out", **options)
+    got = pq.read_table(tmp_path / "out").to_pandas(types_mapper=pd.ArrowDtype)
+    got = got.set_index("chunk_id").sort_index()
+    want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), **options).compute(
+        scheduler="sync").set_index("chunk_id").sort_index()
+    for column in ("selected", "reason", "duplicate_of"):
+        assert got[column].astype(str).tolist() == want[column].astype(str).tolist(), column

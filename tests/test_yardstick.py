@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from datamask_dask.config import METRIC_DEFAULTS
 from datamask_dask.learn.baselines import lazy_greedy, quality_topk, random_selection, stochastic_greedy
 from datamask_dask.learn.engine import learn_mask
 from datamask_dask.learn.objectives import evaluate_selection
@@ -77,6 +78,7 @@ def test_facility_on_an_approximate_graph_keeps_most_of_greedys_gain():
     """Each row's gain counts above the floor of its last listed neighbour: a single probe of the
     clustered k-NN search misses neighbours, and counting from 0 would overrate covering their rows."""
     q, e = make_embeddings(4000, 64, n_clusters=60, seed=3)
+    operator = {k: v for k, v in METRIC_DEFAULTS["Facility"].items() if k in ("refine_epochs", "refine_lr")}
     mask = learn_mask(q, e, 400, algorithm="Facility", lamb=0.0, exact_neighbours=0, probes=1,
-                      precision="float32").mask
-    assert measure(q, e, mask, algorithm="Facility", lamb=0.0).share > 0.952  # counted from 0: 0.945
+                      precision="float32", **operator).mask
+    assert measure(q, e, mask, algorithm="Facility", lamb=0.0).share > 0.952  # counted from 0 it scores less

@@ -17,8 +17,8 @@ class PlanGraph:
     timeout = 300
 
     def setup(self, wiring):
+        from datamask_dask.dask_engine.operator import plan_selection
         from datamask_dask.dedup import dask_graph
-        from datamask_dask.ops.operator import plan_selection
 
         partitions, limit = WIRINGS[wiring]
         before = dask_graph.SHUFFLE_PARTITIONS

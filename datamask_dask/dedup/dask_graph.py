@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 from dask.delayed import Delayed
 
-from ..progress import listed, named_task
+from ..graph_keys import listed, named_task
 from .search import find_groups, one_task
 from .stages import (
     BANDS,
@@ -85,7 +85,8 @@ _EDGES = pd.DataFrame({"worse": np.zeros(0, np.uint64), "better": np.zeros(0, np
                        "quality": np.zeros(0)})
 _LINKS = pd.DataFrame({"child": np.zeros(0, np.int64), "parent": np.zeros(0, np.int64)})
 _ROWS = pd.DataFrame({"partition": np.zeros(0, np.int64), "position": np.zeros(0, np.int64),
-                      "weight": np.zeros(0, np.int64)})
+                      "weight": np.zeros(0, np.int64), "parent": np.zeros(0, np.int64)})
+_IS_PARENT = -1  # the weight that marks a row as some row's parent (not a group member count)
 _POSITION = (1 << 32) - 1  # a row reference is partition << 32 | position
 _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 
@@ -154,8 +155,9 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
     links = (edges.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
              .map_partitions(_parents, meta=_LINKS, token=f"{_PREFIX}-parents"))
     counts = forwarded_counts(links, row_shards, method)
-    results = dd.concat([links[["child"]].map_partitions(_shadowed, meta=_ROWS),
-                         counts.map_partitions(_kept, meta=_ROWS)])
+    results = dd.concat([links.map_partitions(_shadowed, meta=_ROWS),
+                         counts.map_partitions(_kept, meta=_ROWS),
+                         links[["parent"]].map_partitions(_parent_rows, meta=_ROWS)])
     # partition p's rows in output partition p: divisions 0, 1, ..., n_parts
     delivered = _by_number(results, "partition", n_parts, method)
     # not fused: dask's blockwise fusion of the counting rounds' graph takes exponential time
@@ -294,23 +296,33 @@ def _moved(step: pd.DataFrame) -> pd.DataFrame:
                          "count": step["count"].to_numpy(np.int64)})
 
 
-def _shadowed(children: pd.DataFrame) -> pd.DataFrame:
-    ref = children["child"].to_numpy()
+def _shadowed(links: pd.DataFrame) -> pd.DataFrame:
+    ref = links["child"].to_numpy()
     return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
-                         "weight": np.zeros(len(ref), np.int64)})
+                         "weight": np.zeros(len(ref), np.int64), "parent": links["parent"].to_numpy()})
 
 
 def _kept(counts: pd.DataFrame) -> pd.DataFrame:
     ref = counts["target"].to_numpy(np.int64)  # a kept row also stands for itself
     return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
-                         "weight": counts["count"].to_numpy(np.int64) + 1})
+                         "weight": counts["count"].to_numpy(np.int64) + 1, "parent": np.full(len(ref), -1)})
+
+
+def _parent_rows(links: pd.DataFrame) -> pd.DataFrame:
+    ref = np.unique(links["parent"].to_numpy(np.int64))
+    return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
+                         "weight": np.full(len(ref), _IS_PARENT, np.int64), "parent": np.full(len(ref), -1)})
 
 
 def _partition_groups(rows: pd.DataFrame) -> dict:
     """One partition's entry of :func:`~datamask_dask.dedup.search.find_groups` from its rows
-    (weight 0: shadowed; else kept, standing for ``weight`` rows)."""
+    (weight 0: shadowed, with its parent; ``_IS_PARENT``: some row's parent; else kept, standing for
+    ``weight`` rows)."""
     position, weight = rows["position"].to_numpy(np.int64), rows["weight"].to_numpy(np.int64)
-    kept = weight > 0
+    parent = rows["parent"].to_numpy(np.int64)
+    kept, child = weight > 0, weight == 0
     order = np.argsort(position[kept])
-    return {"shadowed": np.sort(position[~kept]), "kept": position[kept][order],
-            "weights": weight[kept][order]}
+    by_child = np.argsort(position[child])
+    return {"shadowed": position[child][by_child], "kept": position[kept][order],
+            "weights": weight[kept][order], "parent": parent[child][by_child],
+            "parents": np.unique(position[weight == _IS_PARENT])}

@@ -87,7 +87,10 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[dict]:
         For each partition: ``shadowed`` (sorted int64 positions of its rows that have a verified
         better near-duplicate), ``kept`` (sorted int64 positions of its kept rows that stand for
         more than themselves) and ``weights`` (int64, the rows each of those stands for, itself
-        included). Deterministic: it depends only on the rows and their order.
+        included), ``parent`` (int64, aligned with ``shadowed``: each shadowed row's best verified
+        better near-duplicate as a reference ``partition << 32 | position``) and ``parents``
+        (sorted int64 positions of its rows that are some row's parent). Deterministic: it depends
+        only on the rows and their order.
     """
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
     if n_rows < COMPILED_ROWS or not available():  # the same groups, from the stages in this process
@@ -301,12 +304,19 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[dict]:
         np.add.at(count, at[arrived], 1)
         at = parent[at[~arrived]]
     kept = np.flatnonzero(count)
+    # each shadowed row's parent as a reference, partition << 32 | position (the stages' form)
+    parent_of = parent[shadowed]
+    parent_part = np.searchsorted(offsets, parent_of, side="right") - 1
+    parent_ref = (parent_part.astype(np.int64) << 32) | (parent_of - offsets[parent_part])
+    parents = np.unique(parent_of)
     out = []
     for i in range(len(offsets) - 1):
         low, high = offsets[i], offsets[i + 1]
         mine = kept[(kept >= low) & (kept < high)]
-        out.append({"shadowed": shadowed[(shadowed >= low) & (shadowed < high)] - low,
-                    "kept": mine - low, "weights": count[mine] + 1})
+        here = (shadowed >= low) & (shadowed < high)
+        out.append({"shadowed": shadowed[here] - low, "kept": mine - low, "weights": count[mine] + 1,
+                    "parent": parent_ref[here],
+                    "parents": parents[(parents >= low) & (parents < high)] - low})
     return out
 
 

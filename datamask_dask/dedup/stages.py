@@ -423,19 +423,24 @@ def _sum_by(refs: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 def deliver(parents: dict, roots: list, leftover: list, n_parts: int) -> dict:
     """One shard's results routed to their partitions: ``{"pieces": [(shadowed refs, kept refs,
-    weights)] per partition, "unresolved": counts still climbing after the last round}``."""
+    weights, the shadowed rows' parent refs, refs of the partition's rows that are a parent)] per
+    partition, "unresolved": counts still climbing after the last round}``."""
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [r[0] for r in roots])
     count = np.concatenate([np.zeros(0, dtype=np.int64)] + [r[1] for r in roots])
     ref, count = _sum_by(ref, count)
-    child = parents["child"]
+    child, parent = parents["child"], parents["parent"]
     unresolved = int(sum(int(p[1].sum()) for p in leftover))
     out = []
     child_part = (child >> np.uint64(32)).astype(np.int64)
     ref_part = (ref >> np.uint64(32)).astype(np.int64)
-    child_split = _split(child_part, n_parts, child)
+    child_split = _split(child_part, n_parts, child, parent)
     ref_split = _split(ref_part, n_parts, ref, count + 1)  # a kept row also stands for itself
+    # the rows that are some row's parent go to their own partition (its explain step names them)
+    parent = np.unique(parent)
+    parent_split = _split((parent >> np.uint64(32)).astype(np.int64), n_parts, parent)
     for p in range(n_parts):
-        out.append((child_split[p][0], ref_split[p][0], ref_split[p][1]))
+        out.append((child_split[p][0], ref_split[p][0], ref_split[p][1], child_split[p][1],
+                    parent_split[p][0]))
     return {"pieces": out, "unresolved": unresolved}
 
 
@@ -445,9 +450,14 @@ def partition_groups(pieces: list) -> dict:
     shadowed = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     kept = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
     weights = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[2] for p in pieces])
+    parent = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[3] for p in pieces])
+    parents = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[4] for p in pieces])
     order = np.argsort(kept)
-    return {"shadowed": np.sort((shadowed & mask).astype(np.int64)),
-            "kept": (kept[order] & mask).astype(np.int64), "weights": weights[order]}
+    by_child = np.argsort(shadowed)
+    return {"shadowed": (shadowed[by_child] & mask).astype(np.int64),
+            "kept": (kept[order] & mask).astype(np.int64), "weights": weights[order],
+            "parent": parent[by_child].astype(np.int64),
+            "parents": np.unique((parents & mask).astype(np.int64))}
 
 
 def shard_count(n_rows: int, rows_per_shard: int) -> int:

@@ -6,8 +6,6 @@ metadata (Delta) or the snapshot's summary properties (Iceberg).
 
 from __future__ import annotations
 
-import json
-
 import dask
 import pandas as pd
 import pyarrow as pa
@@ -44,9 +42,3 @@ def concat_arrow(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
 def lake_versions() -> dict:
     """Versions of Python and of the libraries a table output depends on."""
     return library_versions("deltalake", "pyiceberg")
-
-
-def dumps(record: dict) -> str:
-    from .writer import _plain
-
-    return json.dumps(record, sort_keys=True, default=_plain)

@@ -29,9 +29,10 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY, compute_arrow, dumps
+from ._lake import RECORD_KEY, compute_arrow
 from .output import UnsafeOutputError, check_inputs, output_lock, publish, remove_own, staging_path
 from .pieces import Pieces, to_dask
+from .records import dumps
 
 __all__ = ["DeltaSink", "DeltaSource", "delta_pieces", "delta_record", "delta_source", "read_delta",
            "read_delta_source", "write_delta"]

@@ -25,9 +25,10 @@ import json
 import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow, dumps
+from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow
 from .output import UnsafeOutputError
 from .pieces import Pieces, to_dask
+from .records import dumps
 
 __all__ = ["IcebergSink", "IcebergSource", "get_catalog", "iceberg_pieces", "iceberg_record",
            "iceberg_source", "read_iceberg", "read_iceberg_source", "write_iceberg"]

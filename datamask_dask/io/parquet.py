@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .. import stages
+from .. import telemetry
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 from .pieces import Pieces, to_dask
@@ -150,7 +150,7 @@ def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], files
     """Row groups of one file as a cuDF frame (``columns``: Dask's projection)."""
     import cudf
 
-    with stages.timed("read"):
+    with telemetry.timed("read"):
         columns = list(schema.names) if columns is None else list(columns)
         path, groups, keys = piece
         file_columns = [c for c in columns if c not in partition_names]

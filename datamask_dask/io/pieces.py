@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 import pyarrow as pa
 
-from .. import stages
+from .. import telemetry
 from ..errors import InputDataError
 
 __all__ = ["Pieces", "to_dask"]
@@ -72,7 +72,7 @@ def to_dask(pieces: Pieces, label: str):
 
 
 def _read(item, reader: Callable, schema: pa.Schema, columns: list[str] | None = None) -> pd.DataFrame:
-    with stages.timed("read"):
+    with telemetry.timed("read"):
         return _to_pandas(reader(item, list(schema.names) if columns is None else list(columns)))
 
 

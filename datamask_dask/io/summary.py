@@ -51,9 +51,9 @@ _BLOCK = 2048  # rows per block of the blocked similarity products
 # --------------------------------------------------------------------------- per partition (workers)
 
 
-def signature_share(plan: dict) -> float:
+def signature_share(plan) -> float:
     """The share of the selected rows whose signatures go into the run summary (see the module notes)."""
-    planned = sum(max(int(cell[3]), 0) for cells in plan.get("cells", {}).values() for cell in cells)
+    planned = plan.planned
     return min(1.0, SIGNATURE_ROWS / planned) if planned else 1.0
 
 
@@ -62,10 +62,10 @@ def partition_summary(frame, selected_column: str, by: str | None, token_column:
     """Group counts and tokens of one selected partition (number ``number``), the learning curves its
     task noted and, with ``embedding_column``, the SimHash signatures of its selected rows (base64,
     row order), of a uniform sample of them where ``share`` < 1."""
-    from .. import stages
+    from .. import telemetry
     from ..partition import adapters
 
-    out: dict = {"curves": stages.take_curves()}
+    out: dict = {"curves": telemetry.take_curves()}
     if not len(frame):
         return out
     selected = np.asarray(adapters.host_values(frame, selected_column), dtype=bool)

@@ -21,6 +21,7 @@ URIs (a query string picks a snapshot: time travel)::
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -32,19 +33,23 @@ import dask
 import pyarrow as pa
 
 from .. import progress as progress_bars
-from .. import stages
+from .. import telemetry
 from ..errors import OptionError
 from ..partition import adapters
-from ._lake import compute_arrow, dumps, lake_versions
+from ..plan.types import Plan
+from ._lake import compute_arrow, lake_versions
 from .output import RUN_RECORD, check_target, output_lock, publish, read_record, remove_own, staging_path
 from .parquet import to_arrow
 from .pieces import Pieces, to_dask
+from .records import as_json, dumps
 from .storage import Location, resolve
 from .summary import SAMPLE_ROWS, signature_share, summarise_table_run, table_part_summary
 
 __all__ = ["ParquetSink", "TableInput", "TableRunReport", "TableURI", "parse_table_uri", "read_table",
            "select_table", "selection_columns", "table_pieces", "table_record", "table_sink",
            "write_table_output"]
+
+log = logging.getLogger(__name__)
 
 OUTPUT_COLUMNS = ("all", "selection")
 RUN_ID_COLUMN = "run_id"
@@ -171,9 +176,13 @@ def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_prop
 
 
 def selection_columns(ddf, run_id: str, *, id_column="chunk_id", selected_column="selected",
-                      score_column=None):
-    """The selection-only result: id, selected, the score if there is one, and the run id."""
+                      score_column=None, explain=False):
+    """The selection-only result: id, selected, the score if there is one, the explain columns if
+    asked, and the run id."""
+    from ..partition.explain import COLUMNS
+
     names = [id_column, selected_column] + ([score_column] if score_column else [])
+    names += list(COLUMNS) if explain else []
     frame = ddf[names]
     return frame.assign(**{RUN_ID_COLUMN: run_id}).astype({RUN_ID_COLUMN: "string[pyarrow]"})
 
@@ -239,7 +248,7 @@ def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, input
     """One ``part.0.parquet`` and the run record, published by the rules of :mod:`.output`."""
     from .output import publish_objects
     from .parquet import write_table
-    from .writer import _dumps, _fsync_dir, _write_atomic
+    from .writer import _fsync_dir, _write_atomic
 
     check_target(target, overwrite=overwrite, inputs=inputs)
     result = compute_arrow(data, scheduler=scheduler)  # before the lock: a failing selection writes nothing
@@ -260,7 +269,7 @@ def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, input
             staging.mkdir()
             _write_atomic(staging / "part.0.parquet", lambda handle: write_table(result, handle))
             _write_atomic(staging / RUN_RECORD, lambda handle: handle.write(
-                _dumps({**(record or {}), "files": ["part.0.parquet"]})))
+                dumps({**(record or {}), "files": ["part.0.parquet"]}, indent=1).encode()))
             publish(staging, target)
             _fsync_dir(target.parent)
         finally:
@@ -342,7 +351,6 @@ class ParquetSink:
     def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
         from .output import publish_objects
         from .parquet import write_table
-        from .writer import _dumps
 
         names = [w["name"] for w in written if w] or ["part.0.parquet"]
         if not any(written):  # an empty table still gets its schema
@@ -351,7 +359,8 @@ class ParquetSink:
         with output_lock(self.target):
             check_target(self.target, overwrite=self.overwrite, inputs=self.inputs)
             if self.target.local:
-                self.work.child(RUN_RECORD).write_bytes(_dumps({**(record or {}), "files": names}))
+                text = dumps({**(record or {}), "files": names}, indent=1)
+                self.work.child(RUN_RECORD).write_bytes(text.encode())
                 publish(Path(self.work.path), Path(self.target.path))
             else:
                 def copy() -> None:
@@ -429,7 +438,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     TableRunReport
     """
     from ..config import load_config
-    from ..ops.operator import apply_plan, column_reads, compute_plan, partitions, selection_spec
+    from ..dask_engine.operator import apply_plan, column_reads, compute_plan, partitions, selection_spec
 
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:
@@ -478,7 +487,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     columns = None
     if output_columns == "selection":
         columns = {"id_column": spec.id_column, "selected_column": spec.selected_column,
-                   "score_column": spec.score_column}
+                   "score_column": spec.score_column, "explain": spec.explain}
         meta = selection_columns(meta, run_id, **columns)
     # Each task writes its partition's file and a completion marker; the driver commits the files'
     # names in one transaction.
@@ -495,6 +504,11 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         parts = column_reads(source.frame, list(dict.fromkeys(used)), "datamask-read")
     done = markers.read(len(parts)) if resume else {}
     todo = [number for number in range(len(parts)) if number not in done]
+    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan.rows), len(parts),
+             planned - start)
+    if done:
+        log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
+                 target.uri, len(done), len(todo))
     per_part = math.ceil(summary_rows / max(len(parts), 1))
     seed = int(settings.get("seed") or 0)
     plan_node = dask.delayed(plan, traverse=False, name=f"datamask-plan-{run_id}")
@@ -516,24 +530,26 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     summary = summarise_table_run(parts, settings, spec, sample_rows=summary_rows, seed=seed)
     record.update(rows=rows, selected=selected, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                   partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-                  stages=stages.add_up([plan.get("stages"), *(p.pop("stages") for p in parts)]),
+                  stages=telemetry.add_up([plan.stages, *(p.pop("stages") for p in parts)]),
                   summary=summary, reused=sorted(done),
                   phases={"plan": planned - start, "select and write": written_at - planned,
                           "summary": time.perf_counter() - written_at})
-    record = _json(record)
+    record = as_json(record)
     written = sink.commit(files, schema, record)
     markers.clear()
+    log.info("committed %s (%s): %d rows, %d selected (%.1f s in all)", target.uri, target.format, rows,
+             selected, time.perf_counter() - start)
     return TableRunReport(target.uri, rows, selected, run_id, source.describe(), written, record,
                           time.perf_counter() - start)
 
 
-def _run_key(plan: dict, settings: dict, target: TableURI, mode: str, output_columns: str, newest) -> str:
+def _run_key(plan: Plan, settings: dict, target: TableURI, mode: str, output_columns: str, newest) -> str:
     """A table run's id: its plan (the input's content digests, quotas), settings, output and the
     output's newest datamask run before it."""
     import hashlib
 
-    identity = dumps({"digests": plan.get("digests"), "cells": plan.get("cells"),
-                      "ranges": plan.get("ranges"), "settings": settings, "output": target.uri,
+    identity = dumps({"digests": list(plan.digests), "cells": plan.identity()["cells"],
+                      "ranges": dict(plan.ranges), "settings": settings, "output": target.uri,
                       "mode": mode, "columns": output_columns, "after": newest})
     return hashlib.blake2b(identity.encode(), digest_size=16).hexdigest()
 
@@ -588,7 +604,7 @@ class RunMarkers:
         self.location.remove()
 
 
-def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run_id: str, sample_rows: int,
+def _select_part(frame, plan: Plan, number: int, spec, columns: dict | None, run_id: str, sample_rows: int,
                  seed: int, write, markers: RunMarkers):
     """One partition of a table run, in one task: selected, written by ``write`` (a sink's writer),
     and its part of the summary. Returns what ``write`` returned (the file's descriptor) and the part.
@@ -599,17 +615,10 @@ def _select_part(frame, plan: dict, number: int, spec, columns: dict | None, run
 
     out = select_partition(frame, plan, {"number": number})
     part = table_part_summary(out, number, spec, sample_rows, seed, signature_share(plan))
-    part["stages"] = stages.take()
+    part["stages"] = telemetry.take()
     if columns is not None:
         out = selection_columns(out, run_id, **columns)
-    with stages.timed("write"):
+    with telemetry.timed("write"):
         written = write(to_arrow(out), number)
         markers.write(number, written, part)
     return written, part
-
-
-def _json(record: dict) -> dict:
-    import json
-
-    return json.loads(dumps(record))
-

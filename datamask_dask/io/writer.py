@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -50,12 +51,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import progress as progress_bars
-from .. import stages
+from .. import telemetry
 from ..config import load_config
+from ..dask_engine.operator import compute_plan, partitions, selection_spec
 from ..errors import DataMaskError
-from ..ops.operator import compute_plan, partitions, selection_spec
 from ..partition import adapters
 from ..partition.select import select_partition
+from ..plan.types import Plan
 from .output import (
     FOOTER_KEY,
     MANIFEST,
@@ -71,12 +73,15 @@ from .output import (
     work_location,
 )
 from .parquet import concatenate, to_arrow, write_table
+from .records import as_json, dumps, plain
 from .storage import Location, fsync_dir, resolve
 from .summary import SAMPLE_ROWS, RunSummary, partition_summary, signature_share, summarise_run
 
+log = logging.getLogger(__name__)
+
 FORMAT = 1  # version of the work directory layout
 # Settings that change how a run checks its input, not what it selects.
-_NOT_IN_FINGERPRINT = ("check_ids", "validate", "memory_budget")
+_NOT_IN_FINGERPRINT = ("check_ids", "validate")
 
 
 class ResumeError(DataMaskError):
@@ -100,7 +105,7 @@ class SelectionReport:
     phases : dict
         Wall seconds of the driver's phases: ``plan``, ``select and write``, ``commit``.
     stages : dict
-        Worker seconds summed over tasks, per stage (:mod:`datamask_dask.stages`): ``plan read``,
+        Worker seconds summed over tasks, per stage (:mod:`datamask_dask.telemetry`): ``plan read``,
         ``plan check``, ``read``, ``select`` (of which ``extract`` and ``learn``), ``write``.
     record : dict
         The run record kept with the output (:mod:`datamask_dask.io.output`): settings after
@@ -202,11 +207,6 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
     work = work_location(target)
     manifest = read_manifest(work) if resume or committing(target) is not None else None
     settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
-    if manifest is not None and settings["memory_budget"] is None:
-        # The default budget comes from the cluster, and it sizes chunks, which changes the
-        # result: a resume keeps the one the run started with.
-        options = {**options, "memory_budget": manifest["memory_budget"] or "off"}
-        settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     spec = selection_spec(ddf, ratio, config=config, scheduler=scheduler, **options)
     plan = compute_plan(ddf, spec, scheduler=scheduler, progress=progress)  # validates the input
     phases = {"plan": time.perf_counter() - start}
@@ -217,8 +217,13 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
         work.remove()  # our hidden work directory: a stale one without a manifest, or resume=False
         work.makedirs()
         manifest = {**record, "format": FORMAT, "run_id": uuid.uuid4().hex, "runs": []}
-    done = finished_partitions(work, manifest, plan["rows"])
+    done = finished_partitions(work, manifest, plan.rows)
     todo = [i for i in range(ddf.npartitions) if i not in done]
+    log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan.rows), len(plan.rows),
+             phases["plan"])
+    if done:
+        log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
+                 target.uri, len(done), len(todo))
     manifest["runs"].append({"started": _now(), "computed": todo, "reused": sorted(done)})
     _write_json(work.child(MANIFEST), manifest)
 
@@ -242,7 +247,7 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
             raise
         for marker in written:
             computed.append(marker.pop("stages"))
-            markers[int(marker["partition"])] = json.loads(_dumps(marker))  # as a resumed run reads it
+            markers[int(marker["partition"])] = as_json(marker)  # as a resumed run reads it
     phases["select and write"] = time.perf_counter() - started
     manifest["runs"][-1]["finished"] = _now()
     _write_json(work.child(MANIFEST), manifest)
@@ -250,13 +255,13 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
     files = [work.child(markers[i]["file"]) for i in sorted(markers) if markers[i]["file"]]
     empty = _empty_table(ddf, spec) if not files else None
     started = time.perf_counter()
-    summary = summarise_run(files, markers, settings, plan["spec"], sample_rows=summary_rows,
+    summary = summarise_run(files, markers, settings, plan.spec, sample_rows=summary_rows,
                             seed=int(settings.get("seed") or 0))
     phases["summary"] = time.perf_counter() - started
     report = SelectionReport(target.uri, sum(m["rows"] for m in markers.values()),
                              sum(m["selected"] for m in markers.values()), tuple(todo), tuple(sorted(done)),
                              time.perf_counter() - start, phases,
-                             stages.add_up([plan.get("stages"), *computed]))
+                             telemetry.add_up([plan.stages, *computed]))
     started = time.perf_counter()
     record = run_record(report, settings, manifest, markers, input_location, summary)
     if target.local:
@@ -266,6 +271,8 @@ def _write_selection(ddf, target: Location, ratio, config, resume, single_file, 
         commit_objects(files, target, work, manifest, single_file=single_file, empty=empty, record=record)
     work.remove()
     phases["commit"] = time.perf_counter() - started
+    log.info("committed %s: %d rows, %d selected (%.1f s in all)", target.uri, report.rows, report.selected,
+             time.perf_counter() - start)
     return dataclasses.replace(report, seconds=time.perf_counter() - start, record=record,
                                summary=RunSummary(record))
 
@@ -282,37 +289,29 @@ def read_manifest(work) -> dict | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
-def _record(ddf, settings: Mapping, spec, plan: dict, input_fingerprint) -> dict:
+def _record(ddf, settings: Mapping, spec, plan: Plan, input_fingerprint) -> dict:
     """What identifies a run: its options and its input (as the manifest stores them)."""
     options = {k: v for k, v in settings.items() if k not in _NOT_IN_FINGERPRINT}
-    return json.loads(json.dumps({
+    return as_json({
         "settings": options,
         "memory_budget": spec.memory_budget,
         "input": {
             "partitions": ddf.npartitions,
             "columns": {str(c): str(t) for c, t in ddf._meta.dtypes.items()},
-            "rows": plan["rows"],
-            "content": _hash(plan.get("digests", [])),
+            "rows": list(plan.rows),
+            "content": _hash(list(plan.digests)),
             "fingerprint": input_fingerprint,
         },
-        "plan": _hash({"cells": plan["cells"], "ranges": plan["ranges"], "dim": plan["dim"]}),
-    }, default=_plain, sort_keys=True))
+        "plan": _hash(plan.identity()),
+    })
 
 
-def _plain(value):
-    """JSON form of what settings and plans hold beyond plain data (metric objects, numpy scalars)."""
-    if hasattr(value, "item"):
-        return value.item()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"type": type(value).__qualname__, **dataclasses.asdict(value)}
-    if isinstance(value, type):
-        return f"{value.__module__}.{value.__qualname__}"
-    return {"type": f"{type(value).__module__}.{type(value).__qualname__}",
-            "state": {k: v for k, v in sorted(vars(value).items())} if hasattr(value, "__dict__") else None}
+def _record_bytes(value) -> bytes:
+    return dumps(value, indent=1).encode()
 
 
 def _hash(value) -> str:
-    text = json.dumps(value, default=_plain, sort_keys=True)
+    text = dumps(value)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
@@ -326,11 +325,6 @@ def _check_same_run(manifest: dict, record: dict, target: Location, work: Locati
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
         raise ResumeError(f"cannot resume the unfinished run on {target}: it was started with other "
                           f"options ({shown}). {hint}")
-    if manifest["memory_budget"] != record["memory_budget"]:
-        raise ResumeError(f"cannot resume the unfinished run on {target}: it was started with "
-                          f"memory_budget={manifest['memory_budget']}, this run has "
-                          f"{record['memory_budget']} (the budget sizes chunks, which changes the "
-                          f"selection). {hint}")
     old, new = manifest["input"], record["input"]
     keys = ("partitions", "columns", "rows", "content", "fingerprint")
     changed = [k for k in keys if old.get(k) != new.get(k)]
@@ -347,10 +341,10 @@ def finished_partitions(work, manifest: dict, rows: list[int]) -> dict[int, dict
     work, done = resolve(work), {}
     present = set(work.list())
     for number, n_rows in enumerate(rows):
-        if f"{_stem(number)}.done" not in present:
+        if f"{part_stem(number)}.done" not in present:
             continue
         try:
-            marker = json.loads(work.child(f"{_stem(number)}.done").read_bytes())
+            marker = json.loads(work.child(f"{part_stem(number)}.done").read_bytes())
         except (OSError, ValueError):
             continue
         if marker.get("run_id") != manifest["run_id"] or marker.get("rows") != n_rows:
@@ -373,24 +367,24 @@ def _parquet_rows(part: Location) -> int:
     return pq.ParquetFile(part.path, filesystem=None if part.local else part.fs).metadata.num_rows
 
 
-def _stem(number: int) -> str:
+def part_stem(number: int) -> str:
     return f"part-{number:05d}"
 
 
-def _select_and_write(frame, plan: dict, number: int, work: Location, run_id: str,
+def _select_and_write(frame, plan: Plan, number: int, work: Location, run_id: str,
                       columns=(None, None)) -> dict:
     """Select partition ``number`` of the table and write it; its marker, with this task's stage seconds."""
-    stages.take_curves()  # curves left on this thread by other work are not this partition's
-    with stages.timed("select"):
+    telemetry.take_curves()  # curves left on this thread by other work are not this partition's
+    with telemetry.timed("select"):
         selected = select_partition(frame, plan, {"number": number})
     # Group counts, tokens and learning curves for the run summary (datamask_dask.io.summary).
-    summary = partition_summary(selected, plan["spec"].selected_column, *columns,
-                                embedding_column=plan["spec"].embedding_column, number=number,
+    summary = partition_summary(selected, plan.spec.selected_column, *columns,
+                                embedding_column=plan.spec.embedding_column, number=number,
                                 share=signature_share(plan))
-    with stages.timed("write"):
-        marker = write_part(selected, work, number, run_id, plan["spec"].selected_column, summary)
+    with telemetry.timed("write"):
+        marker = write_part(selected, work, number, run_id, plan.spec.selected_column, summary)
     # This thread's stage seconds since the last take: the read fused in front of this task too.
-    return {**marker, "stages": stages.take()}
+    return {**marker, "stages": telemetry.take()}
 
 
 def write_part(frame, work, number: int, run_id: str, selected_column: str, summary=None) -> dict:
@@ -409,11 +403,11 @@ def write_part(frame, work, number: int, run_id: str, selected_column: str, summ
     marker = {"partition": number, "rows": rows, "selected": selected, "file": None, "bytes": 0,
               "run_id": run_id, "summary": summary or {}}
     if rows:
-        part = work.child(f"{_stem(number)}.parquet")
+        part = work.child(f"{part_stem(number)}.parquet")
         with part.open_write() as handle:
             _write_frame(frame, handle)
         marker.update(file=part.name, bytes=part.size())
-    _write_json(work.child(f"{_stem(number)}.done"), marker)
+    _write_json(work.child(f"{part_stem(number)}.done"), marker)
     return marker
 
 
@@ -440,13 +434,9 @@ def _write_atomic(path: Path, write) -> None:
     _fsync_dir(path.parent)
 
 
-def _dumps(value: dict) -> bytes:
-    return json.dumps(value, indent=1, sort_keys=True, default=_plain).encode()
-
-
 def _write_json(path, value: dict) -> None:
     """``value`` as JSON, written whole (``path``: a local Path or a :class:`Location`)."""
-    data = _dumps(value)
+    data = _record_bytes(value)
     if isinstance(path, Location):
         path.write_bytes(data)
     else:
@@ -471,6 +461,10 @@ def _empty_table(ddf, spec) -> pa.Table:
     columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         columns[spec.score_column] = np.zeros(0, dtype=np.float32)
+    if spec.explain:
+        from ..partition.explain import meta_columns
+
+        columns.update(meta_columns(ddf._meta, spec.id_column))
     return to_arrow(adapters.with_columns(ddf._meta, columns))
 
 
@@ -496,7 +490,7 @@ def commit(files: list[Path], target: Path, *, single_file: bool = False,
     try:
         if single_file:
             schema = pq.read_schema(files[0]).remove_metadata() if files else empty.schema
-            schema = schema.with_metadata({FOOTER_KEY: _dumps(record)})
+            schema = schema.with_metadata({FOOTER_KEY: _record_bytes(record)})
             _write_atomic(staging, lambda handle: concatenate(files, handle, schema))
         else:
             staging.mkdir()
@@ -528,7 +522,7 @@ def commit_objects(files: list[Location], target: Location, work: Location, mani
     record = dict(record or {})
     if single_file:
         schema = (pq.read_schema(_parquet_source(files[0])).remove_metadata() if files else empty.schema)
-        schema = schema.with_metadata({FOOTER_KEY: _dumps(record)})
+        schema = schema.with_metadata({FOOTER_KEY: _record_bytes(record)})
         with target.open_write() as handle:
             concatenate([_parquet_source(f) for f in files], handle, schema)
         return
@@ -546,7 +540,7 @@ def commit_objects(files: list[Location], target: Location, work: Location, mani
                 write_table(empty, handle)
 
     publish_objects(target, names, write, record, pending=manifest.get("commit"), remember=remember,
-                    default=_plain)
+                    default=plain)
 
 
 def _parquet_source(file: Location):
@@ -560,7 +554,7 @@ def run_record(report: SelectionReport, settings: Mapping, manifest: dict, marke
     versions = library_versions()
     per_partition = [{"partition": i, "rows": markers[i]["rows"], "selected": markers[i]["selected"]}
                      for i in sorted(markers)]
-    return json.loads(json.dumps({
+    return as_json({
         "format": FORMAT, "tool": "datamask-dask", "kind": "selection", "run_id": manifest["run_id"],
         "finished": _now(), "input": {"location": None if input_location is None else str(input_location),
                                       **manifest["input"]},
@@ -568,7 +562,7 @@ def run_record(report: SelectionReport, settings: Mapping, manifest: dict, marke
         "profile": settings.get("profile"), "memory_budget": manifest["memory_budget"],
         "rows": report.rows, "selected": report.selected, "partitions": per_partition,
         "phases": report.phases, "stages": report.stages, "versions": versions, "summary": summary,
-    }, default=_plain, sort_keys=True))
+    })
 
 
 def _link(source: Path, destination: Path) -> None:

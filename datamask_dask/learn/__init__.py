@@ -10,9 +10,9 @@ executor or a GPU worker that needs only the learner pays for nothing else.
 - :mod:`.baselines`: random, quality top-k, greedy, lazy and stochastic greedy, DiSF batched greedy
 """
 
-from .._lazy import attach
+import lazy_loader
 
-__getattr__, __dir__, __all__ = attach(__name__, {
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "engine": ["MaskResult", "learn_mask"],
     "objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
     "options": ["DataMaskOptions"],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import stages
+from .. import telemetry
 from ..errors import InputDataError, OptionError
 from .objectives import accepts, build_metrics, normalise_quality, weighted_diversity, weighted_diversity_both
 from .options import DataMaskOptions
@@ -62,7 +62,9 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     k : int
         Rows to select, 1 <= k <= rows left after pruning.
     options : DataMaskOptions, optional
-        Learner settings; keyword ``overrides`` replace single options.
+        Learner settings; keyword ``overrides`` replace single options. The defaults are
+        ``datamask_select``'s, except ``config.METRIC_DEFAULTS``, which the operator adds for the
+        metric chosen: give them here to learn one chunk exactly as the operator does.
     device : str or torch.device
         ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; the loop runs there end to end.
     quality_range : (float, float), optional
@@ -113,7 +115,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         pool_size = n_keep
     history, best, reference_rows = torch.zeros(0), None, None
     first_stage = not (opts.refine and pool_size == n_keep)
-    tick = stages.StepCounter(opts.n_epochs * first_stage + opts.refine_epochs * bool(opts.refine))
+    tick = telemetry.StepCounter(opts.n_epochs * first_stage + opts.refine_epochs * bool(opts.refine))
     if first_stage:
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
@@ -175,7 +177,7 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     rows (None: one each). Returns the mean in-batch reward per step and, when
     every row took part in every step, the best rollout drawn (row indices), else None. Nothing
     leaves the device inside the loop: the history and the best draw are tensors. ``tick`` (a
-    :class:`datamask_dask.stages.StepCounter`) counts the steps for progress bars.
+    :class:`datamask_dask.telemetry.StepCounter`) counts the steps for progress bars.
     """
     n = logits.shape[0]
     history = torch.zeros(n_steps, device=logits.device)

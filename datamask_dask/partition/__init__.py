@@ -5,6 +5,6 @@
 - :mod:`.checks`: the checks of a partition's rows and its summary for the plan
 - :mod:`.select`: :func:`~.select.select_partition`, the select step (learner per chunk)
 
-The Dask operator (:mod:`datamask_dask.ops`) maps these over partitions; the Spark integration
+The Dask operator (:mod:`datamask_dask.dask_engine`) maps these over partitions; the Spark integration
 calls them inside ``mapInArrow``.
 """

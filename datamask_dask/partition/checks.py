@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .. import stages
+from .. import telemetry
 from ..dedup import simhash
 from ..errors import InputDataError, Problem, problems_error
 from ..plan.quotas import make_sketch
@@ -216,7 +216,8 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     n = len(series)
     if n == 0:
         return None, [], None, (np.zeros((0, simhash.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
-    block_bytes = block_bytes or min(_BLOCK_BYTES, (spec.memory_budget or _BLOCK_BYTES) // 4)
+    memory = spec.memory_budget or spec.memory_limit or _BLOCK_BYTES
+    block_bytes = block_bytes or min(_BLOCK_BYTES, memory // 4)
     # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
     # headroom) and their projections.
     step = max(1, block_bytes // (8 * source.dim + 4 * simhash.SIGNATURE_BITS))
@@ -233,7 +234,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         summary[start:stop, 0] = row_norms(block)
         summary[start:stop, 1] = _projection(block, direction)
         if sign:
-            with stages.timed("sign"):
+            with telemetry.timed("sign"):
                 signed[start:stop] = simhash.signatures(block, planes)
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
@@ -347,11 +348,14 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> dict:
     With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
     :func:`duplicate_input` sends to :func:`datamask_dask.dedup.search.find_groups`.
     """
-    with stages.timed("check"):
+    with telemetry.timed("check"):
         check = check_partition(frame, number, spec)
         check.raise_if_failed()
     # this thread's stage seconds since the last take: the read of these columns and the checks
-    return {"check": check, "stages": {f"plan {stage}": s for stage, s in stages.take().items()}}
+    scan = {"check": check, "stages": {f"plan {stage}": s for stage, s in telemetry.take().items()}}
+    if spec.explain and spec.diversity_scope == "table":  # to name the rows near-duplicates stand behind
+        scan["ids"] = adapters.host_values(frame, spec.id_column).to_numpy()
+    return scan
 
 
 def duplicate_input(scan: dict) -> dict:
@@ -372,7 +376,22 @@ def summarise_scan(scan: dict, groups: dict | np.ndarray | None = None) -> dict:
         summary = summarise_check(scan["check"], groups["shadowed"], groups["kept"], groups["weights"])
     else:
         summary = summarise_check(scan["check"], groups)
+    if "ids" in scan and isinstance(groups, dict) and "parent" in groups:
+        summary["links"] = duplicate_links(scan, groups)
     return {**summary, "stages": scan["stages"]}
+
+
+def duplicate_links(scan: dict, groups: dict) -> dict:
+    """What ``explain`` needs of a partition's near-duplicate groups (``make_plan`` joins them):
+    its shadowed rows with their parents' references and their signatures, and the id and
+    signature of each of its rows that is a parent. Only rows in groups, never the embeddings."""
+    signatures = scan["check"].signatures
+    parents = np.asarray(groups["parents"], dtype=np.int64)
+    return {"shadowed": np.asarray(groups["shadowed"], dtype=np.int64),
+            "parent": np.asarray(groups["parent"], dtype=np.int64),
+            "signatures": signatures[groups["shadowed"]],
+            "parents": parents, "parent_ids": scan["ids"][parents],
+            "parent_signatures": signatures[parents]}
 
 
 def _codes(check) -> tuple[np.ndarray, list]:

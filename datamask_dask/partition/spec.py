@@ -16,7 +16,7 @@ import pyarrow as pa
 from ..config import learner_options
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
-from ..plan.memory import resolve_budget
+from ..plan.memory import parse_budget, resolve_budget
 from . import adapters
 
 VALIDATE_MODES = ("full", "light")
@@ -44,14 +44,17 @@ class SelectSpec:
     check_ids: bool
     options: DataMaskOptions  # the learner's, with prune=0: pruning is table-wide, done by the plan
     validate: str = "full"  # "full": the plan pass also reads and checks every embedding
-    memory_budget: int | None = None  # bytes of working memory per task (None: no bound)
+    memory_budget: int | None = None  # the user's bytes of working memory per task: sizes chunks
+    memory_limit: int | None = None  # what the workers' memory leaves a task: checked, never sizes chunks
     diversity_scope: str = "table"  # "table": near-duplicates across partitions are shadowed first
     duplicate_cosine: float = 0.95  # rows at least this similar are near-duplicates (table scope)
+    explain: bool = False  # also output each row's reason, and the row a near-duplicate stands behind
 
     @property
     def plan_columns(self) -> list[str]:
         """Columns the plan pass reads."""
-        names = ([self.id_column] if self.check_ids else []) + [c for c, _ in self.quality]
+        # explain: the plan names the rows near-duplicates stand behind by id
+        names = ([self.id_column] if self.check_ids or self.explain else []) + [c for c, _ in self.quality]
         names += [self.by] if self.by else []
         names += [self.token_column] if self.budget is not None else []
         names += [self.embedding_column] if self.validate == "full" or self.diversity_scope == "table" else []
@@ -63,6 +66,7 @@ class SelectSpec:
         names = [c for c, _ in self.quality] + [self.embedding_column]
         names += [self.by] if self.by else []
         names += [self.token_column] if self.budget is not None else []
+        names += [self.id_column] if self.explain else []  # duplicate_of takes the id column's type
         return list(dict.fromkeys(names))
 
 
@@ -92,6 +96,10 @@ def spec_from_meta(meta, settings: Mapping, *, ratio_given: bool = True, schedul
                               "with selected_column= / score_column= (the input is never overwritten)")
     if spec.score_column == spec.selected_column:
         raise OptionError("score_column and selected_column must differ")
+    if spec.explain:
+        from .explain import check_free
+
+        check_free([*meta.columns, spec.selected_column, spec.score_column])
     problems = schema_problems(meta, spec)
     if problems:
         raise problems_error(problems)
@@ -125,6 +133,12 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
     if not _is_number(cosine) or not 0 < cosine < 1:
         raise OptionError(f"option duplicate_cosine={cosine!r} is invalid: expected a cosine in (0, 1), "
                           "e.g. 0.95")
+    explain = settings.get("explain", False)
+    if not isinstance(explain, bool | np.bool_):
+        raise OptionError(f"option explain={explain!r} is invalid: expected True or False (True adds the "
+                          "reason, duplicate_of and similarity columns)")
+    memory = resolve_budget(settings.get("memory_budget"), device=device, meta=meta, scheduler=scheduler)
+    given = parse_budget(settings.get("memory_budget")) is not None
     return SelectSpec(
         id_column=str(settings["id_column"]), quality=quality,
         embedding_column=str(settings["embedding_column"]),
@@ -136,9 +150,8 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         max_chunk_rows=int(_check_number(settings["max_chunk_rows"], "max_chunk_rows", 2, integer=True)),
         device=device, check_ids=bool(settings["check_ids"]),
         options=options.replace(prune=0.0), validate=validate,
-        memory_budget=resolve_budget(settings.get("memory_budget"), device=device, meta=meta,
-                                     scheduler=scheduler),
-        diversity_scope=scope, duplicate_cosine=float(cosine))
+        memory_budget=memory if given else None, memory_limit=None if given else memory,
+        diversity_scope=scope, duplicate_cosine=float(cosine), explain=bool(explain))
 
 
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:

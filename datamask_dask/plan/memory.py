@@ -24,12 +24,13 @@ is only ever lowered from the value the options give. Embeddings are validated i
 most a quarter of the budget. The factors are conservative: ``tests/test_memory.py`` measures
 the peak resident memory of a partition larger than its budget on CPU.
 
-The budget is resolved once, when the selection is set up, not inside each task: chunk and batch
-sizes change the result, so they must not depend on which worker runs a partition. Without an
-explicit ``memory_budget`` it defaults to ``WORKER_SHARE`` of the smallest per-thread memory
-limit of the current distributed cluster's workers (``memory_limit / nthreads``), or, when
-learning on a GPU, ``GPU_SHARE`` of its free memory per thread; on the local schedulers with
-no GPU there is no default bound.
+Only a budget the user gives sizes chunks: chunk and batch sizes change the result, so what the
+cluster happens to have must not. Without an explicit ``memory_budget`` the workers' memory is
+a limit that is checked, never obeyed (:func:`check_memory`): ``WORKER_SHARE`` of the smallest
+per-thread memory limit of the current distributed cluster's workers (``memory_limit /
+nthreads``), or, when learning on a GPU, ``GPU_SHARE`` of its free memory per thread; on the
+local schedulers with no GPU there is no limit. A task whose chunk does not fit in it fails at
+once, with the chunk size that would fit, instead of running its workers out of memory.
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ def parse_budget(value) -> int | None:
 
 
 def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) -> int | None:
-    """The memory budget of each selection task, in bytes (None: no bound).
+    """The memory limit of each selection task, in bytes (None: no limit).
+
+    An explicit ``value`` is returned as given (the user's budget, which sizes chunks); without
+    one, the limit the workers' memory sets (which only checks them, see :func:`check_memory`).
 
     Parameters
     ----------
@@ -216,6 +220,39 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
                                                 ("refine_reference", refine_reference))
                if value != getattr(options, name)}
     return MemoryPlan(rows, options.replace(**changes) if changes else options)
+
+
+def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int,
+                 where: str = "a partition") -> None:
+    """Fail when a chunk of ``chunk_rows`` rows, learned with ``options``, does not fit in ``limit``.
+
+    ``limit`` is the limit the workers' memory sets (no budget was given): it never changes the
+    chunks, so the job either fits as the options say or stops before learning, naming the
+    options that would make it fit.
+
+    Raises
+    ------
+    OptionError
+        Naming ``max_chunk_rows`` (the largest chunk that fits) and ``memory_budget``.
+    """
+    if not limit:
+        return
+    dim = max(int(dim), 1)
+    metrics = metric_kinds(options)
+    rollouts = min(options.rollout_chunk, options.n_rollout)
+    args = (dim, options, rollouts, options.reference_size, options.refine_reference, metrics)
+    work = limit - n_rows * ROW_BYTES
+    if chunk_bytes(chunk_rows, *args) <= work:
+        return
+    fits = _largest_chunk(work, chunk_rows, *args)
+    need = chunk_bytes(chunk_rows, *args) + n_rows * ROW_BYTES
+    raise OptionError(
+        f"{where}: the workers' memory is too small for this selection: {n_rows} rows learned in chunks "
+        f"of {chunk_rows} rows of {dim}-d embeddings need about {need} bytes per task, and the workers "
+        f"leave each task {limit} bytes. Give the workers more memory "
+        f"(or fewer threads each), set max_chunk_rows="
+        f"{fits if fits >= 2 else 'a smaller value'} (a different chunking selects different rows), or "
+        "set memory_budget= to let a budget of your choice size the chunks")
 
 
 def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, reference: int,

@@ -2,12 +2,13 @@
 
 Engine-agnostic: the Dask operator and the Spark integration collect one summary per partition
 (:func:`datamask_dask.partition.checks.summarise_partition`) and the duplicate-id report, and
-call :func:`make_plan` once. The plan is a small dict: the spec, integer quotas (or token
-budgets) per partition and group, the table-wide quality range per group, rows per partition,
-the embedding dimension, each partition's content digest and, with ``diversity_scope="table"``,
-the positions of each partition's shadowed rows (near-duplicates of a better row elsewhere, see
-:mod:`datamask_dask.dedup.search`; 8 bytes per shadowed row) and of its kept rows that stand
-for a group, with the group's size (``weights``: the learner's Facility weighs them so).
+call :func:`make_plan` once. The plan (:class:`~datamask_dask.plan.types.Plan`) is small: the
+spec, integer quotas (or token budgets) per partition and group, the table-wide quality range per
+group, rows per partition, the embedding dimension, each partition's content digest and, with
+``diversity_scope="table"``, the positions of each partition's shadowed rows (near-duplicates of a
+better row elsewhere, see :mod:`datamask_dask.dedup.search`; 8 bytes per shadowed row) and of its
+kept rows that stand for a group, with the group's size (``weights``: the learner's Facility weighs
+them so).
 
 Shadowed rows are ineligible: a group's quota is still ``round(ratio * rows)`` over *all* its rows,
 planned on the sketches of the rows that remain (``prune`` then applies to those). When a group
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import stages
+from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
 from .quotas import plan_rows, plan_tokens
+from .types import Cell, Plan
 
 SHOW = 5  # values quoted in a message
 
@@ -31,7 +33,7 @@ def _group_sort_key(label):
     return (type(label).__name__, label)
 
 
-def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
+def make_plan(summaries: list[dict], ids, dim, spec) -> Plan:
     """Integer quotas (or token budgets) per partition and group, and the table-wide quality range.
 
     Raises
@@ -67,16 +69,61 @@ def make_plan(summaries: list[dict], ids, dim, spec) -> dict:
                                              n_rows, spec), False
         for (partition, cell), (eligible, quota, budget) in zip(members, plan.T, strict=True):
             cells.setdefault(partition, []).append(
-                (label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
+                Cell(label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
             if deduplicated and "shadowed" in cell:
                 shadowed.setdefault(partition, []).append(cell["shadowed"])
                 if len(cell.get("kept", ())):
                     weights.setdefault(partition, []).append((cell["kept"], cell["weights"]))
-    return {"spec": spec, "cells": cells, "rows": [s["n"] for s in summaries], "dim": dim, "ranges": ranges,
-            "shadowed": {p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
-            "weights": {p: _stack_weights(v) for p, v in weights.items()},
-            "digests": [s.get("digest", "") for s in summaries],
-            "stages": stages.add_up(s.get("stages") for s in summaries)}
+    return Plan(spec=spec, cells={p: tuple(c) for p, c in cells.items()},
+                rows=tuple(int(s["n"]) for s in summaries), dim=dim, ranges=ranges,
+                shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
+                weights={p: _stack_weights(v) for p, v in weights.items()},
+                digests=tuple(s.get("digest", "") for s in summaries),
+                stages=telemetry.add_up(s.get("stages") for s in summaries),
+                explain=duplicate_links(summaries) if spec.explain else {})
+
+
+def duplicate_links(summaries: list[dict]) -> dict:
+    """Per partition, its near-duplicates' positions, the ids of the rows they stand behind, and the
+    cosine estimated from the two rows' SimHash signatures (``explain=True``).
+
+    Joins each partition's shadowed rows (their parents as references ``partition << 32 |
+    position``) with the ids of the parent rows that their own partitions listed.
+    """
+    out = {}
+    for number, summary in enumerate(summaries):
+        links = summary.get("links")
+        if links is None or not len(links["shadowed"]):
+            continue
+        ref = links["parent"]
+        part, position = ref >> 32, ref & 0xFFFFFFFF
+        ids = np.empty(ref.size, dtype=object)
+        theirs = np.zeros((ref.size, links["signatures"].shape[1]), dtype=np.uint8)
+        for q in np.unique(part).tolist():
+            mine = part == q
+            parents = summaries[q].get("links") or {"parents": np.zeros(0, dtype=np.int64)}
+            named = parents["parents"]
+            at = np.searchsorted(named, position[mine])
+            listed = named.size and (named[np.minimum(at, named.size - 1)] == position[mine]).all()
+            if not listed:  # every wiring lists each parent in its partition: a broken search otherwise
+                raise RuntimeError(f"explain: partition {q} does not list rows that near-duplicates of "
+                                   f"partition {number} stand behind; please report this with the run record")
+            ids[mine] = parents["parent_ids"][at]
+            theirs[mine] = parents["parent_signatures"][at]
+        bits = links["signatures"].shape[1] * 8
+        hamming = np.bitwise_count(np.bitwise_xor(links["signatures"], theirs)).sum(axis=1)
+        out[number] = {"position": links["shadowed"], "duplicate_of": _plain_array(ids),
+                       "similarity": np.cos(np.pi * hamming / bits).astype(np.float32)}
+    return out
+
+
+def _plain_array(values: np.ndarray) -> np.ndarray:
+    """Ids as a typed array where they are all numbers of one kind, else as objects."""
+    try:
+        typed = np.asarray(values.tolist())
+    except (ValueError, TypeError):
+        return values
+    return typed if typed.dtype.kind in "iuf" else values
 
 
 def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:

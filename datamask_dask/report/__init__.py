@@ -4,9 +4,9 @@ Needs matplotlib (``pip install matplotlib``). The command line entry is in :mod
 (``datamask report OUTPUT``).
 """
 
-from .._lazy import attach
+import lazy_loader
 
-__getattr__, __dir__, __all__ = attach(__name__, {
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "build": ["build_report", "pca_2d"],
     "cli": ["add_report_parser", "report_command", "run_report"],
 })

@@ -92,7 +92,9 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
             figures[name] = png
     page = target.child("index.html")
     name = posixpath.basename(table.location.rstrip("/"))
-    page.write_bytes(_html(summary, sample, figures, embed, name).encode("utf-8"))
+    explained = (summary.record.get("settings") or {}).get("explain")
+    audited = _audit(output_path, summary.record, seed) if explained else None
+    page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
     return Path(page.path) if page.local else page.uri
 
 
@@ -297,6 +299,7 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
 .note { color: #666; font-size: 0.85em; }
+.audit-group td:last-child { text-align: left; }
 """
 
 _CAPTIONS = {
@@ -317,7 +320,37 @@ def _table(frame: pd.DataFrame, limit: int | None = None) -> str:
     return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}", na_rep="") + note
 
 
-def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: str) -> str:
+def _audit(output_path, record: dict, seed: int) -> dict | None:
+    """The audit of an output written with ``explain`` (its small columns and text, read whole)."""
+    from .audit import audit, explained_columns, read_output
+
+    frame, record = read_output(output_path, explained_columns(record) + ["text"])
+    return audit(frame, record, seed=seed)
+
+
+def _audit_html(audited: dict) -> list[str]:
+    """The report's audit section: counts per reason, near-duplicate groups kept vs set aside."""
+    counts = pd.DataFrame({"reason": list(audited["counts"]), "rows": list(audited["counts"].values())})
+    counts["share"] = counts["rows"] / max(audited["rows"], 1)
+    share = audited["kept_best_share"]
+    parts = ["<section id='audit'><h2>Audit: why each row was selected, or not</h2>",
+             _table(counts),
+             f"<p id='audit-groups'>{audited['groups']} near-duplicate groups; the kept row is the best by "
+             f"quality in <b>{audited['kept_best']}</b> of them"
+             + (f" ({share:.1%})" if share is not None else "")
+             + f"; {audited['kept_selected']} kept rows are selected.</p>"]
+    if audited["sample"]:
+        parts.append("<h3>Near-duplicate groups: kept vs set aside (a sample)</h3>")
+    for number, group in enumerate(audited["sample"]):
+        rows = [{"role": "kept", **group["kept"]}] + [{"role": "set aside", **r} for r in group["set_aside"]]
+        frame = pd.DataFrame(rows).drop(columns=["duplicate_of"], errors="ignore")
+        parts.append(f"<div class='audit-group' id='audit-group-{number}'>{_table(frame)}</div>")
+    parts.append("</section>")
+    return parts
+
+
+def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: str,
+          audited: dict | None = None) -> str:
     record = summary.record
     rows, selected = record.get("rows", 0), record.get("selected", 0)
     title = f"datamask selection report: {name}"
@@ -352,6 +385,8 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
                   f"<p class='note'>On a sample of {(summary.summary.get('sample') or {}).get('rows')} "
                   "output rows; "
                   f"near-duplicate pairs: cosine &ge; {threshold} among each pick's rows.</p>"]
+    if audited is not None:
+        parts += _audit_html(audited)
     parts += ["<h2>Learning curves</h2>", figure("curves"),
               "<h2>Quality</h2>", figure("quality"),
               "<h2>Embeddings</h2>", figure("projection"),

@@ -62,6 +62,41 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_explain_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``explain`` to an ``argparse`` sub-parsers object; returns its parser."""
+    parser = subparsers.add_parser(
+        "explain", help="why one row of an explained output was selected, or not",
+        description="Tell one row's story from an output written with `datamask select --explain`: its "
+        "reason and quality, its near-duplicate group (members, quality, estimated cosine, the kept row), "
+        "its partition's quota and its rank there, and text snippets where a text column exists. It reads "
+        "the output and its run record; it does not rerun the selection.")
+    parser.add_argument("output", help="output directory or file of `datamask select --explain`, or its "
+                        "Delta / Iceberg table URI")
+    parser.add_argument("--id", dest="row_id", required=True, help="the row's id (the run's id column)")
+    parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
+                        help="column whose snippets are shown, where the output has it (default: text)")
+    parser.add_argument("--neighbours", type=int, default=3,
+                        help="show this many nearest selected rows by embedding (reads the selected rows' "
+                        "embeddings; 0: none)")
+    parser.add_argument("--json", dest="as_json", action="store_true", help="print the story as JSON")
+    return parser
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    """Print the story of ``args.row_id`` in ``args.output``. Returns the exit status."""
+    import json
+
+    from .audit import format_story, row_story
+
+    try:
+        story = row_story(args.output, args.row_id, text_column=args.text_column, neighbours=args.neighbours)
+    except (OSError, ValueError) as exc:
+        print(f"datamask explain: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(story, indent=2, default=str) if args.as_json else format_story(story))
+    return 0
+
+
 def report_command(argv: list[str] | None = None) -> int:
     """``datamask report`` on its own: parse ``argv`` and run it."""
     parser = argparse.ArgumentParser(prog="datamask report", description=add_report_parser.__doc__)

@@ -1,6 +1,6 @@
 """The Spark operator: ``datamask_select(sdf, ratio=0.1)`` adds a boolean ``selected`` column.
 
-It mirrors the Dask operator (:mod:`datamask_dask.ops.operator`) pass for pass and reuses its
+It mirrors the Dask operator (:mod:`datamask_dask.dask_engine.operator`) pass for pass and reuses its
 engine-agnostic core; Spark only moves partitions, through DataFrame APIs (no RDD, SparkContext,
 broadcast or accumulator), so it runs on classic Spark and on Spark Connect alike.
 
@@ -21,7 +21,7 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
    (embeddings stay an Arrow list column, flattened without a per-row loop), runs
    :func:`datamask_dask.partition.select.select_partition` and yields its input batches unchanged
-   with ``selected`` (and the score column) appended. The plan, a small dict, reaches the
+   with ``selected`` (and the score column) appended. The plan, small and typed, reaches the
    executors inside the function's closure. :func:`datamask_spark.writer.write_selection` runs
    the same step but has the worker write the rows as parquet itself (much faster than sending
    them back through Spark's row-wise writer).
@@ -56,6 +56,7 @@ from datamask_dask import errors as _errors
 from datamask_dask.config import load_config
 from datamask_dask.dedup.search import find_groups, one_task
 from datamask_dask.errors import DataMaskError
+from datamask_dask.partition import explain
 from datamask_dask.partition.checks import (
     SHOW,
     duplicate_input,
@@ -66,6 +67,7 @@ from datamask_dask.partition.checks import (
 from datamask_dask.partition.select import select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
+from datamask_dask.plan.types import Plan
 
 from .shards import cached, sharded_summaries
 
@@ -132,17 +134,23 @@ def spec_from_spark(sdf, settings: Mapping, *, ratio_given: bool = True) -> Sele
     return spec_from_meta(empty_frame(arrow_schema(sdf)), settings, ratio_given=ratio_given)
 
 
-def apply_plan(sdf, spec: SelectSpec, plan: dict):
+def apply_plan(sdf, spec: SelectSpec, plan: Plan):
     """The select pass: ``sdf`` plus the ``selected`` column (lazy), following ``plan``."""
     from pyspark.sql.types import BooleanType, FloatType, StructField, StructType
 
     fields = list(sdf.schema.fields) + [StructField(spec.selected_column, BooleanType(), False)]
     if spec.score_column:
         fields.append(StructField(spec.score_column, FloatType(), True))
+    if spec.explain:
+        from pyspark.sql.pandas.types import from_arrow_type
+
+        id_type = arrow_schema(sdf).field(spec.id_column).type
+        fields += [StructField(f.name, from_arrow_type(f.type), f.nullable)
+                   for f in explain.arrow_fields(id_type)]
     return sdf.mapInArrow(select_task(sdf, spec, plan), StructType(fields))
 
 
-def select_task(sdf, spec: SelectSpec, plan: dict) -> SelectTask:
+def select_task(sdf, spec: SelectSpec, plan: Plan) -> SelectTask:
     """The select pass's per-partition function for ``sdf`` (it reads only the columns the learner needs)."""
     names = set(sdf.columns)
     columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in names]
@@ -191,7 +199,7 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[dict]:
             then()
         failed = sorted(row["partition"] for row in heads if row["failed"])
         if failed:  # the first failed partition's error, raised on the driver
-            raise pickle.loads(scans.where(f"partition = {failed[0]}").first()["payload"])["error"]
+            raise pickle.loads(scans.where(f"partition = {failed[0]}").first()["payload"])["error"]  # noqa: S301 (this job's own task payloads)
         n_rows = sum(row["rows"] for row in heads)
         n_parts = max((row["partition"] for row in heads), default=-1) + 1
         if one_task(n_parts):
@@ -203,7 +211,7 @@ def gather_summaries(rows: list, spec: SelectSpec) -> list[dict]:
     """Each partition's summary, in partition order, from the plan pass's collected rows. Rows that
     hold scans (table scope, a table one task can hold) have the table-wide near-duplicate search
     run here, on the driver, first."""
-    payloads = {row["partition"]: pickle.loads(row["payload"]) for row in rows}
+    payloads = {row["partition"]: pickle.loads(row["payload"]) for row in rows}  # noqa: S301 (this job's own task payloads)
     failed = [payloads[p]["error"] for p in sorted(payloads) if "error" in payloads[p]]
     if failed:
         raise failed[0]
@@ -284,7 +292,7 @@ def probe_dimension(sdf, column: str) -> int | None:
 class SelectTask:
     """The select pass's ``mapInArrow`` function: one partition's rows plus ``selected``."""
 
-    def __init__(self, plan: dict, schema: pa.Schema, columns: list[str]):
+    def __init__(self, plan: Plan, schema: pa.Schema, columns: list[str]):
         self.plan, self.schema, self.columns = plan, schema, columns
 
     def __call__(self, batches):
@@ -309,7 +317,7 @@ class SelectTask:
         added : list of (pyarrow.Field, pyarrow.Array)
             ``selected`` (and the score column) for all of the partition's rows, in batch order.
         """
-        spec = self.plan["spec"]
+        spec = self.plan.spec
         number = partition_number()
         _limit_threads()
         batches = [b for b in batches if b.num_rows]
@@ -326,6 +334,8 @@ class SelectTask:
         if spec.score_column:
             added.append((pa.field(spec.score_column, pa.float32()),
                           pa.array(out[spec.score_column].to_numpy(dtype=np.float32), pa.float32())))
+        if spec.explain:
+            added += explain.arrow_columns(out, self.schema.field(spec.id_column).type)
         return batches, added
 
 

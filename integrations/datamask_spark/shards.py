@@ -75,11 +75,16 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
         roots = forwarded_counts(parents)
         partition = F.shiftright(F.col("ref"), 32).cast("int").alias("partition")
         position = F.col("ref").bitwiseAND(F.lit(_POSITION)).alias("position")
-        shadowed = (parents.select(F.col("child").alias("ref")).select(partition, position)
-                    .groupBy("partition").agg(F.collect_list("position").alias("shadowed")))
+        shadowed = (parents.select(F.col("child").alias("ref"), "parent")
+                    .select(partition, position, "parent").groupBy("partition")
+                    .agg(F.collect_list(F.struct("position", "parent")).alias("shadowed")))
         kept = (roots.select(partition, position, (F.col("count") + 1).alias("weight"))
                 .groupBy("partition").agg(F.collect_list(F.struct("position", "weight")).alias("kept")))
-        joined = scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
+        # the rows that are some row's parent, in their own partitions (explain names them by id)
+        named = (parents.select(F.col("parent").alias("ref")).distinct().select(partition, position)
+                 .groupBy("partition").agg(F.collect_list("position").alias("parents")))
+        joined = (scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
+                  .join(named, "partition", "left"))
         return joined.mapInArrow(Summarise(to_arrow_schema(scans.schema)), scans.schema).collect()
 
 
@@ -146,7 +151,7 @@ class BandRecords:
     def __call__(self, batches):
         for batch in batches:
             for row in batch.select(["partition", "payload"]).to_pylist():
-                part = duplicate_input(pickle.loads(row["payload"])["scan"])
+                part = duplicate_input(pickle.loads(row["payload"])["scan"])  # noqa: S301 (this job's own task payloads)
                 for r, bands in enumerate(band_rounds(rounds_of=ROUND_BANDS)):  # a round's records at a time
                     pieces = band_records(part, row["partition"], self.plan, self.shards, bands)
                     yield pa.RecordBatch.from_pydict(
@@ -172,7 +177,7 @@ class BucketEdges:
         # several (round, shard) may hash to one task; each one's pieces in partition order, as the
         # Dask graph passes them
         for _, bucket in itertools.groupby(rows, key=lambda row: row[:2]):
-            mine = [pickle.loads(pieces[i].as_py()) for *_, i in bucket]
+            mine = [pickle.loads(pieces[i].as_py()) for *_, i in bucket]  # noqa: S301 (this job's own task payloads)
             worse, better, quality = bucket_edges(mine, 1, self.cosine)["pieces"][0]
             yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
                                              names=["worse", "better", "quality"])
@@ -202,10 +207,13 @@ class Summarise:
         for batch in batches:
             for row in batch.to_pylist():
                 kept = sorted((k["position"], k["weight"]) for k in row["kept"] or [])
-                groups = {"shadowed": np.sort(np.asarray(row["shadowed"] or [], dtype=np.int64)),
+                shadowed = sorted((c["position"], c["parent"]) for c in row["shadowed"] or [])
+                groups = {"shadowed": np.array([c for c, _ in shadowed], dtype=np.int64),
                           "kept": np.array([k for k, _ in kept], dtype=np.int64),
-                          "weights": np.array([w for _, w in kept], dtype=np.int64)}
-                summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)
+                          "weights": np.array([w for _, w in kept], dtype=np.int64),
+                          "parent": np.array([p for _, p in shadowed], dtype=np.int64),
+                          "parents": np.unique(np.asarray(row["parents"] or [], dtype=np.int64))}
+                summary = summarise_scan(pickle.loads(row["payload"])["scan"], groups)  # noqa: S301 (this job's own task payloads)
                 out = {"partition": row["partition"], "rows": row["rows"], "failed": False,
                        "payload": pickle.dumps({"summary": summary})}
                 yield pa.RecordBatch.from_pylist([out], schema=self.schema)

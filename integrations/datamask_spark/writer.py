@@ -20,6 +20,7 @@ is committed as :func:`datamask_dask.io.output.publish_objects` does (its run re
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from datamask_dask import stages
+from datamask_dask import telemetry
 from datamask_dask.config import load_config
 from datamask_dask.io.output import (
     RUN_RECORD,
@@ -38,11 +39,14 @@ from datamask_dask.io.output import (
     publish_objects,
 )
 from datamask_dask.io.parquet import write_table
+from datamask_dask.io.records import dumps, plain
 from datamask_dask.io.storage import Location, resolve
 from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, signature_share, summarise_run
-from datamask_dask.io.writer import _dumps, _plain, _stem
+from datamask_dask.io.writer import part_stem
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
+
+log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
 __all__ = ["write_run", "write_selection"]
 
@@ -123,14 +127,16 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
             with spark_errors():
                 spec, plan, tasks, schema = run(staging)
                 planned = time.perf_counter()
+                log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan.rows),
+                         len(plan.rows), planned - started)
                 results = sorted((row.asDict() for row in tasks.collect()), key=lambda r: r["partition"])
             selected_at = time.perf_counter()
             files = [r["file"] for r in results if r["file"]]
             if not files:  # an empty table still gets its schema
-                files = [f"{_stem(0)}.parquet"]
+                files = [f"{part_stem(0)}.parquet"]
                 with staging.child(files[0]).open_write() as handle:
                     write_table(_with_selection(schema.empty_table(), spec), handle)
-            worker_stages = stages.add_up([plan.get("stages")] + [json.loads(r["stages"]) for r in results])
+            worker_stages = telemetry.add_up([plan.stages] + [json.loads(r["stages"]) for r in results])
             # The run summary as Dask's writer makes it: the partitions' parts, then a sample of the files.
             markers = {r["partition"]: {"summary": json.loads(r["summary"] or "{}")} for r in results}
             summary = summarise_run([staging.child(f) for f in files], markers, settings, spec,
@@ -147,7 +153,7 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                                   "commit": round(time.perf_counter() - selected_at, 3)},
                       "stages": {k: round(v, 3) for k, v in worker_stages.items()}}
             if target.local:
-                staging.child(RUN_RECORD).write_bytes(_dumps(record))
+                staging.child(RUN_RECORD).write_bytes(dumps(record, indent=1).encode())
                 publish(Path(staging.path), Path(target.path))
             else:
                 def copy() -> None:
@@ -155,9 +161,11 @@ def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_row
                         staging.child(name).copy_to(target.child(name))
 
                 publish_objects(target, files, copy, {k: v for k, v in record.items() if k != "files"},
-                                default=_plain)
+                                default=plain)
         finally:
             staging.remove()
+    log.info("committed %s: %d rows, %d selected (%.1f s in all)", target.uri, record["rows"],
+             record["selected"], time.perf_counter() - started)
     return record
 
 
@@ -168,39 +176,39 @@ class WriteTask:
         self.select, self.directory = select, directory
 
     def __call__(self, batches):
-        stages.take()  # what ran on this worker before is not this partition's
-        stages.take_curves()
-        with stages.timed("read"):  # Spark's scan and the Arrow transfer into this worker
+        telemetry.take()  # what ran on this worker before is not this partition's
+        telemetry.take_curves()
+        with telemetry.timed("read"):  # Spark's scan and the Arrow transfer into this worker
             batches = list(batches)
-        with stages.timed("select"):
+        with telemetry.timed("select"):
             batches, added = self.select.select(batches)
         number = partition_number()
         rows = sum(b.num_rows for b in batches)
         selected, name, size, summary = 0, "", 0, {}
         if rows:
-            with stages.timed("write"):
+            with telemetry.timed("write"):
                 table = pa.Table.from_batches(batches)
                 for field, values in added:
                     table = table.append_column(field, values)
-                part = self.directory.child(f"{_stem(number)}.parquet")
+                part = self.directory.child(f"{part_stem(number)}.parquet")
                 with part.open_write() as handle:
                     write_table(table, handle)
                 name, size = part.name, part.size()
             selected = int(np.count_nonzero(added[0][1].to_numpy(zero_copy_only=False)))
-            with stages.timed("summary"):
+            with telemetry.timed("summary"):
                 summary = self._summary(table, number)
         yield pa.RecordBatch.from_pydict(
             {"partition": pa.array([number], pa.int32()), "rows": pa.array([rows], pa.int64()),
              "selected": pa.array([selected], pa.int64()), "file": pa.array([name], pa.string()),
              "bytes": pa.array([size], pa.int64()),
-             "stages": pa.array([json.dumps(stages.take())], pa.string()),
-             "summary": pa.array([json.dumps(summary, default=_plain)], pa.string())})
+             "stages": pa.array([json.dumps(telemetry.take())], pa.string()),
+             "summary": pa.array([json.dumps(summary, default=plain)], pa.string())})
 
     def _summary(self, table: pa.Table, number: int) -> dict:
         """Groups, tokens, learning curves and the selected rows' signatures, as Dask's writer
         summarises a partition."""
         plan = self.select.plan
-        spec = plan["spec"]
+        spec = plan.spec
         names = [spec.selected_column, spec.embedding_column, spec.by, spec.token_column]
         present = [n for n in dict.fromkeys(names) if n is not None and n in table.column_names]
         frame = table.select(present).to_pandas(types_mapper=pd.ArrowDtype)
@@ -212,4 +220,9 @@ def _with_selection(table: pa.Table, spec) -> pa.Table:
     table = table.append_column(pa.field(spec.selected_column, pa.bool_()), pa.array([], pa.bool_()))
     if spec.score_column:
         table = table.append_column(pa.field(spec.score_column, pa.float32()), pa.array([], pa.float32()))
+    if spec.explain:
+        from datamask_dask.partition.explain import arrow_fields
+
+        for field in arrow_fields(table.schema.field(spec.id_column).type):
+            table = table.append_column(field, pa.array([], field.type))
     return table

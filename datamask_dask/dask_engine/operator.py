@@ -53,7 +53,8 @@ from dask.delayed import Delayed
 from .. import progress as progress_bars
 from ..config import load_config
 from ..dedup.dask_graph import table_groups
-from ..partition import adapters
+from ..graph_keys import listed, named
+from ..partition import adapters, explain
 from ..partition.checks import (
     duplicate_input,
     id_report,
@@ -66,7 +67,6 @@ from ..partition.checks import (
 from ..partition.select import select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.reduce import make_plan
-from ..progress import listed, named
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
@@ -92,9 +92,11 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         wins over ``dask.config``'s ``datamask`` namespace.
     **options
         Learner options (``n_epochs``, ``partial``, ``algorithm``, ``max_lr``, ``min_lr``,
-        ``lamb``, ``n_rollout``, ``init``, ``seed``, ``update``, ``final``, ...) and:
+        ``lamb``, ``n_rollout``, ``init``, ``seed``, ``update``, ``final``, ...: see
+        :class:`~datamask_dask.learn.options.DataMaskOptions`, whose defaults apply, with
+        ``config.METRIC_DEFAULTS`` for the metric chosen) and:
 
-        prune : float
+        prune : float, default 0.0
             Share of the table, worst quality first, made ineligible (table-wide, not per
             partition; per group with ``by``).
         id_column : str, default ``"chunk_id"``
@@ -112,10 +114,12 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             share of the budget has left, so the total falls short by less than about one row's
             tokens per partition.
         token_column : str, default ``"n_tokens"``
-        device : {"auto", "cpu", "cuda", "cuda:N"}
+        device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
             ``"auto"`` learns on the GPU when the partition is cuDF.
-        max_chunk_rows : int, default 200_000
-            Partitions with more eligible rows are learned in chunks of at most this many rows.
+        max_chunk_rows : int, default 50_000
+            Partitions with more eligible rows are learned in chunks of at most this many rows
+            (default 100_000 for Facility and 10_000 for DiSF: ``config.METRIC_DEFAULTS``).
+            Chunks select apart, so the chunk size is part of what a selection means.
         oversample : float, default 2
             Size of the table-wide quality pool that sets partition quotas, as a multiple of
             the quota (see :mod:`datamask_dask.plan.quotas`); >= 1.
@@ -126,7 +130,7 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         check_ids : bool, default True
             Fail on duplicate or null ids. The check is a tree reduction whose last task holds
             every distinct id: turn it off for tables whose ids do not fit in one worker.
-        validate : {"full", "light"}, default "full"
+        validate : {"full", "light"}, default "light"
             ``"full"``: the plan pass also reads every embedding and checks it (null, ragged,
             dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
             ``"light"``: the plan pass reads only the small columns (one read of the embeddings
@@ -141,12 +145,20 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             partitioned by topic).
         duplicate_cosine : float, default 0.95
             Near-duplicate threshold of the table scope.
+        explain : bool, default False
+            Also output why each row was selected or not: ``reason`` (``selected``,
+            ``near-duplicate``, ``quality-pruned``, ``quota-exhausted``, ``not-chosen``,
+            ``budget-exhausted``; the user guide's output page says what each means), ``duplicate_of``
+            (the id of the row a near-duplicate stands behind, null otherwise) and ``similarity``
+            (its estimated cosine to that row). The selection is the same either way.
         memory_budget : int or str, optional
             Working memory of one selection task beyond its partition, in bytes or as text
             (``"2GiB"``): chunks and the learner's batches are sized to fit (see
-            :mod:`datamask_dask.plan.memory`). Default: half the per-thread memory limit of the
-            current distributed cluster's workers, or most of a GPU's free memory when learning
-            on one; no bound on the local schedulers. ``"off"``: no bound.
+            :mod:`datamask_dask.plan.memory`), which changes the selection as ``max_chunk_rows``
+            does. Default: no budget; the chunks are the options' and a task whose chunk does not
+            fit in half the per-thread memory limit of the current distributed cluster's workers
+            (most of a GPU's free memory when learning on one) fails before learning, naming the
+            ``max_chunk_rows`` that would fit. ``"off"``: no budget and no check.
 
     Returns
     -------
@@ -180,8 +192,9 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     ddf, ratio, config, **options
         As for :func:`datamask_select`.
     scheduler : optional
-        The scheduler the job will run on (a distributed Client gives the default
-        ``memory_budget``); by default the current default Client, if any.
+        The scheduler the job will run on (a distributed Client's workers give the memory
+        limit that is checked, see ``memory_budget``); by default the current default Client,
+        if any.
 
     Returns
     -------
@@ -237,6 +250,8 @@ def apply_plan(ddf, spec: SelectSpec, plan):
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
+    if spec.explain:
+        out_columns.update(explain.meta_columns(ddf._meta, spec.id_column))
     meta = adapters.with_columns(ddf._meta, out_columns)
     tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i},
                                                        dask_key_name=("datamask-select-" + token, i))

@@ -1,0 +1,60 @@
+"""The plan: the contract the reduction hands every partition's select task, on Dask and on Spark.
+
+It is small (a few numbers per partition and group, and the positions of the rows near-duplicates
+set aside) and read-only: one copy travels to every task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # the spec is the partition room's; the plan only carries it
+    from ..partition.spec import SelectSpec
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One group's share of one partition: what its select task learns there."""
+
+    label: object  # the group's label (None without ``by``)
+    group: int  # the group's index in the table-wide order (it keys ``Plan.ranges``)
+    eligible: int  # rows of the cell the table-wide quality pool leaves eligible
+    quota: int  # rows to select
+    budget: int | None  # tokens to select (a token budget), else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Exact quotas (or token budgets) per partition and group, and what every task needs beside them."""
+
+    spec: SelectSpec
+    cells: Mapping[int, tuple[Cell, ...]]  # partition -> its cells (partitions with no rows: none)
+    rows: tuple[int, ...]  # rows per partition when planned (a task checks its partition still has them)
+    dim: int | None  # the embedding dimension (None: no embedding was read)
+    ranges: Mapping[int, tuple[float, float]]  # group -> table-wide quality (min, max)
+    # partition -> sorted positions of its rows set aside as near-duplicates of a better row
+    shadowed: Mapping[int, np.ndarray] = field(default_factory=dict)
+    # partition -> (positions of its kept rows that stand for a group of copies, the group sizes)
+    weights: Mapping[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    digests: tuple[str, ...] = ()  # each partition's content digest, as the plan pass read it
+    stages: Mapping[str, float] = field(default_factory=dict)  # seconds of the plan pass's stages
+    # explain=True: partition -> its near-duplicates' positions, the ids of the rows they stand
+    # behind and the estimated cosine (reduce.duplicate_links)
+    explain: Mapping[int, dict] = field(default_factory=dict)
+
+    def cells_of(self, partition: int) -> tuple[Cell, ...]:
+        return self.cells.get(partition, ())
+
+    @property
+    def planned(self) -> int:
+        """Rows the plan selects (with token budgets: the quotas the budgets were split by)."""
+        return sum(max(cell.quota, 0) for cells in self.cells.values() for cell in cells)
+
+    def identity(self) -> dict:
+        """What decides the rows selected, as plain data: quotas, quality ranges and dimension."""
+        return {"cells": {p: [list(astuple(c)) for c in cells] for p, cells in self.cells.items()},
+                "ranges": dict(self.ranges), "dim": self.dim}
