@@ -115,5 +115,13 @@ def duplicate_rates(parts: list, planted: tuple, groups: list) -> dict:
             for c in PLANTED}
 
 
+def one_thread() -> None:
+    """Torch on one thread, as in a job's worker (one thread each): its CPU seconds then count work,
+    not threads spinning for a core another process holds."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -27,6 +27,7 @@ class NearDuplicates:
     def setup(self, cache):
         from datamask_dask.dedup import search
 
+        data.one_thread()
         self.parts = cache["parts"]
         search.find_groups(self.parts[:2])  # compiled kernels loaded before the timed run
 

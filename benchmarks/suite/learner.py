@@ -23,6 +23,7 @@ class LearnMask:
     def setup(self, metric):
         from datamask_dask.config import learner_options, load_config
 
+        data.one_thread()
         self.quality, self.emb = data.embeddings(SHAPE["rows"], SHAPE["dim"], SHAPE["clusters"])
         self.options = learner_options(load_config("cpu", algorithm=metric))
 
