@@ -26,7 +26,7 @@ checkout of the package (``git worktree add``) beside this one. Each job's selec
 hash of the selected ids) shows whether two runs selected the same rows. The worker-seconds per
 stage come from the run record of the last repeat.
 
-    python benchmarks/bench_ceiling.py --rows 200000 --repeats 3 --out benchmarks/results-ceiling-200k.md
+    python benchmarks/bench_ceiling.py --rows 200000 --repeats 3 --json benchmarks/results/ceiling.json
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_pipeline as pipeline  # noqa: E402  (data generation)
+import record  # noqa: E402
 from bench_scope_cost import _selection_digest  # noqa: E402
 
 JOBS = {
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", nargs="+", choices=[*JOBS, "fixed cost"], default=[*JOBS, "fixed cost"])
     parser.add_argument("--before", help="another checkout of the package: its jobs run beside this one's")
     parser.add_argument("--cache", default=str(HERE.parent / ".benchmark-cache"))
-    parser.add_argument("--out")
+    parser.add_argument("--json", help="append the results to this JSON file (results/ceiling.json)")
     args = parser.parse_args(argv)
     source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
     tiny = ensure_tiny(Path(args.cache) / f"tiny-d{args.dim}", args.dim)
@@ -210,8 +211,10 @@ def main(argv=None) -> int:
         shutil.rmtree(scratch, ignore_errors=True)
     text = report(args, argv, source, ceilings, runs, touches)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if args.json:
+        shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
+        record.append(args.json, command=record.command("bench_ceiling.py", argv), data={"table": shape},
+                      markdown=text)
     return 0
 
 

@@ -11,7 +11,7 @@ included, one more run), the shadowed rows and a digest of the groups, and per p
 share of planted pairs that end in one group (false merges at <= 0.90) and of which at most one
 row stays eligible (recall at >= 0.98).
 
-    python benchmarks/bench_duplicates.py --rows 1000000 --out benchmarks/results-duplicates-1m.md
+    python benchmarks/bench_duplicates.py --rows 1000000 --json benchmarks/results/duplicates.json
 
 The package is the one on ``PYTHONPATH``; one whose one-task search is the connected components
 of ``plan.duplicates`` is measured the same way, so two checkouts compare side by side:
@@ -28,7 +28,7 @@ of each partition's rows are planted copies of rows of the previous partition at
 >= 0.98, false merges at <= 0.90).
 
     python benchmarks/bench_duplicates.py --sharded --dim 64 --sizes 1000000 4000000 16000000 \
-        --out benchmarks/results-duplicates-sharded.md
+        --json benchmarks/results/duplicates.json
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_pipeline as pipeline  # noqa: E402  (data generation)
+import record  # noqa: E402
 
 import datamask_dask  # noqa: E402
 
@@ -185,9 +186,17 @@ def sharded(args) -> int:
         del parts, groups, stats, root
     text = "\n".join(lines + recall_lines + stage_lines) + "\n"
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if args.json:
+        _save(args, text)
     return 0
+
+
+def _save(args, text: str) -> None:
+    """Append this run's tables to ``--json`` (benchmarks/record.py)."""
+    shape = {"rows": max(args.sizes) if args.sharded else args.rows, "dim": args.dim,
+             "rows a partition": args.rows_per_partition, "planted copies": args.copies}
+    record.append(args.json, command=record.command("bench_duplicates.py"), data={"partitions": shape},
+                  markdown=text)
 
 
 def _digest(groups: list[dict]) -> str:
@@ -225,7 +234,7 @@ def main(argv=None) -> int:
     parser.add_argument("--copies", type=float, default=0.1,
                         help="share of each partition's rows copied from the previous partition")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs of the one-task search")
-    parser.add_argument("--out")
+    parser.add_argument("--json", help="append the results to this JSON file (results/duplicates.json)")
     parser.add_argument("--sharded", action="store_true", help="measure the sharded stages (dedup.stages)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000],
                         help="--sharded: table sizes, one run each")
@@ -279,8 +288,8 @@ def main(argv=None) -> int:
     lines += _recall_lines(n, planted, root, groups, args.rows_per_partition)
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if args.json:
+        _save(args, text)
     return 0
 
 

@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     parser.add_argument("--greedy-max-n", type=int, default=100_000)
     parser.add_argument("--greedy-reference", type=int, default=8192)
     parser.add_argument("--keep-output", action="store_true")
-    parser.add_argument("--out")
+    parser.add_argument("--json", help="append the results to this JSON file (results/gpu.json)")
     args = parser.parse_args(argv)
 
     problem = gpu_problem()

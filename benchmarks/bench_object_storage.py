@@ -1,7 +1,7 @@
 """The same ``datamask select`` job on local disk and on an S3 API server on localhost, side by side.
 
     python benchmarks/bench_object_storage.py --rows 400000 --dim 256 --repeats 2 \
-        --out benchmarks/results-object-storage.md
+        --json benchmarks/results/storage.json
 
 The S3 server is moto (``python -m moto.server``, the test extra), a pure-Python server on this
 machine: it measures what the package's S3 path costs (listing, ranged reads through fsspec,
@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402
 from bench_pipeline import ensure_dataset  # noqa: E402
 
 FLAGS = ["--n_epochs", "100", "--select_ratio", "0.1", "--seed", "0", "--n-workers", "2"]
@@ -76,7 +77,7 @@ def main() -> None:
     parser.add_argument("--rows-per-partition", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=Path(".benchmark-cache"))
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--json", help="append the results to this JSON file (results/storage.json)")
     args = parser.parse_args()
     source = ensure_dataset(args.cache, args.rows, args.dim, args.rows_per_partition, 64)
     server, env = start_moto()
@@ -115,8 +116,10 @@ def main() -> None:
     lines.append(f"\nS3 / local disk (medians): {ratio:.2f}x the time, the same rows selected.")
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    if args.json:
+        shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
+        record.append(args.json, command=record.command("bench_object_storage.py"), data={"table": shape},
+                      markdown=text)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """End-to-end throughput of ``datamask select`` on partitioned parquet, with a breakdown by stage.
 
-One command prints markdown tables (and writes them to ``--out``)::
+One command prints markdown tables (and appends them to ``--json``, see ``record.py``)::
 
     python benchmarks/bench_pipeline.py --sizes 100000 1000000 --workers 1 2 \
-        --algorithms Pair_simi Facility --config conf/cpu.yaml --out results.md
+        --algorithms Pair_simi Facility --config conf/cpu.yaml --json benchmarks/results/pipeline.json
 
 What runs, for every (size, algorithm, workers):
 
@@ -60,6 +60,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
@@ -340,8 +343,10 @@ def finish_report(args, lines: list[str], cache: Path, out_root: Path, overrides
         shutil.rmtree(out_root, ignore_errors=True)
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    if args.json:
+        shape = {"rows": max(args.sizes), "dim": args.dim, "rows a file": args.rows_per_partition}
+        record.append(args.json, command=record.command(Path(sys.argv[0]).name), data={"tables": shape},
+                      markdown=text)
     return 0
 
 
@@ -368,7 +373,7 @@ def main(argv=None) -> int:
     parser.add_argument("--greedy-max-n", type=int, default=100_000)
     parser.add_argument("--greedy-reference", type=int, default=8192)
     parser.add_argument("--keep-output", action="store_true", help="keep the selection outputs")
-    parser.add_argument("--out", help="also write the tables to this markdown file")
+    parser.add_argument("--json", help="append the results to this JSON file (results/pipeline.json)")
     args = parser.parse_args(argv)
 
     overrides = {}

@@ -12,9 +12,9 @@ N worker processes. ``--before PATH`` adds a table-scope job run with another ch
 Reported per job: the job's own seconds (start-up excluded), its plan phase, and the load
 average when it started; then the median over repeats and the ratio to the per-partition job.
 
-    python benchmarks/bench_scope_cost.py --rows 200000 --repeats 3 --out benchmarks/results-scope-cost.md
+    python benchmarks/bench_scope_cost.py --rows 200000 --repeats 3 --json benchmarks/results/scope-cost.json
     python benchmarks/bench_scope_cost.py --rows 1000000 --repeats 1 --copies 0.2 --n-workers 2 \
-        --data /work/data-1m --out benchmarks/results-global-1m.md
+        --data /work/data-1m --json benchmarks/results/scope-cost.json
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     parser.add_argument("--n-workers", type=int, help="worker processes of each job's local cluster")
     parser.add_argument("--before", help="another checkout of the package: its table scope is a job too")
     parser.add_argument("--cache", default=str(HERE.parent / ".benchmark-cache"))
-    parser.add_argument("--out")
+    parser.add_argument("--json", help="append the results to this JSON file (results/scope-cost.json)")
     args = parser.parse_args(argv)
     if args.copies:
         source = ensure_spread_dataset(Path(args.data), args.rows, args.dim, args.rows_per_partition,
@@ -168,8 +168,10 @@ def main(argv=None) -> int:
         lines += _pairs_lines(summaries, source, args.copies)
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if args.json:
+        shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
+        record.append(args.json, command=record.command("bench_scope_cost.py", argv), data={"table": shape},
+                      markdown=text)
     return 0
 
 

@@ -27,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402
+
 
 def make_inputs(folder: Path, n_parts: int, rows: int, dim: int = 32, copies: float = 0.1) -> list[Path]:
     """One ``.npz`` of search inputs per partition (made once per folder)."""
@@ -122,14 +125,15 @@ def main(argv=None) -> int:
                         help="dask shuffle methods of the shuffles wiring (default: dask's choice)")
     parser.add_argument("--data", help="folder for the inputs (default: a temporary one)")
     parser.add_argument("--label", default="this checkout")
+    parser.add_argument("--json", help="append the results to this JSON file (results/search-graph.json)")
     args = parser.parse_args(argv)
     folder = Path(args.data or tempfile.mkdtemp(prefix="search-graph-"))
     folder.mkdir(parents=True, exist_ok=True)
     given = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"Command: `python benchmarks/bench_search_graph.py {given}`\n")
-    print("| package | wiring | shuffle | partitions | rows | seconds | tasks | largest worker peak "
-          "| shadowed | groups digest |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+    table = ["| package | wiring | shuffle | partitions | rows | seconds | tasks | largest worker peak "
+             "| shadowed | groups digest |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    print("\n".join(table))
     paths = make_inputs(folder, max(args.partitions), args.rows_per_partition)
     for n_parts in args.partitions:
         runs = [(w, m) for w in args.wiring for m in (args.shuffle if w != "tasks" else ["-"])]
@@ -137,9 +141,15 @@ def main(argv=None) -> int:
             r = measure(paths[:n_parts], args.rows_per_partition, args.workers,
                         None if method in ("default", "-") else method, wiring)
             rows = n_parts * args.rows_per_partition
-            print(f"| {args.label} | {wiring} | {method} | {n_parts} | {rows:,} | "
-                  f"{r['seconds']:.1f} | {r['tasks']:,} | {r['peak'] / 2**30:.2f} GiB | {r['shadowed']:,} | "
-                  f"{r['digest']} |", flush=True)
+            table.append(f"| {args.label} | {wiring} | {method} | {n_parts} | {rows:,} | "
+                         f"{r['seconds']:.1f} | {r['tasks']:,} | {r['peak'] / 2**30:.2f} GiB | "
+                         f"{r['shadowed']:,} | {r['digest']} |")
+            print(table[-1], flush=True)
+    if args.json:
+        shape = {"partitions": max(args.partitions), "rows a partition": args.rows_per_partition,
+                 "workers": args.workers}
+        record.append(args.json, command=record.command("bench_search_graph.py", argv),
+                      data={"table": shape}, markdown="\n".join(table))
     return 0
 
 

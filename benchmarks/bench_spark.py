@@ -44,6 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402
 
 
 def _warm(batches):
@@ -204,6 +205,7 @@ def main(argv=None) -> int:
     parser.add_argument("--transfer", action="store_true",
                         help="after Spark's job, time moving the embeddings to Python (JVM decode, "
                              "mapInArrow, pyarrow)")
+    parser.add_argument("--json", help="append the results to this JSON file (results/spark.json)")
     args = parser.parse_args(argv)
 
     source = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, args.clusters)
@@ -230,24 +232,30 @@ def main(argv=None) -> int:
     print(f"\n{args.rows:,} rows, d = {args.dim}, {args.rows // args.rows_per_partition} partitions, "
           f"config {args.config}, ratio {args.ratio}, {args.repeats} repeat(s); load average at start "
           f"{load[0]:.1f}, at end {os.getloadavg()[0]:.1f}\n")
-    print("| engine | wall s per repeat | median wall s | plan s | rows/s | selected |")
-    print("|---|---|---:|---:|---:|---:|")
     median = {engine: statistics.median(r["wall"] for r in rs) for engine, rs in runs.items()}
+    want = runs["dask"][0]["ids"] if "dask" in runs else None
+    table = ["| engine | wall s per repeat | median wall s | plan s | rows/s | selected | "
+             "same rows as Dask |", "|---|---|---:|---:|---:|---:|---|"]
     for engine, rs in runs.items():
         walls = ", ".join(f"{r['wall']:.1f}" for r in rs)
-        print(f"| {engine} | {walls} | {median[engine]:.1f} | "
-              f"{statistics.median(r['plan'] for r in rs):.1f} | {rs[0]['rows'] / median[engine]:,.0f} | "
-              f"{len(rs[0]['ids']):,} |")
+        same = "" if want is None else str(all(r["ids"] == want for r in rs))
+        plan = statistics.median(r["plan"] for r in rs)
+        table.append(f"| {engine} | {walls} | {median[engine]:.1f} | {plan:.1f} | "
+                     f"{rs[0]['rows'] / median[engine]:,.0f} | {len(rs[0]['ids']):,} | {same} |")
+    print("\n".join(table))
     if "dask" in runs:
-        want = runs["dask"][0]["ids"]
         for engine in (e for e in runs if e != "dask"):
             pairs = ", ".join(f"{r['wall'] / d['wall']:.2f}x"
                               for r, d in zip(runs[engine], runs["dask"], strict=True))
-            same = all(r["ids"] == want for r in runs[engine] + runs["dask"])
             print(f"\n{engine} / dask wall time: {median[engine] / median['dask']:.2f}x (medians; per "
-                  f"repeat {pairs}); same rows selected in every run: {same}")
+                  f"repeat {pairs})")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     print(f"\nPeak RSS of this process (Spark's driver; the Dask client): {peak:.2f} GiB")
+    if args.json:
+        shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition,
+                 "repeats": args.repeats}
+        record.append(args.json, command=record.command("bench_spark.py", argv), data={"table": shape},
+                      markdown="\n".join(table), note=f"peak RSS of the driver process {peak:.2f} GiB")
     return 0
 
 

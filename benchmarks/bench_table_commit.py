@@ -1,7 +1,7 @@
 """Driver memory of a table write: does it grow with the table?
 
     python benchmarks/bench_table_commit.py --sizes 1000000 4000000 --dim 256 \
-        --out benchmarks/results-table-commit.md [--code DIR ...]
+        --json benchmarks/results/storage.json [--code DIR ...]
 
 For each size, a fresh driver process runs ``select_table(parquet input, "delta://OUT", 0.1)`` with
 every column written (``output_columns="all"``) on a ``LocalCluster`` of 2 worker processes (one
@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402
 from bench_pipeline import ensure_dataset  # noqa: E402
 
 JOB = r"""
@@ -74,7 +75,7 @@ def main() -> None:
     parser.add_argument("--n-epochs", type=int, default=20)
     parser.add_argument("--code", nargs="*", default=[], help="other checkouts to run side by side")
     parser.add_argument("--cache", type=Path, default=Path(".benchmark-cache"))
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--json", help="append the results to this JSON file (results/storage.json)")
     args = parser.parse_args()
     codes = [None, *args.code]
     rows = []
@@ -99,8 +100,10 @@ def main() -> None:
             lines.append(f"\n{code}: largest / smallest size's driver peak = {max(peaks) / min(peaks):.2f}x")
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    if args.json:
+        shape = {"rows": max(args.sizes), "dim": args.dim, "rows a file": args.rows_per_partition}
+        record.append(args.json, command=record.command("bench_table_commit.py"), data={"table": shape},
+                      markdown=text)
 
 
 if __name__ == "__main__":

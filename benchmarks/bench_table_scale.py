@@ -12,7 +12,7 @@ near-duplicate pairs among the selected rows (the run summary's SimHash LSH esti
 of the selection, which also counts natural neighbours), each against a random pick of as many rows.
 
     python benchmarks/bench_table_scale.py --sizes 1000000 6000000 --data /work/data-e2e/n6000000 \\
-        --out benchmarks/results-table-scale.md
+        --json benchmarks/results/table-scale.json
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import record  # noqa: E402
 from bench_ceiling import run_job  # noqa: E402
 from bench_scope_cost import ensure_spread_dataset, planted_copies, random_pairs  # noqa: E402
 
@@ -68,7 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--copies", type=float, default=0.1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--data", default="/tmp/datamask-scale", help="where the largest size is generated")
-    parser.add_argument("--out")
+    parser.add_argument("--json", help="append the results to this JSON file (results/table-scale.json)")
     args = parser.parse_args(argv)
     source = ensure_spread_dataset(Path(args.data), max(args.sizes), args.dim, args.rows_per_partition,
                                    args.copies)
@@ -114,8 +115,11 @@ def main(argv=None) -> int:
               "exactly on the job's `selected` column and on a random pick of as many rows."]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    if args.json:
+        shape = {"rows": max(args.sizes), "dim": args.dim, "rows a file": args.rows_per_partition,
+                 "cross-file copies": args.copies}
+        record.append(args.json, command=record.command("bench_table_scale.py", argv), data={"table": shape},
+                      markdown=text)
     return 0
 
 

@@ -22,10 +22,16 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "benchmarks.md"
 
 
+def _figure(value) -> str:
+    return f"{value:,}" if isinstance(value, int | float) else str(value)
+
+
 def _provenance(run: dict) -> list[str]:
-    data = "; ".join(f"{case}: {', '.join(f'{k} {v:,}' for k, v in shape.items())}"
-                     for case, shape in run.get("data", {}).items())
-    note = [f"Note: {run['note']}.", ""] if run.get("note") else []
+    data = run.get("data", {})
+    if isinstance(data, dict):  # {case: {key: number or text}}
+        data = "; ".join(f"{case}: {', '.join(f'{k} {_figure(v)}' for k, v in shape.items())}"
+                         for case, shape in data.items())
+    note = [f"Note: {run['note'].rstrip('.')}.", ""] if run.get("note") else []
     return [f"Command: `{run['command']}`", "", f"Data: {data}. Machine: {run['machine']}. "
             f"Commit: `{run['commit']}`.", "", *note]
 
@@ -76,7 +82,52 @@ def lamb(runs: list[dict]) -> list[str]:
     return lines
 
 
-SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb}
+def tables(runs: list[dict]) -> list[str]:
+    """Runs of a large-run script (``benchmarks/record.py``'s records): each run's provenance, then its
+    tables; of runs with the same command, the last."""
+    latest = {run["command"]: run for run in runs}
+    lines = []
+    for run in latest.values():
+        if run.get("title"):
+            lines += [f"#### {run['title']}", ""]
+        lines += _provenance(run)
+        for table in run["tables"]:
+            if table.get("caption"):
+                lines += [table["caption"], ""]
+            lines += ["| " + " | ".join(table["columns"]) + " |", "|" + "---|" * len(table["columns"])]
+            lines += ["| " + " | ".join(map(str, row)) + " |" for row in table["rows"]]
+            lines.append("")
+    return lines
+
+
+def suite(runs: list[dict]) -> list[str]:
+    """The asv suite's figures (``regression_gate.py --record``): one table per run, the last run of a
+    command."""
+    run = runs[-1]
+    lines = _provenance(run)
+    lines += ["| benchmark | parameters | value |", "|---|---|---:|"]
+    for row in run["results"]:
+        value = row["value"]
+        if value is None:
+            text = "failed"
+        elif isinstance(value, float) and value != value:
+            text = "skipped"
+        elif row["unit"] == "seconds":
+            text = f"{value:.3g} s"
+        elif row["unit"] == "bytes":
+            text = f"{value / 2**20:,.0f} MiB"
+        elif float(value).is_integer():
+            text = f"{int(value):,} {row['unit']}"
+        else:
+            text = f"{value:,.2f} {row['unit']}"
+        params = ", ".join(str(param).strip("'") for param in row["params"])
+        lines.append(f"| {row['benchmark']} | {params} | {text} |")
+    return [*lines, ""]
+
+
+SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suite,
+            **{name: tables for name in ("pipeline", "ceiling", "duplicates", "table-scale", "search-graph",
+                                         "spark", "storage")}}
 
 
 def render(page: str) -> str:

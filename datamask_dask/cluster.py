@@ -17,15 +17,15 @@ from distributed import Client, WorkerPlugin
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # Dask's nanny sets MALLOC_TRIM_THRESHOLD_ (64 KiB) for its workers, which also pins glibc's
 # mmap threshold at 128 KiB: every larger tensor or array is then mmapped afresh and page-faulted
-# on each use, and the learner allocates MBs of step tensors per step (measured 1.3-1.5x slower
-# end to end). Blocks up to 32 MiB (glibc's maximum) come from the heap instead and are reused.
+# on each use, and the learner allocates MBs of step tensors per step, which slows a job end to
+# end. Blocks up to 32 MiB (glibc's maximum) come from the heap instead and are reused.
 _MALLOC_VARIABLES = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 
 
 class WorkerSetup(WorkerPlugin):
     """Worker plugin: cap torch's and Arrow's CPU threads (BLAS threads follow the spawn environment),
     and import the selection code while the cluster starts rather than in the first task (pandas,
-    dask.dataframe and torch: 1-2 s on a fresh worker, measured on the critical path of every job).
+    dask.dataframe and torch: seconds on a fresh worker, on the critical path of every job).
     """
 
     name = "datamask-worker-setup"

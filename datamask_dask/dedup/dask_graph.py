@@ -14,7 +14,7 @@ partitions):
   ``merge``) by :func:`shuffle_method`: ``p2p`` with a distributed Client (disk-backed), ``tasks``
   on the local schedulers (in memory), or what ``dask.config``'s ``dataframe.shuffle.method``
   names. A p2p shuffle has O(partitions) tasks (``tasks``: O(p log p)), so the graph grows about
-  linearly (``benchmarks/bench_plan_graph.py``); each record is converted to Arrow and back and
+  linearly (``benchmarks/suite/graph.py`` counts it); each record is converted to Arrow and back and
   written to disk on the way, which costs about twice the worker time of the task-to-task pieces
   where those fit (``benchmarks/bench_search_graph.py``).
 
@@ -124,7 +124,7 @@ def shuffle_method() -> str:
     """The shuffle method of :func:`shuffled_groups`: ``dask.config``'s ``dataframe.shuffle.method``
     where set, else ``p2p`` with a distributed Client (as Dask's default) and ``tasks`` (in memory)
     without one, where Dask's default, ``disk`` (partd), costs time quadratic in the partitions
-    (``benchmarks/bench_plan_graph.py`` measures it)."""
+    (``benchmarks/suite/graph.py`` counts it)."""
     configured = dask.config.get("dataframe.shuffle.method", None)
     if configured:
         return configured

@@ -57,9 +57,9 @@ def signatures(block, planes) -> np.ndarray:
     import torch
 
     if isinstance(block, np.ndarray):
-        # torch's product, not numpy's: on the CPUs measured it runs 2.7x faster (MKL vs OpenBLAS,
-        # 32 vs 12 GFLOPS on one core) and signing is most of the plan pass's scan. Blocks are
-        # often read-only views of Arrow memory, which torch only reads here.
+        # torch's product, not numpy's: MKL outruns the OpenBLAS numpy ships with, and signing is
+        # most of the plan pass's scan. Blocks are often read-only views of Arrow memory, which
+        # torch only reads here.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             block = torch.from_numpy(np.asarray(block, dtype=np.float32))
@@ -128,7 +128,7 @@ def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band:
         return empty, empty
     key = key[rows].astype(np.int64) | (group[rows] << BAND_BITS)
     # Any order within a bucket will do (every pair of it is taken). Where the key fits in 31 bits,
-    # one sort of (key, position) packed in an int64 replaces argsort and two gathers (1.3x faster).
+    # one sort of (key, position) packed in an int64 replaces argsort and two gathers.
     if int(key.max()) < 1 << 31 and rows.size < 1 << 32:
         packed = np.sort((key << 32) | np.arange(rows.size, dtype=np.int64))
         sorted_key, order = packed >> 32, rows[packed & 0xFFFFFFFF]
@@ -137,7 +137,7 @@ def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band:
         sorted_key, order = key[order], rows[order]
     # The signatures in bucket order: a bucket's rows then sit side by side, so verifying its pairs
     # reads nearby memory instead of gathering both rows of every pair from anywhere in the table.
-    # (np.take along the axis: 3x faster than the equivalent fancy index words[:, order].)
+    # (np.take along the axis: faster than the equivalent fancy index words[:, order].)
     near_words = np.take(words, order, axis=1)
     start = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
     size = np.diff(np.r_[start, sorted_key.shape[0]])
@@ -171,7 +171,7 @@ def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band:
 
 def _unique_pairs(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Each pair once: a pair found by several bands is verified by each (n * n < 2**63 up to 3e9 rows)."""
-    # sorted, repeats dropped: what np.unique returns, 15x faster here than its hashing path
+    # sorted, repeats dropped: what np.unique returns, without its hashing path
     pairs = np.sort(left * np.int64(n) + right)
     pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if pairs.size else pairs
     return pairs // n, pairs % n

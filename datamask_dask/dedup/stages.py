@@ -64,11 +64,8 @@ PARTITIONS_PER_ROW_SHARD = 16
 # bands of random bits (at most 64: a key holds the band number in 6 bits): recall of pairs at
 # cosine 0.98 >= 99% up to 26 bits (simulated)
 BANDS = 40
-# Bands whose records are shuffled (or held) at once: 56 bytes a row (2.2 KB for all 40). A worker
-# holds about twice its share of a round's records (its own and those it receives), so its peak
-# follows this. bench_table_scale.py's data (d = 32, 2 workers), largest worker and job time: 6M
-# rows 3.08 GiB / 87 s with rounds of 5 bands, 1.55 GiB / 77 s with rounds of 2, 1.21 GiB / 81 s
-# with rounds of 1; 20M rows 4.66 GiB / 339 s (rounds of 2), 3.05 GiB / 357 s (rounds of 1).
+# Bands whose records are shuffled (or held) at once: a worker holds about twice its share of a
+# round's records, so one band a round keeps its peak lowest (bench_table_scale.py measures it).
 ROUND_BANDS = 1
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
@@ -134,7 +131,7 @@ def _split(order_key: np.ndarray, shards: int, *columns) -> list:
     """Rows grouped by ``order_key`` (their shard), one tuple of columns per shard (stable order)."""
     if shards == 1:
         return [columns]
-    if shards <= 2**16:  # numpy's stable sort of 16-bit keys is a radix sort: ~6x faster than int64's
+    if shards <= 2**16:  # numpy's stable sort of 16-bit keys is a radix sort, far faster than int64's
         order_key = order_key.astype(np.uint16)
     order = np.argsort(order_key, kind="stable")
     bounds = np.searchsorted(order_key[order], np.arange(shards + 1))
@@ -268,12 +265,11 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
 
     Rows sharing a key are candidates: a bucket of up to ``FULL_BUCKET`` rows gives all its pairs,
     a larger one each row paired with its ``ANCHORS`` lowest references and with its
-    ``NEIGHBOURS`` nearest places in the bucket sorted by signature (:func:`_neighbour_edges`;
-    planted copies at cosine 0.98 with at most one row left eligible: 98.6% -> 99.1% at 4M rows in
-    ``bench_duplicates.py --sharded``). A candidate is verified when its signatures' Hamming
-    distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``). Returns ``{"pieces":
-    [(worse, better, quality) per shard], "pairs": the buckets' full and anchor pairs (the
-    neighbour pairs are not counted)}``.
+    ``NEIGHBOURS`` nearest places in the bucket sorted by signature (:func:`_neighbour_edges`:
+    they recover copies that large buckets' anchors miss). A candidate is verified when its
+    signatures' Hamming distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``). Returns
+    ``{"pieces": [(worse, better, quality) per shard], "pairs": the buckets' full and anchor pairs
+    (the neighbour pairs are not counted)}``.
     """
     key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])

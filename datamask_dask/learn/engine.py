@@ -234,12 +234,12 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
 def _polish(qn, emb, chosen, reward, metrics, states, opts: DataMaskOptions):
     """Exact local search on the final mask: swap members for non-members while the reward rises.
 
-    A policy of independent logits settles where single rows' credits balance, which can leave a
-    few members worth less than some outsider (on 20k rows at lamb 0, 0.02-0.03% below stochastic
-    greedy). Each round takes the rows' exact marginal gains, pairs the members of smallest loss
-    with the non-members of largest gain while the outsider's gain is larger, and swaps the first
-    ``size`` pairs at once; the swap is kept only if the rollout reward (the objective the learner
-    sees) rises, else ``size`` halves. At most ``opts.polish`` rounds; deterministic.
+    A policy of independent logits settles where single rows' credits balance, which can leave a few
+    members worth less than some outsider. Each round takes the rows' exact marginal gains, pairs
+    the members of smallest loss with the non-members of largest gain while the outsider's gain is
+    larger, and swaps the first ``size`` pairs at once; the swap is kept only if the rollout reward
+    (the objective the learner sees) rises, else ``size`` halves. At most ``opts.polish`` rounds;
+    deterministic.
     """
     b, k = emb.shape[0], chosen.shape[0]
     if k in (0, b):
@@ -275,11 +275,9 @@ def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOp
 
     Learned against a fixed sample of the chunk, a metric's gains rest on the few sampled rows near
     each candidate; the learner fits that sample's noise, and its own reward (on the same sample)
-    overrates the result. On 200k rows of d = 768 with a 32,768-row sample this cost 0.2% against
-    quality top-k at lamb 0.5. Rows drawn apart from the learning sample give an unbiased estimate
+    overrates the result. Rows drawn apart from the learning sample give an unbiased estimate
     for both masks (``HOLDOUT_ROWS`` of them). Both are measured in one product of those rows with the
-    rows of either mask (they share most of them): for Facility on 50,000 rows of d = 768 and
-    k = 5,000 that is 1.0 s of a 4.0 s learner on one core.
+    rows of either mask (they share most of them), a small part of the learner's time.
     """
     metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours)
     sampled = [metric for metric, _ in metrics if metric.uses_reference]

@@ -98,7 +98,7 @@ def _similarities(left: Tensor, right: Tensor, n_rows: int, n_columns: int) -> T
 
     CPU matrix kernels (oneDNN's bfloat16 ones above all) are generated and cached per shape,
     and run several times faster on aligned ones; padding also keeps the shapes few (odd shapes
-    measured 5-50x slower, and their cached kernels grew the worker's memory with every chunk).
+    are far slower, and their cached kernels grow the worker's memory with every chunk).
     """
     products = left @ right.T
     products[:, n_columns:] = -math.inf

@@ -113,7 +113,7 @@ class PairSimi(DiversityMetric):
         w = _selection_sums(emb, idx)
         pair_sum = ((w * w).sum(1) - k)[:, None]
         # e_j . w, (G, b); the bfloat16 copy multiplies as (b, d) @ (d, G), which oneDNN runs
-        # ~1.7x faster than (G, d) @ (d, b) (float32 is the other way round)
+        # faster than (G, d) @ (d, b) (float32 is the other way round)
         dots = w @ emb.T if state is None else (state @ w.to(state.dtype).T).float().T
         mean_with = pair_sum / max(k * (k - 1), 1)
         # A member j leaves: its k - 1 similarities go, twice. A non-member joins: k new ones, twice.
@@ -268,7 +268,7 @@ class Facility(DiversityMetric):
         """For each ``(low, high)`` of ``spans``: the (weighted) mean over ``rows`` of the best
         clamped similarity to the rows ``columns[low:high]`` of ``emb``. The product runs on a
         column count padded as :func:`~datamask_dask.learn.knn.top_neighbours` pads it (a count
-        that is no multiple of 16 measured 1.5x slower on CPU); the padding is in no span."""
+        that is no multiple of 16 runs slower on CPU); the padding is in no span."""
         selected = aligned_rows(emb, columns)
         totals = [0.0] * len(spans)
         for start in range(0, rows.shape[0], _EVAL_BLOCK):
@@ -349,8 +349,7 @@ class DiSF(DiversityMetric):
         self_sq = (self_sq + (mean[:, 0].pow(2) * inv_var).sum(-1, keepdim=True)).pow(2)
         # The row also moves U's variances: to first order sum_a R_a z_ja^2 with R_a = sum_b C_ab^2
         # (C the correlation matrix), a row far out along strongly correlated dimensions dilutes
-        # their correlations. Without it the gains miss what greedy exploits (20k rows, lamb 0:
-        # 0.03% below stochastic greedy).
+        # their correlations. Without it the gains miss what greedy exploits.
         corr = (moment if k > d else z.transpose(1, 2) @ z) / k  # (G, d, d)
         weight = corr.pow(2).sum(-1) * inv_var  # R_a / std_a^2, (G, d)
         spread = (emb.pow(2) @ weight.T - 2 * emb @ (mean[:, 0] * weight).T).T

@@ -6,16 +6,16 @@
 
 :func:`~datamask_spark.writer.write_selection` takes any DataFrame, so Spark scans the rows and
 hands them to the Python workers through ``mapInArrow``: for a column of 768-float lists the JVM
-decodes each list and converts it to Arrow element by element, about 17 s per pass over 1M rows,
-against 10 s for pyarrow to read them (``benchmarks/results-spark-1m.md``), and a selection passes
-over the embeddings twice. When the input is a table every executor can read (a parquet file or
-directory, a Delta or Iceberg table: :func:`datamask_dask.io.tables.table_pieces`), there is no
-need for that detour: Spark schedules one task per piece (a ``spark.range`` with one row per
-partition), and each task's Python worker reads its piece with pyarrow (deltalake's fragments,
-pyiceberg's scan tasks with their deletes), exactly as a Dask worker does. The
-plan pass, the select pass and the writing are the Spark operator's own tasks
-(:class:`~datamask_spark.operator.SummaryTask`, :class:`~datamask_spark.writer.WriteTask`);
-only where their batches come from differs. Only DataFrame APIs are used (Spark Connect works).
+decodes each list and converts it to Arrow element by element, slower than pyarrow reads them
+(``benchmarks/bench_spark.py`` measures both), and a selection passes over the embeddings twice.
+When the input is a table every executor can read (a parquet file or directory, a Delta or Iceberg
+table: :func:`datamask_dask.io.tables.table_pieces`), there is no need for that detour: Spark
+schedules one task per piece (a ``spark.range`` with one row per partition), and each task's Python
+worker reads its piece with pyarrow (deltalake's fragments, pyiceberg's scan tasks with their
+deletes), exactly as a Dask worker does. The plan pass, the select pass and the writing are the
+Spark operator's own tasks (:class:`~datamask_spark.operator.SummaryTask`,
+:class:`~datamask_spark.writer.WriteTask`); only where their batches come from differs. Only
+DataFrame APIs are used (Spark Connect works).
 
 The partitions are the Dask readers' pieces, so ``--engine spark`` and ``--engine dask`` select
 the same rows of the same input with the same seed. The output follows the package's rules, as

@@ -47,11 +47,8 @@ from datamask_dask.dedup.stages import (
 from datamask_dask.partition.checks import duplicate_input, summarise_scan
 
 RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled band_records piece
-# Bands a bucket task takes at once. Spark's shuffle spills to disk, so rounds bound only a bucket
-# task's records, not what the executors hold between stages (the Dask graph's rounds of 1 bound
-# that); fewer, larger pieces cost less to pickle and shuffle. The file job at 2M rows, d = 32,
-# local[2] (benchmarks/results-spark-2m-sharded.md), two runs each: rounds of 2 75.7 and 74.9 s,
-# rounds of 1 82.2 and 81.4 s. The groups do not depend on the rounds.
+# Bands a bucket task takes at once: Spark's shuffle spills to disk, so rounds bound only a task's
+# records, and fewer, larger pieces cost less to pickle and shuffle. The groups do not depend on it.
 ROUND_BANDS = 2
 EDGE_SCHEMA = "worse long, better long, quality double"
 PARENT_SCHEMA = "child long, parent long"

@@ -5,9 +5,8 @@ also writes them, with ``selected`` appended, as one parquet file per Spark part
 (:func:`datamask_dask.io.parquet.write_table`, the Dask writer's options), and sends Spark one
 small row per partition (rows, selected, file, stage seconds). The rows never travel back into the
 JVM. ``datamask_select(sdf).write.parquet(path)`` gives the same files' rows, but Spark's
-writer converts every row back from Arrow and writes the embedding list element by element: on
-200,000 rows of d = 768 that cost 27 s of CPU against 2 s for pyarrow's writer, more than the
-selection itself (``benchmarks/results-spark-*.md``).
+writer converts every row back from Arrow and writes the embedding list element by element, which
+costs more than the selection itself (``benchmarks/bench_spark.py --engines spark-writer`` measures it).
 
 The output follows the package's rules (:mod:`datamask_dask.io.output`): it may not overlap the
 inputs, ``overwrite`` replaces only an output of an earlier datamask run, one run writes it at a

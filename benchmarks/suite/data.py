@@ -1,0 +1,127 @@
+"""Data of every suite, generated here only: synthetic tables from :mod:`datamask_dask.sample_data`,
+written to parquet once into ``.benchmark-cache/asv`` (git-ignored), and planted near-copies whose
+true cosines are known, so recall and false merges are counted exactly."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from datamask_dask.sample_data import make_corpus, make_embeddings
+
+CACHE = Path(__file__).resolve().parents[2] / ".benchmark-cache" / "asv"
+#: each suite's data, as the results state it
+SHAPES = {
+    "LearnMask": {"rows": 8_000, "dim": 64, "clusters": 80, "k": 800},
+    "SelectionQuality": {"rows": 16_000, "dim": 64, "clusters": 160, "partitions": 2, "ratio": 0.1},
+    "NearDuplicates": {"rows": 200_000, "dim": 64, "rows a partition": 25_000, "planted copies": 0.1},
+    "PlanGraph": {"rows a partition": 100, "dim": 8},
+    "Pipeline": {"rows": 100_000, "dim": 64, "files": 4, "clusters": 400, "workers": 2, "ratio": 0.1},
+    "Spark": {"rows": 20_000, "dim": 32, "files": 2, "clusters": 100, "ratio": 0.1},
+    "LearnMaskGPU": {"rows": 100_000, "dim": 256, "clusters": 1000, "k": 10_000},
+}
+#: cosines of the copies planted across partitions: >= 0.98 must end in one group, <= 0.90 must not
+PLANTED = (0.85, 0.90, 0.95, 0.98, 0.99, 0.999)
+
+
+@functools.cache
+def embeddings(rows: int, dim: int, clusters: int | None = None, seed: int = 0):
+    """Quality (float32) and unit embeddings of a clustered corpus with 20% near-copies."""
+    return make_embeddings(rows, dim, n_clusters=clusters, seed=seed)
+
+
+def frame(rows: int, dim: int, partitions: int, clusters: int | None = None, seed: int = 1):
+    """The corpus as a Dask DataFrame of ``partitions`` pandas partitions (no I/O)."""
+    import dask.dataframe as dd
+
+    corpus = make_corpus(rows, dim, seed=seed, n_clusters=clusters)
+    return dd.from_pandas(corpus, npartitions=partitions, sort=False)
+
+
+def parquet_table(rows: int, dim: int, files: int, clusters: int | None = None) -> Path:
+    """The corpus as ``files`` parquet files (``part.N.parquet``, as the package's reader orders them)."""
+    folder = CACHE / f"table-{rows}-d{dim}-f{files}-c{clusters}"
+    if (folder / "_complete").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    quality, emb = embeddings(rows, dim, clusters)
+    for number, part in enumerate(np.array_split(np.arange(rows), files)):
+        table = pa.table({
+            "chunk_id": pa.array(part.astype(np.int64)),
+            "quality_score": pa.array(quality[part].astype(np.float64)),
+            "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb[part].reshape(-1)), dim),
+        })
+        pq.write_table(table, folder / f"part.{number}.parquet")
+    (folder / "_complete").write_text("")
+    return folder
+
+
+def planted_parts(rows: int, rows_per_partition: int, dim: int, copies: float = 0.1):
+    """The near-duplicate search's inputs, one dict a partition, and the planted pairs.
+
+    Each partition after the first has ``copies`` of its rows replaced by copies of rows of the
+    previous partition at the cosines of ``PLANTED`` (in turn). Returns ``(parts, planted)`` with
+    ``planted`` = (copy rows, source rows, cosines) as global row numbers.
+    """
+    from datamask_dask.dedup import simhash
+
+    planes = simhash.hyperplanes(dim)
+    parts, previous, planted = [], None, []
+    for number in range(rows // rows_per_partition):
+        quality, emb = make_embeddings(rows_per_partition, dim, n_clusters=200, seed=number)
+        if previous is not None and copies:
+            rng = np.random.default_rng(10_000 + number)
+            n_copy = int(copies * rows_per_partition)
+            rows_, sources = rng.choice(rows_per_partition, n_copy, replace=False), rng.integers(
+                0, rows_per_partition, n_copy)
+            cosines = np.resize(np.array(PLANTED), n_copy)
+            u = previous[sources].astype(np.float64)
+            w = rng.standard_normal(u.shape)
+            w -= np.einsum("ij,ij->i", w, u)[:, None] * u
+            w /= np.linalg.norm(w, axis=1, keepdims=True)
+            emb[rows_] = (cosines[:, None] * u + np.sqrt(1 - cosines[:, None] ** 2) * w).astype(np.float32)
+            base = number * rows_per_partition
+            planted.append((base + rows_, base - rows_per_partition + sources, cosines))
+        previous = emb
+        parts.append({"quality": quality.astype(np.float64), "codes": np.zeros(rows_per_partition, np.int64),
+                      "labels": [None], "signatures": simhash.signatures(emb, planes)})
+    return parts, tuple(np.concatenate([p[i] for p in planted]) for i in range(3))
+
+
+def duplicate_rates(parts: list, planted: tuple, groups: list) -> dict:
+    """Per planted cosine: the share of pairs in one group (``merged``) and of pairs with at most one
+    row left eligible (``handled``), from the one-task search's parents and ``groups``' shadowed rows."""
+    from datamask_dask.dedup import search
+
+    parent = search.table_parents(search.stack_parts(parts))["parent"]
+    root = np.where(parent < 0, np.arange(parent.size), parent)
+    while not np.array_equal(root[root], root):
+        root = root[root]
+    offsets = np.cumsum([0] + [len(p["quality"]) for p in parts])
+    shadowed = np.zeros(offsets[-1], dtype=bool)
+    for start, group in zip(offsets, groups, strict=False):
+        shadowed[start + group["shadowed"]] = True
+    copies, sources, cosines = planted
+    merged = root[copies] == root[sources]
+    handled = shadowed[copies] | shadowed[sources]
+    return {c: {"merged": float(merged[cosines == c].mean()), "handled": float(handled[cosines == c].mean())}
+            for c in PLANTED}
+
+
+def one_thread() -> None:
+    """Torch on one thread, as in a job's worker (one thread each): its CPU seconds then count work,
+    not threads spinning for a core another process holds."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
