@@ -325,7 +325,9 @@ def _recall_lines(n: int, planted: list, root: np.ndarray, groups: list, rows_pe
         return []
     shadowed = np.zeros(n, dtype=bool)
     for number, group in enumerate(groups):
-        shadowed[number * rows_per_partition + group.shadowed] = True
+        # a checkout before DuplicateGroups (--before runs) hands plain dicts
+        rows = group["shadowed"] if isinstance(group, dict) else group.shadowed
+        shadowed[number * rows_per_partition + rows] = True
     copies, sources, cosines = (np.concatenate([p[i] for p in planted]) for i in range(3))
     same = root[copies] == root[sources]
     handled = shadowed[copies] | shadowed[sources]

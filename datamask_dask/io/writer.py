@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from .. import progress as progress_bars
 from .. import telemetry
-from ..config import load_config
+from ..config import default_settings, load_config
 from ..dask_engine.operator import compute_plan, partitions, selection_spec
 from ..errors import DataMaskError
 from ..partition import adapters
@@ -320,7 +320,9 @@ def _check_same_run(manifest: dict, record: dict, target: Location, work: Locati
     hint = (f"Run again with the original options and input to resume, pass resume=False (--no-resume) "
             f"to discard the finished partitions in {work}, or write to another output than {target}.")
     old, new = manifest["settings"], record["settings"]
-    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    defaults = as_json(default_settings())  # a setting added since the run started had its default
+    changed = sorted(k for k in set(old) | set(new)
+                     if old.get(k, defaults.get(k)) != new.get(k, defaults.get(k)))
     if changed:
         shown = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:8])
         raise ResumeError(f"cannot resume the unfinished run on {target}: it was started with other "

@@ -222,3 +222,16 @@ def test_fingerprint_does_not_depend_on_block_sizes():
     for _, problems, summary, signed in runs[1:]:
         assert not problems
         assert np.array_equal(summary, runs[0][2]) and np.array_equal(signed, runs[0][3])
+
+
+def test_a_run_started_before_a_setting_existed_resumes(tmp_path, eight_parts):
+    """Its manifest lacks the new key: the key had its built-in default then, so nothing changed."""
+    target = tmp_path / "out"
+    ddf = read_parquet(eight_parts)
+    finished = _interrupt(ddf, target, eight_parts / "part.6.parquet", **OPTIONS)
+    manifest_path = work_dir(target) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["settings"].pop("explain")
+    manifest_path.write_text(json.dumps(manifest))
+    report = write_selection(ddf, target, scheduler="sync", **OPTIONS)
+    assert report.reused == tuple(finished) and len(finished) > 0
