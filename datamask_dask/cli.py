@@ -369,8 +369,8 @@ def as_cli_message(message: str) -> str:
 
 
 def _import_in_background(module: str) -> threading.Thread:
-    """Import ``module`` on a thread while the cluster's workers start (``dask.dataframe``: about
-    1 s on the driver, which the job would otherwise spend on its own clock)."""
+    """Import ``module`` on a thread while the cluster's workers start (``dask.dataframe``: time on
+    the driver that the job would otherwise spend on its own clock)."""
     thread = threading.Thread(target=importlib.import_module, args=(module,), name=f"import {module}",
                               daemon=True)
     thread.start()

@@ -49,7 +49,7 @@ def write_options(table: pa.Table) -> dict:
     """Writer options for a table of documents with embedding columns.
 
     Lists of floats (embeddings) get neither dictionary encoding nor min/max statistics: neither
-    helps with embeddings, and skipping both makes writing them about 1.3x faster. Row groups
+    helps with embeddings, and skipping both makes writing them faster. Row groups
     hold about ``ROW_GROUP_BYTES``, so the writer never buffers a whole large partition.
     """
     plain, embeddings = [], []
