@@ -175,7 +175,7 @@ def sharded(args) -> int:
         lines.append(f"| {n_rows:,} | {stats['bits']} x {stats['bands']} | {n_shards} | {stats['pairs']:,} | "
                      f"{stats['pairs'] / n_rows:.2f} | {seconds:.1f} | {1e6 * seconds / n_rows:.1f} | "
                      f"{worst[1][0] / 2**20:.0f} MiB ({worst[0]}) | "
-                     f"{sum(len(g['shadowed']) for g in groups):,} | {stats['unresolved']} | "
+                     f"{sum(len(_field(g, 'shadowed')) for g in groups):,} | {stats['unresolved']} | "
                      f"{_digest(groups)} | {load:.1f} |")
         recall_lines.append(f"| {n_rows:,} | " + " | ".join(
             f"{same[cosines == c].mean():.2%} / {handled[cosines == c].mean():.2%}" for c in PLANTED) + " |")
@@ -199,14 +199,19 @@ def _save(args, text: str) -> None:
                   markdown=text)
 
 
-def _digest(groups: list[dict]) -> str:
+def _field(group, key: str) -> np.ndarray:
+    """A partition's groups, as DuplicateGroups or (a checkout before it, --before runs) a dict."""
+    return group[key] if isinstance(group, dict) else getattr(group, key)
+
+
+def _digest(groups: list) -> str:
     """A short hash of every partition's shadowed rows, kept rows and weights: equal digests, equal groups."""
     import hashlib
 
     digest = hashlib.sha256()
     for group in groups:
         for key in ("shadowed", "kept", "weights"):
-            digest.update(np.ascontiguousarray(group[key], dtype=np.int64).tobytes())
+            digest.update(np.ascontiguousarray(_field(group, key), dtype=np.int64).tobytes())
     return digest.hexdigest()[:12]
 
 
@@ -284,7 +289,7 @@ def main(argv=None) -> int:
              "| rows | search s (least / median) | peak memory allocated by the search | shadowed rows | "
              "groups digest |", "|---:|---:|---:|---:|---|",
              f"| {n:,} | {min(seconds):.2f} / {float(np.median(seconds)):.2f} | {peak / 2**20:.0f} MiB | "
-             f"{sum(len(g['shadowed']) for g in groups):,} | {_digest(groups)} |"]
+             f"{sum(len(_field(g, 'shadowed')) for g in groups):,} | {_digest(groups)} |"]
     lines += _recall_lines(n, planted, root, groups, args.rows_per_partition)
     text = "\n".join(lines) + "\n"
     print(text)
@@ -325,9 +330,7 @@ def _recall_lines(n: int, planted: list, root: np.ndarray, groups: list, rows_pe
         return []
     shadowed = np.zeros(n, dtype=bool)
     for number, group in enumerate(groups):
-        # a checkout before DuplicateGroups (--before runs) hands plain dicts
-        rows = group["shadowed"] if isinstance(group, dict) else group.shadowed
-        shadowed[number * rows_per_partition + rows] = True
+        shadowed[number * rows_per_partition + _field(group, "shadowed")] = True
     copies, sources, cosines = (np.concatenate([p[i] for p in planted]) for i in range(3))
     same = root[copies] == root[sources]
     handled = shadowed[copies] | shadowed[sources]
