@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_quality import machine  # noqa: E402
+import record  # noqa: E402
 
 _SECONDS = re.compile(r"selected \([\d.]+%\) in ([\d.]+) s")
 
@@ -75,12 +75,10 @@ def main(argv=None) -> int:
     ratios = [next(r["seconds"] for r in runs if r["repeat"] == i and r["explain"])
               / next(r["seconds"] for r in runs if r["repeat"] == i and not r["explain"])
               for i in range(args.repeats)]
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True,
-                            text=True).stdout.strip()
     result = {"command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
               "data": f"datamask sample --rows {args.rows} --partitions {args.partitions} (d = 64)",
               "job": "datamask select --input DATA --output OUT --overwrite " + " ".join(extra),
-              "machine": machine(), "commit": commit, "runs": runs,
+              "machine": record.machine(), "commit": record.commit(), "runs": runs,
               "median_seconds": {"without": statistics.median(plain),
                                  "with_explain": statistics.median(explained)},
               "ratio_per_repeat": ratios, "median_ratio": statistics.median(ratios),

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -30,9 +28,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
+import record
 import yaml
+from suite.data import write_parts
 
 from datamask_dask.config import PROFILES
 from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all, term_shares
@@ -54,17 +53,7 @@ def dataset(case: str) -> tuple[Path, np.ndarray, np.ndarray]:
     rows, dim, files, clusters = CASES[case]
     quality, emb = make_embeddings(rows, dim, n_clusters=clusters, seed=0)
     folder = CACHE / f"quality-{case}"
-    if not (folder / "_complete").exists():
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        for number, part in enumerate(np.array_split(np.arange(rows), files)):
-            table = pa.table({
-                "chunk_id": pa.array(part.astype(np.int64)),
-                "quality_score": pa.array(quality[part].astype(np.float64)),
-                "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb[part].reshape(-1)), dim),
-            })
-            pq.write_table(table, folder / f"part-{number:03d}.parquet")
-        (folder / "_complete").write_text("")
+    write_parts(folder, quality, emb, files)
     return folder, quality, emb
 
 
@@ -142,18 +131,6 @@ def sweep_rows(args) -> list[dict]:
     return results
 
 
-def machine() -> str:
-    """The CPU model, its cores and the memory, as the results state them."""
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as handle:
-            model = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -178,18 +155,11 @@ def main(argv=None) -> int:
         args.settings[changes] = ["--config", str(profile_with([*args.opt, *changes.split()], args.profile))]
     results = sweep_rows(args) if args.sweep else yardstick_rows(args)
     if args.json:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
-        record = {"command": "python benchmarks/bench_quality.py " + " ".join(sys.argv[1:] if argv is None
-                                                                               else argv),
-                  "data": {case: dict(zip(("rows", "dim", "files", "clusters"), CASES[case], strict=True))
-                           for case in args.case},
-                  "machine": machine(),
-                  "commit": commit, "results": results}
-        path = Path(args.json)
-        previous = json.loads(path.read_text()) if path.exists() else []
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([*previous, record], indent=1) + "\n")
+        record.append_run(args.json, {
+            "command": record.command("bench_quality.py", argv),
+            "data": {case: dict(zip(("rows", "dim", "files", "clusters"), CASES[case], strict=True))
+                     for case in args.case},
+            "machine": record.machine(), "commit": record.commit(), "results": results})
     return 0
 
 

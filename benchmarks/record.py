@@ -85,10 +85,15 @@ def append(path: str | os.PathLike, *, command: str, data: dict | str, markdown:
     """Append one run to the JSON list at ``path``: the tables of the script's ``markdown`` output
     with its command, ``data`` ({name: {key: number}} or a sentence), machine and commit."""
     title, tables = tables_of(markdown)
-    record = {**({"title": title} if title else {}), "command": command, "data": data, "machine": machine(),
-              "commit": commit(), **({"note": note} if note else {}), "tables": tables}
+    return append_run(path, {**({"title": title} if title else {}), "command": command, "data": data,
+                             "machine": machine(), "commit": commit(), **({"note": note} if note else {}),
+                             "tables": tables})
+
+
+def append_run(path: str | os.PathLike, run: dict) -> dict:
+    """Append one run's record to the JSON list at ``path`` (created with its folder if missing)."""
     path = Path(path)
     previous = json.loads(path.read_text()) if path.exists() else []
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([*previous, record], indent=1) + "\n")
-    return record
+    path.write_text(json.dumps([*previous, run], indent=1) + "\n")
+    return run

@@ -47,20 +47,26 @@ def frame(rows: int, dim: int, partitions: int, clusters: int | None = None, see
 def parquet_table(rows: int, dim: int, files: int, clusters: int | None = None) -> Path:
     """The corpus as ``files`` parquet files (``part.N.parquet``, as the package's reader orders them)."""
     folder = CACHE / f"table-{rows}-d{dim}-f{files}-c{clusters}"
+    if not (folder / "_complete").exists():
+        write_parts(folder, *embeddings(rows, dim, clusters), files)
+    return folder
+
+
+def write_parts(folder: Path, quality: np.ndarray, emb: np.ndarray, files: int) -> None:
+    """Rows as ``files`` parquet files in ``folder`` (``part.N.parquet``, as the package's reader orders
+    them), once: a folder marked complete is kept as it is."""
     if (folder / "_complete").exists():
-        return folder
+        return
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    quality, emb = embeddings(rows, dim, clusters)
-    for number, part in enumerate(np.array_split(np.arange(rows), files)):
+    for number, part in enumerate(np.array_split(np.arange(len(quality)), files)):
         table = pa.table({
             "chunk_id": pa.array(part.astype(np.int64)),
             "quality_score": pa.array(quality[part].astype(np.float64)),
-            "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb[part].reshape(-1)), dim),
+            "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb[part].reshape(-1)), emb.shape[1]),
         })
         pq.write_table(table, folder / f"part.{number}.parquet")
     (folder / "_complete").write_text("")
-    return folder
 
 
 def planted_parts(rows: int, rows_per_partition: int, dim: int, copies: float = 0.1):
