@@ -5,14 +5,12 @@ Skipped when the installed pyspark cannot start one (``pip install "pyspark[conn
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
 pytest.importorskip("grpc", reason="Spark Connect needs pyspark[connect] (grpcio)")
 
-from conftest import FAST, spark_worker_environment  # noqa: E402
+from conftest import FAST, read_files, spark_worker_environment  # noqa: E402
 from datamask_spark import datamask_select  # noqa: E402
 
 import datamask_dask  # noqa: E402
@@ -46,22 +44,12 @@ def test_connect_runs_the_sharded_search_on_the_executors(connect, parquet_dir, 
     calls = []
     monkeypatch.setattr(operator, "sharded_summaries",
                         lambda *args: calls.append(args) or shards_on_spark(*args))
-    sdf = _read_files(connect, parquet_dir)
+    sdf = read_files(connect, parquet_dir)
     both = sdf.unionByName(sdf.withColumn("chunk_id", F.col("chunk_id") + 100_000))
     got = both.transform(datamask_select, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id")
     ids = {r["chunk_id"] for r in got.collect()}
     assert len(calls) == 1 and calls[0][3] == 8  # the sharded stages ran, on 8 partitions
     assert len(ids) == 320 and not any(i + 100_000 in ids for i in ids)
-
-
-def _read_files(connect, parquet_dir):
-    """One partition per file, in file order."""
-    files = sorted(Path(parquet_dir).glob("*.parquet"), key=lambda p: int(p.name.split(".")[1]))
-    sdf = None
-    for path in files:
-        part = connect.read.parquet(str(path))
-        sdf = part if sdf is None else sdf.union(part)
-    return sdf
 
 
 def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir, tmp_path):
@@ -70,7 +58,7 @@ def test_connect_same_rows_as_dask_and_errors(connect, parquet_dir, tmp_path):
     from datamask_spark.writer import write_selection
     from pyspark.sql import functions as F
 
-    sdf = _read_files(connect, parquet_dir)
+    sdf = read_files(connect, parquet_dir)
     got = sdf.transform(datamask_select, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id")
     ids = {r["chunk_id"] for r in got.collect()}
     want = datamask_dask.datamask_select(datamask_dask.read_parquet(parquet_dir), ratio=0.1, seed=7,
