@@ -233,19 +233,18 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend
     else:
         profile = device_profile(given.get("device", from_dask.get("device")), backend)
         layers = [read_config_file(PROFILES / f"{profile}.yaml"), from_dask]
+    # the metric the job runs (the last layer naming one wins): its built-in defaults and sections apply
     algorithm = given.get("algorithm", next((layer["algorithm"] for layer in reversed(layers)
                                              if "algorithm" in layer), settings["algorithm"]))
-    if isinstance(algorithm, str):
-        defaults = {_metric_key(name, strict=True): values for name, values in METRIC_DEFAULTS.items()}
-        settings.update(defaults.get(_metric_key(algorithm), {}))
+    chosen = _metric_key(algorithm) if isinstance(algorithm, str) else None  # a weights mapping: none
+    defaults = {_metric_key(name, strict=True): values for name, values in METRIC_DEFAULTS.items()}
+    settings.update(defaults.get(chosen, {}))
     sections: dict = {}
     for layer in layers:
         for metric, section in layer.pop(SECTIONS, {}).items():
             sections.setdefault(_metric_key(metric, strict=True), {}).update(section)
         settings.update(layer)
-    algorithm = given.get("algorithm", settings["algorithm"])
-    if isinstance(algorithm, str):
-        settings.update(sections.get(_metric_key(algorithm), {}))
+    settings.update(sections.get(chosen, {}))
     settings.update(given)
     settings["profile"] = profile
     return settings
