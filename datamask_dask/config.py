@@ -113,8 +113,11 @@ def known_keys() -> list[str]:
 
 
 def default_settings() -> dict:
-    """The defaults: learner options from DataMaskOptions, then the operator's."""
-    return {**DataMaskOptions().as_dict(), **OPERATOR_DEFAULTS}
+    """The defaults: learner options from DataMaskOptions, then the operator's.
+
+    Read from the fields, not an instance: validating one resolves the metrics, which loads torch,
+    and ``--help`` shows these defaults."""
+    return {**{name: getattr(DataMaskOptions, name) for name in LEARNER_KEYS}, **OPERATOR_DEFAULTS}
 
 
 def default_text(key: str) -> str:
