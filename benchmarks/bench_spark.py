@@ -94,7 +94,7 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict, engine: 
                 record = write_file_selection(spark, source, target, config=config, **overrides)
             else:
                 record = write_selection(sdf, target, config=config, **overrides)
-            planned, stages = record["seconds"]["plan"], record["stages"]
+            planned, stages = record["phases"]["plan"], record["stages"]
         wall = time.perf_counter() - started
         if profile:
             _print_stages(spark, first_stage)

@@ -34,7 +34,7 @@ JOB = r"""
 import json, resource, sys, time
 import datamask_dask
 from distributed import Client, LocalCluster
-from datamask_dask.io.tables import select_table
+from datamask_dask.run.tables import select_table
 
 source, target, n_epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \

@@ -8,8 +8,9 @@ The package reads as its pipeline, one direction of imports (each room uses only
     cli, cluster        the command line and Dask clusters
     report/             the HTML report of a finished run (matplotlib), datamask explain
     text/               from raw text: embed and score_quality, in the same dataframe style
-    io/                 parquet, Delta and Iceberg in and out, the atomic resumable writer, run record
-    dask_engine/        the Dask engine: datamask_select and validate_table as Dask graphs
+    run/                one run from source to sink: work area, markers, resume, summary, record, commit
+    dask_engine/        the Dask engine: datamask_select and validate_table as Dask graphs, a run's tasks
+    io/                 parquet, Delta and Iceberg in and out, sinks, output safety, storage URIs
     partition/          one partition (pandas or cuDF): adapters, spec, checks, the select step
     dedup/              table-wide near-duplicates: signatures, stages, each engine's wiring
     plan/               quotas, memory checks, the reduction to one typed plan (no Dask, no Spark)
@@ -32,9 +33,11 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "dask_engine.operator": ["datamask_select"],
     "dask_engine.validate": ["ValidationReport", "validate_table"],
     "io.parquet": ["read_parquet", "selected_counts", "write_parquet"],
-    "io.writer": ["ResumeError", "SelectionReport", "write_selection"],
-    "io.summary": ["RunSummary"],
-    "io.tables": ["TableRunReport", "read_table", "select_table", "write_table_output"],
+    "run.selection": ["SelectionReport", "write_selection"],
+    "run.work": ["ResumeError"],
+    "run.summary": ["RunSummary"],
+    "run.tables": ["TableRunReport", "select_table"],
+    "io.tables": ["read_table", "write_table_output"],
     "io.delta": ["read_delta", "write_delta"],
     "io.iceberg": ["read_iceberg", "write_iceberg"],
     "report.build": ["build_report"],

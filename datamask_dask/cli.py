@@ -304,7 +304,7 @@ def _say_what_is_kept(args) -> None:
         return
     if not names:
         return
-    done = sum(name.endswith(".done") for name in names)
+    done = sum(name.startswith("part-") and name.endswith(".json") for name in names)
     print(f"datamask: {done} finished partition(s) are kept in {work}: run the same command again to "
           "resume, or add --no-resume to start over", file=sys.stderr)
 
@@ -398,7 +398,7 @@ def _is_table_job(args) -> bool:
 
 
 def _run_table_select(args, options: dict) -> None:
-    from .io.tables import select_table
+    from .run.tables import select_table
 
     mode = args.mode or ("overwrite" if args.overwrite else "error")
     report = select_table(args.input, args.output, config=args.config, output_columns=args.output_columns,
@@ -438,7 +438,7 @@ def _run_select_spark(args, options: dict) -> int:
 def _run_select(args, options: dict, started: float) -> None:
     from .io.output import check_target
     from .io.parquet import read_parquet
-    from .io.writer import write_selection
+    from .run.selection import write_selection
 
     if _is_table_job(args):
         _run_table_select(args, options)

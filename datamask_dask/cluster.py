@@ -38,7 +38,8 @@ class WorkerSetup(WorkerPlugin):
         import pyarrow
         import torch
 
-        from .io import parquet, writer  # noqa: F401  (the modules a selection task runs)
+        from .io import parquet, sinks  # noqa: F401  (the modules a selection task runs)
+        from .run import protocol  # noqa: F401
 
         torch.set_num_threads(self.n_threads)
         pyarrow.set_cpu_count(self.n_threads)  # parquet decoding: workers must not share cores

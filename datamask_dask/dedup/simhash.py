@@ -12,7 +12,7 @@ near-duplicate groups of the table are found from the signatures by
    bit differs with probability ``theta / pi``, so ``cos(pi * hamming / 256)`` estimates their
    cosine, and :func:`hamming_threshold` turns a cosine into the largest distance that counts.
 2. **Counting pairs** (:func:`count_pairs`, the run summary's near-duplicate pairs among the
-   selected rows, :mod:`datamask_dask.io.summary`): LSH banding, ``BANDS`` = 24 bands of
+   selected rows, :mod:`datamask_dask.run.summary`): LSH banding, ``BANDS`` = 24 bands of
    ``BAND_BITS`` = 20 bits, each band a fixed window of the 256 bits (:func:`band_keys`); rows
    that agree on a whole band are candidates, and a candidate within the Hamming distance expected
    at the cosine counts. A pair at cosine 0.975 shares a band with probability about 0.998, one at

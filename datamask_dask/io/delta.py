@@ -272,48 +272,15 @@ def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeltaSink:
-    """A Delta table written by many tasks and committed once, by the driver, as one transaction.
+class DeltaFiles:
+    """The task side of :class:`DeltaSink`: one partition as a data file of the table, written through
+    deltalake's own storage layer (so the table's ``storage_options`` apply)."""
 
-    Each task writes its partition as a data file of the table (:meth:`write`, through deltalake's
-    own storage layer, so the table's ``storage_options`` apply) and hands back a small
-    descriptor; :meth:`commit` adds them all in one commit with the run record, so the driver
-    holds only file names and sizes, never the rows. Files of a run that fails before its commit
-    belong to no version (:meth:`abort` removes them). A new local table is built in a hidden
-    sibling and renamed into place once committed.
-    """
-
-    location: str  # the table's URI
-    root: str  # where the files go now: the table, or the hidden sibling of a new local table
-    mode: str
+    root: str  # the table, or the work area's copy of a new local table
     run_id: str
     storage_options: dict | None = None
 
-    @classmethod
-    def open(cls, path, *, mode: str, run_id: str, inputs=(), storage_options=None) -> DeltaSink:
-        """Check that the table may be written (as :func:`write_delta` does) and prepare the sink."""
-        if mode not in ("error", "append", "overwrite"):
-            raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
-        location = os.fspath(path)
-        _check_delta_target(location, mode, list(inputs), storage_options)
-        root = location
-        if "://" not in location and not os.path.lexists(location):  # named after the run: it resumes
-            root = os.fspath(Path(location).parent / f".{Path(location).name}.datamask-{run_id}")
-        return cls(location, root, mode, run_id, storage_options)
-
-    def markers(self, run_id: str):
-        """Where the completion markers of run ``run_id`` live (a hidden sibling of the table)."""
-        from .storage import resolve
-
-        table = resolve(self.location)
-        return table.sibling(f".{table.name}.datamask-markers-{run_id}")
-
-    @property
-    def writer(self):
-        """What each task calls: :meth:`write` (the sink itself travels to the workers)."""
-        return self.write
-
-    def _filesystem(self):
+    def filesystem(self):
         from deltalake.fs import DeltaStorageHandler
         from pyarrow import fs
 
@@ -321,57 +288,100 @@ class DeltaSink:
             os.makedirs(self.root, exist_ok=True)
         return fs.PyFileSystem(DeltaStorageHandler(self.root, self.storage_options))
 
-    def write(self, table: pa.Table, number: int) -> dict | None:
+    def __call__(self, frame, number: int) -> dict | None:
         """Write one partition's rows as a data file; its add-action fields (None for no rows)."""
-        from .parquet import write_table
+        from .parquet import to_arrow, write_table
 
-        if not table.num_rows:
+        if not len(frame):
             return None
+        table = frame if isinstance(frame, pa.Table) else to_arrow(frame)
         table = table.cast(delta_arrow_schema(table.schema))
         name = f"part-{number:05d}-{self.run_id}.parquet"
-        filesystem = self._filesystem()
+        filesystem = self.filesystem()
         with filesystem.open_output_stream(name) as out:
             write_table(table, out)
         return {"path": name, "size": filesystem.get_file_info(name).size, "rows": table.num_rows,
                 "modification_time": int(time.time() * 1000)}
 
-    def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
-        """Commit the files in one transaction (retried commits are recognised by the run's app id)."""
+
+class DeltaSink:
+    """A Delta table written by many tasks and committed once, by the driver, as one transaction.
+
+    Each task writes its partition as a data file of the table (:class:`DeltaFiles`) and hands back
+    a small descriptor; :meth:`commit` adds them all in one commit with the run record, so the driver
+    holds only file names and sizes, never the rows. Files of a run that fails before its commit
+    belong to no version (:meth:`abort` removes them). A new local table is built in the run's work
+    area and renamed into place once committed. A commit is recognised by the run's app id, so a run
+    that committed but died before it cleaned up does not commit twice.
+    """
+
+    format = "delta"
+
+    def __init__(self, path, *, mode: str, inputs=(), storage_options=None):
+        if mode not in ("error", "append", "overwrite"):
+            raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+        from .storage import resolve
+
+        self.uri = os.fspath(path)
+        self.location = resolve(self.uri)
+        self.mode, self.inputs, self.storage_options = mode, list(inputs), storage_options
+
+    def check(self) -> None:
+        _check_delta_target(self.uri, self.mode, self.inputs, self.storage_options)
+
+    def newest_run(self) -> str | None:
+        return (delta_record(self.uri, self.storage_options) or {}).get("run_id")
+
+    def _root(self, work) -> str:
+        """Where the files go: the table, or for a new local table the work area (Delta's log holds
+        relative paths, so the finished table is renamed into place whole)."""
+        if "://" not in self.uri and not os.path.lexists(self.uri):
+            return work.child("table").path
+        return self.uri
+
+    def writer(self, work) -> DeltaFiles:
+        return DeltaFiles(self._root(work), work.run_id, self.storage_options)
+
+    def holds(self, work, descriptor: dict) -> bool:
+        from pyarrow import fs
+
+        info = self.writer(work).filesystem().get_file_info(descriptor["path"])
+        return info.type == fs.FileType.File and info.size == descriptor["size"]
+
+    def commit(self, work, manifest: dict, written: list, schema: pa.Schema, record: dict) -> dict:
+        """Commit the files in one transaction (a commit of this run already made is not made again)."""
         deltalake = _deltalake()
         from deltalake.transaction import AddAction
 
+        root = self._root(work)
         actions = [AddAction(w["path"], w["size"], {}, w["modification_time"], True,
                              json.dumps({"numRecords": w["rows"]})) for w in written if w]
-        app = deltalake.Transaction(app_id=f"datamask-{self.run_id}", version=1)
-        properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record or {})},
+        app = deltalake.Transaction(app_id=f"datamask-{work.run_id}", version=1)
+        properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record)},
                                                 app_transactions=[app])
         schema = delta_arrow_schema(schema)
-        lock = output_lock(Path(self.location)) if "://" not in self.location else contextlib.nullcontext()
-        with lock:
-            if deltalake.DeltaTable.is_deltatable(self.root, storage_options=self.storage_options):
-                table = _open(self.root, storage_options=self.storage_options)
-                if (table.transaction_version(app.app_id) or 0) < app.version:  # not committed already
-                    table.create_write_transaction(actions, self.mode, schema, commit_properties=properties)
-            else:
-                from deltalake.transaction import create_table_with_add_actions
+        if deltalake.DeltaTable.is_deltatable(root, storage_options=self.storage_options):
+            table = _open(root, storage_options=self.storage_options)
+            if (table.transaction_version(app.app_id) or 0) < app.version:  # not committed already
+                table.create_write_transaction(actions, self.mode, schema, commit_properties=properties)
+        else:
+            from deltalake.transaction import create_table_with_add_actions
 
-                create_table_with_add_actions(self.root, deltalake.Schema.from_arrow(schema), actions,
-                                              mode="error", storage_options=self.storage_options,
-                                              commit_properties=properties)
-            if self.root != self.location:
-                publish(Path(self.root), Path(self.location))
-        return {"version": _open(self.location, storage_options=self.storage_options).version(),
+            create_table_with_add_actions(root, deltalake.Schema.from_arrow(schema), actions, mode="error",
+                                          storage_options=self.storage_options, commit_properties=properties)
+        if root != self.uri:
+            publish(Path(root), Path(self.uri))
+        return {"version": _open(self.uri, storage_options=self.storage_options).version(),
                 "rows": sum(w["rows"] for w in written if w)}
 
-    def abort(self) -> None:
-        """Remove this run's data files (none is part of a version yet)."""
-        if self.root != self.location:
-            remove_own(Path(self.root))
-            return
+    def abort(self, work) -> None:
+        """Remove this run's data files from an existing table (none is part of a version yet)."""
+        if self._root(work) != self.uri:
+            return  # a new table's files are in the work area
         with contextlib.suppress(Exception):
-            filesystem = self._filesystem()
             from pyarrow import fs
 
+            filesystem = self.writer(work).filesystem()
             for info in filesystem.get_file_info(fs.FileSelector("", recursive=False)):
-                if info.base_name.endswith(f"-{self.run_id}.parquet"):
+                if info.base_name.endswith(f"-{work.run_id}.parquet"):
                     filesystem.delete_file(info.path)

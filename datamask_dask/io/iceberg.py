@@ -308,11 +308,12 @@ class IcebergFiles:
     io: object
     run_id: str
 
-    def __call__(self, table: pa.Table, number: int) -> dict | None:
-        from .parquet import write_table
+    def __call__(self, frame, number: int) -> dict | None:
+        from .parquet import to_arrow, write_table
 
-        if not table.num_rows:
+        if not len(frame):
             return None
+        table = frame if isinstance(frame, pa.Table) else to_arrow(frame)
         table = table.cast(_iceberg_schema(table.schema))
         path = f"{self.location.rstrip('/')}/data/datamask-{self.run_id}-{number:05d}.parquet"
         with self.io.new_output(path).create(overwrite=True) as out:
@@ -323,75 +324,90 @@ class IcebergFiles:
 class IcebergSink:
     """An Iceberg table written by many tasks and committed once, by the driver, as one transaction.
 
-    Tasks write data files (:attr:`writer`); :meth:`commit` registers them all in one snapshot
+    Tasks write data files (:class:`IcebergFiles`); :meth:`commit` registers them all in one snapshot
     (``add_files``: the driver reads their footers, never their rows) with the run record in its
     summary. A new table is created in the same transaction, so a failure before the commit
     leaves no table; the files of a failed run belong to no snapshot (:meth:`abort` removes them).
     """
 
-    def __init__(self, catalog, identifier, *, mode: str, run_id: str, schema: pa.Schema, inputs=(),
-                 **properties):
+    format = "iceberg"
+
+    def __init__(self, catalog, identifier, *, mode: str, inputs=(), **properties):
         if mode not in ("error", "append", "overwrite"):
             raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+        from .storage import resolve
+
         self.catalog = get_catalog(catalog, **properties)
-        self.name, self.mode, self.run_id = _identifier(identifier), mode, run_id
-        for source in inputs:
-            if source is not None and tuple(source) == (self.catalog.name, self.name):
-                raise UnsafeOutputError(f"the output Iceberg table {self.name} is the input: write the "
-                                        "selection to another table (the input is never modified)")
-        self.exists = self.catalog.table_exists(self.name)
-        self.schema = _iceberg_schema(schema)
-        if self.exists:
-            if mode == "error":
-                raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
-                                      "'overwrite' (--mode) to write into it (only a table datamask wrote)")
+        self.name, self.mode, self.inputs = _identifier(identifier), mode, list(inputs)
+        self.uri = f"iceberg://{self.catalog.name}/{self.name}"
+        self.check()
+        if self.catalog.table_exists(self.name):
             table = self.catalog.load_table(self.name)
-            _check_ours(table, self.name, mode)
-            self.schema = _plain_target(table, self.schema)
-            location, io = table.location(), table.io
+            self.table_location, self.io = table.location(), table.io
         else:
             namespace = self.name.rsplit(".", 1)[0] if "." in self.name else None
             if namespace:
                 self.catalog.create_namespace_if_not_exists(namespace)
-            creating = self._create()  # not committed: only where the table will live
-            location, io = creating.table_metadata.location, creating._table.io
-        self.writer = IcebergFiles(location, io, run_id)
+            # Only where the table will live: it is created, with the result's schema, by the commit.
+            creating = self._create(pa.schema([pa.field("datamask", pa.bool_())]))
+            self.table_location, self.io = creating.table_metadata.location, creating._table.io
+        self.location = resolve(self.table_location)
 
-    def markers(self, run_id: str):
-        """Where the completion markers of run ``run_id`` live: a hidden folder in the table's location."""
-        from .storage import resolve
+    def check(self) -> None:
+        for source in self.inputs:
+            if source is not None and tuple(source) == (self.catalog.name, self.name):
+                raise UnsafeOutputError(f"the output Iceberg table {self.name} is the input: write the "
+                                        "selection to another table (the input is never modified)")
+        if self.catalog.table_exists(self.name):
+            if self.mode == "error":
+                raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
+                                      "'overwrite' (--mode) to write into it (only a table datamask wrote)")
+            _check_ours(self.catalog.load_table(self.name), self.name, self.mode)
 
-        return resolve(f"{self.writer.location.rstrip('/')}/.datamask-markers-{run_id}")
+    def newest_run(self) -> str | None:
+        if not self.catalog.table_exists(self.name):
+            return None
+        return (iceberg_record(self.catalog, self.name) or {}).get("run_id")
 
-    def _create(self):
-        return self.catalog.create_table_transaction(self.name, schema=self.schema,
+    def writer(self, work) -> IcebergFiles:
+        return IcebergFiles(self.table_location, self.io, work.run_id)
+
+    def holds(self, work, descriptor: dict) -> bool:
+        return self.io.new_input(descriptor["path"]).exists()
+
+    def _create(self, schema: pa.Schema):
+        return self.catalog.create_table_transaction(self.name, schema=schema,
                                                      properties={TABLE_MARK: "true"})
 
-    def commit(self, written: list, schema: pa.Schema, record: dict) -> dict:
+    def commit(self, work, manifest: dict, written: list, schema: pa.Schema, record: dict) -> dict:
         from pyiceberg.expressions import AlwaysTrue
 
+        schema = _iceberg_schema(schema)
+        exists = self.catalog.table_exists(self.name)
+        if exists:
+            schema = _plain_target(self.catalog.load_table(self.name), schema)
         paths = [w["path"] for w in written if w]
-        summary = {RECORD_KEY: dumps(record or {})}
-        transaction = self._create() if not self.exists else self.catalog.load_table(self.name).transaction()
-        if self.exists and self.mode == "overwrite":
+        summary = {RECORD_KEY: dumps(record)}
+        transaction = self.catalog.load_table(self.name).transaction() if exists else self._create(schema)
+        if exists and self.mode == "overwrite":
             transaction.delete(AlwaysTrue(), snapshot_properties=summary)
         if paths:
             transaction.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
         else:
-            transaction.append(self.schema.empty_table(), snapshot_properties=summary)
+            transaction.append(schema.empty_table(), snapshot_properties=summary)
         transaction.commit_transaction()
         snapshot = self.catalog.load_table(self.name).current_snapshot()
         return {"snapshot_id": None if snapshot is None else snapshot.snapshot_id,
                 "rows": sum(w["rows"] for w in written if w)}
 
-    def abort(self) -> None:
+    def abort(self, work) -> None:
         """Remove this run's data files (none is in a snapshot yet)."""
         import contextlib
 
         from .storage import resolve
 
         with contextlib.suppress(Exception):
-            data = resolve(f"{self.writer.location.rstrip('/')}/data")
+            data = resolve(f"{self.table_location.rstrip('/')}/data")
             for name in data.list():
-                if name.startswith(f"datamask-{self.run_id}-"):
+                if name.startswith(f"datamask-{work.run_id}-"):
                     data.child(name).remove()

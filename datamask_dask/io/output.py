@@ -47,7 +47,7 @@ from .storage import Location, resolve
 
 RUN_RECORD = "_datamask_run.json"  # a leading underscore: parquet readers skip it
 FOOTER_KEY = b"datamask.run"
-MANIFEST = "manifest.json"  # of a run's work directory (:mod:`datamask_dask.io.writer`)
+MANIFEST = "manifest.json"  # of a run's work area (:mod:`datamask_dask.run.work`)
 
 
 class UnsafeOutputError(DataMaskError):

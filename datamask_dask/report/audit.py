@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from ..io.storage import resolve
-from ..io.summary import RunSummary, sample_files
 from ..io.tables import parse_table_uri, read_table, table_record
 from ..partition.explain import DUPLICATE_COLUMN, REASON_COLUMN, REASONS, SIMILARITY_COLUMN
+from ..run.summary import RunSummary, sample_files
 
 SNIPPET = 160  # characters of text shown per row
 MAX_DEPTH = 64  # links followed from a near-duplicate to its kept row
@@ -86,7 +86,7 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
     is found by its id's statistics)."""
     import pyarrow.parquet as pq
 
-    from ..io.summary import unit_rows
+    from ..run.summary import unit_rows
 
     settings = record.get("settings") or {}
     id_column = settings.get("id_column") or "chunk_id"
@@ -120,14 +120,14 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
 
 
 def _parquet_schema(file) -> list[str]:
-    from ..io.summary import _parquet_file
+    from ..run.summary import _parquet_file
 
     return _parquet_file(file).schema_arrow.names
 
 
 def _file_partitions(files, frame, columns) -> np.ndarray:
     """The partition of each row, from the part file it came from (``part.N.parquet``); -1 if unknown."""
-    from ..io.summary import _parquet_file
+    from ..run.summary import _parquet_file
 
     numbers = []
     for file in sorted(files, key=lambda f: str(f)):

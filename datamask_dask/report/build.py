@@ -1,6 +1,6 @@
 """``build_report(OUTPUT, OUT_DIR)``: an HTML page and the PNGs it shows, from a finished selection.
 
-Everything comes from the output itself: its run record (:class:`datamask_dask.io.summary.RunSummary`)
+Everything comes from the output itself: its run record (:class:`datamask_dask.run.summary.RunSummary`)
 and a sample of its rows (whole row groups at random, as the run summary samples them). The
 page is one self-contained file (images inlined as base64 ``data:`` URIs, no scripts, no network);
 the same images are written next to it as PNG files.
@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 
 from ..io.storage import Location, resolve
-from ..io.summary import RunSummary, sample_files, unit_rows
 from ..io.tables import parse_table_uri, read_table, table_record
+from ..run.summary import RunSummary, sample_files, unit_rows
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
 MAX_TABLE_ROWS = 200  # rows shown of the per-partition table

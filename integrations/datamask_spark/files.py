@@ -18,8 +18,9 @@ Spark operator's own tasks (:class:`~datamask_spark.operator.SummaryTask`,
 DataFrame APIs are used (Spark Connect works).
 
 The partitions are the Dask readers' pieces, so ``--engine spark`` and ``--engine dask`` select
-the same rows of the same input with the same seed. The output follows the package's rules, as
-:func:`~datamask_spark.writer.write_selection`'s does.
+the same rows of the same input with the same seed. The run is the package's one run protocol, as
+:func:`~datamask_spark.writer.write_selection`'s is: an interrupted job resumes, and a piece it
+finished is not read again.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ import pyarrow as pa
 from datamask_dask.config import load_config
 from datamask_dask.errors import InputDataError
 from datamask_dask.io.pieces import Pieces
-from datamask_dask.io.storage import Location, resolve
-from datamask_dask.io.summary import SAMPLE_ROWS
+from datamask_dask.io.storage import resolve
 from datamask_dask.io.tables import parse_table_uri, table_pieces
 from datamask_dask.partition import adapters
 from datamask_dask.partition.spec import spec_from_meta
 from datamask_dask.plan.reduce import make_plan
+from datamask_dask.run.summary import SAMPLE_ROWS
 
 from .operator import (
     PLAN_SCHEMA,
@@ -49,13 +50,14 @@ from .operator import (
     plan_summaries,
     transport,
 )
-from .writer import RESULT_SCHEMA, WriteTask, write_run
+from .writer import RESULT_SCHEMA, SparkEngine, WriteTask, write_run
 
 __all__ = ["plan_files", "write_file_selection"]
 
 
 def write_file_selection(spark, source, path, ratio=None, *, config=None, overwrite: bool = False,
-                         summary_rows: int = SAMPLE_ROWS, catalog_properties: dict | None = None,
+                         resume: bool = True, summary_rows: int = SAMPLE_ROWS,
+                         catalog_properties: dict | None = None,
                          storage_options: dict | None = None, **options) -> dict:
     """Select a share of ``source``'s rows (DATAMASK) on Spark and write every row plus ``selected``
     to ``path`` as parquet, the Python workers reading the pieces and writing the parts themselves.
@@ -74,7 +76,7 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         Output directory, one ``part-NNNNN.parquet`` per non-empty piece.
     ratio, config, **options
         Exactly as for :func:`datamask_dask.datamask_select`.
-    overwrite, summary_rows
+    overwrite, resume, summary_rows
         As for :func:`datamask_spark.writer.write_selection`.
     catalog_properties, storage_options
         Iceberg catalog properties, and the storage options of a Delta input (deltalake's keys)
@@ -103,18 +105,21 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
         raise InputDataError(f"cannot read the input {source}: {exc}") from None
     inputs = [table.location] if table.format != "iceberg" else []
+    def plan():
+        return plan_files(spark, files, ratio, config=config, **options)[1]
 
-    def run(staging: Location):
-        spec, plan = plan_files(spark, files, ratio, config=config, **options)
+    def tasks(plan, write):
         present = set(files.schema.names)
+        spec = plan.spec
         columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in present]
-        task = WriteTask(SelectTask(plan, files.schema, columns), staging)
-        read = _ReadPiece(task, files, files.schema.names)
-        return spec, plan, piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), files.schema
+        read = _ReadPiece(write.bind(SelectTask(plan, files.schema, columns)), files, files.schema.names)
+        return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA)
 
-    extra = {"input": {**files.source, "location": os.fspath(source), "read_by": "workers"}}
-    return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
-                     inputs=inputs, summary_rows=summary_rows, extra=extra, storage_options=storage_options)
+    source = {**files.source, "location": os.fspath(source), "read_by": "workers"}
+    engine = SparkEngine(plan, tasks, files.schema)
+    return write_run(engine, path, load_config(config, ratio=ratio, **options),
+                     overwrite=overwrite, resume=resume, inputs=inputs, summary_rows=summary_rows,
+                     source=source, storage_options=storage_options)
 
 
 def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):
@@ -169,7 +174,9 @@ class _ReadPiece:
     def __call__(self, batches):
         for _ in batches:  # the task's one row of spark.range, its partition number
             pass
-        yield from self.task(self._batches(partition_number()))
+        number = partition_number()
+        if not (isinstance(self.task, WriteTask) and self.task.finished(number)):  # finished: not read again
+            yield from self.task(self._batches(number))
 
     def _batches(self, number: int):
         # A generator: the read runs when the task takes the batches, inside the task's "read" clock.

@@ -8,55 +8,42 @@ JVM. ``datamask_select(sdf).write.parquet(path)`` gives the same files' rows, bu
 writer converts every row back from Arrow and writes the embedding list element by element, which
 costs more than the selection itself (``benchmarks/bench_spark.py --engines spark-writer`` measures it).
 
-The output follows the package's rules (:mod:`datamask_dask.io.output`): it may not overlap the
-inputs, ``overwrite`` replaces only an output of an earlier datamask run, one run writes it at a
-time, and it appears complete or not at all (a hidden staging sibling, renamed into place with its
-run record ``_datamask_run.json``). ``path`` is a local path every executor can write (a shared
-file system's) or an object-store URI (``s3://``...): the workers then write through fsspec with
-the credentials of the usual environment variables, no Hadoop connector involved, and the output
-is committed as :func:`datamask_dask.io.output.publish_objects` does (its run record last).
+The run is the package's one run protocol (:func:`datamask_dask.run.protocol.execute`), with
+Spark as its engine (:class:`SparkEngine`): the output may not overlap the inputs, ``overwrite``
+replaces only an output of an earlier datamask run, one run writes it at a time, it appears
+complete or not at all, and an interrupted run resumes: its finished partitions are not selected
+again. ``path`` is a local path every executor can write (a shared file system's) or an
+object-store URI (``s3://``...): the workers then write through fsspec with the credentials of the
+usual environment variables, no Hadoop connector involved.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import time
-from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from datamask_dask import telemetry
 from datamask_dask.config import load_config
-from datamask_dask.io.output import (
-    RUN_RECORD,
-    check_target,
-    library_versions,
-    output_lock,
-    publish,
-    publish_objects,
-)
-from datamask_dask.io.parquet import write_table
-from datamask_dask.io.records import dumps, plain
-from datamask_dask.io.storage import Location, resolve
-from datamask_dask.io.summary import SAMPLE_ROWS, partition_summary, signature_share, summarise_run
-from datamask_dask.io.writer import part_stem
+from datamask_dask.io.records import plain
+from datamask_dask.io.sinks import ParquetSink
+from datamask_dask.io.storage import resolve
+from datamask_dask.run.protocol import PartTask, execute
+from datamask_dask.run.summary import SAMPLE_ROWS
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
 
 log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
-__all__ = ["write_run", "write_selection"]
+__all__ = ["SparkEngine", "write_run", "write_selection"]
 
-RESULT_SCHEMA = ("partition int, rows long, selected long, file string, bytes long, stages string, "
-                 "summary string")
+RESULT_SCHEMA = "partition int, marker string"
 
 
-def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = False, inputs=(),
-                    summary_rows: int = SAMPLE_ROWS,
-                    input_location: str | None = None, **options) -> dict:
+def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = False, resume: bool = True,
+                    inputs=(), summary_rows: int = SAMPLE_ROWS, input_location: str | None = None,
+                    **options) -> dict:
     """Select a share of ``sdf``'s rows (DATAMASK) and write every row plus ``selected`` to ``path``.
 
     Parameters
@@ -64,30 +51,30 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
     sdf : pyspark.sql.DataFrame
         Classic or Spark Connect, as for :func:`datamask_spark.datamask_select`.
     path : str or os.PathLike
-        Output directory (local or on a file system every executor mounts), one
-        ``part-NNNNN.parquet`` per non-empty Spark partition.
+        Output directory (local or on a file system every executor mounts, or an object-store
+        URI), one ``part.N.parquet`` per non-empty Spark partition.
     ratio, config, **options
         Exactly as for :func:`datamask_dask.datamask_select`.
     overwrite : bool
         Replace ``path`` if an earlier datamask run wrote it (anything else is refused).
+    resume : bool
+        Reuse the partitions an interrupted run on ``path`` finished (same input and options);
+        ``False`` starts again.
     inputs : iterable of path
         Where ``sdf`` was read from: ``path`` may not be, contain or lie inside any of them.
     input_location : str, optional
         The input's location for the run record (``input.location``).
     summary_rows : int
-        Rows of the written files sampled for the run summary (see
-        :mod:`datamask_dask.io.summary`: the selection against quality top-k and random, groups,
-        tokens, learning curves, near-duplicate pairs within and across partitions); 0 skips
-        the sample.
+        Rows sampled, stratified by partition, for the run summary (see
+        :mod:`datamask_dask.run.summary`); 0 skips the sample.
 
     Returns
     -------
     dict
-        The run record also written to ``path/_datamask_run.json``: ``rows``, ``selected``, per
-        partition ``partitions`` (rows, selected), ``files``, ``seconds`` (the driver's phases:
-        plan; select, i.e. selecting and writing in the workers; commit) and ``stages`` (worker
-        seconds summed over tasks: read, i.e. Spark's scan and the Arrow transfer into the worker;
-        select, of it extract and learn; write).
+        The run record (:class:`datamask_dask.run.record.RunRecord`), also in
+        ``path/_datamask_run.json``: ``rows``, ``selected``, ``partitions``, ``phases`` (the
+        driver's), ``stages`` (worker seconds summed over tasks: read, i.e. Spark's scan and the
+        Arrow transfer into the worker; select; write).
 
     Raises
     ------
@@ -95,128 +82,100 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         As :func:`datamask_spark.datamask_select`; a select-pass error as the package's own error.
     UnsafeOutputError
         For an output that overlaps an input, or that exists and datamask did not write.
+    ResumeError
+        An interrupted run on ``path`` used other options or another input.
     """
-    def run(staging: Location):
-        spec, plan = plan_selection(sdf, ratio, config=config, **options)
-        task = WriteTask(select_task(sdf, spec, plan), staging)
-        return spec, plan, sdf.mapInArrow(task, RESULT_SCHEMA), arrow_schema(sdf)
+    def plan():
+        return plan_selection(sdf, ratio, config=config, **options)[1]
 
-    return write_run(run, path, settings=load_config(config, ratio=ratio, **options), overwrite=overwrite,
-                     inputs=inputs, summary_rows=summary_rows, extra={"input": {"location": input_location}})
+    def tasks(plan, write):
+        return sdf.mapInArrow(write.bind(select_task(sdf, plan.spec, plan)), RESULT_SCHEMA)
+
+    engine = SparkEngine(plan, tasks, arrow_schema(sdf))
+    return write_run(engine, path, load_config(config, ratio=ratio, **options), overwrite=overwrite,
+                     resume=resume, inputs=inputs, summary_rows=summary_rows,
+                     source={"location": input_location})
 
 
-def write_run(run, path, *, settings: dict, overwrite: bool, inputs, summary_rows: int, extra: dict,
-              storage_options: dict | None = None) -> dict:
-    """Run a Spark selection whose tasks write the parts, and publish it with its run record.
+def write_run(engine: SparkEngine, path, settings: dict, *, overwrite: bool, resume: bool, inputs,
+              summary_rows: int, source: dict, storage_options: dict | None = None) -> dict:
+    """Run a selection on ``engine`` into the parquet directory ``path``; its run record."""
+    sink = ParquetSink(resolve(path, storage_options), overwrite=overwrite, inputs=[str(p) for p in inputs])
+    return execute(engine, sink, settings, resume=resume, summary_rows=summary_rows, source=source).record
 
-    ``run(staging)`` plans and returns ``(spec, plan, results, schema)``: ``results`` is the
-    DataFrame of :class:`WriteTask` rows whose collection selects and writes the parts into
-    ``staging`` (a :class:`~datamask_dask.io.storage.Location`), ``schema`` the input's Arrow
-    schema (for the empty table's file). Everything else (the output's rules, the run summary and
-    record) is the same whatever the tasks read; ``extra`` goes into the run record as it is.
+
+class SparkEngine:
+    """Spark as the engine of a run (:class:`datamask_dask.run.protocol.Engine`).
+
+    ``plan()`` runs the plan pass and returns the plan; ``tasks(plan, write)`` is the DataFrame of
+    :class:`WriteTask` rows whose collection selects and writes the partitions; ``schema`` is the
+    input's Arrow schema.
     """
-    target = resolve(path, storage_options)
-    inputs = [str(p) for p in inputs]
-    check_target(target, overwrite=overwrite, inputs=inputs)
-    started = time.perf_counter()
-    with output_lock(target):
-        check_target(target, overwrite=overwrite, inputs=inputs)
-        staging = target.sibling(f".{target.name}.tmp-{time.time_ns():x}")
-        try:
-            staging.makedirs()
-            with spark_errors():
-                spec, plan, tasks, schema = run(staging)
-                planned = time.perf_counter()
-                log.info("planned %s: %d rows in %d partitions (%.1f s)", target.uri, sum(plan.rows),
-                         len(plan.rows), planned - started)
-                results = sorted((row.asDict() for row in tasks.collect()), key=lambda r: r["partition"])
-            selected_at = time.perf_counter()
-            files = [r["file"] for r in results if r["file"]]
-            if not files:  # an empty table still gets its schema
-                files = [f"{part_stem(0)}.parquet"]
-                with staging.child(files[0]).open_write() as handle:
-                    write_table(_with_selection(schema.empty_table(), spec), handle)
-            worker_stages = telemetry.add_up([plan.stages] + [json.loads(r["stages"]) for r in results])
-            # The run summary as Dask's writer makes it: the partitions' parts, then a sample of the files.
-            markers = {r["partition"]: {"summary": json.loads(r["summary"] or "{}")} for r in results}
-            summary = summarise_run([staging.child(f) for f in files], markers, settings, spec,
-                                    sample_rows=summary_rows, seed=int(spec.options.seed or 0))
-            record = {"tool": "datamask-dask", "kind": "selection", "engine": "spark",
-                      "rows": sum(r["rows"] for r in results),
-                      "selected": sum(r["selected"] for r in results),
-                      "partitions": [{k: r[k] for k in ("partition", "rows", "selected")} for r in results],
-                      **extra, "files": files, "seed": spec.options.seed,
-                      "settings": settings, "summary": summary,
-                      "versions": library_versions("pyspark"),
-                      "seconds": {"plan": round(planned - started, 3),
-                                  "select": round(selected_at - planned, 3),
-                                  "commit": round(time.perf_counter() - selected_at, 3)},
-                      "stages": {k: round(v, 3) for k, v in worker_stages.items()}}
-            if target.local:
-                staging.child(RUN_RECORD).write_bytes(dumps(record, indent=1).encode())
-                publish(Path(staging.path), Path(target.path))
-            else:
-                def copy() -> None:
-                    for name in files:
-                        staging.child(name).copy_to(target.child(name))
 
-                publish_objects(target, files, copy, {k: v for k, v in record.items() if k != "files"},
-                                default=plain)
-        finally:
-            staging.remove()
-    log.info("committed %s: %d rows, %d selected (%.1f s in all)", target.uri, record["rows"],
-             record["selected"], time.perf_counter() - started)
-    return record
+    name = "spark"
+
+    def __init__(self, plan, tasks, schema: pa.Schema):
+        self._plan, self._tasks, self.input_schema = plan, tasks, schema
+
+    def plan(self, progress=None):
+        with spark_errors():
+            return self._plan()
+
+    def schema(self, plan) -> pa.Schema:
+        return with_selection(self.input_schema.empty_table(), plan.spec).schema
+
+    def run(self, plan, todo: list[int], task: PartTask, progress=None) -> list[dict]:
+        write = WriteTask(task, frozenset(todo), self.schema(plan))
+        with spark_errors():
+            rows = self._tasks(plan, write).collect()
+        markers = []
+        for row in rows:
+            marker = json.loads(row["marker"])
+            marker["sample"] = task.work.sample(marker["partition"])  # written by the task, read back here
+            markers.append(marker)
+        return markers
 
 
 class WriteTask:
-    """The ``mapInArrow`` function: one partition selected and written, one row about it."""
+    """The ``mapInArrow`` function: one partition selected and handed to the run's part task (summary,
+    write, marker), one row about it. Partitions an earlier run finished are skipped."""
 
-    def __init__(self, select: SelectTask, directory: Location):
-        self.select, self.directory = select, directory
+    def __init__(self, task: PartTask, todo: frozenset, schema: pa.Schema, select: SelectTask | None = None):
+        self.task, self.todo, self.schema, self.select = task, todo, schema, select
+
+    def bind(self, select: SelectTask) -> WriteTask:
+        return WriteTask(self.task, self.todo, self.schema, select)
+
+    def finished(self, number: int) -> bool:
+        return number not in self.todo
 
     def __call__(self, batches):
+        number = partition_number()
+        if self.finished(number):
+            for _ in batches:  # Spark scanned them already; nothing to select or write
+                pass
+            return
         telemetry.take()  # what ran on this worker before is not this partition's
         telemetry.take_curves()
         with telemetry.timed("read"):  # Spark's scan and the Arrow transfer into this worker
             batches = list(batches)
         with telemetry.timed("select"):
             batches, added = self.select.select(batches)
-        number = partition_number()
-        rows = sum(b.num_rows for b in batches)
-        selected, name, size, summary = 0, "", 0, {}
-        if rows:
-            with telemetry.timed("write"):
-                table = pa.Table.from_batches(batches)
-                for field, values in added:
-                    table = table.append_column(field, values)
-                part = self.directory.child(f"{part_stem(number)}.parquet")
-                with part.open_write() as handle:
-                    write_table(table, handle)
-                name, size = part.name, part.size()
-            selected = int(np.count_nonzero(added[0][1].to_numpy(zero_copy_only=False)))
-            with telemetry.timed("summary"):
-                summary = self._summary(table, number)
-        yield pa.RecordBatch.from_pydict(
-            {"partition": pa.array([number], pa.int32()), "rows": pa.array([rows], pa.int64()),
-             "selected": pa.array([selected], pa.int64()), "file": pa.array([name], pa.string()),
-             "bytes": pa.array([size], pa.int64()),
-             "stages": pa.array([json.dumps(telemetry.take())], pa.string()),
-             "summary": pa.array([json.dumps(summary, default=plain)], pa.string())})
-
-    def _summary(self, table: pa.Table, number: int) -> dict:
-        """Groups, tokens, learning curves and the selected rows' signatures, as Dask's writer
-        summarises a partition."""
-        plan = self.select.plan
-        spec = plan.spec
-        names = [spec.selected_column, spec.embedding_column, spec.by, spec.token_column]
-        present = [n for n in dict.fromkeys(names) if n is not None and n in table.column_names]
-        frame = table.select(present).to_pandas(types_mapper=pd.ArrowDtype)
-        return partition_summary(frame, spec.selected_column, spec.by, spec.token_column,
-                                 spec.embedding_column, number=number, share=signature_share(plan))
+        if batches:
+            table = pa.Table.from_batches(batches)
+            for field, values in added:
+                table = table.append_column(field, values)
+        else:
+            table = self.schema.empty_table()
+        marker = self.task(table, number)
+        marker.pop("sample")
+        text = json.dumps(marker, default=plain)
+        yield pa.RecordBatch.from_pydict({"partition": pa.array([number], pa.int32()),
+                                          "marker": pa.array([text], pa.string())})
 
 
-def _with_selection(table: pa.Table, spec) -> pa.Table:
+def with_selection(table: pa.Table, spec) -> pa.Table:
+    """``table`` with the columns a selection adds (``selected``, the score, the explain columns)."""
     table = table.append_column(pa.field(spec.selected_column, pa.bool_()), pa.array([], pa.bool_()))
     if spec.score_column:
         table = table.append_column(pa.field(spec.score_column, pa.float32()), pa.array([], pa.float32()))

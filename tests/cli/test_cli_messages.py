@@ -14,7 +14,7 @@ from conftest import FAST
 
 from datamask_dask import write_parquet
 from datamask_dask.cli import as_cli_message, build_parser, main
-from datamask_dask.io.writer import work_dir
+from datamask_dask.run.selection import work_dir
 
 FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"])]
 

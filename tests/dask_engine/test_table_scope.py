@@ -21,7 +21,7 @@ from datamask_dask.dedup.simhash import (
     signatures,
 )
 from datamask_dask.errors import OptionError
-from datamask_dask.io.writer import write_selection
+from datamask_dask.run.selection import write_selection
 from datamask_dask.sample_data import make_embeddings
 
 PARTS, ROWS, DIM = 4, 500, 32

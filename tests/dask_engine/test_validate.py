@@ -13,7 +13,7 @@ from conftest import FAST
 from datamask_dask import InputDataError, OptionError, datamask_select, validate_table, write_selection
 from datamask_dask.cli import main
 from datamask_dask.io.parquet import read_parquet, write_parquet
-from datamask_dask.io.writer import work_dir
+from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus
 
 
@@ -168,7 +168,7 @@ def test_full_validation_fails_before_any_learning(tmp_path, corpus):
         write_selection(ddf, tmp_path / "light", scheduler="sync", validate="light",
                         diversity_scope="partition", **FAST)
     light = work_dir(tmp_path / "light")  # kept only when a partition finished before the failure
-    assert not light.exists() or any(light.glob("*.done"))
+    assert not light.exists() or any(light.glob("part-*.json"))
 
 
 def test_embedding_span_is_a_view_inside_a_chunk_and_a_copy_across_chunks():

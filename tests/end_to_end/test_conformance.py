@@ -19,7 +19,7 @@ from datamask_dask import datamask_select, read_parquet
 from datamask_dask.cli import main
 from datamask_dask.errors import OptionError
 from datamask_dask.io.parquet import write_parquet
-from datamask_dask.io.writer import write_selection
+from datamask_dask.run.selection import write_selection
 from datamask_dask.sample_data import make_corpus
 
 pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset

@@ -17,7 +17,7 @@ from conftest import FAST
 
 from datamask_dask import OptionError, load_config, write_selection
 from datamask_dask.cli import main
-from datamask_dask.io.writer import work_dir
+from datamask_dask.run.selection import work_dir
 
 PACKAGE = Path(__file__).resolve().parents[2] / "datamask_dask"
 FAST_FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"])]
@@ -79,7 +79,7 @@ def test_a_pickled_manifest_is_never_loaded(tmp_path, corpus):
     work = work_dir(target)
     work.mkdir()
     (work / "manifest.json").write_bytes(pickle.dumps(_Trap(str(trap))))
-    (work / "part-00000.done").write_bytes(pickle.dumps(_Trap(str(trap))))
+    (work / "part-00000.json").write_bytes(pickle.dumps(_Trap(str(trap))))
     report = write_selection(dd.from_pandas(corpus, npartitions=2, sort=False), target, scheduler="sync",
                              ratio=0.1, **FAST)
     assert report.computed == (0, 1) and report.reused == ()  # an unreadable manifest: start afresh

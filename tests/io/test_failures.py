@@ -20,7 +20,7 @@ from datamask_dask.cli import main
 from datamask_dask.io.output import work_location
 from datamask_dask.io.parquet import read_parquet, write_parquet
 from datamask_dask.io.storage import resolve
-from datamask_dask.io.writer import work_dir
+from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus
 
 N_PARTS = 8
@@ -74,7 +74,7 @@ def test_killed_worker_gives_the_same_result(target, source, expected):
         killed: dict = {}
 
         def done() -> int:
-            return sum(name.endswith(".done") for name in work.list())
+            return sum((name.startswith("part-") and name.endswith(".json")) for name in work.list())
 
         def kill_a_busy_worker():
             deadline = time.monotonic() + 120
@@ -133,7 +133,7 @@ def test_run_failing_mid_way_leaves_the_previous_output_intact(tmp_path, source,
     work = work_dir(target)
     # Which partitions finish before the bad one fails depends on the threads' timing: the work
     # directory (and the hint to resume) stays exactly when one did; no staging is ever left.
-    if work.exists() and any(work.glob("*.done")):
+    if work.exists() and any(work.glob("part-*.json")):
         assert hidden == [work.name] and "run the same command again to resume" in err
     else:
         assert hidden == [] and "resume" not in err

@@ -23,7 +23,8 @@ import datamask_dask  # noqa: E402
 from datamask_dask.io.delta import read_delta, write_delta  # noqa: E402
 from datamask_dask.io.iceberg import read_iceberg, write_iceberg  # noqa: E402
 from datamask_dask.io.output import UnsafeOutputError, read_record  # noqa: E402
-from datamask_dask.io.tables import parse_table_uri, read_table, select_table  # noqa: E402
+from datamask_dask.io.tables import parse_table_uri, read_table  # noqa: E402
+from datamask_dask.run.tables import select_table  # noqa: E402
 
 OPTIONS = {"n_epochs": 20, "n_rollout": 8}
 RATIO = 0.1

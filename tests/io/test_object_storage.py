@@ -23,7 +23,7 @@ from datamask_dask.errors import OptionError
 from datamask_dask.io.output import UnsafeOutputError, lock_location, output_lock, read_record
 from datamask_dask.io.parquet import read_parquet, write_parquet
 from datamask_dask.io.storage import resolve
-from datamask_dask.io.writer import write_selection
+from datamask_dask.run.selection import write_selection
 from datamask_dask.sample_data import make_corpus
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'datamask-dask[s3]')")
@@ -93,18 +93,22 @@ def test_python_api_on_a_cluster_reads_and_writes_s3(s3, s3_corpus, local_run, c
     assert _selected_ids("s3://lake/api-out", s3) == _selected_ids(local_run)
 
 
+def _markers(work) -> list[str]:
+    """The completion markers in a run's work area."""
+    return sorted(name for name in work.list() if name.startswith("part-") and name.endswith(".json"))
+
+
 def test_a_killed_run_on_s3_resumes_and_gives_the_same_bytes(s3, s3_corpus, local_run, capsys):
     work = resolve("s3://lake/.killed.datamask-work", s3)
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", s3_corpus,
                "--output", "s3://lake/killed", *FLAGS]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while (sum(name.endswith(".done") for name in work.list()) < 2 and process.poll() is None
-           and time.monotonic() < deadline):
+    while len(_markers(work)) < 2 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)  # the client dies mid-write, as on a lost machine
     process.wait()
-    finished = sorted(name for name in work.list() if name.endswith(".done"))
+    finished = _markers(work)
     assert 2 <= len(finished) < N_PARTS, process.stderr.read().decode()
     assert read_record(resolve("s3://lake/killed", s3)) is None  # nothing looks complete
     assert lock_location(resolve("s3://lake/killed", s3)).exists()  # the dead run's lock is left behind
@@ -209,7 +213,7 @@ def test_an_iceberg_table_on_s3_to_s3_parquet(s3, local_corpus, local_run, tmp_p
     import pyarrow.parquet as pq
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from datamask_dask.io.tables import select_table
+    from datamask_dask.run.tables import select_table
 
     properties = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": "s3://lake/warehouse",
                   "s3.endpoint": s3["endpoint_url"], "s3.access-key-id": "testing",

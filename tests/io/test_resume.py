@@ -20,7 +20,8 @@ from datamask_dask import ResumeError, datamask_select, write_selection
 from datamask_dask.cli import input_fingerprint, main
 from datamask_dask.io.output import UnsafeOutputError
 from datamask_dask.io.parquet import read_parquet, write_parquet
-from datamask_dask.io.writer import read_manifest, work_dir
+from datamask_dask.run.selection import work_dir
+from datamask_dask.run.work import read_manifest
 from datamask_dask.sample_data import make_corpus
 
 N_PARTS = 8
@@ -54,11 +55,11 @@ def killed(tmp_path_factory, eight_parts):
                "--output", str(target), *FLAGS]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while len(list(work.glob("*.done"))) < 3 and process.poll() is None and time.monotonic() < deadline:
+    while len(list(work.glob("part-*.json"))) < 3 and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     os.kill(process.pid, signal.SIGKILL)  # the whole job dies, as on a lost machine
     process.wait()
-    finished = sorted(int(p.stem.split("-")[1]) for p in work.glob("*.done"))
+    finished = sorted(int(p.stem.split("-")[1]) for p in work.glob("part-*.json"))
     assert 3 <= len(finished) < N_PARTS, process.stderr.read().decode()
     assert not target.exists()  # nothing is published before every partition is done
     return work, finished
@@ -133,7 +134,7 @@ def _interrupt(ddf, target: Path, file: Path, **options) -> list[int]:
     finally:
         file.write_bytes(original)  # repaired: the next run can finish
     assert not target.exists()
-    return sorted(int(p.stem.split("-")[1]) for p in work_dir(target).glob("*.done"))
+    return sorted(int(p.stem.split("-")[1]) for p in work_dir(target).glob("part-*.json"))
 
 
 def test_resume_skips_marked_partitions_and_redoes_broken_ones(tmp_path, eight_parts, reference, killed):
@@ -144,8 +145,8 @@ def test_resume_skips_marked_partitions_and_redoes_broken_ones(tmp_path, eight_p
     truncated, foreign, kept = finished[0], finished[1], finished[2:]
     part = work / f"part-{truncated:05d}.parquet"
     part.write_bytes(part.read_bytes()[:100])
-    marker = json.loads((work / f"part-{foreign:05d}.done").read_text())
-    (work / f"part-{foreign:05d}.done").write_text(json.dumps({**marker, "run_id": "another run"}))
+    marker = json.loads((work / f"part-{foreign:05d}.json").read_text())
+    (work / f"part-{foreign:05d}.json").write_text(json.dumps({**marker, "run_id": "another run"}))
 
     report = write_selection(read_parquet(eight_parts), target, scheduler="sync",
                              input_fingerprint=input_fingerprint(eight_parts), **OPTIONS)
@@ -172,7 +173,7 @@ def test_resume_with_other_options_or_input_refuses(tmp_path, eight_parts, capsy
         write_selection(changed, target, scheduler="sync", **OPTIONS)
     with pytest.raises(ResumeError, match=r"memory_budget"):
         write_selection(ddf, target, scheduler="sync", memory_budget="64MiB", **OPTIONS)
-    assert sorted(int(p.stem.split("-")[1]) for p in work.glob("*.done")) == finished  # untouched
+    assert sorted(int(p.stem.split("-")[1]) for p in work.glob("part-*.json")) == finished  # untouched
     # The command line refuses too (it also fingerprints the files), naming what to do.
     assert main(["select", "--input", str(eight_parts), "--output", str(target), *FLAGS]) == 1
     assert "cannot resume the unfinished run" in capsys.readouterr().err

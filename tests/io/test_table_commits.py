@@ -18,7 +18,8 @@ from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 import datamask_dask  # noqa: E402
 from datamask_dask.errors import InputDataError  # noqa: E402
 from datamask_dask.io.delta import DeltaSink  # noqa: E402
-from datamask_dask.io.tables import select_table  # noqa: E402
+from datamask_dask.io.storage import resolve  # noqa: E402
+from datamask_dask.run.tables import select_table  # noqa: E402
 
 OPTIONS = {"n_epochs": 20, "n_rollout": 8}
 # The plan pass reads no embedding: a bad vector is found in the select pass, after other
@@ -38,7 +39,7 @@ def sources(tmp_path, monkeypatch):
     NaN in an embedding of the file the scheduler selects last (so the others are written first)."""
     import pyarrow.parquet as pq
 
-    from datamask_dask.io import tables
+    from datamask_dask.dask_engine import runs
 
     good, bad = tmp_path / "good", tmp_path / "bad"
     good.mkdir()
@@ -47,8 +48,8 @@ def sources(tmp_path, monkeypatch):
              for number in range(3)]
     for number, part in enumerate(parts):
         pq.write_table(part, good / f"part.{number}.parquet")
-    order, select = [], tables._select_part
-    monkeypatch.setattr(tables, "_select_part", lambda frame, plan, number, *args: order.append(number) or
+    order, select = [], runs._select_part
+    monkeypatch.setattr(runs, "_select_part", lambda frame, plan, number, *args: order.append(number) or
                         select(frame, plan, number, *args))
     select_table(str(good), str(tmp_path / "order"), 0.1, **OPTIONS, **LATE_CHECK)
     monkeypatch.undo()
@@ -95,12 +96,15 @@ def test_each_delta_task_writes_its_own_file_and_one_commit_adds_them(sources, t
 
 def test_a_retried_delta_commit_is_applied_once(tmp_path):
     out = tmp_path / "retried"
-    sink = DeltaSink.open(out, mode="error", run_id="r1")
+    from datamask_dask.run.work import WorkArea
+
+    work = WorkArea(resolve(tmp_path / ".retried.datamask-work"), "r1")
+    sink = DeltaSink(out, mode="error")
     table = _corpus(50, 0)
-    written = [sink.writer(table, 0)]
-    sink.commit(written, table.schema, {"run_id": "r1"})
-    again = DeltaSink(str(out), str(out), "append", "r1")  # the same run commits again (a retry)
-    again.commit(written, table.schema, {"run_id": "r1"})
+    written = [sink.writer(work)(table, 0)]
+    sink.commit(work, {}, written, table.schema, {"run_id": "r1"})
+    again = DeltaSink(out, mode="append")  # the same run commits again (a retry)
+    again.commit(work, {}, written, table.schema, {"run_id": "r1"})
     assert deltalake.DeltaTable(out).version() == 0
     assert deltalake.DeltaTable(out).to_pyarrow_table().num_rows == 50
 
@@ -145,11 +149,11 @@ def test_a_killed_delta_run_resumes_from_the_files_its_tasks_wrote(sources, tmp_
     process = subprocess.Popen([sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(good),
                                 "--output", f"delta://{out}", *flags], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".out.datamask-markers-*/part-*.json")) and time.monotonic() < deadline:
+    while not list(tmp_path.glob(".out.datamask-work/part-*.json")) and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    finished = list(tmp_path.glob(".out.datamask-markers-*/part-*.json"))
+    finished = list(tmp_path.glob(".out.datamask-work/part-*.json"))
     assert finished and not (out / "_delta_log").exists(), process.stderr.read().decode()
 
     assert main(["select", "--input", str(good), "--output", f"delta://{out}", *flags]) == 0

@@ -131,7 +131,7 @@ def test_parquet_selection_only_and_table_outputs(corpus, parquet_dir, tmp_path)
     check_reasons(out)
     assert report.selected == 160 and out["reason"].eq("selected").sum() == 160
     pytest.importorskip("deltalake", reason="Delta needs the lakehouse extra")
-    from datamask_dask.io.tables import select_table
+    from datamask_dask.run.tables import select_table
 
     select_table(str(parquet_dir), f"delta://{tmp_path / 'sel'}", 0.1, output_columns="selection",
                  explain=True, **FAST)

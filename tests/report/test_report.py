@@ -17,8 +17,8 @@ import pytest
 from conftest import FAST
 
 from datamask_dask.io.output import read_record
-from datamask_dask.io.summary import RunSummary, near_duplicate_pairs
-from datamask_dask.io.writer import write_selection
+from datamask_dask.run.selection import write_selection
+from datamask_dask.run.summary import RunSummary, near_duplicate_pairs
 from datamask_dask.sample_data import make_corpus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -115,7 +115,7 @@ def test_summary_has_every_field_after_local_cluster_run(run):
 
 def test_selected_signatures_are_sampled_when_the_selection_is_large(tmp_path, monkeypatch):
     """The driver gathers at most about SIGNATURE_ROWS selected rows' signatures, whatever the table size."""
-    from datamask_dask.io import summary
+    from datamask_dask.run import summary
 
     monkeypatch.setattr(summary, "SIGNATURE_ROWS", 40)  # 160 selected: a quarter of them
     ddf = dd.from_pandas(_corpus(), npartitions=4, sort=False)
@@ -142,8 +142,8 @@ def test_facility_coverage_on_the_sample_is_measured_on_reference_rows(monkeypat
     for every pick: close to the whole sample's value, and the sample's record says so."""
     from types import SimpleNamespace
 
-    from datamask_dask.io import summary
     from datamask_dask.learn.objectives import evaluate_selection
+    from datamask_dask.run import summary
 
     frame = make_corpus(3000, 16, seed=4)
     frame["selected"] = np.zeros(len(frame), dtype=bool)

@@ -148,7 +148,8 @@ def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parq
     from datamask_dask.io.output import read_record
 
     record = write_selection(sdf, tmp_path / "out", ratio=0.1, seed=7, score_column="score", **FAST)
-    assert read_record(tmp_path / "out") == record
+    assert read_record(tmp_path / "out") == {**record, "files": [f"part.{n}.parquet" for n in range(4)]}
+    assert record["engine"] == "spark" and record["output"]["format"] == "parquet"
     assert (record["rows"], record["selected"]) == (1600, 160)
     assert [p["rows"] for p in record["partitions"]] == [400] * 4
     assert {"read", "select", "learn", "write"} <= set(record["stages"])
@@ -265,11 +266,12 @@ def test_file_selection_reads_the_pieces_in_the_workers(spark, corpus, parquet_d
     from datamask_dask.io.output import UnsafeOutputError, read_record
 
     record = write_file_selection(spark, parquet_dir, tmp_path / "out", ratio=0.1, seed=7, **FAST)
-    assert read_record(tmp_path / "out") == record
+    assert read_record(tmp_path / "out") == {**record, "files": [f"part.{n}.parquet" for n in range(4)]}
     assert (record["rows"], record["selected"]) == (1600, 160)
     assert [p["rows"] for p in record["partitions"]] == [400] * 4
-    assert record["input"] == {"location": str(parquet_dir), "format": "parquet", "uri": str(parquet_dir),
-                               "read_by": "workers"}
+    assert {k: record["input"][k] for k in ("location", "format", "uri", "read_by", "rows")} == {
+        "location": str(parquet_dir), "format": "parquet", "uri": str(parquet_dir), "read_by": "workers",
+        "rows": [400] * 4}
     assert {"read", "select", "learn", "write"} <= set(record["stages"])
     table = pq.read_table(tmp_path / "out")
     source = pq.read_table(parquet_dir)

@@ -1,22 +1,22 @@
 """The run summary: what a selection did, written into every output's run record.
 
-:func:`datamask_dask.write_selection` adds a ``summary`` to the run record (``_datamask_run.json``
-or the ``datamask.run`` footer key, see :mod:`datamask_dask.io.output`):
+:func:`datamask_dask.run.protocol.execute` adds a ``summary`` to every run record
+(:mod:`datamask_dask.run.record`), whatever the engine and the sink:
 
 - from each partition's task (exact, cheap: computed on the frame the task already holds): rows
   and selected rows per group when ``by`` is used, tokens in and selected when the token column
   exists, the learning curves (objective per step, thinned) of its first chunks, and a 256-bit
   SimHash signature of each selected row (32 bytes a selected row, carried in the completion
-  marker);
+  marker), and ``sample_rows / partitions`` of its rows drawn at random;
 - on the driver, from those signatures: near-duplicate pairs (cosine >= ``DUPLICATE_COSINE``)
   among *all* the selected rows, within a partition and across partitions
   (:func:`datamask_dask.dedup.simhash.count_pairs`, an estimate: LSH over the selected rows
   only, so it costs about as much as the table scope's search on a tenth of the table);
-- on the driver, once every part file is written and before the record is published: a sample
-  of the output (whole row groups drawn at random until ``sample_rows`` rows, then thinned to
-  exactly that many), on which the selection's objective (quality term, diversity term, with the
-  run's ``algorithm`` and ``lamb``) is compared with quality top-k and a random pick of as many
-  rows, and near-duplicate pairs (cosine >= ``DUPLICATE_COSINE``) are counted among each pick.
+- on the driver, once every partition is written and before the output is committed: on those
+  samples together (stratified by partition), the selection's objective (quality term,
+  diversity term, with the run's ``algorithm`` and ``lamb``) is compared with quality
+  top-k and a random pick of as many rows, and near-duplicate pairs (cosine >=
+  ``DUPLICATE_COSINE``) are counted among each pick.
   Metrics that measure how well a pick covers rows (Facility) measure it on ``REFERENCE_ROWS`` of
   the sample drawn at random, the same rows for every pick: an unbiased estimate of the sample's
   value at a fifth of the cost.
@@ -134,44 +134,36 @@ def _json_label(label):
 # --------------------------------------------------------------------------- the driver's summary
 
 
-def summarise_run(files: list, markers: dict, settings: dict, spec, *, sample_rows: int = SAMPLE_ROWS,
-                  seed: int = 0) -> dict:
-    """The ``summary`` of a run record from its finished part files and completion markers."""
-    started = time.perf_counter()
-    parts = [(i, markers[i].get("summary") or {}) for i in sorted(markers)]
-    frame = sample_files(files, _sample_columns(spec), sample_rows, seed)
-    return _summary(parts, frame, settings, spec, sample_rows, seed, started)
-
-
-def table_part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, share: float = 1.0) -> dict:
-    """One selected partition's part of a table run's summary, made by the task that selected it.
+def part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, share: float = 1.0,
+                 token_column: str | None = None) -> dict:
+    """One selected partition's part of the run summary, made by the task that selected it.
 
     What :func:`partition_summary` gives, plus the partition's rows and selected rows and
     ``sample_rows`` of its rows drawn at random (the columns the objective needs), which
-    :func:`summarise_table_run` compares with the baselines.
+    :func:`summarise_run` compares with the baselines.
     """
     from ..partition import adapters
 
-    out = partition_summary(frame, spec.selected_column, spec.by, spec.token_column, spec.embedding_column,
-                            number=number, share=share)
+    out = partition_summary(frame, spec.selected_column, spec.by, token_column or spec.token_column,
+                            spec.embedding_column, number=number, share=share)
     n = len(frame)
     selected = np.asarray(adapters.host_values(frame, spec.selected_column), dtype=bool)
     rows = np.sort(np.random.default_rng([seed, number]).choice(n, min(n, sample_rows), replace=False))
-    sample = frame[_sample_columns(spec)].iloc[rows]
+    sample = frame[sample_columns(spec)].iloc[rows]
     sample = sample.to_pandas() if adapters.is_cudf(sample) else sample
     return {**out, "partition": number, "rows": n, "selected": int(selected.sum()),
             "sample": sample.reset_index(drop=True)}
 
 
-def summarise_table_run(parts: list[dict], settings: dict, spec, *, sample_rows: int = SAMPLE_ROWS,
-                        seed: int = 0) -> dict:
-    """The ``summary`` of a table run from its partitions' :func:`table_part_summary`.
+def summarise_run(parts: list[dict], settings: dict, spec, *, sample_rows: int = SAMPLE_ROWS,
+                  seed: int = 0) -> dict:
+    """The ``summary`` of a run record from its partitions' :func:`part_summary`.
 
     The sample is stratified by partition (each gave up to ``sample_rows / partitions`` rows).
     """
     started = time.perf_counter()
     samples = [part["sample"] for part in parts if len(part["sample"])]
-    frame = pd.concat(samples, ignore_index=True) if samples else pd.DataFrame(columns=_sample_columns(spec))
+    frame = pd.concat(samples, ignore_index=True) if samples else pd.DataFrame(columns=sample_columns(spec))
     summary = _summary([(part["partition"], part) for part in parts], frame, settings, spec, sample_rows,
                        seed, started)
     summary["sample"]["stratified"] = "by partition"
@@ -202,7 +194,7 @@ def _summary(parts: list[tuple[int, dict]], frame: pd.DataFrame, settings: dict,
     return summary
 
 
-def _sample_columns(spec) -> list[str]:
+def sample_columns(spec) -> list[str]:
     names = [c for c, _ in spec.quality] + [spec.embedding_column, spec.selected_column]
     names += [spec.by] if spec.by else []
     return list(dict.fromkeys(names))
@@ -245,7 +237,7 @@ def _parquet_file(file):
     """A parquet file from a local path or a :class:`~datamask_dask.io.storage.Location` (any filesystem)."""
     import pyarrow.parquet as pq
 
-    from .storage import Location
+    from ..io.storage import Location
 
     if isinstance(file, Location):
         return pq.ParquetFile(file.path, filesystem=None if file.local else file.fs)
@@ -352,7 +344,7 @@ class RunSummary:
     @classmethod
     def read(cls, path: str | os.PathLike) -> RunSummary:
         """The run summary of the datamask output at ``path`` (directory or single parquet file)."""
-        from .output import read_record
+        from ..io.output import read_record
 
         record = read_record(path)
         if record is None:

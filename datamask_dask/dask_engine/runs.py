@@ -1,0 +1,64 @@
+"""The Dask engine of a run (:func:`datamask_dask.run.protocol.execute`): the plan pass, then one task
+per partition that selects it and hands it to the run's part task (summary, write, marker).
+
+One task per partition, fused behind its read: a worker holds one partition at a time and nothing
+but a marker travels back. The partitions are those the plan pass read (:func:`.operator.partitions`).
+"""
+
+from __future__ import annotations
+
+import dask
+import pyarrow as pa
+
+from .. import progress as progress_bars
+from .. import telemetry
+from ..partition.select import select_partition
+from ..plan.types import Plan
+from .operator import apply_plan, column_reads, compute_plan, partitions, selection_spec
+
+
+class DaskEngine:
+    """Select ``frame`` (a Dask DataFrame) on ``scheduler``, with the options of
+    :func:`~datamask_dask.datamask_select`. ``project``: ``(frame, run_id) -> frame``, the columns the
+    output keeps where it keeps only the selection's (:func:`datamask_dask.io.tables.selection_columns`)."""
+
+    name = "dask"
+
+    def __init__(self, frame, ratio=None, *, config=None, scheduler=None, project=None, **options):
+        self.frame, self.ratio, self.config, self.scheduler = frame, ratio, config, scheduler
+        self.project, self.options = project, options
+
+    def plan(self, progress: bool | None = None) -> Plan:
+        spec = selection_spec(self.frame, self.ratio, config=self.config, scheduler=self.scheduler,
+                              **self.options)
+        return compute_plan(self.frame, spec, scheduler=self.scheduler, progress=progress)  # validates
+
+    def schema(self, plan: Plan) -> pa.Schema:
+        from ..io.parquet import to_arrow
+
+        meta = apply_plan(self.frame, plan.spec, plan)._meta
+        return to_arrow(meta if self.project is None else self.project(meta, "")).schema
+
+    def run(self, plan: Plan, todo: list[int], task, progress: bool | None = None) -> list[dict]:
+        run_id = task.work.run_id
+        plan_node = dask.delayed(plan, traverse=False, name=f"datamask-plan-{run_id}")
+        spec = plan.spec
+        if self.project is None:
+            parts = partitions(self.frame)
+        else:  # read what the selection and the summary use: no text column decoded for nothing
+            used = [spec.id_column, *spec.select_columns]
+            used += [spec.token_column] if spec.token_column in self.frame.columns else []
+            parts = column_reads(self.frame, list(dict.fromkeys(used)), "datamask-read")
+        key = f"datamask-select-write-{run_id}"
+        tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, task,
+                                                       dask_key_name=(key, number)) for number in todo]
+        return list(progress_bars.compute(*tasks, scheduler=self.scheduler, progress=progress))
+
+
+def _select_part(frame, plan: Plan, number: int, task) -> dict:
+    """Select partition ``number`` of the table and hand it to ``task``; its marker, with this task's
+    stage seconds (the read fused in front of it included)."""
+    telemetry.take_curves()  # curves left on this thread by other work are not this partition's
+    with telemetry.timed("select"):
+        selected = select_partition(frame, plan, {"number": number})
+    return task(selected, number)

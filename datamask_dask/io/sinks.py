@@ -1,0 +1,181 @@
+"""Sinks: where a run's tasks write their partitions, and how the driver commits them as one output.
+
+Every sink has the same four parts, which :func:`datamask_dask.run.protocol.execute` drives:
+
+- ``writer(work) -> write``: what each task calls, ``write(frame, number) -> descriptor`` (picklable;
+  ``frame`` a pandas or cuDF frame or an Arrow table, ``descriptor`` small JSON data naming the
+  partition's data, None for no rows);
+- ``holds(work, descriptor) -> bool``: whether that data is still there, whole (a resumed run
+  reuses the partition only then);
+- ``commit(work, manifest, descriptors, schema, record) -> dict``: the driver publishes every
+  partition's data in partition order, with the run record, all or nothing;
+- ``abort(work)``: a run that failed before any partition finished removes what its tasks wrote
+  outside the work area.
+
+``location`` is where the output lives (its lock and its work area are hidden siblings of it),
+``check()`` refuses an output that would lose data (:mod:`.output`) and ``newest_run()`` is the run
+id of the newest datamask run that wrote it. Sinks: :class:`ParquetSink` (a directory or a single
+file, on local disk or an object store), :class:`~.delta.DeltaSink`, :class:`~.iceberg.IcebergSink`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..partition.adapters import is_cudf
+from .output import (
+    FOOTER_KEY,
+    RUN_RECORD,
+    check_target,
+    publish,
+    publish_objects,
+    read_record,
+    remove_own,
+    staging_path,
+)
+from .parquet import concatenate, to_arrow, write_table
+from .records import dumps, plain
+from .storage import Location, fsync_dir
+
+
+def part_stem(number: int) -> str:
+    """The name every file of partition ``number`` starts with in a run's work area."""
+    return f"part-{number:05d}"
+
+
+def part_name(number: int) -> str:
+    """Partition ``number``'s file in a parquet directory output."""
+    return f"part.{number}.parquet"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetParts:
+    """The task side of :class:`ParquetSink`: partition N as ``part-NNNNN.parquet`` in the work area."""
+
+    work: Location
+
+    def __call__(self, frame, number: int) -> dict | None:
+        if not len(frame):
+            return None
+        part = self.work.child(f"{part_stem(number)}.parquet")
+        with part.open_write() as handle:
+            if is_cudf(frame):
+                frame.to_parquet(handle, index=False)  # cuDF's own GPU writer: nothing goes through the host
+            else:
+                write_table(frame if isinstance(frame, pa.Table) else to_arrow(frame), handle)
+        return {"file": part.name, "bytes": part.size(), "rows": len(frame)}
+
+
+class ParquetSink:
+    """A parquet directory (``part.N.parquet`` per non-empty partition) or, with ``single_file``, one
+    file of the partitions' rows in order; published whole by the rules of :mod:`.output`."""
+
+    format = "parquet"
+
+    def __init__(self, target: Location, *, overwrite: bool, single_file: bool = False, inputs=()):
+        self.location, self.overwrite, self.single_file = target, overwrite, single_file
+        self.inputs = [i for i in inputs if i is not None]
+        self.uri = target.uri
+
+    def check(self) -> None:
+        check_target(self.location, overwrite=self.overwrite, inputs=self.inputs)
+
+    def newest_run(self) -> str | None:
+        if not self.location.exists():
+            return None
+        return (read_record(self.location) or {}).get("run_id")
+
+    def writer(self, work) -> ParquetParts:
+        return ParquetParts(work.location)
+
+    def holds(self, work, descriptor: dict) -> bool:
+        part = work.child(descriptor["file"])
+        try:
+            metadata = pq.ParquetFile(part.path, filesystem=None if part.local else part.fs).metadata
+            return part.size() == descriptor["bytes"] and metadata.num_rows == descriptor["rows"]
+        except (OSError, pa.ArrowException):
+            return False
+
+    def commit(self, work, manifest: dict, written: list, schema: pa.Schema, record: dict) -> dict:
+        files = [(number, work.child(w["file"])) for number, w in enumerate(written) if w]
+        rows = sum(w["rows"] for w in written if w)
+        if self.single_file:
+            self._commit_file([f for _, f in files], schema, record)
+        elif self.location.local:
+            self._commit_directory(files, schema, record)
+        else:
+            self._commit_objects(files, schema, record, work, manifest)
+        return {"rows": rows}
+
+    def _commit_file(self, files: list[Location], schema: pa.Schema, record: dict) -> None:
+        """One file: written whole under the target's name (a rename on local disk, one upload on a store)."""
+        schema = (pq.read_schema(_source(files[0])).remove_metadata() if files else schema)
+        schema = schema.with_metadata({FOOTER_KEY: dumps(record, indent=1).encode()})
+        with self.location.open_write() as handle:
+            concatenate([_source(f) for f in files], handle, schema)
+
+    def _commit_directory(self, files: list, schema: pa.Schema, record: dict) -> None:
+        """Linked into a hidden staging sibling, then renamed onto the target in one step."""
+        target = Path(self.location.path)
+        staging = staging_path(target)
+        try:
+            staging.mkdir()
+            names = [part_name(number) for number, _ in files]
+            for (_, file), name in zip(files, names, strict=True):
+                _link(Path(file.path), staging / name)
+            if not files:  # an empty table still gets its schema
+                names = [part_name(0)]
+                with Location(self.location.fs, str(staging / names[0]), names[0]).open_write() as handle:
+                    write_table(schema.empty_table(), handle)
+            Location(self.location.fs, str(staging / RUN_RECORD), RUN_RECORD).write_bytes(
+                dumps({**record, "files": names}, indent=1).encode())
+            publish(staging, target)
+            fsync_dir(os.fspath(target.parent))
+        finally:
+            remove_own(staging)
+
+    def _commit_objects(self, files: list, schema: pa.Schema, record: dict, work, manifest: dict) -> None:
+        """On an object store, where nothing can be renamed: the run record goes last
+        (:func:`~.output.publish_objects`).
+
+        The manifest records the old and new file names before anything in the target changes: an
+        interrupted commit is finished by the next run on the same output.
+        """
+        names = [part_name(number) for number, _ in files] or [part_name(0)]
+
+        def remember(commit: dict) -> None:
+            manifest["commit"] = commit
+            work.write_manifest(manifest)
+
+        def write() -> None:
+            for (_, file), name in zip(files, names, strict=False):
+                file.copy_to(self.location.child(name))
+            if not files:
+                with self.location.child(names[0]).open_write() as handle:
+                    write_table(schema.empty_table(), handle)
+
+        publish_objects(self.location, names, write, record, pending=manifest.get("commit"),
+                        remember=remember, default=plain)
+
+    def abort(self, work) -> None:
+        """Nothing to do: every part is in the work area."""
+
+
+def _source(file: Location):
+    """What pyarrow's parquet reader opens: a local path, or an open file of the object store."""
+    return file.path if file.local else file.fs.open(file.path, "rb")
+
+
+def _link(source: Path, destination: Path) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:  # no hard links here (another filesystem): copy, then make it durable
+        shutil.copyfile(source, destination)
+        with open(destination, "rb") as handle:
+            os.fsync(handle.fileno())

@@ -1,0 +1,207 @@
+"""One run: a selection carried from its source to its sink, resumably and all or nothing.
+
+:func:`execute` is the only place a run is planned, written, marked, resumed, summarised, recorded
+and committed, for every engine (:class:`Engine`: Dask, Spark) and every sink
+(:mod:`datamask_dask.io.sinks`: parquet directory or file, Delta, Iceberg)::
+
+    check the output -> lock it -> plan (validates the input) -> open the work area (resume?)
+    -> tasks: select, summarise, write through the sink, mark finished
+    -> summary -> run record -> the sink's commit -> remove the work area
+
+The lock (:func:`~datamask_dask.io.output.output_lock`) is held from the plan to the commit, so a
+second run on the same output refuses at once instead of interleaving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import math
+import time
+from typing import Protocol
+
+import pandas as pd
+import pyarrow as pa
+
+from .. import telemetry
+from ..config import default_settings
+from ..io.output import library_versions, output_lock
+from ..io.records import as_json, dumps
+from ..plan.types import Plan
+from .record import RunRecord
+from .summary import SAMPLE_ROWS, part_summary, sample_columns, signature_share, summarise_run
+from .work import WorkArea, now, open_work
+
+log = logging.getLogger(__name__)
+
+# Settings that change how a run checks its input, not what it selects.
+_NOT_IN_IDENTITY = ("check_ids", "validate")
+
+
+class Engine(Protocol):
+    """What runs a selection's tasks: :class:`datamask_dask.dask_engine.runs.DaskEngine`,
+    :class:`datamask_spark.writer.SparkEngine`."""
+
+    name: str
+
+    def plan(self, progress: bool | None) -> Plan:
+        """The quota plan (the pass that validates the input)."""
+
+    def schema(self, plan: Plan) -> pa.Schema:
+        """The output's Arrow schema."""
+
+    def run(self, plan: Plan, todo: list[int], task: PartTask, progress: bool | None) -> list[dict]:
+        """Select partitions ``todo`` and hand each to ``task``; the markers it returned."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PartTask:
+    """What a task does with its selected partition: summarise it, write it through the sink's
+    writer, mark it finished in the work area. Picklable: it travels to the workers."""
+
+    work: WorkArea
+    write: object  # the sink's writer: (frame, number) -> descriptor
+    spec: object
+    share: float  # of the selected rows' signatures kept for the summary
+    sample_rows: int  # rows of this partition sampled for the summary
+    seed: int
+    project: object = None  # frame -> the columns written (the selection-only output), or None
+    token_column: str | None = None  # counted in the summary where the table has it
+
+    def __call__(self, frame, number: int) -> dict:
+        """``frame``: the partition with the selection's columns (pandas, cuDF or Arrow)."""
+        rows = frame
+        if isinstance(frame, pa.Table):  # the summary reads a few columns as pandas
+            names = [n for n in (*sample_columns(self.spec), self.spec.by, self.token_column)
+                     if n is not None and n in frame.column_names]
+            rows = frame.select(list(dict.fromkeys(names))).to_pandas(types_mapper=pd.ArrowDtype)
+        part = part_summary(rows, number, self.spec, self.sample_rows, self.seed, self.share,
+                            self.token_column)
+        sample = part.pop("sample")
+        with telemetry.timed("write"):
+            written = self.write(frame if self.project is None else self.project(frame), number)
+            marker = {"partition": number, "rows": part.pop("rows"), "selected": part.pop("selected"),
+                      "written": written, "summary": part}
+            self.work.mark(number, marker, sample)
+        return {**marker, "sample": sample, "stages": telemetry.take()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What :func:`execute` did: the run record (as the output keeps it), the sink's commit result,
+    the partitions computed and reused, the driver's phases (the record's and the commit after it)
+    and the whole call's seconds."""
+
+    record: dict
+    written: dict
+    computed: tuple
+    reused: tuple
+    phases: dict
+    seconds: float
+
+
+def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summary_rows: int = SAMPLE_ROWS,
+            source: dict | None = None, output: dict | None = None, fingerprint=None,
+            incremental: dict | None = None, project=None, progress: bool | None = None) -> RunOutcome:
+    """Run a selection on ``engine`` into ``sink`` (see the module notes).
+
+    Parameters
+    ----------
+    settings : dict
+        The options after profile and config (recorded, and part of the run's identity).
+    resume : bool
+        Reuse the partitions an interrupted run of the same job finished; False starts afresh.
+    source, output : dict
+        What the run record says about the input and the output (``output`` is part of the
+        identity a resumed run must match).
+    fingerprint : JSON-able, optional
+        Extra identity of the input (e.g. its files' names, sizes and modification times).
+    project : callable, optional
+        ``(frame, run_id) -> frame``: the columns written, where not every column is.
+    """
+    start = time.perf_counter()
+    sink.check()  # before anything is computed
+    with output_lock(sink.location):
+        sink.check()  # as it is now that we hold the lock
+        plan = engine.plan(progress)
+        phases = {"plan": time.perf_counter() - start}
+        spec, schema, newest = plan.spec, engine.schema(plan), sink.newest_run()
+        identity = as_json({
+            "settings": {k: v for k, v in settings.items() if k not in _NOT_IN_IDENTITY},
+            "input": {"partitions": len(plan.rows), "columns": {f.name: str(f.type) for f in schema},
+                      "rows": list(plan.rows), "content": _hash(list(plan.digests)),
+                      "fingerprint": fingerprint},
+            "output": {**(output or {}), "format": sink.format, "after": newest},
+            "plan": _hash(plan.identity()),
+        })
+        work, manifest = open_work(sink.location, identity, resume=resume, committed=newest,
+                                   defaults=as_json(default_settings()))
+        done = work.finished(list(plan.rows), lambda descriptor: sink.holds(work, descriptor))
+        todo = [number for number in range(len(plan.rows)) if number not in done]
+        log.info("planned %s: %d rows in %d partitions (%.1f s)", sink.uri, sum(plan.rows), len(plan.rows),
+                 phases["plan"])
+        if done:
+            log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
+                     sink.uri, len(done), len(todo))
+        manifest["runs"].append({"started": now(), "computed": todo, "reused": sorted(done)})
+        work.write_manifest(manifest)
+
+        seed = int(settings.get("seed") or 0)
+        task = PartTask(work, sink.writer(work), spec, signature_share(plan),
+                        math.ceil(summary_rows / max(len(plan.rows), 1)), seed,
+                        None if project is None else _Project(project, work.run_id),
+                        settings.get("token_column"))
+        started = time.perf_counter()
+        try:
+            markers = {m["partition"]: m for m in engine.run(plan, todo, task, progress)} if todo else {}
+        except BaseException:
+            if not work.any_finished():  # nothing to resume: leave nothing behind
+                sink.abort(work)
+                work.remove()
+            raise
+        phases["select and write"] = time.perf_counter() - started
+        markers.update(done)
+        parts = [markers[number] for number in range(len(plan.rows))]
+
+        started = time.perf_counter()
+        summary = summarise_run([{**p["summary"], "partition": p["partition"], "rows": p["rows"],
+                                  "selected": p["selected"], "sample": p["sample"]} for p in parts],
+                                settings, spec, sample_rows=summary_rows, seed=seed)
+        phases["summary"] = time.perf_counter() - started
+        record = RunRecord(
+            run_id=work.run_id, engine=engine.name, input={**(source or {}), **identity["input"]},
+            output={**(output or {}), "uri": sink.uri, "format": sink.format}, settings=as_json(settings),
+            rows=sum(p["rows"] for p in parts), selected=sum(p["selected"] for p in parts),
+            partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
+            computed=todo, reused=sorted(done), phases=phases,
+            stages=telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo)]),
+            summary=summary, versions=library_versions(*_libraries(engine, sink)), finished=now(),
+            incremental=incremental, memory_budget=spec.memory_budget).to_json()
+        started = time.perf_counter()
+        written = sink.commit(work, manifest, [p["written"] for p in parts], schema, record)
+        work.remove()
+        phases["commit"] = time.perf_counter() - started
+    log.info("committed %s: %d rows, %d selected (%.1f s in all)", sink.uri, record["rows"],
+             record["selected"], time.perf_counter() - start)
+    return RunOutcome(record, written, tuple(todo), tuple(sorted(done)), phases, time.perf_counter() - start)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Project:
+    project: object
+    run_id: str
+
+    def __call__(self, frame):
+        return self.project(frame, self.run_id)
+
+
+def _libraries(engine, sink) -> tuple:
+    """The optional libraries a run record names the versions of: its engine's and its sink's."""
+    used = {"pyspark": engine.name == "spark", "deltalake": sink.format == "delta",
+            "pyiceberg": sink.format == "iceberg"}
+    return tuple(name for name, yes in used.items() if yes)
+
+
+def _hash(value) -> str:
+    return hashlib.blake2b(dumps(value).encode(), digest_size=16).hexdigest()

@@ -1,0 +1,157 @@
+""":func:`select_table`: read a table URI, select, write to a table URI (parquet, Delta, Iceberg), with
+incremental runs. The run itself is :func:`datamask_dask.run.protocol.execute`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+from ..config import load_config
+from ..dask_engine.runs import DaskEngine
+from ..errors import OptionError
+from ..io.output import UnsafeOutputError
+from ..io.sinks import ParquetSink
+from ..io.storage import resolve
+from ..io.tables import TableURI, parse_table_uri, read_table, selection_columns, table_record
+from ..partition import adapters
+from .protocol import execute
+from .summary import SAMPLE_ROWS
+
+OUTPUT_COLUMNS = ("all", "selection")
+
+
+@dataclasses.dataclass(frozen=True)
+class TableRunReport:
+    """Outcome of :func:`select_table`: the output written, what was read, the run record."""
+
+    output: str
+    rows: int
+    selected: int
+    run_id: str
+    source: dict
+    written: dict
+    record: dict
+    seconds: float
+
+
+def open_sink(target: TableURI, *, mode: str, inputs=(), catalog_properties=None, storage_options=None,
+              single_file: bool = False):
+    """The sink of a table URI (:mod:`datamask_dask.io.sinks`), checked before anything is computed."""
+    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
+    for source in sources:
+        if source.key == target.key:
+            raise UnsafeOutputError(f"the output {target.uri} is the input {source.uri}: write the selection "
+                                    "elsewhere (the input is never modified)")
+    if target.format == "delta":
+        from ..io.delta import DeltaSink
+
+        return DeltaSink(target.location, mode=mode, storage_options=storage_options,
+                         inputs=[s.location for s in sources if s.format != "iceberg"])
+    if target.format == "iceberg":
+        from ..io.iceberg import IcebergSink
+
+        return IcebergSink(target.catalog, target.location, mode=mode, **(catalog_properties or {}),
+                           inputs=[(s.catalog, s.location) for s in sources if s.format == "iceberg"])
+    if mode == "append":
+        raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
+    if mode not in ("error", "overwrite"):
+        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+    return ParquetSink(resolve(target.location, storage_options), overwrite=mode == "overwrite",
+                       single_file=single_file, inputs=[s.location for s in sources if s.format == "parquet"])
+
+
+def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",
+                 incremental: bool = False, config=None, scheduler=None, row_filter=None,
+                 catalog_properties=None, storage_options=None, progress: bool | None = None,
+                 summary_rows: int = SAMPLE_ROWS, resume: bool = True, **options) -> TableRunReport:
+    """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
+
+    The run record, with its summary (see :mod:`datamask_dask.run.summary`), goes into the
+    output: the commit's metadata (Delta), the snapshot's summary (Iceberg), or
+    ``_datamask_run.json`` (parquet).
+
+    Parameters
+    ----------
+    input_uri, output_uri : str or path
+        Table URIs (see :mod:`datamask_dask.io.tables`).
+    ratio, config, **options
+        As for :func:`~datamask_dask.datamask_select`.
+    output_columns : {"all", "selection"}
+        Every column plus ``selected`` (and the score), or the selection table only: id,
+        ``selected``, the score column if asked, ``run_id``.
+    mode : {"error", "append", "overwrite"}
+        ``"error"``: the output may not exist. ``"append"`` (Delta and Iceberg) and ``"overwrite"``
+        write into an output only when datamask wrote it (:mod:`datamask_dask.io.output`).
+    incremental : bool
+        Select only among the rows added to the input (Delta or Iceberg, appended to only)
+        since the version/snapshot recorded by the output's newest run, and append them to the
+        output; earlier selections stay as they are. With no earlier run, the whole input is
+        selected (and written with ``mode``). With no new rows nothing is written.
+    row_filter : str, optional
+        Iceberg input only: rows to consider, pushed down.
+    progress : bool, optional
+        Progress bar on stderr (see :mod:`datamask_dask.progress`); by default only where watched.
+    summary_rows : int
+        Rows sampled (stratified by partition) for the run summary's comparison with quality
+        top-k and random; 0 skips it.
+    resume : bool
+        Reuse the partitions an interrupted run of the same job finished (same input, options and
+        output, the output unchanged since; see :mod:`datamask_dask.run.work`). ``False`` computes
+        every partition again.
+    catalog_properties, storage_options : dict, optional
+        Iceberg catalog properties; the storage options of the input and output (fsspec's for
+        parquet paths, deltalake's for Delta tables).
+
+    Returns
+    -------
+    TableRunReport
+    """
+    start = time.perf_counter()
+    if output_columns not in OUTPUT_COLUMNS:
+        raise OptionError(f"output_columns must be one of {OUTPUT_COLUMNS}, not {output_columns!r}")
+    source_uri, target = parse_table_uri(input_uri), parse_table_uri(output_uri)
+    since, previous = None, None
+    if incremental:
+        if source_uri.format == "parquet":
+            raise OptionError("an incremental run needs a Delta or Iceberg input (it is keyed on their "
+                              "versions)")
+        previous = table_record(target, catalog_properties=catalog_properties,
+                                storage_options=storage_options)
+        if previous is not None:
+            seen = previous.get("input", {})
+            if seen.get("table") != list(source_uri.key):
+                raise OptionError(f"the output {target.uri} was made from {seen.get('uri')}, not "
+                                  f"{source_uri.uri}: an incremental run continues the runs of the same "
+                                  "input")
+            if mode == "overwrite":
+                raise OptionError("an incremental run appends to its output; mode='overwrite' would drop the "
+                                  "earlier selections (run without incremental to select the whole input "
+                                  "again)")
+            since = seen.get("version")
+            mode = "append"
+            if ratio is None and not options and config is None:
+                ratio = previous.get("settings", {}).get("ratio")
+    sink = open_sink(target, mode=mode, inputs=[source_uri], catalog_properties=catalog_properties,
+                     storage_options=storage_options)
+    source = read_table(source_uri, row_filter=row_filter, since=since, catalog_properties=catalog_properties,
+                        storage_options=storage_options)
+    if since is not None and not source.files:  # nothing added since the last run: nothing to write
+        return TableRunReport(target.uri, 0, 0, "", source.describe(), {}, {}, time.perf_counter() - start)
+    settings = load_config(config, ratio=ratio, backend=adapters.backend(source.frame._meta), **options)
+    project = None
+    if output_columns == "selection":
+        project = functools.partial(selection_columns, id_column=settings["id_column"],
+                                    selected_column=settings["selected_column"],
+                                    score_column=settings.get("score_column"),
+                                    explain=bool(settings.get("explain")))
+    engine = DaskEngine(source.frame, ratio, config=config, scheduler=scheduler, project=project, **options)
+    outcome = execute(engine, sink, settings, resume=resume, summary_rows=summary_rows, project=project,
+                      source={**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
+                      output={"columns": output_columns, "mode": mode},
+                      incremental=None if previous is None else {"since": since,
+                                                                 "previous_run": previous.get("run_id")},
+                      progress=progress)
+    record = outcome.record
+    return TableRunReport(target.uri, record["rows"], record["selected"], record["run_id"], source.describe(),
+                          outcome.written, record, time.perf_counter() - start)
