@@ -25,7 +25,8 @@ candidate pairs per row, seconds per row, and each stage's largest task memory (
 plus the peak it allocates, tracemalloc). Besides bench_pipeline's in-partition copies, ``--copies``
 of each partition's rows are planted copies of rows of the previous partition at exact cosines
 (``PLANTED``); reported per cosine: the share of planted pairs that end in one group (recall at
->= 0.98, false merges at <= 0.90).
+>= 0.98, false merges at <= 0.90), and for all rows set aside, the exact cosine of each to the
+better row that set it aside (its parent), from the embeddings, which this mode keeps.
 
     python benchmarks/bench_duplicates.py --sharded --dim 64 --sizes 1000000 4000000 16000000 \
         --json benchmarks/results/duplicates.json
@@ -113,10 +114,13 @@ def sharded(args) -> int:
                     "kept row) / share of which at most one row stays eligible:", "",
                     "| rows | " + " | ".join(f"{c}" for c in PLANTED) + " |",
                     "|---:|" + "---:|" * len(PLANTED)]
+    parent_lines = ["", "Rows set aside by the exact cosine of each to its parent (the better row that "
+                    "set it aside):", "", "| rows | set aside | below 0.90 | 0.90 to 0.95 | 0.95 or more |",
+                    "|---:|---:|---:|---:|---:|"]
     stage_lines = ["", "Largest task memory and seconds per stage:", "",
                    "| rows | " + " | ".join(STAGES) + " |", "|---:|" + "---:|" * len(STAGES)]
     for n_rows in args.sizes:
-        parts, previous, planted = [], None, []
+        parts, previous, planted, embeddings = [], None, [], []
         for number in range(n_rows // args.rows_per_partition):
             quality, emb = pipeline.make_partition(number, args.rows_per_partition, args.dim, model)
             if previous is not None and args.copies:
@@ -125,6 +129,7 @@ def sharded(args) -> int:
                 base = number * args.rows_per_partition
                 planted.append((base + rows, base - args.rows_per_partition + sources, cosines))
             previous = emb
+            embeddings.append(emb)
             parts.append({"quality": quality, "codes": np.zeros(len(quality), dtype=np.int64),
                           "labels": [None], "signatures": duplicates.signatures(emb, planes)})
         del previous, emb
@@ -165,6 +170,7 @@ def sharded(args) -> int:
         seconds = time.perf_counter() - started
         tracemalloc.stop()
         root = _roots(stats["parents"], n_rows, args.rows_per_partition)
+        parent_cosine = _parent_cosines(stats["parents"], np.concatenate(embeddings), args.rows_per_partition)
         copies = np.concatenate([p[0] for p in planted])
         sources = np.concatenate([p[1] for p in planted])
         cosines = np.concatenate([p[2] for p in planted])
@@ -179,12 +185,15 @@ def sharded(args) -> int:
                      f"{_digest(groups)} | {load:.1f} |")
         recall_lines.append(f"| {n_rows:,} | " + " | ".join(
             f"{same[cosines == c].mean():.2%} / {handled[cosines == c].mean():.2%}" for c in PLANTED) + " |")
+        below, above = np.mean(parent_cosine < 0.90), np.mean(parent_cosine >= 0.95)
+        parent_lines.append(f"| {n_rows:,} | {parent_cosine.size:,} | {below:.2%} | "
+                            f"{1 - below - above:.2%} | {above:.2%} |")
         cells = [f"{stages[s][0] / 2**20:.0f} MiB, {stages[s][1]:.1f} s" if s in stages else "-"
                  for s in STAGES]  # "-": a stage that an older package does not have
         stage_lines.append(f"| {n_rows:,} | " + " | ".join(cells) + " |")
-        print("\n".join([lines[-1], recall_lines[-1], stage_lines[-1]]), flush=True)
-        del parts, groups, stats, root
-    text = "\n".join(lines + recall_lines + stage_lines) + "\n"
+        print("\n".join([lines[-1], recall_lines[-1], parent_lines[-1], stage_lines[-1]]), flush=True)
+        del parts, groups, stats, root, embeddings
+    text = "\n".join(lines + recall_lines + parent_lines + stage_lines) + "\n"
     print(text)
     if args.json:
         _save(args, text)
@@ -215,15 +224,25 @@ def _digest(groups: list) -> str:
     return digest.hexdigest()[:12]
 
 
+def _global_rows(refs: np.ndarray, rows_per_partition: int) -> np.ndarray:
+    """Row references (``partition << 32 | position``) as global row numbers."""
+    return ((refs >> np.uint64(32)).astype(np.int64) * rows_per_partition
+            + (refs & np.uint64(0xFFFFFFFF)).astype(np.int64))
+
+
+def _parent_cosines(parents: list, embeddings: np.ndarray, rows_per_partition: int) -> np.ndarray:
+    """The exact cosine of each shadowed row to its parent (the embeddings are unit rows)."""
+    child = np.concatenate([_global_rows(s["child"], rows_per_partition) for s in parents])
+    parent = np.concatenate([_global_rows(s["parent"], rows_per_partition) for s in parents])
+    return np.einsum("ij,ij->i", embeddings[child], embeddings[parent])
+
+
 def _roots(parents: list, n_rows: int, rows_per_partition: int) -> np.ndarray:
     """Each row's group representative (global row number), following the shadowed rows' parents."""
-    def global_row(refs):
-        return ((refs >> np.uint64(32)).astype(np.int64) * rows_per_partition
-                + (refs & np.uint64(0xFFFFFFFF)).astype(np.int64))
-
     parent = np.arange(n_rows, dtype=np.int64)
     for shard in parents:
-        parent[global_row(shard["child"])] = global_row(shard["parent"])
+        child = _global_rows(shard["child"], rows_per_partition)
+        parent[child] = _global_rows(shard["parent"], rows_per_partition)
     while True:
         jumped = parent[parent]
         if np.array_equal(jumped, parent):
