@@ -415,3 +415,63 @@ def test_file_selection_explains_as_dask_does(spark, parquet_dir, tmp_path):
         scheduler="sync").set_index("chunk_id").sort_index()
     for column in ("selected", "reason", "duplicate_of"):
         assert got[column].astype(str).tolist() == want[column].astype(str).tolist(), column
+
+
+_FILE_JOB = """
+import sys
+from pyspark.sql import SparkSession
+from datamask_spark.files import write_file_selection
+
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+write_file_selection(spark, sys.argv[1], sys.argv[2], ratio=0.1, seed=7, n_epochs=20, n_rollout=8)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("storage", ["local", "s3"])
+def test_a_killed_file_job_resumes_to_the_same_bytes(spark, parquet_dir, tmp_path, request, storage):
+    """The Spark file job's driver is killed (SIGKILL) after a partition finished; run again, it reuses
+    the finished partitions and writes the uninterrupted job's bytes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from datamask_spark.files import write_file_selection
+
+    from datamask_dask.io.output import work_location
+    from datamask_dask.io.storage import resolve
+
+    options = request.getfixturevalue("s3") if storage == "s3" else None
+    root = f"s3://lake/spark-{tmp_path.name}" if storage == "s3" else str(tmp_path)
+    reference = write_file_selection(spark, parquet_dir, f"{root}/reference", ratio=0.1, seed=7,
+                                     storage_options=options, **FAST)
+    target = resolve(f"{root}/out", options)
+    work = work_location(target)
+    process = subprocess.Popen([sys.executable, "-c", _FILE_JOB, str(parquet_dir), target.uri],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+
+    def finished() -> list[str]:
+        try:
+            return [n for n in work.list() if n.startswith("part-") and n.endswith(".json")]
+        except OSError:
+            return []
+
+    while not finished() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done = finished()
+    assert 1 <= len(done) < 4, process.stderr.read().decode()[-3000:]
+    assert not target.exists() or not target.child("_datamask_run.json").exists()  # nothing published
+
+    record = write_file_selection(spark, parquet_dir, target.uri, ratio=0.1, seed=7, storage_options=options,
+                                  **FAST)
+    assert len(record["reused"]) >= len(done) and record["computed"] == sorted(
+        set(range(4)) - set(record["reused"]))
+    ours = resolve(f"{root}/reference", options)
+    names = sorted(n for n in ours.list() if n.endswith(".parquet"))
+    assert names == sorted(n for n in target.list() if n.endswith(".parquet"))
+    assert all(ours.child(n).read_bytes() == target.child(n).read_bytes() for n in names)
+    assert record["selected"] == reference["selected"] and not work.exists()

@@ -1,0 +1,180 @@
+"""Every sink keeps the run protocol's promises, on local disk and on a real S3 API server.
+
+- A run interrupted after some partitions finished resumes from them, and gives what an
+  uninterrupted run gives: the same bytes for parquet, the same rows in one commit for Delta and
+  Iceberg.
+- An existing output is refused without ``overwrite`` / ``mode``; an output another run holds is
+  refused at once.
+- Nothing is left beside the output once it is committed.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+import pytest
+from conftest import FAST, require_lakehouse
+
+deltalake = require_lakehouse()
+
+import datamask_dask  # noqa: E402
+from datamask_dask.dask_engine import runs  # noqa: E402
+from datamask_dask.io.output import UnsafeOutputError, output_lock  # noqa: E402
+from datamask_dask.io.storage import resolve  # noqa: E402
+from datamask_dask.io.tables import parse_table_uri, read_table  # noqa: E402
+from datamask_dask.run.tables import open_sink, select_table  # noqa: E402
+
+SINKS = ["parquet directory", "parquet file", "delta", "iceberg", "selection only"]
+OPTIONS = {**FAST, "ratio": 0.1, "seed": 3, "scheduler": "sync"}
+
+
+class Case:
+    """One sink on one storage: where its outputs go, how a run writes one, how it is read back."""
+
+    def __init__(self, sink: str, root: str, catalog: dict | None, storage_options: dict | None):
+        self.sink, self.root, self.catalog, self.storage_options = sink, root, catalog, storage_options
+
+    def uri(self, name: str) -> str:
+        if self.sink == "parquet file":
+            return f"{self.root}/{name}.parquet"
+        if self.sink in ("delta", "selection only"):
+            return f"delta://{self.root}/{name}" if "://" not in self.root else f"delta+{self.root}/{name}"
+        if self.sink == "iceberg":
+            return f"iceberg://cat/ns.{name}"
+        return f"{self.root}/{name}"
+
+    def run(self, source, name: str, *, again: bool = False) -> dict:
+        if self.sink == "parquet file":
+            frame = datamask_dask.read_parquet(source)
+            report = datamask_dask.write_selection(frame, self.uri(name), single_file=True, overwrite=again,
+                                                   storage_options=self.storage_options, **OPTIONS)
+            return report.record
+        columns = "selection" if self.sink == "selection only" else "all"
+        mode = "overwrite" if again else "error"
+        report = select_table(str(source), self.uri(name), output_columns=columns, mode=mode,
+                              catalog_properties=self.catalog, **OPTIONS)
+        return report.record
+
+    def location(self, name: str):
+        table = parse_table_uri(self.uri(name))
+        return open_sink(table, mode="overwrite", catalog_properties=self.catalog,
+                         storage_options=self.storage_options).location
+
+    def rows(self, name: str) -> pa.Table:
+        """The output's rows, in id order."""
+        uri = self.uri(name)
+        if self.sink == "parquet file" or self.sink == "parquet directory":
+            frame = datamask_dask.read_parquet(uri, storage_options=self.storage_options).compute()
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+        else:
+            frame = read_table(uri, catalog_properties=self.catalog).frame.compute()
+            frame = frame.drop(columns=["run_id"], errors="ignore")  # each run's own id
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+        return table.replace_schema_metadata(None).sort_by("chunk_id")
+
+    def data_bytes(self, name: str) -> dict:
+        """Parquet outputs: each data file's bytes (a single file's footer holds its run record)."""
+        location = resolve(self.uri(name), self.storage_options)
+        if self.sink == "parquet file":
+            import pyarrow.parquet as pq
+
+            handle = location.path if location.local else location.fs.open(location.path, "rb")
+            return {"rows": pq.read_table(handle).replace_schema_metadata(None)}
+        return {n: location.child(n).read_bytes() for n in location.list() if n.endswith(".parquet")}
+
+    def published(self, name: str) -> bool:
+        """Whether readers see an output (table data files that belong to no version do not count)."""
+        if self.sink == "iceberg":
+            from datamask_dask.io.iceberg import get_catalog
+
+            return get_catalog("cat", **self.catalog).table_exists(f"ns.{name}")
+        if self.sink.startswith("parquet"):
+            return resolve(self.uri(name), self.storage_options).exists()
+        return deltalake.DeltaTable.is_deltatable(parse_table_uri(self.uri(name)).location)
+
+    def commits(self, name: str) -> int:
+        if self.sink == "iceberg":
+            from datamask_dask.io.iceberg import get_catalog
+
+            return len(get_catalog("cat", **self.catalog).load_table(f"ns.{name}").snapshots())
+        uri = parse_table_uri(self.uri(name)).location
+        return len(deltalake.DeltaTable(uri).history())
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path):
+    """Where outputs go: a local folder, or a fresh prefix of the S3 server's bucket."""
+    if request.param == "local":
+        return str(tmp_path / "out"), None
+    s3 = request.getfixturevalue("s3")
+    return f"s3://lake/sinks-{uuid.uuid4().hex[:8]}", s3
+
+
+@pytest.fixture(params=SINKS)
+def case(request, storage, tmp_path) -> Case:
+    root, s3 = storage
+    catalog = None
+    if request.param == "iceberg":
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        warehouse = f"{root}/warehouse" if s3 else f"file://{tmp_path}/warehouse"
+        catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": warehouse}
+        if s3:
+            catalog.update({"s3.endpoint": s3["endpoint_url"], "s3.access-key-id": "testing",
+                            "s3.secret-access-key": "testing", "s3.region": "us-east-1"})
+        SqlCatalog("cat", **{k: v for k, v in catalog.items() if k != "type"}).create_namespace("ns")
+    return Case(request.param, root, catalog, s3)
+
+
+def _patch_tasks(monkeypatch, order: list, fail: int | None = None) -> None:
+    """Note the order the partitions' tasks run in; partition ``fail``'s task fails."""
+    select = runs._select_part
+
+    def task(frame, plan, part, write):
+        order.append(part)
+        if part == fail:
+            raise RuntimeError(f"partition {part} lost")
+        return select(frame, plan, part, write)
+
+    monkeypatch.setattr(runs, "_select_part", task)
+
+
+def _left_beside(case: Case) -> list[str]:
+    """What the package left next to the outputs (hidden work areas, locks, staging)."""
+    parent = resolve(case.root, case.storage_options)
+    if case.sink == "iceberg":
+        parent = resolve(f"{case.catalog['warehouse']}/ns.db", case.storage_options)
+    return sorted(name for name in parent.list() if name.startswith("."))
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_output(case, parquet_dir, monkeypatch):
+    order = []
+    _patch_tasks(monkeypatch, order)
+    reference = case.run(parquet_dir, "reference")
+    assert reference["computed"] == [0, 1, 2, 3] and sorted(order) == [0, 1, 2, 3]
+    last = order[-1]  # the sync scheduler runs the tasks in the same order every time
+    _patch_tasks(monkeypatch, [], fail=last)
+    with pytest.raises(RuntimeError, match=f"partition {last} lost"):
+        case.run(parquet_dir, "out")
+    monkeypatch.undo()
+    assert not case.published("out")
+    resumed = case.run(parquet_dir, "out")
+    assert (resumed["reused"], resumed["computed"]) == (sorted({0, 1, 2, 3} - {last}), [last])
+    assert case.rows("out").equals(case.rows("reference"))
+    if case.sink.startswith("parquet"):
+        assert case.data_bytes("out") == case.data_bytes("reference")
+    else:
+        assert case.commits("out") == 1
+    assert _left_beside(case) == []
+
+
+def test_an_existing_or_busy_output_is_refused(case, parquet_dir):
+    case.run(parquet_dir, "out")
+    with pytest.raises(FileExistsError):
+        case.run(parquet_dir, "out")
+    with output_lock(case.location("out")):
+        with pytest.raises(UnsafeOutputError, match="another datamask run is writing"):
+            case.run(parquet_dir, "out", again=True)
+    again = case.run(parquet_dir, "out", again=True)  # ours, replaced (or appended to) on request
+    assert again["rows"] == 1600 and _left_beside(case) == []
