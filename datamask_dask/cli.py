@@ -501,7 +501,7 @@ def input_fingerprint(source) -> list:
 def _run_sample(args) -> int:
     import dask.dataframe as dd
 
-    from .io.parquet import write_parquet
+    from .io.sinks import write_parquet
     from .sample_data import make_corpus
 
     corpus = make_corpus(args.rows, args.dim, seed=0)
@@ -557,7 +557,7 @@ def _run_demo(args, options: dict) -> None:
               f"{score.topk_share:.1%}")
     output = getattr(args, "output", None)
     if output:
-        from .io.parquet import write_parquet
+        from .io.sinks import write_parquet
 
         computed = dd.from_pandas(frame, npartitions=n_parts, sort=False)  # write what was shown
         write_parquet(computed, output, overwrite=args.overwrite)

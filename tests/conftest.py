@@ -13,7 +13,7 @@ import urllib.request
 import dask.dataframe as dd
 import pytest
 
-from datamask_dask.io.parquet import write_parquet
+from datamask_dask.io.sinks import write_parquet
 from datamask_dask.sample_data import make_corpus
 
 #: Learner settings that keep every test cheap (the method's quality is tested elsewhere).

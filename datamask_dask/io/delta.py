@@ -3,13 +3,12 @@
 - :func:`read_delta`: a table (at a version or a timestamp: time travel) as a Dask DataFrame of
   Arrow-typed pandas partitions, one partition per data file of the snapshot, column
   projection done by the reader. :func:`read_delta_source` also returns the version read.
-- :func:`write_delta`: one committed transaction (``write_deltalake`` once, with the whole
-  result already computed): a failure anywhere before the commit leaves the table as it was
-  (data files written before the failure are not part of any version; ``vacuum`` removes them).
-  ``mode`` is explicit: ``"error"`` (default: the table may not exist), ``"append"`` or
-  ``"overwrite"``. The run record goes into the commit's custom metadata (``datamask.run``).
-  A new local table is written in a hidden sibling and renamed into place, so a failed first
-  write leaves nothing behind.
+- :func:`write_delta` and :class:`DeltaSink`: one committed transaction, whose data files are
+  written first (one a partition): a failure anywhere before the commit leaves the table as it
+  was (the files written before it belong to no version and are removed). ``mode`` is explicit:
+  ``"error"`` (default: the table may not exist), ``"append"`` or ``"overwrite"``. The run record
+  goes into the commit's custom metadata (``datamask.run``). A new local table is built in a
+  hidden folder and renamed into place, so a failed first write leaves nothing behind.
 
 Safety (the rules of :mod:`datamask_dask.io.output`): an existing table is appended to or
 overwritten only when every commit in its history carries a datamask run record; a directory
@@ -29,8 +28,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY, compute_arrow
-from .output import UnsafeOutputError, check_inputs, output_lock, publish, remove_own, staging_path
+from ._lake import RECORD_KEY
+from .output import UnsafeOutputError, check_inputs, publish
 from .pieces import Pieces, to_dask
 from .records import dumps
 
@@ -202,14 +201,14 @@ def _check_delta_target(path, mode: str, inputs, storage_options) -> None:
 
 
 def write_delta(data, path, *, mode: str = "error", record: dict | None = None, inputs=(),
-                partition_by=None, storage_options: dict | None = None, scheduler=None) -> dict:
-    """Write a result (usually a selection) as one committed Delta transaction.
+                storage_options: dict | None = None, scheduler=None) -> dict:
+    """Write a result (usually a selection) as one committed Delta transaction (:class:`DeltaSink`).
 
     Parameters
     ----------
     data : dask.dataframe.DataFrame, pandas.DataFrame, pyarrow.Table or pyarrow.RecordBatchReader
-        Computed completely (a Dask DataFrame) before anything is written; a reader is streamed
-        into the single write (a reader that fails mid-way aborts the transaction).
+        A Dask DataFrame's partitions are written by their own tasks, each a data file; the
+        others are read whole first.
     path : str or path
         The Delta table.
     mode : {"error", "append", "overwrite"}
@@ -219,7 +218,6 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
         The run record, stored as JSON under ``datamask.run`` in the commit's custom metadata.
     inputs : iterable of str
         Input locations the output may not be.
-    partition_by : list of str, optional
     storage_options : dict, optional
     scheduler : optional
         For ``dask.compute``.
@@ -227,39 +225,13 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
     Returns
     -------
     dict
-        ``version``: the version committed; ``rows``: rows written (None for a reader).
+        ``version``: the version committed; ``rows``: rows written.
     """
-    deltalake = _deltalake()
-    if mode not in ("error", "append", "overwrite"):
-        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
-    location = os.fspath(path)
-    _check_delta_target(location, mode, list(inputs), storage_options)
-    rows = None
-    if not isinstance(data, pa.RecordBatchReader):
-        data = compute_arrow(data, scheduler=scheduler)
-        rows = data.num_rows
-    properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record or {})})
-    local = "://" not in location
-    lock = output_lock(Path(location)) if local else contextlib.nullcontext()
-    with lock:
-        if local:
-            _check_delta_target(location, mode, list(inputs), storage_options)
-        if local and not os.path.lexists(location):
-            # A new local table is built in a hidden sibling and renamed into place (Delta's log
-            # holds relative paths): a failed first write leaves nothing at the path, not even
-            # the data files written before the failure.
-            target = Path(location)
-            staging = staging_path(target)
-            try:
-                deltalake.write_deltalake(os.fspath(staging), data, mode=mode, partition_by=partition_by,
-                                          storage_options=storage_options, commit_properties=properties)
-                publish(staging, target)
-            finally:
-                remove_own(staging)
-        else:
-            deltalake.write_deltalake(location, data, mode=mode, partition_by=partition_by,
-                                      storage_options=storage_options, commit_properties=properties)
-    return {"version": _open(location, storage_options=storage_options).version(), "rows": rows}
+    from .sinks import parts_of, write_output
+
+    sink = DeltaSink(path, mode=mode, inputs=inputs, storage_options=storage_options)
+    parts, schema = parts_of(data)
+    return write_output(sink, parts, schema, record or {}, scheduler=scheduler)
 
 
 # --------------------------------------------------------------------------- distributed writes

@@ -25,7 +25,7 @@ import json
 import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY, TABLE_MARK, compute_arrow
+from ._lake import RECORD_KEY, TABLE_MARK
 from .output import UnsafeOutputError
 from .pieces import Pieces, to_dask
 from .records import dumps
@@ -218,12 +218,12 @@ def _iceberg_schema(schema: pa.Schema) -> pa.Schema:
 
 def write_iceberg(data, catalog, identifier, *, mode: str = "error", record: dict | None = None,
                   inputs=(), scheduler=None, **properties) -> dict:
-    """Write a result (usually a selection) as one Iceberg transaction.
+    """Write a result (usually a selection) as one Iceberg transaction (:class:`IcebergSink`).
 
     Parameters
     ----------
-    data : dask.dataframe.DataFrame, pandas.DataFrame or pyarrow.Table
-        Computed completely before anything is written.
+    data : dask.dataframe.DataFrame, pandas.DataFrame, pyarrow.Table or pyarrow.RecordBatchReader
+        A Dask DataFrame's partitions are written by their own tasks, each a data file.
     catalog, identifier
         As :func:`read_iceberg`. A missing namespace is created.
     mode : {"error", "append", "overwrite"}
@@ -240,40 +240,11 @@ def write_iceberg(data, catalog, identifier, *, mode: str = "error", record: dic
     dict
         ``snapshot_id`` committed and ``rows`` written.
     """
-    if mode not in ("error", "append", "overwrite"):
-        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
-    cat = get_catalog(catalog, **properties)
-    name = _identifier(identifier)
-    for source in inputs:
-        if source is not None and tuple(source) == (cat.name, name):
-            raise UnsafeOutputError(f"the output Iceberg table {name} is the input: write the selection to "
-                                    "another table (the input is never modified)")
-    exists = cat.table_exists(name)
-    if exists:
-        if mode == "error":
-            raise FileExistsError(f"the Iceberg table {name} exists; pass mode='append' or 'overwrite' "
-                                  "(--mode) to write into it (only a table datamask wrote)")
-        _check_ours(cat.load_table(name), name, mode)
-    table = compute_arrow(data, scheduler=scheduler)
-    table = table.cast(_iceberg_schema(table.schema))
-    summary = {RECORD_KEY: dumps(record or {})}
-    if not exists:
-        namespace = name.rsplit(".", 1)[0] if "." in name else None
-        if namespace:
-            cat.create_namespace_if_not_exists(namespace)
-        transaction = cat.create_table_transaction(name, schema=table.schema, properties={TABLE_MARK: "true"})
-        transaction.append(table, snapshot_properties=summary)
-        transaction.commit_transaction()
-    else:
-        target = cat.load_table(name)
-        table = table.cast(_plain_target(target, table.schema))
-        with target.transaction() as transaction:
-            if mode == "overwrite":
-                transaction.overwrite(table, snapshot_properties=summary)
-            else:
-                transaction.append(table, snapshot_properties=summary)
-    snapshot = cat.load_table(name).current_snapshot()
-    return {"snapshot_id": snapshot.snapshot_id, "rows": table.num_rows}
+    from .sinks import parts_of, write_output
+
+    sink = IcebergSink(catalog, identifier, mode=mode, inputs=inputs, **properties)
+    parts, schema = parts_of(data)
+    return write_output(sink, parts, schema, record or {}, scheduler=scheduler)
 
 
 def _plain_target(target, schema: pa.Schema) -> pa.Schema:

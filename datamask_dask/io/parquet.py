@@ -10,22 +10,18 @@ pass reads only the small columns). So:
   stored pandas dtypes and maps every column to its Arrow dtype (``pd.ArrowDtype``), with column
   projection. Index columns stored by pandas/Dask become ordinary columns, except the unnamed
   ones (``__index_level_0__``, ``__null_dask_index__``), which are dropped.
-- :func:`write_parquet` writes one file per partition without pandas metadata (the Arrow schema
-  is kept, so list sizes and types survive), into a hidden sibling path that is renamed into
-  place once complete: readers never see a half-written output.
+- :func:`write_table` writes without pandas metadata (the Arrow schema is kept, so list sizes and
+  types survive); :func:`datamask_dask.io.sinks.write_parquet` writes a Dask DataFrame that way,
+  atomically.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import uuid
 from pathlib import Path
 
-import dask
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -34,7 +30,7 @@ from .. import telemetry
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 from .pieces import Pieces, to_dask
-from .storage import Location, resolve
+from .storage import resolve
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -213,115 +209,6 @@ def to_arrow(frame) -> pa.Table:
     else:
         table = pa.Table.from_pandas(frame, preserve_index=False)
     return table.replace_schema_metadata(None)
-
-
-def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
-                  overwrite: bool = False, inputs=()) -> dict:
-    """Compute ``ddf`` and write it as parquet, atomically (the rules of :mod:`.output`).
-
-    Parameters
-    ----------
-    ddf : dask.dataframe.DataFrame
-    path : str or path
-        Target directory (``part.N.parquet`` per non-empty partition), or file if ``single_file``:
-        local or a URI (``s3://``...; complete once its run record is written, last).
-    single_file : bool
-        Write one file, the partitions' rows in order (streamed, one partition at a time).
-    overwrite : bool
-        Replace ``path`` if an earlier datamask writer made it; otherwise an existing path raises
-        ``FileExistsError`` (and anything else :class:`~.output.UnsafeOutputError`).
-    inputs : iterable of path
-        Where ``ddf`` was read from: ``path`` may not be, contain or lie inside any of them.
-
-    Returns
-    -------
-    dict
-        ``rows``: rows written per partition (list of int).
-    """
-    from .output import FOOTER_KEY, RUN_RECORD, check_target, output_lock, publish, remove_own, staging_path
-
-    location = resolve(path)
-    if not location.local:
-        return _write_parquet_objects(ddf, location, single_file=single_file, overwrite=overwrite,
-                                      inputs=inputs)
-    target = Path(location.path)
-    check_target(target, overwrite=overwrite, inputs=inputs)
-    with output_lock(target):
-        check_target(target, overwrite=overwrite, inputs=inputs)
-        staging = staging_path(target)
-        parts_dir = staging_path(target, "parts") if single_file else staging
-        try:
-            parts_dir.mkdir(parents=True)
-            tasks = [dask.delayed(_write_part, pure=True)(part, os.fspath(parts_dir / f"part.{i}.parquet"))
-                     for i, part in enumerate(ddf.to_delayed())]
-            rows = list(dask.compute(*tasks))
-            names = [f"part.{i}.parquet" for i, n in enumerate(rows) if n]
-            if not names:  # an empty table still gets its schema
-                names = ["part.0.parquet"]
-                _write_table(pa.Table.from_pandas(ddf._meta, preserve_index=False), parts_dir / names[0])
-            record = {"tool": "datamask-dask", "kind": "write_parquet", "rows": sum(rows)}
-            if single_file:
-                files = [parts_dir / name for name in names]
-                schema = pq.read_schema(files[0]).remove_metadata()
-                concatenate(files, staging, schema.with_metadata({FOOTER_KEY: json.dumps(record)}))
-            else:
-                (staging / RUN_RECORD).write_text(json.dumps({**record, "files": names}), encoding="utf-8")
-            publish(staging, target)
-        finally:
-            remove_own(staging)
-            remove_own(parts_dir)
-    return {"rows": rows}
-
-
-def _write_parquet_objects(ddf, target, *, single_file: bool, overwrite: bool, inputs) -> dict:
-    """:func:`write_parquet` to an object store: parts in a hidden sibling, then published with the
-    run record last (:func:`~.output.publish_objects`), or streamed into one object."""
-    from .output import FOOTER_KEY, check_target, output_lock, publish_objects
-
-    check_target(target, overwrite=overwrite, inputs=inputs)
-    with output_lock(target):
-        check_target(target, overwrite=overwrite, inputs=inputs)
-        work = target.sibling(f".{target.name}.parts-{uuid.uuid4().hex}")
-        try:
-            tasks = [dask.delayed(_write_part, pure=True)(part, work.child(f"part.{i}.parquet"))
-                     for i, part in enumerate(ddf.to_delayed())]
-            rows = list(dask.compute(*tasks))
-            names = [f"part.{i}.parquet" for i, n in enumerate(rows) if n]
-            if not names:  # an empty table still gets its schema
-                names = ["part.0.parquet"]
-                _write_table(pa.Table.from_pandas(ddf._meta, preserve_index=False), work.child(names[0]))
-            record = {"tool": "datamask-dask", "kind": "write_parquet", "rows": sum(rows)}
-            sources = [work.child(name).fs.open(work.child(name).path, "rb") for name in names]
-            if single_file:
-                schema = pq.read_schema(sources[0]).remove_metadata()
-                with target.open_write() as handle:
-                    concatenate(sources, handle, schema.with_metadata({FOOTER_KEY: json.dumps(record)}))
-            else:
-                def copy() -> None:
-                    for name in names:
-                        work.child(name).copy_to(target.child(name))
-
-                publish_objects(target, names, copy, record)
-        finally:
-            work.remove()
-    return {"rows": rows}
-
-
-def _write_part(frame: pd.DataFrame, path) -> int:
-    if len(frame):
-        _write_table(pa.Table.from_pandas(frame, preserve_index=False), path)
-    return len(frame)
-
-
-def _write_table(table: pa.Table, path) -> None:
-    """``table`` without its pandas metadata (its dtype strings for Arrow list columns cannot be read
-    back) to a local path or a :class:`~.storage.Location`."""
-    table = table.replace_schema_metadata(None)
-    if isinstance(path, Location):
-        with path.open_write() as handle:
-            write_table(table, handle)
-    else:
-        write_table(table, path)
 
 
 def concatenate(files: list[Path], where, schema: pa.Schema | None = None) -> None:

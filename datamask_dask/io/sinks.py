@@ -16,6 +16,10 @@ Every sink has the same four parts, which :func:`datamask_dask.run.protocol.exec
 ``check()`` refuses an output that would lose data (:mod:`.output`) and ``newest_run()`` is the run
 id of the newest datamask run that wrote it. Sinks: :class:`ParquetSink` (a directory or a single
 file, on local disk or an object store), :class:`~.delta.DeltaSink`, :class:`~.iceberg.IcebergSink`.
+
+A finished result (no selection) goes through the same sinks with :func:`write_output`:
+:func:`write_parquet`, :func:`~.delta.write_delta`, :func:`~.iceberg.write_iceberg` and
+:func:`~.tables.write_table_output` are its callers.
 """
 
 from __future__ import annotations
@@ -23,16 +27,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import uuid
 from pathlib import Path
 
+import dask
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..partition.adapters import is_cudf
 from .output import (
     FOOTER_KEY,
+    MANIFEST,
     RUN_RECORD,
     check_target,
+    output_lock,
     publish,
     publish_objects,
     read_record,
@@ -41,12 +49,64 @@ from .output import (
 )
 from .parquet import concatenate, to_arrow, write_table
 from .records import dumps, plain
-from .storage import Location, fsync_dir
+from .storage import Location, fsync_dir, resolve
 
 
 def part_stem(number: int) -> str:
     """The name every file of partition ``number`` starts with in a run's work area."""
     return f"part-{number:05d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Staging:
+    """A hidden folder beside an output where a write keeps what it has not committed yet (picklable:
+    tasks write into it). A selection run's is its work area (:class:`datamask_dask.run.work.WorkArea`)."""
+
+    location: Location
+    run_id: str
+
+    def child(self, name: str) -> Location:
+        return self.location.child(name)
+
+    def write_manifest(self, manifest: dict) -> None:
+        self.child(MANIFEST).write_bytes(dumps(manifest, indent=1).encode())
+
+    def remove(self) -> None:
+        self.location.remove()
+
+
+def write_output(sink, parts: list, schema: pa.Schema, record: dict, *, scheduler=None) -> dict:
+    """Write ``parts`` through ``sink`` and commit them with ``record``, all or nothing, under the
+    output's lock: how the package writes a finished result (``write_parquet``, ``write_delta``,
+    ``write_iceberg``, ``write_table_output``). A selection run is :func:`datamask_dask.run.protocol.execute`.
+
+    ``parts``: frames or Arrow tables, or Delayed ones that the writing tasks compute (one task
+    each, so a Dask DataFrame's partitions are written in parallel and never gathered).
+    """
+    sink.check()
+    with output_lock(sink.location):
+        sink.check()  # as it is now that we hold the lock
+        run_id = uuid.uuid4().hex
+        staging = Staging(sink.location.sibling(f".{sink.location.name}.datamask-write-{run_id}"), run_id)
+        try:
+            write = dask.delayed(sink.writer(staging), pure=True)
+            written = dask.compute(*[write(part, number) for number, part in enumerate(parts)],
+                                   scheduler=scheduler)
+            return sink.commit(staging, {}, list(written), schema, record)
+        except BaseException:
+            sink.abort(staging)
+            raise
+        finally:
+            staging.remove()
+
+
+def parts_of(data) -> tuple[list, pa.Schema]:
+    """What :func:`write_output` writes of a result: a Dask DataFrame's partitions (Delayed), or one
+    Arrow table (a pandas frame, a table, a record batch reader read whole)."""
+    if hasattr(data, "to_delayed"):
+        return data.to_delayed(), to_arrow(data._meta).schema
+    table = data.read_all() if isinstance(data, pa.RecordBatchReader) else to_arrow(data)
+    return [table], table.schema
 
 
 def part_name(number: int) -> str:
@@ -179,3 +239,33 @@ def _link(source: Path, destination: Path) -> None:
         shutil.copyfile(source, destination)
         with open(destination, "rb") as handle:
             os.fsync(handle.fileno())
+
+
+def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
+                  overwrite: bool = False, inputs=(), scheduler=None) -> dict:
+    """Compute ``ddf`` and write it as parquet, atomically (the rules of :mod:`.output`).
+
+    Parameters
+    ----------
+    ddf : dask.dataframe.DataFrame
+    path : str or path
+        Target directory (``part.N.parquet`` per non-empty partition), or file if ``single_file``:
+        local or a URI (``s3://``...; complete once its run record is written, last).
+    single_file : bool
+        Write one file, the partitions' rows in order (streamed, one partition at a time).
+    overwrite : bool
+        Replace ``path`` if an earlier datamask writer made it; otherwise an existing path raises
+        ``FileExistsError`` (and anything else :class:`~.output.UnsafeOutputError`).
+    inputs : iterable of path
+        Where ``ddf`` was read from: ``path`` may not be, contain or lie inside any of them.
+    scheduler : optional
+        Passed to ``dask.compute``.
+
+    Returns
+    -------
+    dict
+        ``rows``: rows written.
+    """
+    sink = ParquetSink(resolve(path), overwrite=overwrite, single_file=single_file, inputs=inputs)
+    record = {"tool": "datamask-dask", "kind": "write_parquet"}
+    return write_output(sink, ddf.to_delayed(), to_arrow(ddf._meta).schema, record, scheduler=scheduler)

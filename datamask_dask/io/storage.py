@@ -187,12 +187,6 @@ def resolve(uri, storage_options: dict | None = None) -> Location:
     return Location(fs, path, text)
 
 
-def is_remote(uri) -> bool:
-    """Whether ``uri`` names something other than a local path (``file://`` is local)."""
-    text = str(uri)
-    return "://" in text and not text.lower().startswith("file://")
-
-
 def fsync_dir(path: str) -> None:
     """Make a directory entry durable (a rename or a new file in it)."""
     descriptor = os.open(path, os.O_RDONLY)

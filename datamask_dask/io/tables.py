@@ -25,24 +25,12 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from ..errors import OptionError
-from ._lake import compute_arrow
-from .output import (
-    RUN_RECORD,
-    check_target,
-    output_lock,
-    publish,
-    publish_objects,
-    read_record,
-    remove_own,
-    staging_path,
-)
-from .parquet import write_table
+from .output import UnsafeOutputError, read_record
 from .pieces import Pieces, to_dask
-from .records import dumps
-from .storage import Location, fsync_dir, resolve
+from .storage import resolve
 
 __all__ = ["TableInput", "TableURI", "parse_table_uri", "read_table", "selection_columns", "table_pieces",
-           "table_record", "write_table_output"]
+           "open_sink", "table_record", "write_table_output"]
 
 RUN_ID_COLUMN = "run_id"
 
@@ -193,19 +181,51 @@ def table_record(uri, *, catalog_properties=None, storage_options=None) -> dict 
     return read_record(table.location) if resolve(table.location, storage_options).exists() else None
 
 
+def open_sink(uri, *, mode: str = "error", inputs=(), catalog_properties=None, storage_options=None,
+              single_file: bool = False):
+    """The sink of a table URI (:mod:`.sinks`), checked before anything is computed.
+
+    ``mode``: ``"error"`` (the output may not exist), ``"append"`` (Delta and Iceberg) or
+    ``"overwrite"``; an existing output is written into only when datamask wrote it. ``inputs``:
+    the job's inputs (table URIs or paths), which the output may not be.
+    """
+    target = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
+    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
+    for source in sources:
+        if source.key == target.key:
+            raise UnsafeOutputError(f"the output {target.uri} is the input {source.uri}: write the selection "
+                                    "elsewhere (the input is never modified)")
+    if target.format == "delta":
+        from .delta import DeltaSink
+
+        return DeltaSink(target.location, mode=mode, storage_options=storage_options,
+                         inputs=[s.location for s in sources if s.format != "iceberg"])
+    if target.format == "iceberg":
+        from .iceberg import IcebergSink
+
+        return IcebergSink(target.catalog, target.location, mode=mode, **(catalog_properties or {}),
+                           inputs=[(s.catalog, s.location) for s in sources if s.format == "iceberg"])
+    if mode == "append":
+        raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
+    if mode not in ("error", "overwrite"):
+        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
+    from .sinks import ParquetSink
+
+    return ParquetSink(resolve(target.location, storage_options), overwrite=mode == "overwrite",
+                       single_file=single_file, inputs=[s.location for s in sources if s.format == "parquet"])
+
+
 def write_table_output(data, uri, *, mode: str = "error", record: dict | None = None, inputs=(),
                        catalog_properties=None, storage_options=None, scheduler=None) -> dict:
-    """Write a result to a table URI, all or nothing, with its run record.
+    """Write a result to a table URI, all or nothing, with its run record (:func:`.sinks.write_output`).
 
     Parameters
     ----------
     data : dask.dataframe.DataFrame, pandas.DataFrame or pyarrow.Table
-        Computed completely before anything is written.
     uri : str or path or TableURI
         Parquet directory, ``delta://...`` or ``iceberg://...``.
     mode : {"error", "append", "overwrite"}
-        ``"append"`` for Delta and Iceberg only. Existing outputs are written into only when
-        datamask wrote them (:mod:`datamask_dask.io.output`).
+        As :func:`open_sink`.
     record : dict, optional
         The run record.
     inputs : iterable of str or TableURI
@@ -216,62 +236,9 @@ def write_table_output(data, uri, *, mode: str = "error", record: dict | None = 
     dict
         ``rows`` and, for tables, ``version`` (Delta) or ``snapshot_id`` (Iceberg).
     """
-    table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
-    sources = _other_than(table, inputs)
-    if table.format == "delta":
-        from .delta import write_delta
+    from .sinks import parts_of, write_output
 
-        return write_delta(data, table.location, mode=mode, record=record, storage_options=storage_options,
-                           inputs=[s.location for s in sources if s.format != "iceberg"], scheduler=scheduler)
-    if table.format == "iceberg":
-        from .iceberg import write_iceberg
-
-        return write_iceberg(data, table.catalog, table.location, mode=mode, record=record,
-                             inputs=[(s.catalog, s.location) for s in sources if s.format == "iceberg"],
-                             scheduler=scheduler, **(catalog_properties or {}))
-    if mode == "append":
-        raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
-    return _write_parquet_dir(data, resolve(table.location, storage_options), overwrite=mode == "overwrite",
-                              record=record, inputs=[s.location for s in sources if s.format == "parquet"],
-                              scheduler=scheduler)
-
-
-def _write_parquet_dir(data, target: Location, *, overwrite: bool, record, inputs, scheduler) -> dict:
-    """One ``part.0.parquet`` and the run record, published by the rules of :mod:`.output`."""
-    check_target(target, overwrite=overwrite, inputs=inputs)
-    result = compute_arrow(data, scheduler=scheduler)  # before the lock: a failing selection writes nothing
-    if not target.local:
-        def write() -> None:
-            with target.child("part.0.parquet").open_write() as handle:
-                write_table(result, handle)
-
-        with output_lock(target):
-            check_target(target, overwrite=overwrite, inputs=inputs)
-            publish_objects(target, ["part.0.parquet"], write, record or {}, default=str)
-        return {"rows": result.num_rows}
-    with output_lock(target):
-        check_target(target, overwrite=overwrite, inputs=inputs)
-        path = Path(target.path)
-        staging = resolve(staging_path(path))
-        try:
-            with staging.child("part.0.parquet").open_write() as handle:
-                write_table(result, handle)
-            staging.child(RUN_RECORD).write_bytes(dumps({**(record or {}), "files": ["part.0.parquet"]},
-                                                        indent=1).encode())
-            publish(Path(staging.path), path)
-            fsync_dir(os.fspath(path.parent))
-        finally:
-            remove_own(Path(staging.path))
-    return {"rows": result.num_rows}
-
-
-def _other_than(target: TableURI, inputs) -> list[TableURI]:
-    """``inputs`` as table URIs; refuses an output that is one of them."""
-    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
-    for source in sources:
-        if source.key == target.key:
-            from .output import UnsafeOutputError
-
-            raise UnsafeOutputError(f"the output {target.uri} is the input {source.uri}: write the selection "
-                                    "elsewhere (the input is never modified)")
-    return sources
+    sink = open_sink(uri, mode=mode, inputs=inputs, catalog_properties=catalog_properties,
+                     storage_options=storage_options)
+    parts, schema = parts_of(data)
+    return write_output(sink, parts, schema, record or {}, scheduler=scheduler)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -452,7 +451,3 @@ class RunSummary:
 def _cell(value):
     return json.dumps(value, sort_keys=True) if isinstance(value, dict | list) else value
 
-
-def summary_of(path: str | os.PathLike | Path) -> RunSummary:
-    """Shorthand for :meth:`RunSummary.read`."""
-    return RunSummary.read(path)

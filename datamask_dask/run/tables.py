@@ -10,10 +10,7 @@ import time
 from ..config import load_config
 from ..dask_engine.runs import DaskEngine
 from ..errors import OptionError
-from ..io.output import UnsafeOutputError
-from ..io.sinks import ParquetSink
-from ..io.storage import resolve
-from ..io.tables import TableURI, parse_table_uri, read_table, selection_columns, table_record
+from ..io.tables import open_sink, parse_table_uri, read_table, selection_columns, table_record
 from ..partition import adapters
 from .protocol import execute
 from .summary import SAMPLE_ROWS
@@ -33,32 +30,6 @@ class TableRunReport:
     written: dict
     record: dict
     seconds: float
-
-
-def open_sink(target: TableURI, *, mode: str, inputs=(), catalog_properties=None, storage_options=None,
-              single_file: bool = False):
-    """The sink of a table URI (:mod:`datamask_dask.io.sinks`), checked before anything is computed."""
-    sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
-    for source in sources:
-        if source.key == target.key:
-            raise UnsafeOutputError(f"the output {target.uri} is the input {source.uri}: write the selection "
-                                    "elsewhere (the input is never modified)")
-    if target.format == "delta":
-        from ..io.delta import DeltaSink
-
-        return DeltaSink(target.location, mode=mode, storage_options=storage_options,
-                         inputs=[s.location for s in sources if s.format != "iceberg"])
-    if target.format == "iceberg":
-        from ..io.iceberg import IcebergSink
-
-        return IcebergSink(target.catalog, target.location, mode=mode, **(catalog_properties or {}),
-                           inputs=[(s.catalog, s.location) for s in sources if s.format == "iceberg"])
-    if mode == "append":
-        raise OptionError("mode='append' needs a Delta or Iceberg output; a parquet output is written whole")
-    if mode not in ("error", "overwrite"):
-        raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
-    return ParquetSink(resolve(target.location, storage_options), overwrite=mode == "overwrite",
-                       single_file=single_file, inputs=[s.location for s in sources if s.format == "parquet"])
 
 
 def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",

@@ -36,7 +36,7 @@ from ..errors import DataMaskError
 from ..io.output import MANIFEST, work_location
 from ..io.parquet import to_arrow, write_table
 from ..io.records import dumps
-from ..io.sinks import part_stem
+from ..io.sinks import Staging, part_stem
 from ..io.storage import Location, resolve
 
 FORMAT = 2  # version of the work area's layout
@@ -48,14 +48,8 @@ class ResumeError(DataMaskError):
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkArea:
+class WorkArea(Staging):
     """The work area of run ``run_id`` (picklable: tasks write their markers into it)."""
-
-    location: Location
-    run_id: str
-
-    def child(self, name: str) -> Location:
-        return self.location.child(name)
 
     # ------------------------------------------------------------------ task side
 
@@ -95,12 +89,6 @@ class WorkArea:
 
     def any_finished(self) -> bool:
         return any(name.endswith(".json") and name != MANIFEST for name in self.location.list())
-
-    def write_manifest(self, manifest: dict) -> None:
-        self.child(MANIFEST).write_bytes(dumps(manifest, indent=1).encode())
-
-    def remove(self) -> None:
-        self.location.remove()
 
 
 def read_manifest(location) -> dict | None:

@@ -119,7 +119,7 @@ def run_text(args: argparse.Namespace) -> int:
 
     from ..cluster import get_client
     from ..io.output import check_target
-    from ..io.parquet import write_parquet
+    from ..io.sinks import write_parquet
     from ..io.storage import resolve
 
     started = time.perf_counter()
@@ -144,7 +144,7 @@ def run_text(args: argparse.Namespace) -> int:
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
                                 device=args.device)
-        rows = sum(write_parquet(out, target, overwrite=args.overwrite, inputs=[source])["rows"])
+        rows = write_parquet(out, target, overwrite=args.overwrite, inputs=[source])["rows"]
     except (DataMaskError, OSError, ImportError) as exc:
         if args.verbose:
             import traceback

@@ -17,7 +17,8 @@ import pytest
 from conftest import FAST
 
 from datamask_dask import datamask_select, write_selection
-from datamask_dask.io.parquet import read_parquet, write_parquet
+from datamask_dask.io.parquet import read_parquet
+from datamask_dask.io.sinks import write_parquet
 from datamask_dask.sample_data import make_corpus
 
 RATIO = 0.1

@@ -12,7 +12,8 @@ from conftest import FAST
 
 from datamask_dask import InputDataError, OptionError, datamask_select, validate_table, write_selection
 from datamask_dask.cli import main
-from datamask_dask.io.parquet import read_parquet, write_parquet
+from datamask_dask.io.parquet import read_parquet
+from datamask_dask.io.sinks import write_parquet
 from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus
 

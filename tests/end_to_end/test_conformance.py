@@ -18,7 +18,7 @@ import pytest
 from datamask_dask import datamask_select, read_parquet
 from datamask_dask.cli import main
 from datamask_dask.errors import OptionError
-from datamask_dask.io.parquet import write_parquet
+from datamask_dask.io.sinks import write_parquet
 from datamask_dask.run.selection import write_selection
 from datamask_dask.sample_data import make_corpus
 

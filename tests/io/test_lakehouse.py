@@ -16,13 +16,14 @@ from conftest import require_lakehouse
 
 deltalake = require_lakehouse()
 
-import pyiceberg.io.pyarrow as iceberg_pyarrow  # noqa: E402
 from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 
 import datamask_dask  # noqa: E402
+from datamask_dask.io import parquet  # noqa: E402
 from datamask_dask.io.delta import read_delta, write_delta  # noqa: E402
 from datamask_dask.io.iceberg import read_iceberg, write_iceberg  # noqa: E402
 from datamask_dask.io.output import UnsafeOutputError, read_record  # noqa: E402
+from datamask_dask.io.storage import resolve  # noqa: E402
 from datamask_dask.io.tables import parse_table_uri, read_table  # noqa: E402
 from datamask_dask.run.tables import select_table  # noqa: E402
 
@@ -249,16 +250,15 @@ def test_iceberg_failure_in_the_middle_of_a_write_leaves_the_table(catalog, cata
                  catalog_properties=catalog_properties, **OPTIONS)
     before = catalog.load_table("out.sel")
     snapshot, rows = before.current_snapshot().snapshot_id, before.scan().to_arrow().sort_by("chunk_id")
-    real = iceberg_pyarrow.write_file
+    real = parquet.write_table
     written = []
 
-    def failing(*args, **kwargs):
-        for data_file in real(*args, **kwargs):
-            written.append(data_file)
-            yield data_file
-            raise RuntimeError("injected failure in the middle of the write")
+    def failing(table, where, **options):  # the data file is written whole, then the write fails
+        real(table, where, **options)
+        written.append(table.num_rows)
+        raise RuntimeError("injected failure in the middle of the write")
 
-    monkeypatch.setattr(iceberg_pyarrow, "write_file", failing)
+    monkeypatch.setattr(parquet, "write_table", failing)
     replacement = rows.set_column(1, "selected", pa.array(np.ones(N, dtype=bool)))
     with pytest.raises(RuntimeError, match="injected failure"):
         write_iceberg(replacement, catalog, "out.sel", mode="overwrite", record={"run_id": "failed"})
@@ -268,6 +268,8 @@ def test_iceberg_failure_in_the_middle_of_a_write_leaves_the_table(catalog, cata
     after = catalog.load_table("out.sel")
     assert after.current_snapshot().snapshot_id == snapshot
     assert after.scan().to_arrow().sort_by("chunk_id").equals(rows)
+    files = sorted(task.file.file_path.rsplit("/", 1)[1] for task in after.scan().plan_files())
+    assert sorted(resolve(f"{after.location()}/data").list()) == files  # the failed write's file is gone
     assert not catalog.table_exists("out.other")
     with pytest.raises(UnsafeOutputError):  # not a datamask table
         write_iceberg(replacement, catalog, "ns.source", mode="append")

@@ -21,7 +21,8 @@ from conftest import FAST
 from datamask_dask.cli import main
 from datamask_dask.errors import OptionError
 from datamask_dask.io.output import UnsafeOutputError, lock_location, output_lock, read_record
-from datamask_dask.io.parquet import read_parquet, write_parquet
+from datamask_dask.io.parquet import read_parquet
+from datamask_dask.io.sinks import write_parquet
 from datamask_dask.io.storage import resolve
 from datamask_dask.run.selection import write_selection
 from datamask_dask.sample_data import make_corpus
