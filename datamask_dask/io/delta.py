@@ -28,8 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY
-from .output import UnsafeOutputError, check_inputs, publish
+from .output import RECORD_KEY, UnsafeOutputError, check_inputs, publish
 from .pieces import Pieces, to_dask
 from .records import dumps
 

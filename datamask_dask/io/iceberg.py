@@ -25,11 +25,11 @@ import json
 import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
-from ._lake import RECORD_KEY, TABLE_MARK
-from .output import UnsafeOutputError
+from .output import RECORD_KEY, UnsafeOutputError
 from .pieces import Pieces, to_dask
 from .records import dumps
 
+TABLE_MARK = "datamask.output"  # the table property of the tables datamask created
 __all__ = ["IcebergSink", "IcebergSource", "get_catalog", "iceberg_pieces", "iceberg_record",
            "iceberg_source", "read_iceberg", "read_iceberg_source", "write_iceberg"]
 

@@ -46,7 +46,8 @@ from ..errors import DataMaskError
 from .storage import Location, resolve
 
 RUN_RECORD = "_datamask_run.json"  # a leading underscore: parquet readers skip it
-FOOTER_KEY = b"datamask.run"
+RECORD_KEY = "datamask.run"  # a single file's footer key, a Delta commit's or Iceberg snapshot's property
+FOOTER_KEY = RECORD_KEY.encode()
 MANIFEST = "manifest.json"  # of a run's work area (:mod:`datamask_dask.run.work`)
 
 

@@ -237,3 +237,18 @@ def test_a_run_started_before_a_setting_existed_resumes(tmp_path, eight_parts):
     manifest_path.write_text(json.dumps(manifest))
     report = write_selection(ddf, target, scheduler="sync", **OPTIONS)
     assert report.reused == tuple(finished) and len(finished) > 0
+
+
+def test_a_work_area_of_an_earlier_version_is_refused_with_what_to_do(tmp_path, eight_parts):
+    """An unfinished run of the previous layout (format 1, ``.done`` markers) is neither resumed nor
+    silently discarded: the message says how to start over, and that works."""
+    target = tmp_path / "out"
+    work = work_dir(target)
+    work.mkdir()
+    (work / "manifest.json").write_text(json.dumps({"format": 1, "run_id": "old", "settings": {}, "runs": []}))
+    (work / "part-00000.done").write_text("{}")
+    with pytest.raises(ResumeError, match=r"earlier version of datamask-dask.*--no-resume"):
+        write_selection(read_parquet(eight_parts), target, scheduler="sync", **OPTIONS)
+    assert (work / "part-00000.done").exists() and not target.exists()
+    report = write_selection(read_parquet(eight_parts), target, scheduler="sync", resume=False, **OPTIONS)
+    assert report.computed == tuple(range(N_PARTS)) and not work.exists()
