@@ -95,6 +95,9 @@ class Location:
                 os.listdir(self.path)
         except (FileNotFoundError, NotADirectoryError):
             return []
+        finally:
+            if not self.local:  # other processes write here: a cached listing would hide their files
+                self.fs.invalidate_cache(self.path)
         return sorted(posixpath.basename(str(e).rstrip("/")) for e in entries)
 
     def files(self) -> list[str]:

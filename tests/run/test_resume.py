@@ -245,7 +245,8 @@ def test_a_work_area_of_an_earlier_version_is_refused_with_what_to_do(tmp_path, 
     target = tmp_path / "out"
     work = work_dir(target)
     work.mkdir()
-    (work / "manifest.json").write_text(json.dumps({"format": 1, "run_id": "old", "settings": {}, "runs": []}))
+    old = {"format": 1, "run_id": "old", "settings": {}, "runs": []}
+    (work / "manifest.json").write_text(json.dumps(old))
     (work / "part-00000.done").write_text("{}")
     with pytest.raises(ResumeError, match=r"earlier version of datamask-dask.*--no-resume"):
         write_selection(read_parquet(eight_parts), target, scheduler="sync", **OPTIONS)

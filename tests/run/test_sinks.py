@@ -26,7 +26,7 @@ from datamask_dask.io.tables import parse_table_uri, read_table  # noqa: E402
 from datamask_dask.run.tables import open_sink, select_table  # noqa: E402
 
 SINKS = ["parquet directory", "parquet file", "delta", "iceberg", "selection only"]
-OPTIONS = {**FAST, "ratio": 0.1, "seed": 3, "scheduler": "sync"}
+OPTIONS = {**FAST, "ratio": 0.1, "seed": 3}
 
 
 class Case:
@@ -44,16 +44,17 @@ class Case:
             return f"iceberg://cat/ns.{name}"
         return f"{self.root}/{name}"
 
-    def run(self, source, name: str, *, again: bool = False) -> dict:
+    def run(self, source, name: str, *, again: bool = False, scheduler="sync") -> dict:
+        options = {**OPTIONS, "scheduler": scheduler}
         if self.sink == "parquet file":
             frame = datamask_dask.read_parquet(source)
             report = datamask_dask.write_selection(frame, self.uri(name), single_file=True, overwrite=again,
-                                                   storage_options=self.storage_options, **OPTIONS)
+                                                   storage_options=self.storage_options, **options)
             return report.record
         columns = "selection" if self.sink == "selection only" else "all"
         mode = "overwrite" if again else "error"
         report = select_table(str(source), self.uri(name), output_columns=columns, mode=mode,
-                              catalog_properties=self.catalog, **OPTIONS)
+                              catalog_properties=self.catalog, **options)
         return report.record
 
     def location(self, name: str):
@@ -178,3 +179,56 @@ def test_an_existing_or_busy_output_is_refused(case, parquet_dir):
             case.run(parquet_dir, "out", again=True)
     again = case.run(parquet_dir, "out", again=True)  # ours, replaced (or appended to) on request
     assert again["rows"] == 1600 and _left_beside(case) == []
+
+
+@pytest.fixture
+def cluster(s3):
+    """Two worker processes under nannies: a killed worker comes back, and its tasks run again. They
+    start once the S3 server's settings are in the environment, which they inherit."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      memory_limit="2GiB") as local, Client(local, set_as_default=False) as client:
+        yield client
+
+
+@pytest.mark.slow
+def test_a_killed_worker_leaves_the_uninterrupted_output(case, parquet_dir, cluster):
+    """A worker dies (SIGKILL) while its partition is being selected, after another partition was
+    written: Dask runs its tasks again, and the output is the uninterrupted run's."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from datamask_dask.io.output import work_location
+
+    reference = case.run(parquet_dir, "reference", scheduler=cluster)
+    work = work_location(case.location("out"))
+    pids = cluster.run(os.getpid)
+    killed: dict = {}
+
+    def kill_a_busy_worker():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            if work.exists() and any(n.startswith("part-") and n.endswith(".json") for n in work.list()):
+                for address, keys in cluster.processing().items():
+                    if address in pids and any("datamask-select-write" in str(key) for key in keys):
+                        killed.update(pid=pids[address], published=case.published("out"))
+                        os.kill(pids[address], signal.SIGKILL)
+                        return
+            time.sleep(0.005)
+
+    killer = threading.Thread(target=kill_a_busy_worker, daemon=True)
+    killer.start()
+    record = case.run(parquet_dir, "out", scheduler=cluster)
+    killer.join()
+    assert killed and not killed["published"]
+    cluster.wait_for_workers(2, timeout=60)
+    assert record["selected"] == reference["selected"] and record["computed"] == [0, 1, 2, 3]
+    assert case.rows("out").equals(case.rows("reference"))
+    if case.sink.startswith("parquet"):
+        assert case.data_bytes("out") == case.data_bytes("reference")
+    else:
+        assert case.commits("out") == 1
+    assert _left_beside(case) == []
