@@ -429,7 +429,8 @@ def _run_select_spark(args, options: dict) -> int:
     except ImportError as exc:
         raise OptionError("--engine spark needs pyspark: pip install 'datamask-dask[spark]'") from exc
     rows, selected, seconds = select_parquet(args.input, args.output, master=args.spark_master,
-                                             config=args.config, overwrite=args.overwrite, **options)
+                                             config=args.config, overwrite=args.overwrite, resume=args.resume,
+                                             **options)
     print(f"datamask: {rows} rows, {selected} selected ({selected / max(rows, 1):.1%}) in {seconds:.1f} s "
           f"-> {args.output} (spark)")
     return 0

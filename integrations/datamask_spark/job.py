@@ -35,7 +35,7 @@ def get_spark(master: str | None = None, app_name: str = "datamask-select"):
 
 
 def select_parquet(source, target, *, spark=None, master: str | None = None, config=None,
-                   overwrite: bool = False, **options) -> tuple[int, int, float]:
+                   overwrite: bool = False, resume: bool = True, **options) -> tuple[int, int, float]:
     """Select rows of ``source`` on Spark and write every row plus ``selected`` as parquet to ``target``.
 
     ``source`` is a table URI (:mod:`datamask_dask.io.tables`: a parquet path or URI, ``delta://...``,
@@ -44,7 +44,8 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
     piece of the Dask readers and its Python worker reading and writing with pyarrow through
     fsspec (the same partitions, hence the same rows, as ``--engine dask``; no Hadoop connector).
     It follows the package's output rules (no overlap with ``source``, ``overwrite`` replaces only
-    an output of an earlier datamask run, one run at a time, complete or absent, with a run record).
+    an output of an earlier datamask run, one run at a time, complete or absent, with a run record),
+    and an interrupted job resumes (``resume=False`` starts over).
 
     Returns
     -------
@@ -58,5 +59,6 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
     check_target(target, overwrite=overwrite, inputs=[table.location] if table.format == "parquet" else [])
     spark = spark or get_spark(master)
     started = time.perf_counter()
-    record = write_file_selection(spark, source, target, config=config, overwrite=overwrite, **options)
+    record = write_file_selection(spark, source, target, config=config, overwrite=overwrite, resume=resume,
+                                  **options)
     return record["rows"], record["selected"], time.perf_counter() - started
