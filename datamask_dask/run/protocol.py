@@ -132,7 +132,9 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
             "input": {"partitions": len(plan.rows), "columns": {f.name: str(f.type) for f in schema},
                       "rows": list(plan.rows), "content": _hash(list(plan.digests)),
                       "fingerprint": fingerprint},
-            "output": {**(output or {}), "format": sink.format, "after": newest},
+            # An append continues the output's state; a whole output is replaced whatever it holds.
+            "output": {**(output or {}), "format": sink.format,
+                       "after": newest if (output or {}).get("mode") == "append" else None},
             "plan": _hash(plan.identity()),
         })
         work, manifest = open_work(sink.location, identity, resume=resume, committed=newest,

@@ -40,6 +40,7 @@ from ..io.sinks import Staging, part_stem
 from ..io.storage import Location, resolve
 
 FORMAT = 2  # version of the work area's layout
+_OUTPUT_KEYS = {"after": "newest datamask run in it"}  # how a changed output key reads in a message
 _HINT = "pass resume=False (--no-resume) to discard its finished partitions and start again"
 
 
@@ -143,7 +144,7 @@ def _check_same_run(manifest: dict, identity: dict, defaults: dict, target: Loca
         raise ResumeError(f"cannot resume the unfinished run on {target}: the input changed since it "
                           f"started (different {', '.join(changed)}). {hint}")
     old, new = manifest.get("output", {}), identity["output"]
-    changed = [k for k in new if old.get(k) != new.get(k)]
+    changed = [_OUTPUT_KEYS.get(k, k) for k in new if old.get(k) != new.get(k)]
     if changed:
         raise ResumeError(f"cannot resume the unfinished run on {target}: its output changed since it "
                           f"started (different {', '.join(changed)}). {hint}")

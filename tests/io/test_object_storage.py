@@ -282,3 +282,33 @@ def test_explain_and_its_report_on_s3(s3, s3_corpus, capsys):
     assert main(["report", "s3://lake/explained"]) == 0
     page = resolve("s3://lake/explained-report/index.html", s3).read_bytes().decode()
     assert "<section id='audit'>" in page and "audit-group-0" in page
+
+
+def test_a_replacing_commit_cut_short_on_s3_is_finished_by_the_next_run(s3, s3_corpus, local_run,
+                                                                       monkeypatch):
+    """The run dies after it took the old output's record away and copied one part: the output is not
+    complete (no record), and the same job run again finishes that commit."""
+    from datamask_dask.io.storage import Location
+
+    target = "s3://lake/recommit"
+    write_selection(read_parquet(s3_corpus, storage_options=s3), target, storage_options=s3,
+                    scheduler="threads", **{**OPTIONS, "seed": 6})
+    copy, copied = Location.copy_to, []
+
+    def dies_after_one_copy(self, destination):
+        if copied:
+            raise ConnectionError("the client died mid-commit")
+        copied.append(destination.name)
+        return copy(self, destination)
+
+    monkeypatch.setattr(Location, "copy_to", dies_after_one_copy)
+    with pytest.raises(ConnectionError):
+        write_selection(read_parquet(s3_corpus, storage_options=s3), target, overwrite=True,
+                        storage_options=s3, scheduler="threads", **OPTIONS)
+    monkeypatch.undo()
+    assert copied and read_record(resolve(target, s3)) is None  # not complete: no run record
+    report = write_selection(read_parquet(s3_corpus, storage_options=s3), target, overwrite=True,
+                             storage_options=s3, scheduler="threads", **OPTIONS)
+    assert report.reused == tuple(range(N_PARTS)) and report.computed == ()
+    assert _part_bytes(target, s3) == _part_bytes(local_run)
+    assert sorted(read_record(resolve(target, s3))["files"]) == sorted(_part_bytes(local_run))
