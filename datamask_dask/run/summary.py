@@ -37,12 +37,12 @@ import pandas as pd
 
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
 YARDSTICK_ROWS = 4_000  # of those, the rows greedy runs on for the yardstick (its cost grows as rows^2)
-YARDSTICK_WORK = 2e10  # multiply-adds lazy greedy may cost there (above: stochastic greedy), about a second
+YARDSTICK_WORK = 2e10  # multiply-adds lazy greedy may cost there (above: stochastic greedy)
 SIGNATURE_ROWS = 100_000  # at most about this many selected rows' signatures reach the driver
 DUPLICATE_COSINE = 0.95  # two rows at least this similar are counted as a near-duplicate pair
-# Rows of the sample that Facility's coverage is measured on: its cost is reference x selected x d
-# (20,000 x 2,000 x 768: 0.4-0.8 s a pick, three picks, on the driver, after the last write), and
-# the estimate's standard error is ~0.002 at this size, far below the picks' differences.
+# Rows of the sample that Facility's coverage is measured on: its cost, on the driver after the last
+# write, is reference x selected x d a pick, and at this size the estimate's standard error is far
+# below the picks' differences.
 REFERENCE_ROWS = 4096
 _BLOCK = 2048  # rows per block of the blocked similarity products
 
