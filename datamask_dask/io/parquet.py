@@ -30,7 +30,7 @@ from .. import telemetry
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 from .pieces import Pieces, to_dask
-from .storage import resolve
+from .storage import Location, resolve
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -232,3 +232,10 @@ def selected_counts(path: str | os.PathLike, column: str) -> tuple[int, int]:
     """Rows and selected rows of a written output (reads only ``column``)."""
     values = pq.read_table(os.fspath(path), columns=[column]).column(0).to_numpy(zero_copy_only=False)
     return int(values.size), int(np.count_nonzero(values))
+
+
+def parquet_file(file) -> pq.ParquetFile:
+    """A parquet file from a local path or a :class:`~.storage.Location` (any filesystem)."""
+    if isinstance(file, Location):
+        return pq.ParquetFile(file.path, filesystem=None if file.local else file.fs)
+    return pq.ParquetFile(file)

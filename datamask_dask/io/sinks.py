@@ -47,7 +47,7 @@ from .output import (
     remove_own,
     staging_path,
 )
-from .parquet import concatenate, to_arrow, write_table
+from .parquet import concatenate, parquet_file, to_arrow, write_table
 from .records import dumps, plain
 from .storage import Location, fsync_dir, resolve
 
@@ -157,8 +157,8 @@ class ParquetSink:
     def holds(self, work, descriptor: dict) -> bool:
         part = work.child(descriptor["file"])
         try:
-            metadata = pq.ParquetFile(part.path, filesystem=None if part.local else part.fs).metadata
-            return part.size() == descriptor["bytes"] and metadata.num_rows == descriptor["rows"]
+            rows = parquet_file(part).metadata.num_rows
+            return part.size() == descriptor["bytes"] and rows == descriptor["rows"]
         except (OSError, pa.ArrowException):
             return False
 
@@ -184,6 +184,7 @@ class ParquetSink:
         """Linked into a hidden staging sibling, then renamed onto the target in one step."""
         target = Path(self.location.path)
         staging = staging_path(target)
+        into = resolve(staging)
         try:
             staging.mkdir()
             names = [part_name(number) for number, _ in files]
@@ -191,10 +192,9 @@ class ParquetSink:
                 _link(Path(file.path), staging / name)
             if not files:  # an empty table still gets its schema
                 names = [part_name(0)]
-                with Location(self.location.fs, str(staging / names[0]), names[0]).open_write() as handle:
+                with into.child(names[0]).open_write() as handle:
                     write_table(schema.empty_table(), handle)
-            Location(self.location.fs, str(staging / RUN_RECORD), RUN_RECORD).write_bytes(
-                dumps({**record, "files": names}, indent=1).encode())
+            into.child(RUN_RECORD).write_bytes(dumps({**record, "files": names}, indent=1).encode())
             publish(staging, target)
             fsync_dir(os.fspath(target.parent))
         finally:

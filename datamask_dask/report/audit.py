@@ -120,21 +120,21 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
 
 
 def _parquet_schema(file) -> list[str]:
-    from ..run.summary import _parquet_file
+    from ..io.parquet import parquet_file
 
-    return _parquet_file(file).schema_arrow.names
+    return parquet_file(file).schema_arrow.names
 
 
 def _file_partitions(files, frame, columns) -> np.ndarray:
     """The partition of each row, from the part file it came from (``part.N.parquet``); -1 if unknown."""
-    from ..run.summary import _parquet_file
+    from ..io.parquet import parquet_file
 
     numbers = []
     for file in sorted(files, key=lambda f: str(f)):
         name = str(getattr(file, "path", file)).rsplit("/", 1)[-1]
         pieces = name.split(".")
         number = int(pieces[1]) if len(pieces) == 3 and pieces[1].isdigit() else -1
-        numbers.append(np.full(_parquet_file(file).metadata.num_rows, number))
+        numbers.append(np.full(parquet_file(file).metadata.num_rows, number))
     out = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int64)
     return out if out.size == len(frame) else np.full(len(frame), -1)
 

@@ -35,6 +35,8 @@ import time
 import numpy as np
 import pandas as pd
 
+from ..io.parquet import parquet_file
+
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
 YARDSTICK_ROWS = 4_000  # of those, the rows greedy runs on for the yardstick (its cost grows as rows^2)
 YARDSTICK_WORK = 2e10  # multiply-adds lazy greedy may cost there (above: stochastic greedy)
@@ -210,7 +212,7 @@ def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.D
     rng = np.random.default_rng(seed)
     groups = []
     for file in files:
-        metadata = _parquet_file(file).metadata
+        metadata = parquet_file(file).metadata
         groups += [(file, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)]
     chosen, total = [], 0
     for index in rng.permutation(len(groups)):
@@ -221,7 +223,7 @@ def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.D
     chosen.sort(key=lambda item: (str(item[0]), item[1]))
     tables = []
     for file, group, _ in chosen:
-        source = _parquet_file(file)
+        source = parquet_file(file)
         present = [c for c in columns if c in source.schema_arrow.names]
         tables.append(source.read_row_group(group, columns=present))
     if not tables:
@@ -230,17 +232,6 @@ def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.D
     if table.num_rows > n:
         table = table.take(np.sort(rng.choice(table.num_rows, n, replace=False)))
     return table.to_pandas(types_mapper=_list_as_arrow)
-
-
-def _parquet_file(file):
-    """A parquet file from a local path or a :class:`~datamask_dask.io.storage.Location` (any filesystem)."""
-    import pyarrow.parquet as pq
-
-    from ..io.storage import Location
-
-    if isinstance(file, Location):
-        return pq.ParquetFile(file.path, filesystem=None if file.local else file.fs)
-    return pq.ParquetFile(file)
 
 
 def _list_as_arrow(pa_type):

@@ -30,11 +30,10 @@ import uuid
 
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..errors import DataMaskError
 from ..io.output import MANIFEST, work_location
-from ..io.parquet import to_arrow, write_table
+from ..io.parquet import parquet_file, to_arrow, write_table
 from ..io.records import dumps
 from ..io.sinks import Staging, part_stem
 from ..io.storage import Location, resolve
@@ -62,8 +61,7 @@ class WorkArea(Staging):
 
     def sample(self, number: int) -> pd.DataFrame:
         """Partition ``number``'s rows sampled for the run summary, as its task wrote them."""
-        location = self.child(f"{part_stem(number)}.sample.parquet")
-        table = pq.read_table(location.path, filesystem=None if location.local else location.fs)
+        table = parquet_file(self.child(f"{part_stem(number)}.sample.parquet")).read()
         return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
 
     # ------------------------------------------------------------------ driver side

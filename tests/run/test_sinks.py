@@ -141,6 +141,17 @@ def _patch_tasks(monkeypatch, order: list, fail: int | None = None) -> None:
     monkeypatch.setattr(runs, "_select_part", task)
 
 
+def _assert_as_uninterrupted(case: Case) -> None:
+    """``out`` is ``reference``: the same bytes for parquet, the same rows in one commit for a table;
+    nothing is left beside the outputs."""
+    assert case.rows("out").equals(case.rows("reference"))
+    if case.sink.startswith("parquet"):
+        assert case.data_bytes("out") == case.data_bytes("reference")
+    else:
+        assert case.commits("out") == 1
+    assert _left_beside(case) == []
+
+
 def _left_beside(case: Case) -> list[str]:
     """What the package left next to the outputs (hidden work areas, locks, staging)."""
     parent = resolve(case.root, case.storage_options)
@@ -162,12 +173,7 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_output(case, parquet_di
     assert not case.published("out")
     resumed = case.run(parquet_dir, "out")
     assert (resumed["reused"], resumed["computed"]) == (sorted({0, 1, 2, 3} - {last}), [last])
-    assert case.rows("out").equals(case.rows("reference"))
-    if case.sink.startswith("parquet"):
-        assert case.data_bytes("out") == case.data_bytes("reference")
-    else:
-        assert case.commits("out") == 1
-    assert _left_beside(case) == []
+    _assert_as_uninterrupted(case)
 
 
 def test_an_existing_or_busy_output_is_refused(case, parquet_dir):
@@ -226,9 +232,4 @@ def test_a_killed_worker_leaves_the_uninterrupted_output(case, parquet_dir, clus
     assert killed and not killed["published"]
     cluster.wait_for_workers(2, timeout=60)
     assert record["selected"] == reference["selected"] and record["computed"] == [0, 1, 2, 3]
-    assert case.rows("out").equals(case.rows("reference"))
-    if case.sink.startswith("parquet"):
-        assert case.data_bytes("out") == case.data_bytes("reference")
-    else:
-        assert case.commits("out") == 1
-    assert _left_beside(case) == []
+    _assert_as_uninterrupted(case)
