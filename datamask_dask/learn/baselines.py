@@ -14,6 +14,7 @@ returning ``k`` distinct int64 row indices in the order they were chosen):
 - :func:`greedy`: plain greedy, every candidate scored exactly at every step;
 - :func:`lazy_greedy`: Minoux's lazy greedy on the Facility term (plain greedy otherwise);
 - :func:`stochastic_greedy`: Mirzasoleiman et al. (2015), a random candidate sample per step;
+- :func:`graph_lazy_greedy`: lazy greedy on Facility's k-NN graph, where the dense one would not fit;
 - :func:`disf_batched_greedy`: DiSF's greedy, run independently on random batches of the chunk.
 
 Embeddings are L2-normalised on the way in (as :func:`~datamask_dask.learn.engine.learn_mask` does), so
@@ -34,6 +35,8 @@ How ``D(U + j)`` is obtained for many candidates ``j`` at once (``m = |U|``):
 
 from __future__ import annotations
 
+import functools
+import heapq
 import math
 
 import numpy as np
@@ -41,10 +44,11 @@ import torch
 
 from ..errors import OptionError
 from .engine import _as_inputs, row_weights
+from .knn import top_neighbours
 from .objectives import DiSF, Facility, PairSimi, build_metrics, normalise_quality, resolve_metrics
 
-__all__ = ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "greedy", "lazy_greedy", "quality_topk",
-           "random_selection", "stochastic_greedy"]
+__all__ = ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "graph_lazy_greedy", "greedy", "lazy_greedy",
+           "quality_topk", "random_selection", "stochastic_greedy"]
 
 Tensor = torch.Tensor
 DEFAULT_MAX_MEMORY = 4 * 2**30  # bytes the Facility similarity cache may take (float32)
@@ -269,6 +273,64 @@ def stochastic_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lam
         chosen[step] = j
         obj.add(j)
     return chosen
+
+
+def graph_lazy_greedy(quality, embeddings, k: int, *, lamb: float = 0.5, seed: int = 0, device="cpu",
+                      quality_range=None, neighbours: int = 128) -> np.ndarray:
+    """Lazy greedy on Facility with every row as reference, each row covered only through its
+    ``neighbours`` most similar rows (:func:`~datamask_dask.learn.knn.top_neighbours`, approximate
+    above a few thousand rows): the sparse facility location of large-scale summarisation, which
+    runs where the dense similarity cache of :func:`lazy_greedy` would not fit.
+
+    A row's best similarity to a tenth of the table almost always comes from its nearest rows, so
+    the graph loses little of the objective. With ``q >= 0`` a candidate's key
+    ``lamb * q_j / (m + 1) + (1 - lamb) * gain_j`` can only fall as ``U`` grows, so a stale key is
+    an upper bound and a heap of them is exact lazy greedy on the sparse objective.
+    """
+    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
+    n = emb.shape[0]
+    generator = torch.Generator(device=emb.device).manual_seed(seed)
+    values, columns = top_neighbours(emb, emb, neighbours, generator=generator)
+    values, columns = values.clamp(min=0).flatten().cpu().numpy(), columns.flatten().cpu().numpy()
+    covered = np.repeat(np.arange(n), values.size // n)
+    keep = values > 0
+    values, columns, covered = values[keep], columns[keep], covered[keep]
+    order = np.argsort(columns, kind="stable")  # each candidate's edges, contiguous
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(columns, minlength=n), out=starts[1:])
+    return _graph_greedy_kernel()(qn.double().cpu().numpy(), float(lamb), starts, covered[order],
+                                  values[order].astype(np.float64), k)
+
+
+@functools.cache
+def _graph_greedy_kernel():
+    import numba  # compiled on first use, as the learner's Facility step (facility_cpu)
+
+    @numba.njit
+    def run(qn, lamb, starts, covered, values, k):
+        n = qn.size
+        best = np.zeros(n)
+
+        def key(j, m):
+            gain = 0.0
+            for edge in range(starts[j], starts[j + 1]):
+                gain += max(values[edge] - best[covered[edge]], 0.0)
+            return lamb * qn[j] / (m + 1) + (1 - lamb) * gain / n
+
+        heap = [(-key(j, 0), j, 0) for j in range(n)]
+        heapq.heapify(heap)
+        chosen = np.empty(k, dtype=np.int64)
+        for m in range(k):
+            _, j, fresh_at = heapq.heappop(heap)
+            while fresh_at != m:  # a stale key: refresh it and look again
+                heapq.heappush(heap, (-key(j, m), j, m))
+                _, j, fresh_at = heapq.heappop(heap)
+            chosen[m] = j
+            for edge in range(starts[j], starts[j + 1]):
+                best[covered[edge]] = max(best[covered[edge]], values[edge])
+        return chosen
+
+    return run
 
 
 def disf_batched_greedy(quality, embeddings, k: int, *, algorithm="DiSF", lamb: float = 0.5, seed: int = 0,

@@ -8,8 +8,9 @@ over random it gains too::
 
 ``f`` is the joint objective of :func:`~datamask_dask.learn.objectives.evaluate_selection` over
 every row given; ``random`` is the mean of ``seeds`` random picks of the same size; the baseline is
-the best of lazy greedy (plain greedy where no term is lazy; stochastic greedy where lazy greedy
-would cost more than ``greedy_max_work`` multiply-adds) and quality top-k, which stochastic greedy
+the best of lazy greedy (plain greedy where no term is lazy; where lazy greedy would cost more than
+``greedy_max_work`` multiply-adds, lazy greedy on Facility's k-NN graph, or stochastic greedy for the
+other metrics) and quality top-k, which stochastic greedy
 can fall below when quality weighs. Quality top-k's own share is reported beside the selection's,
 so a selection at ``lamb > 0`` is checked against the trivial answer of the quality term. Above
 ``reference_rows`` rows, Facility's term is estimated on one fixed uniform sample of that many rows,
@@ -23,7 +24,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import OptionError
-from .baselines import DEFAULT_MAX_MEMORY, lazy_greedy, quality_topk, random_selection, stochastic_greedy
+from .baselines import (
+    DEFAULT_MAX_MEMORY,
+    graph_lazy_greedy,
+    lazy_greedy,
+    quality_topk,
+    random_selection,
+    stochastic_greedy,
+)
 from .objectives import DiSF, Facility, build_metrics, evaluate_selection, resolve_metrics
 
 #: Multiply-adds lazy greedy may cost (n x k candidate scores of d (Pair_simi) or d^2 (DiSF) each, or
@@ -142,14 +150,18 @@ def greedy_work(n: int, k: int, d: int, algorithm) -> float:
 
 def greedy_pick(quality, embeddings, k: int, greedy_max_work: float = GREEDY_MAX_WORK,
                 reference_rows: int = REFERENCE_ROWS, **common):
-    """The greedy baseline's name and rows: lazy greedy where its cost allows, else stochastic greedy.
+    """The greedy baseline's name and rows: lazy greedy where its cost allows; above it, for Facility
+    alone, lazy greedy on its k-NN graph, else stochastic greedy.
 
     Stochastic greedy represents ``reference_rows`` rows (its own sample, drawn apart from the
-    evaluation's), their similarities computed as needed: the few that a memory-bound cache holds
-    at a million rows are covered long before k picks, after which its picks are random."""
-    if greedy_work(len(quality), k, np.shape(embeddings)[1], common.get("algorithm", "Pair_simi")) \
-            <= greedy_max_work:
+    evaluation's), their similarities computed as needed: at ``k`` near that many, its own rows are
+    covered long before k picks and its last picks are random, which is why Facility has the graph."""
+    algorithm = common.get("algorithm", "Pair_simi")
+    if greedy_work(len(quality), k, np.shape(embeddings)[1], algorithm) <= greedy_max_work:
         return "lazy greedy", lazy_greedy(quality, embeddings, k, **common)
+    if [type(metric) for metric, _ in build_metrics(resolve_metrics(algorithm))] == [Facility]:
+        options = {key: common[key] for key in ("lamb", "quality_range", "device") if key in common}
+        return "lazy greedy (k-NN graph)", graph_lazy_greedy(quality, embeddings, k, **options)
     return "stochastic greedy", stochastic_greedy(quality, embeddings, k, seed=1, max_memory_bytes=0,
                                                   reference_size=min(reference_rows, len(quality)), **common)
 

@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 
 from datamask_dask.config import METRIC_DEFAULTS
-from datamask_dask.learn.baselines import lazy_greedy, quality_topk, random_selection, stochastic_greedy
+from datamask_dask.learn.baselines import (
+    graph_lazy_greedy,
+    lazy_greedy,
+    quality_topk,
+    random_selection,
+    stochastic_greedy,
+)
 from datamask_dask.learn.engine import learn_mask
 from datamask_dask.learn.objectives import evaluate_selection
 from datamask_dask.learn.yardstick import measure, term_shares
@@ -49,6 +55,28 @@ def test_above_the_greedy_size_the_baseline_is_stochastic_greedy(corpus):
     pick = _mask(len(q), stochastic_greedy(q, e, 300, algorithm="Pair_simi", lamb=0.0))
     score = measure(q, e, pick, algorithm="Pair_simi", lamb=0.0, greedy_max_work=1e6)
     assert score.baseline_name == "stochastic greedy" and score.share == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("lamb", [0.0, 0.5])
+def test_above_the_greedy_size_facility_is_measured_against_lazy_greedy_on_its_graph(corpus, lamb):
+    """Stochastic greedy on a reference sample falls far below lazy greedy at k near the sample's
+    size; lazy greedy on the k-NN graph does not, so it is Facility's baseline where the dense one
+    does not run."""
+    q, e = corpus
+    k = 300
+    dense = measure(q, e, _mask(len(q), lazy_greedy(q, e, k, algorithm="Facility", lamb=lamb)),
+                    algorithm="Facility", lamb=lamb)
+    graph_pick = _mask(len(q), graph_lazy_greedy(q, e, k, lamb=lamb))
+    assert graph_pick.sum() == k
+    graph = measure(q, e, graph_pick, algorithm="Facility", lamb=lamb)
+    assert graph.share > 0.99  # against dense lazy greedy
+    above = measure(q, e, graph_pick, algorithm="Facility", lamb=lamb, greedy_max_work=1e6)
+    assert above.baseline_name == "lazy greedy (k-NN graph)" and above.share == pytest.approx(1.0)
+    assert above.baseline > dense.baseline - 0.01 * (dense.baseline - dense.random)
+    sampled = measure(q, e, _mask(len(q), stochastic_greedy(q, e, k, algorithm="Facility", lamb=lamb, seed=1,
+                                                           max_memory_bytes=0, reference_size=k)),
+                      algorithm="Facility", lamb=lamb)
+    assert sampled.share < graph.share
 
 
 def test_greedy_on_a_reference_sample_does_not_chase_the_sampled_rows(corpus):
