@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     parser.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
     parser.add_argument("--sweep", action="store_true", help="lamb 0 to 1 with both lamb scales")
     parser.add_argument("--greedy-max-work", type=float, default=GREEDY_MAX_WORK,
-                        help="lazy greedy's cost above which the baseline is stochastic greedy")
+                        help="lazy greedy's cost above which the baseline is lazy greedy on the k-NN graph "
+                             "(Facility) or stochastic greedy")
     parser.add_argument("--profile", default="cpu", help="the profile the settings start from (default: cpu)")
     parser.add_argument("--opt", action="append", default=[],
                         help="key=value: a cpu profile setting changed (repeatable)")
