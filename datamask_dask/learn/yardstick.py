@@ -101,7 +101,7 @@ def measure_all(quality, embeddings, selections, *, algorithm="Pair_simi", lamb:
     seeds : int
         Random picks averaged (at least 3).
     greedy_max_work : float
-        Up to this cost (:func:`greedy_work`) the baseline is lazy greedy, above it stochastic greedy.
+        Up to this cost (:func:`greedy_work`) the baseline is lazy greedy (see :func:`greedy_pick`).
     reference_rows : int
         Above this many rows, Facility is evaluated on a fixed uniform sample of them.
     """
@@ -150,20 +150,24 @@ def greedy_work(n: int, k: int, d: int, algorithm) -> float:
 
 def greedy_pick(quality, embeddings, k: int, greedy_max_work: float = GREEDY_MAX_WORK,
                 reference_rows: int = REFERENCE_ROWS, **common):
-    """The greedy baseline's name and rows: lazy greedy where its cost allows; above it, for Facility
-    alone, lazy greedy on its k-NN graph, else stochastic greedy.
+    """The greedy baseline's name and rows: lazy greedy where its cost allows; for Facility alone,
+    lazy greedy on its k-NN graph where that is over ``greedy_max_work`` or its cache would not hold
+    every row; else stochastic greedy.
 
-    Stochastic greedy represents ``reference_rows`` rows (its own sample, drawn apart from the
-    evaluation's), their similarities computed as needed: at ``k`` near that many, its own rows are
-    covered long before k picks and its last picks are random, which is why Facility has the graph."""
+    A sample of reference rows, for lazy greedy's cache or stochastic greedy's (``reference_rows``,
+    drawn apart from the evaluation's), is covered long before ``k`` picks when ``k`` nears its size,
+    and the picks after that are random: hence the graph, which covers every row."""
     algorithm = common.get("algorithm", "Pair_simi")
-    if greedy_work(len(quality), k, np.shape(embeddings)[1], algorithm) <= greedy_max_work:
+    n = len(quality)
+    facility_only = [type(metric) for metric, _ in build_metrics(resolve_metrics(algorithm))] == [Facility]
+    dense = not facility_only or 4 * n * n <= DEFAULT_MAX_MEMORY  # Facility: a cache of every row
+    if dense and greedy_work(n, k, np.shape(embeddings)[1], algorithm) <= greedy_max_work:
         return "lazy greedy", lazy_greedy(quality, embeddings, k, **common)
-    if [type(metric) for metric, _ in build_metrics(resolve_metrics(algorithm))] == [Facility]:
+    if facility_only:
         options = {key: common[key] for key in ("lamb", "quality_range", "device") if key in common}
         return "lazy greedy (k-NN graph)", graph_lazy_greedy(quality, embeddings, k, **options)
     return "stochastic greedy", stochastic_greedy(quality, embeddings, k, seed=1, max_memory_bytes=0,
-                                                  reference_size=min(reference_rows, len(quality)), **common)
+                                                  reference_size=min(reference_rows, n), **common)
 
 
 @dataclass(frozen=True)
