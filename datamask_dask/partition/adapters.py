@@ -41,14 +41,18 @@ def backend(frame) -> str:
     return "cudf" if is_cudf(frame) else "pandas"
 
 
+def missing_columns(frame, names, where: str) -> list[tuple[str, str]]:
+    """``(name, message)`` for each of ``names`` that ``frame`` lacks, the message listing the others."""
+    available = [str(c) for c in frame.columns]
+    return [(name, f"{where}: there is no column {name!r}; available columns are {available}. Name yours "
+             "with id_column=, quality_column=, embedding_column=, token_column= or by=")
+            for name in dict.fromkeys(names) if name not in frame.columns]
+
+
 def require_columns(frame, names, where: str) -> None:
     """Raise :class:`InputDataError` naming the first missing column and listing the others."""
-    available = [str(c) for c in frame.columns]
-    for name in names:
-        if name not in frame.columns:
-            raise InputDataError(
-                f"{where}: there is no column {name!r}; available columns are {available}. Name "
-                "yours with id_column=, quality_column=, embedding_column=, token_column= or by=")
+    for _, message in missing_columns(frame, names, where)[:1]:
+        raise InputDataError(message)
 
 
 def numeric_values(frame, name: str, where: str) -> np.ndarray:
@@ -102,17 +106,13 @@ def embedding_source(series, where: str, expected_dim: int | None = None):
     or torch tensor on the GPU (cuDF), a new one the caller may modify; ``span(start, stop)``
     gives rows ``start:stop`` for reading only (a view of the column's memory where possible).
     """
-    check_embedding_dtype(series.dtype, series.name, where)
+    check_embedding_type(series.dtype, series.name, where)
     if is_cudf(series):
         source = _CudfEmbeddings(series, where)
-    elif isinstance(series.dtype, pd.ArrowDtype) and _is_list_type(series.dtype.pyarrow_dtype):
-        source = _ArrowEmbeddings(series, where)
     elif series.dtype == object:
         source = _ObjectEmbeddings(series, where)
-    else:
-        raise InputDataError(
-            f"{where}: embedding column {series.name!r} has dtype {series.dtype}; expected a list "
-            "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
+    else:  # an Arrow list column: check_embedding_type allows nothing else
+        source = _ArrowEmbeddings(series, where)
     if len(series) and source.dim < 2:
         raise InputDataError(f"{where}: embedding column {series.name!r} has {source.dim} "
                              "dimension(s); at least 2 are needed")
@@ -132,22 +132,31 @@ def embedding_matrix(series):
     return embedding_source(series, f"column {series.name!r}").rows(np.arange(len(series)))
 
 
-def check_embedding_dtype(dtype, name, where: str) -> None:
-    """Reject string dtypes early: Dask turns object columns of arrays into their text."""
+def check_embedding_type(dtype, name, where: str) -> None:
+    """Reject embedding dtypes that cannot hold numeric vectors (text, lists of text...)."""
     pa_type = getattr(dtype, "pyarrow_dtype", None)
-    is_text = isinstance(dtype, pd.StringDtype) or (
-        pa_type is not None and (pa.types.is_string(pa_type) or pa.types.is_large_string(pa_type)))
-    if is_text:
+    # Dask turns object columns of arrays into their text: say so, since the fix is Dask's option
+    if isinstance(dtype, pd.StringDtype) or (
+            pa_type is not None and (pa.types.is_string(pa_type) or pa.types.is_large_string(pa_type))):
         raise InputDataError(
             f"{where}: embedding column {name!r} has dtype {dtype}, i.e. text. If it held arrays, Dask "
             "converted them to strings (dataframe.convert-string): store embeddings as an Arrow list "
             "column (pd.ArrowDtype, or parquet read with dtype_backend='pyarrow'), or build the Dask "
             "frame inside dask.config.set({'dataframe.convert-string': False})")
-
-
-def _is_list_type(pa_type) -> bool:
-    return (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
-            or pa.types.is_fixed_size_list(pa_type))
+    if pa_type is None:
+        # cuDF first: pandas' dtype tests raise on cuDF's list dtype ("issubclass() arg 1 must be a class")
+        if not (is_cudf(dtype) or pd.api.types.is_object_dtype(dtype)):
+            raise InputDataError(f"{where}: embedding column {name!r} has dtype {dtype}; expected a list "
+                                 "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
+        return
+    if not (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
+            or pa.types.is_fixed_size_list(pa_type)):
+        raise InputDataError(f"{where}: embedding column {name!r} has Arrow type {pa_type}; expected a list "
+                             "or fixed-size list of floats")
+    value = pa_type.value_type
+    if not (pa.types.is_floating(value) or pa.types.is_integer(value) or pa.types.is_decimal(value)):
+        raise InputDataError(f"{where}: embedding column {name!r} holds lists of {value}, not numbers: "
+                             "store the vectors as lists of float32")
 
 
 def _ragged_error(where: str, name, lengths: np.ndarray) -> InputDataError:

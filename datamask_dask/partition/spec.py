@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
 from ..config import learner_options
 from ..errors import InputDataError, OptionError, Problem, problems_error
@@ -156,18 +154,14 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
 
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
     """What the dataframe's declared schema (``meta``) lacks or types wrongly for ``spec``."""
-    problems: list[Problem] = []
-    available = [str(c) for c in meta.columns]
-    for name in dict.fromkeys(spec.plan_columns + spec.select_columns + ([spec.id_column] if spec.check_ids
-                                                                         else [])):
-        if name not in meta.columns:
-            problems.append(Problem(
-                f"the dataframe: there is no column {name!r}; available columns are {available}. Name "
-                "yours with id_column=, quality_column=, embedding_column=, token_column= or by=", name))
-    if problems:
-        return problems
+    columns = spec.plan_columns + spec.select_columns + ([spec.id_column] if spec.check_ids else [])
+    missing = adapters.missing_columns(meta, columns, "the dataframe")
+    if missing:
+        return [Problem(message, name) for name, message in missing]
+    problems = []
     try:
-        check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column, "the dataframe")
+        adapters.check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column,
+                                      "the dataframe")
     except InputDataError as exc:
         problems.append(Problem(str(exc), spec.embedding_column))
     numeric = [(name, "quality") for name, _ in spec.quality]
@@ -178,25 +172,6 @@ def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
             problems.append(Problem(f"{kind} column {name!r} must be numeric, got dtype {dtype}: cast it "
                                     "(e.g. ddf[col].astype('float64')) or pick another column", name))
     return problems
-
-
-def check_embedding_type(dtype, name, where: str) -> None:
-    """Reject embedding dtypes that cannot hold numeric vectors (text, lists of text...)."""
-    adapters.check_embedding_dtype(dtype, name, where)
-    pa_type = getattr(dtype, "pyarrow_dtype", None)
-    if pa_type is None:
-        # cuDF first: pandas' dtype tests raise on cuDF's list dtype ("issubclass() arg 1 must be a class")
-        if not (adapters.is_cudf(dtype) or pd.api.types.is_object_dtype(dtype)):
-            raise InputDataError(f"{where}: embedding column {name!r} has dtype {dtype}; expected a list "
-                                 "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
-        return
-    if not adapters._is_list_type(pa_type):
-        raise InputDataError(f"{where}: embedding column {name!r} has Arrow type {pa_type}; expected a list "
-                             "or fixed-size list of floats")
-    value = pa_type.value_type
-    if not (pa.types.is_floating(value) or pa.types.is_integer(value) or pa.types.is_decimal(value)):
-        raise InputDataError(f"{where}: embedding column {name!r} holds lists of {value}, not numbers: "
-                             "store the vectors as lists of float32")
 
 
 def _quality_weights(value) -> tuple:
