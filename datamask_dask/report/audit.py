@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pandas as pd
 
+from ..io.parquet import parquet_file
 from ..io.storage import resolve
 from ..io.tables import parse_table_uri, read_table, table_record
 from ..partition.explain import DUPLICATE_COLUMN, REASON_COLUMN, REASONS, SIMILARITY_COLUMN
@@ -27,11 +28,11 @@ MAX_DEPTH = 64  # links followed from a near-duplicate to its kept row
 
 
 def output_record(output) -> dict:
-    """The run record of a datamask output (ValueError where it has none)."""
+    """The run record of a datamask output (FileNotFoundError or ValueError where it has none)."""
     table = parse_table_uri(output)
     if table.format == "parquet":
         return RunSummary.read(resolve(table.location)).record
-    record = table_record(table)
+    record = table_record(table)  # of a Delta commit or an Iceberg snapshot
     if record is None:
         raise ValueError(f"{table.uri} has no datamask run record: it was not written by `datamask select`")
     return record
@@ -46,16 +47,12 @@ def read_output(output, columns: list[str]) -> tuple[pd.DataFrame, dict]:
         When the output carries no datamask run record.
     """
     table = parse_table_uri(output)
+    record = output_record(output)
     if table.format == "parquet":
-        source = resolve(table.location)
-        record = RunSummary.read(source).record
-        files = _files(source, record)
+        files = data_files(resolve(table.location), record)
         frame = sample_files(files, columns, sys.maxsize)
         frame["_partition"] = _file_partitions(files, frame, columns)
         return _integral_links(frame), record
-    record = table_record(table)
-    if record is None:
-        raise ValueError(f"{table.uri} has no datamask run record: it was not written by `datamask select`")
     ddf = read_table(table).frame
     frame = ddf[[c for c in columns if c in ddf.columns]].compute(scheduler="threads")
     return _integral_links(frame.reset_index(drop=True)), record
@@ -71,7 +68,7 @@ def _integral_links(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _files(source, record: dict) -> list:
+def data_files(source, record: dict) -> list:
     """The data files of a parquet output (a file, or the parts its run record lists)."""
     if source.isfile():
         return [source]
@@ -94,14 +91,14 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
     selected = settings.get("selected_column") or "selected"
     table = parse_table_uri(output)
     if table.format == "parquet":
-        files = _files(resolve(table.location), record)
+        files = data_files(resolve(table.location), record)
 
         def read(file, filters):
             found = pq.read_table(file.path, columns=[id_column, embedding], filters=filters,
                                   filesystem=None if file.local else file.fs)
             return found.to_pandas(types_mapper=pd.ArrowDtype)
 
-        if not files or embedding not in _parquet_schema(files[0]):
+        if not files or embedding not in parquet_file(files[0]).schema_arrow.names:
             return []
         mine = next((f for f in (read(file, [(id_column, "==", value)]) for file in files) if len(f)), None)
         chosen = pd.concat([read(file, [(selected, "==", True)]) for file in files], ignore_index=True)
@@ -119,16 +116,8 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
     return [{"id": _plain(chosen[id_column].iloc[i]), "cosine": float(cosine[i])} for i in best]
 
 
-def _parquet_schema(file) -> list[str]:
-    from ..io.parquet import parquet_file
-
-    return parquet_file(file).schema_arrow.names
-
-
 def _file_partitions(files, frame, columns) -> np.ndarray:
     """The partition of each row, from the part file it came from (``part.N.parquet``); -1 if unknown."""
-    from ..io.parquet import parquet_file
-
     numbers = []
     for file in sorted(files, key=lambda f: str(f)):
         name = str(getattr(file, "path", file)).rsplit("/", 1)[-1]
@@ -139,20 +128,25 @@ def _file_partitions(files, frame, columns) -> np.ndarray:
     return out if out.size == len(frame) else np.full(len(frame), -1)
 
 
-def quality_of(frame: pd.DataFrame, settings: dict) -> np.ndarray:
-    """The combined quality of each row, as the selection weighed the quality columns."""
+def quality_weights(settings: dict) -> dict:
+    """``{quality column: weight}`` of a run's settings, the weights summing to 1."""
     quality = settings.get("quality_column") or "quality_score"
     weights = ({quality: 1.0} if isinstance(quality, str) else dict(quality) if isinstance(quality, dict)
                else {c: 1.0 for c in quality})
     total = sum(weights.values()) or 1.0
-    return sum(w / total * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64) for c, w in weights.items())
+    return {c: w / total for c, w in weights.items()}
+
+
+def quality_of(frame: pd.DataFrame, settings: dict) -> np.ndarray:
+    """The combined quality of each row, as the selection weighed the quality columns."""
+    weights = quality_weights(settings)
+    return sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64) for c, w in weights.items())
 
 
 def explained_columns(record: dict) -> list[str]:
     """The columns the audit reads from an output of ``record``'s settings."""
     settings = record.get("settings") or {}
-    quality = settings.get("quality_column") or "quality_score"
-    names = [quality] if isinstance(quality, str) else list(quality)
+    names = [*quality_weights(settings)]
     names += [settings.get("id_column") or "chunk_id", settings.get("selected_column") or "selected",
               REASON_COLUMN, DUPLICATE_COLUMN, SIMILARITY_COLUMN]
     names += [settings["by"]] if settings.get("by") else []
@@ -240,15 +234,13 @@ def parse_id(text: str, dtype):
     """The ``--id`` value in the id column's type (a number for a numeric column)."""
     from ..partition.adapters import is_numeric_dtype
 
-    if not is_numeric_dtype(dtype):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            return text
+    if is_numeric_dtype(dtype):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    return text
 
 
 def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int = 3) -> dict:

@@ -30,8 +30,9 @@ import numpy as np
 import pandas as pd
 
 from ..io.storage import Location, resolve
-from ..io.tables import parse_table_uri, read_table, table_record
+from ..io.tables import parse_table_uri, read_table
 from ..run.summary import RunSummary, sample_files, unit_rows
+from .audit import data_files, output_record, quality_of, quality_weights
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
 MAX_TABLE_ROWS = 200  # rows shown of the per-partition table
@@ -67,20 +68,15 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     """
     table = parse_table_uri(output_path)
     target = resolve(out_dir)
+    summary = RunSummary(output_record(output_path))
+    source = table
     if table.format == "parquet":
         source = resolve(table.location)
-        summary = RunSummary.read(source)
         inside = (type(source.fs) is type(target.fs) and source.isdir()
                   and (target.path.rstrip("/") + "/").startswith(source.path.rstrip("/") + "/"))
         if inside:
             raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
                              "elsewhere (a datamask output holds only the files its run wrote)")
-    else:  # the record of a Delta commit or an Iceberg snapshot
-        record = table_record(table)
-        if record is None:
-            raise ValueError(f"{table.uri} has no datamask run record: it was not written by "
-                             "`datamask select`")
-        source, summary = table, RunSummary(record)
     target.makedirs()
     sample = _sample(source, summary, sample_rows, seed)
     figures = {}
@@ -92,35 +88,17 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
             figures[name] = png
     page = target.child("index.html")
     name = posixpath.basename(table.location.rstrip("/"))
-    explained = (summary.record.get("settings") or {}).get("explain")
-    audited = _audit(output_path, summary.record, seed) if explained else None
+    audited = None
+    if (summary.record.get("settings") or {}).get("explain"):  # its small columns and text, read whole
+        from .audit import audit, explained_columns, read_output
+
+        frame, record = read_output(output_path, explained_columns(summary.record) + ["text"])
+        audited = audit(frame, record, seed=seed)
     page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
     return Path(page.path) if page.local else page.uri
 
 
 # --------------------------------------------------------------------------- data
-
-
-def _columns(settings: dict) -> dict:
-    quality = settings.get("quality_column") or "quality_score"
-    if isinstance(quality, str):
-        weights = {quality: 1.0}
-    elif isinstance(quality, dict):
-        weights = {str(k): float(v) for k, v in quality.items()}
-    else:
-        weights = {str(c): 1.0 for c in quality}
-    total = sum(weights.values()) or 1.0
-    return {"quality": {c: w / total for c, w in weights.items()},
-            "embedding": settings.get("embedding_column") or "feature_arr",
-            "selected": settings.get("selected_column") or "selected", "by": settings.get("by")}
-
-
-def _data_files(source: Location, record: dict) -> list[Location]:
-    if source.isfile():
-        return [source]
-    present = set(source.list())
-    listed = [source.child(name) for name in record.get("files", []) if name in present]
-    return listed or [source.child(name) for name in sorted(present) if name.endswith(".parquet")]
 
 
 def _table_sample(table, columns: list[str], n: int, seed: int) -> pd.DataFrame:
@@ -138,22 +116,23 @@ def _table_sample(table, columns: list[str], n: int, seed: int) -> pd.DataFrame:
 
 def _sample(source, summary: RunSummary, n: int, seed: int) -> dict:
     """The sample's quality, unit embeddings and selection mask (empty arrays when unreadable)."""
-    cols = _columns(summary.record.get("settings") or {})
-    wanted = [*cols["quality"], cols["embedding"], cols["selected"]]
+    settings = summary.record.get("settings") or {}
+    embedding = settings.get("embedding_column") or "feature_arr"
+    selected = settings.get("selected_column") or "selected"
+    wanted = [*quality_weights(settings), embedding, selected]
     if n <= 0:
         frame = pd.DataFrame()
     elif isinstance(source, Location):
-        frame = sample_files(_data_files(source, summary.record), wanted, n, seed)
+        frame = sample_files(data_files(source, summary.record), wanted, n, seed)
     else:
         frame = _table_sample(source, wanted, n, seed)
     out = {"rows": len(frame), "quality": np.zeros(0), "selected": np.zeros(0, dtype=bool),
            "embeddings": None}
     if not len(frame) or any(c not in frame.columns for c in wanted):
         return out
-    out["quality"] = sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64)
-                         for c, w in cols["quality"].items())
-    out["selected"] = frame[cols["selected"]].to_numpy(dtype=bool)
-    out["embeddings"] = unit_rows(frame[cols["embedding"]])
+    out["quality"] = quality_of(frame, settings)
+    out["selected"] = frame[selected].to_numpy(dtype=bool)
+    out["embeddings"] = unit_rows(frame[embedding])
     return out
 
 
@@ -318,14 +297,6 @@ def _table(frame: pd.DataFrame, limit: int | None = None) -> str:
         note = f'<p class="note">First {limit} of {len(frame)} rows.</p>'
         frame = frame.head(limit)
     return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}", na_rep="") + note
-
-
-def _audit(output_path, record: dict, seed: int) -> dict | None:
-    """The audit of an output written with ``explain`` (its small columns and text, read whole)."""
-    from .audit import audit, explained_columns, read_output
-
-    frame, record = read_output(output_path, explained_columns(record) + ["text"])
-    return audit(frame, record, seed=seed)
 
 
 def _audit_html(audited: dict) -> list[str]:
