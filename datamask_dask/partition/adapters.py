@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from ..errors import InputDataError
 
-_SHOW = 5  # rows or values quoted in an error message
+SHOW = 5  # rows or values quoted in an error message
 
 
 def is_cudf(obj) -> bool:
@@ -77,11 +77,11 @@ def group_codes(frame, name: str, where: str) -> tuple[np.ndarray, list]:
     if (codes < 0).any():
         bad = np.flatnonzero(codes < 0)
         raise InputDataError(f"{where}: group column {name!r} has {bad.size} null value(s) at rows "
-                             f"{bad[:_SHOW].tolist()}: fill them (e.g. 'unknown') or drop those rows")
-    return codes.astype(np.int64), [_plain(v) for v in labels]
+                             f"{bad[:SHOW].tolist()}: fill them (e.g. 'unknown') or drop those rows")
+    return codes.astype(np.int64), [plain(v) for v in labels]
 
 
-def _plain(value):
+def plain(value):
     """numpy scalars to Python ones, so labels compare and print the same in every process."""
     return value.item() if isinstance(value, np.generic) else value
 
@@ -103,7 +103,8 @@ def embedding_source(series, where: str, expected_dim: int | None = None):
     Returns
     -------
     object with ``dim`` (int) and ``rows(positions) -> (m, d)`` float32 numpy array (pandas)
-    or torch tensor on the GPU (cuDF), a new one the caller may modify; ``span(start, stop)``
+    or torch tensor on the GPU (cuDF) of the rows at sorted ``positions``, a new one the caller
+    may modify; ``span(start, stop)``
     gives rows ``start:stop`` for reading only (a view of the column's memory where possible).
     """
     check_embedding_type(series.dtype, series.name, where)
@@ -164,14 +165,14 @@ def _ragged_error(where: str, name, lengths: np.ndarray) -> InputDataError:
     common = values[np.argmax(counts)]
     bad = np.flatnonzero(lengths != common)
     return InputDataError(
-        f"{where}: embedding column {name!r} is ragged: rows have lengths {values[:_SHOW].tolist()}; "
-        f"{bad.size} row(s) differ from the usual {int(common)}, first at rows {bad[:_SHOW].tolist()}. "
+        f"{where}: embedding column {name!r} is ragged: rows have lengths {values[:SHOW].tolist()}; "
+        f"{bad.size} row(s) differ from the usual {int(common)}, first at rows {bad[:SHOW].tolist()}. "
         "Every embedding must have the same dimension")
 
 
 def _null_error(where: str, name, null_rows: np.ndarray) -> InputDataError:
     return InputDataError(f"{where}: embedding column {name!r} is null in {null_rows.size} row(s), first "
-                          f"{null_rows[:_SHOW].tolist()}: embed or drop those rows")
+                          f"{null_rows[:SHOW].tolist()}: embed or drop those rows")
 
 
 class _ArrowEmbeddings:
@@ -195,16 +196,11 @@ class _ArrowEmbeddings:
             self.dim = int(lengths[0]) if lengths.size else 0
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
-        """The rows at ``positions`` as a new float32 matrix: one copy, straight from Arrow memory."""
+        """The rows at sorted ``positions`` as a new float32 matrix: one copy, straight from Arrow memory."""
         positions = np.asarray(positions, dtype=np.int64)
-        if positions.size > 1 and (np.diff(positions) < 0).any():
-            order = np.argsort(positions, kind="stable")
-            out = np.empty((positions.size, self.dim), dtype=np.float32)
-            out[order] = self.rows(positions[order])
-            return out
         out = np.empty((positions.size, self.dim), dtype=np.float32)
         starts, matrices = self._matrices()
-        # positions are sorted: each chunk's rows are one segment of them
+        # each chunk's rows are one segment of the sorted positions
         bounds = np.searchsorted(positions, [*starts, starts[-1] + len(matrices[-1])] if matrices else [0])
         for start, matrix, lo, hi in zip(starts, matrices, bounds[:-1], bounds[1:], strict=True):
             if hi > lo:
