@@ -34,9 +34,9 @@ from ..errors import InputDataError, Problem, problems_error
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
 from . import adapters
+from .adapters import SHOW
 from .spec import SelectSpec
 
-SHOW = 5  # rows or values quoted in a message
 NORM_RANGE = (1e-12, 1e12)  # usable embedding norms: float32 squares stay normal numbers inside it
 _BLOCK_BYTES = 64 * 2**20  # embedding bytes checked at once (less when the memory budget is smaller)
 
@@ -433,7 +433,7 @@ def _dedupe(series: pd.Series, n_dup: int, examples: list):
     if dup.any():
         n_dup += int(dup.sum())
         for value in series.index[dup].unique()[:max(0, SHOW - len(examples))]:
-            examples.append((adapters._plain(value), sorted({int(p) for p in series.loc[[value]]})))
+            examples.append((adapters.plain(value), sorted({int(p) for p in series.loc[[value]]})))
         series = series[~dup]
     return series, n_dup, examples
 

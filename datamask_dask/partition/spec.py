@@ -69,23 +69,13 @@ class SelectSpec:
 
 
 def spec_from_meta(meta, settings: Mapping, *, ratio_given: bool = True, scheduler=None) -> SelectSpec:
-    """Validate resolved settings against a table's schema, given as an empty frame (``meta``).
+    """Validate resolved settings (:func:`datamask_dask.config.load_config`) against a table's
+    schema, given as an empty pandas or cuDF frame (``meta``).
 
-    Parameters
-    ----------
-    meta : pandas or cuDF DataFrame
-        The table's columns and dtypes (no rows needed).
-    settings : mapping
-        From :func:`datamask_dask.config.load_config`.
-    ratio_given : bool
-        Whether the caller named a ratio (a ratio and a token budget together are refused).
-    scheduler : optional
-        The Dask scheduler the job will run on (it gives the default ``memory_budget``).
-
-    Raises
-    ------
-    OptionError, InputDataError
-        For the first bad option, or the columns the schema lacks or types wrongly.
+    ``ratio_given``: whether the caller named a ratio (a ratio and a token budget together are
+    refused); ``scheduler``: the Dask scheduler the job will run on (it gives the default
+    ``memory_budget``). Raises :class:`OptionError` for the first bad option, or
+    :class:`InputDataError` for the columns the schema lacks or types wrongly.
     """
     spec = _spec_from_settings(settings, ratio_given, meta, scheduler)
     for name in filter(None, (spec.selected_column, spec.score_column)):
@@ -201,7 +191,7 @@ def _check_ratio(ratio, by):
         for group, value in ratio.items():
             if not _is_number(value) or not 0 <= value <= 1:
                 raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
-        return {adapters._plain(k): float(v) for k, v in ratio.items()}
+        return {adapters.plain(k): float(v) for k, v in ratio.items()}
     if not _is_number(ratio) or not 0 < ratio <= 1:
         raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
     return float(ratio)
@@ -215,7 +205,7 @@ def _check_budget(budget, by):
             if not _is_number(value) or not np.isfinite(value) or value < 0 or value != int(value):
                 raise OptionError(f"budget_tokens for group {group!r} is {value!r}: expected a whole "
                                   "number of tokens >= 0")
-        return {adapters._plain(k): int(v) for k, v in budget.items()}
+        return {adapters.plain(k): int(v) for k, v in budget.items()}
     if by is not None:
         raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would not say "
                           "how to share it between groups)")

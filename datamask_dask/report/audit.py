@@ -20,6 +20,7 @@ import pandas as pd
 from ..io.parquet import parquet_file
 from ..io.storage import resolve
 from ..io.tables import parse_table_uri, read_table, table_record
+from ..partition.adapters import is_numeric_dtype, plain
 from ..partition.explain import DUPLICATE_COLUMN, REASON_COLUMN, REASONS, SIMILARITY_COLUMN
 from ..run.summary import RunSummary, sample_files
 
@@ -39,13 +40,8 @@ def output_record(output) -> dict:
 
 
 def read_output(output, columns: list[str]) -> tuple[pd.DataFrame, dict]:
-    """``columns`` (those present) of every row of a datamask output, and its run record.
-
-    Raises
-    ------
-    ValueError
-        When the output carries no datamask run record.
-    """
+    """``columns`` (those present) of every row of a datamask output, and its run record
+    (:func:`output_record`)."""
     table = parse_table_uri(output)
     record = output_record(output)
     if table.format == "parquet":
@@ -113,7 +109,7 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
     chosen = chosen[chosen[id_column] != value].reset_index(drop=True)
     cosine = unit_rows(chosen[embedding]) @ unit_rows(mine[embedding].iloc[:1])[0]
     best = np.argsort(-cosine, kind="stable")[:k]
-    return [{"id": _plain(chosen[id_column].iloc[i]), "cosine": float(cosine[i])} for i in best]
+    return [{"id": plain(chosen[id_column].iloc[i]), "cosine": float(cosine[i])} for i in best]
 
 
 def _file_partitions(files, frame, columns) -> np.ndarray:
@@ -182,10 +178,8 @@ def audit(frame: pd.DataFrame, record: dict, *, groups: int = 8, seed: int = 0,
     id_column = settings.get("id_column") or "chunk_id"
     reason = frame[REASON_COLUMN].astype(str).to_numpy()
     counts = pd.Series(reason).value_counts().reindex(list(REASONS), fill_value=0)
-    ids = frame[id_column].to_numpy()
-    duplicate_of = _links(frame)
     quality = quality_of(frame, settings)
-    root = kept_rows(ids, duplicate_of)
+    root = kept_rows(frame[id_column].to_numpy(), _links(frame))
     near = np.flatnonzero(reason == "near-duplicate")
     members = pd.DataFrame({"root": root[near], "row": near}).query("root >= 0")
     best = members.assign(q=quality[members["row"]]).groupby("root")["q"].max()
@@ -212,9 +206,9 @@ def _links(frame) -> np.ndarray:
 def _row(frame, position: int, id_column: str, quality, reason, text) -> dict:
     row = frame.iloc[position]
     similarity = row[SIMILARITY_COLUMN]
-    out = {"id": _plain(row[id_column]), "quality": float(quality[position]), "reason": str(reason[position]),
+    out = {"id": plain(row[id_column]), "quality": float(quality[position]), "reason": str(reason[position]),
            "similarity": None if pd.isna(similarity) else float(similarity),
-           "duplicate_of": None if pd.isna(row[DUPLICATE_COLUMN]) else _plain(row[DUPLICATE_COLUMN])}
+           "duplicate_of": None if pd.isna(row[DUPLICATE_COLUMN]) else plain(row[DUPLICATE_COLUMN])}
     if text is not None:
         out["text"] = _snippet(row[text])
     return out
@@ -226,14 +220,8 @@ def _snippet(value) -> str:
     return value if len(value) <= SNIPPET else value[:SNIPPET - 1] + "\u2026"
 
 
-def _plain(value):
-    return value.item() if hasattr(value, "item") else value
-
-
 def parse_id(text: str, dtype):
     """The ``--id`` value in the id column's type (a number for a numeric column)."""
-    from ..partition.adapters import is_numeric_dtype
-
     if is_numeric_dtype(dtype):
         for kind in (int, float):
             try:
@@ -247,12 +235,8 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     """One row's story from an explained output: its reason and quality, its near-duplicate group
     (members, quality, estimated cosine, the kept row), its partition's quota and its quality rank
     there, the ``neighbours`` nearest selected rows by embedding (0: none, nothing more is read) and
-    text snippets where a text column exists.
-
-    Raises
-    ------
-    ValueError
-        For an output written without ``explain``, or an id it does not hold.
+    text snippets where a text column exists. Raises ValueError for an output written without
+    ``explain``, or an id it does not hold.
     """
     record = output_record(output)
     settings = record.get("settings") or {}
@@ -268,14 +252,13 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     where = np.flatnonzero(ids == value)
     if not where.size:
         raise ValueError(f"--id {row_id!r}: no row of {output} has {id_column} = {value!r} "
-                         f"(e.g. {', '.join(repr(_plain(v)) for v in ids[:3])})")
+                         f"(e.g. {', '.join(repr(plain(v)) for v in ids[:3])})")
     at = int(where[0])
     reason = frame[REASON_COLUMN].astype(str).to_numpy()
     quality = quality_of(frame, settings)
-    duplicate_of = _links(frame)
-    root = kept_rows(ids, duplicate_of)
+    root = kept_rows(ids, _links(frame))
     text = text_column if text_column in frame.columns else None
-    story = {"id": _plain(value), "row": _row(frame, at, id_column, quality, reason, text),
+    story = {"id": plain(value), "row": _row(frame, at, id_column, quality, reason, text),
              "threshold": settings.get("duplicate_cosine"), "prune": settings.get("prune")}
     kept = int(root[at])
     in_group = np.flatnonzero((root == kept) & (reason == "near-duplicate") & (kept >= 0))
@@ -294,7 +277,7 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
                               "eligible": int(eligible.sum()), "group": frame[by].iloc[at] if by else None,
                               "quality_rank": int((quality[mine] > quality[at]).sum()) + 1}
     if neighbours > 0:
-        story["nearest_selected"] = nearest_selected(output, record, _plain(value), neighbours)
+        story["nearest_selected"] = nearest_selected(output, record, plain(value), neighbours)
     return story
 
 
