@@ -91,9 +91,9 @@ def explain_columns(frame, id_column: str, reasons: np.ndarray, links: dict | No
 
 def arrow_fields(id_type: pa.DataType) -> list[pa.Field]:
     """The explain columns' Arrow fields, for an id column of Arrow type ``id_type``."""
-    meta = pd.Series([], dtype=pd.ArrowDtype(id_type)).dtype
     return [pa.field(REASON_COLUMN, pa.string(), nullable=False),
-            pa.field(DUPLICATE_COLUMN, duplicate_type(meta)), pa.field(SIMILARITY_COLUMN, pa.float32())]
+            pa.field(DUPLICATE_COLUMN, duplicate_type(pd.ArrowDtype(id_type))),
+            pa.field(SIMILARITY_COLUMN, pa.float32())]
 
 
 def arrow_columns(out, id_type: pa.DataType) -> list[tuple[pa.Field, pa.Array]]:
