@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from ..errors import InputDataError
 
-_SHOW = 5  # rows or values quoted in an error message
+SHOW = 5  # rows or values quoted in an error message
 
 
 def is_cudf(obj) -> bool:
@@ -41,14 +41,18 @@ def backend(frame) -> str:
     return "cudf" if is_cudf(frame) else "pandas"
 
 
+def missing_columns(frame, names, where: str) -> list[tuple[str, str]]:
+    """``(name, message)`` for each of ``names`` that ``frame`` lacks, the message listing the others."""
+    available = [str(c) for c in frame.columns]
+    return [(name, f"{where}: there is no column {name!r}; available columns are {available}. Name yours "
+             "with id_column=, quality_column=, embedding_column=, token_column= or by=")
+            for name in dict.fromkeys(names) if name not in frame.columns]
+
+
 def require_columns(frame, names, where: str) -> None:
     """Raise :class:`InputDataError` naming the first missing column and listing the others."""
-    available = [str(c) for c in frame.columns]
-    for name in names:
-        if name not in frame.columns:
-            raise InputDataError(
-                f"{where}: there is no column {name!r}; available columns are {available}. Name "
-                "yours with id_column=, quality_column=, embedding_column=, token_column= or by=")
+    for _, message in missing_columns(frame, names, where)[:1]:
+        raise InputDataError(message)
 
 
 def numeric_values(frame, name: str, where: str) -> np.ndarray:
@@ -73,11 +77,11 @@ def group_codes(frame, name: str, where: str) -> tuple[np.ndarray, list]:
     if (codes < 0).any():
         bad = np.flatnonzero(codes < 0)
         raise InputDataError(f"{where}: group column {name!r} has {bad.size} null value(s) at rows "
-                             f"{bad[:_SHOW].tolist()}: fill them (e.g. 'unknown') or drop those rows")
-    return codes.astype(np.int64), [_plain(v) for v in labels]
+                             f"{bad[:SHOW].tolist()}: fill them (e.g. 'unknown') or drop those rows")
+    return codes.astype(np.int64), [plain(v) for v in labels]
 
 
-def _plain(value):
+def plain(value):
     """numpy scalars to Python ones, so labels compare and print the same in every process."""
     return value.item() if isinstance(value, np.generic) else value
 
@@ -99,20 +103,17 @@ def embedding_source(series, where: str, expected_dim: int | None = None):
     Returns
     -------
     object with ``dim`` (int) and ``rows(positions) -> (m, d)`` float32 numpy array (pandas)
-    or torch tensor on the GPU (cuDF), a new one the caller may modify; ``span(start, stop)``
+    or torch tensor on the GPU (cuDF) of the rows at sorted ``positions``, a new one the caller
+    may modify; ``span(start, stop)``
     gives rows ``start:stop`` for reading only (a view of the column's memory where possible).
     """
-    check_embedding_dtype(series.dtype, series.name, where)
+    check_embedding_type(series.dtype, series.name, where)
     if is_cudf(series):
         source = _CudfEmbeddings(series, where)
-    elif isinstance(series.dtype, pd.ArrowDtype) and _is_list_type(series.dtype.pyarrow_dtype):
-        source = _ArrowEmbeddings(series, where)
     elif series.dtype == object:
         source = _ObjectEmbeddings(series, where)
-    else:
-        raise InputDataError(
-            f"{where}: embedding column {series.name!r} has dtype {series.dtype}; expected a list "
-            "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
+    else:  # an Arrow list column: check_embedding_type allows nothing else
+        source = _ArrowEmbeddings(series, where)
     if len(series) and source.dim < 2:
         raise InputDataError(f"{where}: embedding column {series.name!r} has {source.dim} "
                              "dimension(s); at least 2 are needed")
@@ -132,22 +133,31 @@ def embedding_matrix(series):
     return embedding_source(series, f"column {series.name!r}").rows(np.arange(len(series)))
 
 
-def check_embedding_dtype(dtype, name, where: str) -> None:
-    """Reject string dtypes early: Dask turns object columns of arrays into their text."""
+def check_embedding_type(dtype, name, where: str) -> None:
+    """Reject embedding dtypes that cannot hold numeric vectors (text, lists of text...)."""
     pa_type = getattr(dtype, "pyarrow_dtype", None)
-    is_text = isinstance(dtype, pd.StringDtype) or (
-        pa_type is not None and (pa.types.is_string(pa_type) or pa.types.is_large_string(pa_type)))
-    if is_text:
+    # Dask turns object columns of arrays into their text: say so, since the fix is Dask's option
+    if isinstance(dtype, pd.StringDtype) or (
+            pa_type is not None and (pa.types.is_string(pa_type) or pa.types.is_large_string(pa_type))):
         raise InputDataError(
             f"{where}: embedding column {name!r} has dtype {dtype}, i.e. text. If it held arrays, Dask "
             "converted them to strings (dataframe.convert-string): store embeddings as an Arrow list "
             "column (pd.ArrowDtype, or parquet read with dtype_backend='pyarrow'), or build the Dask "
             "frame inside dask.config.set({'dataframe.convert-string': False})")
-
-
-def _is_list_type(pa_type) -> bool:
-    return (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
-            or pa.types.is_fixed_size_list(pa_type))
+    if pa_type is None:
+        # cuDF first: pandas' dtype tests raise on cuDF's list dtype ("issubclass() arg 1 must be a class")
+        if not (is_cudf(dtype) or pd.api.types.is_object_dtype(dtype)):
+            raise InputDataError(f"{where}: embedding column {name!r} has dtype {dtype}; expected a list "
+                                 "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
+        return
+    if not (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
+            or pa.types.is_fixed_size_list(pa_type)):
+        raise InputDataError(f"{where}: embedding column {name!r} has Arrow type {pa_type}; expected a list "
+                             "or fixed-size list of floats")
+    value = pa_type.value_type
+    if not (pa.types.is_floating(value) or pa.types.is_integer(value) or pa.types.is_decimal(value)):
+        raise InputDataError(f"{where}: embedding column {name!r} holds lists of {value}, not numbers: "
+                             "store the vectors as lists of float32")
 
 
 def _ragged_error(where: str, name, lengths: np.ndarray) -> InputDataError:
@@ -155,14 +165,14 @@ def _ragged_error(where: str, name, lengths: np.ndarray) -> InputDataError:
     common = values[np.argmax(counts)]
     bad = np.flatnonzero(lengths != common)
     return InputDataError(
-        f"{where}: embedding column {name!r} is ragged: rows have lengths {values[:_SHOW].tolist()}; "
-        f"{bad.size} row(s) differ from the usual {int(common)}, first at rows {bad[:_SHOW].tolist()}. "
+        f"{where}: embedding column {name!r} is ragged: rows have lengths {values[:SHOW].tolist()}; "
+        f"{bad.size} row(s) differ from the usual {int(common)}, first at rows {bad[:SHOW].tolist()}. "
         "Every embedding must have the same dimension")
 
 
 def _null_error(where: str, name, null_rows: np.ndarray) -> InputDataError:
     return InputDataError(f"{where}: embedding column {name!r} is null in {null_rows.size} row(s), first "
-                          f"{null_rows[:_SHOW].tolist()}: embed or drop those rows")
+                          f"{null_rows[:SHOW].tolist()}: embed or drop those rows")
 
 
 class _ArrowEmbeddings:
@@ -186,16 +196,11 @@ class _ArrowEmbeddings:
             self.dim = int(lengths[0]) if lengths.size else 0
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
-        """The rows at ``positions`` as a new float32 matrix: one copy, straight from Arrow memory."""
+        """The rows at sorted ``positions`` as a new float32 matrix: one copy, straight from Arrow memory."""
         positions = np.asarray(positions, dtype=np.int64)
-        if positions.size > 1 and (np.diff(positions) < 0).any():
-            order = np.argsort(positions, kind="stable")
-            out = np.empty((positions.size, self.dim), dtype=np.float32)
-            out[order] = self.rows(positions[order])
-            return out
         out = np.empty((positions.size, self.dim), dtype=np.float32)
         starts, matrices = self._matrices()
-        # positions are sorted: each chunk's rows are one segment of them
+        # each chunk's rows are one segment of the sorted positions
         bounds = np.searchsorted(positions, [*starts, starts[-1] + len(matrices[-1])] if matrices else [0])
         for start, matrix, lo, hi in zip(starts, matrices, bounds[:-1], bounds[1:], strict=True):
             if hi > lo:

@@ -34,9 +34,9 @@ from ..errors import InputDataError, Problem, problems_error
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
 from . import adapters
-from .spec import SelectSpec, check_embedding_type
+from .adapters import SHOW
+from .spec import SelectSpec
 
-SHOW = 5  # rows or values quoted in a message
 NORM_RANGE = (1e-12, 1e12)  # usable embedding norms: float32 squares stay normal numbers inside it
 _BLOCK_BYTES = 64 * 2**20  # embedding bytes checked at once (less when the memory budget is smaller)
 
@@ -70,20 +70,8 @@ def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | 
                     expected_dim: int | None = None) -> PartitionCheck:
     """Run every per-partition check on ``frame`` (partition ``number``); never raises for bad data.
 
-    Parameters
-    ----------
-    frame : pandas or cuDF DataFrame
-    number : int
-        The partition's number, used in messages.
-    spec : SelectSpec
-    embeddings : bool, optional
-        Also check the embedding column (default: when ``spec.validate == "full"``).
-    expected_dim : int, optional
-        Embedding dimension the rest of the table has.
-
-    Returns
-    -------
-    PartitionCheck
+    ``embeddings``: also check the embedding column (default: with ``validate="full"`` or table
+    scope); ``expected_dim``: the embedding dimension the rest of the table has.
     """
     where = f"partition {number}"
     if embeddings is None:  # table scope reads the embeddings in the plan pass anyway: check them there
@@ -91,13 +79,9 @@ def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | 
     sign = embeddings and spec.diversity_scope == "table"
     columns = spec.plan_columns + ([spec.embedding_column] if embeddings else [])
     check = PartitionCheck(rows=len(frame), problems=[])
-    available = [str(c) for c in frame.columns]
-    missing = [c for c in dict.fromkeys(columns) if c not in frame.columns]
+    missing = adapters.missing_columns(frame, columns, where)
     if missing:
-        check.problems = [Problem(
-            f"{where}: there is no column {name!r}; available columns are {available}. Name yours with "
-            "id_column=, quality_column=, embedding_column=, token_column= or by=", name, number)
-            for name in missing]
+        check.problems = [Problem(message, name, number) for name, message in missing]
         return check
     problems = check.problems
     check.quality = _collect(problems, quality_values, frame, spec, where, number)
@@ -212,7 +196,6 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     name = spec.embedding_column
     series = frame[name]
     try:
-        check_embedding_type(series.dtype, name, where)
         source = adapters.embedding_source(series, where, expected_dim)
     except InputDataError as exc:
         return None, [Problem(str(exc), name, number)], None, None
@@ -308,19 +291,11 @@ def check_vectors(embeddings, positions: np.ndarray, frame, spec: SelectSpec, wh
     ``embeddings``: float32 numpy array, or torch tensor (GPU partitions). Returns the rows'
     norms (float32, host), so the caller can normalise without another pass.
     """
-    if isinstance(embeddings, np.ndarray):
-        norms = np.sqrt(np.einsum("ij,ij->i", embeddings, embeddings))  # float32, no (n, d) temporary
-    else:
-        norms = embeddings.norm(dim=1).cpu().numpy()
-    low, high = NORM_RANGE
-    suspect = np.flatnonzero(~((norms >= low) & (norms <= high)))
-    if suspect.size:  # error path: classify these rows from exact float64 norms
-        exact = norms.astype(np.float64)
-        exact[suspect] = _exact_norms(embeddings[suspect])
-        problems = vector_problems(exact, positions, frame, spec, where)
-        if problems:
-            raise problems_error(problems)
-    return norms
+    norms = row_norms(embeddings)
+    problems = vector_problems(norms, positions, frame, spec, where)
+    if problems:
+        raise problems_error(problems)
+    return norms.astype(np.float32)
 
 
 def _digest(frame, spec: SelectSpec, check: PartitionCheck, vectors: np.ndarray | None) -> str:
@@ -338,11 +313,9 @@ def _digest(frame, spec: SelectSpec, check: PartitionCheck, vectors: np.ndarray 
     return digest.hexdigest()
 
 
-
 def summarise_partition(frame, number: int, spec: SelectSpec) -> PartitionSummary:
     """One partition's contribution to the plan, after its checks: rows, dimension, sketches."""
-    scan = scan_partition(frame, number, spec)
-    return summarise_scan(scan)
+    return summarise_scan(scan_partition(frame, number, spec))
 
 
 @dataclass(frozen=True)
@@ -376,19 +349,16 @@ def duplicate_input(scan: Scan) -> dict:
     return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}
 
 
-def summarise_scan(scan: Scan, groups: DuplicateGroups | np.ndarray | None = None) -> PartitionSummary:
+def summarise_scan(scan: Scan, groups: DuplicateGroups | None = None) -> PartitionSummary:
     """Round 2: the partition's plan summary, its shadowed rows left out of the sketches.
 
     ``groups``: the partition's entry of :func:`datamask_dask.dedup.search.find_groups` (its
-    shadowed rows, and its kept rows with the group sizes they stand for), or only the shadowed
-    rows' positions.
+    shadowed rows, and its kept rows with the group sizes they stand for).
     """
-    if isinstance(groups, DuplicateGroups):
-        summary = summarise_check(scan.check, groups.shadowed, groups.kept, groups.weights)
-    else:
-        summary = summarise_check(scan.check, groups)
-    explained = scan.ids is not None and isinstance(groups, DuplicateGroups)
-    links = duplicate_links(scan, groups) if explained else None
+    if groups is None:
+        return dataclasses.replace(summarise_check(scan.check), stages=scan.stages)
+    summary = summarise_check(scan.check, groups.shadowed, groups.kept, groups.weights)
+    links = duplicate_links(scan, groups) if scan.ids is not None else None
     return dataclasses.replace(summary, stages=scan.stages, links=links)
 
 
@@ -447,7 +417,6 @@ def summarise_check(check, shadowed: np.ndarray | None = None, kept: np.ndarray 
     return PartitionSummary(n=check.rows, cells=cells, dim=check.dim, digest=check.digest)
 
 
-
 # --------------------------------------------------------------------------- ids across partitions
 
 
@@ -464,7 +433,7 @@ def _dedupe(series: pd.Series, n_dup: int, examples: list):
     if dup.any():
         n_dup += int(dup.sum())
         for value in series.index[dup].unique()[:max(0, SHOW - len(examples))]:
-            examples.append((adapters._plain(value), sorted({int(p) for p in series.loc[[value]]})))
+            examples.append((adapters.plain(value), sorted({int(p) for p in series.loc[[value]]})))
         series = series[~dup]
     return series, n_dup, examples
 

@@ -46,29 +46,16 @@ def check_free(columns) -> None:
 def duplicate_type(id_dtype) -> pa.DataType:
     """The Arrow type of ``duplicate_of``: the id column's kind (int64, float64 or string), nullable."""
     if adapters.is_numeric_dtype(id_dtype) and not pd.api.types.is_bool_dtype(id_dtype):
-        kind = getattr(id_dtype, "pyarrow_dtype", None)
-        if kind is not None:
-            return pa.int64() if pa.types.is_integer(kind) else pa.float64()
-        numpy_kind = np.dtype(getattr(id_dtype, "numpy_dtype", id_dtype)).kind
-        return pa.int64() if numpy_kind in "iu" else pa.float64()
+        return pa.int64() if pd.api.types.is_integer_dtype(id_dtype) else pa.float64()
     return pa.string()
 
 
 def meta_columns(meta, id_column: str) -> dict:
     """The explain columns of the empty frame ``meta`` (a Dask ``meta``), in its library."""
-    kind = duplicate_type(meta[id_column].dtype)
-    if adapters.is_cudf(meta):
-        import cudf
-
-        return {REASON_COLUMN: cudf.Series.from_arrow(pa.array([], pa.string())),
-                DUPLICATE_COLUMN: cudf.Series.from_arrow(pa.array([], kind)),
-                SIMILARITY_COLUMN: np.zeros(0, dtype=np.float32)}
-    return {REASON_COLUMN: pd.array([], dtype=pd.ArrowDtype(pa.string())),
-            DUPLICATE_COLUMN: pd.array([], dtype=pd.ArrowDtype(kind)),
-            SIMILARITY_COLUMN: np.zeros(0, dtype=np.float32)}
+    return explain_columns(meta, id_column, np.zeros(0, dtype=np.int8), None)
 
 
-def explain_columns(frame, spec, reasons: np.ndarray, links: dict | None) -> dict:
+def explain_columns(frame, id_column: str, reasons: np.ndarray, links: dict | None) -> dict:
     """The ``reason``, ``duplicate_of`` and ``similarity`` columns of one partition.
 
     ``reasons``: int8 codes (:data:`REASONS`); ``links``: the plan's ``explain`` entry of the
@@ -76,7 +63,7 @@ def explain_columns(frame, spec, reasons: np.ndarray, links: dict | None) -> dic
     estimated cosines), or None.
     """
     n = len(frame)
-    kind = duplicate_type(frame[spec.id_column].dtype)
+    kind = duplicate_type(frame[id_column].dtype)
     values = np.zeros(n, dtype=object if kind == pa.string() else kind.to_pandas_dtype())
     missing = np.ones(n, dtype=bool)
     similarity = np.full(n, np.nan, dtype=np.float32)
@@ -104,9 +91,9 @@ def explain_columns(frame, spec, reasons: np.ndarray, links: dict | None) -> dic
 
 def arrow_fields(id_type: pa.DataType) -> list[pa.Field]:
     """The explain columns' Arrow fields, for an id column of Arrow type ``id_type``."""
-    meta = pd.Series([], dtype=pd.ArrowDtype(id_type)).dtype
     return [pa.field(REASON_COLUMN, pa.string(), nullable=False),
-            pa.field(DUPLICATE_COLUMN, duplicate_type(meta)), pa.field(SIMILARITY_COLUMN, pa.float32())]
+            pa.field(DUPLICATE_COLUMN, duplicate_type(pd.ArrowDtype(id_type))),
+            pa.field(SIMILARITY_COLUMN, pa.float32())]
 
 
 def arrow_columns(out, id_type: pa.DataType) -> list[tuple[pa.Field, pa.Array]]:

@@ -98,7 +98,7 @@ def select_partition(frame, plan: Plan, partition_info=None):
         columns[spec.score_column] = scores
     if reasons is not None:
         reasons[selected] = explain.SELECTED
-        columns.update(explain.explain_columns(frame, spec, reasons, plan.explain.get(number)))
+        columns.update(explain.explain_columns(frame, spec.id_column, reasons, plan.explain.get(number)))
     return adapters.with_columns(frame, columns)
 
 

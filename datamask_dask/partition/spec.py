@@ -10,8 +10,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
 from ..config import learner_options
 from ..errors import InputDataError, OptionError, Problem, problems_error
@@ -71,23 +69,13 @@ class SelectSpec:
 
 
 def spec_from_meta(meta, settings: Mapping, *, ratio_given: bool = True, scheduler=None) -> SelectSpec:
-    """Validate resolved settings against a table's schema, given as an empty frame (``meta``).
+    """Validate resolved settings (:func:`datamask_dask.config.load_config`) against a table's
+    schema, given as an empty pandas or cuDF frame (``meta``).
 
-    Parameters
-    ----------
-    meta : pandas or cuDF DataFrame
-        The table's columns and dtypes (no rows needed).
-    settings : mapping
-        From :func:`datamask_dask.config.load_config`.
-    ratio_given : bool
-        Whether the caller named a ratio (a ratio and a token budget together are refused).
-    scheduler : optional
-        The Dask scheduler the job will run on (it gives the default ``memory_budget``).
-
-    Raises
-    ------
-    OptionError, InputDataError
-        For the first bad option, or the columns the schema lacks or types wrongly.
+    ``ratio_given``: whether the caller named a ratio (a ratio and a token budget together are
+    refused); ``scheduler``: the Dask scheduler the job will run on (it gives the default
+    ``memory_budget``). Raises :class:`OptionError` for the first bad option, or
+    :class:`InputDataError` for the columns the schema lacks or types wrongly.
     """
     spec = _spec_from_settings(settings, ratio_given, meta, scheduler)
     for name in filter(None, (spec.selected_column, spec.score_column)):
@@ -156,18 +144,14 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
 
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
     """What the dataframe's declared schema (``meta``) lacks or types wrongly for ``spec``."""
-    problems: list[Problem] = []
-    available = [str(c) for c in meta.columns]
-    for name in dict.fromkeys(spec.plan_columns + spec.select_columns + ([spec.id_column] if spec.check_ids
-                                                                         else [])):
-        if name not in meta.columns:
-            problems.append(Problem(
-                f"the dataframe: there is no column {name!r}; available columns are {available}. Name "
-                "yours with id_column=, quality_column=, embedding_column=, token_column= or by=", name))
-    if problems:
-        return problems
+    columns = spec.plan_columns + spec.select_columns + ([spec.id_column] if spec.check_ids else [])
+    missing = adapters.missing_columns(meta, columns, "the dataframe")
+    if missing:
+        return [Problem(message, name) for name, message in missing]
+    problems = []
     try:
-        check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column, "the dataframe")
+        adapters.check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column,
+                                      "the dataframe")
     except InputDataError as exc:
         problems.append(Problem(str(exc), spec.embedding_column))
     numeric = [(name, "quality") for name, _ in spec.quality]
@@ -178,25 +162,6 @@ def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
             problems.append(Problem(f"{kind} column {name!r} must be numeric, got dtype {dtype}: cast it "
                                     "(e.g. ddf[col].astype('float64')) or pick another column", name))
     return problems
-
-
-def check_embedding_type(dtype, name, where: str) -> None:
-    """Reject embedding dtypes that cannot hold numeric vectors (text, lists of text...)."""
-    adapters.check_embedding_dtype(dtype, name, where)
-    pa_type = getattr(dtype, "pyarrow_dtype", None)
-    if pa_type is None:
-        # cuDF first: pandas' dtype tests raise on cuDF's list dtype ("issubclass() arg 1 must be a class")
-        if not (adapters.is_cudf(dtype) or pd.api.types.is_object_dtype(dtype)):
-            raise InputDataError(f"{where}: embedding column {name!r} has dtype {dtype}; expected a list "
-                                 "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
-        return
-    if not adapters._is_list_type(pa_type):
-        raise InputDataError(f"{where}: embedding column {name!r} has Arrow type {pa_type}; expected a list "
-                             "or fixed-size list of floats")
-    value = pa_type.value_type
-    if not (pa.types.is_floating(value) or pa.types.is_integer(value) or pa.types.is_decimal(value)):
-        raise InputDataError(f"{where}: embedding column {name!r} holds lists of {value}, not numbers: "
-                             "store the vectors as lists of float32")
 
 
 def _quality_weights(value) -> tuple:
@@ -226,7 +191,7 @@ def _check_ratio(ratio, by):
         for group, value in ratio.items():
             if not _is_number(value) or not 0 <= value <= 1:
                 raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
-        return {adapters._plain(k): float(v) for k, v in ratio.items()}
+        return {adapters.plain(k): float(v) for k, v in ratio.items()}
     if not _is_number(ratio) or not 0 < ratio <= 1:
         raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
     return float(ratio)
@@ -240,7 +205,7 @@ def _check_budget(budget, by):
             if not _is_number(value) or not np.isfinite(value) or value < 0 or value != int(value):
                 raise OptionError(f"budget_tokens for group {group!r} is {value!r}: expected a whole "
                                   "number of tokens >= 0")
-        return {adapters._plain(k): int(v) for k, v in budget.items()}
+        return {adapters.plain(k): int(v) for k, v in budget.items()}
     if by is not None:
         raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would not say "
                           "how to share it between groups)")

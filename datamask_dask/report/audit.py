@@ -17,8 +17,10 @@ import sys
 import numpy as np
 import pandas as pd
 
+from ..io.parquet import parquet_file
 from ..io.storage import resolve
 from ..io.tables import parse_table_uri, read_table, table_record
+from ..partition.adapters import is_numeric_dtype, plain
 from ..partition.explain import DUPLICATE_COLUMN, REASON_COLUMN, REASONS, SIMILARITY_COLUMN
 from ..run.summary import RunSummary, sample_files
 
@@ -27,35 +29,26 @@ MAX_DEPTH = 64  # links followed from a near-duplicate to its kept row
 
 
 def output_record(output) -> dict:
-    """The run record of a datamask output (ValueError where it has none)."""
+    """The run record of a datamask output (FileNotFoundError or ValueError where it has none)."""
     table = parse_table_uri(output)
     if table.format == "parquet":
         return RunSummary.read(resolve(table.location)).record
-    record = table_record(table)
+    record = table_record(table)  # of a Delta commit or an Iceberg snapshot
     if record is None:
         raise ValueError(f"{table.uri} has no datamask run record: it was not written by `datamask select`")
     return record
 
 
 def read_output(output, columns: list[str]) -> tuple[pd.DataFrame, dict]:
-    """``columns`` (those present) of every row of a datamask output, and its run record.
-
-    Raises
-    ------
-    ValueError
-        When the output carries no datamask run record.
-    """
+    """``columns`` (those present) of every row of a datamask output, and its run record
+    (:func:`output_record`)."""
     table = parse_table_uri(output)
+    record = output_record(output)
     if table.format == "parquet":
-        source = resolve(table.location)
-        record = RunSummary.read(source).record
-        files = _files(source, record)
+        files = data_files(resolve(table.location), record)
         frame = sample_files(files, columns, sys.maxsize)
         frame["_partition"] = _file_partitions(files, frame, columns)
         return _integral_links(frame), record
-    record = table_record(table)
-    if record is None:
-        raise ValueError(f"{table.uri} has no datamask run record: it was not written by `datamask select`")
     ddf = read_table(table).frame
     frame = ddf[[c for c in columns if c in ddf.columns]].compute(scheduler="threads")
     return _integral_links(frame.reset_index(drop=True)), record
@@ -71,7 +64,7 @@ def _integral_links(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _files(source, record: dict) -> list:
+def data_files(source, record: dict) -> list:
     """The data files of a parquet output (a file, or the parts its run record lists)."""
     if source.isfile():
         return [source]
@@ -94,14 +87,14 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
     selected = settings.get("selected_column") or "selected"
     table = parse_table_uri(output)
     if table.format == "parquet":
-        files = _files(resolve(table.location), record)
+        files = data_files(resolve(table.location), record)
 
         def read(file, filters):
             found = pq.read_table(file.path, columns=[id_column, embedding], filters=filters,
                                   filesystem=None if file.local else file.fs)
             return found.to_pandas(types_mapper=pd.ArrowDtype)
 
-        if not files or embedding not in _parquet_schema(files[0]):
+        if not files or embedding not in parquet_file(files[0]).schema_arrow.names:
             return []
         mine = next((f for f in (read(file, [(id_column, "==", value)]) for file in files) if len(f)), None)
         chosen = pd.concat([read(file, [(selected, "==", True)]) for file in files], ignore_index=True)
@@ -116,19 +109,11 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
     chosen = chosen[chosen[id_column] != value].reset_index(drop=True)
     cosine = unit_rows(chosen[embedding]) @ unit_rows(mine[embedding].iloc[:1])[0]
     best = np.argsort(-cosine, kind="stable")[:k]
-    return [{"id": _plain(chosen[id_column].iloc[i]), "cosine": float(cosine[i])} for i in best]
-
-
-def _parquet_schema(file) -> list[str]:
-    from ..io.parquet import parquet_file
-
-    return parquet_file(file).schema_arrow.names
+    return [{"id": plain(chosen[id_column].iloc[i]), "cosine": float(cosine[i])} for i in best]
 
 
 def _file_partitions(files, frame, columns) -> np.ndarray:
     """The partition of each row, from the part file it came from (``part.N.parquet``); -1 if unknown."""
-    from ..io.parquet import parquet_file
-
     numbers = []
     for file in sorted(files, key=lambda f: str(f)):
         name = str(getattr(file, "path", file)).rsplit("/", 1)[-1]
@@ -139,20 +124,25 @@ def _file_partitions(files, frame, columns) -> np.ndarray:
     return out if out.size == len(frame) else np.full(len(frame), -1)
 
 
-def quality_of(frame: pd.DataFrame, settings: dict) -> np.ndarray:
-    """The combined quality of each row, as the selection weighed the quality columns."""
+def quality_weights(settings: dict) -> dict:
+    """``{quality column: weight}`` of a run's settings, the weights summing to 1."""
     quality = settings.get("quality_column") or "quality_score"
     weights = ({quality: 1.0} if isinstance(quality, str) else dict(quality) if isinstance(quality, dict)
                else {c: 1.0 for c in quality})
     total = sum(weights.values()) or 1.0
-    return sum(w / total * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64) for c, w in weights.items())
+    return {c: w / total for c, w in weights.items()}
+
+
+def quality_of(frame: pd.DataFrame, settings: dict) -> np.ndarray:
+    """The combined quality of each row, as the selection weighed the quality columns."""
+    weights = quality_weights(settings)
+    return sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64) for c, w in weights.items())
 
 
 def explained_columns(record: dict) -> list[str]:
     """The columns the audit reads from an output of ``record``'s settings."""
     settings = record.get("settings") or {}
-    quality = settings.get("quality_column") or "quality_score"
-    names = [quality] if isinstance(quality, str) else list(quality)
+    names = [*quality_weights(settings)]
     names += [settings.get("id_column") or "chunk_id", settings.get("selected_column") or "selected",
               REASON_COLUMN, DUPLICATE_COLUMN, SIMILARITY_COLUMN]
     names += [settings["by"]] if settings.get("by") else []
@@ -188,10 +178,8 @@ def audit(frame: pd.DataFrame, record: dict, *, groups: int = 8, seed: int = 0,
     id_column = settings.get("id_column") or "chunk_id"
     reason = frame[REASON_COLUMN].astype(str).to_numpy()
     counts = pd.Series(reason).value_counts().reindex(list(REASONS), fill_value=0)
-    ids = frame[id_column].to_numpy()
-    duplicate_of = _links(frame)
     quality = quality_of(frame, settings)
-    root = kept_rows(ids, duplicate_of)
+    root = kept_rows(frame[id_column].to_numpy(), _links(frame))
     near = np.flatnonzero(reason == "near-duplicate")
     members = pd.DataFrame({"root": root[near], "row": near}).query("root >= 0")
     best = members.assign(q=quality[members["row"]]).groupby("root")["q"].max()
@@ -218,9 +206,9 @@ def _links(frame) -> np.ndarray:
 def _row(frame, position: int, id_column: str, quality, reason, text) -> dict:
     row = frame.iloc[position]
     similarity = row[SIMILARITY_COLUMN]
-    out = {"id": _plain(row[id_column]), "quality": float(quality[position]), "reason": str(reason[position]),
+    out = {"id": plain(row[id_column]), "quality": float(quality[position]), "reason": str(reason[position]),
            "similarity": None if pd.isna(similarity) else float(similarity),
-           "duplicate_of": None if pd.isna(row[DUPLICATE_COLUMN]) else _plain(row[DUPLICATE_COLUMN])}
+           "duplicate_of": None if pd.isna(row[DUPLICATE_COLUMN]) else plain(row[DUPLICATE_COLUMN])}
     if text is not None:
         out["text"] = _snippet(row[text])
     return out
@@ -232,35 +220,23 @@ def _snippet(value) -> str:
     return value if len(value) <= SNIPPET else value[:SNIPPET - 1] + "\u2026"
 
 
-def _plain(value):
-    return value.item() if hasattr(value, "item") else value
-
-
 def parse_id(text: str, dtype):
     """The ``--id`` value in the id column's type (a number for a numeric column)."""
-    from ..partition.adapters import is_numeric_dtype
-
-    if not is_numeric_dtype(dtype):
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            return text
+    if is_numeric_dtype(dtype):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    return text
 
 
 def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int = 3) -> dict:
     """One row's story from an explained output: its reason and quality, its near-duplicate group
     (members, quality, estimated cosine, the kept row), its partition's quota and its quality rank
     there, the ``neighbours`` nearest selected rows by embedding (0: none, nothing more is read) and
-    text snippets where a text column exists.
-
-    Raises
-    ------
-    ValueError
-        For an output written without ``explain``, or an id it does not hold.
+    text snippets where a text column exists. Raises ValueError for an output written without
+    ``explain``, or an id it does not hold.
     """
     record = output_record(output)
     settings = record.get("settings") or {}
@@ -276,14 +252,13 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     where = np.flatnonzero(ids == value)
     if not where.size:
         raise ValueError(f"--id {row_id!r}: no row of {output} has {id_column} = {value!r} "
-                         f"(e.g. {', '.join(repr(_plain(v)) for v in ids[:3])})")
+                         f"(e.g. {', '.join(repr(plain(v)) for v in ids[:3])})")
     at = int(where[0])
     reason = frame[REASON_COLUMN].astype(str).to_numpy()
     quality = quality_of(frame, settings)
-    duplicate_of = _links(frame)
-    root = kept_rows(ids, duplicate_of)
+    root = kept_rows(ids, _links(frame))
     text = text_column if text_column in frame.columns else None
-    story = {"id": _plain(value), "row": _row(frame, at, id_column, quality, reason, text),
+    story = {"id": plain(value), "row": _row(frame, at, id_column, quality, reason, text),
              "threshold": settings.get("duplicate_cosine"), "prune": settings.get("prune")}
     kept = int(root[at])
     in_group = np.flatnonzero((root == kept) & (reason == "near-duplicate") & (kept >= 0))
@@ -302,7 +277,7 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
                               "eligible": int(eligible.sum()), "group": frame[by].iloc[at] if by else None,
                               "quality_rank": int((quality[mine] > quality[at]).sum()) + 1}
     if neighbours > 0:
-        story["nearest_selected"] = nearest_selected(output, record, _plain(value), neighbours)
+        story["nearest_selected"] = nearest_selected(output, record, plain(value), neighbours)
     return story
 
 

@@ -5,16 +5,9 @@ and a sample of its rows (whole row groups at random, as the run summary samples
 page is one self-contained file (images inlined as base64 ``data:`` URIs, no scripts, no network);
 the same images are written next to it as PNG files.
 
-Figures (matplotlib's Agg canvas, without pyplot: the caller's backend is left alone):
-
-- ``curves.png``: learning curves, the learner's objective per step for the first chunks;
-- ``quality.png``: quality distribution of all rows vs the selected rows (sample);
-- ``projection.png``: a 2-D PCA projection of the sample's embeddings, selected rows against the
-  rest, next to quality top-k of as many rows (quality-only selection clusters; joint selection
-  spreads out);
-- ``objective.png``: objective, quality and diversity terms of the selection vs quality top-k
-  and random (from the run summary);
-- ``quotas.png``: selected share per partition (and per group with ``by``).
+The figures (:data:`FIGURES`, captioned in ``_CAPTIONS``) are drawn on matplotlib's Agg canvas,
+without pyplot: the caller's backend is left alone. The projection shows the selection next to
+quality top-k of as many rows: quality-only selection clusters, joint selection spreads out.
 """
 
 from __future__ import annotations
@@ -30,8 +23,9 @@ import numpy as np
 import pandas as pd
 
 from ..io.storage import Location, resolve
-from ..io.tables import parse_table_uri, read_table, table_record
+from ..io.tables import parse_table_uri, read_table
 from ..run.summary import RunSummary, sample_files, unit_rows
+from .audit import data_files, output_record, quality_of, quality_weights
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
 MAX_TABLE_ROWS = 200  # rows shown of the per-partition table
@@ -43,57 +37,41 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
                  sample_rows: int = SAMPLE_ROWS, seed: int = 0, embed: bool = True) -> Path | str:
     """Write ``index.html`` and the figures' PNGs for the datamask output ``output_path`` into ``out_dir``.
 
-    Parameters
-    ----------
-    output_path : path or str
-        A directory or single file written by :func:`datamask_dask.write_selection` (``datamask
-        select``), local or a URI (``s3://``...), or a Delta / Iceberg table URI written by
-        ``datamask select``: it must carry a run record (in the commit or snapshot for tables).
-    out_dir : path or str
-        Created if missing (local or a URI); may not lie inside ``output_path`` (the output holds
-        only the files its run wrote).
-    sample_rows : int
-        Rows of the output read for the quality histogram and the projection.
-    seed : int
-        Seed of the sample.
-    embed : bool
-        Inline the images in the page (base64) so the HTML file stands alone; else the page
-        links the PNGs next to it.
+    ``output_path``: a directory or single file written by :func:`datamask_dask.write_selection`
+    (``datamask select``), local or a URI (``s3://``...), or a Delta / Iceberg table URI written by
+    ``datamask select``: it must carry a run record (in the commit or snapshot for tables).
+    ``out_dir`` is created if missing (local or a URI) and may not lie inside ``output_path`` (the
+    output holds only the files its run wrote). ``sample_rows`` rows of the output (drawn with
+    ``seed``) make the quality histogram and the projection. ``embed`` inlines the images (base64)
+    so the HTML file stands alone; else the page links the PNGs next to it.
 
-    Returns
-    -------
-    Path or str
-        The HTML page: a local path, or its URI on an object store.
+    Returns the HTML page: a local path, or its URI on an object store.
     """
     table = parse_table_uri(output_path)
     target = resolve(out_dir)
+    summary = RunSummary(output_record(output_path))
+    source = table
     if table.format == "parquet":
         source = resolve(table.location)
-        summary = RunSummary.read(source)
         inside = (type(source.fs) is type(target.fs) and source.isdir()
                   and (target.path.rstrip("/") + "/").startswith(source.path.rstrip("/") + "/"))
         if inside:
             raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
                              "elsewhere (a datamask output holds only the files its run wrote)")
-    else:  # the record of a Delta commit or an Iceberg snapshot
-        record = table_record(table)
-        if record is None:
-            raise ValueError(f"{table.uri} has no datamask run record: it was not written by "
-                             "`datamask select`")
-        source, summary = table, RunSummary(record)
     target.makedirs()
     sample = _sample(source, summary, sample_rows, seed)
-    figures = {}
-    for name, draw in (("curves", _curves), ("quality", _quality), ("projection", _projection),
-                       ("objective", _objective), ("quotas", _quotas)):
-        png = draw(summary, sample, seed)
-        if png is not None:
-            target.child(f"{name}.png").write_bytes(png)
-            figures[name] = png
+    draws = (_curves, _quality, _projection, _objective, _quotas)
+    figures = {name: draw(summary, sample) for name, draw in zip(FIGURES, draws, strict=True)}
+    for name, png in figures.items():
+        target.child(f"{name}.png").write_bytes(png)
     page = target.child("index.html")
     name = posixpath.basename(table.location.rstrip("/"))
-    explained = (summary.record.get("settings") or {}).get("explain")
-    audited = _audit(output_path, summary.record, seed) if explained else None
+    audited = None
+    if (summary.record.get("settings") or {}).get("explain"):  # its small columns and text, read whole
+        from .audit import audit, explained_columns, read_output
+
+        frame, record = read_output(output_path, explained_columns(summary.record) + ["text"])
+        audited = audit(frame, record, seed=seed)
     page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
     return Path(page.path) if page.local else page.uri
 
@@ -101,36 +79,13 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
 # --------------------------------------------------------------------------- data
 
 
-def _columns(settings: dict) -> dict:
-    quality = settings.get("quality_column") or "quality_score"
-    if isinstance(quality, str):
-        weights = {quality: 1.0}
-    elif isinstance(quality, dict):
-        weights = {str(k): float(v) for k, v in quality.items()}
-    else:
-        weights = {str(c): 1.0 for c in quality}
-    total = sum(weights.values()) or 1.0
-    return {"quality": {c: w / total for c, w in weights.items()},
-            "embedding": settings.get("embedding_column") or "feature_arr",
-            "selected": settings.get("selected_column") or "selected", "by": settings.get("by")}
-
-
-def _data_files(source: Location, record: dict) -> list[Location]:
-    if source.isfile():
-        return [source]
-    present = set(source.list())
-    listed = [source.child(name) for name in record.get("files", []) if name in present]
-    return listed or [source.child(name) for name in sorted(present) if name.endswith(".parquet")]
-
-
 def _table_sample(table, columns: list[str], n: int, seed: int) -> pd.DataFrame:
     """About ``n`` random rows of a Delta or Iceberg output (the same share of every data file)."""
-    source = read_table(table)
-    present = [c for c in columns if c in source.frame.columns]  # a selection-only output has no embeddings
-    if len(present) < len(columns):
-        return pd.DataFrame(columns=present)
-    frame = source.frame[present]
-    rows = len(frame[present[-1]])  # counted on one small column
+    frame = read_table(table).frame
+    if any(c not in frame.columns for c in columns):  # a selection-only output has no embeddings
+        return pd.DataFrame()
+    frame = frame[columns]
+    rows = len(frame[columns[-1]])  # counted on one small column
     if rows == 0:
         return frame._meta
     return frame.sample(frac=min(1.0, n / rows), random_state=seed).compute(scheduler="threads")
@@ -138,22 +93,23 @@ def _table_sample(table, columns: list[str], n: int, seed: int) -> pd.DataFrame:
 
 def _sample(source, summary: RunSummary, n: int, seed: int) -> dict:
     """The sample's quality, unit embeddings and selection mask (empty arrays when unreadable)."""
-    cols = _columns(summary.record.get("settings") or {})
-    wanted = [*cols["quality"], cols["embedding"], cols["selected"]]
+    settings = summary.record.get("settings") or {}
+    embedding = settings.get("embedding_column") or "feature_arr"
+    selected = settings.get("selected_column") or "selected"
+    wanted = [*quality_weights(settings), embedding, selected]
     if n <= 0:
         frame = pd.DataFrame()
     elif isinstance(source, Location):
-        frame = sample_files(_data_files(source, summary.record), wanted, n, seed)
+        frame = sample_files(data_files(source, summary.record), wanted, n, seed)
     else:
         frame = _table_sample(source, wanted, n, seed)
     out = {"rows": len(frame), "quality": np.zeros(0), "selected": np.zeros(0, dtype=bool),
            "embeddings": None}
     if not len(frame) or any(c not in frame.columns for c in wanted):
         return out
-    out["quality"] = sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64)
-                         for c, w in cols["quality"].items())
-    out["selected"] = frame[cols["selected"]].to_numpy(dtype=bool)
-    out["embeddings"] = unit_rows(frame[cols["embedding"]])
+    out["quality"] = quality_of(frame, settings)
+    out["selected"] = frame[selected].to_numpy(dtype=bool)
+    out["embeddings"] = unit_rows(frame[embedding])
     return out
 
 
@@ -177,7 +133,7 @@ def _figure(width=7.0, height=4.0, ncols=1):
     return figure, figure.subplots(1, ncols, squeeze=False)
 
 
-def _curves(summary: RunSummary, sample: dict, seed: int) -> bytes:
+def _curves(summary: RunSummary, sample: dict) -> bytes:
     curves = summary.summary.get("curves", [])[:8]
     figure, axes = _figure()
     ax = axes[0, 0]
@@ -188,14 +144,12 @@ def _curves(summary: RunSummary, sample: dict, seed: int) -> bytes:
     else:
         ax.text(0.5, 0.5, "no learner run recorded\n(every quota was 0 or took a whole chunk)",
                 ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean objective of the rollouts")
-    ax.set_title("Learning curves (first chunks)")
+    ax.set(xlabel="step", ylabel="mean objective of the rollouts", title="Learning curves (first chunks)")
     ax.grid(alpha=0.3)
     return _png(figure)
 
 
-def _quality(summary: RunSummary, sample: dict, seed: int) -> bytes | None:
+def _quality(summary: RunSummary, sample: dict) -> bytes:
     quality, selected = sample["quality"], sample["selected"]
     figure, axes = _figure()
     ax = axes[0, 0]
@@ -208,9 +162,8 @@ def _quality(summary: RunSummary, sample: dict, seed: int) -> bytes | None:
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no rows sampled", ha="center", va="center", transform=ax.transAxes)
-    ax.set_xlabel("quality")
-    ax.set_ylabel("density")
-    ax.set_title(f"Quality: all vs selected (sample of {sample['rows']} rows)")
+    ax.set(xlabel="quality", ylabel="density",
+           title=f"Quality: all vs selected (sample of {sample['rows']} rows)")
     return _png(figure)
 
 
@@ -221,7 +174,7 @@ def pca_2d(embeddings: np.ndarray) -> np.ndarray:
     return centred @ vt[:2].T
 
 
-def _projection(summary: RunSummary, sample: dict, seed: int) -> bytes:
+def _projection(summary: RunSummary, sample: dict) -> bytes:
     embeddings, selected, quality = sample["embeddings"], sample["selected"], sample["quality"]
     figure, axes = _figure(11.0, 4.8, ncols=2)
     if embeddings is None or len(embeddings) < 3:
@@ -236,15 +189,13 @@ def _projection(summary: RunSummary, sample: dict, seed: int) -> bytes:
                                     (axes[0, 1], topk, _TOPK, f"quality top-k ({k} rows)")):
         ax.scatter(xy[~mask, 0], xy[~mask, 1], s=4, c=_OTHER, alpha=0.4, label="not selected", linewidths=0)
         ax.scatter(xy[mask, 0], xy[mask, 1], s=8, c=colour, alpha=0.9, label="selected", linewidths=0)
-        ax.set_title(title)
-        ax.set_xlabel("PC 1")
-        ax.set_ylabel("PC 2")
+        ax.set(title=title, xlabel="PC 1", ylabel="PC 2")
         ax.legend(loc="upper right", fontsize=8, markerscale=2)
     figure.suptitle(f"Embeddings, 2-D PCA (sample of {len(xy)} rows)")
     return _png(figure)
 
 
-def _objective(summary: RunSummary, sample: dict, seed: int) -> bytes | None:
+def _objective(summary: RunSummary, sample: dict) -> bytes:
     table = summary.to_pandas("objective")
     figure, axes = _figure()
     ax = axes[0, 0]
@@ -267,7 +218,7 @@ def _objective(summary: RunSummary, sample: dict, seed: int) -> bytes | None:
     return _png(figure)
 
 
-def _quotas(summary: RunSummary, sample: dict, seed: int) -> bytes:
+def _quotas(summary: RunSummary, sample: dict) -> bytes:
     from matplotlib.ticker import MaxNLocator
 
     parts = summary.to_pandas("partitions")
@@ -276,14 +227,11 @@ def _quotas(summary: RunSummary, sample: dict, seed: int) -> bytes:
     ax = axes[0, 0]
     ax.bar(parts["partition"], parts["share"], color=_SELECTED, width=0.8)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("partition")
-    ax.set_ylabel("selected share")
-    ax.set_title("Selected share per partition")
+    ax.set(xlabel="partition", ylabel="selected share", title="Selected share per partition")
     if len(groups):
         ax = axes[0, 1]
         ax.bar([str(g) for g in groups["group"]], groups["share"], color=_TOPK)
-        ax.set_xlabel("group")
-        ax.set_title("Selected share per group")
+        ax.set(xlabel="group", title="Selected share per group")
         ax.tick_params(axis="x", labelrotation=45)
     return _png(figure)
 
@@ -320,14 +268,6 @@ def _table(frame: pd.DataFrame, limit: int | None = None) -> str:
     return frame.to_html(index=False, escape=True, float_format=lambda v: f"{v:.4g}", na_rep="") + note
 
 
-def _audit(output_path, record: dict, seed: int) -> dict | None:
-    """The audit of an output written with ``explain`` (its small columns and text, read whole)."""
-    from .audit import audit, explained_columns, read_output
-
-    frame, record = read_output(output_path, explained_columns(record) + ["text"])
-    return audit(frame, record, seed=seed)
-
-
 def _audit_html(audited: dict) -> list[str]:
     """The report's audit section: counts per reason, near-duplicate groups kept vs set aside."""
     counts = pd.DataFrame({"reason": list(audited["counts"]), "rows": list(audited["counts"].values())})
@@ -362,8 +302,6 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
              f"finished {html.escape(str(record.get('finished')))}.</p>"]
 
     def figure(name):
-        if name not in figures:
-            return ""
         inline = "data:image/png;base64," + base64.b64encode(figures[name]).decode()
         src = inline if embed else f"{name}.png"
         return (f"<figure><img src=\"{src}\" alt=\"{name}\" id=\"fig-{name}\">"

@@ -17,10 +17,7 @@ def default_out_dir(output: str | Path) -> str:
     its run's files); for an Iceberg table, which has no path of its own, in the working directory."""
     from ..io.tables import parse_table_uri
 
-    table = parse_table_uri(output)
-    if table.format == "iceberg":
-        return f"{table.location}-report"
-    return f"{table.location.rstrip('/')}-report"
+    return f"{parse_table_uri(output).location.rstrip('/')}-report"
 
 
 def add_report_parser(subparsers) -> argparse.ArgumentParser:
@@ -31,11 +28,6 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         "quality of all vs selected rows, a 2-D PCA projection of the embeddings, quotas per partition "
         "and group, the objective against quality top-k and random. The page is one self-contained "
         "file and opens without network access.")
-    _arguments(parser)
-    return parser
-
-
-def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", help="output directory or file of `datamask select`, or its Delta / "
                         "Iceberg table URI")
     parser.add_argument("--out", dest="report_dir",
@@ -45,6 +37,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, dest="report_seed", help="seed of that sample")
     parser.add_argument("--no-embed", dest="embed", action="store_false",
                         help="link the PNG files from the page instead of inlining them")
+    return parser
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -99,9 +92,9 @@ def run_explain(args: argparse.Namespace) -> int:
 
 def report_command(argv: list[str] | None = None) -> int:
     """``datamask report`` on its own: parse ``argv`` and run it."""
-    parser = argparse.ArgumentParser(prog="datamask report", description=add_report_parser.__doc__)
-    _arguments(parser)
-    return run_report(parser.parse_args(argv))
+    parser = argparse.ArgumentParser(prog="datamask")
+    add_report_parser(parser.add_subparsers())
+    return run_report(parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":
