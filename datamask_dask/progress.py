@@ -92,44 +92,12 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     return tuple(client.gather(futures))
 
 
-def persist(reads: dict, scheduler=None, progress: bool | None = None) -> dict:
-    """``reads`` (a dict of lists of Delayed, or of None) computed and kept where they were computed
-    (on the workers of a distributed scheduler), with a progress bar when :func:`wanted`. Returns the
-    same dict of persisted Delayed; a failed task raises here."""
-    names = [name for name, items in reads.items() if items is not None]
-    flat = [item for name in names for item in reads[name]]
-    line = _Line(sys.stderr, LearningSteps()) if wanted(progress) else None
-    client = client_of(scheduler)
-    if client is None:
-        with _LocalBar(line) if line is not None else contextlib.nullcontext():
-            kept = dask.persist(*flat, scheduler=scheduler)
-    else:
-        from distributed import futures_of
-
-        kept = client.persist(flat)
-        futures = futures_of(kept)
-        try:
-            _wait(futures, line)
-        finally:
-            if line is not None:
-                line.end()
-        for future in futures:
-            if future.status == "error":
-                future.result()  # raises the task's exception
-    out, start = dict(reads), 0
-    for name in names:
-        out[name] = list(kept[start:start + len(reads[name])])
-        start += len(reads[name])
-    return out
-
-
 def _wait(futures: list, line) -> None:
-    """Wait for ``futures`` to finish or fail, drawing their share done on ``line`` (if any)."""
+    """Wait for ``futures`` to finish or fail, drawing their share done on ``line``."""
     started = time.perf_counter()
     while True:
         done = sum(future.done() for future in futures)
-        if line is not None:
-            line.draw(done / len(futures) if futures else 1.0, time.perf_counter() - started)
+        line.draw(done / len(futures) if futures else 1.0, time.perf_counter() - started)
         if done == len(futures):
             return
         time.sleep(DRAW_INTERVAL)
