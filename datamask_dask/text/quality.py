@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputDataError, OptionError
-from ._common import cached_model, check_text_meta, partition_number, resolve_device, text_values
+from ._common import cached_model, check_text_meta, partition_name, resolve_device, text_values
 
 #: Common English function words (Gopher's eight first); prose has ~30-50% of them, code and lists few.
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with", "a", "an", "in", "is", "it", "for",
@@ -183,8 +183,8 @@ def _resolve_scorer(scorer):
 
 def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, kind: str, scorer,
                      batch_size: int, device: str, max_tokens: int, partition_info=None):
-    number = partition_number(partition_info)
-    text = text_values(part, text_column, number, "score_quality")
+    where = partition_name(partition_info)
+    text = text_values(part, text_column, where, "score_quality")
     if kind == "heuristic":
         values = heuristic_scores(text)
     elif kind == "classifier":
@@ -192,7 +192,6 @@ def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, k
                                    max_tokens=max_tokens)
     else:
         values = np.asarray(scorer(text.tolist()), dtype=np.float64).reshape(-1)
-        where = f"partition {number}" if number is not None else "a partition"
         if len(values) != len(text):
             raise InputDataError(f"score_quality: the scorer returned {len(values)} values for the "
                                  f"{len(text)} texts of column {text_column!r}, {where}")
