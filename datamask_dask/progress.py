@@ -84,23 +84,18 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
             telemetry.remove_step_sink(learning)
     futures = client.compute(list(collections))
     client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: learning(event[1]))  # (time, message)
+    started = time.perf_counter()
     try:
-        _wait(futures, line)
+        while True:  # until every future is done or failed
+            done = sum(future.done() for future in futures)
+            line.draw(done / len(futures) if futures else 1.0, time.perf_counter() - started)
+            if done == len(futures):
+                break
+            time.sleep(DRAW_INTERVAL)
     finally:
         client.unsubscribe_topic(telemetry.STEP_TOPIC)
         line.end()
     return tuple(client.gather(futures))
-
-
-def _wait(futures: list, line) -> None:
-    """Wait for ``futures`` to finish or fail, drawing their share done on ``line``."""
-    started = time.perf_counter()
-    while True:
-        done = sum(future.done() for future in futures)
-        line.draw(done / len(futures) if futures else 1.0, time.perf_counter() - started)
-        if done == len(futures):
-            return
-        time.sleep(DRAW_INTERVAL)
 
 
 class LearningSteps:
@@ -110,11 +105,9 @@ class LearningSteps:
     def __init__(self):
         self._runs: dict[str, dict] = {}  # run -> its latest event, oldest run first
         self._lock = threading.Lock()  # events come from worker threads or the client's loop
-        self.events = 0
 
     def __call__(self, event: dict) -> None:
         with self._lock:
-            self.events += 1
             if event["step"] >= event["steps"]:
                 self._runs.pop(event["run"], None)
             else:
