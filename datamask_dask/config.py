@@ -107,11 +107,6 @@ LEARNER_KEYS = tuple(f.name for f in dataclasses.fields(DataMaskOptions) if f.na
 SECTIONS = "algorithms"  # key of the per-metric sections
 
 
-def known_keys() -> list[str]:
-    """Every key a config may set."""
-    return sorted({*LEARNER_KEYS, *OPERATOR_DEFAULTS})
-
-
 def default_settings() -> dict:
     """The defaults: learner options from DataMaskOptions, then the operator's.
 
@@ -128,20 +123,21 @@ def default_text(key: str) -> str:
 
 def read_config_file(path: str | os.PathLike) -> dict:
     """Read a YAML config file (``yaml.safe_load``) into a mapping with canonical keys."""
+    source = f"config file {os.fspath(path)!r}"
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
     except FileNotFoundError as exc:
-        raise OptionError(f"config file {os.fspath(path)!r} does not exist") from exc
+        raise OptionError(f"{source} does not exist") from exc
     except yaml.YAMLError as exc:
-        raise OptionError(f"config file {os.fspath(path)!r} is not valid YAML: {exc}") from exc
+        raise OptionError(f"{source} is not valid YAML: {exc}") from exc
     if data is None:
         return {}
     if isinstance(data, Mapping) and set(data) == {"datamask"}:
         data = data["datamask"]
     if not isinstance(data, Mapping):
-        raise OptionError(f"config file {os.fspath(path)!r} must hold a mapping of option: value")
-    return normalise_keys(data, f"config file {os.fspath(path)!r}")
+        raise OptionError(f"{source} must hold a mapping of option: value")
+    return normalise_keys(data, source)
 
 
 def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
@@ -163,7 +159,8 @@ def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
                 raise OptionError(f"a section under {SECTIONS!r} in {source} cannot set 'algorithm'")
             continue
         if name not in OPERATOR_DEFAULTS and name not in LEARNER_KEYS:
-            raise OptionError(f"unknown option {key!r} in {source}; known options are {known_keys()} "
+            known = sorted({*LEARNER_KEYS, *OPERATOR_DEFAULTS})
+            raise OptionError(f"unknown option {key!r} in {source}; known options are {known} "
                               f"(aliases: {sorted(ALIASES)})")
         if name in out:
             raise OptionError(f"option {name!r} is given twice in {source} (under two spellings)")
