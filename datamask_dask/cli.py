@@ -37,12 +37,11 @@ import traceback
 import numpy as np
 
 from .errors import DataMaskError
-from .learn.options import LAMB_SCALES
+from .learn.options import INITS, LAMB_SCALES
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
 
-_INITS = ("quality", "same")
 _DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -68,7 +67,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     learner.add_argument("--n_rollout", "--n-rollout", type=int, help="masks sampled per step")
     learner.add_argument("--select_ratio", "--select-ratio", "--ratio", dest="ratio", type=float,
                          help="share of rows to select")
-    learner.add_argument("--init", choices=_INITS)
+    learner.add_argument("--init", choices=INITS)
     learner.add_argument("--lamb", type=float,
                          help="weight of quality in the reward, in [0, 1]")
     learner.add_argument("--lamb-scale", "--lamb_scale", dest="lamb_scale", choices=LAMB_SCALES,
@@ -245,18 +244,18 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_dask()
     _log_to_stderr(args)
     client = None
-    spark = args.command == "select" and getattr(args, "engine", "dask") == "spark" and not args.demo
     try:
-        if spark:  # Spark runs its own executors: no Dask client
-            return _run_select_spark(args, options)
-        if args.command != "sample":
-            loading = _import_in_background("dask.dataframe")  # every job reads through it
-            client = _start_client(args)
-            loading.join()
-        if args.command == "validate":
-            return _run_validate(args, options)
+        if args.command == "select" and args.engine == "spark" and not args.demo:
+            return _run_select_spark(args, options)  # Spark runs its own executors: no Dask client
         if args.command == "sample":
             return _run_sample(args)
+        # Every job reads through dask.dataframe: it is imported while the cluster's workers start.
+        loading = threading.Thread(target=importlib.import_module, args=("dask.dataframe",), daemon=True)
+        loading.start()
+        client = _start_client(args)
+        loading.join()
+        if args.command == "validate":
+            return _run_validate(args, options)
         if args.command == "demo" or args.demo:
             _run_demo(args, options)
         else:
@@ -266,28 +265,20 @@ def main(argv: list[str] | None = None) -> int:
         _say_what_is_kept(args)
         return 130
     except Exception as exc:  # one clear line for the user; the traceback with --verbose
-        if not isinstance(exc, _REPORTED) and not _is_arrow_error(exc):
+        unreadable = type(exc).__module__.startswith("pyarrow")  # the input is not what it claims to be
+        if not unreadable and not isinstance(exc, _REPORTED):
             raise
         if args.verbose:
             traceback.print_exc()
-        print(f"datamask: error: {as_cli_message(_message(exc, args))}", file=sys.stderr)
+        where = getattr(args, "input", None)
+        message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
+        print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
         _say_what_is_kept(args)
         return 1
     finally:
         if client is not None:
             client.close() if args.scheduler else client.shutdown()
     return 0
-
-
-def _is_arrow_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("pyarrow")
-
-
-def _message(exc: BaseException, args) -> str:
-    if _is_arrow_error(exc):  # the input is not what it claims to be
-        where = getattr(args, "input", None)
-        return f"--input {where} could not be read as parquet: {exc}"
-    return str(exc)
 
 
 def _say_what_is_kept(args) -> None:
@@ -366,15 +357,6 @@ def as_cli_message(message: str) -> str:
 
     # "option id_column=x" -> "--id-column=x", "with id_column=, ..." -> "with --id-column, ..."
     return re.sub(r"(?<![\w.-])(?:option )?([a-z_]+)=(?P<bare>(?=[,;.\s)]|$))?", flag, message)
-
-
-def _import_in_background(module: str) -> threading.Thread:
-    """Import ``module`` on a thread while the cluster's workers start (``dask.dataframe``: time on
-    the driver that the job would otherwise spend on its own clock)."""
-    thread = threading.Thread(target=importlib.import_module, args=(module,), name=f"import {module}",
-                              daemon=True)
-    thread.start()
-    return thread
 
 
 def _start_client(args):
