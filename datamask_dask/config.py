@@ -1,32 +1,24 @@
-"""Settings of a selection job, merged from four places.
+"""Settings of a selection job, merged by precedence.
 
-Precedence, highest first: keyword arguments > a config (``config=`` / ``--config``: a profile
-name or a YAML file) > the ``datamask`` namespace of ``dask.config`` (e.g.
+Highest first: keyword arguments > a config (``config=`` / ``--config``: a profile name or a YAML
+file) > the ``datamask`` namespace of ``dask.config`` (e.g.
 ``dask.config.set({"datamask.n_epochs": 50})``, ``DASK_DATAMASK__N_EPOCHS=50`` or a ``datamask:``
 section in a Dask YAML file) > the device's profile > the built-in defaults (:class:`OperatorOptions`,
 :class:`~datamask_dask.learn.options.DataMaskOptions` and, for the metric chosen,
 :data:`METRIC_DEFAULTS`).
 
 Profiles ship inside the package (``datamask_dask/profiles/``; ``conf/`` in the repository links
-to them) and are named by their stem:
+to them): ``cpu`` applies when the job runs on CPU, ``gpu`` when it runs on a GPU
+(``device="cuda"``, or cuDF partitions with ``device="auto"``), and ``reference`` is the published
+method with the reference tool's settings. A ``config`` replaces the device's profile; a profile or
+file overrides the built-in defaults only (copy a profile to tune it). The resolved settings name
+what was used under ``"profile"``.
 
-- ``cpu``: the built-in defaults, chosen on CPU workers; it applies when the job runs on CPU;
-- ``gpu``: the default when it runs on a GPU (``device="cuda"``, or cuDF partitions with
-  ``device="auto"``);
-- ``reference``: the published method with the reference tool's settings (the paper's loop).
-
-With no ``config``, the device's profile applies under ``dask.config`` and the keyword arguments;
-a ``config`` replaces it (a file starts from the built-in defaults, so copy a profile to tune
-it). Every profile, like every file, overrides the built-in defaults only. The resolved settings
-name what was used under ``"profile"``.
-
-A config file is a flat YAML mapping (optionally nested under a top-level ``datamask:`` key) of
-the learner options (:class:`~datamask_dask.learn.options.DataMaskOptions`) and the operator settings
-below. Files are read with ``yaml.safe_load`` only; unknown keys raise :class:`OptionError`.
-
-A profile can tune each metric apart: under ``algorithms:``, a section per metric name holds
-settings that apply only when that metric is the one chosen (by the profile or by a keyword
-argument); they win over the profile's other keys and lose to keyword arguments::
+A config file is a flat YAML mapping (optionally under a top-level ``datamask:`` key) of the
+learner options and the operator settings, read with ``yaml.safe_load`` only; unknown keys raise
+:class:`OptionError`. Under ``algorithms:``, a section per metric name holds settings that apply
+only when that metric is the one chosen (by the profile or by a keyword argument); they win over
+the profile's other keys and lose to keyword arguments::
 
     algorithm: Pair_simi
     refine_epochs: 5
