@@ -56,10 +56,8 @@ def _in_notebook() -> bool:
 
 def client_of(scheduler):
     """The distributed Client a computation will run on, or None for the local schedulers."""
-    try:
-        from distributed import Client, default_client
-    except ImportError:
-        return None
+    from distributed import Client, default_client
+
     if isinstance(scheduler, Client):
         return scheduler
     if scheduler is None and dask.config.get("scheduler", None) in (None, "dask.distributed"):
@@ -72,18 +70,17 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     """``dask.compute(*collections, scheduler=scheduler)`` with a progress bar when :func:`wanted`."""
     if not wanted(progress):
         return dask.compute(*collections, scheduler=scheduler)
-    learning = LearningSteps()
-    line = _Line(sys.stderr, learning)
+    line = _Line(sys.stderr)
     client = client_of(scheduler)
     if client is None:
-        telemetry.add_step_sink(learning)  # the learners run in this process
+        telemetry.add_step_sink(line)  # the learners run in this process
         try:
             with _LocalBar(line):
                 return dask.compute(*collections, scheduler=scheduler)
         finally:
-            telemetry.remove_step_sink(learning)
+            telemetry.remove_step_sink(line)
     futures = client.compute(list(collections))
-    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: learning(event[1]))  # (time, message)
+    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: line(event[1]))  # (time, message)
     started = time.perf_counter()
     try:
         while True:  # until every future is done or failed
@@ -98,11 +95,12 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     return tuple(client.gather(futures))
 
 
-class LearningSteps:
-    """The learner runs in flight, kept from the step events of
-    :class:`datamask_dask.telemetry.StepCounter`."""
+class _Line:
+    """One bar line, redrawn in place, with the learner runs in flight: it takes the step events of
+    :class:`datamask_dask.telemetry.StepCounter` (``line(event)``)."""
 
-    def __init__(self):
+    def __init__(self, out):
+        self._out, self._drawn = out, 0
         self._runs: dict[str, dict] = {}  # run -> its latest event, oldest run first
         self._lock = threading.Lock()  # events come from worker threads or the client's loop
 
@@ -113,30 +111,17 @@ class LearningSteps:
             else:
                 self._runs[event["run"]] = event
 
-    def text(self) -> str:
-        """``"learning partition 5, chunk 2: step 120/400 (+1 more)"``, or "" when none is in flight."""
-        with self._lock:
-            runs = list(self._runs.values())
-        if not runs:
-            return ""
-        first = runs[0]
-        more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
-        return f"learning {first['where']}: step {first['step']}/{first['steps']}{more}"
-
-
-class _Line:
-    """One bar line, redrawn in place (shorter lines are padded over the longer one before)."""
-
-    def __init__(self, out, learning: LearningSteps):
-        self._out, self._learning, self._drawn = out, learning, 0
-
     def draw(self, fraction: float, elapsed: float) -> None:
         from dask.utils import format_time
 
         text = (f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {int(100 * fraction)}% Completed | "
                 f"{format_time(elapsed)}")
-        if learning := self._learning.text():
-            text += f" | {learning}"
+        with self._lock:
+            runs = list(self._runs.values())
+        if runs:  # " | learning partition 5, chunk 2: step 120/400 (+1 more)"
+            more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
+            text += f" | learning {runs[0]['where']}: step {runs[0]['step']}/{runs[0]['steps']}{more}"
+        # a shorter line is padded over the longer one before
         padding, self._drawn = " " * max(0, self._drawn - len(text)), len(text)
         with contextlib.suppress(ValueError):  # the stream was closed under us
             self._out.write(f"\r{text}{padding}")
