@@ -68,9 +68,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     learner.add_argument("--select_ratio", "--select-ratio", "--ratio", dest="ratio", type=float,
                          help="share of rows to select")
     learner.add_argument("--init", choices=INITS)
-    learner.add_argument("--lamb", type=float,
-                         help="weight of quality in the reward, in [0, 1]")
-    learner.add_argument("--lamb-scale", "--lamb_scale", dest="lamb_scale", choices=LAMB_SCALES,
+    learner.add_argument("--lamb", type=float, help="weight of quality in the reward, in [0, 1]")
+    learner.add_argument("--lamb-scale", "--lamb_scale", choices=LAMB_SCALES,
                          help="paper: the terms as they are; gain: each divided by what it can gain "
                          "over random on the chunk, so lamb weighs points of gain")
     learner.add_argument("--seed", type=int)
@@ -81,35 +80,33 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--device", choices=_DEVICES,
                      help="auto (default: the GPU for cuDF partitions), cpu or cuda")
     job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    job.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
+    job.add_argument("--n-workers", "--n_workers", type=int,
                      help="start a local cluster with this many worker processes (default: threads)")
-    job.add_argument("--threads-per-worker", dest="threads_per_worker", type=int, default=1)
-    job.add_argument("--id-column", "--id_column", dest="id_column", help="unique id of each row")
+    job.add_argument("--threads-per-worker", type=int, default=1)
+    job.add_argument("--id-column", "--id_column", help="unique id of each row")
     job.add_argument("--no-check-ids", dest="check_ids", action="store_const", const=False,
                      help="skip the duplicate-id check (it holds every distinct id in one task)")
-    job.add_argument("--quality-column", "--quality_column", dest="quality_column", type=_weights,
+    job.add_argument("--quality-column", "--quality_column", type=_weights,
                      help="a column, or weighted columns: a=0.7,b=0.3")
-    job.add_argument("--embedding-column", "--embedding_column", dest="embedding_column")
+    job.add_argument("--embedding-column", "--embedding_column")
     job.add_argument("--by", help="group column: quotas per group")
-    job.add_argument("--budget-tokens", "--budget_tokens", dest="budget_tokens", type=int,
+    job.add_argument("--budget-tokens", "--budget_tokens", type=int,
                      help="select by token budget instead of ratio")
-    job.add_argument("--token-column", "--token_column", dest="token_column")
-    job.add_argument("--score-column", "--score_column", dest="score_column",
-                     help="also write the learned scores under this name")
-    job.add_argument("--max-chunk-rows", "--max_chunk_rows", dest="max_chunk_rows", type=int,
+    job.add_argument("--token-column", "--token_column")
+    job.add_argument("--score-column", "--score_column", help="also write the learned scores under this name")
+    job.add_argument("--max-chunk-rows", "--max_chunk_rows", type=int,
                      help="partitions are learned in chunks of at most this many rows, which select apart")
-    job.add_argument("--memory-budget", "--memory_budget", dest="memory_budget",
+    job.add_argument("--memory-budget", "--memory_budget",
                      help="working memory per selection task, e.g. 2GiB: sizes the chunks (default: none; "
                           "the workers' memory is checked, and a chunk that does not fit fails before "
                           "learning)")
     job.add_argument("--validate", choices=("full", "light"),
                      help="full: check every embedding before learning; light: small columns first, "
                      "embeddings chunk by chunk")
-    job.add_argument("--diversity-scope", "--diversity_scope", dest="diversity_scope",
-                     choices=("table", "partition"),
+    job.add_argument("--diversity-scope", "--diversity_scope", choices=("table", "partition"),
                      help="table: near-duplicates across the whole table are set aside before "
                      "learning; partition: each partition on its own (cheaper)")
-    job.add_argument("--duplicate-cosine", "--duplicate_cosine", dest="duplicate_cosine", type=float,
+    job.add_argument("--duplicate-cosine", "--duplicate_cosine", type=float,
                      help="near-duplicate threshold of the table scope")
     job.add_argument("--explain", action="store_const", const=True,
                      help="also write each row's reason (selected, near-duplicate, quality-pruned...) and, "
@@ -157,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--overwrite", action="store_true",
                         help="replace --output if an earlier datamask run wrote it (nothing else is "
                         "replaced)")
-    select.add_argument("--output-columns", "--output_columns", dest="output_columns",
+    select.add_argument("--output-columns", "--output_columns",
                         choices=("all", "selection"), default="all",
                         help="every column plus `selected` (all), or the selection table only: id, "
                         "selected, the score column if asked, run_id (selection)")
@@ -167,11 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--incremental", action="store_true",
                         help="select only among the rows added to a Delta/Iceberg --input since the "
                         "version recorded by --output's last run, and append them to --output")
-    select.add_argument("--row-filter", "--row_filter", dest="row_filter",
+    select.add_argument("--row-filter", "--row_filter",
                         help="Iceberg --input: rows to consider, e.g. \"lang = 'en'\" (pushed down)")
     select.add_argument("--engine", choices=("dask", "spark"), default="dask",
                         help="run the job on Dask (default) or Spark (pip install 'datamask-dask[spark]')")
-    select.add_argument("--spark-master", dest="spark_master", metavar="URL",
+    select.add_argument("--spark-master", metavar="URL",
                         help="Spark master for --engine spark (e.g. local[2]); default: spark-submit's")
     select.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar of partitions done on stderr (default: only on a terminal)")

