@@ -122,8 +122,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
     settings = default_settings()
     for action in parser._actions:
         flag = action.const is not None  # a switch such as --no-check-ids: its name says what it sets
-        if action.dest in settings and settings[action.dest] is not None and not flag \
-                and "default" not in (action.help or ""):
+        if settings.get(action.dest) is not None and not flag and "default" not in (action.help or ""):
             text = f"(default: {default_text(action.dest)})"
             action.help = f"{action.help} {text}" if action.help else text
 
@@ -154,8 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--overwrite", action="store_true",
                         help="replace --output if an earlier datamask run wrote it (nothing else is "
                         "replaced)")
-    select.add_argument("--output-columns", "--output_columns",
-                        choices=("all", "selection"), default="all",
+    select.add_argument("--output-columns", "--output_columns", choices=("all", "selection"), default="all",
                         help="every column plus `selected` (all), or the selection table only: id, "
                         "selected, the score column if asked, run_id (selection)")
     select.add_argument("--mode", choices=("error", "append", "overwrite"),

@@ -57,11 +57,9 @@ def _per_doc(parents: np.ndarray, n: int, weights=None) -> np.ndarray:
 
 def heuristic_signals(texts) -> pd.DataFrame:
     """The raw signals of each text (one row per text): counts and fractions, no scoring."""
-    arr = pa.array(pd.Series(texts, dtype="string[pyarrow]").array) if not isinstance(texts, pa.Array) \
-        else texts
-    if isinstance(arr, pa.ChunkedArray):
+    arr = pa.array(pd.Series(texts, dtype="string[pyarrow]"), type=pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):  # a Series of several Arrow chunks
         arr = arr.combine_chunks()
-    arr = arr.cast(pa.large_string())
     n = len(arr)
     chars = pc.utf8_length(arr).to_numpy(zero_copy_only=False).astype(np.float64)
     lower = pc.utf8_lower(arr)
