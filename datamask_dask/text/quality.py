@@ -87,16 +87,13 @@ def heuristic_signals(texts) -> pd.DataFrame:
     words = pc.list_slice(pc.split_pattern_regex(pc.utf8_trim_whitespace(lower), r"\s+"), 0, NGRAM_WORDS)
     word_doc = pc.list_parent_indices(words).to_numpy()
     w = pc.list_flatten(words)
-    if len(w) >= 3:
-        same = (word_doc[:-2] == word_doc[2:])
-        gram = pc.binary_join_element_wise(w[:-2], w[1:-1], w[2:], pa.scalar(" ", pa.large_string()))
-        gram_doc = word_doc[:-2][same]
-        gram = gram.filter(pa.array(same))
-        repeated = pd.DataFrame({"d": gram_doc, "g": gram.to_pandas(types_mapper=pd.ArrowDtype)}).duplicated()
-        n_grams = _per_doc(gram_doc, n)
-        rep_grams = _per_doc(gram_doc[repeated.to_numpy()], n)
-    else:
-        n_grams = rep_grams = np.zeros(n)
+    same = word_doc[:-2] == word_doc[2:]  # the gram's three words are of one document
+    gram = pc.binary_join_element_wise(w[:-2], w[1:-1], w[2:], pa.scalar(" ", pa.large_string()))
+    gram_doc = word_doc[:-2][same]
+    gram = gram.filter(pa.array(same))
+    repeated = pd.DataFrame({"d": gram_doc, "g": gram.to_pandas(types_mapper=pd.ArrowDtype)}).duplicated()
+    n_grams = _per_doc(gram_doc, n)
+    rep_grams = _per_doc(gram_doc[repeated.to_numpy()], n)
     return pd.DataFrame({
         "chars": chars,
         "words": n_words,
