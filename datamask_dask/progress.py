@@ -70,37 +70,42 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     """``dask.compute(*collections, scheduler=scheduler)`` with a progress bar when :func:`wanted`."""
     if not wanted(progress):
         return dask.compute(*collections, scheduler=scheduler)
-    line = _Line(sys.stderr)
+    bar = _Bar()
     client = client_of(scheduler)
     if client is None:
-        telemetry.add_step_sink(line)  # the learners run in this process
+        telemetry.add_step_sink(bar)  # the learners run in this process
         try:
-            with _LocalBar(line):
+            with bar:
                 return dask.compute(*collections, scheduler=scheduler)
         finally:
-            telemetry.remove_step_sink(line)
+            telemetry.remove_step_sink(bar)
     futures = client.compute(list(collections))
-    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: line(event[1]))  # (time, message)
+    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: bar(event[1]))  # (time, message)
     started = time.perf_counter()
     try:
         while True:  # until every future is done or failed
             done = sum(future.done() for future in futures)
-            line.draw(done / len(futures) if futures else 1.0, time.perf_counter() - started)
+            bar._draw_bar(done / len(futures) if futures else 1.0, time.perf_counter() - started)
             if done == len(futures):
                 break
             time.sleep(DRAW_INTERVAL)
     finally:
         client.unsubscribe_topic(telemetry.STEP_TOPIC)
-        line.end()
+        bar.end()
     return tuple(client.gather(futures))
 
 
-class _Line:
-    """One bar line, redrawn in place, with the learner runs in flight: it takes the step events of
-    :class:`datamask_dask.telemetry.StepCounter` (``line(event)``)."""
+class _Bar(ProgressBar):
+    """One bar line on stderr, redrawn in place, with the learner runs in flight.
 
-    def __init__(self, out):
-        self._out, self._drawn = out, 0
+    As a context manager it is Dask's bar for the local schedulers (which counts the tasks); on a
+    distributed client :func:`compute` draws it from the futures. ``bar(event)`` takes a step event
+    of :class:`datamask_dask.telemetry.StepCounter`.
+    """
+
+    def __init__(self):
+        super().__init__(dt=DRAW_INTERVAL, out=sys.stderr)
+        self._drawn = 0
         self._runs: dict[str, dict] = {}  # run -> its latest event, oldest run first
         self._lock = threading.Lock()  # events come from worker threads or the client's loop
 
@@ -111,7 +116,7 @@ class _Line:
             else:
                 self._runs[event["run"]] = event
 
-    def draw(self, fraction: float, elapsed: float) -> None:
+    def _draw_bar(self, fraction: float, elapsed: float) -> None:
         from dask.utils import format_time
 
         text = (f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {int(100 * fraction)}% Completed | "
@@ -124,25 +129,11 @@ class _Line:
         # a shorter line is padded over the longer one before
         padding, self._drawn = " " * max(0, self._drawn - len(text)), len(text)
         with contextlib.suppress(ValueError):  # the stream was closed under us
-            self._out.write(f"\r{text}{padding}")
-            self._out.flush()
+            self._file.write(f"\r{text}{padding}")
+            self._file.flush()
 
     def end(self) -> None:
+        """End the line (the local schedulers' bar ends its own when the computation does)."""
         with contextlib.suppress(ValueError):
-            self._out.write("\n")
-            self._out.flush()
-
-
-class _LocalBar(ProgressBar):
-    """Dask's bar for the local schedulers (it counts the tasks), drawn by :class:`_Line`."""
-
-    def __init__(self, line: _Line):
-        super().__init__(out=None, dt=DRAW_INTERVAL)  # out=None: the line writes, not dask
-        self._line = line
-
-    def _draw_bar(self, frac, elapsed):
-        self._line.draw(frac, elapsed)
-
-    def _finish(self, dsk, state, errored):
-        super()._finish(dsk, state, errored)  # the last draw
-        self._line.end()
+            self._file.write("\n")
+            self._file.flush()
