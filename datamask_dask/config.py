@@ -179,12 +179,6 @@ def profile_path(config: str | os.PathLike) -> Path:
     return path
 
 
-def device_profile(device, backend: str | None = None) -> str:
-    """The profile for where a job runs: ``gpu`` for CUDA devices or cuDF data on ``auto``, else ``cpu``."""
-    device = str(device or "auto")
-    return "gpu" if device.startswith("cuda") or (device == "auto" and backend == "cudf") else "cpu"
-
-
 def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend: str | None = None,
                 **overrides) -> dict:
     """Resolve the settings of a selection job.
@@ -223,7 +217,9 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend
         layers = [from_dask, read_config_file(path)]
         profile = os.fspath(config) if path.parent != PROFILES else path.stem
     else:
-        profile = device_profile(given.get("device", from_dask.get("device")), backend)
+        # the device's profile: gpu for CUDA devices, or cuDF data on "auto"
+        device = str(given.get("device", from_dask.get("device")) or "auto")
+        profile = "gpu" if device.startswith("cuda") or (device == "auto" and backend == "cudf") else "cpu"
         layers = [read_config_file(PROFILES / f"{profile}.yaml"), from_dask]
     # the metric the job runs (the last layer naming one wins): its built-in defaults and sections apply
     algorithm = given.get("algorithm", next((layer["algorithm"] for layer in reversed(layers)

@@ -36,11 +36,9 @@ def wanted(progress: bool | None) -> bool:
         return bool(progress)
     if os.environ.get("DATAMASK_PROGRESS", "").lower() in ("1", "true", "yes"):
         return True
-    try:
-        if sys.stderr is not None and sys.stderr.isatty():
+    with contextlib.suppress(AttributeError, ValueError):  # no stderr, or a closed one
+        if sys.stderr.isatty():
             return True
-    except (AttributeError, ValueError):
-        pass
     return _in_notebook()
 
 
