@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 
 from ..errors import DataMaskError
+from .embedding import embed
+from .quality import score_quality
 
 
 def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
@@ -80,9 +83,6 @@ def fill_text_columns(ddf, args):
     quality (several columns) is never filled: each of its columns must exist."""
     if not args.text_column:
         return ddf
-    from .embedding import embed
-    from .quality import score_quality
-
     embedding_column = getattr(args, "embedding_column", None) or "feature_arr"
     quality_column = getattr(args, "quality_column", None) or "quality_score"
     device = getattr(args, "device", None) or "auto"
@@ -116,22 +116,16 @@ def run_text(args: argparse.Namespace) -> int:
             client = get_client(args.scheduler or "cpu", n_workers=args.n_workers, dashboard_address=":0")
         ddf = dd.read_parquet(source.uri)
         if args.command == "embed":
-            from .embedding import embed
-
             out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                         device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,
                         long_documents=args.long_documents)
         else:
-            from .quality import score_quality
-
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
                                 device=args.device)
         rows = write_parquet(out, target, overwrite=args.overwrite, inputs=[source])["rows"]
     except (DataMaskError, OSError, ImportError) as exc:
         if args.verbose:
-            import traceback
-
             traceback.print_exc()
         print(f"datamask {args.command}: error: {exc}", file=sys.stderr)
         return 1
