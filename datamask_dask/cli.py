@@ -499,11 +499,8 @@ def _run_validate(args, options: dict) -> int:
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
     report = validate_table(read_parquet(source.uri, backend=_backend(args)), config=args.config, **options)
-    if report.ok:
-        print(f"datamask validate: {source}: {report.summary()}")
-        return 0
-    print(f"datamask validate: {source}: {report.summary()}", file=sys.stderr)
-    return 1
+    print(f"datamask validate: {source}: {report.summary()}", file=sys.stdout if report.ok else sys.stderr)
+    return 0 if report.ok else 1
 
 
 def _run_demo(args, options: dict) -> None:

@@ -1,13 +1,12 @@
-"""Stage clocks: seconds a selection spends reading, checking, extracting, learning and writing,
-the learning curves of a few chunks, kept per worker thread for the run summary, and the steps of
+"""Per worker thread: the seconds a selection spends in each stage (reading, checking, extracting,
+learning, writing) and the learning curves of a few chunks, for the run summary; and the steps of
 the learner runs in flight, for progress bars.
 
-Each worker thread keeps its own totals. The code of a stage adds to them (:func:`timed`), and the
-task that ends a unit of work takes them (:func:`take`): a partition's plan summary and its
-completion marker carry the seconds of the stages that ran on that thread since the last take,
-including the parquet read Dask fused in front of the task. The writer sums them into
-:attr:`datamask_dask.SelectionReport.stages`, so benchmarks and run summaries see where the time
-went without patching the package.
+The code of a stage adds to its thread's totals (:func:`timed`); the task that ends a unit of work
+takes them (:func:`take`), so a partition's plan summary and completion marker carry the stages
+that ran on that thread since the last take, the parquet read Dask fused in front of the task
+included. The writer sums them into :attr:`datamask_dask.SelectionReport.stages`: benchmarks and
+run summaries see where the time went without patching the package.
 """
 
 from __future__ import annotations
