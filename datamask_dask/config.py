@@ -43,11 +43,7 @@ from .learn.options import DataMaskOptions
 
 @dataclasses.dataclass(frozen=True)
 class OperatorOptions:
-    """The operator's settings and their defaults (the learner's are :class:`DataMaskOptions`').
-
-    These defaults, with :data:`METRIC_DEFAULTS`, are what runs when no config is given; the
-    profiles and config files only override them.
-    """
+    """The operator's settings and their defaults (the learner's are :class:`DataMaskOptions`')."""
 
     ratio: float | dict = 0.1  # share of rows to select, in (0, 1]; or {group: ratio} with `by`
     budget_tokens: int | dict | None = None  # select by tokens: total tokens of the selected rows <= this

@@ -94,12 +94,8 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
 
 
 class _Bar(ProgressBar):
-    """One bar line on stderr, redrawn in place, with the learner runs in flight.
-
-    As a context manager it is Dask's bar for the local schedulers (which counts the tasks); on a
-    distributed client :func:`compute` draws it from the futures. ``bar(event)`` takes a step event
-    of :class:`datamask_dask.telemetry.StepCounter`.
-    """
+    """One bar line on stderr, redrawn in place: Dask's bar on the local schedulers (as a context
+    manager), drawn by :func:`compute` on a client. ``bar(event)`` takes a learner's step event."""
 
     def __init__(self):
         super().__init__(dt=DRAW_INTERVAL, out=sys.stderr)
