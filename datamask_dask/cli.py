@@ -530,13 +530,12 @@ def _run_demo(args, options: dict) -> None:
               f"{score.objective:.4f}, {score.share:.1%} of {score.baseline_name}'s gain over random "
               f"({score.baseline:.4f} against {score.random:.4f}); quality top-k {score.topk:.4f}, "
               f"{score.topk_share:.1%}")
-    output = getattr(args, "output", None)
-    if output:
+    if args.output:
         from .io.sinks import write_parquet
 
         computed = dd.from_pandas(frame, npartitions=n_parts, sort=False)  # write what was shown
-        write_parquet(computed, output, overwrite=args.overwrite)
-        print(f"written to {output}")
+        write_parquet(computed, args.output, overwrite=args.overwrite)
+        print(f"written to {args.output}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,8 @@ Scorers:
     loop per document): word count, mean word length, symbol-to-word ratio (``#``, ``...``),
     share of words with a letter, stop-word ratio, duplicate-line fraction, repeated word 3-gram
     fraction, share of lines ending in punctuation and share of short lines. Each signal maps to
-    [0, 1] (1: passes the rule comfortably, 0: fails it clearly); the score is the length score
-    times the weighted geometric mean of the others (each floored at 0.05), in
-    [0, 1].
+    [0, 1] (1: passes the rule comfortably, 0: fails it clearly); the score, in [0, 1], is the
+    length score times the weighted geometric mean of the others (each floored at 0.05).
 a callable
     ``f(list of str) -> array-like`` of one finite number per text.
 a path
