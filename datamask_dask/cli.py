@@ -37,12 +37,11 @@ import traceback
 import numpy as np
 
 from .errors import DataMaskError
-from .learn.options import LAMB_SCALES
+from .learn.options import INITS, LAMB_SCALES
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
 
-_INITS = ("quality", "same")
 _DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -68,10 +67,9 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     learner.add_argument("--n_rollout", "--n-rollout", type=int, help="masks sampled per step")
     learner.add_argument("--select_ratio", "--select-ratio", "--ratio", dest="ratio", type=float,
                          help="share of rows to select")
-    learner.add_argument("--init", choices=_INITS)
-    learner.add_argument("--lamb", type=float,
-                         help="weight of quality in the reward, in [0, 1]")
-    learner.add_argument("--lamb-scale", "--lamb_scale", dest="lamb_scale", choices=LAMB_SCALES,
+    learner.add_argument("--init", choices=INITS)
+    learner.add_argument("--lamb", type=float, help="weight of quality in the reward, in [0, 1]")
+    learner.add_argument("--lamb-scale", "--lamb_scale", choices=LAMB_SCALES,
                          help="paper: the terms as they are; gain: each divided by what it can gain "
                          "over random on the chunk, so lamb weighs points of gain")
     learner.add_argument("--seed", type=int)
@@ -82,35 +80,33 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--device", choices=_DEVICES,
                      help="auto (default: the GPU for cuDF partitions), cpu or cuda")
     job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    job.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
+    job.add_argument("--n-workers", "--n_workers", type=int,
                      help="start a local cluster with this many worker processes (default: threads)")
-    job.add_argument("--threads-per-worker", dest="threads_per_worker", type=int, default=1)
-    job.add_argument("--id-column", "--id_column", dest="id_column", help="unique id of each row")
+    job.add_argument("--threads-per-worker", type=int, default=1)
+    job.add_argument("--id-column", "--id_column", help="unique id of each row")
     job.add_argument("--no-check-ids", dest="check_ids", action="store_const", const=False,
                      help="skip the duplicate-id check (it holds every distinct id in one task)")
-    job.add_argument("--quality-column", "--quality_column", dest="quality_column", type=_weights,
+    job.add_argument("--quality-column", "--quality_column", type=_weights,
                      help="a column, or weighted columns: a=0.7,b=0.3")
-    job.add_argument("--embedding-column", "--embedding_column", dest="embedding_column")
+    job.add_argument("--embedding-column", "--embedding_column")
     job.add_argument("--by", help="group column: quotas per group")
-    job.add_argument("--budget-tokens", "--budget_tokens", dest="budget_tokens", type=int,
+    job.add_argument("--budget-tokens", "--budget_tokens", type=int,
                      help="select by token budget instead of ratio")
-    job.add_argument("--token-column", "--token_column", dest="token_column")
-    job.add_argument("--score-column", "--score_column", dest="score_column",
-                     help="also write the learned scores under this name")
-    job.add_argument("--max-chunk-rows", "--max_chunk_rows", dest="max_chunk_rows", type=int,
+    job.add_argument("--token-column", "--token_column")
+    job.add_argument("--score-column", "--score_column", help="also write the learned scores under this name")
+    job.add_argument("--max-chunk-rows", "--max_chunk_rows", type=int,
                      help="partitions are learned in chunks of at most this many rows, which select apart")
-    job.add_argument("--memory-budget", "--memory_budget", dest="memory_budget",
+    job.add_argument("--memory-budget", "--memory_budget",
                      help="working memory per selection task, e.g. 2GiB: sizes the chunks (default: none; "
                           "the workers' memory is checked, and a chunk that does not fit fails before "
                           "learning)")
     job.add_argument("--validate", choices=("full", "light"),
                      help="full: check every embedding before learning; light: small columns first, "
                      "embeddings chunk by chunk")
-    job.add_argument("--diversity-scope", "--diversity_scope", dest="diversity_scope",
-                     choices=("table", "partition"),
+    job.add_argument("--diversity-scope", "--diversity_scope", choices=("table", "partition"),
                      help="table: near-duplicates across the whole table are set aside before "
                      "learning; partition: each partition on its own (cheaper)")
-    job.add_argument("--duplicate-cosine", "--duplicate_cosine", dest="duplicate_cosine", type=float,
+    job.add_argument("--duplicate-cosine", "--duplicate_cosine", type=float,
                      help="near-duplicate threshold of the table scope")
     job.add_argument("--explain", action="store_const", const=True,
                      help="also write each row's reason (selected, near-duplicate, quality-pruned...) and, "
@@ -126,8 +122,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
     settings = default_settings()
     for action in parser._actions:
         flag = action.const is not None  # a switch such as --no-check-ids: its name says what it sets
-        if action.dest in settings and settings[action.dest] is not None and not flag \
-                and "default" not in (action.help or ""):
+        if settings.get(action.dest) is not None and not flag and "default" not in (action.help or ""):
             text = f"(default: {default_text(action.dest)})"
             action.help = f"{action.help} {text}" if action.help else text
 
@@ -158,8 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--overwrite", action="store_true",
                         help="replace --output if an earlier datamask run wrote it (nothing else is "
                         "replaced)")
-    select.add_argument("--output-columns", "--output_columns", dest="output_columns",
-                        choices=("all", "selection"), default="all",
+    select.add_argument("--output-columns", "--output_columns", choices=("all", "selection"), default="all",
                         help="every column plus `selected` (all), or the selection table only: id, "
                         "selected, the score column if asked, run_id (selection)")
     select.add_argument("--mode", choices=("error", "append", "overwrite"),
@@ -168,11 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     select.add_argument("--incremental", action="store_true",
                         help="select only among the rows added to a Delta/Iceberg --input since the "
                         "version recorded by --output's last run, and append them to --output")
-    select.add_argument("--row-filter", "--row_filter", dest="row_filter",
+    select.add_argument("--row-filter", "--row_filter",
                         help="Iceberg --input: rows to consider, e.g. \"lang = 'en'\" (pushed down)")
     select.add_argument("--engine", choices=("dask", "spark"), default="dask",
                         help="run the job on Dask (default) or Spark (pip install 'datamask-dask[spark]')")
-    select.add_argument("--spark-master", dest="spark_master", metavar="URL",
+    select.add_argument("--spark-master", metavar="URL",
                         help="Spark master for --engine spark (e.g. local[2]); default: spark-submit's")
     select.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar of partitions done on stderr (default: only on a terminal)")
@@ -245,18 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_dask()
     _log_to_stderr(args)
     client = None
-    spark = args.command == "select" and getattr(args, "engine", "dask") == "spark" and not args.demo
     try:
-        if spark:  # Spark runs its own executors: no Dask client
-            return _run_select_spark(args, options)
-        if args.command != "sample":
-            loading = _import_in_background("dask.dataframe")  # every job reads through it
-            client = _start_client(args)
-            loading.join()
-        if args.command == "validate":
-            return _run_validate(args, options)
+        if args.command == "select" and args.engine == "spark" and not args.demo:
+            return _run_select_spark(args, options)  # Spark runs its own executors: no Dask client
         if args.command == "sample":
             return _run_sample(args)
+        # Every job reads through dask.dataframe: it is imported while the cluster's workers start.
+        loading = threading.Thread(target=importlib.import_module, args=("dask.dataframe",), daemon=True)
+        loading.start()
+        client = _start_client(args)
+        loading.join()
+        if args.command == "validate":
+            return _run_validate(args, options)
         if args.command == "demo" or args.demo:
             _run_demo(args, options)
         else:
@@ -266,28 +260,20 @@ def main(argv: list[str] | None = None) -> int:
         _say_what_is_kept(args)
         return 130
     except Exception as exc:  # one clear line for the user; the traceback with --verbose
-        if not isinstance(exc, _REPORTED) and not _is_arrow_error(exc):
+        unreadable = type(exc).__module__.startswith("pyarrow")  # the input is not what it claims to be
+        if not unreadable and not isinstance(exc, _REPORTED):
             raise
         if args.verbose:
             traceback.print_exc()
-        print(f"datamask: error: {as_cli_message(_message(exc, args))}", file=sys.stderr)
+        where = getattr(args, "input", None)
+        message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
+        print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
         _say_what_is_kept(args)
         return 1
     finally:
         if client is not None:
             client.close() if args.scheduler else client.shutdown()
     return 0
-
-
-def _is_arrow_error(exc: BaseException) -> bool:
-    return type(exc).__module__.startswith("pyarrow")
-
-
-def _message(exc: BaseException, args) -> str:
-    if _is_arrow_error(exc):  # the input is not what it claims to be
-        where = getattr(args, "input", None)
-        return f"--input {where} could not be read as parquet: {exc}"
-    return str(exc)
 
 
 def _say_what_is_kept(args) -> None:
@@ -366,15 +352,6 @@ def as_cli_message(message: str) -> str:
 
     # "option id_column=x" -> "--id-column=x", "with id_column=, ..." -> "with --id-column, ..."
     return re.sub(r"(?<![\w.-])(?:option )?([a-z_]+)=(?P<bare>(?=[,;.\s)]|$))?", flag, message)
-
-
-def _import_in_background(module: str) -> threading.Thread:
-    """Import ``module`` on a thread while the cluster's workers start (``dask.dataframe``: time on
-    the driver that the job would otherwise spend on its own clock)."""
-    thread = threading.Thread(target=importlib.import_module, args=(module,), name=f"import {module}",
-                              daemon=True)
-    thread.start()
-    return thread
 
 
 def _start_client(args):
@@ -522,11 +499,8 @@ def _run_validate(args, options: dict) -> int:
     if not source.exists():
         raise FileNotFoundError(f"--input {source} does not exist")
     report = validate_table(read_parquet(source.uri, backend=_backend(args)), config=args.config, **options)
-    if report.ok:
-        print(f"datamask validate: {source}: {report.summary()}")
-        return 0
-    print(f"datamask validate: {source}: {report.summary()}", file=sys.stderr)
-    return 1
+    print(f"datamask validate: {source}: {report.summary()}", file=sys.stdout if report.ok else sys.stderr)
+    return 0 if report.ok else 1
 
 
 def _run_demo(args, options: dict) -> None:
@@ -556,13 +530,12 @@ def _run_demo(args, options: dict) -> None:
               f"{score.objective:.4f}, {score.share:.1%} of {score.baseline_name}'s gain over random "
               f"({score.baseline:.4f} against {score.random:.4f}); quality top-k {score.topk:.4f}, "
               f"{score.topk_share:.1%}")
-    output = getattr(args, "output", None)
-    if output:
+    if args.output:
         from .io.sinks import write_parquet
 
         computed = dd.from_pandas(frame, npartitions=n_parts, sort=False)  # write what was shown
-        write_parquet(computed, output, overwrite=args.overwrite)
-        print(f"written to {output}")
+        write_parquet(computed, args.output, overwrite=args.overwrite)
+        print(f"written to {args.output}")
 
 
 if __name__ == "__main__":

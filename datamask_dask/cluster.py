@@ -15,10 +15,9 @@ import dask
 from distributed import Client, WorkerPlugin
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-# Dask's nanny sets MALLOC_TRIM_THRESHOLD_ (64 KiB) for its workers, which also pins glibc's
-# mmap threshold at 128 KiB: every larger tensor or array is then mmapped afresh and page-faulted
-# on each use, and the learner allocates MBs of step tensors per step, which slows a job end to
-# end. Blocks up to 32 MiB (glibc's maximum) come from the heap instead and are reused.
+# Dask's nanny sets MALLOC_TRIM_THRESHOLD_ for its workers, which also pins glibc's mmap threshold
+# at 128 KiB: every larger array (the learner's step tensors) is then mmapped and page-faulted
+# afresh on each use. Blocks up to 32 MiB (glibc's maximum) come from the heap and are reused.
 _MALLOC_VARIABLES = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
 
 
@@ -95,8 +94,7 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     # they also go to the Nanny's env, which wins over whatever the parent process has set.
     environ = {name: str(threads_per_worker) for name in _THREAD_VARIABLES}
     cluster_kwargs = {**cluster_kwargs, "env": {**environ, **cluster_kwargs.get("env", {})}}
-    # The workers' statistical profiler samples the running task every 10 ms; on long numeric
-    # tasks it cost ~15% of the throughput of 2 workers on 2 cores (benchmarks/README.md).
+    # The workers' statistical profiler samples the running task every 10 ms: it slows numeric tasks.
     configured = dask.config.get("distributed.nanny.pre-spawn-environ", default={})
     spawn_environ = {**_MALLOC_VARIABLES, **configured, **environ}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_environ,

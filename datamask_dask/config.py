@@ -1,32 +1,24 @@
-"""Settings of a selection job, merged from four places.
+"""Settings of a selection job, merged by precedence.
 
-Precedence, highest first: keyword arguments > a config (``config=`` / ``--config``: a profile
-name or a YAML file) > the ``datamask`` namespace of ``dask.config`` (e.g.
+Highest first: keyword arguments > a config (``config=`` / ``--config``: a profile name or a YAML
+file) > the ``datamask`` namespace of ``dask.config`` (e.g.
 ``dask.config.set({"datamask.n_epochs": 50})``, ``DASK_DATAMASK__N_EPOCHS=50`` or a ``datamask:``
 section in a Dask YAML file) > the device's profile > the built-in defaults (:class:`OperatorOptions`,
 :class:`~datamask_dask.learn.options.DataMaskOptions` and, for the metric chosen,
 :data:`METRIC_DEFAULTS`).
 
 Profiles ship inside the package (``datamask_dask/profiles/``; ``conf/`` in the repository links
-to them) and are named by their stem:
+to them): ``cpu`` applies when the job runs on CPU, ``gpu`` when it runs on a GPU
+(``device="cuda"``, or cuDF partitions with ``device="auto"``), and ``reference`` is the published
+method with the reference tool's settings. A ``config`` replaces the device's profile; a profile or
+file overrides the built-in defaults only (copy a profile to tune it). The resolved settings name
+what was used under ``"profile"``.
 
-- ``cpu``: the built-in defaults, chosen on CPU workers; it applies when the job runs on CPU;
-- ``gpu``: the default when it runs on a GPU (``device="cuda"``, or cuDF partitions with
-  ``device="auto"``);
-- ``reference``: the published method with the reference tool's settings (the paper's loop).
-
-With no ``config``, the device's profile applies under ``dask.config`` and the keyword arguments;
-a ``config`` replaces it (a file starts from the built-in defaults, so copy a profile to tune
-it). Every profile, like every file, overrides the built-in defaults only. The resolved settings
-name what was used under ``"profile"``.
-
-A config file is a flat YAML mapping (optionally nested under a top-level ``datamask:`` key) of
-the learner options (:class:`~datamask_dask.learn.options.DataMaskOptions`) and the operator settings
-below. Files are read with ``yaml.safe_load`` only; unknown keys raise :class:`OptionError`.
-
-A profile can tune each metric apart: under ``algorithms:``, a section per metric name holds
-settings that apply only when that metric is the one chosen (by the profile or by a keyword
-argument); they win over the profile's other keys and lose to keyword arguments::
+A config file is a flat YAML mapping (optionally under a top-level ``datamask:`` key) of the
+learner options and the operator settings, read with ``yaml.safe_load`` only; unknown keys raise
+:class:`OptionError`. Under ``algorithms:``, a section per metric name holds settings that apply
+only when that metric is the one chosen (by the profile or by a keyword argument); they win over
+the profile's other keys and lose to keyword arguments::
 
     algorithm: Pair_simi
     refine_epochs: 5
@@ -51,11 +43,7 @@ from .learn.options import DataMaskOptions
 
 @dataclasses.dataclass(frozen=True)
 class OperatorOptions:
-    """The operator's settings and their defaults (the learner's are :class:`DataMaskOptions`').
-
-    These defaults, with :data:`METRIC_DEFAULTS`, are what runs when no config is given; the
-    profiles and config files only override them.
-    """
+    """The operator's settings and their defaults (the learner's are :class:`DataMaskOptions`')."""
 
     ratio: float | dict = 0.1  # share of rows to select, in (0, 1]; or {group: ratio} with `by`
     budget_tokens: int | dict | None = None  # select by tokens: total tokens of the selected rows <= this
@@ -107,11 +95,6 @@ LEARNER_KEYS = tuple(f.name for f in dataclasses.fields(DataMaskOptions) if f.na
 SECTIONS = "algorithms"  # key of the per-metric sections
 
 
-def known_keys() -> list[str]:
-    """Every key a config may set."""
-    return sorted({*LEARNER_KEYS, *OPERATOR_DEFAULTS})
-
-
 def default_settings() -> dict:
     """The defaults: learner options from DataMaskOptions, then the operator's.
 
@@ -128,20 +111,21 @@ def default_text(key: str) -> str:
 
 def read_config_file(path: str | os.PathLike) -> dict:
     """Read a YAML config file (``yaml.safe_load``) into a mapping with canonical keys."""
+    source = f"config file {os.fspath(path)!r}"
     try:
         with open(path, encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
     except FileNotFoundError as exc:
-        raise OptionError(f"config file {os.fspath(path)!r} does not exist") from exc
+        raise OptionError(f"{source} does not exist") from exc
     except yaml.YAMLError as exc:
-        raise OptionError(f"config file {os.fspath(path)!r} is not valid YAML: {exc}") from exc
+        raise OptionError(f"{source} is not valid YAML: {exc}") from exc
     if data is None:
         return {}
     if isinstance(data, Mapping) and set(data) == {"datamask"}:
         data = data["datamask"]
     if not isinstance(data, Mapping):
-        raise OptionError(f"config file {os.fspath(path)!r} must hold a mapping of option: value")
-    return normalise_keys(data, f"config file {os.fspath(path)!r}")
+        raise OptionError(f"{source} must hold a mapping of option: value")
+    return normalise_keys(data, source)
 
 
 def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
@@ -163,7 +147,8 @@ def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
                 raise OptionError(f"a section under {SECTIONS!r} in {source} cannot set 'algorithm'")
             continue
         if name not in OPERATOR_DEFAULTS and name not in LEARNER_KEYS:
-            raise OptionError(f"unknown option {key!r} in {source}; known options are {known_keys()} "
+            known = sorted({*LEARNER_KEYS, *OPERATOR_DEFAULTS})
+            raise OptionError(f"unknown option {key!r} in {source}; known options are {known} "
                               f"(aliases: {sorted(ALIASES)})")
         if name in out:
             raise OptionError(f"option {name!r} is given twice in {source} (under two spellings)")
@@ -188,12 +173,6 @@ def profile_path(config: str | os.PathLike) -> Path:
         raise OptionError(f"config {text!r} is neither a profile nor a file: {hint}profiles are "
                           f"{profile_names()}, or give the path of a YAML file")
     return path
-
-
-def device_profile(device, backend: str | None = None) -> str:
-    """The profile for where a job runs: ``gpu`` for CUDA devices or cuDF data on ``auto``, else ``cpu``."""
-    device = str(device or "auto")
-    return "gpu" if device.startswith("cuda") or (device == "auto" and backend == "cudf") else "cpu"
 
 
 def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend: str | None = None,
@@ -234,7 +213,9 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend
         layers = [from_dask, read_config_file(path)]
         profile = os.fspath(config) if path.parent != PROFILES else path.stem
     else:
-        profile = device_profile(given.get("device", from_dask.get("device")), backend)
+        # the device's profile: gpu for CUDA devices, or cuDF data on "auto"
+        device = str(given.get("device", from_dask.get("device")) or "auto")
+        profile = "gpu" if device.startswith("cuda") or (device == "auto" and backend == "cudf") else "cpu"
         layers = [read_config_file(PROFILES / f"{profile}.yaml"), from_dask]
     # the metric the job runs (the last layer naming one wins): its built-in defaults and sections apply
     algorithm = given.get("algorithm", next((layer["algorithm"] for layer in reversed(layers)

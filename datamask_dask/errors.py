@@ -19,26 +19,15 @@ class InputDataError(DataMaskError):
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the input or the options.
-
-    Attributes
-    ----------
-    message : str
-        One line saying what is wrong, where (column, partition, first rows) and what to do.
-    column : str, optional
-    partition : int, optional
-    rows : tuple of int
-        First few row positions inside the partition (empty when not row-specific).
-    """
+    """One thing wrong with the input or the options: ``message`` says what, where and what to do."""
 
     message: str
     column: str | None = None
     partition: int | None = None
-    rows: tuple = ()
+    rows: tuple = ()  # first few row positions inside the partition (empty when not row-specific)
 
     def __str__(self) -> str:
         return self.message
-
 
 
 def problems_error(problems: list[Problem], kind: type[DataMaskError] = InputDataError) -> DataMaskError:

@@ -36,11 +36,9 @@ def wanted(progress: bool | None) -> bool:
         return bool(progress)
     if os.environ.get("DATAMASK_PROGRESS", "").lower() in ("1", "true", "yes"):
         return True
-    try:
-        if sys.stderr is not None and sys.stderr.isatty():
+    with contextlib.suppress(AttributeError, ValueError):  # no stderr, or a closed one
+        if sys.stderr.isatty():
             return True
-    except (AttributeError, ValueError):
-        pass
     return _in_notebook()
 
 
@@ -56,10 +54,8 @@ def _in_notebook() -> bool:
 
 def client_of(scheduler):
     """The distributed Client a computation will run on, or None for the local schedulers."""
-    try:
-        from distributed import Client, default_client
-    except ImportError:
-        return None
+    from distributed import Client, default_client
+
     if isinstance(scheduler, Client):
         return scheduler
     if scheduler is None and dask.config.get("scheduler", None) in (None, "dask.distributed"):
@@ -72,131 +68,66 @@ def compute(*collections, scheduler=None, progress: bool | None = None):
     """``dask.compute(*collections, scheduler=scheduler)`` with a progress bar when :func:`wanted`."""
     if not wanted(progress):
         return dask.compute(*collections, scheduler=scheduler)
-    learning = LearningSteps()
-    line = _Line(sys.stderr, learning)
+    bar = _Bar()
     client = client_of(scheduler)
     if client is None:
-        telemetry.add_step_sink(learning)  # the learners run in this process
+        telemetry.add_step_sink(bar)  # the learners run in this process
         try:
-            with _LocalBar(line):
+            with bar:
                 return dask.compute(*collections, scheduler=scheduler)
         finally:
-            telemetry.remove_step_sink(learning)
+            telemetry.remove_step_sink(bar)
     futures = client.compute(list(collections))
-    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: learning(event[1]))  # (time, message)
+    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: bar(event[1]))  # (time, message)
+    started = time.perf_counter()
     try:
-        _wait(futures, line)
+        while True:  # until every future is done or failed
+            done = sum(future.done() for future in futures)
+            bar._draw_bar(done / len(futures) if futures else 1.0, time.perf_counter() - started)
+            if done == len(futures):
+                break
+            time.sleep(DRAW_INTERVAL)
     finally:
         client.unsubscribe_topic(telemetry.STEP_TOPIC)
-        line.end()
+        bar.end()
     return tuple(client.gather(futures))
 
 
-def persist(reads: dict, scheduler=None, progress: bool | None = None) -> dict:
-    """``reads`` (a dict of lists of Delayed, or of None) computed and kept where they were computed
-    (on the workers of a distributed scheduler), with a progress bar when :func:`wanted`. Returns the
-    same dict of persisted Delayed; a failed task raises here."""
-    names = [name for name, items in reads.items() if items is not None]
-    flat = [item for name in names for item in reads[name]]
-    line = _Line(sys.stderr, LearningSteps()) if wanted(progress) else None
-    client = client_of(scheduler)
-    if client is None:
-        with _LocalBar(line) if line is not None else contextlib.nullcontext():
-            kept = dask.persist(*flat, scheduler=scheduler)
-    else:
-        from distributed import futures_of
-
-        kept = client.persist(flat)
-        futures = futures_of(kept)
-        try:
-            _wait(futures, line)
-        finally:
-            if line is not None:
-                line.end()
-        for future in futures:
-            if future.status == "error":
-                future.result()  # raises the task's exception
-    out, start = dict(reads), 0
-    for name in names:
-        out[name] = list(kept[start:start + len(reads[name])])
-        start += len(reads[name])
-    return out
-
-
-def _wait(futures: list, line) -> None:
-    """Wait for ``futures`` to finish or fail, drawing their share done on ``line`` (if any)."""
-    started = time.perf_counter()
-    while True:
-        done = sum(future.done() for future in futures)
-        if line is not None:
-            line.draw(done / len(futures) if futures else 1.0, time.perf_counter() - started)
-        if done == len(futures):
-            return
-        time.sleep(DRAW_INTERVAL)
-
-
-class LearningSteps:
-    """The learner runs in flight, kept from the step events of
-    :class:`datamask_dask.telemetry.StepCounter`."""
+class _Bar(ProgressBar):
+    """One bar line on stderr, redrawn in place: Dask's bar on the local schedulers (as a context
+    manager), drawn by :func:`compute` on a client. ``bar(event)`` takes a learner's step event."""
 
     def __init__(self):
+        super().__init__(dt=DRAW_INTERVAL, out=sys.stderr)
+        self._drawn = 0
         self._runs: dict[str, dict] = {}  # run -> its latest event, oldest run first
         self._lock = threading.Lock()  # events come from worker threads or the client's loop
-        self.events = 0
 
     def __call__(self, event: dict) -> None:
         with self._lock:
-            self.events += 1
             if event["step"] >= event["steps"]:
                 self._runs.pop(event["run"], None)
             else:
                 self._runs[event["run"]] = event
 
-    def text(self) -> str:
-        """``"learning partition 5, chunk 2: step 120/400 (+1 more)"``, or "" when none is in flight."""
-        with self._lock:
-            runs = list(self._runs.values())
-        if not runs:
-            return ""
-        first = runs[0]
-        more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
-        return f"learning {first['where']}: step {first['step']}/{first['steps']}{more}"
-
-
-class _Line:
-    """One bar line, redrawn in place (shorter lines are padded over the longer one before)."""
-
-    def __init__(self, out, learning: LearningSteps):
-        self._out, self._learning, self._drawn = out, learning, 0
-
-    def draw(self, fraction: float, elapsed: float) -> None:
+    def _draw_bar(self, fraction: float, elapsed: float) -> None:
         from dask.utils import format_time
 
         text = (f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {int(100 * fraction)}% Completed | "
                 f"{format_time(elapsed)}")
-        if learning := self._learning.text():
-            text += f" | {learning}"
+        with self._lock:
+            runs = list(self._runs.values())
+        if runs:  # " | learning partition 5, chunk 2: step 120/400 (+1 more)"
+            more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
+            text += f" | learning {runs[0]['where']}: step {runs[0]['step']}/{runs[0]['steps']}{more}"
+        # a shorter line is padded over the longer one before
         padding, self._drawn = " " * max(0, self._drawn - len(text)), len(text)
         with contextlib.suppress(ValueError):  # the stream was closed under us
-            self._out.write(f"\r{text}{padding}")
-            self._out.flush()
+            self._file.write(f"\r{text}{padding}")
+            self._file.flush()
 
     def end(self) -> None:
+        """End the line (the local schedulers' bar ends its own when the computation does)."""
         with contextlib.suppress(ValueError):
-            self._out.write("\n")
-            self._out.flush()
-
-
-class _LocalBar(ProgressBar):
-    """Dask's bar for the local schedulers (it counts the tasks), drawn by :class:`_Line`."""
-
-    def __init__(self, line: _Line):
-        super().__init__(out=None, dt=DRAW_INTERVAL)  # out=None: the line writes, not dask
-        self._line = line
-
-    def _draw_bar(self, frac, elapsed):
-        self._line.draw(frac, elapsed)
-
-    def _finish(self, dsk, state, errored):
-        super()._finish(dsk, state, errored)  # the last draw
-        self._line.end()
+            self._file.write("\n")
+            self._file.flush()

@@ -19,10 +19,7 @@ def make_embeddings(n: int, d: int = 768, *, n_clusters: int | None = None, dupl
     near-duplicates of another row; quality is skewed (log-normal) and correlated with the cluster,
     so quality top-k over-samples a few clusters and is not diverse.
 
-    Returns
-    -------
-    quality : float32 array (n,)
-    embeddings : float32 array (n, d), rows L2-normalised
+    Returns ``(quality, embeddings)``: float32 arrays of shapes (n,) and (n, d), rows L2-normalised.
     """
     rng = np.random.default_rng(seed)
     n_clusters = n_clusters or max(2, int(np.sqrt(n)))

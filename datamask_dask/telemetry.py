@@ -1,13 +1,12 @@
-"""Stage clocks: seconds a selection spends reading, checking, extracting, learning and writing,
-the learning curves of a few chunks, kept per worker thread for the run summary, and the steps of
+"""Per worker thread: the seconds a selection spends in each stage (reading, checking, extracting,
+learning, writing) and the learning curves of a few chunks, for the run summary; and the steps of
 the learner runs in flight, for progress bars.
 
-Each worker thread keeps its own totals. The code of a stage adds to them (:func:`timed`), and the
-task that ends a unit of work takes them (:func:`take`): a partition's plan summary and its
-completion marker carry the seconds of the stages that ran on that thread since the last take,
-including the parquet read Dask fused in front of the task. The writer sums them into
-:attr:`datamask_dask.SelectionReport.stages`, so benchmarks and run summaries see where the time
-went without patching the package.
+The code of a stage adds to its thread's totals (:func:`timed`); the task that ends a unit of work
+takes them (:func:`take`), so a partition's plan summary and completion marker carry the stages
+that ran on that thread since the last take, the parquet read Dask fused in front of the task
+included. The writer sums them into :attr:`datamask_dask.SelectionReport.stages`: benchmarks and
+run summaries see where the time went without patching the package.
 """
 
 from __future__ import annotations
@@ -19,15 +18,17 @@ import os
 import sys
 import threading
 import time
+from collections import Counter
 
-_local = threading.local()
+
+class _ThreadState(threading.local):
+    def __init__(self):
+        self.totals: dict[str, float] = {}  # stage -> seconds since the last take
+        self.curves: list[dict] = []
+        self.where: str | None = None  # the learner runs' name in step events
 
 
-def _totals() -> dict[str, float]:
-    totals = getattr(_local, "totals", None)
-    if totals is None:
-        totals = _local.totals = {}
-    return totals
+_local = _ThreadState()
 
 
 @contextlib.contextmanager
@@ -37,29 +38,26 @@ def timed(stage: str):
     try:
         yield
     finally:
-        totals = _totals()
-        totals[stage] = totals.get(stage, 0.0) + time.perf_counter() - started
+        _local.totals[stage] = _local.totals.get(stage, 0.0) + time.perf_counter() - started
 
 
 def take() -> dict[str, float]:
     """This thread's stage seconds since the last take (and reset them)."""
-    totals = dict(_totals())
-    _totals().clear()
+    totals, _local.totals = _local.totals, {}
     return totals
 
 
 def add_up(parts) -> dict[str, float]:
     """Sum stage seconds over several takes."""
-    out: dict[str, float] = {}
+    out: Counter = Counter()
     for part in parts:
-        for stage, seconds in (part or {}).items():
-            out[stage] = out.get(stage, 0.0) + seconds
-    return out
+        out.update(part or {})
+    return dict(out)
 
 
 # --------------------------------------------------------------------------- learning curves
 
-#: Curves a thread keeps until they are taken (older ones are dropped), and points per curve.
+#: Curves a thread keeps until they are taken (later ones are dropped), and points per curve.
 MAX_CURVES, CURVE_POINTS = 4, 64
 
 
@@ -70,24 +68,19 @@ def note_curve(label: str, history) -> None:
     takes them (``datamask_select`` outside the writer) holds a few hundred floats at most.
     """
     values = [float(v) for v in history]
-    if not values:
+    if not values or len(_local.curves) >= MAX_CURVES:
         return
     if len(values) > CURVE_POINTS:
         steps = [round(i * (len(values) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)]
     else:
         steps = list(range(len(values)))
-    curves = getattr(_local, "curves", None)
-    if curves is None:
-        curves = _local.curves = []
-    if len(curves) < MAX_CURVES:
-        curves.append({"chunk": label, "steps": len(values), "step": steps,
-                       "objective": [round(values[s], 6) for s in steps]})
+    _local.curves.append({"chunk": label, "steps": len(values), "step": steps,
+                          "objective": [round(values[s], 6) for s in steps]})
 
 
 def take_curves() -> list[dict]:
     """This thread's learning curves since the last take (and forget them)."""
-    curves = getattr(_local, "curves", None) or []
-    _local.curves = []
+    curves, _local.curves = _local.curves, []
     return curves
 
 
@@ -102,8 +95,7 @@ _run_numbers = itertools.count()
 @contextlib.contextmanager
 def learning(where: str):
     """Name the learner runs of the ``with`` block (``"partition 5, chunk 2"``) in step events."""
-    previous = getattr(_local, "where", None)
-    _local.where = where
+    previous, _local.where = _local.where, where
     try:
         yield
     finally:
@@ -122,7 +114,7 @@ class StepCounter:
     def __init__(self, steps: int):
         self.steps, self.step, self._sent = int(steps), 0, -math.inf
         self.run = f"{os.getpid()}-{threading.get_ident()}-{next(_run_numbers)}"
-        self.where = getattr(_local, "where", None) or "chunk"
+        self.where = _local.where or "chunk"
 
     def __call__(self, count: int = 1) -> None:
         self.step = min(self.step + count, self.steps)

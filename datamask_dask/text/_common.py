@@ -11,27 +11,19 @@ from ..errors import InputDataError, OptionError
 #: Models loaded in this process, keyed by (kind, resolved path, device): one load per worker process.
 _MODELS: dict = {}
 _LOCK = threading.Lock()
-#: How many models this process has loaded (read back from workers with ``client.run`` in the tests).
-_LOADS = {"count": 0}
 
 
 def load_count() -> int:
     """Models loaded by this process so far (each (path, device) at most once)."""
-    return _LOADS["count"]
+    return len(_MODELS)
 
 
 def cached_model(key: tuple, loader):
     """The model under ``key``, loaded by ``loader()`` the first time in this process (thread-safe)."""
-    model = _MODELS.get(key)
-    if model is not None:
-        return model
     with _LOCK:
-        model = _MODELS.get(key)
-        if model is None:
-            model = loader()
-            _MODELS[key] = model
-            _LOADS["count"] += 1
-    return model
+        if key not in _MODELS:
+            _MODELS[key] = loader()
+        return _MODELS[key]
 
 
 def resolve_device(device: str | None) -> str:
@@ -66,9 +58,9 @@ def check_text_meta(ddf, text_column: str, output_column: str, stage: str) -> No
         raise OptionError(f"{stage}: output_column {output_column!r} would overwrite the text column")
 
 
-def text_values(part: pd.DataFrame, text_column: str, partition: int | None, stage: str) -> pd.Series:
-    """The partition's text as a pandas string Series, or InputDataError naming column, partition, rows."""
-    where = f"partition {partition}" if partition is not None else "a partition"
+def text_values(part: pd.DataFrame, text_column: str, where: str, stage: str) -> pd.Series:
+    """The partition's text as a pandas string Series, or InputDataError naming column, partition
+    (``where``: :func:`partition_name`) and rows."""
     col = part[text_column]
     if hasattr(col, "to_pandas"):  # cuDF
         col = col.to_pandas()
@@ -92,5 +84,7 @@ def text_values(part: pd.DataFrame, text_column: str, partition: int | None, sta
     return text
 
 
-def partition_number(partition_info) -> int | None:
-    return None if not partition_info else partition_info.get("number")
+def partition_name(partition_info) -> str:
+    """``"partition N"`` from the ``partition_info`` Dask passes to a partition's function."""
+    number = (partition_info or {}).get("number")
+    return f"partition {number}" if number is not None else "a partition"

