@@ -12,22 +12,19 @@ row is its near-duplicate, and its best such row (highest quality, then lowest p
 lowest row) is its parent; a kept row stands for itself and for the shadowed rows whose parents
 lead to it within ``ROUNDS`` steps. On a chain ``a ~ b ~ c`` with ``a`` and ``c`` not
 near-duplicates, ``b`` at the bottom is shadowed by the better of the two, and ``a`` and ``c`` both
-stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`:
-``bits`` signature bits, more as the table grows, and the ``by`` group) in the buckets'
-pairs of :func:`~datamask_dask.dedup.stages.bucket_pairs`, verified within
-:func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
+stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`)
+and the ``by`` group, in the pairs of :func:`~datamask_dask.dedup.stages.bucket_pairs`, verified
+within :func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
 
 :func:`find_groups` applies it in one task, compiled with numba: it holds every row's signature,
-quality and group (about 44 bytes a row) and, per band, a key and a few words a row (below
-``COMPILED_ROWS`` rows, or without numba, it runs the sharded stages in its own process). The sharded
-stages of :mod:`datamask_dask.dedup.stages` apply it with no task holding more than a shard and
-find the same groups (tested on random tables); :func:`one_task` picks between them by the
-partitions alone, when the graph is built. ``benchmarks/bench_duplicates.py`` measures the one-task
-search (seconds, memory, recall of planted copies, false merges), ``--sharded`` the stages.
+quality and group (about 44 bytes a row) and, per band, a key and a few words a row. The sharded
+stages of :mod:`datamask_dask.dedup.stages` find the same groups with no task holding more than a
+shard; :func:`one_task` picks between them by the partitions alone, when the graph is built.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,14 +36,11 @@ from .stages import (
     ANCHORS,
     FULL_BUCKET,
     NEIGHBOURS,
-    PARTITIONS_PER_ROW_SHARD,
-    PARTITIONS_PER_SHARD,
     ROUNDS,
     _byte_tables,
-    _label_hash,
     band_plan,
     find_groups_sharded,
-    shard_count,
+    group_bits,
 )
 
 # Tables of up to this many partitions find their groups in one task: it holds ~44 bytes a row
@@ -65,36 +59,17 @@ def one_task(n_parts: int) -> bool:
     return n_parts <= ONE_TASK_PARTITIONS
 
 
-def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]:
-    """Shadowed rows of each partition: the ``shadowed`` of each of :func:`find_groups`'s groups."""
-    return [found.shadowed for found in find_groups(parts, cosine)]
-
-
 def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups]:
     """The near-duplicate groups of the whole table, per partition, in one task.
 
-    Parameters
-    ----------
-    parts : list of dict, one per partition, in partition order
-        ``quality`` float64 (n,), ``codes`` int (n,) (group code of each row, indexing
-        ``labels``), ``labels`` (group labels, ``[None]`` without ``by``) and ``signatures``
-        uint8 (n, SIGNATURE_BYTES) from :func:`~datamask_dask.dedup.simhash.signatures`.
-    cosine : float
-        Rows at least this similar are near-duplicates (estimated from the signatures).
-
-    Returns
-    -------
-    list of dict
-        For each partition: ``shadowed`` (sorted int64 positions of its rows that have a verified
-        better near-duplicate), ``kept`` (sorted int64 positions of its kept rows that stand for
-        more than themselves) and ``weights`` (int64, the rows each of those stands for, itself
-        included), ``parent`` (int64, aligned with ``shadowed``: each shadowed row's best verified
-        better near-duplicate as a reference ``partition << 32 | position``) and ``parents``
-        (sorted int64 positions of its rows that are some row's parent). Deterministic: it depends
-        only on the rows and their order.
+    ``parts``: one dict per partition, in partition order: ``quality`` float64 (n,), ``codes`` int
+    (n,) indexing ``labels`` (the group labels, ``[None]`` without ``by``) and ``signatures`` uint8
+    (n, SIGNATURE_BYTES) from :func:`~datamask_dask.dedup.simhash.signatures`. Rows at least
+    ``cosine`` similar (estimated from the signatures) are near-duplicates. Deterministic: the
+    groups depend only on the rows and their order.
     """
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
-    if n_rows < COMPILED_ROWS or not available():  # the same groups, from the stages in this process
+    if n_rows < COMPILED_ROWS or _kernels() is None:  # the same groups, from the stages in this process
         return find_groups_sharded(parts, cosine, shards=1)[0]
     table = stack_parts(parts)
     return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
@@ -103,14 +78,14 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups
 def stack_parts(parts: list[dict]) -> dict:
     """The partitions' inputs as one table: quality, group index, signatures, partition offsets.
 
-    A row's group index names its label's hash bits (:func:`~datamask_dask.dedup.stages.group_bits`),
-    so that rows share a bucket here exactly when they share a band key in the sharded stages.
+    A row's group index names its label's :func:`~datamask_dask.dedup.stages.group_bits`, so that
+    rows share a bucket here exactly when they share a band key in the sharded stages.
     """
     sizes = [int(np.asarray(p["quality"]).shape[0]) for p in parts]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    hashed = [np.array([_label_hash(label) & 0xFFFFFFFF for label in p["labels"]], dtype=np.int64)
-              [np.asarray(p["codes"], dtype=np.int64)] for p, size in zip(parts, sizes, strict=True) if size]
-    group = np.concatenate([np.zeros(0, dtype=np.int64)] + hashed)
+    hashed = [group_bits(p["labels"])[np.asarray(p["codes"], dtype=np.int64)]
+              for p, size in zip(parts, sizes, strict=True) if size]
+    group = np.concatenate([np.zeros(0, dtype=np.uint64)] + hashed)
     group = np.unique(group, return_inverse=True)[1].astype(np.int64).reshape(-1)
     quality = np.concatenate([np.zeros(0)] + [np.asarray(p["quality"], dtype=np.float64) for p in parts])
     sig = np.concatenate([np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)] + [
@@ -178,26 +153,14 @@ def _band_tables(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([tables[int(b)] for b in touched]), touched
 
 
-_compiled: list = []
-
-
-def available() -> bool:
-    """Whether :func:`find_groups` runs compiled (numba installed); else it runs the sharded stages
-    in one process, which give the same groups."""
-    return _kernels() is not None
-
-
+@functools.cache
 def _kernels():
     """The compiled passes (:func:`_keys`, :func:`_buckets`), or None without numba."""
-    if not _compiled:
-        try:
-            import numba
-        except ImportError:
-            _compiled.append(None)
-        else:
-            _compiled.append((numba.njit(cache=True, nogil=True)(_keys),
-                              numba.njit(cache=True, nogil=True)(_buckets)))
-    return _compiled[0]
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.njit(cache=True, nogil=True)(_keys), numba.njit(cache=True, nogil=True)(_buckets)
 
 
 def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (compiled)
@@ -319,17 +282,4 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroup
                                    parent=parent_ref[here],
                                    parents=parents[(parents >= low) & (parents < high)] - low))
     return out
-
-
-def table_groups(parts: list[dict], cosine: float = 0.95,
-                 n_parts: int | None = None) -> list[DuplicateGroups]:
-    """The near-duplicate groups of the whole table, per partition, in the wiring an engine takes
-    for ``n_parts`` partitions (default ``len(parts)``): :func:`find_groups` where :func:`one_task`
-    says so, the sharded stages (:func:`~datamask_dask.dedup.stages.find_groups_sharded`) otherwise.
-    The same groups either way."""
-    n_parts = len(parts) if n_parts is None else n_parts
-    if one_task(n_parts):
-        return find_groups(parts, cosine)
-    return find_groups_sharded(parts, cosine, shards=shard_count(n_parts, PARTITIONS_PER_SHARD),
-                               row_shards=shard_count(n_parts, PARTITIONS_PER_ROW_SHARD))[0]
 
