@@ -118,7 +118,7 @@ def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band:
 
     ``columns``: the signatures' bytes, (SIGNATURE_BYTES, n); ``words``: as uint64, (4, n).
     """
-    key = _column_band_keys(columns, band)
+    key = band_keys(columns, band)
     # Most rows share their band key with no other row: drop them before sorting (counting the
     # 2**BAND_BITS keys is far cheaper than sorting every row).
     rows = np.flatnonzero(np.bincount(key, minlength=1 << BAND_BITS)[key] > 1)
@@ -142,30 +142,43 @@ def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band:
     size = np.diff(np.r_[start, sorted_key.shape[0]])
     keep = size > 1
     start, size = start[keep], size[keep]
-    if not start.size:
-        return empty, empty
-    # every position p of a bucket pairs with the later positions of that bucket
-    position = _ranges(start, size)
-    later = np.repeat(start + size, size) - position - 1
-    out_left, out_right = [], []
-    cumulative = np.cumsum(later)
-    first = 0
-    while first < position.shape[0]:  # batches of about _PAIR_BATCH pairs
-        done = cumulative[first - 1] if first else 0
-        stop = int(np.searchsorted(cumulative, done + _PAIR_BATCH, side="right"))
-        stop = max(stop, first + 1)
-        pos, count = position[first:stop], later[first:stop]
-        a = np.repeat(pos, count)
-        b = a + 1 + (np.arange(a.shape[0]) - np.repeat(np.cumsum(count) - count, count))
-        distance = np.bitwise_count(near_words[0][a] ^ near_words[0][b]).astype(np.int16)
-        for word in near_words[1:]:
-            distance += np.bitwise_count(word[a] ^ word[b])
-        near = distance <= limit
-        i, j = order[a[near]], order[b[near]]
-        out_left.append(np.minimum(i, j))
-        out_right.append(np.maximum(i, j))
-        first = stop
-    return np.concatenate(out_left), np.concatenate(out_right)
+    a, b, _ = verified_pairs(start, size, size, near_words, limit)  # every pair of a bucket
+    i, j = order[a], order[b]
+    return np.minimum(i, j), np.maximum(i, j)
+
+
+def distance(x, y) -> np.ndarray:
+    """Hamming distances between signatures given as two iterables of their 4 words (arrays), uint16.
+    Pass generators of per-word gathers: 1D gathers run faster than one 2D fancy index."""
+    total = None
+    for a, b in zip(x, y, strict=True):
+        bits = np.bitwise_count(a ^ b)
+        total = bits.astype(np.uint16) if total is None else np.add(total, bits, out=total)
+    return total
+
+
+def verified_pairs(start: np.ndarray, size: np.ndarray, first: np.ndarray, words: np.ndarray,
+                   limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The pairs ``(a, b)``, ``a < b``, within ``limit`` of buckets laid side by side (bucket ``i``
+    at places ``start[i]`` to ``start[i] + size[i]``), each of a bucket's first ``first[i]`` places
+    paired with every later place of the bucket, and the count of pairs tried. ``words``: the
+    rows' signature words in that order (4, rows). Verified in batches of about ``_PAIR_BATCH``."""
+    offset = np.arange(int(first.sum())) - np.repeat(np.cumsum(first) - first, first)
+    position = np.repeat(start, first) + offset
+    later = np.repeat(start + size, first) - position - 1
+    empty = np.zeros(0, dtype=np.int64)
+    found, cumulative, done = [(empty, empty)], np.cumsum(later), 0
+    while done < position.size:
+        before = cumulative[done - 1] if done else 0
+        stop = max(done + 1, int(np.searchsorted(cumulative, before + _PAIR_BATCH, side="right")))
+        count = later[done:stop]
+        a = np.repeat(position[done:stop], count)
+        b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(count) - count, count))
+        near = distance((w[a] for w in words), (w[b] for w in words)) <= limit
+        found.append((a[near], b[near]))
+        done = stop
+    tried = int(cumulative[-1]) if cumulative.size else 0
+    return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found]), tried
 
 
 def _unique_pairs(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -176,17 +189,13 @@ def _unique_pairs(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarr
     return pairs // n, pairs % n
 
 
-def band_keys(sig: np.ndarray, band: int) -> np.ndarray:
-    """The ``BAND_BITS``-bit key of band ``band`` of each signature (rows of ``sig``), uint32 (n,).
+def band_keys(columns: np.ndarray, band: int) -> np.ndarray:
+    """The ``BAND_BITS``-bit key of band ``band`` of each signature, uint32 (n,), from the signature
+    bytes as columns (SIGNATURE_BYTES, n): shifts, no unpacking.
 
     Band ``b`` is the window of ``BAND_BITS`` bits starting at bit ``b * SIGNATURE_BITS // BANDS``
     (wrapping around): the hyperplanes are independent, so any fixed bits will do.
     """
-    return _column_band_keys(np.ascontiguousarray(sig.T), band)
-
-
-def _column_band_keys(columns: np.ndarray, band: int) -> np.ndarray:
-    """:func:`band_keys` from the signature bytes as columns (SIGNATURE_BYTES, n): shifts, no unpacking."""
     start = band * SIGNATURE_BITS // BANDS
     first = start // 8
     key = np.zeros(columns.shape[1], dtype=np.uint32)
@@ -194,8 +203,3 @@ def _column_band_keys(columns: np.ndarray, band: int) -> np.ndarray:
         key = (key << 8) | columns[(first + i) % SIGNATURE_BYTES]
     return (key >> (32 - BAND_BITS - (start % 8))) & ((1 << BAND_BITS) - 1)
 
-
-def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + c) for s, c in zip(start, size)])``, vectorised."""
-    total = int(size.sum())
-    return np.repeat(start - (np.cumsum(size) - size), size) + np.arange(total)

@@ -49,12 +49,12 @@ import numpy as np
 
 from .groups import DuplicateGroups
 from .simhash import (
-    _PAIR_BATCH,
     SIGNATURE_BITS,
     SIGNATURE_BYTES,
     VERIFY_MARGIN,
-    _ranges,
+    distance,
     hamming_threshold,
+    verified_pairs,
 )
 
 PARTITIONS_PER_SHARD = 4  # the sharded graph has one key shard (stages 1-2) per this many partitions
@@ -143,6 +143,12 @@ def references(number: int, n: int) -> np.ndarray:
     return (np.uint64(number) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
 
 
+def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + c) for s, c in zip(start, size)])``, vectorised."""
+    total = int(size.sum())
+    return np.repeat(start - (np.cumsum(size) - size), size) + np.arange(total)
+
+
 # --------------------------------------------------------------------------- 1. band keys
 
 
@@ -222,16 +228,6 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
 # --------------------------------------------------------------------------- 2. candidates
 
 
-def _distance(x, y) -> np.ndarray:
-    """Hamming distances between signatures given as two iterables of their 4 words (arrays), uint16.
-    Pass generators of per-word gathers: 1D gathers run faster than one 2D fancy index."""
-    distance = None
-    for a, b in zip(x, y, strict=True):
-        bits = np.bitwise_count(a ^ b)
-        distance = bits.astype(np.uint16) if distance is None else np.add(distance, bits, out=distance)
-    return distance
-
-
 def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
                      limit: int) -> tuple[np.ndarray, np.ndarray]:
     """The verified pairs ``(a, b)``, ``a < b``, of each large bucket's rows (more than
@@ -252,7 +248,7 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
     words = columns[:, members]
     found = []
     for d in range(1, NEIGHBOURS + 1):
-        near = (bucket[:-d] == bucket[d:]) & (_distance(words[:, :-d], words[:, d:]) <= limit)
+        near = (bucket[:-d] == bucket[d:]) & (distance(words[:, :-d], words[:, d:]) <= limit)
         x, y = members[:-d][near], members[d:][near]
         found.append((np.minimum(x, y), np.maximum(x, y)))
     return (np.concatenate([empty] + [f[0] for f in found]),
@@ -318,26 +314,9 @@ def bucket_pairs(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
     first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
-    offset = np.arange(int(first.sum())) - np.repeat(np.cumsum(first) - first, first)
-    position = np.repeat(start, first) + offset
-    later = np.repeat(start + size, first) - position - 1
-
-    def verified(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        near = _distance((c[a] for c in columns), (c[b] for c in columns)) <= limit
-        return a[near], b[near]
-
-    found, cumulative, done = [_neighbour_edges(start, size, columns, limit)], np.cumsum(later), 0
-    while done < position.size:  # batches of about _PAIR_BATCH candidate pairs
-        before = cumulative[done - 1] if done else 0
-        stop = max(done + 1, int(np.searchsorted(cumulative, before + _PAIR_BATCH, side="right")))
-        count = later[done:stop]
-        a = np.repeat(position[done:stop], count)
-        b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(count) - count, count))
-        found.append(verified(a, b))
-        done = stop
-    a = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[0] for f in found])
-    b = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[1] for f in found])
-    return a, b, int(cumulative[-1]) if cumulative.size else 0
+    a, b, tried = verified_pairs(start, size, first, columns, limit)
+    near_a, near_b = _neighbour_edges(start, size, columns, limit)
+    return np.concatenate([near_a, a]), np.concatenate([near_b, b]), tried
 
 
 def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -134,7 +134,7 @@ def test_band_pairs_are_the_brute_force_pairs_whatever_the_group_codes():
     sig = signatures(emb, hyperplanes(32))
     group = rng.integers(0, 2, len(emb))
     limit = hamming_threshold(0.95, margin=0.0)
-    keys = np.stack([band_keys(sig, band) for band in range(BANDS)])
+    keys = np.stack([band_keys(sig.T, band) for band in range(BANDS)])
     bits = np.unpackbits(sig, axis=1)
     distance = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
     share = (keys[:, :, None] == keys[:, None, :]).any(axis=0) & (group[:, None] == group[None, :])
