@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .groups import DuplicateGroups
-from .simhash import SIGNATURE_BYTES, VERIFY_MARGIN, hamming_threshold
+from .simhash import SIGNATURE_BYTES, hamming_threshold
 from .stages import (
     ANCHORS,
     FULL_BUCKET,
@@ -114,7 +114,7 @@ def table_parents(table: dict, cosine: float = 0.95) -> dict:
     # a key (value, group) and a row packed in one int64 where the key fits in 31 bits: one value
     # sort then orders the rows by key and, within a key, by row (the sharded stages' reference order)
     packed = (n_groups << plan["bits"]) <= 1 << 31 and n < 1 << 32
-    limit = hamming_threshold(cosine, margin=VERIFY_MARGIN)
+    limit = hamming_threshold(cosine)
     n_bands = plan["positions"].shape[0]
     # The bands on a few threads (the compiled passes and numpy's sorts release the GIL): an engine
     # that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.

@@ -17,9 +17,6 @@ near-duplicate groups of the table are found from the signatures by
    that agree on a whole band are candidates, and a candidate within the Hamming distance expected
    at the cosine counts. A pair at cosine 0.975 shares a band with probability about 0.998, one at
    0.95 about 0.95.
-
-Signing costs one float32 product of each row with the 256 hyperplanes, in the plan pass's
-embedding checks, on blocks that are views of the Arrow column where possible.
 """
 
 from __future__ import annotations
@@ -66,13 +63,14 @@ def signatures(block, planes) -> np.ndarray:
     return np.packbits(signs, axis=1)
 
 
-def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = VERIFY_MARGIN) -> int:
+def hamming_threshold(cosine: float, margin: float = VERIFY_MARGIN) -> int:
     """Largest Hamming distance counted as a near-duplicate of cosine ``cosine``.
 
     ``margin``: standard deviations of the estimate added to the expected distance
     (``VERIFY_MARGIN`` for the search at every size; 0 for counting pairs).
     """
     p = math.acos(min(1.0, max(-1.0, cosine))) / math.pi
+    bits = SIGNATURE_BITS
     return int(math.floor(bits * p + margin * math.sqrt(bits * p * (1 - p))))
 
 
@@ -90,26 +88,28 @@ def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, in
         return 0, 0
     sig = np.ascontiguousarray(np.concatenate(blocks))
     table = {"signatures": sig, "group": np.zeros(sig.shape[0], dtype=np.int64)}
-    left, right = band_edges(table, range(BANDS), cosine, margin=0.0)
+    left, right = band_edges(table, range(BANDS), cosine)
     block = np.repeat(np.arange(sizes.size), sizes)
     within = int(np.count_nonzero(block[left] == block[right]))
     return within, int(left.size) - within
 
 
-def band_edges(table: dict, bands, cosine: float = 0.95,
-               margin: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs ``(left, right)`` within :func:`hamming_threshold` that share a band (an int, or
-    several) and a group, each once; ``table``: ``signatures`` (n, SIGNATURE_BYTES) and ``group``
-    (n,) int."""
-    bands = [bands] if isinstance(bands, int | np.integer) else list(bands)
+def band_edges(table: dict, bands, cosine: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(left, right)``, sorted, within :func:`hamming_threshold` (no margin) that share one
+    of ``bands`` and a group, each once; ``table``: ``signatures`` (n, SIGNATURE_BYTES) and
+    ``group`` (n,) int."""
     sig = table["signatures"]
-    limit = hamming_threshold(cosine, margin=margin)
+    n = sig.shape[0]
+    limit = hamming_threshold(cosine, margin=0.0)
     # Column-major copies (64 bytes a row): band keys and XOR-popcounts then read contiguous columns.
     columns = np.ascontiguousarray(sig.T)
     words = np.ascontiguousarray(sig.view(np.uint64).T)
     edges = [_band_pairs(columns, words, table["group"], int(band), limit) for band in bands]
-    return _unique_pairs(np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges]),
-                         np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges]), sig.shape[0])
+    # A pair found by several bands once: sorted, repeats dropped (what np.unique returns, without
+    # its hashing path); n * n < 2**63 up to 3e9 rows.
+    pairs = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [i * np.int64(n) + j for i, j in edges]))
+    pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if pairs.size else pairs
+    return pairs // n, pairs % n
 
 
 def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
@@ -179,14 +179,6 @@ def verified_pairs(start: np.ndarray, size: np.ndarray, first: np.ndarray, words
         done = stop
     tried = int(cumulative[-1]) if cumulative.size else 0
     return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found]), tried
-
-
-def _unique_pairs(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each pair once: a pair found by several bands is verified by each (n * n < 2**63 up to 3e9 rows)."""
-    # sorted, repeats dropped: what np.unique returns, without its hashing path
-    pairs = np.sort(left * np.int64(n) + right)
-    pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if pairs.size else pairs
-    return pairs // n, pairs % n
 
 
 def band_keys(columns: np.ndarray, band: int) -> np.ndarray:

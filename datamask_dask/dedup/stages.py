@@ -1,48 +1,36 @@
-"""Near-duplicates across the table in map-shuffle-reduce form: each task holds a shard, not the table.
+"""The near-duplicate rule of :mod:`datamask_dask.dedup.search` in map-shuffle-reduce form: each
+task holds a shard, not the table.
 
-Engine-agnostic (numpy only): each function below is one task of a hash-bucket shuffle graph,
-and its output is a list of *pieces*, one per shard (or partition) that receives it. The Dask
-operator wires them into its plan (:mod:`datamask_dask.dedup.dask_graph`: task to task, or by DataFrame
-shuffles on large tables); a benchmark can call them in a loop (``benchmarks/bench_duplicates.py
---sharded``). The inputs are those of :func:`datamask_dask.dedup.search.find_groups` (per
-partition: quality, group codes and labels, 256-bit SimHash signatures), and so are the outputs:
-per partition, its shadowed rows and its kept rows with the rows each stands for.
+Engine-agnostic (numpy only): each function below is one task of a hash-bucket shuffle graph, and
+its output is a list of *pieces*, one per shard (or partition) that receives it. Dask wires them in
+:mod:`datamask_dask.dedup.dask_graph`, Spark in :mod:`datamask_spark.shards`;
+:func:`find_groups_sharded` calls them in a loop. The inputs and outputs are those of
+:func:`~datamask_dask.dedup.search.find_groups`.
 
-Stages
-------
 1. :func:`band_records` (per partition): for each of ``BANDS`` bands, a 64-bit key hashed
    (bijectively, :func:`band_key`) from the band's number, the row's group label and ``bits``
-   signature bits chosen at random (fixed seed, the same for every partition and run), with a row
-   reference ``partition << 32 | position``,
-   the row's quality and its signature (56 bytes a record). Keys go to shard ``hash(key) %
+   signature bits chosen at random (fixed seed), with a row reference ``partition << 32 |
+   position``, the row's quality and its signature (56 bytes a record), sent to shard ``key %
    shards``. ``bits`` grows with the table (:func:`band_plan`), so that pairs colliding by chance
    stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
-2. :func:`bucket_edges` (per shard): rows sharing a key are candidates. A bucket of up to
-   ``FULL_BUCKET`` rows gives all its pairs; a larger one (clustered data) each row paired with
-   ``ANCHORS`` anchors (its lowest references) and ``NEIGHBOURS`` neighbours by signature, so the
-   work stays O(rows x (anchors + neighbours)). Each
-   candidate is verified where it is found, on the two records' signatures: the pairs within
-   :func:`hamming_threshold` (``VERIFY_MARGIN``) become edges, and each worse row's best edge is
-   sent to the shard of the worse row. Candidate pairs are never shuffled, and a row has at most
-   one edge per bucket task however many bands and buckets found it.
+2. :func:`bucket_edges` (per shard): rows sharing a key are candidates (:func:`bucket_pairs`),
+   verified where they are found, on the records' signatures; each worse row's best edge goes to
+   the shard of the worse row. Candidate pairs are never shuffled, and a row has at most one edge
+   per bucket task however many bands and buckets found it.
 3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
-   edge; :func:`best_parents`: each row with a verified better neighbour (higher quality, then
-   lower reference) is *shadowed*, and its best such neighbour is its parent.
+   edge, which :func:`best_parents` makes its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
    a kept row, which then stands for itself and all rows that reached it.
 5. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
    back to their partitions, each receiving only its own rows.
 
-The rule of stage 3 is local to verified pairs: a row is shadowed when a better row verifies as
-its near-duplicate, so the best member of every group stays eligible and no verified pair is kept
-twice; on a chain ``a ~ b ~ c`` with ``a`` and ``c`` not near-duplicates both ``a`` and ``c`` stay.
-:func:`datamask_dask.dedup.search.find_groups` applies the same rule to the same candidates in one
-task. Deterministic: every task sorts what it receives, and a bucket is exactly the rows of one
-key, so the groups depend only on the rows and their order, not on the partitions or shards.
+Deterministic: every task sorts what it receives, and a bucket is exactly the rows of one key, so
+the groups depend only on the rows and their order, not on the partitions or shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -51,7 +39,6 @@ from .groups import DuplicateGroups
 from .simhash import (
     SIGNATURE_BITS,
     SIGNATURE_BYTES,
-    VERIFY_MARGIN,
     distance,
     hamming_threshold,
     verified_pairs,
@@ -120,13 +107,6 @@ def shard_of(refs: np.ndarray, shards: int) -> np.ndarray:
     return (_mix(refs) % np.uint64(shards)).astype(np.int64)
 
 
-def _label_hash(label) -> int:
-    import hashlib
-
-    digest = hashlib.blake2b(repr((type(label).__name__, label)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
 def _split(order_key: np.ndarray, shards: int, *columns) -> list:
     """Rows grouped by ``order_key`` (their shard), one tuple of columns per shard (stable order)."""
     if shards == 1:
@@ -136,11 +116,6 @@ def _split(order_key: np.ndarray, shards: int, *columns) -> list:
     order = np.argsort(order_key, kind="stable")
     bounds = np.searchsorted(order_key[order], np.arange(shards + 1))
     return [tuple(c[order[bounds[s]:bounds[s + 1]]] for c in columns) for s in range(shards)]
-
-
-def references(number: int, n: int) -> np.ndarray:
-    """Row references of partition ``number``'s ``n`` rows: ``number << 32 | position``."""
-    return (np.uint64(number) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
 
 
 def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
@@ -170,7 +145,9 @@ def group_bits(labels: list) -> np.ndarray:
     """Each ``by`` label's part of a band key, uint64: the high 32 bits, above the band value
     (``MAX_BITS``) and the band number, so that two rows share a key exactly when they share band,
     value and group, in any task (the one-task search buckets by the same triple)."""
-    hashes = np.array([_label_hash(label) for label in labels], dtype=np.uint64)
+    digests = [hashlib.blake2b(repr((type(label).__name__, label)).encode(), digest_size=8).digest()
+               for label in labels]
+    hashes = np.array([int.from_bytes(digest, "little") for digest in digests], dtype=np.uint64)
     return (hashes & np.uint64(0xFFFFFFFF)) << np.uint64(32)
 
 
@@ -220,7 +197,7 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
     rows = np.tile(np.arange(n), len(keys))
     quality = np.asarray(part["quality"], dtype=np.float64)
     words = sig.view(np.uint64).reshape(-1, 4)
-    refs = references(number, n)
+    refs = (np.uint64(number) << np.uint64(32)) | np.arange(n, dtype=np.uint64)  # partition << 32 | position
     pieces = _split((key % np.uint64(shards)).astype(np.int64), shards, key, rows)
     return [(k, refs[r], quality[r], np.take(words, r, axis=0)) for k, r in pieces]
 
@@ -256,16 +233,11 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
 
 
 def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
-    """The verified near-duplicate pairs of one shard's buckets, as each worse row's best edge
-    ``(worse, better, quality of better)``, routed to the shard of the worse row.
+    """The verified near-duplicate pairs of one shard's buckets (:func:`bucket_pairs`, within
+    :func:`hamming_threshold` with ``VERIFY_MARGIN``), as each worse row's best edge.
 
-    Rows sharing a key are candidates: a bucket of up to ``FULL_BUCKET`` rows gives all its pairs,
-    a larger one each row paired with its ``ANCHORS`` lowest references and with its
-    ``NEIGHBOURS`` nearest places in the bucket sorted by signature (:func:`_neighbour_edges`:
-    they recover copies that large buckets' anchors miss). A candidate is verified when its
-    signatures' Hamming distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``). Returns
-    ``{"pieces": [(worse, better, quality) per shard], "pairs": the buckets' full and anchor pairs
-    (the neighbour pairs are not counted)}``.
+    Returns ``{"pieces": [(worse, better, quality of better)] per shard of the worse row, "pairs":
+    the full and anchor pairs tried}``.
     """
     key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
     ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
@@ -288,7 +260,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
     columns = np.ascontiguousarray(np.take(words, rows, axis=0).T)
     start = np.cumsum(size) - size
-    a, b, n_pairs = bucket_pairs(start, size, columns, hamming_threshold(cosine, margin=VERIFY_MARGIN))
+    a, b, n_pairs = bucket_pairs(start, size, columns, hamming_threshold(cosine))
     # better: higher quality, then the lower reference (partition, then row); ref[a] < ref[b]
     a_better = quality[a] >= quality[b]
     worse = np.where(a_better, ref[b], ref[a])
@@ -303,13 +275,12 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
 def bucket_pairs(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
                  limit: int) -> tuple[np.ndarray, np.ndarray, int]:
     """The verified candidate pairs ``(a, b)``, ``a < b``, of buckets of two rows or more laid side
-    by side (bucket ``i`` at places ``start[i]`` to ``start[i] + size[i]``, each in reference
-    order), and the count of full and anchor pairs tried. ``columns``: the rows' signature words
-    in that order (4, rows); ``limit``: the Hamming distance that still verifies a pair.
+    by side, each in reference order (as :func:`~datamask_dask.dedup.simhash.verified_pairs`), and
+    the count of full and anchor pairs tried.
 
-    A bucket of up to ``FULL_BUCKET`` rows tries all its pairs, a larger one each row against its
-    ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by signature
-    (:func:`_neighbour_edges`).
+    A bucket of up to ``FULL_BUCKET`` rows tries all its pairs; a larger one (clustered data) each
+    row against its ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by
+    signature (:func:`_neighbour_edges`), so the work stays O(rows x (anchors + neighbours)).
     """
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
@@ -386,10 +357,8 @@ def forward_weights(parents: dict, pending: list, shards: int) -> dict:
     count = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[1] for p in pending])
     target, count = _sum_by(target, count)
     child, parent = parents["child"], parents["parent"]
-    at = np.searchsorted(child, target)
-    shadowed = (at < child.size) & (child[np.minimum(at, max(child.size - 1, 0))] == target) if child.size \
-        else np.zeros(target.size, dtype=bool)
-    moving = parent[at[shadowed]]
+    shadowed = np.isin(target, child)
+    moving = parent[np.searchsorted(child, target[shadowed])]
     return {"roots": (target[~shadowed], count[~shadowed]),
             "pending": _split(shard_of(moving, shards), shards, moving, count[shadowed])}
 
@@ -410,18 +379,18 @@ def deliver(parents: dict, roots: list, leftover: list, n_parts: int) -> dict:
     ref, count = _sum_by(ref, count)
     child, parent = parents["child"], parents["parent"]
     unresolved = int(sum(int(p[1].sum()) for p in leftover))
-    out = []
-    child_part = (child >> np.uint64(32)).astype(np.int64)
-    ref_part = (ref >> np.uint64(32)).astype(np.int64)
-    child_split = _split(child_part, n_parts, child, parent)
-    ref_split = _split(ref_part, n_parts, ref, count + 1)  # a kept row also stands for itself
+    child_split = _split(_partition_of(child), n_parts, child, parent)
+    ref_split = _split(_partition_of(ref), n_parts, ref, count + 1)  # a kept row also stands for itself
     # the rows that are some row's parent go to their own partition (its explain step names them)
     parent = np.unique(parent)
-    parent_split = _split((parent >> np.uint64(32)).astype(np.int64), n_parts, parent)
-    for p in range(n_parts):
-        out.append((child_split[p][0], ref_split[p][0], ref_split[p][1], child_split[p][1],
-                    parent_split[p][0]))
-    return {"pieces": out, "unresolved": unresolved}
+    parent_split = _split(_partition_of(parent), n_parts, parent)
+    pieces = [(child_split[p][0], ref_split[p][0], ref_split[p][1], child_split[p][1], parent_split[p][0])
+              for p in range(n_parts)]
+    return {"pieces": pieces, "unresolved": unresolved}
+
+
+def _partition_of(refs: np.ndarray) -> np.ndarray:
+    return (refs >> np.uint64(32)).astype(np.int64)
 
 
 def partition_groups(pieces: list) -> dict:
@@ -448,17 +417,15 @@ def shard_count(n_rows: int, rows_per_shard: int) -> int:
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
                         rounds_of: int = ROUND_BANDS, on_task=None, spill=None,
                         row_shards: int | None = None) -> tuple[list[dict], dict]:
-    """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
+    """Every stage in one process, in order.
 
     ``shards``: key shards of stages 1-2; ``row_shards``: row shards of stages 3-5 (default
-    ``shards``); the groups do not depend on either. ``rounds_of``: bands per round of stages 1-2
-    (as the Dask graph makes them by default: one round's records are all that is held at a
-    time). ``on_task(name, fn, *args)`` runs each task (default: calls it), so a caller can time
-    or measure them;
-    ``spill(pieces)`` may move each task's edge pieces out of memory until they are used (e.g. to
-    memory-mapped files, as a shuffle spills to disk). Returns the per-partition groups and
-    statistics: candidate pairs, unresolved counts, band bits and count, and each shard's
-    :func:`best_parents` (which row each shadowed row points to).
+    ``shards``); ``rounds_of``: bands per round of stages 1-2 (one round's records are held at a
+    time); the groups depend on none of them. ``on_task(name, fn, *args)`` runs each task (default:
+    calls it), so a caller can time or measure them; ``spill(pieces)`` may move each task's edge
+    pieces out of memory until they are used (as a shuffle spills to disk). Returns the
+    per-partition groups and statistics: candidate pairs, unresolved counts, band bits and count,
+    and each shard's :func:`best_parents`.
     """
     run = on_task or (lambda name, fn, *args: fn(*args))
     row_shards = shards if row_shards is None else row_shards
