@@ -39,8 +39,10 @@ from .stages import (
     ROUNDS,
     _byte_tables,
     band_plan,
+    deliver,
     find_groups_sharded,
     group_bits,
+    partition_groups,
 )
 
 # Tables of up to this many partitions find their groups in one task: it holds ~44 bytes a row
@@ -257,7 +259,8 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroup
 
     Each shadowed row counts for the kept row its parents lead to within ``ROUNDS`` steps (as the
     sharded stages forward counts for ``ROUNDS`` rounds); a kept row that any count reaches stands
-    for those rows and itself.
+    for those rows and itself. The groups are routed to their partitions by the stages' last two
+    steps, on row references ``partition << 32 | position``.
     """
     n = parent.shape[0]
     shadowed = np.flatnonzero(parent >= 0)
@@ -268,18 +271,8 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroup
         np.add.at(count, at[arrived], 1)
         at = parent[at[~arrived]]
     kept = np.flatnonzero(count)
-    # each shadowed row's parent as a reference, partition << 32 | position (the stages' form)
-    parent_of = parent[shadowed]
-    parent_part = np.searchsorted(offsets, parent_of, side="right") - 1
-    parent_ref = (parent_part.astype(np.int64) << 32) | (parent_of - offsets[parent_part])
-    parents = np.unique(parent_of)
-    out = []
-    for i in range(len(offsets) - 1):
-        low, high = offsets[i], offsets[i + 1]
-        mine = kept[(kept >= low) & (kept < high)]
-        here = (shadowed >= low) & (shadowed < high)
-        out.append(DuplicateGroups(shadowed=shadowed[here] - low, kept=mine - low, weights=count[mine] + 1,
-                                   parent=parent_ref[here],
-                                   parents=parents[(parents >= low) & (parents < high)] - low))
-    return out
-
+    part = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    ref = (part.astype(np.uint64) << np.uint64(32)) | (np.arange(n) - offsets[part]).astype(np.uint64)
+    links = {"child": ref[shadowed], "parent": ref[parent[shadowed]]}
+    delivered = deliver(links, [(ref[kept], count[kept])], [], len(offsets) - 1)
+    return [partition_groups([piece]) for piece in delivered["pieces"]]
