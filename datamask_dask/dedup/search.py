@@ -97,12 +97,12 @@ def stack_parts(parts: list[dict]) -> dict:
 
 
 def table_parents(table: dict, cosine: float = 0.95) -> dict:
-    """Each row's parent (its best verified better near-duplicate, a row number) or -1 for a kept
-    row, with the candidate pairs tried; ``table``: :func:`stack_parts`. Needs numba."""
+    """``{"parent": each row's parent}``: its best verified better near-duplicate, a row number, or
+    -1 for a kept row; ``table``: :func:`stack_parts`. Needs numba."""
     quality = table["quality"]
     n = quality.shape[0]
     if n < 2:
-        return {"parent": np.full(n, -1, dtype=np.int64), "pairs": 0}
+        return {"parent": np.full(n, -1, dtype=np.int64)}
     keys, buckets = _kernels()
     plan = band_plan(n)
     # rank: 0 for the best row (highest quality, then the lowest row); a lower rank is better
@@ -122,37 +122,25 @@ def table_parents(table: dict, cosine: float = 0.95) -> dict:
     # that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
     threads = max(1, min(BAND_THREADS, os.cpu_count() or 1, n_bands))
 
-    def run(first: int) -> tuple[np.ndarray, int]:
-        best, pairs = np.full(n, n, dtype=np.int64), 0
+    def run(first: int) -> np.ndarray:
+        best = np.full(n, n, dtype=np.int64)
         for band in range(first, n_bands, threads):
-            tables, touched = _band_tables(plan["positions"][band])
+            tables = _byte_tables(plan["positions"][band])
+            touched = np.array(sorted(tables), dtype=np.int64)  # the signature bytes the band reads
             key = np.empty(n, dtype=np.int64)
-            keys(sig, tables, touched, group, plan["bits"], packed, key)
+            keys(sig, np.stack([tables[int(b)] for b in touched]), touched, group, plan["bits"], packed, key)
             if packed:
                 key.sort()
                 sorted_key, order = key >> 32, key & 0xFFFFFFFF
             else:
                 order = np.argsort(key, kind="stable")
                 sorted_key = key[order]
-            pairs += buckets(sorted_key, order, words, rank, best, limit, FULL_BUCKET, ANCHORS, NEIGHBOURS)
-        return best, pairs
+            buckets(sorted_key, order, words, rank, best, limit, FULL_BUCKET, ANCHORS, NEIGHBOURS)
+        return best
 
-    if threads == 1:
-        found = [run(0)]
-    else:
-        with ThreadPoolExecutor(threads) as pool:
-            found = list(pool.map(run, range(threads)))
-    best = np.minimum.reduce([f[0] for f in found])
-    parent = np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)
-    return {"parent": parent, "pairs": sum(f[1] for f in found)}
-
-
-def _band_tables(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One band's :func:`~datamask_dask.dedup.stages._byte_tables` as arrays: the tables of the
-    signature bytes it reads, uint32 (bytes, 256), and those bytes, int64 (bytes,)."""
-    tables = _byte_tables(positions)
-    touched = np.array(sorted(tables), dtype=np.int64)
-    return np.stack([tables[int(b)] for b in touched]), touched
+    with ThreadPoolExecutor(threads) as pool:
+        best = np.minimum.reduce(list(pool.map(run, range(threads))))
+    return {"parent": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
 
 
 @functools.cache
@@ -167,7 +155,8 @@ def _kernels():
 
 def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (compiled)
     """One band's key of each row, ``value | group << bits``, into ``out`` (int64), shifted above
-    the row's number where ``packed``; the value from the band's byte tables (:func:`_band_tables`)."""
+    the row's number where ``packed``; the value from the byte tables of the signature bytes
+    ``touched`` (:func:`~datamask_dask.dedup.stages._byte_tables`)."""
     for row in range(sig.shape[0]):
         value = np.int64(0)
         for t in range(touched.shape[0]):
@@ -179,8 +168,7 @@ def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (
 def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbours):  # pragma: no cover
     """One band's buckets (its rows sorted by key, ``sorted_key`` and ``order``), compiled: the pairs
     :func:`~datamask_dask.dedup.stages.bucket_pairs` tries, verified within ``limit``, each verified
-    pair's worse row taking the better's rank into ``best`` where lower. Returns the full and
-    anchor pairs tried."""
+    pair's worse row taking the better's rank into ``best`` where lower."""
     n = sorted_key.shape[0]  # also the rank no row has
     # the buckets of two rows or more: their places in sorted order
     start = np.empty(n // 2 + 1, dtype=np.int64)
@@ -214,7 +202,7 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
     m4, h01 = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x0101010101010101)
     one, two, four, top = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(56)
     pair = np.empty((256, 2), dtype=np.int64)  # a bucket's candidate pairs (places in local)
-    tried, low = 0, 0
+    low = 0
     for b in range(buckets):
         count_size = size[b]
         first = count_size if count_size <= full else min(count_size, anchors)
@@ -226,7 +214,6 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
             for j in range(i + 1, low + count_size):
                 pair[count, 0], pair[count, 1] = i, j
                 count += 1
-        tried += count
         if count_size > full:  # and each row against its nearest places once sorted by first word
             places = np.argsort(local[low:low + count_size, 0].copy(), kind="mergesort")
             for k in range(count_size):
@@ -251,7 +238,6 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
     for k in range(members):
         if local_best[k] < n:
             best[row[k]] = min(best[row[k]], local_best[k])
-    return tried
 
 
 def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroups]:

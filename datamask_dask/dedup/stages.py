@@ -118,6 +118,12 @@ def _split(order_key: np.ndarray, shards: int, *columns) -> list:
     return [tuple(c[order[bounds[s]:bounds[s + 1]]] for c in columns) for s in range(shards)]
 
 
+def _columns(pieces: list, *dtypes) -> list[np.ndarray]:
+    """Each column of ``pieces`` (tuples of 1D arrays) concatenated; empty, of its dtype, without pieces."""
+    return [np.concatenate([np.zeros(0, dtype=dtype)] + [p[i] for p in pieces])
+            for i, dtype in enumerate(dtypes)]
+
+
 def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s, s + c) for s, c in zip(start, size)])``, vectorised."""
     total = int(size.sum())
@@ -239,8 +245,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     Returns ``{"pieces": [(worse, better, quality of better)] per shard of the worse row, "pairs":
     the full and anchor pairs tried}``.
     """
-    key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
-    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
+    key, ref, quality = _columns(pieces, np.uint64, np.uint64, np.float64)
     empty = np.zeros(0, dtype=np.uint64)
     if key.size < 2:
         return {"pieces": [(empty, empty, np.zeros(0)) for _ in range(shards)], "pairs": 0}
@@ -254,7 +259,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     # only the rows of buckets of two or more, in bucket order: a bucket's rows then sit side by side
     rows = order[_ranges(start, size)]
     ref = ref[rows]
-    quality = np.concatenate([np.zeros(0)] + [p[2] for p in pieces])[rows]
+    quality = quality[rows]
     # np.take gathers rows faster than fancy indexing; one contiguous column per word, since the
     # verification gathers single words
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
@@ -330,10 +335,7 @@ def merge_edges(edges: list) -> tuple:
     """Edge pieces ``(worse, better, quality of better)`` of one row shard merged into each worse
     row's best edge: after each round, so that a row shard holds at most one edge a row however
     many rounds and buckets found it (the best of bests is the best)."""
-    worse = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[0] for e in edges])
-    better = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[1] for e in edges])
-    quality = np.concatenate([np.zeros(0)] + [e[2] for e in edges])
-    return _best_edges(worse, better, quality)
+    return _best_edges(*_columns(edges, np.uint64, np.uint64, np.float64))
 
 
 def best_parents(edges: list, shards: int) -> dict:
@@ -353,9 +355,7 @@ def forward_weights(parents: dict, pending: list, shards: int) -> dict:
 
     Returns ``{"roots": (ref, count) kept here this round, "pending": [(target, count)] per shard}``.
     """
-    target = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pending])
-    count = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[1] for p in pending])
-    target, count = _sum_by(target, count)
+    target, count = _sum_by(*_columns(pending, np.uint64, np.int64))
     child, parent = parents["child"], parents["parent"]
     shadowed = np.isin(target, child)
     moving = parent[np.searchsorted(child, target[shadowed])]
@@ -374,9 +374,7 @@ def deliver(parents: dict, roots: list, leftover: list, n_parts: int) -> dict:
     """One shard's results routed to their partitions: ``{"pieces": [(shadowed refs, kept refs,
     weights, the shadowed rows' parent refs, refs of the partition's rows that are a parent)] per
     partition, "unresolved": counts still climbing after the last round}``."""
-    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [r[0] for r in roots])
-    count = np.concatenate([np.zeros(0, dtype=np.int64)] + [r[1] for r in roots])
-    ref, count = _sum_by(ref, count)
+    ref, count = _sum_by(*_columns(roots, np.uint64, np.int64))
     child, parent = parents["child"], parents["parent"]
     unresolved = int(sum(int(p[1].sum()) for p in leftover))
     child_split = _split(_partition_of(child), n_parts, child, parent)
@@ -396,11 +394,8 @@ def _partition_of(refs: np.ndarray) -> np.ndarray:
 def partition_groups(pieces: list) -> dict:
     """One partition's entry of :func:`~datamask_dask.dedup.search.find_groups` from its pieces."""
     mask = np.uint64(0xFFFFFFFF)
-    shadowed = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
-    kept = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
-    weights = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[2] for p in pieces])
-    parent = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[3] for p in pieces])
-    parents = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[4] for p in pieces])
+    shadowed, kept, weights, parent, parents = _columns(pieces, np.uint64, np.uint64, np.int64, np.uint64,
+                                                        np.uint64)
     order = np.argsort(kept)
     by_child = np.argsort(shadowed)
     return DuplicateGroups(shadowed=(shadowed[by_child] & mask).astype(np.int64),
