@@ -1,10 +1,8 @@
 """SimHash signatures of rows, and near-duplicate pairs counted from them.
 
 Engine-agnostic (numpy, and torch for the signing product). The plan pass of ``diversity_scope=
-"table"`` signs every row (:func:`signatures`, in :mod:`datamask_dask.partition.checks`); the
-near-duplicate groups of the table are found from the signatures by
-:mod:`datamask_dask.dedup.search` (one task) or the sharded stages of
-:mod:`datamask_dask.dedup.stages`, with the same rule and the same groups.
+"table"`` signs every row (in :mod:`datamask_dask.partition.checks`); :mod:`datamask_dask.dedup.search`
+finds the table's near-duplicate groups from the signatures.
 
 1. **Signature** (per partition): a SimHash of each unit embedding, the signs of its projections on
    ``SIGNATURE_BITS`` = 256 fixed random hyperplanes (seed ``PLANE_SEED``, so every partition and

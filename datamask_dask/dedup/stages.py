@@ -64,7 +64,7 @@ BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
 
 
-def band_plan(n_rows: int, bands: int = BANDS) -> dict:
+def band_plan(n_rows: int) -> dict:
     """Bands for a table of ``n_rows``: ``bits`` per band and each band's bit positions (bands, bits)."""
     bits = int(min(MAX_BITS, max(MIN_BITS, math.ceil(math.log2(max(n_rows, 2))) + SLACK_BITS)))
     # Bits dealt from shuffled decks of all 256, so that every bit is in as many bands as any other
@@ -72,7 +72,7 @@ def band_plan(n_rows: int, bands: int = BANDS) -> dict:
     rng = np.random.default_rng(BIT_SEED)
     deck: list[int] = []
     positions = []
-    for _ in range(bands):
+    for _ in range(BANDS):
         band: list[int] = []
         while len(band) < bits:
             if not deck:
@@ -126,8 +126,7 @@ def _columns(pieces: list, *dtypes) -> list[np.ndarray]:
 
 def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
     """``concatenate([arange(s, s + c) for s, c in zip(start, size)])``, vectorised."""
-    total = int(size.sum())
-    return np.repeat(start - (np.cumsum(size) - size), size) + np.arange(total)
+    return np.repeat(start - (np.cumsum(size) - size), size) + np.arange(int(size.sum()))
 
 
 # --------------------------------------------------------------------------- 1. band keys
@@ -183,16 +182,16 @@ def band_values(columns: np.ndarray, plan: dict, bands) -> np.ndarray:
     return value
 
 
-def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -> list:
+def band_records(part: dict, number: int, plan: dict, shards: int, bands) -> list:
     """Partition ``number``'s band records, one ``(key, ref, quality, words)`` piece per shard.
 
     ``part``: as for :func:`~datamask_dask.dedup.search.find_groups`; ``plan``: :func:`band_plan`;
-    ``bands``: the bands of this round (default all). Each record carries its row's quality and
+    ``bands``: the bands of this round. Each record carries its row's quality and
     signature (four uint64 words), so that a bucket's task verifies its candidates itself.
     """
     sig = np.ascontiguousarray(np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES))
     n = sig.shape[0]
-    bands = list(range(plan["positions"].shape[0]) if bands is None else bands)
+    bands = list(bands)
     if n == 0:
         empty = np.zeros(0, dtype=np.uint64)
         return [(empty, empty, np.zeros(0), np.zeros((0, 4), dtype=np.uint64)) for _ in range(shards)]
@@ -404,9 +403,9 @@ def partition_groups(pieces: list) -> dict:
                            parents=np.unique((parents & mask).astype(np.int64)))
 
 
-def shard_count(n_rows: int, rows_per_shard: int) -> int:
-    """Shards for a table of ``n_rows``: about ``rows_per_shard`` rows' band keys each."""
-    return max(1, math.ceil(n_rows / rows_per_shard))
+def shard_count(n: int, per_shard: int) -> int:
+    """Shards for ``n`` partitions (or partitions x bands): about ``per_shard`` each."""
+    return max(1, math.ceil(n / per_shard))
 
 
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,

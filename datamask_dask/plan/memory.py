@@ -36,6 +36,7 @@ once, with the chunk size that would fit, instead of running its workers out of 
 from __future__ import annotations
 
 import bisect
+import inspect
 from dataclasses import dataclass
 
 from ..errors import OptionError
@@ -87,7 +88,8 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
     budget = parse_budget(value)
     if budget is not None:
         return budget or None
-    on_gpu = device.startswith("cuda") or (device == "auto" and meta is not None and _is_cudf(meta))
+    cudf = meta is not None and type(meta).__module__.split(".", 1)[0] == "cudf"
+    on_gpu = device.startswith("cuda") or (device == "auto" and cudf)
     client = _client(scheduler)
     if client is not None:
         return _cluster_budget(client, on_gpu)
@@ -97,10 +99,6 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
         if torch.cuda.is_available():
             return int(GPU_SHARE * torch.cuda.mem_get_info()[0])
     return None
-
-
-def _is_cudf(obj) -> bool:
-    return type(obj).__module__.split(".", 1)[0] == "cudf"
 
 
 def _client(scheduler):
@@ -124,7 +122,8 @@ def _client(scheduler):
 
 
 def _cluster_budget(client, on_gpu: bool) -> int | None:
-    info = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) else client.scheduler_info()
+    takes_n_workers = "n_workers" in inspect.signature(client.scheduler_info).parameters
+    info = client.scheduler_info(n_workers=-1) if takes_n_workers else client.scheduler_info()
     workers = info.get("workers", {})
     if on_gpu:
         free = client.run(_free_gpu_memory)
@@ -134,12 +133,6 @@ def _cluster_budget(client, on_gpu: bool) -> int | None:
         shares = [w["memory_limit"] / max(1, w.get("nthreads", 1)) * WORKER_SHARE
                   for w in workers.values() if w.get("memory_limit")]
     return int(min(shares)) if shares else None
-
-
-def _takes_n_workers(client) -> bool:
-    import inspect
-
-    return "n_workers" in inspect.signature(client.scheduler_info).parameters
 
 
 def _free_gpu_memory() -> int:

@@ -24,10 +24,6 @@ from .types import Cell, PartitionSummary, Plan
 SHOW = 5  # values quoted in a message
 
 
-def _group_sort_key(label):
-    return (type(label).__name__, label)
-
-
 def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
     """Integer quotas (or token budgets) per partition and group, and the table-wide quality range.
 
@@ -44,7 +40,8 @@ def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
         raise problems_error(problems)
     if dim is None:
         dim = next((d for d in dims if d is not None), None)
-    labels = sorted({label for s in summaries for label in s.cells}, key=_group_sort_key)
+    labels = sorted({label for s in summaries for label in s.cells},
+                    key=lambda label: (type(label).__name__, label))
     cells: dict[int, list] = {}
     ranges = {}
     shadowed: dict[int, list] = {}
