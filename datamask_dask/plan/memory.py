@@ -17,12 +17,9 @@ the partition itself is modelled as (float32 values, ``d`` the embedding dimensi
   neighbour lists of its reference rows. ``b`` is the whole chunk when the refinement stage is on
   (it learns its whole candidate pool, up to the chunk, in every step), else ``max_batch``.
 
-:func:`plan_memory` takes the largest chunk whose modelled bytes fit in what the bookkeeping
-leaves; when that chunk would be small (under ``GOOD_CHUNK`` rows) it first lowers
-``rollout_chunk`` (speed only), then Facility's ``reference_size`` / ``refine_reference``. Each
-is only ever lowered from the value the options give. Embeddings are validated in blocks of at
-most a quarter of the budget. The factors are conservative: ``tests/plan/test_memory.py`` measures
-the peak resident memory of a partition larger than its budget on CPU.
+Embeddings are validated in blocks of at most a quarter of the budget. The factors are
+conservative: ``tests/plan/test_memory.py`` measures the peak resident memory of a partition
+larger than its budget on CPU.
 
 Only a budget the user gives sizes chunks: chunk and batch sizes change the result, so what the
 cluster happens to have must not. Without an explicit ``memory_budget`` the workers' memory is
@@ -157,12 +154,8 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
     values given are returned unchanged). The largest chunk up to ``max_chunk_rows`` that fits is
     kept as long as it holds at least ``GOOD_CHUNK`` rows (or ``max_chunk_rows``); below that,
     ``rollout_chunk`` is lowered first (it changes only speed), then Facility's reference sizes
-    (``reference_size``, ``refine_reference``); none is ever raised.
-
-    Raises
-    ------
-    OptionError
-        If not even a chunk of 2 rows fits in the budget.
+    (``reference_size``, ``refine_reference``); none is ever raised. Raises ``OptionError`` where
+    not even a chunk of 2 rows fits.
     """
     if not budget:
         return MemoryPlan(int(max_chunk_rows), options)
@@ -194,17 +187,9 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
 
 def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int,
                  where: str = "a partition") -> None:
-    """Fail when a chunk of ``chunk_rows`` rows, learned with ``options``, does not fit in ``limit``.
-
-    ``limit`` is the limit the workers' memory sets (no budget was given): it never changes the
-    chunks, so the job either fits as the options say or stops before learning, naming the
-    options that would make it fit.
-
-    Raises
-    ------
-    OptionError
-        Naming ``max_chunk_rows`` (the largest chunk that fits) and ``memory_budget``.
-    """
+    """Raise ``OptionError`` when a chunk of ``chunk_rows`` rows, learned with ``options``, does not
+    fit in the workers' ``limit``, naming ``max_chunk_rows`` (the largest chunk that fits) and
+    ``memory_budget``: the limit never changes the chunks, so the job stops before learning."""
     if not limit:
         return
     dim = max(int(dim), 1)

@@ -111,12 +111,8 @@ def allocate(total: int, weights, caps) -> np.ndarray:
     index first). The result sums to ``total`` exactly, and every entry is within one unit of its
     fractional share. Entries with zero weight get nothing unless every uncapped weight is zero,
     in which case the remaining units follow the room left under the caps. ``weights`` and
-    ``caps`` (int) are non-negative; returns int64 (m,).
-
-    Raises
-    ------
-    ValueError
-        If ``total`` is negative or exceeds the sum of the caps.
+    ``caps`` (int) are non-negative; returns int64 (m,). Raises ``ValueError`` where ``total`` is
+    negative or exceeds the sum of the caps.
     """
     weights = np.asarray(weights, dtype=np.float64)
     caps = np.asarray(caps, dtype=np.int64)
@@ -182,13 +178,8 @@ class TokenPlan:
 
 
 def plan_rows(sketches: list[Sketch], quota: int, prune: float, oversample: float) -> RowPlan:
-    """Eligible rows and integer row quotas per cell (see the module notes).
-
-    Raises
-    ------
-    ValueError
-        If ``quota`` exceeds the eligible rows.
-    """
+    """Eligible rows and integer row quotas per cell (see the module notes); ``ValueError`` where
+    ``quota`` exceeds the eligible rows."""
     n = np.array([s.n_rows for s in sketches], dtype=np.int64)
     n_eligible = eligible_rows(int(n.sum()), prune)
     if quota > n_eligible:
@@ -199,13 +190,8 @@ def plan_rows(sketches: list[Sketch], quota: int, prune: float, oversample: floa
 
 
 def plan_tokens(sketches: list[Sketch], budget: int, prune: float, oversample: float) -> TokenPlan:
-    """Eligible rows, integer token budgets and row quotas per cell (see the module notes).
-
-    Raises
-    ------
-    ValueError
-        If ``budget`` exceeds the tokens of the eligible rows.
-    """
+    """Eligible rows, integer token budgets and row quotas per cell (see the module notes);
+    ``ValueError`` where ``budget`` exceeds the tokens of the eligible rows."""
     n = np.array([s.n_rows for s in sketches], dtype=np.int64)
     n_eligible = eligible_rows(int(n.sum()), prune)
     top_rows, top_tokens = take_top(sketches, n_eligible)
