@@ -9,10 +9,9 @@ The stages have two wirings, which give the same groups:
   but its edges grow as the partitions squared (about 3.5 x partitions**2 tasks), which no
   scheduler holds at 10**4 partitions.
 - **DataFrame shuffles** (:func:`shuffled_groups`, above): every all-to-all step is a Dask
-  DataFrame shuffle (``set_index`` on known divisions, ``shuffle``, ``groupby(split_out=)``,
-  ``merge``) by :func:`shuffle_method`. A p2p shuffle has O(partitions) tasks, so the graph grows
-  about linearly; each record is converted to Arrow and back and written to disk on the way,
-  which costs more worker time than the task-to-task pieces where those fit.
+  DataFrame shuffle by :func:`shuffle_method`. A p2p shuffle has O(partitions) tasks, so the graph
+  grows about linearly; each record is converted to Arrow and back and written to disk on the
+  way, which costs more worker time than the task-to-task pieces where those fit.
 
 Every task orders what it receives (a bucket's records by row reference, as the records arrive in
 the in-process stages), so the groups equal :func:`~datamask_dask.dedup.stages.find_groups_sharded`'s
@@ -75,10 +74,8 @@ _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 def table_groups(inputs: list, cosine: float) -> list:
     """The near-duplicate groups of the whole table as a Dask graph: one Delayed per partition of
     ``inputs`` (Delayed search inputs), computing to its entry of
-    :func:`~datamask_dask.dedup.search.find_groups`. The wiring follows the partitions alone, known
-    when the graph is built: one task where :func:`~datamask_dask.dedup.search.one_task` says so,
-    else the stages, task to task up to ``SHUFFLE_PARTITIONS`` partitions, by DataFrame shuffles
-    above (each wiring takes the table's rows as a Delayed, which size the bands)."""
+    :func:`~datamask_dask.dedup.search.find_groups`. The wiring (see the module notes) follows the
+    partitions alone, known when the graph is built."""
     if one_task(len(inputs)):
         found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]

@@ -363,8 +363,6 @@ def forward_weights(parents: dict, pending: list, shards: int) -> dict:
 
 
 def _sum_by(refs: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if not refs.size:
-        return refs, counts
     unique, inverse = np.unique(refs, return_inverse=True)
     return unique, np.bincount(inverse, weights=counts, minlength=unique.size).astype(np.int64)
 

@@ -99,14 +99,10 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
 
 
 def _client(scheduler):
-    try:
-        from distributed import Client, default_client, get_worker
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return None
-    if isinstance(scheduler, Client):
-        return scheduler
-    if scheduler is not None:
-        return None  # a local scheduler was asked for
+    from distributed import Client, default_client, get_worker
+
+    if scheduler is not None:  # a Client, or a local scheduler
+        return scheduler if isinstance(scheduler, Client) else None
     try:
         get_worker()
         return None  # inside a task: use the local defaults, never block on the scheduler
