@@ -193,16 +193,14 @@ def task_groups(inputs: list, cosine: float, rows) -> list:
                   for t in range(row_shards)]
         edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
     parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
-    pending = [pick(p, "pending") for p in parents]
-    roots = [[] for _ in range(row_shards)]
+    pending, roots = [pick(p, "pending") for p in parents], []
     for f in range(ROUNDS):
         moved = [task("forward", (f, s), forward_weights, parents[s], [pick(p, s) for p in pending],
                       row_shards) for s in range(row_shards)]
-        for s in range(row_shards):
-            roots[s].append(pick(moved[s], "roots"))
+        roots.append([pick(m, "roots") for m in moved])
         pending = [pick(m, "pending") for m in moved]
-    delivered = [pick(task("deliver", (s,), deliver, parents[s], roots[s], [pick(p, s) for p in pending],
-                           n_parts), "pieces") for s in range(row_shards)]
+    delivered = [pick(task("deliver", (s,), deliver, parents[s], [r[s] for r in roots],
+                           [pick(p, s) for p in pending], n_parts), "pieces") for s in range(row_shards)]
     groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
     graph = HighLevelGraph.from_collections(layer, dsk, dependencies=[*inputs, rows])
     return [Delayed(key, graph, layer=layer) for key in groups]

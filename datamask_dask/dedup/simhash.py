@@ -73,13 +73,9 @@ def hamming_threshold(cosine: float, margin: float = VERIFY_MARGIN) -> int:
 
 
 def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, int]:
-    """Near-duplicate pairs among rows given by their signatures, one block per partition.
-
-    Returns ``(within, across)``: pairs of rows in the same block, and in two different blocks.
-    An estimate: a pair counts when its Hamming distance is at most the one expected at
-    ``cosine`` (no margin), found through ``BANDS`` LSH bands (which miss about 5% of the pairs
-    right at ``cosine`` and almost none of the closer ones).
-    """
+    """Near-duplicate pairs among rows given by their signatures, one block per partition:
+    ``(within, across)``, pairs of rows in the same block and in two different blocks. An estimate
+    (see the module notes): pairs within the distance expected at ``cosine``, no margin."""
     blocks = [np.asarray(b, dtype=np.uint8).reshape(-1, SIGNATURE_BYTES) for b in blocks]
     sizes = np.array([b.shape[0] for b in blocks], dtype=np.int64)
     if sizes.sum() < 2:

@@ -183,12 +183,10 @@ def band_values(columns: np.ndarray, plan: dict, bands) -> np.ndarray:
 
 
 def band_records(part: dict, number: int, plan: dict, shards: int, bands) -> list:
-    """Partition ``number``'s band records, one ``(key, ref, quality, words)`` piece per shard.
-
-    ``part``: as for :func:`~datamask_dask.dedup.search.find_groups`; ``plan``: :func:`band_plan`;
-    ``bands``: the bands of this round. Each record carries its row's quality and
-    signature (four uint64 words), so that a bucket's task verifies its candidates itself.
-    """
+    """Partition ``number``'s records of ``bands``, one ``(key, ref, quality, words)`` piece per
+    shard: each carries its row's quality and signature (four uint64 words), so that a bucket's
+    task verifies its candidates itself. ``part``: as for
+    :func:`~datamask_dask.dedup.search.find_groups`; ``plan``: :func:`band_plan`."""
     sig = np.ascontiguousarray(np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES))
     n = sig.shape[0]
     bands = list(bands)
@@ -440,16 +438,14 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
         del records
     parents = [run("best_parents", best_parents, edges[s], row_shards) for s in range(row_shards)]
     del edges
-    pending = [p["pending"] for p in parents]
-    roots = [[] for _ in range(row_shards)]
+    pending, roots = [p["pending"] for p in parents], []
     for _ in range(ROUNDS):
         moved = [run("forward_weights", forward_weights, parents[s], [p[s] for p in pending], row_shards)
                  for s in range(row_shards)]
-        for s in range(row_shards):
-            roots[s].append(moved[s]["roots"])
+        roots.append([m["roots"] for m in moved])
         pending = [m["pending"] for m in moved]
-    delivered = [run("deliver", deliver, parents[s], roots[s], [p[s] for p in pending], len(parts))
-                 for s in range(row_shards)]
+    delivered = [run("deliver", deliver, parents[s], [r[s] for r in roots], [p[s] for p in pending],
+                     len(parts)) for s in range(row_shards)]
     groups = [run("partition_groups", partition_groups, [d["pieces"][i] for d in delivered])
               for i in range(len(parts))]
     return groups, {"pairs": n_pairs, "unresolved": sum(d["unresolved"] for d in delivered),

@@ -1,8 +1,5 @@
 """Global quota planning: how many rows (or tokens) each partition selects, so the total is exact.
 
-Pure numpy, no dataframe and no Dask: the operator (:mod:`datamask_dask.dask_engine.operator`) feeds it one
-small summary per partition and gets back integer quotas.
-
 The plan, per group (the whole table when there is no ``by``)
 --------------------------------------------------------------
 Partitions are not assumed to be random samples (a table is often partitioned by date or
