@@ -253,10 +253,9 @@ def _records(part: dict, number: int, plan: dict, bands: range, buckets: int) ->
 def _edges(records: pd.DataFrame, cosine: float) -> pd.DataFrame:
     """One bucket partition's verified edges: its records in row-reference order, as the in-process
     stages pass them (a bucket is sorted by reference, whatever order the shuffle delivered)."""
-    order = np.argsort(records["ref"].to_numpy(), kind="stable")
-    words = np.stack([records[w].to_numpy()[order] for w in _WORDS], axis=1)
-    piece = (records["key"].to_numpy()[order], records["ref"].to_numpy()[order],
-             records["quality"].to_numpy()[order], words)
+    records = records.sort_values("ref", kind="stable")
+    piece = (records["key"].to_numpy(), records["ref"].to_numpy(), records["quality"].to_numpy(),
+             records[_WORDS].to_numpy(np.uint64))
     worse, better, quality = bucket_edges([piece], 1, cosine)["pieces"][0]
     return pd.DataFrame({"worse": worse, "better": better, "quality": quality})
 

@@ -13,7 +13,7 @@ lowest row) is its parent; a kept row stands for itself and for the shadowed row
 lead to it within ``ROUNDS`` steps. On a chain ``a ~ b ~ c`` with ``a`` and ``c`` not
 near-duplicates, ``b`` at the bottom is shadowed by the better of the two, and ``a`` and ``c`` both
 stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`)
-and the ``by`` group, in the pairs of :func:`~datamask_dask.dedup.stages.bucket_pairs`, verified
+and the ``by`` group, in the pairs of :func:`~datamask_dask.dedup.stages.bucket_edges`, verified
 within :func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
 
 :func:`find_groups` applies it in one task, compiled with numba: it holds every row's signature,
@@ -167,7 +167,7 @@ def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (
 
 def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbours):  # pragma: no cover
     """One band's buckets (its rows sorted by key, ``sorted_key`` and ``order``), compiled: the pairs
-    :func:`~datamask_dask.dedup.stages.bucket_pairs` tries, verified within ``limit``, each verified
+    :func:`~datamask_dask.dedup.stages.bucket_edges` tries, verified within ``limit``, each verified
     pair's worse row taking the better's rank into ``best`` where lower."""
     n = sorted_key.shape[0]  # also the rank no row has
     # the buckets of two rows or more: their places in sorted order

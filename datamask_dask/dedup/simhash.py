@@ -108,17 +108,14 @@ def band_edges(table: dict, bands, cosine: float = 0.95) -> tuple[np.ndarray, np
 
 def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
                 limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """Verified pairs (i < j) of rows that share band ``band`` and their group.
-
-    ``columns``: the signatures' bytes, (SIGNATURE_BYTES, n); ``words``: as uint64, (4, n).
-    """
+    """Verified pairs (i < j) of rows that share band ``band`` and their group; ``columns``: the
+    signatures' bytes (SIGNATURE_BYTES, n), ``words``: as uint64 (4, n)."""
     key = band_keys(columns, band)
     # Most rows share their band key with no other row: drop them before sorting (counting the
     # 2**BAND_BITS keys is far cheaper than sorting every row).
     rows = np.flatnonzero(np.bincount(key, minlength=1 << BAND_BITS)[key] > 1)
-    empty = np.zeros(0, dtype=np.int64)
     if rows.size < 2:
-        return empty, empty
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     key = key[rows].astype(np.int64) | (group[rows] << BAND_BITS)
     # Any order within a bucket will do (every pair of it is taken). Where the key fits in 31 bits,
     # one sort of (key, position) packed in an int64 replaces argsort and two gathers.

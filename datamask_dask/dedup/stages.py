@@ -13,10 +13,10 @@ its output is a list of *pieces*, one per shard (or partition) that receives it.
    position``, the row's quality and its signature (56 bytes a record), sent to shard ``key %
    shards``. ``bits`` grows with the table (:func:`band_plan`), so that pairs colliding by chance
    stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
-2. :func:`bucket_edges` (per shard): rows sharing a key are candidates (:func:`bucket_pairs`),
-   verified where they are found, on the records' signatures; each worse row's best edge goes to
-   the shard of the worse row. Candidate pairs are never shuffled, and a row has at most one edge
-   per bucket task however many bands and buckets found it.
+2. :func:`bucket_edges` (per shard): rows sharing a key are candidates, verified where they are
+   found, on the records' signatures; each worse row's best edge goes to the shard of the worse
+   row. Candidate pairs are never shuffled, and a row has at most one edge per bucket task however
+   many bands and buckets found it.
 3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
    edge, which :func:`best_parents` makes its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
@@ -236,9 +236,12 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
 
 
 def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
-    """The verified near-duplicate pairs of one shard's buckets (:func:`bucket_pairs`, within
-    :func:`hamming_threshold` with ``VERIFY_MARGIN``), as each worse row's best edge.
+    """The verified near-duplicate pairs of one shard's buckets (within :func:`hamming_threshold`,
+    ``VERIFY_MARGIN``), as each worse row's best edge.
 
+    A bucket of up to ``FULL_BUCKET`` rows tries all its pairs; a larger one (clustered data) each
+    row against its ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by
+    signature (:func:`_neighbour_edges`), so the work stays O(rows x (anchors + neighbours)).
     Returns ``{"pieces": [(worse, better, quality of better)] per shard of the worse row, "pairs":
     the full and anchor pairs tried}``.
     """
@@ -261,8 +264,13 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     # verification gathers single words
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
     columns = np.ascontiguousarray(np.take(words, rows, axis=0).T)
-    start = np.cumsum(size) - size
-    a, b, n_pairs = bucket_pairs(start, size, columns, hamming_threshold(cosine))
+    start, limit = np.cumsum(size) - size, hamming_threshold(cosine)
+    # position p of a bucket pairs with every later position when the bucket is small, or when p is
+    # one of its first ANCHORS positions
+    first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
+    a, b, n_pairs = verified_pairs(start, size, first, columns, limit)
+    near_a, near_b = _neighbour_edges(start, size, columns, limit)
+    a, b = np.concatenate([near_a, a]), np.concatenate([near_b, b])
     # better: higher quality, then the lower reference (partition, then row); ref[a] < ref[b]
     a_better = quality[a] >= quality[b]
     worse = np.where(a_better, ref[b], ref[a])
@@ -272,24 +280,6 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     worse, better, better_quality = _best_edges(worse, better, better_quality)
     pieces = _split(shard_of(worse, shards), shards, worse, better, better_quality)
     return {"pieces": pieces, "pairs": n_pairs}
-
-
-def bucket_pairs(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
-                 limit: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The verified candidate pairs ``(a, b)``, ``a < b``, of buckets of two rows or more laid side
-    by side, each in reference order (as :func:`~datamask_dask.dedup.simhash.verified_pairs`), and
-    the count of full and anchor pairs tried.
-
-    A bucket of up to ``FULL_BUCKET`` rows tries all its pairs; a larger one (clustered data) each
-    row against its ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by
-    signature (:func:`_neighbour_edges`), so the work stays O(rows x (anchors + neighbours)).
-    """
-    # position p of a bucket pairs with every later position when the bucket is small, or when p is
-    # one of its first ANCHORS positions
-    first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
-    a, b, tried = verified_pairs(start, size, first, columns, limit)
-    near_a, near_b = _neighbour_edges(start, size, columns, limit)
-    return np.concatenate([near_a, a]), np.concatenate([near_b, b]), tried
 
 
 def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
