@@ -68,8 +68,7 @@ def hamming_threshold(cosine: float, margin: float = VERIFY_MARGIN) -> int:
     (``VERIFY_MARGIN`` for the search at every size; 0 for counting pairs).
     """
     p = math.acos(min(1.0, max(-1.0, cosine))) / math.pi
-    bits = SIGNATURE_BITS
-    return int(math.floor(bits * p + margin * math.sqrt(bits * p * (1 - p))))
+    return int(math.floor(SIGNATURE_BITS * p + margin * math.sqrt(SIGNATURE_BITS * p * (1 - p))))
 
 
 def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, int]:

@@ -326,11 +326,9 @@ def merge_edges(edges: list) -> tuple:
 
 
 def best_parents(edges: list, shards: int) -> dict:
-    """Each shadowed row of one shard and its best verified better neighbour (its parent).
-
-    Returns ``{"child": sorted refs, "parent": their parents, "pending": [(target, count)] per shard}``:
-    each shadowed row's count of one, sent to its parent's shard.
-    """
+    """Each shadowed row of one shard and its best verified better neighbour (its parent):
+    ``{"child": sorted refs, "parent": their parents, "pending": [(target, count)] per shard}``,
+    each shadowed row's count of one sent to its parent's shard."""
     child, parent, _ = merge_edges(edges)
     ones = np.ones(child.size, dtype=np.int64)
     return {"child": child, "parent": parent,

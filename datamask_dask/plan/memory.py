@@ -90,12 +90,8 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
     client = _client(scheduler)
     if client is not None:
         return _cluster_budget(client, on_gpu)
-    if on_gpu:
-        import torch
-
-        if torch.cuda.is_available():
-            return int(GPU_SHARE * torch.cuda.mem_get_info()[0])
-    return None
+    free = _free_gpu_memory() if on_gpu else 0
+    return int(GPU_SHARE * free) if free else None
 
 
 def _client(scheduler):

@@ -120,8 +120,7 @@ def _plain_array(values: np.ndarray) -> np.ndarray:
 
 def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:
     """One partition's (kept positions, weights) from its cells', sorted by position."""
-    kept = np.concatenate([c[0] for c in cells])
-    weights = np.concatenate([c[1] for c in cells])
+    kept, weights = (np.concatenate(column) for column in zip(*cells, strict=True))
     order = np.argsort(kept, kind="stable")
     return kept[order], weights[order]
 
