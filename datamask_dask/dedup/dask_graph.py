@@ -2,37 +2,16 @@
 in one task for a few partitions (:func:`~datamask_dask.dedup.search.find_groups`), else the stages
 of :mod:`datamask_dask.dedup.stages`, so that no task holds more than a shard of the table.
 
-Two wirings of the stages give the same groups (:func:`sharded_groups` picks one by the table's
-partitions):
+The stages have two wirings, which give the same groups:
 
 - **Task to task** (:func:`task_groups`, up to ``SHUFFLE_PARTITIONS`` partitions): every records
   task sends one piece to every bucket task, in memory, one band a round. Cheapest where it fits,
-  but its edges grow as the partitions squared (about 3.5 x partitions**2 tasks: 140,670 at 200
-  partitions), which no scheduler holds at 10**4 partitions.
+  but its edges grow as the partitions squared (about 3.5 x partitions**2 tasks), which no
+  scheduler holds at 10**4 partitions.
 - **DataFrame shuffles** (:func:`shuffled_groups`, above): every all-to-all step is a Dask
-  DataFrame shuffle (``set_index`` on known divisions, ``shuffle``, ``groupby(split_out=)``,
-  ``merge``) by :func:`shuffle_method`: ``p2p`` with a distributed Client (disk-backed), ``tasks``
-  on the local schedulers (in memory), or what ``dask.config``'s ``dataframe.shuffle.method``
-  names. A p2p shuffle has O(partitions) tasks (``tasks``: O(p log p)), so the graph grows about
-  linearly (``benchmarks/suite/graph.py`` counts it); each record is converted to Arrow and back and
-  written to disk on the way, which costs about twice the worker time of the task-to-task pieces
-  where those fit (``benchmarks/bench_search_graph.py``).
-
-Stages of :func:`shuffled_groups`:
-
-1. **records**: one task per partition and ``RECORD_BANDS`` bands makes the band records
-   (:func:`~datamask_dask.dedup.stages.band_records`: key, row reference, quality, the 4 signature
-   words), placed by ``key % buckets`` into ``buckets`` partitions of about
-   ``PARTITIONS_PER_SHARD`` partitions' worth of one band each;
-2. **edges**: each bucket partition's candidates verified
-   (:func:`~datamask_dask.dedup.stages.bucket_edges`), each worse row's best edge shuffled by worse row;
-3. **parents**: each shadowed row's best better neighbour
-   (:func:`~datamask_dask.dedup.stages.best_parents`);
-4. **counts**: ``ROUNDS`` rounds of each shadowed row's count moving to its parent (a group-by and a
-   join a round, as :func:`~datamask_dask.dedup.stages.forward_weights` moves them);
-5. **deliver**: shadowed and kept rows indexed by partition number (``set_index`` on known
-   divisions), so that each partition's groups are one output partition: a partition receives only
-   its own rows.
+  DataFrame shuffle by :func:`shuffle_method`. A p2p shuffle has O(partitions) tasks, so the graph
+  grows about linearly; each record is converted to Arrow and back and written to disk on the
+  way, which costs more worker time than the task-to-task pieces where those fit.
 
 Every task orders what it receives (a bucket's records by row reference, as the records arrive in
 the in-process stages), so the groups equal :func:`~datamask_dask.dedup.stages.find_groups_sharded`'s
@@ -69,7 +48,7 @@ from .stages import (
     shard_count,
 )
 
-__all__ = ["sharded_groups", "shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
+__all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
 
 # Tables of more partitions take the DataFrame shuffles: the task-to-task graph grows as partitions**2
 # and is scheduled task by task, while the shuffles cost more worker time per row but keep a flat peak.
@@ -95,36 +74,26 @@ _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 def table_groups(inputs: list, cosine: float) -> list:
     """The near-duplicate groups of the whole table as a Dask graph: one Delayed per partition of
     ``inputs`` (Delayed search inputs), computing to its entry of
-    :func:`~datamask_dask.dedup.search.find_groups`. The wiring follows the partitions, known when
-    the graph is built (:func:`~datamask_dask.dedup.search.one_task`; the groups are the same
-    either way): one task for a few, :func:`sharded_groups` for more."""
+    :func:`~datamask_dask.dedup.search.find_groups`. The wiring (see the module notes) follows the
+    partitions alone, known when the graph is built."""
     if one_task(len(inputs)):
         found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
         return [found[i] for i in range(len(inputs))]
     counts = [named_task(_PREFIX, _rows_of, part) for part in inputs]
     rows = named_task(_PREFIX, sum, listed(_PREFIX, counts))
-    return sharded_groups(inputs, cosine, rows)
+    wiring = task_groups if len(inputs) <= SHUFFLE_PARTITIONS else shuffled_groups
+    return wiring(inputs, cosine, rows)
 
 
 def _rows_of(part: dict) -> int:
     return len(part["quality"])
 
 
-def sharded_groups(inputs: list, cosine: float, rows) -> list:
-    """The near-duplicate groups of :func:`~datamask_dask.dedup.stages.find_groups_sharded` as a Dask
-    graph: one Delayed per partition of ``inputs`` (Delayed search inputs), computing to its entry of
-    :func:`~datamask_dask.dedup.search.find_groups`. ``rows``: the table's rows (a Delayed), which
-    size the bands. Wired task to task up to ``SHUFFLE_PARTITIONS`` partitions, by DataFrame
-    shuffles above."""
-    wiring = task_groups if len(inputs) <= SHUFFLE_PARTITIONS else shuffled_groups
-    return wiring(inputs, cosine, rows)
-
-
 def shuffle_method() -> str:
     """The shuffle method of :func:`shuffled_groups`: ``dask.config``'s ``dataframe.shuffle.method``
-    where set, else ``p2p`` with a distributed Client (as Dask's default) and ``tasks`` (in memory)
-    without one, where Dask's default, ``disk`` (partd), costs time quadratic in the partitions
-    (``benchmarks/suite/graph.py`` counts it)."""
+    where set, else ``p2p`` with a distributed Client (as Dask's default, disk-backed) and ``tasks``
+    (in memory) without one, where Dask's default, ``disk`` (partd), costs time quadratic in the
+    partitions."""
     configured = dask.config.get("dataframe.shuffle.method", None)
     if configured:
         return configured
@@ -138,7 +107,19 @@ def shuffle_method() -> str:
 
 
 def shuffled_groups(inputs: list, cosine: float, rows) -> list:
-    """:func:`sharded_groups` wired by DataFrame shuffles: about linear in the partitions."""
+    """:func:`table_groups`' stages wired by DataFrame shuffles: about linear in the partitions.
+
+    1. **records**: one task per partition and ``RECORD_BANDS`` bands makes the band records,
+       placed by ``key % buckets`` into ``buckets`` partitions of about ``PARTITIONS_PER_SHARD``
+       partitions' worth of one band each;
+    2. **edges**: each bucket partition's candidates verified, each worse row's best edge shuffled
+       by worse row;
+    3. **parents**: each shadowed row's best better neighbour;
+    4. **counts**: ``ROUNDS`` rounds of each shadowed row's count moving to its parent (a group-by
+       and a join a round, :func:`forwarded_counts`);
+    5. **deliver**: shadowed and kept rows indexed by partition number, so that each partition's
+       groups are one output partition: a partition receives only its own rows.
+    """
     import dask.dataframe as dd
 
     method = shuffle_method()
@@ -167,7 +148,7 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
 
 
 def task_groups(inputs: list, cosine: float, rows) -> list:
-    """:func:`sharded_groups` wired task to task, in memory. The exchange has ~shards**2 edges, so the
+    """:func:`table_groups`' stages wired task to task, in memory. The exchange has ~shards**2 edges, so the
     graph is written as one task dict (a Delayed call per task merges its arguments' graphs each
     time: quadratic in the graph). Bands go in rounds, each round's records made once the previous
     round's buckets are done, so the workers hold one round's records at a time (``ROUND_BANDS`` x
@@ -212,16 +193,14 @@ def task_groups(inputs: list, cosine: float, rows) -> list:
                   for t in range(row_shards)]
         edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
     parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
-    pending = [pick(p, "pending") for p in parents]
-    roots = [[] for _ in range(row_shards)]
+    pending, roots = [pick(p, "pending") for p in parents], []
     for f in range(ROUNDS):
         moved = [task("forward", (f, s), forward_weights, parents[s], [pick(p, s) for p in pending],
                       row_shards) for s in range(row_shards)]
-        for s in range(row_shards):
-            roots[s].append(pick(moved[s], "roots"))
+        roots.append([pick(m, "roots") for m in moved])
         pending = [pick(m, "pending") for m in moved]
-    delivered = [pick(task("deliver", (s,), deliver, parents[s], roots[s], [pick(p, s) for p in pending],
-                           n_parts), "pieces") for s in range(row_shards)]
+    delivered = [pick(task("deliver", (s,), deliver, parents[s], [r[s] for r in roots],
+                           [pick(p, s) for p in pending], n_parts), "pieces") for s in range(row_shards)]
     groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
     graph = HighLevelGraph.from_collections(layer, dsk, dependencies=[*inputs, rows])
     return [Delayed(key, graph, layer=layer) for key in groups]
@@ -274,10 +253,9 @@ def _records(part: dict, number: int, plan: dict, bands: range, buckets: int) ->
 def _edges(records: pd.DataFrame, cosine: float) -> pd.DataFrame:
     """One bucket partition's verified edges: its records in row-reference order, as the in-process
     stages pass them (a bucket is sorted by reference, whatever order the shuffle delivered)."""
-    order = np.argsort(records["ref"].to_numpy(), kind="stable")
-    words = np.stack([records[w].to_numpy()[order] for w in _WORDS], axis=1)
-    piece = (records["key"].to_numpy()[order], records["ref"].to_numpy()[order],
-             records["quality"].to_numpy()[order], words)
+    records = records.sort_values("ref", kind="stable")
+    piece = (records["key"].to_numpy(), records["ref"].to_numpy(), records["quality"].to_numpy(),
+             records[_WORDS].to_numpy(np.uint64))
     worse, better, quality = bucket_edges([piece], 1, cosine)["pieces"][0]
     return pd.DataFrame({"worse": worse, "better": better, "quality": quality})
 
@@ -297,33 +275,31 @@ def _moved(step: pd.DataFrame) -> pd.DataFrame:
                          "count": step["count"].to_numpy(np.int64)})
 
 
+def _rows(ref: np.ndarray, weight: np.ndarray, parent: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION, "weight": weight,
+                         "parent": parent})
+
+
 def _shadowed(links: pd.DataFrame) -> pd.DataFrame:
     ref = links["child"].to_numpy()
-    return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
-                         "weight": np.zeros(len(ref), np.int64), "parent": links["parent"].to_numpy()})
+    return _rows(ref, np.zeros(len(ref), np.int64), links["parent"].to_numpy())
 
 
 def _kept(counts: pd.DataFrame) -> pd.DataFrame:
     ref = counts["target"].to_numpy(np.int64)  # a kept row also stands for itself
-    return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
-                         "weight": counts["count"].to_numpy(np.int64) + 1, "parent": np.full(len(ref), -1)})
+    return _rows(ref, counts["count"].to_numpy(np.int64) + 1, np.full(len(ref), -1))
 
 
 def _parent_rows(links: pd.DataFrame) -> pd.DataFrame:
     ref = np.unique(links["parent"].to_numpy(np.int64))
-    return pd.DataFrame({"partition": ref >> 32, "position": ref & _POSITION,
-                         "weight": np.full(len(ref), _IS_PARENT, np.int64), "parent": np.full(len(ref), -1)})
+    return _rows(ref, np.full(len(ref), _IS_PARENT, np.int64), np.full(len(ref), -1))
 
 
-def _partition_groups(rows: pd.DataFrame) -> dict:
+def _partition_groups(rows: pd.DataFrame) -> DuplicateGroups:
     """One partition's entry of :func:`~datamask_dask.dedup.search.find_groups` from its rows
     (weight 0: shadowed, with its parent; ``_IS_PARENT``: some row's parent; else kept, standing for
     ``weight`` rows)."""
-    position, weight = rows["position"].to_numpy(np.int64), rows["weight"].to_numpy(np.int64)
-    parent = rows["parent"].to_numpy(np.int64)
+    position, weight = rows["position"].to_numpy(np.uint64), rows["weight"].to_numpy(np.int64)
     kept, child = weight > 0, weight == 0
-    order = np.argsort(position[kept])
-    by_child = np.argsort(position[child])
-    return DuplicateGroups(shadowed=position[child][by_child], kept=position[kept][order],
-                           weights=weight[kept][order], parent=parent[child][by_child],
-                           parents=np.unique(position[weight == _IS_PARENT]))
+    return partition_groups([(position[child], position[kept], weight[kept],
+                              rows["parent"].to_numpy(np.int64)[child], position[weight == _IS_PARENT])])

@@ -12,41 +12,37 @@ row is its near-duplicate, and its best such row (highest quality, then lowest p
 lowest row) is its parent; a kept row stands for itself and for the shadowed rows whose parents
 lead to it within ``ROUNDS`` steps. On a chain ``a ~ b ~ c`` with ``a`` and ``c`` not
 near-duplicates, ``b`` at the bottom is shadowed by the better of the two, and ``a`` and ``c`` both
-stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`:
-``bits`` signature bits, more as the table grows, and the ``by`` group) in the buckets'
-pairs of :func:`~datamask_dask.dedup.stages.bucket_pairs`, verified within
-:func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
+stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`)
+and the ``by`` group, in the pairs of :func:`~datamask_dask.dedup.stages.bucket_edges`, verified
+within :func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
 
 :func:`find_groups` applies it in one task, compiled with numba: it holds every row's signature,
-quality and group (about 44 bytes a row) and, per band, a key and a few words a row (below
-``COMPILED_ROWS`` rows, or without numba, it runs the sharded stages in its own process). The sharded
-stages of :mod:`datamask_dask.dedup.stages` apply it with no task holding more than a shard and
-find the same groups (tested on random tables); :func:`one_task` picks between them by the
-partitions alone, when the graph is built. ``benchmarks/bench_duplicates.py`` measures the one-task
-search (seconds, memory, recall of planted copies, false merges), ``--sharded`` the stages.
+quality and group (about 44 bytes a row) and, per band, a key and a few words a row. The sharded
+stages of :mod:`datamask_dask.dedup.stages` find the same groups with no task holding more than a
+shard; :func:`one_task` picks between them by the partitions alone, when the graph is built.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .groups import DuplicateGroups
-from .simhash import SIGNATURE_BYTES, VERIFY_MARGIN, hamming_threshold
+from .simhash import SIGNATURE_BYTES, hamming_threshold
 from .stages import (
     ANCHORS,
     FULL_BUCKET,
     NEIGHBOURS,
-    PARTITIONS_PER_ROW_SHARD,
-    PARTITIONS_PER_SHARD,
     ROUNDS,
     _byte_tables,
-    _label_hash,
     band_plan,
+    deliver,
     find_groups_sharded,
-    shard_count,
+    group_bits,
+    partition_groups,
 )
 
 # Tables of up to this many partitions find their groups in one task: it holds ~44 bytes a row
@@ -65,36 +61,17 @@ def one_task(n_parts: int) -> bool:
     return n_parts <= ONE_TASK_PARTITIONS
 
 
-def find_duplicates(parts: list[dict], cosine: float = 0.95) -> list[np.ndarray]:
-    """Shadowed rows of each partition: the ``shadowed`` of each of :func:`find_groups`'s groups."""
-    return [found.shadowed for found in find_groups(parts, cosine)]
-
-
 def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups]:
     """The near-duplicate groups of the whole table, per partition, in one task.
 
-    Parameters
-    ----------
-    parts : list of dict, one per partition, in partition order
-        ``quality`` float64 (n,), ``codes`` int (n,) (group code of each row, indexing
-        ``labels``), ``labels`` (group labels, ``[None]`` without ``by``) and ``signatures``
-        uint8 (n, SIGNATURE_BYTES) from :func:`~datamask_dask.dedup.simhash.signatures`.
-    cosine : float
-        Rows at least this similar are near-duplicates (estimated from the signatures).
-
-    Returns
-    -------
-    list of dict
-        For each partition: ``shadowed`` (sorted int64 positions of its rows that have a verified
-        better near-duplicate), ``kept`` (sorted int64 positions of its kept rows that stand for
-        more than themselves) and ``weights`` (int64, the rows each of those stands for, itself
-        included), ``parent`` (int64, aligned with ``shadowed``: each shadowed row's best verified
-        better near-duplicate as a reference ``partition << 32 | position``) and ``parents``
-        (sorted int64 positions of its rows that are some row's parent). Deterministic: it depends
-        only on the rows and their order.
+    ``parts``: one dict per partition, in partition order: ``quality`` float64 (n,), ``codes`` int
+    (n,) indexing ``labels`` (the group labels, ``[None]`` without ``by``) and ``signatures`` uint8
+    (n, SIGNATURE_BYTES) from :func:`~datamask_dask.dedup.simhash.signatures`. Rows at least
+    ``cosine`` similar (estimated from the signatures) are near-duplicates. Deterministic: the
+    groups depend only on the rows and their order.
     """
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
-    if n_rows < COMPILED_ROWS or not available():  # the same groups, from the stages in this process
+    if n_rows < COMPILED_ROWS or _kernels() is None:  # the same groups, from the stages in this process
         return find_groups_sharded(parts, cosine, shards=1)[0]
     table = stack_parts(parts)
     return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
@@ -103,14 +80,14 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups
 def stack_parts(parts: list[dict]) -> dict:
     """The partitions' inputs as one table: quality, group index, signatures, partition offsets.
 
-    A row's group index names its label's hash bits (:func:`~datamask_dask.dedup.stages.group_bits`),
-    so that rows share a bucket here exactly when they share a band key in the sharded stages.
+    A row's group index names its label's :func:`~datamask_dask.dedup.stages.group_bits`, so that
+    rows share a bucket here exactly when they share a band key in the sharded stages.
     """
     sizes = [int(np.asarray(p["quality"]).shape[0]) for p in parts]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    hashed = [np.array([_label_hash(label) & 0xFFFFFFFF for label in p["labels"]], dtype=np.int64)
-              [np.asarray(p["codes"], dtype=np.int64)] for p, size in zip(parts, sizes, strict=True) if size]
-    group = np.concatenate([np.zeros(0, dtype=np.int64)] + hashed)
+    hashed = [group_bits(p["labels"])[np.asarray(p["codes"], dtype=np.int64)]
+              for p, size in zip(parts, sizes, strict=True) if size]
+    group = np.concatenate([np.zeros(0, dtype=np.uint64)] + hashed)
     group = np.unique(group, return_inverse=True)[1].astype(np.int64).reshape(-1)
     quality = np.concatenate([np.zeros(0)] + [np.asarray(p["quality"], dtype=np.float64) for p in parts])
     sig = np.concatenate([np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)] + [
@@ -120,12 +97,12 @@ def stack_parts(parts: list[dict]) -> dict:
 
 
 def table_parents(table: dict, cosine: float = 0.95) -> dict:
-    """Each row's parent (its best verified better near-duplicate, a row number) or -1 for a kept
-    row, with the candidate pairs tried; ``table``: :func:`stack_parts`. Needs numba."""
+    """``{"parent": each row's parent}``: its best verified better near-duplicate, a row number, or
+    -1 for a kept row; ``table``: :func:`stack_parts`. Needs numba."""
     quality = table["quality"]
     n = quality.shape[0]
     if n < 2:
-        return {"parent": np.full(n, -1, dtype=np.int64), "pairs": 0}
+        return {"parent": np.full(n, -1, dtype=np.int64)}
     keys, buckets = _kernels()
     plan = band_plan(n)
     # rank: 0 for the best row (highest quality, then the lowest row); a lower rank is better
@@ -139,70 +116,47 @@ def table_parents(table: dict, cosine: float = 0.95) -> dict:
     # a key (value, group) and a row packed in one int64 where the key fits in 31 bits: one value
     # sort then orders the rows by key and, within a key, by row (the sharded stages' reference order)
     packed = (n_groups << plan["bits"]) <= 1 << 31 and n < 1 << 32
-    limit = hamming_threshold(cosine, margin=VERIFY_MARGIN)
+    limit = hamming_threshold(cosine)
     n_bands = plan["positions"].shape[0]
     # The bands on a few threads (the compiled passes and numpy's sorts release the GIL): an engine
     # that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
     threads = max(1, min(BAND_THREADS, os.cpu_count() or 1, n_bands))
 
-    def run(first: int) -> tuple[np.ndarray, int]:
-        best, pairs = np.full(n, n, dtype=np.int64), 0
+    def run(first: int) -> np.ndarray:
+        best = np.full(n, n, dtype=np.int64)
         for band in range(first, n_bands, threads):
-            tables, touched = _band_tables(plan["positions"][band])
+            tables = _byte_tables(plan["positions"][band])
+            touched = np.array(sorted(tables), dtype=np.int64)  # the signature bytes the band reads
             key = np.empty(n, dtype=np.int64)
-            keys(sig, tables, touched, group, plan["bits"], packed, key)
+            keys(sig, np.stack([tables[int(b)] for b in touched]), touched, group, plan["bits"], packed, key)
             if packed:
                 key.sort()
                 sorted_key, order = key >> 32, key & 0xFFFFFFFF
             else:
                 order = np.argsort(key, kind="stable")
                 sorted_key = key[order]
-            pairs += buckets(sorted_key, order, words, rank, best, limit, FULL_BUCKET, ANCHORS, NEIGHBOURS)
-        return best, pairs
+            buckets(sorted_key, order, words, rank, best, limit, FULL_BUCKET, ANCHORS, NEIGHBOURS)
+        return best
 
-    if threads == 1:
-        found = [run(0)]
-    else:
-        with ThreadPoolExecutor(threads) as pool:
-            found = list(pool.map(run, range(threads)))
-    best = np.minimum.reduce([f[0] for f in found])
-    parent = np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)
-    return {"parent": parent, "pairs": sum(f[1] for f in found)}
+    with ThreadPoolExecutor(threads) as pool:
+        best = np.minimum.reduce(list(pool.map(run, range(threads))))
+    return {"parent": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
 
 
-def _band_tables(positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One band's :func:`~datamask_dask.dedup.stages._byte_tables` as arrays: the tables of the
-    signature bytes it reads, uint32 (bytes, 256), and those bytes, int64 (bytes,)."""
-    tables = _byte_tables(positions)
-    touched = np.array(sorted(tables), dtype=np.int64)
-    return np.stack([tables[int(b)] for b in touched]), touched
-
-
-_compiled: list = []
-
-
-def available() -> bool:
-    """Whether :func:`find_groups` runs compiled (numba installed); else it runs the sharded stages
-    in one process, which give the same groups."""
-    return _kernels() is not None
-
-
+@functools.cache
 def _kernels():
     """The compiled passes (:func:`_keys`, :func:`_buckets`), or None without numba."""
-    if not _compiled:
-        try:
-            import numba
-        except ImportError:
-            _compiled.append(None)
-        else:
-            _compiled.append((numba.njit(cache=True, nogil=True)(_keys),
-                              numba.njit(cache=True, nogil=True)(_buckets)))
-    return _compiled[0]
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.njit(cache=True, nogil=True)(_keys), numba.njit(cache=True, nogil=True)(_buckets)
 
 
 def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (compiled)
     """One band's key of each row, ``value | group << bits``, into ``out`` (int64), shifted above
-    the row's number where ``packed``; the value from the band's byte tables (:func:`_band_tables`)."""
+    the row's number where ``packed``; the value from the byte tables of the signature bytes
+    ``touched`` (:func:`~datamask_dask.dedup.stages._byte_tables`)."""
     for row in range(sig.shape[0]):
         value = np.int64(0)
         for t in range(touched.shape[0]):
@@ -213,9 +167,8 @@ def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (
 
 def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbours):  # pragma: no cover
     """One band's buckets (its rows sorted by key, ``sorted_key`` and ``order``), compiled: the pairs
-    :func:`~datamask_dask.dedup.stages.bucket_pairs` tries, verified within ``limit``, each verified
-    pair's worse row taking the better's rank into ``best`` where lower. Returns the full and
-    anchor pairs tried."""
+    :func:`~datamask_dask.dedup.stages.bucket_edges` tries, verified within ``limit``, each verified
+    pair's worse row taking the better's rank into ``best`` where lower."""
     n = sorted_key.shape[0]  # also the rank no row has
     # the buckets of two rows or more: their places in sorted order
     start = np.empty(n // 2 + 1, dtype=np.int64)
@@ -249,7 +202,7 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
     m4, h01 = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x0101010101010101)
     one, two, four, top = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(56)
     pair = np.empty((256, 2), dtype=np.int64)  # a bucket's candidate pairs (places in local)
-    tried, low = 0, 0
+    low = 0
     for b in range(buckets):
         count_size = size[b]
         first = count_size if count_size <= full else min(count_size, anchors)
@@ -261,7 +214,6 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
             for j in range(i + 1, low + count_size):
                 pair[count, 0], pair[count, 1] = i, j
                 count += 1
-        tried += count
         if count_size > full:  # and each row against its nearest places once sorted by first word
             places = np.argsort(local[low:low + count_size, 0].copy(), kind="mergesort")
             for k in range(count_size):
@@ -286,7 +238,6 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
     for k in range(members):
         if local_best[k] < n:
             best[row[k]] = min(best[row[k]], local_best[k])
-    return tried
 
 
 def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroups]:
@@ -294,7 +245,8 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroup
 
     Each shadowed row counts for the kept row its parents lead to within ``ROUNDS`` steps (as the
     sharded stages forward counts for ``ROUNDS`` rounds); a kept row that any count reaches stands
-    for those rows and itself.
+    for those rows and itself. The groups are routed to their partitions by the stages' last two
+    steps, on row references ``partition << 32 | position``.
     """
     n = parent.shape[0]
     shadowed = np.flatnonzero(parent >= 0)
@@ -305,31 +257,8 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroup
         np.add.at(count, at[arrived], 1)
         at = parent[at[~arrived]]
     kept = np.flatnonzero(count)
-    # each shadowed row's parent as a reference, partition << 32 | position (the stages' form)
-    parent_of = parent[shadowed]
-    parent_part = np.searchsorted(offsets, parent_of, side="right") - 1
-    parent_ref = (parent_part.astype(np.int64) << 32) | (parent_of - offsets[parent_part])
-    parents = np.unique(parent_of)
-    out = []
-    for i in range(len(offsets) - 1):
-        low, high = offsets[i], offsets[i + 1]
-        mine = kept[(kept >= low) & (kept < high)]
-        here = (shadowed >= low) & (shadowed < high)
-        out.append(DuplicateGroups(shadowed=shadowed[here] - low, kept=mine - low, weights=count[mine] + 1,
-                                   parent=parent_ref[here],
-                                   parents=parents[(parents >= low) & (parents < high)] - low))
-    return out
-
-
-def table_groups(parts: list[dict], cosine: float = 0.95,
-                 n_parts: int | None = None) -> list[DuplicateGroups]:
-    """The near-duplicate groups of the whole table, per partition, in the wiring an engine takes
-    for ``n_parts`` partitions (default ``len(parts)``): :func:`find_groups` where :func:`one_task`
-    says so, the sharded stages (:func:`~datamask_dask.dedup.stages.find_groups_sharded`) otherwise.
-    The same groups either way."""
-    n_parts = len(parts) if n_parts is None else n_parts
-    if one_task(n_parts):
-        return find_groups(parts, cosine)
-    return find_groups_sharded(parts, cosine, shards=shard_count(n_parts, PARTITIONS_PER_SHARD),
-                               row_shards=shard_count(n_parts, PARTITIONS_PER_ROW_SHARD))[0]
-
+    part = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    ref = (part.astype(np.uint64) << np.uint64(32)) | (np.arange(n) - offsets[part]).astype(np.uint64)
+    links = {"child": ref[shadowed], "parent": ref[parent[shadowed]]}
+    delivered = deliver(links, [(ref[kept], count[kept])], [], len(offsets) - 1)
+    return [partition_groups([piece]) for piece in delivered["pieces"]]

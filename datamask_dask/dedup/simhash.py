@@ -1,10 +1,8 @@
 """SimHash signatures of rows, and near-duplicate pairs counted from them.
 
 Engine-agnostic (numpy, and torch for the signing product). The plan pass of ``diversity_scope=
-"table"`` signs every row (:func:`signatures`, in :mod:`datamask_dask.partition.checks`); the
-near-duplicate groups of the table are found from the signatures by
-:mod:`datamask_dask.dedup.search` (one task) or the sharded stages of
-:mod:`datamask_dask.dedup.stages`, with the same rule and the same groups.
+"table"`` signs every row (in :mod:`datamask_dask.partition.checks`); :mod:`datamask_dask.dedup.search`
+finds the table's near-duplicate groups from the signatures.
 
 1. **Signature** (per partition): a SimHash of each unit embedding, the signs of its projections on
    ``SIGNATURE_BITS`` = 256 fixed random hyperplanes (seed ``PLANE_SEED``, so every partition and
@@ -17,9 +15,6 @@ near-duplicate groups of the table are found from the signatures by
    that agree on a whole band are candidates, and a candidate within the Hamming distance expected
    at the cosine counts. A pair at cosine 0.975 shares a band with probability about 0.998, one at
    0.95 about 0.95.
-
-Signing costs one float32 product of each row with the 256 hyperplanes, in the plan pass's
-embedding checks, on blocks that are views of the Arrow column where possible.
 """
 
 from __future__ import annotations
@@ -66,65 +61,60 @@ def signatures(block, planes) -> np.ndarray:
     return np.packbits(signs, axis=1)
 
 
-def hamming_threshold(cosine: float, bits: int = SIGNATURE_BITS, margin: float = VERIFY_MARGIN) -> int:
+def hamming_threshold(cosine: float, margin: float = VERIFY_MARGIN) -> int:
     """Largest Hamming distance counted as a near-duplicate of cosine ``cosine``.
 
     ``margin``: standard deviations of the estimate added to the expected distance
     (``VERIFY_MARGIN`` for the search at every size; 0 for counting pairs).
     """
     p = math.acos(min(1.0, max(-1.0, cosine))) / math.pi
-    return int(math.floor(bits * p + margin * math.sqrt(bits * p * (1 - p))))
+    return int(math.floor(SIGNATURE_BITS * p + margin * math.sqrt(SIGNATURE_BITS * p * (1 - p))))
 
 
 def count_pairs(blocks: list[np.ndarray], cosine: float = 0.95) -> tuple[int, int]:
-    """Near-duplicate pairs among rows given by their signatures, one block per partition.
-
-    Returns ``(within, across)``: pairs of rows in the same block, and in two different blocks.
-    An estimate: a pair counts when its Hamming distance is at most the one expected at
-    ``cosine`` (no margin), found through ``BANDS`` LSH bands (which miss about 5% of the pairs
-    right at ``cosine`` and almost none of the closer ones).
-    """
+    """Near-duplicate pairs among rows given by their signatures, one block per partition:
+    ``(within, across)``, pairs of rows in the same block and in two different blocks. An estimate
+    (see the module notes): pairs within the distance expected at ``cosine``, no margin."""
     blocks = [np.asarray(b, dtype=np.uint8).reshape(-1, SIGNATURE_BYTES) for b in blocks]
     sizes = np.array([b.shape[0] for b in blocks], dtype=np.int64)
     if sizes.sum() < 2:
         return 0, 0
     sig = np.ascontiguousarray(np.concatenate(blocks))
     table = {"signatures": sig, "group": np.zeros(sig.shape[0], dtype=np.int64)}
-    left, right = band_edges(table, range(BANDS), cosine, margin=0.0)
+    left, right = band_edges(table, range(BANDS), cosine)
     block = np.repeat(np.arange(sizes.size), sizes)
     within = int(np.count_nonzero(block[left] == block[right]))
     return within, int(left.size) - within
 
 
-def band_edges(table: dict, bands, cosine: float = 0.95,
-               margin: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs ``(left, right)`` within :func:`hamming_threshold` that share a band (an int, or
-    several) and a group, each once; ``table``: ``signatures`` (n, SIGNATURE_BYTES) and ``group``
-    (n,) int."""
-    bands = [bands] if isinstance(bands, int | np.integer) else list(bands)
+def band_edges(table: dict, bands, cosine: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs ``(left, right)``, sorted, within :func:`hamming_threshold` (no margin) that share one
+    of ``bands`` and a group, each once; ``table``: ``signatures`` (n, SIGNATURE_BYTES) and
+    ``group`` (n,) int."""
     sig = table["signatures"]
-    limit = hamming_threshold(cosine, margin=margin)
+    n = sig.shape[0]
+    limit = hamming_threshold(cosine, margin=0.0)
     # Column-major copies (64 bytes a row): band keys and XOR-popcounts then read contiguous columns.
     columns = np.ascontiguousarray(sig.T)
     words = np.ascontiguousarray(sig.view(np.uint64).T)
     edges = [_band_pairs(columns, words, table["group"], int(band), limit) for band in bands]
-    return _unique_pairs(np.concatenate([np.zeros(0, dtype=np.int64)] + [e[0] for e in edges]),
-                         np.concatenate([np.zeros(0, dtype=np.int64)] + [e[1] for e in edges]), sig.shape[0])
+    # A pair found by several bands once: sorted, repeats dropped (what np.unique returns, without
+    # its hashing path); n * n < 2**63 up to 3e9 rows.
+    pairs = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [i * np.int64(n) + j for i, j in edges]))
+    pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if pairs.size else pairs
+    return pairs // n, pairs % n
 
 
 def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band: int,
                 limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """Verified pairs (i < j) of rows that share band ``band`` and their group.
-
-    ``columns``: the signatures' bytes, (SIGNATURE_BYTES, n); ``words``: as uint64, (4, n).
-    """
-    key = _column_band_keys(columns, band)
+    """Verified pairs (i < j) of rows that share band ``band`` and their group; ``columns``: the
+    signatures' bytes (SIGNATURE_BYTES, n), ``words``: as uint64 (4, n)."""
+    key = band_keys(columns, band)
     # Most rows share their band key with no other row: drop them before sorting (counting the
     # 2**BAND_BITS keys is far cheaper than sorting every row).
     rows = np.flatnonzero(np.bincount(key, minlength=1 << BAND_BITS)[key] > 1)
-    empty = np.zeros(0, dtype=np.int64)
     if rows.size < 2:
-        return empty, empty
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     key = key[rows].astype(np.int64) | (group[rows] << BAND_BITS)
     # Any order within a bucket will do (every pair of it is taken). Where the key fits in 31 bits,
     # one sort of (key, position) packed in an int64 replaces argsort and two gathers.
@@ -142,51 +132,52 @@ def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band:
     size = np.diff(np.r_[start, sorted_key.shape[0]])
     keep = size > 1
     start, size = start[keep], size[keep]
-    if not start.size:
-        return empty, empty
-    # every position p of a bucket pairs with the later positions of that bucket
-    position = _ranges(start, size)
-    later = np.repeat(start + size, size) - position - 1
-    out_left, out_right = [], []
-    cumulative = np.cumsum(later)
-    first = 0
-    while first < position.shape[0]:  # batches of about _PAIR_BATCH pairs
-        done = cumulative[first - 1] if first else 0
-        stop = int(np.searchsorted(cumulative, done + _PAIR_BATCH, side="right"))
-        stop = max(stop, first + 1)
-        pos, count = position[first:stop], later[first:stop]
-        a = np.repeat(pos, count)
-        b = a + 1 + (np.arange(a.shape[0]) - np.repeat(np.cumsum(count) - count, count))
-        distance = np.bitwise_count(near_words[0][a] ^ near_words[0][b]).astype(np.int16)
-        for word in near_words[1:]:
-            distance += np.bitwise_count(word[a] ^ word[b])
-        near = distance <= limit
-        i, j = order[a[near]], order[b[near]]
-        out_left.append(np.minimum(i, j))
-        out_right.append(np.maximum(i, j))
-        first = stop
-    return np.concatenate(out_left), np.concatenate(out_right)
+    a, b, _ = verified_pairs(start, size, size, near_words, limit)  # every pair of a bucket
+    i, j = order[a], order[b]
+    return np.minimum(i, j), np.maximum(i, j)
 
 
-def _unique_pairs(left: np.ndarray, right: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each pair once: a pair found by several bands is verified by each (n * n < 2**63 up to 3e9 rows)."""
-    # sorted, repeats dropped: what np.unique returns, without its hashing path
-    pairs = np.sort(left * np.int64(n) + right)
-    pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if pairs.size else pairs
-    return pairs // n, pairs % n
+def distance(x, y) -> np.ndarray:
+    """Hamming distances between signatures given as two iterables of their 4 words (arrays), uint16.
+    Pass generators of per-word gathers: 1D gathers run faster than one 2D fancy index."""
+    total = None
+    for a, b in zip(x, y, strict=True):
+        bits = np.bitwise_count(a ^ b)
+        total = bits.astype(np.uint16) if total is None else np.add(total, bits, out=total)
+    return total
 
 
-def band_keys(sig: np.ndarray, band: int) -> np.ndarray:
-    """The ``BAND_BITS``-bit key of band ``band`` of each signature (rows of ``sig``), uint32 (n,).
+def verified_pairs(start: np.ndarray, size: np.ndarray, first: np.ndarray, words: np.ndarray,
+                   limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The pairs ``(a, b)``, ``a < b``, within ``limit`` of buckets laid side by side (bucket ``i``
+    at places ``start[i]`` to ``start[i] + size[i]``), each of a bucket's first ``first[i]`` places
+    paired with every later place of the bucket, and the count of pairs tried. ``words``: the
+    rows' signature words in that order (4, rows). Verified in batches of about ``_PAIR_BATCH``."""
+    offset = np.arange(int(first.sum())) - np.repeat(np.cumsum(first) - first, first)
+    position = np.repeat(start, first) + offset
+    later = np.repeat(start + size, first) - position - 1
+    empty = np.zeros(0, dtype=np.int64)
+    found, cumulative, done = [(empty, empty)], np.cumsum(later), 0
+    while done < position.size:
+        before = cumulative[done - 1] if done else 0
+        stop = max(done + 1, int(np.searchsorted(cumulative, before + _PAIR_BATCH, side="right")))
+        count = later[done:stop]
+        a = np.repeat(position[done:stop], count)
+        b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(count) - count, count))
+        near = distance((w[a] for w in words), (w[b] for w in words)) <= limit
+        found.append((a[near], b[near]))
+        done = stop
+    tried = int(cumulative[-1]) if cumulative.size else 0
+    return np.concatenate([f[0] for f in found]), np.concatenate([f[1] for f in found]), tried
+
+
+def band_keys(columns: np.ndarray, band: int) -> np.ndarray:
+    """The ``BAND_BITS``-bit key of band ``band`` of each signature, uint32 (n,), from the signature
+    bytes as columns (SIGNATURE_BYTES, n): shifts, no unpacking.
 
     Band ``b`` is the window of ``BAND_BITS`` bits starting at bit ``b * SIGNATURE_BITS // BANDS``
     (wrapping around): the hyperplanes are independent, so any fixed bits will do.
     """
-    return _column_band_keys(np.ascontiguousarray(sig.T), band)
-
-
-def _column_band_keys(columns: np.ndarray, band: int) -> np.ndarray:
-    """:func:`band_keys` from the signature bytes as columns (SIGNATURE_BYTES, n): shifts, no unpacking."""
     start = band * SIGNATURE_BITS // BANDS
     first = start // 8
     key = np.zeros(columns.shape[1], dtype=np.uint32)
@@ -194,8 +185,3 @@ def _column_band_keys(columns: np.ndarray, band: int) -> np.ndarray:
         key = (key << 8) | columns[(first + i) % SIGNATURE_BYTES]
     return (key >> (32 - BAND_BITS - (start % 8))) & ((1 << BAND_BITS) - 1)
 
-
-def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
-    """``concatenate([arange(s, s + c) for s, c in zip(start, size)])``, vectorised."""
-    total = int(size.sum())
-    return np.repeat(start - (np.cumsum(size) - size), size) + np.arange(total)

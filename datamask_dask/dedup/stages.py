@@ -1,60 +1,47 @@
-"""Near-duplicates across the table in map-shuffle-reduce form: each task holds a shard, not the table.
+"""The near-duplicate rule of :mod:`datamask_dask.dedup.search` in map-shuffle-reduce form: each
+task holds a shard, not the table.
 
-Engine-agnostic (numpy only): each function below is one task of a hash-bucket shuffle graph,
-and its output is a list of *pieces*, one per shard (or partition) that receives it. The Dask
-operator wires them into its plan (:mod:`datamask_dask.dedup.dask_graph`: task to task, or by DataFrame
-shuffles on large tables); a benchmark can call them in a loop (``benchmarks/bench_duplicates.py
---sharded``). The inputs are those of :func:`datamask_dask.dedup.search.find_groups` (per
-partition: quality, group codes and labels, 256-bit SimHash signatures), and so are the outputs:
-per partition, its shadowed rows and its kept rows with the rows each stands for.
+Engine-agnostic (numpy only): each function below is one task of a hash-bucket shuffle graph, and
+its output is a list of *pieces*, one per shard (or partition) that receives it. Dask wires them in
+:mod:`datamask_dask.dedup.dask_graph`, Spark in :mod:`datamask_spark.shards`;
+:func:`find_groups_sharded` calls them in a loop. The inputs and outputs are those of
+:func:`~datamask_dask.dedup.search.find_groups`.
 
-Stages
-------
 1. :func:`band_records` (per partition): for each of ``BANDS`` bands, a 64-bit key hashed
    (bijectively, :func:`band_key`) from the band's number, the row's group label and ``bits``
-   signature bits chosen at random (fixed seed, the same for every partition and run), with a row
-   reference ``partition << 32 | position``,
-   the row's quality and its signature (56 bytes a record). Keys go to shard ``hash(key) %
+   signature bits chosen at random (fixed seed), with a row reference ``partition << 32 |
+   position``, the row's quality and its signature (56 bytes a record), sent to shard ``key %
    shards``. ``bits`` grows with the table (:func:`band_plan`), so that pairs colliding by chance
    stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
-2. :func:`bucket_edges` (per shard): rows sharing a key are candidates. A bucket of up to
-   ``FULL_BUCKET`` rows gives all its pairs; a larger one (clustered data) each row paired with
-   ``ANCHORS`` anchors (its lowest references) and ``NEIGHBOURS`` neighbours by signature, so the
-   work stays O(rows x (anchors + neighbours)). Each
-   candidate is verified where it is found, on the two records' signatures: the pairs within
-   :func:`hamming_threshold` (``VERIFY_MARGIN``) become edges, and each worse row's best edge is
-   sent to the shard of the worse row. Candidate pairs are never shuffled, and a row has at most
-   one edge per bucket task however many bands and buckets found it.
+2. :func:`bucket_edges` (per shard): rows sharing a key are candidates, verified where they are
+   found, on the records' signatures; each worse row's best edge goes to the shard of the worse
+   row. Candidate pairs are never shuffled, and a row has at most one edge per bucket task however
+   many bands and buckets found it.
 3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
-   edge; :func:`best_parents`: each row with a verified better neighbour (higher quality, then
-   lower reference) is *shadowed*, and its best such neighbour is its parent.
+   edge, which :func:`best_parents` makes its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
    a kept row, which then stands for itself and all rows that reached it.
 5. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
    back to their partitions, each receiving only its own rows.
 
-The rule of stage 3 is local to verified pairs: a row is shadowed when a better row verifies as
-its near-duplicate, so the best member of every group stays eligible and no verified pair is kept
-twice; on a chain ``a ~ b ~ c`` with ``a`` and ``c`` not near-duplicates both ``a`` and ``c`` stay.
-:func:`datamask_dask.dedup.search.find_groups` applies the same rule to the same candidates in one
-task. Deterministic: every task sorts what it receives, and a bucket is exactly the rows of one
-key, so the groups depend only on the rows and their order, not on the partitions or shards.
+Deterministic: every task sorts what it receives, and a bucket is exactly the rows of one key, so
+the groups depend only on the rows and their order, not on the partitions or shards.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
 
 from .groups import DuplicateGroups
 from .simhash import (
-    _PAIR_BATCH,
     SIGNATURE_BITS,
     SIGNATURE_BYTES,
-    VERIFY_MARGIN,
-    _ranges,
+    distance,
     hamming_threshold,
+    verified_pairs,
 )
 
 PARTITIONS_PER_SHARD = 4  # the sharded graph has one key shard (stages 1-2) per this many partitions
@@ -77,7 +64,7 @@ BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
 
 
-def band_plan(n_rows: int, bands: int = BANDS) -> dict:
+def band_plan(n_rows: int) -> dict:
     """Bands for a table of ``n_rows``: ``bits`` per band and each band's bit positions (bands, bits)."""
     bits = int(min(MAX_BITS, max(MIN_BITS, math.ceil(math.log2(max(n_rows, 2))) + SLACK_BITS)))
     # Bits dealt from shuffled decks of all 256, so that every bit is in as many bands as any other
@@ -85,7 +72,7 @@ def band_plan(n_rows: int, bands: int = BANDS) -> dict:
     rng = np.random.default_rng(BIT_SEED)
     deck: list[int] = []
     positions = []
-    for _ in range(bands):
+    for _ in range(BANDS):
         band: list[int] = []
         while len(band) < bits:
             if not deck:
@@ -120,13 +107,6 @@ def shard_of(refs: np.ndarray, shards: int) -> np.ndarray:
     return (_mix(refs) % np.uint64(shards)).astype(np.int64)
 
 
-def _label_hash(label) -> int:
-    import hashlib
-
-    digest = hashlib.blake2b(repr((type(label).__name__, label)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
-
-
 def _split(order_key: np.ndarray, shards: int, *columns) -> list:
     """Rows grouped by ``order_key`` (their shard), one tuple of columns per shard (stable order)."""
     if shards == 1:
@@ -138,9 +118,15 @@ def _split(order_key: np.ndarray, shards: int, *columns) -> list:
     return [tuple(c[order[bounds[s]:bounds[s + 1]]] for c in columns) for s in range(shards)]
 
 
-def references(number: int, n: int) -> np.ndarray:
-    """Row references of partition ``number``'s ``n`` rows: ``number << 32 | position``."""
-    return (np.uint64(number) << np.uint64(32)) | np.arange(n, dtype=np.uint64)
+def _columns(pieces: list, *dtypes) -> list[np.ndarray]:
+    """Each column of ``pieces`` (tuples of 1D arrays) concatenated; empty, of its dtype, without pieces."""
+    return [np.concatenate([np.zeros(0, dtype=dtype)] + [p[i] for p in pieces])
+            for i, dtype in enumerate(dtypes)]
+
+
+def _ranges(start: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + c) for s, c in zip(start, size)])``, vectorised."""
+    return np.repeat(start - (np.cumsum(size) - size), size) + np.arange(int(size.sum()))
 
 
 # --------------------------------------------------------------------------- 1. band keys
@@ -164,7 +150,9 @@ def group_bits(labels: list) -> np.ndarray:
     """Each ``by`` label's part of a band key, uint64: the high 32 bits, above the band value
     (``MAX_BITS``) and the band number, so that two rows share a key exactly when they share band,
     value and group, in any task (the one-task search buckets by the same triple)."""
-    hashes = np.array([_label_hash(label) for label in labels], dtype=np.uint64)
+    digests = [hashlib.blake2b(repr((type(label).__name__, label)).encode(), digest_size=8).digest()
+               for label in labels]
+    hashes = np.array([int.from_bytes(digest, "little") for digest in digests], dtype=np.uint64)
     return (hashes & np.uint64(0xFFFFFFFF)) << np.uint64(32)
 
 
@@ -194,16 +182,14 @@ def band_values(columns: np.ndarray, plan: dict, bands) -> np.ndarray:
     return value
 
 
-def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -> list:
-    """Partition ``number``'s band records, one ``(key, ref, quality, words)`` piece per shard.
-
-    ``part``: as for :func:`~datamask_dask.dedup.search.find_groups`; ``plan``: :func:`band_plan`;
-    ``bands``: the bands of this round (default all). Each record carries its row's quality and
-    signature (four uint64 words), so that a bucket's task verifies its candidates itself.
-    """
+def band_records(part: dict, number: int, plan: dict, shards: int, bands) -> list:
+    """Partition ``number``'s records of ``bands``, one ``(key, ref, quality, words)`` piece per
+    shard: each carries its row's quality and signature (four uint64 words), so that a bucket's
+    task verifies its candidates itself. ``part``: as for
+    :func:`~datamask_dask.dedup.search.find_groups`; ``plan``: :func:`band_plan`."""
     sig = np.ascontiguousarray(np.asarray(part["signatures"], dtype=np.uint8).reshape(-1, SIGNATURE_BYTES))
     n = sig.shape[0]
-    bands = list(range(plan["positions"].shape[0]) if bands is None else bands)
+    bands = list(bands)
     if n == 0:
         empty = np.zeros(0, dtype=np.uint64)
         return [(empty, empty, np.zeros(0), np.zeros((0, 4), dtype=np.uint64)) for _ in range(shards)]
@@ -214,22 +200,12 @@ def band_records(part: dict, number: int, plan: dict, shards: int, bands=None) -
     rows = np.tile(np.arange(n), len(keys))
     quality = np.asarray(part["quality"], dtype=np.float64)
     words = sig.view(np.uint64).reshape(-1, 4)
-    refs = references(number, n)
+    refs = (np.uint64(number) << np.uint64(32)) | np.arange(n, dtype=np.uint64)  # partition << 32 | position
     pieces = _split((key % np.uint64(shards)).astype(np.int64), shards, key, rows)
     return [(k, refs[r], quality[r], np.take(words, r, axis=0)) for k, r in pieces]
 
 
 # --------------------------------------------------------------------------- 2. candidates
-
-
-def _distance(x, y) -> np.ndarray:
-    """Hamming distances between signatures given as two iterables of their 4 words (arrays), uint16.
-    Pass generators of per-word gathers: 1D gathers run faster than one 2D fancy index."""
-    distance = None
-    for a, b in zip(x, y, strict=True):
-        bits = np.bitwise_count(a ^ b)
-        distance = bits.astype(np.uint16) if distance is None else np.add(distance, bits, out=distance)
-    return distance
 
 
 def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
@@ -252,7 +228,7 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
     words = columns[:, members]
     found = []
     for d in range(1, NEIGHBOURS + 1):
-        near = (bucket[:-d] == bucket[d:]) & (_distance(words[:, :-d], words[:, d:]) <= limit)
+        near = (bucket[:-d] == bucket[d:]) & (distance(words[:, :-d], words[:, d:]) <= limit)
         x, y = members[:-d][near], members[d:][near]
         found.append((np.minimum(x, y), np.maximum(x, y)))
     return (np.concatenate([empty] + [f[0] for f in found]),
@@ -260,19 +236,16 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
 
 
 def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
-    """The verified near-duplicate pairs of one shard's buckets, as each worse row's best edge
-    ``(worse, better, quality of better)``, routed to the shard of the worse row.
+    """The verified near-duplicate pairs of one shard's buckets (within :func:`hamming_threshold`,
+    ``VERIFY_MARGIN``), as each worse row's best edge.
 
-    Rows sharing a key are candidates: a bucket of up to ``FULL_BUCKET`` rows gives all its pairs,
-    a larger one each row paired with its ``ANCHORS`` lowest references and with its
-    ``NEIGHBOURS`` nearest places in the bucket sorted by signature (:func:`_neighbour_edges`:
-    they recover copies that large buckets' anchors miss). A candidate is verified when its
-    signatures' Hamming distance is within :func:`hamming_threshold` (``VERIFY_MARGIN``). Returns
-    ``{"pieces": [(worse, better, quality) per shard], "pairs": the buckets' full and anchor pairs
-    (the neighbour pairs are not counted)}``.
+    A bucket of up to ``FULL_BUCKET`` rows tries all its pairs; a larger one (clustered data) each
+    row against its ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by
+    signature (:func:`_neighbour_edges`), so the work stays O(rows x (anchors + neighbours)).
+    Returns ``{"pieces": [(worse, better, quality of better)] per shard of the worse row, "pairs":
+    the full and anchor pairs tried}``.
     """
-    key = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
-    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
+    key, ref, quality = _columns(pieces, np.uint64, np.uint64, np.float64)
     empty = np.zeros(0, dtype=np.uint64)
     if key.size < 2:
         return {"pieces": [(empty, empty, np.zeros(0)) for _ in range(shards)], "pairs": 0}
@@ -286,13 +259,18 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     # only the rows of buckets of two or more, in bucket order: a bucket's rows then sit side by side
     rows = order[_ranges(start, size)]
     ref = ref[rows]
-    quality = np.concatenate([np.zeros(0)] + [p[2] for p in pieces])[rows]
+    quality = quality[rows]
     # np.take gathers rows faster than fancy indexing; one contiguous column per word, since the
     # verification gathers single words
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
     columns = np.ascontiguousarray(np.take(words, rows, axis=0).T)
-    start = np.cumsum(size) - size
-    a, b, n_pairs = bucket_pairs(start, size, columns, hamming_threshold(cosine, margin=VERIFY_MARGIN))
+    start, limit = np.cumsum(size) - size, hamming_threshold(cosine)
+    # position p of a bucket pairs with every later position when the bucket is small, or when p is
+    # one of its first ANCHORS positions
+    first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
+    a, b, n_pairs = verified_pairs(start, size, first, columns, limit)
+    near_a, near_b = _neighbour_edges(start, size, columns, limit)
+    a, b = np.concatenate([near_a, a]), np.concatenate([near_b, b])
     # better: higher quality, then the lower reference (partition, then row); ref[a] < ref[b]
     a_better = quality[a] >= quality[b]
     worse = np.where(a_better, ref[b], ref[a])
@@ -302,42 +280,6 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     worse, better, better_quality = _best_edges(worse, better, better_quality)
     pieces = _split(shard_of(worse, shards), shards, worse, better, better_quality)
     return {"pieces": pieces, "pairs": n_pairs}
-
-
-def bucket_pairs(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
-                 limit: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The verified candidate pairs ``(a, b)``, ``a < b``, of buckets of two rows or more laid side
-    by side (bucket ``i`` at places ``start[i]`` to ``start[i] + size[i]``, each in reference
-    order), and the count of full and anchor pairs tried. ``columns``: the rows' signature words
-    in that order (4, rows); ``limit``: the Hamming distance that still verifies a pair.
-
-    A bucket of up to ``FULL_BUCKET`` rows tries all its pairs, a larger one each row against its
-    ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by signature
-    (:func:`_neighbour_edges`).
-    """
-    # position p of a bucket pairs with every later position when the bucket is small, or when p is
-    # one of its first ANCHORS positions
-    first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
-    offset = np.arange(int(first.sum())) - np.repeat(np.cumsum(first) - first, first)
-    position = np.repeat(start, first) + offset
-    later = np.repeat(start + size, first) - position - 1
-
-    def verified(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        near = _distance((c[a] for c in columns), (c[b] for c in columns)) <= limit
-        return a[near], b[near]
-
-    found, cumulative, done = [_neighbour_edges(start, size, columns, limit)], np.cumsum(later), 0
-    while done < position.size:  # batches of about _PAIR_BATCH candidate pairs
-        before = cumulative[done - 1] if done else 0
-        stop = max(done + 1, int(np.searchsorted(cumulative, before + _PAIR_BATCH, side="right")))
-        count = later[done:stop]
-        a = np.repeat(position[done:stop], count)
-        b = a + 1 + (np.arange(a.size) - np.repeat(np.cumsum(count) - count, count))
-        found.append(verified(a, b))
-        done = stop
-    a = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[0] for f in found])
-    b = np.concatenate([np.zeros(0, dtype=np.int64)] + [f[1] for f in found])
-    return a, b, int(cumulative[-1]) if cumulative.size else 0
 
 
 def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -380,18 +322,13 @@ def merge_edges(edges: list) -> tuple:
     """Edge pieces ``(worse, better, quality of better)`` of one row shard merged into each worse
     row's best edge: after each round, so that a row shard holds at most one edge a row however
     many rounds and buckets found it (the best of bests is the best)."""
-    worse = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[0] for e in edges])
-    better = np.concatenate([np.zeros(0, dtype=np.uint64)] + [e[1] for e in edges])
-    quality = np.concatenate([np.zeros(0)] + [e[2] for e in edges])
-    return _best_edges(worse, better, quality)
+    return _best_edges(*_columns(edges, np.uint64, np.uint64, np.float64))
 
 
 def best_parents(edges: list, shards: int) -> dict:
-    """Each shadowed row of one shard and its best verified better neighbour (its parent).
-
-    Returns ``{"child": sorted refs, "parent": their parents, "pending": [(target, count)] per shard}``:
-    each shadowed row's count of one, sent to its parent's shard.
-    """
+    """Each shadowed row of one shard and its best verified better neighbour (its parent):
+    ``{"child": sorted refs, "parent": their parents, "pending": [(target, count)] per shard}``,
+    each shadowed row's count of one sent to its parent's shard."""
     child, parent, _ = merge_edges(edges)
     ones = np.ones(child.size, dtype=np.int64)
     return {"child": child, "parent": parent,
@@ -403,21 +340,15 @@ def forward_weights(parents: dict, pending: list, shards: int) -> dict:
 
     Returns ``{"roots": (ref, count) kept here this round, "pending": [(target, count)] per shard}``.
     """
-    target = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pending])
-    count = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[1] for p in pending])
-    target, count = _sum_by(target, count)
+    target, count = _sum_by(*_columns(pending, np.uint64, np.int64))
     child, parent = parents["child"], parents["parent"]
-    at = np.searchsorted(child, target)
-    shadowed = (at < child.size) & (child[np.minimum(at, max(child.size - 1, 0))] == target) if child.size \
-        else np.zeros(target.size, dtype=bool)
-    moving = parent[at[shadowed]]
+    shadowed = np.isin(target, child)
+    moving = parent[np.searchsorted(child, target[shadowed])]
     return {"roots": (target[~shadowed], count[~shadowed]),
             "pending": _split(shard_of(moving, shards), shards, moving, count[shadowed])}
 
 
 def _sum_by(refs: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if not refs.size:
-        return refs, counts
     unique, inverse = np.unique(refs, return_inverse=True)
     return unique, np.bincount(inverse, weights=counts, minlength=unique.size).astype(np.int64)
 
@@ -426,33 +357,28 @@ def deliver(parents: dict, roots: list, leftover: list, n_parts: int) -> dict:
     """One shard's results routed to their partitions: ``{"pieces": [(shadowed refs, kept refs,
     weights, the shadowed rows' parent refs, refs of the partition's rows that are a parent)] per
     partition, "unresolved": counts still climbing after the last round}``."""
-    ref = np.concatenate([np.zeros(0, dtype=np.uint64)] + [r[0] for r in roots])
-    count = np.concatenate([np.zeros(0, dtype=np.int64)] + [r[1] for r in roots])
-    ref, count = _sum_by(ref, count)
+    ref, count = _sum_by(*_columns(roots, np.uint64, np.int64))
     child, parent = parents["child"], parents["parent"]
     unresolved = int(sum(int(p[1].sum()) for p in leftover))
-    out = []
-    child_part = (child >> np.uint64(32)).astype(np.int64)
-    ref_part = (ref >> np.uint64(32)).astype(np.int64)
-    child_split = _split(child_part, n_parts, child, parent)
-    ref_split = _split(ref_part, n_parts, ref, count + 1)  # a kept row also stands for itself
+    child_split = _split(_partition_of(child), n_parts, child, parent)
+    ref_split = _split(_partition_of(ref), n_parts, ref, count + 1)  # a kept row also stands for itself
     # the rows that are some row's parent go to their own partition (its explain step names them)
     parent = np.unique(parent)
-    parent_split = _split((parent >> np.uint64(32)).astype(np.int64), n_parts, parent)
-    for p in range(n_parts):
-        out.append((child_split[p][0], ref_split[p][0], ref_split[p][1], child_split[p][1],
-                    parent_split[p][0]))
-    return {"pieces": out, "unresolved": unresolved}
+    parent_split = _split(_partition_of(parent), n_parts, parent)
+    pieces = [(child_split[p][0], ref_split[p][0], ref_split[p][1], child_split[p][1], parent_split[p][0])
+              for p in range(n_parts)]
+    return {"pieces": pieces, "unresolved": unresolved}
+
+
+def _partition_of(refs: np.ndarray) -> np.ndarray:
+    return (refs >> np.uint64(32)).astype(np.int64)
 
 
 def partition_groups(pieces: list) -> dict:
     """One partition's entry of :func:`~datamask_dask.dedup.search.find_groups` from its pieces."""
     mask = np.uint64(0xFFFFFFFF)
-    shadowed = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[0] for p in pieces])
-    kept = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[1] for p in pieces])
-    weights = np.concatenate([np.zeros(0, dtype=np.int64)] + [p[2] for p in pieces])
-    parent = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[3] for p in pieces])
-    parents = np.concatenate([np.zeros(0, dtype=np.uint64)] + [p[4] for p in pieces])
+    shadowed, kept, weights, parent, parents = _columns(pieces, np.uint64, np.uint64, np.int64, np.uint64,
+                                                        np.uint64)
     order = np.argsort(kept)
     by_child = np.argsort(shadowed)
     return DuplicateGroups(shadowed=(shadowed[by_child] & mask).astype(np.int64),
@@ -461,25 +387,23 @@ def partition_groups(pieces: list) -> dict:
                            parents=np.unique((parents & mask).astype(np.int64)))
 
 
-def shard_count(n_rows: int, rows_per_shard: int) -> int:
-    """Shards for a table of ``n_rows``: about ``rows_per_shard`` rows' band keys each."""
-    return max(1, math.ceil(n_rows / rows_per_shard))
+def shard_count(n: int, per_shard: int) -> int:
+    """Shards for ``n`` partitions (or partitions x bands): about ``per_shard`` each."""
+    return max(1, math.ceil(n / per_shard))
 
 
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
                         rounds_of: int = ROUND_BANDS, on_task=None, spill=None,
                         row_shards: int | None = None) -> tuple[list[dict], dict]:
-    """Every stage in one process, in order (the Dask operator runs the same stages as tasks).
+    """Every stage in one process, in order.
 
     ``shards``: key shards of stages 1-2; ``row_shards``: row shards of stages 3-5 (default
-    ``shards``); the groups do not depend on either. ``rounds_of``: bands per round of stages 1-2
-    (as the Dask graph makes them by default: one round's records are all that is held at a
-    time). ``on_task(name, fn, *args)`` runs each task (default: calls it), so a caller can time
-    or measure them;
-    ``spill(pieces)`` may move each task's edge pieces out of memory until they are used (e.g. to
-    memory-mapped files, as a shuffle spills to disk). Returns the per-partition groups and
-    statistics: candidate pairs, unresolved counts, band bits and count, and each shard's
-    :func:`best_parents` (which row each shadowed row points to).
+    ``shards``); ``rounds_of``: bands per round of stages 1-2 (one round's records are held at a
+    time); the groups depend on none of them. ``on_task(name, fn, *args)`` runs each task (default:
+    calls it), so a caller can time or measure them; ``spill(pieces)`` may move each task's edge
+    pieces out of memory until they are used (as a shuffle spills to disk). Returns the
+    per-partition groups and statistics: candidate pairs, unresolved counts, band bits and count,
+    and each shard's :func:`best_parents`.
     """
     run = on_task or (lambda name, fn, *args: fn(*args))
     row_shards = shards if row_shards is None else row_shards
@@ -502,16 +426,14 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
         del records
     parents = [run("best_parents", best_parents, edges[s], row_shards) for s in range(row_shards)]
     del edges
-    pending = [p["pending"] for p in parents]
-    roots = [[] for _ in range(row_shards)]
+    pending, roots = [p["pending"] for p in parents], []
     for _ in range(ROUNDS):
         moved = [run("forward_weights", forward_weights, parents[s], [p[s] for p in pending], row_shards)
                  for s in range(row_shards)]
-        for s in range(row_shards):
-            roots[s].append(moved[s]["roots"])
+        roots.append([m["roots"] for m in moved])
         pending = [m["pending"] for m in moved]
-    delivered = [run("deliver", deliver, parents[s], roots[s], [p[s] for p in pending], len(parts))
-                 for s in range(row_shards)]
+    delivered = [run("deliver", deliver, parents[s], [r[s] for r in roots], [p[s] for p in pending],
+                     len(parts)) for s in range(row_shards)]
     groups = [run("partition_groups", partition_groups, [d["pieces"][i] for d in delivered])
               for i in range(len(parts))]
     return groups, {"pairs": n_pairs, "unresolved": sum(d["unresolved"] for d in delivered),

@@ -17,12 +17,9 @@ the partition itself is modelled as (float32 values, ``d`` the embedding dimensi
   neighbour lists of its reference rows. ``b`` is the whole chunk when the refinement stage is on
   (it learns its whole candidate pool, up to the chunk, in every step), else ``max_batch``.
 
-:func:`plan_memory` takes the largest chunk whose modelled bytes fit in what the bookkeeping
-leaves; when that chunk would be small (under ``GOOD_CHUNK`` rows) it first lowers
-``rollout_chunk`` (speed only), then Facility's ``reference_size`` / ``refine_reference``. Each
-is only ever lowered from the value the options give. Embeddings are validated in blocks of at
-most a quarter of the budget. The factors are conservative: ``tests/plan/test_memory.py`` measures
-the peak resident memory of a partition larger than its budget on CPU.
+Embeddings are validated in blocks of at most a quarter of the budget. The factors are
+conservative: ``tests/plan/test_memory.py`` measures the peak resident memory of a partition
+larger than its budget on CPU.
 
 Only a budget the user gives sizes chunks: chunk and batch sizes change the result, so what the
 cluster happens to have must not. Without an explicit ``memory_budget`` the workers' memory is
@@ -35,6 +32,8 @@ once, with the chunk size that would fit, instead of running its workers out of 
 
 from __future__ import annotations
 
+import bisect
+import inspect
 from dataclasses import dataclass
 
 from ..errors import OptionError
@@ -44,7 +43,6 @@ ROW_BYTES = 128  # bookkeeping per partition row (about a dozen int64/float64/bo
 CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while it is learned
 STEP_COPIES = 6  # (rollout_chunk x batch x d) float32 temporaries of a DiSF (or unknown) evaluation
 PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
-NEIGHBOURS = 64  # Facility's neighbours per reference row, when the options do not say
 GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
 EVAL_BLOCK = 4096  # reference rows compared with a batch at once (objectives._EVAL_BLOCK)
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
@@ -78,49 +76,29 @@ def parse_budget(value) -> int | None:
 def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) -> int | None:
     """The memory limit of each selection task, in bytes (None: no limit).
 
-    An explicit ``value`` is returned as given (the user's budget, which sizes chunks); without
-    one, the limit the workers' memory sets (which only checks them, see :func:`check_memory`).
-
-    Parameters
-    ----------
-    value : int, str or None
-        The ``memory_budget`` option (see :func:`parse_budget`).
-    device : str
-        The ``device`` option: a GPU's free memory sets the default when learning runs on one.
-    meta : DataFrame, optional
-        The dataframe's meta (``device="auto"`` learns on the GPU for cuDF partitions).
-    scheduler : optional
-        The scheduler the job will run on; a distributed ``Client`` gives the workers' limits.
-        By default, the current default Client, if any.
+    An explicit ``value`` (the ``memory_budget`` option) is returned as given: the user's budget,
+    which sizes chunks. Without one, the limit the workers' memory sets, which only checks them
+    (:func:`check_memory`): that of the workers of ``scheduler`` where it is a distributed
+    ``Client`` (by default the current default Client, if any), else the free memory of the GPU
+    that ``device`` (or, with ``"auto"``, cuDF partitions in ``meta``) learns on.
     """
     budget = parse_budget(value)
     if budget is not None:
         return budget or None
-    on_gpu = device.startswith("cuda") or (device == "auto" and meta is not None and _is_cudf(meta))
+    cudf = meta is not None and type(meta).__module__.split(".", 1)[0] == "cudf"
+    on_gpu = device.startswith("cuda") or (device == "auto" and cudf)
     client = _client(scheduler)
     if client is not None:
         return _cluster_budget(client, on_gpu)
-    if on_gpu:
-        import torch
-
-        if torch.cuda.is_available():
-            return int(GPU_SHARE * torch.cuda.mem_get_info()[0])
-    return None
-
-
-def _is_cudf(obj) -> bool:
-    return type(obj).__module__.split(".", 1)[0] == "cudf"
+    free = _free_gpu_memory() if on_gpu else 0
+    return int(GPU_SHARE * free) if free else None
 
 
 def _client(scheduler):
-    try:
-        from distributed import Client, default_client, get_worker
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return None
-    if isinstance(scheduler, Client):
-        return scheduler
-    if scheduler is not None:
-        return None  # a local scheduler was asked for
+    from distributed import Client, default_client, get_worker
+
+    if scheduler is not None:  # a Client, or a local scheduler
+        return scheduler if isinstance(scheduler, Client) else None
     try:
         get_worker()
         return None  # inside a task: use the local defaults, never block on the scheduler
@@ -133,7 +111,8 @@ def _client(scheduler):
 
 
 def _cluster_budget(client, on_gpu: bool) -> int | None:
-    info = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) else client.scheduler_info()
+    takes_n_workers = "n_workers" in inspect.signature(client.scheduler_info).parameters
+    info = client.scheduler_info(n_workers=-1) if takes_n_workers else client.scheduler_info()
     workers = info.get("workers", {})
     if on_gpu:
         free = client.run(_free_gpu_memory)
@@ -143,12 +122,6 @@ def _cluster_budget(client, on_gpu: bool) -> int | None:
         shares = [w["memory_limit"] / max(1, w.get("nthreads", 1)) * WORKER_SHARE
                   for w in workers.values() if w.get("memory_limit")]
     return int(min(shares)) if shares else None
-
-
-def _takes_n_workers(client) -> bool:
-    import inspect
-
-    return "n_workers" in inspect.signature(client.scheduler_info).parameters
 
 
 def _free_gpu_memory() -> int:
@@ -169,30 +142,12 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
                 max_chunk_rows: int) -> MemoryPlan:
     """Size chunks and learner batches for a partition of ``n_rows`` rows of ``dim``-d embeddings.
 
-    The largest chunk that fits is kept as long as it holds at least ``GOOD_CHUNK`` rows (or
-    ``max_chunk_rows``); below that, ``rollout_chunk`` is lowered first (it changes only speed),
-    then Facility's reference sizes (``reference_size``, ``refine_reference``).
-
-    Parameters
-    ----------
-    budget : int or None
-        Bytes of working memory allowed beyond the partition itself; None: no bound (the values
-        given are returned unchanged).
-    n_rows, dim : int
-    options : DataMaskOptions
-        The learner's options; ``rollout_chunk``, ``reference_size`` and ``refine_reference`` are
-        lowered where needed, never raised.
-    max_chunk_rows : int
-        The chunk size asked for; lowered where needed.
-
-    Returns
-    -------
-    MemoryPlan
-
-    Raises
-    ------
-    OptionError
-        If not even a chunk of 2 rows fits in the budget.
+    ``budget``: bytes of working memory allowed beyond the partition itself (None: no bound, the
+    values given are returned unchanged). The largest chunk up to ``max_chunk_rows`` that fits is
+    kept as long as it holds at least ``GOOD_CHUNK`` rows (or ``max_chunk_rows``); below that,
+    ``rollout_chunk`` is lowered first (it changes only speed), then Facility's reference sizes
+    (``reference_size``, ``refine_reference``); none is ever raised. Raises ``OptionError`` where
+    not even a chunk of 2 rows fits.
     """
     if not budget:
         return MemoryPlan(int(max_chunk_rows), options)
@@ -209,9 +164,9 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
             break
         if rollouts > 1:
             rollouts = max(1, rollouts // 2)
-        elif "facility" in metrics and max(reference, refine_reference) > _neighbours(options):
-            reference = max(_neighbours(options), reference // 2)
-            refine_reference = max(_neighbours(options), refine_reference // 2)
+        elif "facility" in metrics and max(reference, refine_reference) > options.neighbours:
+            reference = max(options.neighbours, reference // 2)
+            refine_reference = max(options.neighbours, refine_reference // 2)
         elif rows >= 2:
             break  # as small as the learner's settings go: take the chunk that fits
         else:
@@ -224,34 +179,25 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
 
 def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int,
                  where: str = "a partition") -> None:
-    """Fail when a chunk of ``chunk_rows`` rows, learned with ``options``, does not fit in ``limit``.
-
-    ``limit`` is the limit the workers' memory sets (no budget was given): it never changes the
-    chunks, so the job either fits as the options say or stops before learning, naming the
-    options that would make it fit.
-
-    Raises
-    ------
-    OptionError
-        Naming ``max_chunk_rows`` (the largest chunk that fits) and ``memory_budget``.
-    """
+    """Raise ``OptionError`` when a chunk of ``chunk_rows`` rows, learned with ``options``, does not
+    fit in the workers' ``limit``, naming ``max_chunk_rows`` (the largest chunk that fits) and
+    ``memory_budget``: the limit never changes the chunks, so the job stops before learning."""
     if not limit:
         return
     dim = max(int(dim), 1)
     metrics = metric_kinds(options)
     rollouts = min(options.rollout_chunk, options.n_rollout)
     args = (dim, options, rollouts, options.reference_size, options.refine_reference, metrics)
-    work = limit - n_rows * ROW_BYTES
-    if chunk_bytes(chunk_rows, *args) <= work:
-        return
-    fits = _largest_chunk(work, chunk_rows, *args)
     need = chunk_bytes(chunk_rows, *args) + n_rows * ROW_BYTES
+    if need <= limit:
+        return
+    fits = _largest_chunk(limit - n_rows * ROW_BYTES, chunk_rows, *args)
     raise OptionError(
         f"{where}: the workers' memory is too small for this selection: {n_rows} rows learned in chunks "
         f"of {chunk_rows} rows of {dim}-d embeddings need about {need} bytes per task, and the workers "
-        f"leave each task {limit} bytes. Give the workers more memory "
-        f"(or fewer threads each), set max_chunk_rows="
-        f"{fits if fits >= 2 else 'a smaller value'} (a different chunking selects different rows), or "
+        f"leave each task {limit} bytes. Give the workers more memory (or fewer threads each), set "
+        f"max_chunk_rows={fits if fits >= 2 else 'a smaller value'} (a different chunking selects "
+        "different rows), or "
         "set memory_budget= to let a budget of your choice size the chunks")
 
 
@@ -269,7 +215,7 @@ def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, re
     step = 0
     for kind in metrics:
         if kind == "facility":
-            t = _neighbours(options)
+            t = options.neighbours
             m = min(rows, max(reference, refine_reference if options.refine else 0))
             cost = min(m, EVAL_BLOCK) * batch * 8 + m * (t * 12 + 4 * dim)
             cost += rollouts * (m * t * 16 + batch * 16)
@@ -284,27 +230,14 @@ def metric_kinds(options: DataMaskOptions) -> tuple:
     """``"pair"``, ``"facility"`` or ``"other"`` for each diversity metric of the options."""
     from ..learn.objectives import Facility, PairSimi, build_metrics
 
-    kinds = []
-    for metric, _ in build_metrics(options.metric_weights):
-        kinds.append("facility" if isinstance(metric, Facility) else "pair" if type(metric) is PairSimi
-                     else "other")
-    return tuple(kinds)
+    return tuple("facility" if isinstance(metric, Facility) else "pair" if type(metric) is PairSimi
+                 else "other" for metric, _ in build_metrics(options.metric_weights))
 
 
-def _largest_chunk(work, limit, dim, options, rollouts, reference, refine_reference, metrics) -> int:
-    """Largest chunk (<= ``limit`` rows) whose modelled bytes fit in ``work``; 0 if none."""
-    low, high = 0, limit
-    while low < high:  # the model grows with the rows: bisect
-        middle = (low + high + 1) // 2
-        if chunk_bytes(middle, dim, options, rollouts, reference, refine_reference, metrics) <= work:
-            low = middle
-        else:
-            high = middle - 1
-    return low
-
-
-def _neighbours(options: DataMaskOptions) -> int:
-    return int(getattr(options, "neighbours", NEIGHBOURS))
+def _largest_chunk(work: int, limit: int, *args) -> int:
+    """Largest chunk (<= ``limit`` rows) whose :func:`chunk_bytes` (``args`` after the rows) fit in
+    ``work``; 0 if none. The model grows with the rows: bisect."""
+    return bisect.bisect_left(range(1, limit + 1), True, key=lambda rows: chunk_bytes(rows, *args) > work)
 
 
 def _too_small(budget: int, n_rows: int, dim: int) -> OptionError:

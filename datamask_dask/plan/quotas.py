@@ -1,8 +1,5 @@
 """Global quota planning: how many rows (or tokens) each partition selects, so the total is exact.
 
-Pure numpy, no dataframe and no Dask: the operator (:mod:`datamask_dask.dask_engine.operator`) feeds it one
-small summary per partition and gets back integer quotas.
-
 The plan, per group (the whole table when there is no ``by``)
 --------------------------------------------------------------
 Partitions are not assumed to be random samples (a table is often partitioned by date or
@@ -48,21 +45,11 @@ SKETCH_BINS = 2048  # bins per partition sketch: rows beyond this are summarised
 
 @dataclass(frozen=True)
 class Sketch:
-    """Quality summary of one cell (the rows of one group in one partition), best first.
+    """Quality summary of one cell (the rows of one group in one partition), best first."""
 
-    Attributes
-    ----------
-    value : float64 array (b,)
-        Mean quality of each bin, non-increasing.
-    rows : int64 array (b,)
-        Rows in each bin (all 1 when the cell has at most ``SKETCH_BINS`` rows).
-    tokens : float64 array (b,)
-        Tokens in each bin (equal to ``rows`` when no token column is used).
-    """
-
-    value: np.ndarray
-    rows: np.ndarray
-    tokens: np.ndarray
+    value: np.ndarray  # float64 (b,): mean quality of each bin, non-increasing
+    rows: np.ndarray  # int64 (b,): rows in each bin (all 1 when the cell has at most SKETCH_BINS rows)
+    tokens: np.ndarray  # float64 (b,): tokens in each bin (``rows`` when no token column is used)
 
     @property
     def n_rows(self) -> int:
@@ -70,21 +57,8 @@ class Sketch:
 
 
 def make_sketch(quality: np.ndarray, tokens: np.ndarray | None = None, bins: int = SKETCH_BINS) -> Sketch:
-    """Summarise a cell's quality (and tokens) as at most ``bins`` equal-count bins, best first.
-
-    Parameters
-    ----------
-    quality : float array (n,)
-        Finite quality scores of the cell.
-    tokens : float array (n,), optional
-        Token count of each row; one token per row when omitted.
-    bins : int
-        Maximum number of bins; a cell with at most ``bins`` rows keeps one bin per row (exact).
-
-    Returns
-    -------
-    Sketch
-    """
+    """Summarise a cell's finite quality (and tokens: one a row when omitted) as at most ``bins``
+    equal-count bins, best first; a cell of at most ``bins`` rows keeps one bin per row (exact)."""
     quality = np.asarray(quality, dtype=np.float64)
     tokens = np.ones_like(quality) if tokens is None else np.asarray(tokens, dtype=np.float64)
     order = np.argsort(-quality, kind="stable")  # ties keep row order, as in the partition
@@ -104,11 +78,8 @@ def take_top(sketches: list[Sketch], amount: float, mass: str = "rows") -> tuple
     ``amount`` rows (``mass="rows"``) or tokens (``mass="tokens"``) are reached; the bin that
     crosses the line is taken in part, pro rata.
 
-    Returns
-    -------
-    rows, tokens : float arrays (n_cells,)
-        Fractional rows and tokens taken from each cell; ``rows`` sums to ``amount`` when
-        ``mass="rows"`` (or to every row when ``amount`` exceeds them), likewise ``tokens``.
+    Returns the fractional rows and tokens taken from each cell, float (n_cells,) each: the
+    ``mass`` sums to ``amount``, or to all the cells hold where ``amount`` exceeds it.
     """
     n_cells = len(sketches)
     if n_cells == 0:
@@ -136,23 +107,9 @@ def allocate(total: int, weights, caps) -> np.ndarray:
     (water-filling); the fractional shares are then integerised by largest remainder (ties: lower
     index first). The result sums to ``total`` exactly, and every entry is within one unit of its
     fractional share. Entries with zero weight get nothing unless every uncapped weight is zero,
-    in which case the remaining units follow the room left under the caps.
-
-    Parameters
-    ----------
-    total : int
-        Units to share, ``0 <= total <= sum(caps)``.
-    weights : array-like of float (m,), non-negative
-    caps : array-like of int (m,), non-negative
-
-    Returns
-    -------
-    int64 array (m,)
-
-    Raises
-    ------
-    ValueError
-        If ``total`` is negative or exceeds the sum of the caps.
+    in which case the remaining units follow the room left under the caps. ``weights`` and
+    ``caps`` (int) are non-negative; returns int64 (m,). Raises ``ValueError`` where ``total`` is
+    negative or exceeds the sum of the caps.
     """
     weights = np.asarray(weights, dtype=np.float64)
     caps = np.asarray(caps, dtype=np.int64)
@@ -218,13 +175,8 @@ class TokenPlan:
 
 
 def plan_rows(sketches: list[Sketch], quota: int, prune: float, oversample: float) -> RowPlan:
-    """Eligible rows and integer row quotas per cell (see the module notes).
-
-    Raises
-    ------
-    ValueError
-        If ``quota`` exceeds the eligible rows.
-    """
+    """Eligible rows and integer row quotas per cell (see the module notes); ``ValueError`` where
+    ``quota`` exceeds the eligible rows."""
     n = np.array([s.n_rows for s in sketches], dtype=np.int64)
     n_eligible = eligible_rows(int(n.sum()), prune)
     if quota > n_eligible:
@@ -235,13 +187,8 @@ def plan_rows(sketches: list[Sketch], quota: int, prune: float, oversample: floa
 
 
 def plan_tokens(sketches: list[Sketch], budget: int, prune: float, oversample: float) -> TokenPlan:
-    """Eligible rows, integer token budgets and row quotas per cell (see the module notes).
-
-    Raises
-    ------
-    ValueError
-        If ``budget`` exceeds the tokens of the eligible rows.
-    """
+    """Eligible rows, integer token budgets and row quotas per cell (see the module notes);
+    ``ValueError`` where ``budget`` exceeds the tokens of the eligible rows."""
     n = np.array([s.n_rows for s in sketches], dtype=np.int64)
     n_eligible = eligible_rows(int(n.sum()), prune)
     top_rows, top_tokens = take_top(sketches, n_eligible)
@@ -258,32 +205,17 @@ def plan_tokens(sketches: list[Sketch], budget: int, prune: float, oversample: f
 
 def rows_for_budget(budgets, pool_rows, pool_tokens, eligible) -> np.ndarray:
     """Row quota expected to fill each budget: budget / mean tokens of the cell's pool rows."""
-    budgets = np.asarray(budgets, dtype=np.float64)
-    pool_rows = np.asarray(pool_rows, dtype=np.float64)
-    pool_tokens = np.asarray(pool_tokens, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         k = np.where(pool_tokens > 0, np.round(budgets * pool_rows / pool_tokens), 0.0)
     k = np.where((budgets > 0) & (k < 1), 1.0, k)
-    return np.minimum(k, np.asarray(eligible)).astype(np.int64)
+    return np.minimum(k, eligible).astype(np.int64)
 
 
 def split_quota(quality: np.ndarray, chunk_of_row: np.ndarray, n_chunks: int, quota: int,
                 oversample: float) -> np.ndarray:
-    """Row quota of each chunk of a cell's eligible rows (exact version of :func:`plan_rows`).
-
-    Parameters
-    ----------
-    quality : float array (e,)
-        Quality of the cell's eligible rows.
-    chunk_of_row : int array (e,)
-        Chunk number of each row, in ``range(n_chunks)``.
-    n_chunks, quota : int
-    oversample : float
-
-    Returns
-    -------
-    int64 array (n_chunks,), summing to ``quota``, each at most its chunk's size
-    """
+    """Row quota of each chunk of a cell's eligible rows (exact version of :func:`plan_rows`), int64
+    (n_chunks,): summing to ``quota``, each at most its chunk's size. ``chunk_of_row``: each row's
+    chunk, in ``range(n_chunks)``."""
     sizes = np.bincount(chunk_of_row, minlength=n_chunks)
     order = np.argsort(-np.asarray(quality, dtype=np.float64), kind="stable")
     pool = order[:pool_size(quota, quality.shape[0], oversample)]
@@ -295,11 +227,7 @@ def split_budget(quality: np.ndarray, tokens: np.ndarray, chunk_of_row: np.ndarr
     """Token budget and row quota of each chunk of a cell's eligible rows.
 
     The cell's budget may exceed its rows' tokens (the plan works from a sketch); it is then
-    capped at what the rows hold.
-
-    Returns
-    -------
-    budgets, quotas : int64 arrays (n_chunks,)
+    capped at what the rows hold. Returns ``(budgets, quotas)``, int64 (n_chunks,) each.
     """
     tokens = np.asarray(tokens, dtype=np.float64)
     caps = np.floor(np.bincount(chunk_of_row, weights=tokens, minlength=n_chunks) + 1e-6).astype(np.int64)
@@ -319,18 +247,7 @@ def fit_budget(selected: np.ndarray, tokens: np.ndarray, preference: np.ndarray,
     Selected rows are dropped, least preferred first, until the tokens fit; then unselected rows
     are added, most preferred first, whenever they still fit. On return the selection's tokens are
     at most ``budget`` and every unselected row has more tokens than the budget has left.
-
-    Parameters
-    ----------
-    selected : bool array (n,)
-    tokens : float array (n,), non-negative
-    preference : float array (n,)
-        Higher is kept first (the learned scores, or quality).
-    budget : float
-
-    Returns
-    -------
-    bool array (n,), a new array
+    ``preference``: higher is kept first (the learned scores, or quality). Returns a new array.
     """
     selected = np.asarray(selected, dtype=bool).copy()
     tokens = np.asarray(tokens, dtype=np.float64)

@@ -2,19 +2,14 @@
 
 Engine-agnostic: the Dask operator and the Spark integration collect one summary per partition
 (:func:`datamask_dask.partition.checks.summarise_partition`) and the duplicate-id report, and
-call :func:`make_plan` once. The plan (:class:`~datamask_dask.plan.types.Plan`) is small: the
-spec, integer quotas (or token budgets) per partition and group, the table-wide quality range per
-group, rows per partition, the embedding dimension, each partition's content digest and, with
-``diversity_scope="table"``, the positions of each partition's shadowed rows (near-duplicates of a
-better row elsewhere, see :mod:`datamask_dask.dedup.search`; 8 bytes per shadowed row) and of its
-kept rows that stand for a group, with the group's size (``weights``: the learner's Facility weighs
-them so).
+call :func:`make_plan` once.
 
-Shadowed rows are ineligible: a group's quota is still ``round(ratio * rows)`` over *all* its rows,
-planned on the sketches of the rows that remain (``prune`` then applies to those). When a group
-has fewer rows left than its quota (or its token budget), it is planned on every row and its
-shadowed rows become eligible again (and every row stands for itself), so a ratio that the table
-can meet is always met exactly.
+With ``diversity_scope="table"``, shadowed rows (near-duplicates of a better row, see
+:mod:`datamask_dask.dedup.search`) are ineligible: a group's quota is still ``round(ratio *
+rows)`` over *all* its rows, planned on the sketches of the rows that remain (``prune`` then
+applies to those). When a group has fewer rows left than its quota (or its token budget), it is
+planned on every row and its shadowed rows become eligible again (and every row stands for
+itself), so a ratio that the table can meet is always met exactly.
 """
 
 from __future__ import annotations
@@ -27,10 +22,6 @@ from .quotas import plan_rows, plan_tokens
 from .types import Cell, PartitionSummary, Plan
 
 SHOW = 5  # values quoted in a message
-
-
-def _group_sort_key(label):
-    return (type(label).__name__, label)
 
 
 def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
@@ -49,7 +40,8 @@ def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
         raise problems_error(problems)
     if dim is None:
         dim = next((d for d in dims if d is not None), None)
-    labels = sorted({label for s in summaries for label in s.cells}, key=_group_sort_key)
+    labels = sorted({label for s in summaries for label in s.cells},
+                    key=lambda label: (type(label).__name__, label))
     cells: dict[int, list] = {}
     ranges = {}
     shadowed: dict[int, list] = {}
@@ -128,8 +120,7 @@ def _plain_array(values: np.ndarray) -> np.ndarray:
 
 def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:
     """One partition's (kept positions, weights) from its cells', sorted by position."""
-    kept = np.concatenate([c[0] for c in cells])
-    weights = np.concatenate([c[1] for c in cells])
+    kept, weights = (np.concatenate(column) for column in zip(*cells, strict=True))
     order = np.argsort(kept, kind="stable")
     return kept[order], weights[order]
 
@@ -140,27 +131,23 @@ def _plan_group(label, sketches: list, n_rows: int, spec) -> np.ndarray:
     if spec.budget is not None:
         budget = spec.budget if spec.by is None else spec.budget.get(label, 0)
         if budget == 0:
-            plan = np.zeros((3, len(sketches)), dtype=np.int64)
-        else:
-            try:
-                result = plan_tokens(sketches, budget, spec.prune, spec.oversample)
-            except ValueError as exc:
-                total = sum(float(sk.tokens.sum()) for sk in sketches)
-                raise OptionError(
-                    f"budget_tokens={budget} cannot be met{where}: {exc} (the rows hold {total:.0f} "
-                    f"tokens in column {spec.token_column!r}; prune={spec.prune}); lower the budget"
-                ) from exc
-            plan = np.stack([result.eligible, result.quota, result.budget])
-    else:
-        ratio = spec.ratio if not isinstance(spec.ratio, dict) else spec.ratio.get(label, 0.0)
-        quota = int(round(ratio * n_rows))
+            return np.zeros((3, len(sketches)), dtype=np.int64)
         try:
-            result = plan_rows(sketches, quota, spec.prune, spec.oversample)
+            result = plan_tokens(sketches, budget, spec.prune, spec.oversample)
         except ValueError as exc:
-            raise OptionError(f"ratio={ratio} cannot be met{where}: {exc} after prune={spec.prune}; "
-                              "lower the ratio or the prune share") from exc
-        plan = np.stack([result.eligible, result.quota, np.full(len(sketches), -1)])
-    return plan
+            total = sum(float(sk.tokens.sum()) for sk in sketches)
+            raise OptionError(
+                f"budget_tokens={budget} cannot be met{where}: {exc} (the rows hold {total:.0f} "
+                f"tokens in column {spec.token_column!r}; prune={spec.prune}); lower the budget"
+            ) from exc
+        return np.stack([result.eligible, result.quota, result.budget])
+    ratio = spec.ratio if not isinstance(spec.ratio, dict) else spec.ratio.get(label, 0.0)
+    try:
+        result = plan_rows(sketches, int(round(ratio * n_rows)), spec.prune, spec.oversample)
+    except ValueError as exc:
+        raise OptionError(f"ratio={ratio} cannot be met{where}: {exc} after prune={spec.prune}; "
+                          "lower the ratio or the prune share") from exc
+    return np.stack([result.eligible, result.quota, np.full(len(sketches), -1)])
 
 
 def duplicate_problems(ids, id_column: str) -> list[Problem]:

@@ -10,7 +10,7 @@ import pytest
 from conftest import FAST
 
 from datamask_dask import datamask_select
-from datamask_dask.dedup.search import find_duplicates, find_groups
+from datamask_dask.dedup.search import find_groups
 from datamask_dask.dedup.simhash import (
     BANDS,
     band_edges,
@@ -72,7 +72,7 @@ def _ddf(frame):
     return dd.from_pandas(frame, npartitions=PARTS, sort=False)
 
 
-def test_find_duplicates_keeps_the_best_member_of_each_group():
+def test_find_groups_keeps_the_best_member_of_each_group():
     rng = np.random.default_rng(0)
     base = rng.standard_normal((6, 16)).astype(np.float32)
     emb = np.concatenate([base, base[:3] + 0.01 * rng.standard_normal((3, 16)).astype(np.float32)])
@@ -82,10 +82,9 @@ def test_find_duplicates_keeps_the_best_member_of_each_group():
               "signatures": sig[:6]},
              {"quality": quality[6:], "codes": np.zeros(3, dtype=np.int64), "labels": [None],
               "signatures": sig[6:]}]
-    shadowed = find_duplicates(parts)
-    # row 0 loses to its copy (quality 3); row 1 beats its copy; rows 2 and 8 tie: partition 0 wins
-    assert shadowed[0].tolist() == [0] and shadowed[1].tolist() == [1, 2]
     groups = find_groups(parts)
+    # row 0 loses to its copy (quality 3); row 1 beats its copy; rows 2 and 8 tie: partition 0 wins
+    assert groups[0].shadowed.tolist() == [0] and groups[1].shadowed.tolist() == [1, 2]
     # each kept row stands for its pair
     assert groups[0].kept.tolist() == [1, 2] and groups[0].weights.tolist() == [2, 2]
     assert groups[1].kept.tolist() == [0] and groups[1].weights.tolist() == [2]
@@ -120,7 +119,7 @@ def test_search_sets_aside_pairs_above_the_threshold_only(cosine, low, high):
     emb = _pairs_at(cosine, 400, 64, rng)
     parts = [{"quality": rng.random(len(emb)), "codes": np.zeros(len(emb), dtype=np.int64), "labels": [None],
               "signatures": signatures(emb, hyperplanes(64))}]
-    share = find_duplicates(parts, 0.95)[0].size / 400  # one row of each pair found is shadowed
+    share = find_groups(parts, 0.95)[0].shadowed.size / 400  # one row of each pair found is shadowed
     assert low <= share <= high
 
 
@@ -135,7 +134,7 @@ def test_band_pairs_are_the_brute_force_pairs_whatever_the_group_codes():
     sig = signatures(emb, hyperplanes(32))
     group = rng.integers(0, 2, len(emb))
     limit = hamming_threshold(0.95, margin=0.0)
-    keys = np.stack([band_keys(sig, band) for band in range(BANDS)])
+    keys = np.stack([band_keys(sig.T, band) for band in range(BANDS)])
     bits = np.unpackbits(sig, axis=1)
     distance = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
     share = (keys[:, :, None] == keys[:, None, :]).any(axis=0) & (group[:, None] == group[None, :])
