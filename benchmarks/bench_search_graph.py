@@ -67,7 +67,7 @@ def digest(groups) -> str:
     h = hashlib.blake2b(digest_size=6)
     for g in groups:
         for key in ("shadowed", "kept", "weights"):
-            h.update(np.ascontiguousarray(g[key]).tobytes())
+            h.update(np.ascontiguousarray(getattr(g, key)).tobytes())
     return h.hexdigest()
 
 

@@ -113,7 +113,7 @@ def duplicate_rates(parts: list, planted: tuple, groups: list) -> dict:
     offsets = np.cumsum([0] + [len(p["quality"]) for p in parts])
     shadowed = np.zeros(offsets[-1], dtype=bool)
     for start, group in zip(offsets, groups, strict=False):
-        shadowed[start + group["shadowed"]] = True
+        shadowed[start + group.shadowed] = True
     copies, sources, cosines = planted
     merged = root[copies] == root[sources]
     handled = shadowed[copies] | shadowed[sources]

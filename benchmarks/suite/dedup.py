@@ -22,7 +22,7 @@ class NearDuplicates:
                                             SHAPE["planted copies"])
         groups = search.find_groups(parts)
         return {"parts": parts, "rates": data.duplicate_rates(parts, planted, groups),
-                "shadowed": sum(len(g["shadowed"]) for g in groups)}
+                "shadowed": sum(len(g.shadowed) for g in groups)}
 
     def setup(self, cache):
         from datamask_dask.dedup import search
