@@ -5,26 +5,19 @@ Backends accepted: Dask DataFrames with pandas or cuDF partitions (see
 
 The result is lazy. Its graph has two passes over the input:
 
-1. **Plan** (small): the id, quality, group and token columns, and with ``validate="full"`` (the
-   default) the embeddings too. Each partition is checked first
-   (:mod:`datamask_dask.partition.checks`: NaN quality, null ids, ragged, NaN or zero
-   embeddings...), so bad input fails here, before any learning, naming the column, partition and
-   rows. Each partition then sends a quality sketch (:mod:`datamask_dask.plan.quotas`); a tree
-   reduction checks that ids are unique. One task (:func:`datamask_dask.plan.reduce.make_plan`)
-   turns the sketches into integer quotas (or token budgets) per partition and group, so the
-   selected total is exact, and fixes the table-wide quality range and the embedding dimension.
-   With ``diversity_scope="table"`` (the default) the plan pass reads the embeddings, computes a
-   256-bit SimHash per row, and the near-duplicate groups of the whole table are found with one
-   rule at every size (:mod:`datamask_dask.dedup.search`): a row with a verified better
+1. **Plan** (small): the id, quality, group and token columns, and with ``validate="full"`` the
+   embeddings too. Each partition is checked first (:mod:`datamask_dask.partition.checks`: NaN
+   quality, null ids, ragged, NaN or zero embeddings...), so bad input fails here, before any
+   learning, naming the column, partition and rows. Each partition then sends a quality sketch
+   (:mod:`datamask_dask.plan.quotas`); a tree reduction checks that ids are unique. One task
+   (:func:`datamask_dask.plan.reduce.make_plan`) turns the sketches into integer quotas (or token
+   budgets) per partition and group, so the selected total is exact, and fixes the table-wide
+   quality range and the embedding dimension. With ``diversity_scope="table"`` (the default) the
+   plan pass reads the embeddings and finds the near-duplicate groups of the whole table
+   (:mod:`datamask_dask.dedup`, the same groups at every size): a row with a verified better
    near-duplicate is *shadowed* (left out of the sketches and ineligible in the select pass, so
    no partition selects a copy of a better row that lives in another one), and a kept row stands
-   for the rows it shadows (its weight, which the learner's Facility counts). Up to
-   ``ONE_TASK_PARTITIONS`` partitions one task finds them; above, a sharded map-shuffle-reduce
-   graph (:mod:`datamask_dask.dedup.stages`, wired by :mod:`datamask_dask.dedup.dask_graph`: no task
-   holds more than a shard of the band records or groups, and on large tables every all-to-all
-   step is a Dask DataFrame shuffle, p2p on a cluster) finds the same groups
-   (:mod:`datamask_dask.dedup`).
-   ``diversity_scope="partition"`` skips this.
+   for the rows it shadows (its weight, which the learner's Facility counts).
 2. **Select**: one :func:`datamask_dask.partition.select.select_partition` task per partition of
    :func:`partitions` (the partitions the plan pass read), gathered with ``dd.from_delayed`` and
    an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
@@ -253,9 +246,9 @@ def apply_plan(ddf, spec: SelectSpec, plan):
     if spec.explain:
         out_columns.update(explain.meta_columns(ddf._meta, spec.id_column))
     meta = adapters.with_columns(ddf._meta, out_columns)
-    tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i},
-                                                       dask_key_name=("datamask-select-" + token, i))
-             for i, part, token in _partitions(ddf, plan)]
+    key = _key("datamask-select", ddf, plan)
+    tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i}, dask_key_name=(key, i))
+             for i, part in enumerate(partitions(ddf))]
     divisions = ddf.divisions if ddf.known_divisions else None
     return dd.from_delayed(tasks, meta=meta, divisions=divisions, prefix="datamask-select", verify_meta=False)
 
@@ -272,27 +265,34 @@ def partitions(ddf) -> list:
     return named(ddf.to_delayed(), "datamask-read")
 
 
-def _partitions(ddf, plan) -> list:
-    from dask.base import tokenize
-
-    token = tokenize(ddf, plan)
-    return [(i, part, token) for i, part in enumerate(partitions(ddf))]
-
-
 # --------------------------------------------------------------------------- plan pass
 
 
-def plan_graph(ddf, spec: SelectSpec, reads: dict | None = None):
+def plan_graph(ddf, spec: SelectSpec):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task.
 
-    ``reads``: :func:`plan_reads` of ``ddf`` (made here by default), perhaps persisted.
+    Only the first tasks read the partitions: each partition's distinct ids (when they are checked)
+    and its checks and sketches, or in table scope its checks and a SimHash signature per row
+    (:func:`~datamask_dask.partition.checks.scan_partition`), sketched without its shadowed rows
+    (and with its kept rows' weights) once the near-duplicate groups of the whole table are found
+    (:func:`datamask_dask.dedup.dask_graph.table_groups`). The rest works on their small results only.
     """
-    reads = plan_reads(ddf, spec) if reads is None else reads
+    parts = column_reads(ddf, spec.plan_columns)
     if spec.diversity_scope == "table":
-        summaries = scan_summaries(reads["scans"], spec)
+        scans = [dask.delayed(scan_partition, pure=True)(
+            part, i, spec, dask_key_name=_key("datamask-plan-scan", part, i, spec))
+            for i, part in enumerate(parts)]
+        inputs = [dask.delayed(duplicate_input, pure=True)(
+            scan, dask_key_name=_key("datamask-plan-signatures", scan)) for scan in scans]
+        groups = table_groups(inputs, spec.duplicate_cosine)  # of the whole table
+        summaries = [dask.delayed(summarise_scan, pure=True)(
+            scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))
+            for i, scan in enumerate(scans)]
     else:
-        summaries = reads["summaries"]
-    ids = id_reduction(reads["ids"]) if spec.check_ids else None
+        summaries = [dask.delayed(summarise_partition, pure=True)(
+            part, i, spec, dask_key_name=_key("datamask-plan-partition", part, i, spec))
+            for i, part in enumerate(parts)]
+    ids = id_graph(parts, spec.id_column) if spec.check_ids else None
     dim = adapters.fixed_dimension(ddf._meta[spec.embedding_column].dtype)
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
         n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
@@ -309,24 +309,6 @@ def _key(prefix: str, *args) -> str:
     return f"{prefix}-{tokenize(*args)}"
 
 
-def plan_reads(ddf, spec: SelectSpec) -> dict:
-    """The plan pass's tasks that read the partitions: ``ids`` (each partition's distinct ids, when
-    they are checked) and, in table scope, ``scans`` (checks and a SimHash signature per row,
-    :func:`~datamask_dask.partition.checks.scan_partition`), else ``summaries``. The rest of the plan
-    works on their small results only."""
-    parts = column_reads(ddf, spec.plan_columns)
-    reads = {"ids": partition_id_tasks(parts, spec.id_column) if spec.check_ids else None}
-    if spec.diversity_scope == "table":
-        reads["scans"] = [dask.delayed(scan_partition, pure=True)(
-            part, i, spec, dask_key_name=_key("datamask-plan-scan", part, i, spec))
-            for i, part in enumerate(parts)]
-    else:
-        reads["summaries"] = [dask.delayed(summarise_partition, pure=True)(
-            part, i, spec, dask_key_name=_key("datamask-plan-partition", part, i, spec))
-            for i, part in enumerate(parts)]
-    return reads
-
-
 def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None = None) -> dict:
     """The plan of :func:`plan_graph`, computed now (the writers' first pass)."""
     # built with the scheduler as the current Client, so that a large table's search shuffles p2p
@@ -334,22 +316,6 @@ def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None
     with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
         plan = plan_graph(ddf, spec)
     return progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
-
-
-def scan_summaries(scans: list, spec: SelectSpec) -> list:
-    """Summaries with near-duplicates across the table set aside (``diversity_scope="table"``).
-
-    The near-duplicate groups of the whole table are found from the partitions' scans
-    (:func:`datamask_dask.dedup.dask_graph.table_groups`); each scan then becomes its quality
-    sketches without its shadowed rows (and with its kept rows' weights).
-    """
-    signed = "datamask-plan-signatures"
-    inputs = [dask.delayed(duplicate_input, pure=True)(scan, dask_key_name=_key(signed, scan))
-              for scan in scans]
-    groups = table_groups(inputs, spec.duplicate_cosine)
-    return [dask.delayed(summarise_scan, pure=True)(scan, groups[i],
-                                                    dask_key_name=_key("datamask-plan-partition", scan, i))
-            for i, scan in enumerate(scans)]
 
 
 def column_reads(ddf, columns: list[str], name: str = "datamask-plan-read") -> list:
@@ -392,19 +358,11 @@ def _probe_dimension(parts: list) -> int | None:
 
 
 def id_graph(parts: list, id_column: str):
-    """Lazy duplicate-id report over the partitions ``parts`` (a tree reduction)."""
-    return id_reduction(partition_id_tasks(parts, id_column))
-
-
-def partition_id_tasks(parts: list, id_column: str) -> list:
-    """Each partition's distinct ids (the leaves of :func:`id_reduction`)."""
-    return [dask.delayed(partition_ids, pure=True)(
+    """Lazy duplicate-id report over the partitions ``parts``: each one's distinct ids, merged by a tree
+    reduction."""
+    level = [dask.delayed(partition_ids, pure=True)(
         part, i, id_column, dask_key_name=_key("datamask-plan-ids", part, i, id_column))
         for i, part in enumerate(parts)]
-
-
-def id_reduction(level: list):
-    """The duplicate-id report of :func:`partition_id_tasks`' results (a tree reduction)."""
     while len(level) > 1:
         level = [dask.delayed(merge_ids, pure=True)(
             listed("datamask-plan-ids", level[i:i + _SPLIT_EVERY]),

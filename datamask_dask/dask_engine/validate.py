@@ -22,25 +22,13 @@ from .operator import column_reads, id_graph, make_spec
 
 @dataclass
 class ValidationReport:
-    """Outcome of :func:`validate_table`.
+    """Outcome of :func:`validate_table`."""
 
-    Attributes
-    ----------
-    rows : int
-        Rows checked (0 when the checks could not start).
-    partitions : int
-    dim : int or None
-        Embedding dimension (None when no row has one).
-    columns : dict
-        Column name -> dtype, as the dataframe declares them.
-    problems : list of Problem
-    """
-
-    rows: int = 0
+    rows: int = 0  # checked (0 when the checks could not start)
     partitions: int = 0
-    dim: int | None = None
-    columns: dict = field(default_factory=dict)
-    problems: list = field(default_factory=list)
+    dim: int | None = None  # of the embeddings (None when no row has one)
+    columns: dict = field(default_factory=dict)  # name -> dtype, as the dataframe declares them
+    problems: list = field(default_factory=list)  # of Problem
 
     @property
     def ok(self) -> bool:
@@ -61,7 +49,6 @@ class ValidationReport:
         """Raise :class:`InputDataError` (or :class:`OptionError`) listing the problems, if any."""
         if self.problems:
             raise problems_error(self.problems)
-
 
 
 # --------------------------------------------------------------------------- the whole table

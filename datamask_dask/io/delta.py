@@ -2,7 +2,7 @@
 
 - :func:`read_delta`: a table (at a version or a timestamp: time travel) as a Dask DataFrame of
   Arrow-typed pandas partitions, one partition per data file of the snapshot, column
-  projection done by the reader. :func:`read_delta_source` also returns the version read.
+  projection done by the reader.
 - :func:`write_delta` and :class:`DeltaSink`: one committed transaction, whose data files are
   written first (one a partition): a failure anywhere before the commit leaves the table as it
   was (the files written before it belong to no version and are removed). ``mode`` is explicit:
@@ -29,11 +29,12 @@ import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
 from .output import RECORD_KEY, UnsafeOutputError, check_inputs, publish
+from .parquet import to_arrow, variable_lists
 from .pieces import Pieces, to_dask
-from .records import dumps
+from .records import dumps, loads_record
+from .storage import resolve
 
-__all__ = ["DeltaSink", "DeltaSource", "delta_pieces", "delta_record", "delta_source", "read_delta",
-           "read_delta_source", "write_delta"]
+__all__ = ["DeltaSink", "delta_pieces", "delta_record", "read_delta", "write_delta"]
 
 
 def _deltalake():
@@ -45,15 +46,6 @@ def _deltalake():
     return deltalake
 
 
-@dataclasses.dataclass(frozen=True)
-class DeltaSource:
-    """Which snapshot of a Delta table a read saw: ``uri``, ``version``, ``files`` (paths)."""
-
-    uri: str
-    version: int
-    files: tuple
-
-
 def _open(path, version=None, timestamp=None, storage_options=None):
     deltalake = _deltalake()
     table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
@@ -62,12 +54,6 @@ def _open(path, version=None, timestamp=None, storage_options=None):
             raise OptionError("pass version or timestamp, not both")
         table.load_as_version(timestamp)
     return table
-
-
-def delta_source(path, version=None, timestamp=None, storage_options=None) -> DeltaSource:
-    """The version (and its data files) that :func:`read_delta` with these arguments reads."""
-    table = _open(path, version, timestamp, storage_options)
-    return DeltaSource(os.fspath(path), table.version(), tuple(sorted(_paths(table))))
 
 
 def _paths(table) -> list[str]:
@@ -102,16 +88,9 @@ def read_delta(path, version: int | None = None, timestamp=None, columns: list[s
         One partition per data file (one empty partition for a table without files).
         :func:`~datamask_dask.io.tables.read_table` also returns the version read.
     """
-    return read_delta_source(path, version, timestamp, columns, storage_options=storage_options,
-                             since_version=since_version)[0]
-
-
-def read_delta_source(path, version=None, timestamp=None, columns=None, *, storage_options=None,
-                      since_version=None):
-    """:func:`read_delta`, and what it read: ``{"format", "uri", "version", "files"}`` (files: partitions)."""
     pieces = delta_pieces(path, version, timestamp, columns, storage_options=storage_options,
                           since_version=since_version)
-    return to_dask(pieces, "datamask-read-delta"), pieces.source
+    return to_dask(pieces, "datamask-read-delta")
 
 
 def delta_pieces(path, version=None, timestamp=None, columns=None, *, storage_options=None,
@@ -155,14 +134,7 @@ class FragmentReader:
 def delta_history_records(path, storage_options=None) -> list[dict | None]:
     """The datamask run record of every commit, newest first (None where a commit has none)."""
     table = _open(path, storage_options=storage_options)
-    records = []
-    for commit in table.history():
-        text = commit.get(RECORD_KEY)
-        try:
-            records.append(json.loads(text) if text else None)
-        except ValueError:
-            records.append(None)
-    return records
+    return [loads_record(commit.get(RECORD_KEY)) for commit in table.history()]
 
 
 def delta_record(path, storage_options=None) -> dict | None:
@@ -173,32 +145,6 @@ def delta_record(path, storage_options=None) -> dict | None:
     return next((r for r in delta_history_records(path, storage_options) if r), None)
 
 
-def _check_delta_target(path, mode: str, inputs, storage_options) -> None:
-    deltalake = _deltalake()
-    location = os.fspath(path)
-    local = "://" not in location or location.startswith("file://")
-    local_path = Path(location.removeprefix("file://")) if local else None
-    for source in inputs:
-        if source is not None and str(source).rstrip("/") == location.rstrip("/"):
-            raise UnsafeOutputError(f"the output Delta table {location} is the input: write the selection to "
-                                    "another table (the input is never modified)")
-    if local:
-        check_inputs(local_path, [s for s in inputs if s is not None and "://" not in str(s)])
-    if not deltalake.DeltaTable.is_deltatable(location, storage_options=storage_options):
-        if local and local_path.exists() and (not local_path.is_dir() or any(local_path.iterdir())):
-            raise UnsafeOutputError(f"{location} exists and is not a Delta table: datamask writes a Delta "
-                                    "output only into a new location or a Delta table it wrote")
-        return
-    if mode == "error":
-        raise FileExistsError(f"the Delta table {location} exists; pass mode='append' or 'overwrite' "
-                              "(--mode) to write into it (only a table datamask wrote)")
-    records = delta_history_records(location, storage_options)
-    foreign = sum(1 for r in records if r is None)
-    if foreign:
-        raise UnsafeOutputError(f"mode={mode!r} refused: the Delta table {location} has {foreign} commit(s) "
-                                "without a datamask run record (someone else's table); choose another output")
-
-
 def write_delta(data, path, *, mode: str = "error", record: dict | None = None, inputs=(),
                 storage_options: dict | None = None, scheduler=None) -> dict:
     """Write a result (usually a selection) as one committed Delta transaction (:class:`DeltaSink`).
@@ -206,40 +152,28 @@ def write_delta(data, path, *, mode: str = "error", record: dict | None = None, 
     Parameters
     ----------
     data : dask.dataframe.DataFrame, pandas.DataFrame, pyarrow.Table or pyarrow.RecordBatchReader
-        A Dask DataFrame's partitions are written by their own tasks, each a data file; the
-        others are read whole first.
-    path : str or path
-        The Delta table.
+        A Dask DataFrame's partitions are written by their own tasks (computed on ``scheduler``),
+        each a data file; the others are read whole first.
     mode : {"error", "append", "overwrite"}
-        ``"error"``: the table may not exist yet. ``"append"`` / ``"overwrite"``: it may exist
-        only as a table datamask wrote (every commit carries a run record).
+        ``"error"``: the table ``path`` may not exist yet. ``"append"`` / ``"overwrite"``: it may
+        exist only as a table datamask wrote (every commit carries a run record).
     record : dict, optional
         The run record, stored as JSON under ``datamask.run`` in the commit's custom metadata.
     inputs : iterable of str
         Input locations the output may not be.
-    storage_options : dict, optional
-    scheduler : optional
-        For ``dask.compute``.
 
     Returns
     -------
     dict
         ``version``: the version committed; ``rows``: rows written.
     """
-    from .sinks import parts_of, write_output
+    from .sinks import write_output
 
     sink = DeltaSink(path, mode=mode, inputs=inputs, storage_options=storage_options)
-    parts, schema = parts_of(data)
-    return write_output(sink, parts, schema, record or {}, scheduler=scheduler)
+    return write_output(sink, data, record or {}, scheduler=scheduler)
 
 
 # --------------------------------------------------------------------------- distributed writes
-
-
-def delta_arrow_schema(schema: pa.Schema) -> pa.Schema:
-    """``schema`` in the types Delta stores: fixed-size lists (embeddings) as lists."""
-    return pa.schema([pa.field(f.name, pa.list_(f.type.value_type)) if pa.types.is_fixed_size_list(f.type)
-                      else f for f in schema])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,12 +195,12 @@ class DeltaFiles:
 
     def __call__(self, frame, number: int) -> dict | None:
         """Write one partition's rows as a data file; its add-action fields (None for no rows)."""
-        from .parquet import to_arrow, write_table
+        from .parquet import write_table  # looked up at call time (tests inject failures there)
 
         if not len(frame):
             return None
         table = frame if isinstance(frame, pa.Table) else to_arrow(frame)
-        table = table.cast(delta_arrow_schema(table.schema))
+        table = table.cast(variable_lists(table.schema))
         name = f"part-{number:05d}-{self.run_id}.parquet"
         filesystem = self.filesystem()
         with filesystem.open_output_stream(name) as out:
@@ -276,14 +210,12 @@ class DeltaFiles:
 
 
 class DeltaSink:
-    """A Delta table written by many tasks and committed once, by the driver, as one transaction.
+    """A Delta table written by many tasks and committed once, by the driver (see the module notes).
 
     Each task writes its partition as a data file of the table (:class:`DeltaFiles`) and hands back
     a small descriptor; :meth:`commit` adds them all in one commit with the run record, so the driver
-    holds only file names and sizes, never the rows. Files of a run that fails before its commit
-    belong to no version (:meth:`abort` removes them). A new local table is built in the run's work
-    area and renamed into place once committed. A commit is recognised by the run's app id, so a run
-    that committed but died before it cleaned up does not commit twice.
+    holds only file names and sizes, never the rows. A commit is recognised by the run's app id, so
+    a run that committed but died before it cleaned up does not commit twice.
     """
 
     format = "delta"
@@ -291,14 +223,33 @@ class DeltaSink:
     def __init__(self, path, *, mode: str, inputs=(), storage_options=None):
         if mode not in ("error", "append", "overwrite"):
             raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
-        from .storage import resolve
-
         self.uri = os.fspath(path)
         self.location = resolve(self.uri)
         self.mode, self.inputs, self.storage_options = mode, list(inputs), storage_options
 
     def check(self) -> None:
-        _check_delta_target(self.uri, self.mode, self.inputs, self.storage_options)
+        location = self.uri
+        local = "://" not in location or location.startswith("file://")
+        local_path = Path(location.removeprefix("file://")) if local else None
+        for source in self.inputs:
+            if source is not None and str(source).rstrip("/") == location.rstrip("/"):
+                raise UnsafeOutputError(f"the output Delta table {location} is the input: write the "
+                                        "selection to another table (the input is never modified)")
+        if local:
+            check_inputs(local_path, [s for s in self.inputs if s is not None and "://" not in str(s)])
+        if not _deltalake().DeltaTable.is_deltatable(location, storage_options=self.storage_options):
+            if local and local_path.exists() and (not local_path.is_dir() or any(local_path.iterdir())):
+                raise UnsafeOutputError(f"{location} exists and is not a Delta table: datamask writes a "
+                                        "Delta output only into a new location or a Delta table it wrote")
+            return
+        if self.mode == "error":
+            raise FileExistsError(f"the Delta table {location} exists; pass mode='append' or 'overwrite' "
+                                  "(--mode) to write into it (only a table datamask wrote)")
+        foreign = sum(1 for r in delta_history_records(location, self.storage_options) if r is None)
+        if foreign:
+            raise UnsafeOutputError(f"mode={self.mode!r} refused: the Delta table {location} has {foreign} "
+                                    "commit(s) without a datamask run record (someone else's table); choose "
+                                    "another output")
 
     def newest_run(self) -> str | None:
         return (delta_record(self.uri, self.storage_options) or {}).get("run_id")
@@ -330,7 +281,7 @@ class DeltaSink:
         app = deltalake.Transaction(app_id=f"datamask-{work.run_id}", version=1)
         properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record)},
                                                 app_transactions=[app])
-        schema = delta_arrow_schema(schema)
+        schema = variable_lists(schema)
         if deltalake.DeltaTable.is_deltatable(root, storage_options=self.storage_options):
             table = _open(root, storage_options=self.storage_options)
             if (table.transaction_version(app.app_id) or 0) < app.version:  # not committed already

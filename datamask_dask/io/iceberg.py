@@ -19,58 +19,35 @@ one stays readable until snapshots are expired.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 
 import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
 from .output import RECORD_KEY, UnsafeOutputError
+from .parquet import to_arrow
 from .pieces import Pieces, to_dask
-from .records import dumps
+from .records import dumps, loads_record
+from .storage import resolve
 
 TABLE_MARK = "datamask.output"  # the table property of the tables datamask created
-__all__ = ["IcebergSink", "IcebergSource", "get_catalog", "iceberg_pieces", "iceberg_record",
-           "iceberg_source", "read_iceberg", "read_iceberg_source", "write_iceberg"]
-
-
-def _pyiceberg():
-    try:
-        import pyiceberg.catalog
-    except ImportError as error:  # pragma: no cover - exercised only without the extra
-        raise ImportError("Iceberg tables need pyiceberg: pip install 'datamask-dask[lakehouse]'") from error
-    return pyiceberg
+__all__ = ["IcebergSink", "get_catalog", "iceberg_pieces", "iceberg_record", "read_iceberg", "write_iceberg"]
 
 
 def get_catalog(catalog, **properties):
     """A pyiceberg catalog: a ``Catalog`` as is, or one loaded by name (config file, environment)."""
-    _pyiceberg()
-    from pyiceberg.catalog import Catalog, load_catalog
-
+    try:
+        from pyiceberg.catalog import Catalog, load_catalog
+    except ImportError as error:  # pragma: no cover - exercised only without the extra
+        raise ImportError("Iceberg tables need pyiceberg: pip install 'datamask-dask[lakehouse]'") from error
     if isinstance(catalog, Catalog):
         return catalog
     return load_catalog(catalog, **properties)
 
 
-@dataclasses.dataclass(frozen=True)
-class IcebergSource:
-    """Which snapshot of an Iceberg table a read saw (``snapshot_id`` None: an empty table)."""
-
-    catalog: str
-    identifier: str
-    snapshot_id: int | None
-
-
 def _identifier(identifier) -> str:
     return identifier if isinstance(identifier, str) else ".".join(identifier)
-
-
-def iceberg_source(catalog, identifier, snapshot_id=None, **properties) -> IcebergSource:
-    cat = get_catalog(catalog, **properties)
-    table = cat.load_table(identifier)
-    snapshot = table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
-    return IcebergSource(cat.name, _identifier(identifier),
-                         None if snapshot is None else snapshot.snapshot_id)
 
 
 def _plain_schema(schema: pa.Schema) -> pa.Schema:
@@ -113,22 +90,11 @@ def read_iceberg(catalog, identifier, snapshot_id: int | None = None, columns: l
     -------
     dask.dataframe.DataFrame
         One partition per scan task (one empty partition when there is none).
-        :func:`read_iceberg_source` also returns the snapshot read.
-    """
-    return read_iceberg_source(catalog, identifier, snapshot_id, columns, row_filter,
-                               since_snapshot_id=since_snapshot_id, case_sensitive=case_sensitive,
-                               **properties)[0]
-
-
-def read_iceberg_source(catalog, identifier, snapshot_id=None, columns=None, row_filter=None, *,
-                        since_snapshot_id=None, case_sensitive=True, **properties):
-    """:func:`read_iceberg`, and what it read.
-
-    Returns ``(frame, {"format", "catalog", "identifier", "snapshot_id", "files"})``.
+        :func:`~datamask_dask.io.tables.read_table` also returns the snapshot read.
     """
     pieces = iceberg_pieces(catalog, identifier, snapshot_id, columns, row_filter,
                             since_snapshot_id=since_snapshot_id, case_sensitive=case_sensitive, **properties)
-    return to_dask(pieces, "datamask-read-iceberg"), pieces.source
+    return to_dask(pieces, "datamask-read-iceberg")
 
 
 def iceberg_pieces(catalog, identifier, snapshot_id=None, columns=None, row_filter=None, *,
@@ -154,9 +120,8 @@ def iceberg_pieces(catalog, identifier, snapshot_id=None, columns=None, row_filt
             if snapshot is not None else set()
         if old - now:
             raise InputDataError(f"the Iceberg table {_identifier(identifier)} lost {len(old - now)} data "
-                             "file(s) "
-                             f"of snapshot {since_snapshot_id} since (an overwrite, delete or compaction): "
-                             "an incremental run needs a table that was only appended to")
+                                 f"file(s) of snapshot {since_snapshot_id} since (an overwrite, delete or "
+                                 "compaction): an incremental run needs a table that was only appended to")
         tasks = [task for task in tasks if task.file.file_path not in old]
     tasks.sort(key=lambda task: task.file.file_path)
     source = {"format": "iceberg", "catalog": cat.name, "identifier": _identifier(identifier),
@@ -189,10 +154,7 @@ def _records(table) -> list[dict | None]:
     records, snapshot = [], table.current_snapshot()
     while snapshot is not None:
         text = (snapshot.summary.additional_properties or {}).get(RECORD_KEY) if snapshot.summary else None
-        try:
-            records.append(json.loads(text) if text else None)
-        except ValueError:
-            records.append(None)
+        records.append(loads_record(text))
         parent = snapshot.parent_snapshot_id
         snapshot = table.snapshot_by_id(parent) if parent is not None else None
     return records
@@ -223,7 +185,8 @@ def write_iceberg(data, catalog, identifier, *, mode: str = "error", record: dic
     Parameters
     ----------
     data : dask.dataframe.DataFrame, pandas.DataFrame, pyarrow.Table or pyarrow.RecordBatchReader
-        A Dask DataFrame's partitions are written by their own tasks, each a data file.
+        A Dask DataFrame's partitions are written by their own tasks (computed on ``scheduler``),
+        each a data file.
     catalog, identifier
         As :func:`read_iceberg`. A missing namespace is created.
     mode : {"error", "append", "overwrite"}
@@ -240,11 +203,10 @@ def write_iceberg(data, catalog, identifier, *, mode: str = "error", record: dic
     dict
         ``snapshot_id`` committed and ``rows`` written.
     """
-    from .sinks import parts_of, write_output
+    from .sinks import write_output
 
     sink = IcebergSink(catalog, identifier, mode=mode, inputs=inputs, **properties)
-    parts, schema = parts_of(data)
-    return write_output(sink, parts, schema, record or {}, scheduler=scheduler)
+    return write_output(sink, data, record or {}, scheduler=scheduler)
 
 
 def _plain_target(target, schema: pa.Schema) -> pa.Schema:
@@ -255,16 +217,6 @@ def _plain_target(target, schema: pa.Schema) -> pa.Schema:
         raise InputDataError(f"the result's columns {schema.names} do not match the Iceberg table's "
                          f"{wanted.names}")
     return pa.schema([wanted.field(n) for n in schema.names])
-
-
-def _check_ours(table, name: str, mode: str) -> None:
-    if table.properties.get(TABLE_MARK) != "true":
-        raise UnsafeOutputError(f"mode={mode!r} refused: the Iceberg table {name} was not created by "
-                                f"datamask (no {TABLE_MARK} property); choose another output")
-    foreign = sum(1 for r in _records(table) if r is None)
-    if foreign:
-        raise UnsafeOutputError(f"mode={mode!r} refused: the Iceberg table {name} has {foreign} snapshot(s) "
-                                "without a datamask run record; choose another output")
 
 
 # --------------------------------------------------------------------------- distributed writes
@@ -280,7 +232,7 @@ class IcebergFiles:
     run_id: str
 
     def __call__(self, frame, number: int) -> dict | None:
-        from .parquet import to_arrow, write_table
+        from .parquet import write_table  # looked up at call time (tests inject failures there)
 
         if not len(frame):
             return None
@@ -306,8 +258,6 @@ class IcebergSink:
     def __init__(self, catalog, identifier, *, mode: str, inputs=(), **properties):
         if mode not in ("error", "append", "overwrite"):
             raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
-        from .storage import resolve
-
         self.catalog = get_catalog(catalog, **properties)
         self.name, self.mode, self.inputs = _identifier(identifier), mode, list(inputs)
         self.uri = f"iceberg://{self.catalog.name}/{self.name}"
@@ -329,15 +279,22 @@ class IcebergSink:
             if source is not None and tuple(source) == (self.catalog.name, self.name):
                 raise UnsafeOutputError(f"the output Iceberg table {self.name} is the input: write the "
                                         "selection to another table (the input is never modified)")
-        if self.catalog.table_exists(self.name):
-            if self.mode == "error":
-                raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
-                                      "'overwrite' (--mode) to write into it (only a table datamask wrote)")
-            _check_ours(self.catalog.load_table(self.name), self.name, self.mode)
+        if not self.catalog.table_exists(self.name):
+            return
+        if self.mode == "error":
+            raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
+                                  "'overwrite' (--mode) to write into it (only a table datamask wrote)")
+        table = self.catalog.load_table(self.name)
+        if table.properties.get(TABLE_MARK) != "true":
+            raise UnsafeOutputError(f"mode={self.mode!r} refused: the Iceberg table {self.name} was not "
+                                    f"created by datamask (no {TABLE_MARK} property); choose another output")
+        foreign = sum(1 for r in _records(table) if r is None)
+        if foreign:
+            raise UnsafeOutputError(f"mode={self.mode!r} refused: the Iceberg table {self.name} has "
+                                    f"{foreign} snapshot(s) without a datamask run record; choose another "
+                                    "output")
 
     def newest_run(self) -> str | None:
-        if not self.catalog.table_exists(self.name):
-            return None
         return (iceberg_record(self.catalog, self.name) or {}).get("run_id")
 
     def writer(self, work) -> IcebergFiles:
@@ -373,10 +330,6 @@ class IcebergSink:
 
     def abort(self, work) -> None:
         """Remove this run's data files (none is in a snapshot yet)."""
-        import contextlib
-
-        from .storage import resolve
-
         with contextlib.suppress(Exception):
             data = resolve(f"{self.table_location.rstrip('/')}/data")
             for name in data.list():

@@ -23,7 +23,7 @@ On object stores (``s3://``..., see :mod:`.storage`) there is no rename and no `
 same rules rest on what they do give: the lock is an object created only if absent (S3
 ``If-None-Match``) naming its owner, with an expiry the run renews, taken over only once expired
 or once its process on this machine is gone; and an output is complete when its run record
-exists, written last, after every file it lists (:func:`publish_objects`).
+exists, written last, after every file it lists (:class:`~.sinks.ParquetSink`).
 A replaced output loses its record first, so it is never seen as complete with files of two runs.
 """
 
@@ -33,16 +33,14 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import socket
 import threading
 import time
 import uuid
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from ..errors import DataMaskError
+from .parquet import parquet_file
 from .storage import Location, resolve
 
 RUN_RECORD = "_datamask_run.json"  # a leading underscore: parquet readers skip it
@@ -59,16 +57,9 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
                  flag: str = "--overwrite (overwrite=True)") -> None:
     """Refuse an output that would lose data; return quietly when writing it is safe.
 
-    Parameters
-    ----------
-    target : path
-        The output file or directory.
-    overwrite : bool
-        Whether an existing output of a previous datamask run may be replaced.
-    inputs : iterable of path
-        The job's input locations: the output may not be, contain or lie inside any of them.
-    flag : str
-        How the caller spells the overwrite switch, for messages (``--overwrite`` in the CLI).
+    ``overwrite``: whether an existing output of a previous datamask run may be replaced; ``inputs``:
+    the job's input locations, which ``target`` may not be, contain or lie inside; ``flag``: how the
+    caller spells the overwrite switch, for messages (``--overwrite`` in the CLI).
 
     Raises
     ------
@@ -78,42 +69,40 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
         The output exists and ``overwrite`` is False.
     """
     location = resolve(target)
-    if not location.local:
-        return _check_remote_target(location, overwrite=overwrite, inputs=inputs, flag=flag)
-    target = Path(location.path)
-    check_inputs(target, inputs)
-    if os.path.lexists(target):
-        _refuse_replacing(target, overwrite, flag, _not_ours)
-
-
-def _refuse_replacing(target, overwrite: bool, flag: str, not_ours) -> None:
-    """An existing output is replaced only with ``overwrite``, and only if datamask wrote it
-    (``not_ours(target)`` says what else it is, or None)."""
+    check_inputs(location, inputs)
+    if not location.local and committing(location) is not None:  # our own interrupted commit: resumed
+        return
+    if not location.exists():
+        return
+    shown = location.path if location.local else location
     if not overwrite:
-        raise FileExistsError(f"{target} exists; pass {flag} to replace it (only an output of an earlier "
+        raise FileExistsError(f"{shown} exists; pass {flag} to replace it (only an output of an earlier "
                               "datamask run is ever replaced)")
-    problem = not_ours(target)
+    problem = _not_ours(location)
     if problem:
-        raise UnsafeOutputError(f"{flag} refused: {target} {problem}. datamask replaces only outputs it "
+        raise UnsafeOutputError(f"{flag} refused: {shown} {problem}. datamask replaces only outputs it "
                                 "wrote itself (they carry a run record); move it away or choose another "
                                 "output")
 
 
 def check_inputs(target: str | os.PathLike, inputs) -> None:
-    """Refuse an output that is, contains or lies inside one of the ``inputs`` (on the same filesystem)."""
+    """Refuse an output that is, contains or lies inside one of the ``inputs`` on its filesystem (on
+    local disk, through symbolic links)."""
     location = resolve(target)
-    if not location.local:
-        return _check_remote_inputs(location, inputs)
-    target = Path(location.path)
-    resolved = target.resolve()
     for source in inputs:
-        if source is None or not resolve(source).local:
+        source = None if source is None else resolve(source)
+        if source is None or type(source.fs) is not type(location.fs):
             continue
-        source = Path(resolve(source).path).resolve()
-        if resolved == source or source in resolved.parents or resolved in source.parents:
-            relation = ("is the input" if resolved == source else "lies inside the input"
-                        if source in resolved.parents else "contains the input")
-            raise UnsafeOutputError(f"the output {target} {relation} {source}: write the selection somewhere "
+        if location.local:
+            out, src = os.path.realpath(location.path), os.path.realpath(source.path)
+        else:
+            out, src = location.path.rstrip("/"), source.path.rstrip("/")
+        inside, contains = out.startswith(src.rstrip("/") + "/"), src.startswith(out.rstrip("/") + "/")
+        relation = ("is the input" if out == src else "lies inside the input" if inside
+                    else "contains the input" if contains else None)
+        if relation:
+            output, source = (location.path, src) if location.local else (location, source)
+            raise UnsafeOutputError(f"the output {output} {relation} {source}: write the selection somewhere "
                                     "else (the input is never modified or removed)")
 
 
@@ -132,50 +121,44 @@ def library_versions(*extra: str) -> dict:
     return versions
 
 
-def _not_ours(target: Path) -> str | None:
+def _not_ours(target: Location) -> str | None:
     """Why ``target`` is not a replaceable datamask output, or None when it is."""
-    if target.is_symlink():
+    if target.local and os.path.islink(target.path):
         return "is a symbolic link"
-    if target.is_file():
+    if target.isfile():
         try:
-            metadata = pq.read_schema(target).metadata or {}
+            metadata = parquet_file(target).schema_arrow.metadata or {}
         except Exception:  # not parquet at all
             return "is a file that is not parquet"
         return None if FOOTER_KEY in metadata else "is a parquet file without a datamask run record"
-    if not target.is_dir():
+    if target.local and not target.isdir():
         return "is not a regular file or directory"
     record = read_record(target)
+    entries = target.list() if target.local else target.files()  # on a store: every file under it
     if record is None:
-        entries = sorted(p.name for p in target.iterdir())
         shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
         return f"is a directory without a datamask run record ({RUN_RECORD}); it holds: {shown or 'nothing'}"
     known = set(record.get("files", [])) | {RUN_RECORD}
-    foreign = sorted(p.name for p in target.iterdir() if p.name not in known or p.is_dir() or p.is_symlink())
+    foreign = [name for name in entries if name not in known or _nested(target.child(name))]
     if foreign:
         return (f"holds entries the datamask run did not write: {', '.join(foreign[:5])}"
                 + (" ..." if len(foreign) > 5 else ""))
     return None
 
 
+def _nested(entry: Location) -> bool:
+    """A directory or a link inside a local output: a datamask run writes neither."""
+    return entry.local and (os.path.isdir(entry.path) or os.path.islink(entry.path))
+
+
 def read_record(path: str | os.PathLike) -> dict | None:
     """The run record of a datamask output (directory or single file, local or a URI), or None."""
     location = resolve(path)
-    if not location.local:
-        try:
-            if location.isdir():
-                record = json.loads(location.child(RUN_RECORD).read_bytes())
-            else:
-                record = json.loads((pq.read_schema(location.path, filesystem=location.fs).metadata or {})
-                                    [FOOTER_KEY])
-        except (OSError, KeyError, ValueError):
-            return None
-        return record if isinstance(record, dict) else None
-    path = Path(location.path)
     try:
-        if path.is_dir():
-            record = json.loads((path / RUN_RECORD).read_text(encoding="utf-8"))
+        if location.isdir():
+            record = json.loads(location.child(RUN_RECORD).read_bytes())
         else:
-            record = json.loads((pq.read_schema(path).metadata or {})[FOOTER_KEY])
+            record = json.loads((parquet_file(location).schema_arrow.metadata or {})[FOOTER_KEY])
     except (OSError, KeyError, ValueError):
         return None
     return record if isinstance(record, dict) else None
@@ -203,11 +186,9 @@ def output_lock(target: str | os.PathLike):
             raise UnsafeOutputError(f"another datamask run is writing {target} ({holder}); wait for it to "
                                     "finish (two runs on one output would interleave)") from None
         # The lock file may have been removed by the run that held it before we locked it: lock again.
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if os.stat(lock).st_ino == os.fstat(handle.fileno()).st_ino:
                 break
-        except FileNotFoundError:
-            pass
         handle.close()
     try:
         handle.seek(0)
@@ -236,15 +217,7 @@ def publish(staging: Path, target: Path) -> None:
     if os.path.lexists(target):
         os.replace(target, old)
     os.replace(staging, target)
-    remove_own(old)
-
-
-def remove_own(path: Path) -> None:
-    """Remove a path this package created (a staging, work or moved-aside sibling)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+    resolve(old).remove()
 
 
 # --------------------------------------------------------------------------- object stores
@@ -324,82 +297,20 @@ def _lease(target: Location):
                 lock.remove()
 
 
-def _check_remote_inputs(target: Location, inputs) -> None:
-    for source in inputs:
-        if source is None:
-            continue
-        source = resolve(source)
-        if type(source.fs) is not type(target.fs):
-            continue
-        out, src = target.path.rstrip("/"), source.path.rstrip("/")
-        relation = ("is the input" if out == src else "lies inside the input" if out.startswith(src + "/")
-                    else "contains the input" if src.startswith(out + "/") else None)
-        if relation:
-            raise UnsafeOutputError(f"the output {target} {relation} {source}: write the selection somewhere "
-                                    "else (the input is never modified or removed)")
-
-
-def _check_remote_target(target: Location, *, overwrite: bool, inputs, flag: str) -> None:
-    _check_remote_inputs(target, inputs)
-    if committing(target) is not None:  # our own interrupted commit: the run resumes it
-        return
-    if target.exists():
-        _refuse_replacing(target, overwrite, flag, _remote_not_ours)
-
-
-def _remote_not_ours(target: Location) -> str | None:
-    if target.isfile():
-        try:
-            metadata = pq.read_schema(target.path, filesystem=target.fs).metadata or {}
-        except Exception:
-            return "is a file that is not parquet"
-        return None if FOOTER_KEY in metadata else "is a parquet file without a datamask run record"
-    record = read_record(target)
-    entries = target.files()
-    if record is None:
-        shown = ", ".join(entries[:5]) + (" ..." if len(entries) > 5 else "")
-        return f"is a directory without a datamask run record ({RUN_RECORD}); it holds: {shown or 'nothing'}"
-    known = set(record.get("files", [])) | {RUN_RECORD}
-    foreign = [name for name in entries if name not in known]
-    if foreign:
-        return (f"holds entries the datamask run did not write: {', '.join(foreign[:5])}"
-                + (" ..." if len(foreign) > 5 else ""))
-    return None
-
-
 def committing(target: Location) -> dict | None:
     """The commit an interrupted run had started into ``target`` (object stores), or None.
 
     Its work directory's manifest then lists the files the old output had (``old``) and those
     of the new one (``new``): the only names a resumed commit may remove or write.
     """
-    try:
-        manifest = json.loads(work_location(target).child(MANIFEST).read_bytes())
-    except (OSError, ValueError):
-        return None
-    commit = manifest.get("commit") if isinstance(manifest, dict) else None
+    commit = (read_manifest(work_location(target)) or {}).get("commit")
     return commit if isinstance(commit, dict) else None
 
 
-def publish_objects(target: Location, names: list[str], write, record: dict, *, pending: dict | None = None,
-                    remember=None, default=None) -> None:
-    """Replace the directory output ``target`` on an object store by the files ``names``.
-
-    ``write()`` writes them; the run record, listing them, is written last and is what makes the
-    output complete. An earlier output's record goes first, then the files it listed that are not
-    among ``names``: nothing else in ``target`` is ever removed. ``remember(commit)`` is called
-    with the old and new names before anything changes (``pending``: such a commit, to finish).
-    ``default`` serialises what JSON does not know in ``record`` (as ``json.dumps``'s).
-    """
-    if pending is not None:
-        old = pending["old"]
-    else:
-        old = (read_record(target) or {}).get("files", []) if target.exists() else []
-    if remember is not None:
-        remember({"old": old, "new": names})
-    target.child(RUN_RECORD).remove()  # from here on the output is not complete
-    for name in sorted(set(old) - set(names)):
-        target.child(name).remove()
-    write()
-    text = json.dumps({**record, "files": names}, indent=1, sort_keys=True, default=default)
-    target.child(RUN_RECORD).write_bytes(text.encode())
+def read_manifest(location) -> dict | None:
+    """The manifest in a work area, or None when there is none or it is unreadable."""
+    try:
+        manifest = json.loads(resolve(location).child(MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None

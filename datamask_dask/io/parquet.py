@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -131,12 +130,13 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     if backend == "pandas":
         frame = to_dask(pieces, "datamask-read-parquet")
     else:
+        import cudf
         import dask.dataframe as dd
 
+        meta = cudf.DataFrame.from_arrow(pieces.schema.empty_table().cast(variable_lists(pieces.schema)))
         frame = dd.from_map(_read_piece_cudf, pieces.items, schema=pieces.schema,
                             partition_names=pieces.reader.partition_names,
-                            filesystem=pieces.reader.filesystem,
-                            meta=_to_cudf(pieces.schema.empty_table()), label="datamask-read-parquet",
+                            filesystem=pieces.reader.filesystem, meta=meta, label="datamask-read-parquet",
                             enforce_metadata=False)
     return frame if columns is None else frame[list(columns)]
 
@@ -159,14 +159,8 @@ def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], files
         return frame[columns]
 
 
-def _to_cudf(table: pa.Table):
-    import cudf
-
-    return cudf.DataFrame.from_arrow(table.cast(_variable_lists(table.schema)))
-
-
-def _variable_lists(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with fixed-size lists as lists (what cuDF holds them as)."""
+def variable_lists(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with fixed-size lists (embeddings) as lists: what cuDF and Delta hold them as."""
     return pa.schema([pa.field(f.name, pa.list_(f.type.value_type)) if pa.types.is_fixed_size_list(f.type)
                       else f for f in schema])
 
@@ -211,18 +205,14 @@ def to_arrow(frame) -> pa.Table:
     return table.replace_schema_metadata(None)
 
 
-def concatenate(files: list[Path], where, schema: pa.Schema | None = None) -> None:
-    """Write the rows of parquet ``files``, in order, as one file (``where``: path or file).
-
-    Streams one row group at a time; ``schema`` (default: the first file's) is cast to where a
-    file differs.
-    """
-    schema = schema if schema is not None else pq.read_schema(files[0]).remove_metadata()
+def concatenate(files: list[Location], where, schema: pa.Schema) -> None:
+    """Write the rows of parquet ``files``, in order, as one file of ``schema`` (``where``: path or
+    file), one row group at a time, each cast to ``schema`` where it differs."""
     options = write_options(schema.empty_table())
     options.pop("row_group_size")  # each part's row groups stay as they are
     with pq.ParquetWriter(where, schema, **options) as writer:
         for file in files:
-            source = pq.ParquetFile(file)
+            source = parquet_file(file)
             for index in range(source.num_row_groups):
                 table = source.read_row_group(index)
                 writer.write_table(table if table.schema.equals(schema) else table.cast(schema))

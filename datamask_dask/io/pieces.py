@@ -17,25 +17,17 @@ import pyarrow as pa
 from .. import telemetry
 from ..errors import InputDataError
 
-__all__ = ["Pieces", "to_dask"]
+__all__ = ["Pieces", "to_dask", "to_pandas"]
 
 
 @dataclass(frozen=True)
 class Pieces:
     """A table's partitions, listed once, each read on its own.
 
-    Attributes
-    ----------
-    schema : pyarrow.Schema
-        The columns every piece is read as.
-    items : list
-        One picklable description per piece (a file's row groups, a Delta file fragment, an
-        Iceberg scan task), in partition order.
-    reader : callable
-        ``reader(item, columns) -> pyarrow.Table`` with ``columns`` in ``schema``'s types;
-        picklable (it travels to the workers).
-    source : dict
-        What was read, for run records: ``format``, ``uri`` and the snapshot (``version``).
+    ``items``: one picklable description per piece (a file's row groups, a Delta file fragment, an
+    Iceberg scan task), in partition order. ``reader(item, columns) -> pyarrow.Table``, picklable
+    (it travels to the workers), reads ``columns`` in ``schema``'s types. ``source``: what was read,
+    for run records (``format``, ``uri`` and the snapshot, ``version``).
     """
 
     schema: pa.Schema
@@ -64,7 +56,7 @@ def to_dask(pieces: Pieces, label: str):
     table without pieces). Column projections reach the reader: unread columns are never decoded."""
     import dask.dataframe as dd
 
-    meta = _to_pandas(pieces.schema.empty_table())
+    meta = to_pandas(pieces.schema.empty_table())
     if not len(pieces):
         return dd.from_pandas(meta, npartitions=1)
     return dd.from_map(_read, pieces.items, reader=pieces.reader, schema=pieces.schema, meta=meta,
@@ -73,8 +65,9 @@ def to_dask(pieces: Pieces, label: str):
 
 def _read(item, reader: Callable, schema: pa.Schema, columns: list[str] | None = None) -> pd.DataFrame:
     with telemetry.timed("read"):
-        return _to_pandas(reader(item, list(schema.names) if columns is None else list(columns)))
+        return to_pandas(reader(item, list(schema.names) if columns is None else list(columns)))
 
 
-def _to_pandas(table: pa.Table) -> pd.DataFrame:
+def to_pandas(table: pa.Table) -> pd.DataFrame:
+    """Arrow as pandas with Arrow dtypes (the package's frames), pandas' stored dtypes ignored."""
     return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)

@@ -31,3 +31,11 @@ def dumps(value, *, indent: int | None = None) -> str:
 def as_json(value):
     """``value`` as plain data, exactly as a reader of its JSON text gets it back."""
     return json.loads(dumps(value))
+
+
+def loads_record(text: str | None):
+    """The run record in a table commit's metadata ``text``, or None (no text, or not JSON)."""
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import dask
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..partition.adapters import is_cudf
 from .output import (
@@ -42,13 +41,11 @@ from .output import (
     check_target,
     output_lock,
     publish,
-    publish_objects,
     read_record,
-    remove_own,
     staging_path,
 )
 from .parquet import concatenate, parquet_file, to_arrow, write_table
-from .records import dumps, plain
+from .records import dumps
 from .storage import Location, fsync_dir, resolve
 
 
@@ -75,14 +72,19 @@ class Staging:
         self.location.remove()
 
 
-def write_output(sink, parts: list, schema: pa.Schema, record: dict, *, scheduler=None) -> dict:
-    """Write ``parts`` through ``sink`` and commit them with ``record``, all or nothing, under the
+def write_output(sink, data, record: dict, *, scheduler=None) -> dict:
+    """Write ``data`` through ``sink`` and commit it with ``record``, all or nothing, under the
     output's lock: how the package writes a finished result (``write_parquet``, ``write_delta``,
     ``write_iceberg``, ``write_table_output``). A selection run is :func:`datamask_dask.run.protocol.execute`.
 
-    ``parts``: frames or Arrow tables, or Delayed ones that the writing tasks compute (one task
-    each, so a Dask DataFrame's partitions are written in parallel and never gathered).
+    ``data``: a Dask DataFrame, whose partitions are written by their own tasks, in parallel and
+    never gathered; or a pandas frame, an Arrow table or a record batch reader, read whole.
     """
+    if hasattr(data, "to_delayed"):
+        parts, schema = data.to_delayed(), to_arrow(data._meta).schema
+    else:
+        parts = [data.read_all() if isinstance(data, pa.RecordBatchReader) else to_arrow(data)]
+        schema = parts[0].schema
     sink.check()
     with output_lock(sink.location):
         sink.check()  # as it is now that we hold the lock
@@ -98,15 +100,6 @@ def write_output(sink, parts: list, schema: pa.Schema, record: dict, *, schedule
             raise
         finally:
             staging.remove()
-
-
-def parts_of(data) -> tuple[list, pa.Schema]:
-    """What :func:`write_output` writes of a result: a Dask DataFrame's partitions (Delayed), or one
-    Arrow table (a pandas frame, a table, a record batch reader read whole)."""
-    if hasattr(data, "to_delayed"):
-        return data.to_delayed(), to_arrow(data._meta).schema
-    table = data.read_all() if isinstance(data, pa.RecordBatchReader) else to_arrow(data)
-    return [table], table.schema
 
 
 def part_name(number: int) -> str:
@@ -147,8 +140,6 @@ class ParquetSink:
         check_target(self.location, overwrite=self.overwrite, inputs=self.inputs)
 
     def newest_run(self) -> str | None:
-        if not self.location.exists():
-            return None
         return (read_record(self.location) or {}).get("run_id")
 
     def writer(self, work) -> ParquetParts:
@@ -163,91 +154,87 @@ class ParquetSink:
             return False
 
     def commit(self, work, manifest: dict, written: list, schema: pa.Schema, record: dict) -> dict:
-        files = [(number, work.child(w["file"])) for number, w in enumerate(written) if w]
-        rows = sum(w["rows"] for w in written if w)
+        files = {part_name(number): work.child(w["file"]) for number, w in enumerate(written) if w}
         if self.single_file:
-            self._commit_file([f for _, f in files], schema, record)
+            self._commit_file(list(files.values()), schema, record)
         elif self.location.local:
             self._commit_directory(files, schema, record)
         else:
             self._commit_objects(files, schema, record, work, manifest)
-        return {"rows": rows}
+        return {"rows": sum(w["rows"] for w in written if w)}
 
     def _commit_file(self, files: list[Location], schema: pa.Schema, record: dict) -> None:
         """One file: written whole under the target's name (a rename on local disk, one upload on a store)."""
-        schema = (pq.read_schema(_source(files[0])).remove_metadata() if files else schema)
+        schema = parquet_file(files[0]).schema_arrow.remove_metadata() if files else schema
         schema = schema.with_metadata({FOOTER_KEY: dumps(record, indent=1).encode()})
         with self.location.open_write() as handle:
-            concatenate([_source(f) for f in files], handle, schema)
+            concatenate(files, handle, schema)
 
-    def _commit_directory(self, files: list, schema: pa.Schema, record: dict) -> None:
+    def _commit_directory(self, files: dict, schema: pa.Schema, record: dict) -> None:
         """Linked into a hidden staging sibling, then renamed onto the target in one step."""
         target = Path(self.location.path)
         staging = staging_path(target)
         into = resolve(staging)
         try:
             staging.mkdir()
-            names = [part_name(number) for number, _ in files]
-            for (_, file), name in zip(files, names, strict=True):
-                _link(Path(file.path), staging / name)
-            if not files:  # an empty table still gets its schema
-                names = [part_name(0)]
-                with into.child(names[0]).open_write() as handle:
-                    write_table(schema.empty_table(), handle)
+            names = _fill(into, files, schema, _link)
             into.child(RUN_RECORD).write_bytes(dumps({**record, "files": names}, indent=1).encode())
             publish(staging, target)
             fsync_dir(os.fspath(target.parent))
         finally:
-            remove_own(staging)
+            into.remove()
 
-    def _commit_objects(self, files: list, schema: pa.Schema, record: dict, work, manifest: dict) -> None:
-        """On an object store, where nothing can be renamed: the run record goes last
-        (:func:`~.output.publish_objects`).
+    def _commit_objects(self, files: dict, schema: pa.Schema, record: dict, work, manifest: dict) -> None:
+        """On an object store, where nothing can be renamed: the run record, listing the files, is
+        written last, and is what makes the output complete. An earlier output's record goes first,
+        then the files it listed that the new one lacks: nothing else in the target is ever removed.
 
         The manifest records the old and new file names before anything in the target changes: an
         interrupted commit is finished by the next run on the same output.
         """
-        names = [part_name(number) for number, _ in files] or [part_name(0)]
-
-        def remember(commit: dict) -> None:
-            manifest["commit"] = commit
-            work.write_manifest(manifest)
-
-        def write() -> None:
-            for (_, file), name in zip(files, names, strict=False):
-                file.copy_to(self.location.child(name))
-            if not files:
-                with self.location.child(names[0]).open_write() as handle:
-                    write_table(schema.empty_table(), handle)
-
-        publish_objects(self.location, names, write, record, pending=manifest.get("commit"),
-                        remember=remember, default=plain)
+        target, names = self.location, list(files) or [part_name(0)]
+        pending = manifest.get("commit")
+        old = pending["old"] if pending is not None else (read_record(target) or {}).get("files", [])
+        manifest["commit"] = {"old": old, "new": names}
+        work.write_manifest(manifest)
+        target.child(RUN_RECORD).remove()  # from here on the output is not complete
+        for name in sorted(set(old) - set(names)):
+            target.child(name).remove()
+        _fill(target, files, schema, Location.copy_to)
+        target.child(RUN_RECORD).write_bytes(dumps({**record, "files": names}, indent=1).encode())
 
     def abort(self, work) -> None:
         """Nothing to do: every part is in the work area."""
 
 
-def _source(file: Location):
-    """What pyarrow's parquet reader opens: a local path, or an open file of the object store."""
-    return file.path if file.local else file.fs.open(file.path, "rb")
+def _fill(into: Location, files: dict, schema: pa.Schema, put) -> list[str]:
+    """``put(file, destination)`` each of ``files`` under its name in ``into``; its names. An empty
+    output still gets its schema, as ``part.0.parquet``."""
+    for name, file in files.items():
+        put(file, into.child(name))
+    if files:
+        return list(files)
+    with into.child(part_name(0)).open_write() as handle:
+        write_table(schema.empty_table(), handle)
+    return [part_name(0)]
 
 
-def _link(source: Path, destination: Path) -> None:
+def _link(source: Location, destination: Location) -> None:
     try:
-        os.link(source, destination)
+        os.link(source.path, destination.path)
     except OSError:  # no hard links here (another filesystem): copy, then make it durable
-        shutil.copyfile(source, destination)
-        with open(destination, "rb") as handle:
+        shutil.copyfile(source.path, destination.path)
+        with open(destination.path, "rb") as handle:
             os.fsync(handle.fileno())
 
 
 def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
                   overwrite: bool = False, inputs=(), scheduler=None) -> dict:
-    """Compute ``ddf`` and write it as parquet, atomically (the rules of :mod:`.output`).
+    """Compute ``ddf`` (on ``scheduler``) and write it as parquet, atomically (the rules of
+    :mod:`.output`); its rows written, as ``{"rows": n}``.
 
     Parameters
     ----------
-    ddf : dask.dataframe.DataFrame
     path : str or path
         Target directory (``part.N.parquet`` per non-empty partition), or file if ``single_file``:
         local or a URI (``s3://``...; complete once its run record is written, last).
@@ -258,14 +245,7 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
         ``FileExistsError`` (and anything else :class:`~.output.UnsafeOutputError`).
     inputs : iterable of path
         Where ``ddf`` was read from: ``path`` may not be, contain or lie inside any of them.
-    scheduler : optional
-        Passed to ``dask.compute``.
-
-    Returns
-    -------
-    dict
-        ``rows``: rows written.
     """
     sink = ParquetSink(resolve(path), overwrite=overwrite, single_file=single_file, inputs=inputs)
     record = {"tool": "datamask-dask", "kind": "write_parquet"}
-    return write_output(sink, ddf.to_delayed(), to_arrow(ddf._meta).schema, record, scheduler=scheduler)
+    return write_output(sink, ddf, record, scheduler=scheduler)

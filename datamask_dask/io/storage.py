@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import os
 import posixpath
+import shutil
 import uuid
 
 import fsspec
@@ -149,8 +150,6 @@ class Location:
         """Remove this file or directory tree, if present (only ever called on the package's own paths)."""
         with contextlib.suppress(FileNotFoundError):
             if self.local:
-                import shutil
-
                 if os.path.isdir(self.path) and not os.path.islink(self.path):
                     shutil.rmtree(self.path, ignore_errors=True)
                 elif os.path.lexists(self.path):

@@ -217,28 +217,17 @@ def open_sink(uri, *, mode: str = "error", inputs=(), catalog_properties=None, s
 
 def write_table_output(data, uri, *, mode: str = "error", record: dict | None = None, inputs=(),
                        catalog_properties=None, storage_options=None, scheduler=None) -> dict:
-    """Write a result to a table URI, all or nothing, with its run record (:func:`.sinks.write_output`).
-
-    Parameters
-    ----------
-    data : dask.dataframe.DataFrame, pandas.DataFrame or pyarrow.Table
-    uri : str or path or TableURI
-        Parquet directory, ``delta://...`` or ``iceberg://...``.
-    mode : {"error", "append", "overwrite"}
-        As :func:`open_sink`.
-    record : dict, optional
-        The run record.
-    inputs : iterable of str or TableURI
-        The job's inputs: the output may not be one of them.
+    """Write a result to a table URI (a parquet directory, ``delta://...`` or ``iceberg://...``), all
+    or nothing, with its run record (:func:`.sinks.write_output`). ``mode`` and ``inputs`` (the job's
+    inputs, which the output may not be) as :func:`open_sink`.
 
     Returns
     -------
     dict
         ``rows`` and, for tables, ``version`` (Delta) or ``snapshot_id`` (Iceberg).
     """
-    from .sinks import parts_of, write_output
+    from .sinks import write_output
 
     sink = open_sink(uri, mode=mode, inputs=inputs, catalog_properties=catalog_properties,
                      storage_options=storage_options)
-    parts, schema = parts_of(data)
-    return write_output(sink, parts, schema, record or {}, scheduler=scheduler)
+    return write_output(sink, data, record or {}, scheduler=scheduler)

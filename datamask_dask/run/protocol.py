@@ -10,6 +10,12 @@ and committed, for every engine (:class:`Engine`: Dask, Spark) and every sink
 
 The lock (:func:`~datamask_dask.io.output.output_lock`) is held from the plan to the commit, so a
 second run on the same output refuses at once instead of interleaving.
+
+The run record, the same for every engine and sink, goes where each output keeps metadata:
+``_datamask_run.json`` in a parquet directory (with the files it lists), the ``datamask.run``
+footer key of a single parquet file, a Delta commit's custom metadata, an Iceberg snapshot's
+summary. ``check_target`` recognises an output of ours by it, and
+:class:`~datamask_dask.run.summary.RunSummary` and the report read it back.
 """
 
 from __future__ import annotations
@@ -29,14 +35,15 @@ from ..config import default_settings
 from ..io.output import library_versions, output_lock
 from ..io.records import as_json, dumps
 from ..plan.types import Plan
-from .record import RunRecord
 from .summary import SAMPLE_ROWS, part_summary, sample_columns, signature_share, summarise_run
-from .work import WorkArea, now, open_work
+from .work import FORMAT, WorkArea, now, open_work
 
 log = logging.getLogger(__name__)
 
 # Settings that change how a run checks its input, not what it selects.
 _NOT_IN_IDENTITY = ("check_ids", "validate")
+# The optional libraries a run record names the versions of, where its engine or its sink uses them.
+_LIBRARIES = {"spark": "pyspark", "delta": "deltalake", "iceberg": "pyiceberg"}
 
 
 class Engine(Protocol):
@@ -66,7 +73,7 @@ class PartTask:
     share: float  # of the selected rows' signatures kept for the summary
     sample_rows: int  # rows of this partition sampled for the summary
     seed: int
-    project: object = None  # frame -> the columns written (the selection-only output), or None
+    project: object = None  # (frame, run_id) -> the columns written (the selection-only output), or None
     token_column: str | None = None  # counted in the summary where the table has it
 
     def __call__(self, frame, number: int) -> dict:
@@ -80,7 +87,9 @@ class PartTask:
                             self.token_column)
         sample = part.pop("sample")
         with telemetry.timed("write"):
-            written = self.write(frame if self.project is None else self.project(frame), number)
+            if self.project is not None:
+                frame = self.project(frame, self.work.run_id)
+            written = self.write(frame, number)
             marker = {"partition": number, "rows": part.pop("rows"), "selected": part.pop("selected"),
                       "written": written, "summary": part}
             self.work.mark(number, marker, sample)
@@ -151,8 +160,7 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
 
         seed = int(settings.get("seed") or 0)
         task = PartTask(work, sink.writer(work), spec, signature_share(plan),
-                        math.ceil(summary_rows / max(len(plan.rows), 1)), seed,
-                        None if project is None else _Project(project, work.run_id),
+                        math.ceil(summary_rows / max(len(plan.rows), 1)), seed, project,
                         settings.get("token_column"))
         started = time.perf_counter()
         try:
@@ -167,19 +175,25 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
         parts = [markers[number] for number in range(len(plan.rows))]
 
         started = time.perf_counter()
-        summary = summarise_run([{**p["summary"], "partition": p["partition"], "rows": p["rows"],
-                                  "selected": p["selected"], "sample": p["sample"]} for p in parts],
-                                settings, spec, sample_rows=summary_rows, seed=seed)
+        summary = summarise_run([{**p["summary"], "partition": p["partition"], "sample": p["sample"]}
+                                 for p in parts], settings, spec, sample_rows=summary_rows, seed=seed)
         phases["summary"] = time.perf_counter() - started
-        record = RunRecord(
-            run_id=work.run_id, engine=engine.name, input={**(source or {}), **identity["input"]},
-            output={**(output or {}), "uri": sink.uri, "format": sink.format}, settings=as_json(settings),
-            rows=sum(p["rows"] for p in parts), selected=sum(p["selected"] for p in parts),
-            partitions=[{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-            computed=todo, reused=sorted(done), phases=phases,
-            stages=telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo)]),
-            summary=summary, versions=library_versions(*_libraries(engine, sink)), finished=now(),
-            incremental=incremental, memory_budget=spec.memory_budget).to_json()
+        libraries = [_LIBRARIES[name] for name in (engine.name, sink.format) if name in _LIBRARIES]
+        record = as_json({
+            "format": FORMAT, "tool": "datamask-dask", "kind": "selection", "run_id": work.run_id,
+            "engine": engine.name, "seed": settings.get("seed"), "profile": settings.get("profile"),
+            "settings": settings,  # after profile and config
+            "input": {**(source or {}), **identity["input"]},  # with its partitions' rows and digest
+            "output": {**(output or {}), "uri": sink.uri, "format": sink.format},
+            "rows": sum(p["rows"] for p in parts), "selected": sum(p["selected"] for p in parts),
+            "partitions": [{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
+            "computed": todo, "reused": sorted(done),  # reused: finished by an interrupted run
+            "phases": phases,  # the driver's wall seconds; the workers', summed over tasks:
+            "stages": telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo)]),
+            "summary": summary, "versions": library_versions(*libraries), "finished": now(),
+            "incremental": incremental,  # the version an incremental table run continued from, the run before
+            "memory_budget": spec.memory_budget,  # as the user set it (it sizes chunks)
+        })
         started = time.perf_counter()
         written = sink.commit(work, manifest, [p["written"] for p in parts], schema, record)
         work.remove()
@@ -187,22 +201,6 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
     log.info("committed %s: %d rows, %d selected (%.1f s in all)", sink.uri, record["rows"],
              record["selected"], time.perf_counter() - start)
     return RunOutcome(record, written, tuple(todo), tuple(sorted(done)), phases, time.perf_counter() - start)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Project:
-    project: object
-    run_id: str
-
-    def __call__(self, frame):
-        return self.project(frame, self.run_id)
-
-
-def _libraries(engine, sink) -> tuple:
-    """The optional libraries a run record names the versions of: its engine's and its sink's."""
-    used = {"pyspark": engine.name == "spark", "deltalake": sink.format == "delta",
-            "pyiceberg": sink.format == "iceberg"}
-    return tuple(name for name, yes in used.items() if yes)
 
 
 def _hash(value) -> str:

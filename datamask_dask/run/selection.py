@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from ..config import load_config
 from ..dask_engine.runs import DaskEngine
@@ -36,7 +37,7 @@ class SelectionReport:
         Worker seconds summed over tasks, per stage (:mod:`datamask_dask.telemetry`): ``plan read``,
         ``plan check``, ``read``, ``select`` (of which ``extract`` and ``learn``), ``write``.
     record : dict
-        The run record kept with the output (:mod:`datamask_dask.run.record`): settings after
+        The run record kept with the output (:mod:`datamask_dask.run.protocol`): settings after
         profile and config (``record["profile"]`` names the profile), versions, input, counts.
     summary : RunSummary
         The same record as an object (:class:`datamask_dask.run.summary.RunSummary`): objective vs
@@ -58,8 +59,6 @@ class SelectionReport:
 def work_dir(path: str | os.PathLike):
     """The work area of a run writing to the local ``path``: a hidden sibling of it
     (:mod:`datamask_dask.run.work`)."""
-    from pathlib import Path
-
     return Path(work_location(resolve(path)).path)
 
 

@@ -1,29 +1,17 @@
-"""The run summary: what a selection did, written into every output's run record.
+"""The run summary: what a selection did, which :func:`datamask_dask.run.protocol.execute` writes
+into every run record, whatever the engine and the sink.
 
-:func:`datamask_dask.run.protocol.execute` adds a ``summary`` to every run record
-(:mod:`datamask_dask.run.record`), whatever the engine and the sink:
+- Each partition's task (:func:`part_summary`, on the frame it already holds): group counts,
+  tokens, learning curves, a 256-bit SimHash signature of each selected row (of about
+  ``SIGNATURE_ROWS`` in all) and ``sample_rows / partitions`` of its rows drawn at random.
+- The driver (:func:`summarise_run`), before the commit: near-duplicate pairs (cosine >=
+  ``DUPLICATE_COSINE``) among *all* the selected rows, from those signatures (an LSH estimate, about
+  as costly as the table scope's search on a tenth of the table); and on the samples together, the
+  selection's objective against quality top-k and a random pick of as many rows, with each pick's
+  near-duplicate pairs. Coverage metrics (Facility) are measured on ``REFERENCE_ROWS`` of the
+  sample, the same rows for every pick: an unbiased estimate at a fifth of the cost.
 
-- from each partition's task (exact, cheap: computed on the frame the task already holds): rows
-  and selected rows per group when ``by`` is used, tokens in and selected when the token column
-  exists, the learning curves (objective per step, thinned) of its first chunks, and a 256-bit
-  SimHash signature of each selected row (32 bytes a selected row, carried in the completion
-  marker), and ``sample_rows / partitions`` of its rows drawn at random;
-- on the driver, from those signatures: near-duplicate pairs (cosine >= ``DUPLICATE_COSINE``)
-  among *all* the selected rows, within a partition and across partitions
-  (:func:`datamask_dask.dedup.simhash.count_pairs`, an estimate: LSH over the selected rows
-  only, so it costs about as much as the table scope's search on a tenth of the table);
-- on the driver, once every partition is written and before the output is committed: on those
-  samples together (stratified by partition), the selection's objective (quality term,
-  diversity term, with the run's ``algorithm`` and ``lamb``) is compared with quality
-  top-k and a random pick of as many rows, and near-duplicate pairs (cosine >=
-  ``DUPLICATE_COSINE``) are counted among each pick.
-  Metrics that measure how well a pick covers rows (Facility) measure it on ``REFERENCE_ROWS`` of
-  the sample drawn at random, the same rows for every pick: an unbiased estimate of the sample's
-  value at a fifth of the cost.
-  The seconds it took are recorded (``summary.seconds`` and the ``summary`` phase).
-
-:class:`RunSummary` reads a record back (``RunSummary.read(path)``, or ``report.summary``) and
-turns it into pandas tables (:meth:`RunSummary.to_pandas`).
+:class:`RunSummary` reads a record back and turns it into pandas tables.
 """
 
 from __future__ import annotations
@@ -58,38 +46,6 @@ def signature_share(plan) -> float:
     return min(1.0, SIGNATURE_ROWS / planned) if planned else 1.0
 
 
-def partition_summary(frame, selected_column: str, by: str | None, token_column: str | None,
-                      embedding_column: str | None = None, *, number: int = 0, share: float = 1.0) -> dict:
-    """Group counts and tokens of one selected partition (number ``number``), the learning curves its
-    task noted and, with ``embedding_column``, the SimHash signatures of its selected rows (base64,
-    row order), of a uniform sample of them where ``share`` < 1."""
-    from .. import telemetry
-    from ..partition import adapters
-
-    out: dict = {"curves": telemetry.take_curves()}
-    if not len(frame):
-        return out
-    selected = np.asarray(adapters.host_values(frame, selected_column), dtype=bool)
-    if embedding_column is not None and embedding_column in frame.columns and selected.any():
-        rows = np.flatnonzero(selected)
-        if share < 1:
-            rows = rows[np.random.default_rng([0x516E, number]).random(rows.size) < share]
-        out["signatures"] = _selected_signatures(frame[embedding_column], rows)
-        out["signature_share"] = share
-    if by is not None and by in frame.columns:
-        labels = adapters.host_values(frame, by)
-        table = pd.DataFrame({"group": labels.to_numpy(), "selected": selected}).groupby(
-            "group", dropna=False, sort=True)["selected"].agg(["size", "sum"])
-        out["groups"] = [[_json_label(label), int(row["size"]), int(row["sum"])]
-                         for label, row in table.iterrows()]
-    if token_column is not None and token_column in frame.columns:
-        tokens = pd.to_numeric(adapters.host_values(frame, token_column), errors="coerce").to_numpy(
-            dtype=np.float64, na_value=np.nan)
-        tokens = np.nan_to_num(tokens, nan=0.0)
-        out["tokens"] = [float(tokens.sum()), float(tokens[selected].sum())]
-    return out
-
-
 def _selected_signatures(series, rows: np.ndarray) -> str:
     """SimHash signatures of the rows ``rows`` of an embedding column, base64 of (len(rows), 32) bytes."""
     import base64
@@ -101,23 +57,19 @@ def _selected_signatures(series, rows: np.ndarray) -> str:
     return base64.b64encode(signatures(source.rows(rows), hyperplanes(source.dim)).tobytes()).decode("ascii")
 
 
-def selected_pairs(parts: list) -> dict | None:
-    """Near-duplicate pairs among the selected rows of every partition, from their signatures.
-
-    ``parts``: ``(partition, partition summary)`` pairs. None when no partition sent signatures
-    (outputs of older versions).
-    """
+def selected_pairs(parts: list[dict]) -> dict | None:
+    """Near-duplicate pairs among the selected rows of every partition, from the signatures in their
+    :func:`part_summary`; None when no partition sent any."""
     import base64
 
     from ..dedup.simhash import count_pairs
 
-    blocks = [np.frombuffer(base64.b64decode(part["signatures"]), dtype=np.uint8)
-              for _, part in parts if part.get("signatures")]
-    if not blocks:
+    signed = [part for part in parts if part.get("signatures")]
+    if not signed:
         return None
+    blocks = [np.frombuffer(base64.b64decode(part["signatures"]), dtype=np.uint8) for part in signed]
     within, across = count_pairs(blocks, DUPLICATE_COSINE)
-    share = min((part.get("signature_share", 1.0) for _, part in parts if part.get("signatures")),
-                default=1.0)
+    share = min(part.get("signature_share", 1.0) for part in signed)
     method = ("SimHash LSH estimate over every selected row" if share >= 1 else
               f"SimHash LSH estimate over a uniform sample of {share:.4g} of the selected rows")
     return {"rows": int(sum(b.size for b in blocks) // 32), "within": within, "across": across,
@@ -139,16 +91,36 @@ def part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, shar
                  token_column: str | None = None) -> dict:
     """One selected partition's part of the run summary, made by the task that selected it.
 
-    What :func:`partition_summary` gives, plus the partition's rows and selected rows and
+    Its rows and selected rows, the learning curves its task noted, and where the frame has the
+    columns: rows and selected rows per group, tokens in and selected, the SimHash signatures of its
+    selected rows (base64, row order; of a uniform sample of them where ``share`` < 1). Also
     ``sample_rows`` of its rows drawn at random (the columns the objective needs), which
     :func:`summarise_run` compares with the baselines.
     """
+    from .. import telemetry
     from ..partition import adapters
 
-    out = partition_summary(frame, spec.selected_column, spec.by, token_column or spec.token_column,
-                            spec.embedding_column, number=number, share=share)
+    out: dict = {"curves": telemetry.take_curves()}
     n = len(frame)
     selected = np.asarray(adapters.host_values(frame, spec.selected_column), dtype=bool)
+    embedding, by, token_column = spec.embedding_column, spec.by, token_column or spec.token_column
+    if n and embedding is not None and embedding in frame.columns and selected.any():
+        rows = np.flatnonzero(selected)
+        if share < 1:
+            rows = rows[np.random.default_rng([0x516E, number]).random(rows.size) < share]
+        out["signatures"] = _selected_signatures(frame[embedding], rows)
+        out["signature_share"] = share
+    if n and by is not None and by in frame.columns:
+        labels = adapters.host_values(frame, by)
+        table = pd.DataFrame({"group": labels.to_numpy(), "selected": selected}).groupby(
+            "group", dropna=False, sort=True)["selected"].agg(["size", "sum"])
+        out["groups"] = [[_json_label(label), int(row["size"]), int(row["sum"])]
+                         for label, row in table.iterrows()]
+    if n and token_column is not None and token_column in frame.columns:
+        tokens = pd.to_numeric(adapters.host_values(frame, token_column), errors="coerce").to_numpy(
+            dtype=np.float64, na_value=np.nan)
+        tokens = np.nan_to_num(tokens, nan=0.0)
+        out["tokens"] = [float(tokens.sum()), float(tokens[selected].sum())]
     rows = np.sort(np.random.default_rng([seed, number]).choice(n, min(n, sample_rows), replace=False))
     sample = frame[sample_columns(spec)].iloc[rows]
     sample = sample.to_pandas() if adapters.is_cudf(sample) else sample
@@ -158,38 +130,27 @@ def part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, shar
 
 def summarise_run(parts: list[dict], settings: dict, spec, *, sample_rows: int = SAMPLE_ROWS,
                   seed: int = 0) -> dict:
-    """The ``summary`` of a run record from its partitions' :func:`part_summary`.
-
-    The sample is stratified by partition (each gave up to ``sample_rows / partitions`` rows).
-    """
+    """The ``summary`` of a run record from its partitions' :func:`part_summary`: their groups,
+    tokens and curves, and the selection against the baselines on their samples together
+    (stratified: each gave up to ``sample_rows / partitions`` rows)."""
     started = time.perf_counter()
     samples = [part["sample"] for part in parts if len(part["sample"])]
     frame = pd.concat(samples, ignore_index=True) if samples else pd.DataFrame(columns=sample_columns(spec))
-    summary = _summary([(part["partition"], part) for part in parts], frame, settings, spec, sample_rows,
-                       seed, started)
-    summary["sample"]["stratified"] = "by partition"
-    return summary
-
-
-def _summary(parts: list[tuple[int, dict]], frame: pd.DataFrame, settings: dict, spec, sample_rows: int,
-             seed: int, started: float) -> dict:
-    """Groups, tokens and curves of the partitions' summaries; selection vs baselines on ``frame``."""
-    groups = [{"partition": i, "group": g, "rows": r, "selected": s}
-              for i, part in parts for g, r, s in part.get("groups", [])]
-    token_parts = [(i, part["tokens"]) for i, part in parts if "tokens" in part]
-    token_column = spec.token_column or settings.get("token_column")
+    groups = [{"partition": part["partition"], "group": g, "rows": r, "selected": s}
+              for part in parts for g, r, s in part.get("groups", [])]
+    token_parts = [(part["partition"], part["tokens"]) for part in parts if "tokens" in part]
     tokens = None
     if token_parts:
-        tokens = {"column": token_column, "total": sum(t[0] for _, t in token_parts),
-                  "selected": sum(t[1] for _, t in token_parts),
+        tokens = {"column": spec.token_column or settings.get("token_column"),
+                  "total": sum(t[0] for _, t in token_parts), "selected": sum(t[1] for _, t in token_parts),
                   "per_partition": [{"partition": i, "total": t[0], "selected": t[1]}
                                     for i, t in token_parts]}
-    curves = [{"partition": i, **curve} for i, part in parts for curve in part.get("curves", [])]
+    curves = [{"partition": part["partition"], **curve} for part in parts for curve in part.get("curves", [])]
     summary = {"by": spec.by, "groups": groups, "tokens": tokens, "curves": curves,
                "duplicate_cosine": DUPLICATE_COSINE, "selected_pairs": selected_pairs(parts)}
     comparison = compare_on_sample(frame, spec, settings, seed=seed)
     summary["sample"] = {"rows": len(frame), "requested": sample_rows, "seed": seed,
-                         **comparison.pop("sample", {})}
+                         **comparison.pop("sample", {}), "stratified": "by partition"}
     summary.update(comparison)
     summary["seconds"] = time.perf_counter() - started
     return summary

@@ -32,11 +32,12 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import DataMaskError
-from ..io.output import MANIFEST, work_location
+from ..io.output import MANIFEST, read_manifest, work_location
 from ..io.parquet import parquet_file, to_arrow, write_table
+from ..io.pieces import to_pandas
 from ..io.records import dumps
 from ..io.sinks import Staging, part_stem
-from ..io.storage import Location, resolve
+from ..io.storage import Location
 
 FORMAT = 2  # version of the work area's layout
 _OUTPUT_KEYS = {"after": "newest datamask run in it"}  # how a changed output key reads in a message
@@ -61,8 +62,7 @@ class WorkArea(Staging):
 
     def sample(self, number: int) -> pd.DataFrame:
         """Partition ``number``'s rows sampled for the run summary, as its task wrote them."""
-        table = parquet_file(self.child(f"{part_stem(number)}.sample.parquet")).read()
-        return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
+        return to_pandas(parquet_file(self.child(f"{part_stem(number)}.sample.parquet")).read())
 
     # ------------------------------------------------------------------ driver side
 
@@ -88,15 +88,6 @@ class WorkArea(Staging):
 
     def any_finished(self) -> bool:
         return any(name.endswith(".json") and name != MANIFEST for name in self.location.list())
-
-
-def read_manifest(location) -> dict | None:
-    """The manifest in a work area, or None when there is none or it is unreadable."""
-    try:
-        manifest = json.loads(resolve(location).child(MANIFEST).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) else None
 
 
 def open_work(target: Location, identity: dict, *, resume: bool, committed: str | None,

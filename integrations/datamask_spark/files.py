@@ -5,22 +5,18 @@
     record = write_file_selection(spark, "delta:///data/corpus", "selected/", ratio=0.1)
 
 :func:`~datamask_spark.writer.write_selection` takes any DataFrame, so Spark scans the rows and
-hands them to the Python workers through ``mapInArrow``: for a column of 768-float lists the JVM
-decodes each list and converts it to Arrow element by element, slower than pyarrow reads them
-(``benchmarks/bench_spark.py`` measures both), and a selection passes over the embeddings twice.
-When the input is a table every executor can read (a parquet file or directory, a Delta or Iceberg
-table: :func:`datamask_dask.io.tables.table_pieces`), there is no need for that detour: Spark
-schedules one task per piece (a ``spark.range`` with one row per partition), and each task's Python
-worker reads its piece with pyarrow (deltalake's fragments, pyiceberg's scan tasks with their
-deletes), exactly as a Dask worker does. The plan pass, the select pass and the writing are the
-Spark operator's own tasks (:class:`~datamask_spark.operator.SummaryTask`,
-:class:`~datamask_spark.writer.WriteTask`); only where their batches come from differs. Only
-DataFrame APIs are used (Spark Connect works).
+hands them to the Python workers through ``mapInArrow``: the JVM converts a column of 768-float
+lists to Arrow element by element, slower than pyarrow reads it, and twice a selection. A table
+every executor can read (a parquet file or directory, a Delta or Iceberg table:
+:func:`datamask_dask.io.tables.table_pieces`) needs no such detour: Spark schedules one task per
+piece (a ``spark.range`` with one row per partition), whose Python worker reads it with pyarrow
+(deltalake's fragments, pyiceberg's scan tasks with their deletes), as a Dask worker does. The
+plan pass, the select pass and the writing are the Spark operator's own tasks; only where their
+batches come from differs. Only DataFrame APIs are used (Spark Connect works).
 
 The partitions are the Dask readers' pieces, so ``--engine spark`` and ``--engine dask`` select
-the same rows of the same input with the same seed. The run is the package's one run protocol, as
-:func:`~datamask_spark.writer.write_selection`'s is: an interrupted job resumes, and a piece it
-finished is not read again.
+the same rows of the same input with the same seed. The run is the package's one run protocol:
+an interrupted job resumes, and a piece it finished is not read again.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ import pyarrow as pa
 from datamask_dask.config import load_config
 from datamask_dask.errors import InputDataError
 from datamask_dask.io.pieces import Pieces
-from datamask_dask.io.storage import resolve
 from datamask_dask.io.tables import parse_table_uri, table_pieces
 from datamask_dask.partition import adapters
 from datamask_dask.partition.spec import spec_from_meta
@@ -77,7 +72,7 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     ratio, config, **options
         Exactly as for :func:`datamask_dask.datamask_select`.
     overwrite, resume, summary_rows
-        As for :func:`datamask_spark.writer.write_selection`.
+        As for :func:`datamask_dask.write_selection`.
     catalog_properties, storage_options
         Iceberg catalog properties, and the storage options of a Delta input (deltalake's keys)
         or of parquet paths (fsspec's), as for :func:`datamask_dask.io.tables.read_table`; they
@@ -98,8 +93,6 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         For an output that overlaps ``source``, or that exists and datamask did not write.
     """
     table = parse_table_uri(source)
-    if table.format == "parquet" and not resolve(table.location, storage_options).exists():
-        raise FileNotFoundError(f"{source} does not exist")
     try:
         files = table_pieces(table, catalog_properties=catalog_properties, storage_options=storage_options)
     except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
@@ -109,10 +102,7 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         return plan_files(spark, files, ratio, config=config, **options)[1]
 
     def tasks(plan, write):
-        present = set(files.schema.names)
-        spec = plan.spec
-        columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in present]
-        read = _ReadPiece(write.bind(SelectTask(plan, files.schema, columns)), files, files.schema.names)
+        read = _ReadPiece(write.bind(SelectTask(plan, files.schema)), files, files.schema.names)
         return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA)
 
     source = {**files.source, "location": os.fspath(source), "read_by": "workers"}

@@ -17,14 +17,12 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions the scans are
    collected and searched on the driver in one task; beyond, the sharded stages run on the
    executors (:mod:`datamask_spark.shards`) and only the summaries are collected (the same groups).
-2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task concatenates its
-   partition's Arrow batches, converts the columns the learner needs to pandas with Arrow dtypes
-   (embeddings stay an Arrow list column, flattened without a per-row loop), runs
-   :func:`datamask_dask.partition.select.select_partition` and yields its input batches unchanged
-   with ``selected`` (and the score column) appended. The plan, small and typed, reaches the
-   executors inside the function's closure. :func:`datamask_spark.writer.write_selection` runs
-   the same step but has the worker write the rows as parquet itself (much faster than sending
-   them back through Spark's row-wise writer).
+2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task runs
+   :func:`datamask_dask.partition.select.select_partition` on the columns the learner needs
+   (embeddings stay an Arrow list column) and yields its input batches unchanged with ``selected``
+   (and the score column) appended. The plan, small and typed, reaches the executors inside the
+   function's closure. :func:`datamask_spark.writer.write_selection` runs the same step but has
+   the worker write the rows as parquet itself.
 
 The partition number is the Spark partition id (``TaskContext.partitionId()``): same input
 partitioning and seed give the same ``selected``, and the same rows as the Dask operator on the same
@@ -56,6 +54,7 @@ from datamask_dask import errors as _errors
 from datamask_dask.config import load_config
 from datamask_dask.dedup.search import find_groups, one_task
 from datamask_dask.errors import DataMaskError
+from datamask_dask.io.pieces import to_pandas
 from datamask_dask.partition import explain
 from datamask_dask.partition.checks import (
     SHOW,
@@ -147,14 +146,7 @@ def apply_plan(sdf, spec: SelectSpec, plan: Plan):
         id_type = arrow_schema(sdf).field(spec.id_column).type
         fields += [StructField(f.name, from_arrow_type(f.type), f.nullable)
                    for f in explain.arrow_fields(id_type)]
-    return sdf.mapInArrow(select_task(sdf, spec, plan), StructType(fields))
-
-
-def select_task(sdf, spec: SelectSpec, plan: Plan) -> SelectTask:
-    """The select pass's per-partition function for ``sdf`` (it reads only the columns the learner needs)."""
-    names = set(sdf.columns)
-    columns = [c for c in dict.fromkeys(spec.select_columns + [spec.id_column]) if c in names]
-    return SelectTask(plan, arrow_schema(sdf), columns)
+    return sdf.mapInArrow(SelectTask(plan, arrow_schema(sdf)), StructType(fields))
 
 
 # --------------------------------------------------------------------------- plan pass
@@ -224,10 +216,7 @@ def gather_summaries(rows: list, spec: SelectSpec) -> list[PartitionSummary]:
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
     # partition beyond the plan as planned empty).
     count = max(payloads, default=-1) + 1
-    return [payloads[p]["summary"] if p in payloads else _EMPTY for p in range(count)]
-
-
-_EMPTY = EMPTY_SUMMARY
+    return [payloads[p]["summary"] if p in payloads else EMPTY_SUMMARY for p in range(count)]
 
 
 class SummaryTask:
@@ -239,7 +228,8 @@ class SummaryTask:
     def __call__(self, batches):
         number = partition_number()
         _limit_threads()  # the signing product runs on torch
-        frame = empty_frame(self.schema) if (table := _table(batches)) is None else _to_pandas(table)
+        batches = list(batches)
+        frame = to_pandas(pa.Table.from_batches(batches)) if batches else empty_frame(self.schema)
         try:
             if self.spec.diversity_scope == "table":  # checks and signatures; summarised on the driver
                 payload = {"scan": scan_partition(frame, number, self.spec)}
@@ -290,10 +280,13 @@ def probe_dimension(sdf, column: str) -> int | None:
 
 
 class SelectTask:
-    """The select pass's ``mapInArrow`` function: one partition's rows plus ``selected``."""
+    """The select pass's ``mapInArrow`` function: one partition's rows (of ``schema``) plus ``selected``;
+    it reads only the columns the learner needs."""
 
-    def __init__(self, plan: Plan, schema: pa.Schema, columns: list[str]):
-        self.plan, self.schema, self.columns = plan, schema, columns
+    def __init__(self, plan: Plan, schema: pa.Schema):
+        self.plan, self.schema = plan, schema
+        wanted = dict.fromkeys(plan.spec.select_columns + [plan.spec.id_column])
+        self.columns = [c for c in wanted if c in schema.names]
 
     def __call__(self, batches):
         batches, added = self.select(batches)
@@ -326,7 +319,7 @@ class SelectTask:
                 select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number})
                 return [], []
             table = pa.Table.from_batches(batches).select(self.columns)
-            out = select_partition(_to_pandas(table), self.plan, {"number": number})
+            out = select_partition(to_pandas(table), self.plan, {"number": number})
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
         added = [(pa.field(spec.selected_column, pa.bool_()),
@@ -362,18 +355,6 @@ def transport(exc: DataMaskError) -> str:
     return f"{exc}\nDATAMASK-ERROR {type(exc).__name__} {body} END"
 
 
-def from_spark(exc: BaseException) -> DataMaskError | None:
-    """The package error a Spark exception carries from a worker, if any."""
-    found = _MARK.search(str(exc))
-    if found is None:
-        return None
-    payload = json.loads(base64.b64decode(found.group(2)))
-    kind = getattr(_errors, payload["kind"], None)
-    if not (isinstance(kind, type) and issubclass(kind, DataMaskError)):
-        kind = DataMaskError
-    return kind(payload["message"])
-
-
 @contextmanager
 def spark_errors():
     """Turn a Spark action's failure caused by bad input back into the package's own error.
@@ -390,10 +371,14 @@ def spark_errors():
     except DataMaskError:
         raise
     except Exception as exc:
-        error = from_spark(exc)
-        if error is None:
+        found = _MARK.search(str(exc))  # the package error a worker raised, carried by Spark's
+        if found is None:
             raise
-        raise error from None
+        payload = json.loads(base64.b64decode(found.group(2)))
+        kind = getattr(_errors, payload["kind"], None)
+        if not (isinstance(kind, type) and issubclass(kind, DataMaskError)):
+            kind = DataMaskError
+        raise kind(payload["message"]) from None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -415,16 +400,7 @@ def arrow_schema(sdf) -> pa.Schema:
 
 def empty_frame(schema: pa.Schema) -> pd.DataFrame:
     """An empty pandas frame with Arrow dtypes (the ``meta`` the core validates against)."""
-    return _to_pandas(schema.empty_table())
-
-
-def _to_pandas(table: pa.Table) -> pd.DataFrame:
-    return table.to_pandas(types_mapper=pd.ArrowDtype, ignore_metadata=True)
-
-
-def _table(batches) -> pa.Table | None:
-    batches = list(batches)
-    return pa.Table.from_batches(batches) if batches else None
+    return to_pandas(schema.empty_table())
 
 
 def _col(name: str):

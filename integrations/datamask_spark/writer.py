@@ -1,20 +1,17 @@
 """``write_selection(sdf, path, ratio=0.1)``: select on Spark and write parquet from the Python workers.
 
 The select pass already holds each partition's rows as Arrow in a Python worker; here that worker
-also writes them, with ``selected`` appended, as one parquet file per Spark partition
-(:func:`datamask_dask.io.parquet.write_table`, the Dask writer's options), and sends Spark one
-small row per partition (rows, selected, file, stage seconds). The rows never travel back into the
-JVM. ``datamask_select(sdf).write.parquet(path)`` gives the same files' rows, but Spark's
-writer converts every row back from Arrow and writes the embedding list element by element, which
-costs more than the selection itself (``benchmarks/bench_spark.py --engines spark-writer`` measures it).
+also writes them, with ``selected`` appended, as one parquet file per Spark partition (the Dask
+writer's options), and sends Spark one small row per partition. The rows never travel back into
+the JVM: ``datamask_select(sdf).write.parquet(path)`` gives the same rows, but Spark's writer
+converts every row back from Arrow and writes the embedding list element by element, which costs
+more than the selection itself.
 
 The run is the package's one run protocol (:func:`datamask_dask.run.protocol.execute`), with
-Spark as its engine (:class:`SparkEngine`): the output may not overlap the inputs, ``overwrite``
-replaces only an output of an earlier datamask run, one run writes it at a time, it appears
-complete or not at all, and an interrupted run resumes: its finished partitions are not selected
-again. ``path`` is a local path every executor can write (a shared file system's) or an
-object-store URI (``s3://``...): the workers then write through fsspec with the credentials of the
-usual environment variables, no Hadoop connector involved.
+Spark as its engine (:class:`SparkEngine`): its output rules, and an interrupted run resumes
+without selecting its finished partitions again. ``path`` is a local path every executor can write
+(a shared file system's) or an object-store URI (``s3://``...), which the workers write through
+fsspec with the usual environment variables, no Hadoop connector involved.
 """
 
 from __future__ import annotations
@@ -32,7 +29,7 @@ from datamask_dask.io.storage import resolve
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
 
-from .operator import SelectTask, arrow_schema, partition_number, plan_selection, select_task, spark_errors
+from .operator import SelectTask, arrow_schema, partition_number, plan_selection, spark_errors
 
 log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
@@ -55,23 +52,17 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         URI), one ``part.N.parquet`` per non-empty Spark partition.
     ratio, config, **options
         Exactly as for :func:`datamask_dask.datamask_select`.
-    overwrite : bool
-        Replace ``path`` if an earlier datamask run wrote it (anything else is refused).
-    resume : bool
-        Reuse the partitions an interrupted run on ``path`` finished (same input and options);
-        ``False`` starts again.
+    overwrite, resume, summary_rows
+        As for :func:`datamask_dask.write_selection`.
     inputs : iterable of path
         Where ``sdf`` was read from: ``path`` may not be, contain or lie inside any of them.
     input_location : str, optional
         The input's location for the run record (``input.location``).
-    summary_rows : int
-        Rows sampled, stratified by partition, for the run summary (see
-        :mod:`datamask_dask.run.summary`); 0 skips the sample.
 
     Returns
     -------
     dict
-        The run record (:class:`datamask_dask.run.record.RunRecord`), also in
+        The run record (:mod:`datamask_dask.run.protocol`), also in
         ``path/_datamask_run.json``: ``rows``, ``selected``, ``partitions``, ``phases`` (the
         driver's), ``stages`` (worker seconds summed over tasks: read, i.e. Spark's scan and the
         Arrow transfer into the worker; select; write).
@@ -89,7 +80,7 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         return plan_selection(sdf, ratio, config=config, **options)[1]
 
     def tasks(plan, write):
-        return sdf.mapInArrow(write.bind(select_task(sdf, plan.spec, plan)), RESULT_SCHEMA)
+        return sdf.mapInArrow(write.bind(SelectTask(plan, arrow_schema(sdf))), RESULT_SCHEMA)
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
     return write_run(engine, path, load_config(config, ratio=ratio, **options), overwrite=overwrite,
@@ -122,7 +113,7 @@ class SparkEngine:
             return self._plan()
 
     def schema(self, plan) -> pa.Schema:
-        return with_selection(self.input_schema.empty_table(), plan.spec).schema
+        return with_selection(self.input_schema, plan.spec)
 
     def run(self, plan, todo: list[int], task: PartTask, progress=None) -> list[dict]:
         write = WriteTask(task, frozenset(todo), self.schema(plan))
@@ -174,14 +165,13 @@ class WriteTask:
                                           "marker": pa.array([text], pa.string())})
 
 
-def with_selection(table: pa.Table, spec) -> pa.Table:
-    """``table`` with the columns a selection adds (``selected``, the score, the explain columns)."""
-    table = table.append_column(pa.field(spec.selected_column, pa.bool_()), pa.array([], pa.bool_()))
+def with_selection(schema: pa.Schema, spec) -> pa.Schema:
+    """``schema`` with the columns a selection adds (``selected``, the score, the explain columns)."""
+    added = [pa.field(spec.selected_column, pa.bool_())]
     if spec.score_column:
-        table = table.append_column(pa.field(spec.score_column, pa.float32()), pa.array([], pa.float32()))
+        added.append(pa.field(spec.score_column, pa.float32()))
     if spec.explain:
         from datamask_dask.partition.explain import arrow_fields
 
-        for field in arrow_fields(table.schema.field(spec.id_column).type):
-            table = table.append_column(field, pa.array([], field.type))
-    return table
+        added += arrow_fields(schema.field(spec.id_column).type)
+    return pa.schema([*schema, *added], metadata=schema.metadata)
