@@ -245,7 +245,7 @@ def apply_plan(ddf, spec: SelectSpec, plan):
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
     if spec.explain:
         out_columns.update(explain.meta_columns(ddf._meta, spec.id_column))
-    meta = adapters.with_columns(ddf._meta, out_columns)
+    meta = ddf._meta.assign(**out_columns)
     key = _key("datamask-select", ddf, plan)
     tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i}, dask_key_name=(key, i))
              for i, part in enumerate(partitions(ddf))]

@@ -289,11 +289,3 @@ class _CudfEmbeddings:
     def span(self, start: int, stop: int):
         """Rows ``start:stop`` (read-only use)."""
         return self.rows(np.arange(start, stop))
-
-
-def with_columns(frame, columns: dict):
-    """``frame`` with the (host numpy) ``columns`` appended, in the frame's own backend.
-
-    The input frame is not modified; its rows, index and columns are kept as they are.
-    """
-    return frame.assign(**columns)

@@ -99,7 +99,7 @@ def select_partition(frame, plan: Plan, partition_info=None):
     if reasons is not None:
         reasons[selected] = explain.SELECTED
         columns.update(explain.explain_columns(frame, spec.id_column, reasons, plan.explain.get(number)))
-    return adapters.with_columns(frame, columns)
+    return frame.assign(**columns)
 
 
 def _select_cell(part: _Partition, cell: Cell, rows: np.ndarray, context: str) -> None:
