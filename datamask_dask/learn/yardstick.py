@@ -44,22 +44,10 @@ REFERENCE_ROWS = 20_000
 
 @dataclass(frozen=True)
 class Yardstick:
-    """A selection's objective beside the references it is measured against.
+    """A selection's objective ``f`` beside those of the references it is measured against.
 
-    Attributes
-    ----------
-    objective : float
-        ``f`` of the selection.
-    random : float
-        Mean ``f`` of ``RANDOM_SEEDS`` uniform random picks of the same size.
-    baseline : float
-        ``f`` of the baseline's pick, named by ``baseline_name``.
-    topk : float
-        ``f`` of quality top-k.
-    share : float
-        The selection's share of the baseline's gain over random (1.0: as good as the baseline).
-    topk_share : float
-        Quality top-k's share of the same gain.
+    ``random`` is the mean ``f`` of the random picks; ``share`` is the selection's share of the
+    baseline's gain over random (1.0: as good as the baseline), ``topk_share`` quality top-k's.
     """
 
     objective: float
@@ -87,27 +75,14 @@ def measure(quality, embeddings, selected, **options) -> Yardstick:
 def measure_all(quality, embeddings, selections, *, algorithm="Pair_simi", lamb: float = 0.5,
                 quality_range=None, seeds: int = RANDOM_SEEDS, greedy_max_work: float = GREEDY_MAX_WORK,
                 reference_rows: int = REFERENCE_ROWS, device="cpu") -> list[Yardstick]:
-    """Measure selections of the rows of ``embeddings`` with the yardstick (see the module), the
-    references computed once for them all.
+    """Measure selections (bool arrays of one size ``k``, the size every reference picks) of the rows
+    of ``embeddings`` with the yardstick (see the module), the references computed once for them all.
 
-    Parameters
-    ----------
-    quality : array-like (n,)
-    embeddings : array-like (n, d)
-    selections : list of array-like of bool (n,)
-        The selections to measure, all of one size ``k``: the size every reference picks.
-    algorithm, lamb, quality_range
-        The objective, as for the learner (the table's quality range is what a job uses).
-    seeds : int
-        Random picks averaged (at least 3).
-    greedy_max_work : float
-        Up to this cost (:func:`greedy_work`) the baseline is lazy greedy (see :func:`greedy_pick`).
-    reference_rows : int
-        Above this many rows, Facility is evaluated on a fixed uniform sample of them.
+    ``algorithm``, ``lamb`` and ``quality_range`` give the objective, as for the learner (the table's
+    quality range is what a job uses); ``seeds`` random picks are averaged; up to
+    ``greedy_max_work`` (:func:`greedy_work`) the baseline is lazy greedy, above it stochastic greedy.
     """
-    quality = np.asarray(quality, dtype=np.float32)
-    embeddings = np.asarray(embeddings, dtype=np.float32)
-    embeddings = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    quality, embeddings = _unit_inputs(quality, embeddings)
     selections = [np.asarray(selected, dtype=bool) for selected in selections]
     k = int(selections[0].sum())
     if any(int(selected.sum()) != k for selected in selections):
@@ -182,9 +157,7 @@ class TermShares:
 def term_shares(quality, embeddings, selections, *, algorithm="Pair_simi", quality_range=None,
                 seeds: int = RANDOM_SEEDS, device="cpu") -> list[TermShares]:
     """:class:`TermShares` of each selection (bool arrays of one size) on the rows given."""
-    quality = np.asarray(quality, dtype=np.float32)
-    embeddings = np.asarray(embeddings, dtype=np.float32)
-    embeddings = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    quality, embeddings = _unit_inputs(quality, embeddings)
     k = int(np.asarray(selections[0]).sum())
     common = {"algorithm": algorithm, "quality_range": quality_range, "device": device}
 
@@ -198,3 +171,10 @@ def term_shares(quality, embeddings, selections, *, algorithm="Pair_simi", quali
     spans = np.array([best_quality, best_diversity]) - random
     shares = [(terms(np.asarray(rows, dtype=bool)) - random) / spans for rows in selections]
     return [TermShares(float(q), float(d)) for q, d in shares]
+
+
+def _unit_inputs(quality, embeddings) -> tuple[np.ndarray, np.ndarray]:
+    """Quality and embeddings as float32 arrays, the embeddings' rows scaled to unit length."""
+    embeddings = np.asarray(embeddings, dtype=np.float32)
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    return np.asarray(quality, dtype=np.float32), unit
