@@ -79,8 +79,8 @@ def measure_all(quality, embeddings, selections, *, algorithm="Pair_simi", lamb:
     of ``embeddings`` with the yardstick (see the module), the references computed once for them all.
 
     ``algorithm``, ``lamb`` and ``quality_range`` give the objective, as for the learner (the table's
-    quality range is what a job uses); ``seeds`` random picks are averaged; up to
-    ``greedy_max_work`` (:func:`greedy_work`) the baseline is lazy greedy, above it stochastic greedy.
+    quality range is what a job uses); ``seeds`` random picks are averaged; ``greedy_max_work``
+    bounds the cost of lazy greedy (:func:`greedy_work`), above which :func:`greedy_pick` falls back.
     """
     quality, embeddings = _unit_inputs(quality, embeddings)
     selections = [np.asarray(selected, dtype=bool) for selected in selections]
