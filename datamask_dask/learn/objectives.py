@@ -225,17 +225,13 @@ class Facility(DiversityMetric):
         gain.scatter_add_(1, owner, leaving)
         gain /= m
         if state[2]:
-            gain = _shrink(gain, self._gain_noise(flat, joining, owner, leaving, gain.shape, m))
+            # Each row's sampling variance of its gain: a gain is a mean over the m sampled
+            # reference rows of what the row adds to each, so its variance is sum(adds^2) / m^2.
+            noise = torch.zeros_like(gain)
+            noise.scatter_add_(1, flat, joining.pow_(2).view(g, -1))
+            noise.scatter_add_(1, owner, leaving.pow(2))
+            gain = _shrink(gain, noise / (m * m))
         return _weighted_mean(best, share) + state[4], gain
-
-    @staticmethod
-    def _gain_noise(flat, joining, owner, leaving, shape, m):
-        """Each row's sampling variance of its gain (G, b): a gain is a mean over the m sampled
-        reference rows of what the row adds to each, so its variance is sum(adds^2) / m^2."""
-        noise = torch.zeros(shape, dtype=joining.dtype, device=joining.device)
-        noise.scatter_add_(1, flat, joining.pow_(2).view(shape[0], -1))
-        noise.scatter_add_(1, owner, leaving.pow(2))
-        return noise / (m * m)
 
     def evaluate(self, emb, selected, reference=None, weights=None):
         """Mean over ``reference`` (m, d; every row of ``emb`` by default) of its best clamped
