@@ -8,11 +8,10 @@ over random it gains too::
 
 ``f`` is the joint objective of :func:`~datamask_dask.learn.objectives.evaluate_selection` over
 every row given; ``random`` is the mean of ``seeds`` random picks of the same size; the baseline is
-the best of lazy greedy (plain greedy where no term is lazy; where lazy greedy would cost more than
-``greedy_max_work`` multiply-adds, lazy greedy on Facility's k-NN graph, or stochastic greedy for the
-other metrics) and quality top-k, which stochastic greedy
-can fall below when quality weighs. Quality top-k's own share is reported beside the selection's,
-so a selection at ``lamb > 0`` is checked against the trivial answer of the quality term. Above
+the better of quality top-k and lazy greedy (:func:`greedy_pick`: plain greedy where no term is lazy;
+above ``greedy_max_work`` multiply-adds, lazy greedy on Facility's k-NN graph, or stochastic greedy
+for the other metrics). Quality top-k's own share is reported beside the selection's, so a
+selection at ``lamb > 0`` is checked against the trivial answer of the quality term. Above
 ``reference_rows`` rows, Facility's term is estimated on one fixed uniform sample of that many rows,
 the same for every selection scored, so their differences carry little of the sample's noise.
 """
@@ -35,7 +34,7 @@ from .baselines import (
 from .objectives import DiSF, Facility, build_metrics, evaluate_selection, resolve_metrics
 
 #: Multiply-adds lazy greedy may cost (n x k candidate scores of d (Pair_simi) or d^2 (DiSF) each, or
-#: Facility's n x |V| x d similarity cache); above it the baseline is stochastic greedy.
+#: Facility's n x |V| x d similarity cache); above it :func:`greedy_pick` falls back.
 GREEDY_MAX_WORK = 1e12
 RANDOM_SEEDS = 3
 #: Rows Facility is evaluated on when the table has more (its exact value costs n x k products).
