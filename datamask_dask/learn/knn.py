@@ -49,15 +49,12 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
     m, p = probed.shape
     values = torch.full((m, p, t), -math.inf, device=reference.device)
     indices = torch.zeros((m, p, t), dtype=torch.long, device=reference.device)
-    members_order = torch.argsort(membership)
-    members_end = torch.bincount(membership, minlength=n_clusters).cumsum(0).tolist()
-    probes_order = torch.argsort(probed.flatten())
-    probes_end = torch.bincount(probed.flatten(), minlength=n_clusters).cumsum(0).tolist()
-    members_start, probes_start = 0, 0
-    for cluster in range(n_clusters):
-        members = members_order[members_start:members_end[cluster]]
-        asking = probes_order[probes_start:probes_end[cluster]]  # flat (row, slot) positions
-        members_start, probes_start = members_end[cluster], probes_end[cluster]
+    # each cluster's members, and the flat (row, slot) positions that probe it
+    members_by_cluster = torch.argsort(membership).split(
+        torch.bincount(membership, minlength=n_clusters).tolist())
+    asking_by_cluster = torch.argsort(probed.flatten()).split(
+        torch.bincount(probed.flatten(), minlength=n_clusters).tolist())
+    for members, asking in zip(members_by_cluster, asking_by_cluster, strict=True):
         if members.numel() == 0 or asking.numel() == 0:
             continue
         rows, slots = asking // p, asking % p
