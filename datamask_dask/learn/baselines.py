@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from .engine import _as_inputs, row_weights
+from .engine import _as_inputs, _check_quota, row_weights
 from .knn import top_neighbours
 from .objectives import DiSF, Facility, PairSimi, _mean_one, build_metrics, normalise_quality, resolve_metrics
 
@@ -43,7 +43,7 @@ def random_selection(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb
     The other keywords are accepted so every baseline has the same signature; they do not change
     the draw.
     """
-    n = _check_k(k, len(np.asarray(quality)))
+    n = _check_quota(k, len(np.asarray(quality)))
     return np.random.default_rng(seed).choice(n, size=k, replace=False).astype(np.int64)
 
 
@@ -55,7 +55,7 @@ def quality_topk(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: fl
     accepted for a uniform signature.
     """
     q = torch.as_tensor(np.asarray(quality), dtype=torch.float32)
-    _check_k(k, q.shape[0])
+    _check_quota(k, q.shape[0])
     return torch.argsort(q, descending=True, stable=True)[:k].numpy().astype(np.int64)
 
 
@@ -454,11 +454,6 @@ class _DisfState:
         self.rows: list[Tensor] = []  # U's rows while m < d (cheaper middle term)
         self.block = max(1, _BLOCK_BYTES // (8 * 4 * d))
 
-    @staticmethod
-    def _inverse(var: Tensor) -> Tensor:
-        # A dimension constant over the set has no correlation (objectives.DiSF leaves it at 0).
-        return torch.where(var > 1e-12, 1.0 / var.clamp(min=1e-12), torch.zeros_like(var))
-
     def values_with(self, cand: Tensor | None) -> Tensor:
         m, d = self.m, self.d
         count = self.emb.shape[0] if cand is None else cand.numel()
@@ -470,7 +465,9 @@ class _DisfState:
         out = []
         for start in range(0, count, self.block):
             y = _take(self.emb, cand, start, start + self.block).double() - self.mean
-            inv = self._inverse(a * diag + b * y * y)
+            var = a * diag + b * y * y
+            # A dimension constant over the set has no correlation (objectives.DiSF leaves it at 0).
+            inv = torch.where(var > 1e-12, 1.0 / var.clamp(min=1e-12), torch.zeros_like(var))
             t = inv * y
             first = ((inv @ self.cov_sq) * inv).sum(1)
             # t^T cov t: through U's centred rows while they are fewer than the dimensions.
@@ -520,7 +517,7 @@ def _take(x: Tensor, cand: Tensor | None, start: int = 0, stop: int | None = Non
 
 def _inputs(quality, embeddings, k, device, quality_range):
     q, emb = _as_inputs(quality, embeddings, torch.device(device))
-    k = _check_k(k, q.shape[0])
+    k = _check_quota(k, q.shape[0])
     return normalise_quality(q, quality_range), emb, k
 
 
@@ -531,14 +528,6 @@ def _objective(quality, embeddings, k, device, quality_range, algorithm, lamb, s
     obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
                      reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
     return obj, k
-
-
-def _check_k(k, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer):
-        raise OptionError(f"quota k={k!r} must be an integer")
-    if not 1 <= k <= n:
-        raise OptionError(f"quota k={k} is out of range: it must be between 1 and the {n} row(s)")
-    return int(k)
 
 
 def _largest_remainder(k: int, sizes: np.ndarray) -> np.ndarray:

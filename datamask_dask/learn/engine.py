@@ -505,12 +505,14 @@ def _numeric_tensor(values, name):
     return torch.as_tensor(values)
 
 
-def _check_quota(k, n, prune) -> int:
+def _check_quota(k, n, prune: float | None = None) -> int:
+    """``k`` as an int, checked against the ``n`` rows less the ``prune`` share (None: no pruning)."""
     if isinstance(k, bool) or not isinstance(k, int | np.integer):
         raise OptionError(f"quota k={k!r} must be an integer")
-    n_keep = n - int(math.floor(prune * n))
+    n_keep = n - int(math.floor((prune or 0) * n))
     if not 1 <= k <= n_keep:
+        pruned = "" if prune is None else (
+            f" left after pruning {prune:.0%} of {n}; lower the ratio or the prune share")
         raise OptionError(
-            f"quota k={k} is out of range: it must be between 1 and the {n_keep} row(s) left after "
-            f"pruning {prune:.0%} of {n}; lower the ratio or the prune share")
+            f"quota k={k} is out of range: it must be between 1 and the {n_keep} row(s){pruned}")
     return int(k)
