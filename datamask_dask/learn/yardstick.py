@@ -8,9 +8,9 @@ over random it gains too::
 
 ``f`` is the joint objective of :func:`~datamask_dask.learn.objectives.evaluate_selection` over
 every row given; ``random`` is the mean of ``seeds`` random picks of the same size; the baseline is
-the better of quality top-k and lazy greedy (:func:`greedy_pick`: plain greedy where no term is lazy;
-above ``greedy_max_work`` multiply-adds, lazy greedy on Facility's k-NN graph, or stochastic greedy
-for the other metrics). Quality top-k's own share is reported beside the selection's, so a
+the better of quality top-k and lazy greedy (plain greedy where no term is lazy; above
+``greedy_max_work`` multiply-adds, or for Facility where its cache would not hold every row, the
+fallback of :func:`greedy_pick`). Quality top-k's own share is reported beside the selection's, so a
 selection at ``lamb > 0`` is checked against the trivial answer of the quality term. Above
 ``reference_rows`` rows, Facility's term is estimated on one fixed uniform sample of that many rows,
 the same for every selection scored, so their differences carry little of the sample's noise.
