@@ -1,36 +1,13 @@
 """Selection baselines on the very objective DATAMASK optimises, for comparison.
 
 Every function here scores sets with the joint objective of :mod:`datamask_dask.learn.objectives`,
-``f(U) = lamb * Q(U) + (1 - lamb) * D(U)``: ``Q`` is the mean min-max normalised quality of ``U``
-(:func:`~datamask_dask.learn.objectives.normalise_quality`, the chunk's range unless ``quality_range``
-is given) and ``D`` the diversity metric(s) named by ``algorithm`` (``Pair_simi``, ``Facility``,
-``DiSF`` or a weighted mapping of them), each as defined there. So a baseline's selection and a
-learned mask are compared with :func:`~datamask_dask.learn.objectives.evaluate_selection` on equal terms.
-
-Functions (all ``fn(quality, embeddings, k, *, algorithm=..., lamb=..., seed=..., device=...)``,
-returning ``k`` distinct int64 row indices in the order they were chosen):
-
-- :func:`random_selection`, :func:`quality_topk`: the trivial references;
-- :func:`greedy`: plain greedy, every candidate scored exactly at every step;
-- :func:`lazy_greedy`: Minoux's lazy greedy on the Facility term (plain greedy otherwise);
-- :func:`stochastic_greedy`: Mirzasoleiman et al. (2015), a random candidate sample per step;
-- :func:`graph_lazy_greedy`: lazy greedy on Facility's k-NN graph, where the dense one would not fit;
-- :func:`disf_batched_greedy`: DiSF's greedy, run independently on random batches of the chunk.
-
-Embeddings are L2-normalised on the way in (as :func:`~datamask_dask.learn.engine.learn_mask` does), so
-cosine similarity is a dot product. Nothing n x n is built unless it fits ``max_memory_bytes``.
-
-How ``D(U + j)`` is obtained for many candidates ``j`` at once (``m = |U|``):
-
-- Pair_simi: with ``w`` the sum of ``U``'s unit vectors, ``sum_{i != l} s_il`` grows by ``2 e_j . w``,
-  so one mat-vec ``E w`` scores every candidate, O(n d) per step.
-- Facility: each reference row keeps its best (clamped) similarity to ``U``; the value with ``j``
-  is ``mean_v max(best_v, s_vj)``, O(|V|) per candidate given the similarity column of ``j``.
-- DiSF: ``U``'s population covariance ``S`` and mean ``mu`` are kept; adding ``x`` (``y = x - mu``)
-  gives ``S' = a S + b y y^T`` with ``a = m/(m+1)``, ``b = m/(m+1)^2`` (Welford). With
-  ``w_c = 1 / S'_cc`` the sum of squared correlations is
-  ``a^2 w^T (S o S) w + 2ab (w o y)^T S (w o y) + b^2 (y^T (w o y))^2``: O(d^2) per candidate
-  (the middle term O(m d) while ``m < d``) instead of re-standardising ``U + j``, O(m d^2).
+``f(U) = lamb * Q(U) + (1 - lamb) * D(U)``, so a baseline's selection and a learned mask are
+compared with :func:`~datamask_dask.learn.objectives.evaluate_selection` on equal terms. Every
+function is ``fn(quality, embeddings, k, *, algorithm=..., lamb=..., seed=..., device=...)`` and
+returns ``k`` distinct int64 row indices in the order they were chosen (:func:`graph_lazy_greedy`
+is Facility's only, without ``algorithm``). Embeddings are
+L2-normalised on the way in; nothing n x n is built unless it fits ``max_memory_bytes``.
+``D(U + j)`` is scored for many candidates ``j`` at once, incrementally (see each ``_*State``).
 """
 
 from __future__ import annotations
@@ -43,9 +20,9 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from .engine import _as_inputs, row_weights
+from .engine import _as_inputs, _check_quota, row_weights
 from .knn import top_neighbours
-from .objectives import DiSF, Facility, PairSimi, build_metrics, normalise_quality, resolve_metrics
+from .objectives import DiSF, Facility, PairSimi, _mean_one, build_metrics, normalise_quality, resolve_metrics
 
 __all__ = ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "graph_lazy_greedy", "greedy", "lazy_greedy",
            "quality_topk", "random_selection", "stochastic_greedy"]
@@ -61,32 +38,12 @@ _LAZY_BLOCK = 32  # candidates whose exact gain lazy greedy refreshes at once
 
 def random_selection(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 0.5,
                      seed: int = 0, device="cpu", quality_range=None) -> np.ndarray:
-    """``k`` rows drawn uniformly without replacement.
+    """``k`` rows drawn uniformly without replacement, seeded by ``seed``.
 
-    ``algorithm``, ``lamb``, ``device`` and ``quality_range`` are accepted so every baseline has
-    the same signature; they do not change the draw.
-
-    Parameters
-    ----------
-    quality : array-like (n,)
-        Quality scores.
-    embeddings : array-like (n, d)
-        Embeddings (only their row count is used).
-    k : int
-        Rows to select, ``1 <= k <= n``.
-    seed : int
-        Seed of the draw.
-
-    Returns
-    -------
-    numpy.ndarray of int64 (k,)
-        Distinct row indices.
-
-    Notes
-    -----
-    O(n) time and memory.
+    The other keywords are accepted so every baseline has the same signature; they do not change
+    the draw.
     """
-    n = _check_k(k, len(np.asarray(quality)))
+    n = _check_quota(k, len(np.asarray(quality)))
     return np.random.default_rng(seed).choice(n, size=k, replace=False).astype(np.int64)
 
 
@@ -96,17 +53,9 @@ def quality_topk(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: fl
 
     Ignores diversity altogether: the reference for what diversity adds. Other keywords are
     accepted for a uniform signature.
-
-    Returns
-    -------
-    numpy.ndarray of int64 (k,)
-
-    Notes
-    -----
-    O(n log n) time, O(n) memory.
     """
     q = torch.as_tensor(np.asarray(quality), dtype=torch.float32)
-    _check_k(k, q.shape[0])
+    _check_quota(k, q.shape[0])
     return torch.argsort(q, descending=True, stable=True)[:k].numpy().astype(np.int64)
 
 
@@ -120,22 +69,8 @@ def greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 
 
     Parameters
     ----------
-    quality : array-like (n,)
-        Quality scores, finite.
-    embeddings : array-like (n, d)
-        Embeddings, finite, non-zero rows (L2-normalised here).
-    k : int
-        Rows to select, ``1 <= k <= n``.
-    algorithm : str or mapping
-        ``"Pair_simi"``, ``"Facility"``, ``"DiSF"`` or ``{name: weight}`` of those.
-    lamb : float
-        Weight of quality in ``[0, 1]``.
     seed : int
         Seed of the Facility reference subset (used only when the similarity matrix does not fit).
-    device : str or torch.device
-        Where the computation runs.
-    quality_range : (float, float), optional
-        Range used to normalise quality (as for :func:`~datamask_dask.learn.objectives.evaluate_selection`).
     max_memory_bytes : int
         Budget of the Facility similarity cache, default 4 GiB. The ``|V| x n`` float32 matrix of
         clamped similarities between the reference rows ``V`` and all rows is precomputed when it
@@ -149,20 +84,14 @@ def greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: float = 
         How many rows each row stands for (as for :func:`~datamask_dask.learn.engine.learn_mask`):
         Facility's mean over ``V`` is weighted by them. Default: 1 each.
 
-    Returns
-    -------
-    numpy.ndarray of int64 (k,)
-        Distinct row indices in the order chosen.
-
     Notes
     -----
     Time per step: Pair_simi O(n d); Facility O(n |V|) (plus O(n |V| d) once for the cache);
     DiSF O(n d^2). Memory: O(n d) for the inputs, plus the Facility cache (<= ``max_memory_bytes``)
     or two d x d float64 matrices for DiSF.
     """
-    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
-    obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
-                     reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
+    obj, k = _objective(quality, embeddings, k, device, quality_range, algorithm, lamb, seed,
+                        max_memory_bytes, reference_size, weights)
     return _greedy_loop(obj, k).cpu().numpy()
 
 
@@ -175,37 +104,29 @@ def lazy_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb: flo
     shrink as ``U`` grows, so a stale gain is an upper bound. The quality term
     ``lamb * (q_j - Q(U)) / (m + 1)`` is not (``Q`` is a mean, its gains change sign and scale), so
     it and any Pair_simi / DiSF term are computed exactly for all rows each step (cheap, closed
-    form), and only the Facility gain is lazy. Each step the bound of every row is its exact
-    non-Facility value plus its stale Facility gain; rows are refreshed in descending order of
-    bound, a block at a time, until the best bound belongs to a refreshed row, which is then
-    exactly the row plain greedy picks (ties aside). The bounds live in a vector rather than a heap
-    because the exact part changes for every row at every step; a heap would need n re-keys.
+    form), and only the Facility gain is lazy. Rows are refreshed in descending order of bound
+    (exact part plus stale Facility gain), a block at a time, until the best bound belongs to a
+    refreshed row, which is then exactly the row plain greedy picks (ties aside). The bounds live
+    in a vector rather than a heap because the exact part changes for every row at every step.
 
     Without a Facility term (or with ``lamb = 1``) nothing is lazy and this is :func:`greedy`.
     Parameters and returns are those of :func:`greedy`.
-
-    Notes
-    -----
-    Time per step: O(n) for the bounds (plus the exact Pair_simi / DiSF terms, if any, as in
-    :func:`greedy`) and O(|V|) per refreshed row, usually a block or two; the first step computes
-    every Facility gain, O(n |V|). Memory as for :func:`greedy`.
     """
-    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
-    obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
-                     reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
-    n = emb.shape[0]
+    obj, k = _objective(quality, embeddings, k, device, quality_range, algorithm, lamb, seed,
+                        max_memory_bytes, reference_size, weights)
     if obj.facility is None:
         return _greedy_loop(obj, k).cpu().numpy()
+    n, dev = obj.emb.shape[0], obj.emb.device
     fac, fac_weight = obj.facility
     stale = fac.gains(None)  # exact at the first step, upper bounds afterwards
-    taken = torch.zeros(n, dtype=torch.bool, device=emb.device)
-    chosen = torch.empty(k, dtype=torch.long, device=emb.device)
+    taken = torch.zeros(n, dtype=torch.bool, device=dev)
+    chosen = torch.empty(k, dtype=torch.long, device=dev)
     for step in range(k):
         base = obj.values_with(None, skip_facility=True)
         fac_now = fac.value()
         bound = obj.combine(base, fac_weight * (fac_now + stale))
         bound[taken] = -math.inf
-        fresh = torch.zeros(n, dtype=torch.bool, device=emb.device)
+        fresh = torch.zeros(n, dtype=torch.bool, device=dev)
         while True:
             j = int(torch.argmax(bound))
             if fresh[j]:
@@ -233,32 +154,14 @@ def stochastic_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lam
     Each step scores only ``s = ceil((n / k) * log(1 / eps))`` rows drawn uniformly from those not
     yet selected, and adds the best of them. For monotone submodular ``f`` it reaches
     ``(1 - 1/e - eps)`` of the optimum in expectation with O(n log(1/eps)) evaluations in all.
-
-    Parameters
-    ----------
-    eps : float
-        Accuracy parameter in (0, 1); smaller means larger samples. Default 0.1.
-    seed : int
-        Seed of the candidate samples (and of the Facility reference subset).
-    Other parameters
-        As for :func:`greedy`.
-
-    Returns
-    -------
-    numpy.ndarray of int64 (k,)
-        Distinct row indices in the order chosen.
-
-    Notes
-    -----
-    Time: k steps of ``s`` evaluations, so O(n log(1/eps)) evaluations; Pair_simi O(d), DiSF O(d^2),
-    Facility O(|V|) each (plus the Facility cache, O(n |V| d) once). Memory as for :func:`greedy`.
+    ``eps`` is in (0, 1): smaller means larger samples; ``seed`` seeds the samples (and the
+    Facility reference subset); the other parameters are those of :func:`greedy`.
     """
     if not 0 < eps < 1:
         raise OptionError(f"option eps={eps!r} is invalid: expected a number in (0, 1)")
-    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
-    obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
-                     reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
-    n = emb.shape[0]
+    obj, k = _objective(quality, embeddings, k, device, quality_range, algorithm, lamb, seed,
+                        max_memory_bytes, reference_size, weights)
+    n = obj.emb.shape[0]
     sample = min(n, math.ceil(n / k * math.log(1 / eps)))
     rng = np.random.default_rng(seed)
     remaining = np.arange(n)  # rows not selected; the chosen one is swapped with the last live one
@@ -266,7 +169,7 @@ def stochastic_greedy(quality, embeddings, k: int, *, algorithm="Pair_simi", lam
     for step in range(k):
         live = n - step
         pos = rng.choice(live, size=min(sample, live), replace=False)
-        cand = torch.as_tensor(remaining[pos], device=emb.device)
+        cand = torch.as_tensor(remaining[pos], device=obj.emb.device)
         best = int(torch.argmax(obj.values_with(cand)))
         j = int(remaining[pos[best]])
         remaining[pos[best]] = remaining[live - 1]
@@ -353,46 +256,25 @@ def disf_batched_greedy(quality, embeddings, k: int, *, algorithm="DiSF", lamb: 
       ``eps = 1e-8`` gives the same correlations). At ``lamb = 0`` every single row ties, so the
       first pick is the batch's first row: random, as in the reference.
 
-    Candidates are scored all at once per step (the reference loops over them one by one).
-
-    Parameters
-    ----------
-    batch_size : int
-        Rows per batch (the reference's ``batchsize * scale`` = 1024).
-    algorithm : str or mapping
-        ``"DiSF"`` by default; the other metrics work too (batched greedy on them).
-    Other parameters
-        As for :func:`greedy`.
-
-    Returns
-    -------
-    numpy.ndarray of int64 (k,)
-        Distinct row indices, batch by batch, each batch's in the order chosen.
-
-    Notes
-    -----
-    Time: O(k * batch_size * d^2) for DiSF (each of the k steps scores one batch), independent of
-    the batch count otherwise, so linear in n at a fixed ratio. Memory: O(n d) for the inputs plus
-    O(d^2) float64 (DiSF) or ``batch_size^2`` floats (Facility) for the current batch.
+    The other metrics work too (batched greedy on them). Rows come out batch by batch, each
+    batch's in the order chosen. Time: O(k * batch_size * d^2) for DiSF, linear in n at a fixed
+    ratio.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
         raise OptionError(f"option batch_size={batch_size!r} is invalid: expected an integer >= 1")
     qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
     n = emb.shape[0]
-    n_batches = math.ceil(n / batch_size)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     perm = torch.randperm(n, generator=gen).to(emb.device)
-    batches = torch.tensor_split(perm, n_batches)
-    sizes = np.array([b.numel() for b in batches])
-    quotas = _largest_remainder(k, sizes)
+    batches = torch.tensor_split(perm, math.ceil(n / batch_size))
+    quotas = _largest_remainder(k, np.array([b.numel() for b in batches]))
     out = []
     for rows, quota in zip(batches, quotas, strict=True):
         if quota == 0:
             continue
         obj = _Objective(qn[rows], emb[rows], algorithm, lamb, seed=seed,
                          max_memory_bytes=max_memory_bytes, reference_size=None)
-        local = _greedy_loop(obj, int(quota))
-        out.append(rows[local])
+        out.append(rows[_greedy_loop(obj, int(quota))])
     return torch.cat(out).cpu().numpy()
 
 
@@ -442,7 +324,7 @@ class _Objective:
         if skip_facility or self.facility is None:
             return base
         fac, weight = self.facility
-        return self.combine(base, weight * fac.values_with(cand))
+        return self.combine(base, weight * (fac.value() + fac.gains(cand)))
 
     def combine(self, base: Tensor, weighted_facility: Tensor) -> Tensor:
         # One function for plain and lazy greedy so both round the same way and pick the same row.
@@ -458,7 +340,8 @@ class _Objective:
 
 
 class _PairState:
-    """Pair_simi of ``U + j`` from ``w`` = sum of ``U``'s unit vectors: O(d) per candidate."""
+    """Pair_simi of ``U + j`` from ``w`` = sum of ``U``'s unit vectors: ``sum_{i != l} s_il`` grows by
+    ``2 e_j . w``, so one mat-vec ``E w`` scores every candidate, O(d) each."""
 
     def __init__(self, emb: Tensor):
         self.emb = emb
@@ -478,7 +361,8 @@ class _PairState:
 
 
 class _FacilityState:
-    """Facility: each reference row's best clamped similarity to ``U``; columns cached when they fit.
+    """Facility: each reference row's best clamped similarity ``best_v`` to ``U``; the value with ``j``
+    is ``mean_v max(best_v, s_vj)``, O(|V|) per candidate given its column (cached when they fit).
 
     With ``weights`` (one per row of ``emb``) the mean over the reference rows is weighted.
     """
@@ -505,7 +389,7 @@ class _FacilityState:
         else:
             self.ref_emb = emb
         # mean-1 weights of the reference rows (None: each counts once)
-        self.share = None if weights is None else (weights * (weights.numel() / weights.sum())).to(emb.dtype)
+        self.share = None if weights is None else _mean_one(weights).to(emb.dtype)
         self.emb = emb
         self.best = torch.zeros(size, dtype=emb.dtype, device=emb.device)
         self.block = max(1, _BLOCK_BYTES // (4 * size))  # candidates per block of size x block floats
@@ -545,19 +429,23 @@ class _FacilityState:
     def value(self) -> float:
         return float(self.best.mean() if self.share is None else (self.best @ self.share) / self.best.numel())
 
-    def values_with(self, cand: Tensor | None) -> Tensor:
-        return self.value() + self.gains(cand)
-
     def add(self, j: int) -> None:
         torch.maximum(self.best, self.columns(None, j, j + 1)[0], out=self.best)
 
 
 class _DisfState:
-    """DiSF of ``U + j`` from ``U``'s mean and covariance (Welford), float64, O(d^2) per candidate."""
+    """DiSF of ``U + j`` from ``U``'s mean and covariance, float64, O(d^2) per candidate.
+
+    ``U``'s population covariance ``S`` and mean ``mu`` are kept (``m = |U|``); adding ``x``
+    (``y = x - mu``) gives ``S' = a S + b y y^T`` with ``a = m/(m+1)``, ``b = m/(m+1)^2`` (Welford).
+    With ``w_c = 1 / S'_cc`` the sum of squared correlations is
+    ``a^2 w^T (S o S) w + 2ab (w o y)^T S (w o y) + b^2 (y^T (w o y))^2`` (the middle term O(m d)
+    while ``m < d``) instead of re-standardising ``U + j``, O(m d^2).
+    """
 
     def __init__(self, emb: Tensor):
         self.emb = emb
-        n, d = emb.shape
+        d = emb.shape[1]
         dev = emb.device
         self.d, self.m = d, 0
         self.mean = torch.zeros(d, dtype=torch.float64, device=dev)
@@ -565,11 +453,6 @@ class _DisfState:
         self.cov_sq = torch.zeros_like(self.cov)  # cov o cov, kept to score candidates
         self.rows: list[Tensor] = []  # U's rows while m < d (cheaper middle term)
         self.block = max(1, _BLOCK_BYTES // (8 * 4 * d))
-
-    @staticmethod
-    def _inverse(var: Tensor) -> Tensor:
-        # A dimension constant over the set has no correlation (objectives.DiSF leaves it at 0).
-        return torch.where(var > 1e-12, 1.0 / var.clamp(min=1e-12), torch.zeros_like(var))
 
     def values_with(self, cand: Tensor | None) -> Tensor:
         m, d = self.m, self.d
@@ -582,7 +465,9 @@ class _DisfState:
         out = []
         for start in range(0, count, self.block):
             y = _take(self.emb, cand, start, start + self.block).double() - self.mean
-            inv = self._inverse(a * diag + b * y * y)
+            var = a * diag + b * y * y
+            # A dimension constant over the set has no correlation (objectives.DiSF leaves it at 0).
+            inv = torch.where(var > 1e-12, 1.0 / var.clamp(min=1e-12), torch.zeros_like(var))
             t = inv * y
             first = ((inv @ self.cov_sq) * inv).sum(1)
             # t^T cov t: through U's centred rows while they are fewer than the dimensions.
@@ -632,16 +517,17 @@ def _take(x: Tensor, cand: Tensor | None, start: int = 0, stop: int | None = Non
 
 def _inputs(quality, embeddings, k, device, quality_range):
     q, emb = _as_inputs(quality, embeddings, torch.device(device))
-    k = _check_k(k, q.shape[0])
+    k = _check_quota(k, q.shape[0])
     return normalise_quality(q, quality_range), emb, k
 
 
-def _check_k(k, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int | np.integer):
-        raise OptionError(f"quota k={k!r} must be an integer")
-    if not 1 <= k <= n:
-        raise OptionError(f"quota k={k} is out of range: it must be between 1 and the {n} row(s)")
-    return int(k)
+def _objective(quality, embeddings, k, device, quality_range, algorithm, lamb, seed, max_memory_bytes,
+               reference_size, weights) -> tuple[_Objective, int]:
+    """The checked inputs' :class:`_Objective` and the checked quota (the greedy baselines' start)."""
+    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
+    obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
+                     reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
+    return obj, k
 
 
 def _largest_remainder(k: int, sizes: np.ndarray) -> np.ndarray:

@@ -12,7 +12,6 @@ published method is ``update="paper", refine=0, final="topk"``.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -107,7 +106,8 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     w_e = weights if weights is None or eligible is None else weights[eligible]
     if opts.lamb_scale == "gain" and 0 < opts.lamb < 1:
         opts = opts.replace(lamb=_gain_scaled_lamb(q_e, emb_e, k, opts, w_e), lamb_scale="paper")
-    logits = _initial_logits(q_e, opts.init)
+    # "quality": initial probabilities follow quality
+    logits = torch.zeros_like(q_e) if opts.init == "same" else torch.log(q_e.clamp(min=1e-3))
     pool_size = min(n_keep, math.ceil(opts.refine * k))
     if 2 * pool_size >= n_keep:
         # Refining the whole chunk costs at most twice refining the pool, and less than the
@@ -129,7 +129,8 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         # Refining everything works on the chunk's own tensors (views, no copies).
         pool_logits, q_pool, emb_pool = (logits, q_e, emb_e) if whole else (
             logits[pool], q_e[pool], emb_e[pool])
-        reference_rows = _sample_indices(n_keep, opts.refine_reference, gen)
+        if n_keep > opts.refine_reference:  # else every row is a reference row (None)
+            reference_rows = torch.randperm(n_keep, generator=gen, device=gen.device)[:opts.refine_reference]
 
         def reference():  # built only if a metric uses it: the rows, their pool positions, their weights
             if reference_rows is None:  # every row: exact, each row represents itself as it should
@@ -168,7 +169,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
 
 
 def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr, max_batch,
-              reference=None, weights=None, tick=None):
+              tick, reference=None, weights=None):
     """Run policy-gradient steps in place on ``logits``.
 
     ``reference`` (a callable, called at most once) gives the rows the selection should
@@ -218,8 +219,7 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
         else:
             logits += step_lr * direction
         history[step] = rewards.mean()
-        if tick is not None:
-            tick()
+        tick()
         if states is not None:
             best_reward, best = _keep_best(rewards, idx, best_reward, best)
     if states is not None:  # the policy's mode is a candidate too
@@ -281,7 +281,7 @@ def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOp
     """
     metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours)
     sampled = [metric for metric, _ in metrics if metric.uses_reference]
-    if not sampled or not all("reference" in inspect.signature(m.evaluate).parameters for m in sampled):
+    if not sampled or not all(accepts(metric.evaluate, "reference") for metric in sampled):
         return chosen  # nothing learned on the sample, or a user metric that cannot be evaluated on rows
     n, k = emb.shape[0], chosen.shape[0]
     outside = torch.ones(n, dtype=torch.bool, device=emb.device)
@@ -407,16 +407,14 @@ def _rewards_and_gains(qn, emb, part, member, metrics, states, lamb, with_gains)
         share = (1 - lamb) * weight
         if with_gains:
             metric_reward, metric_gain = metric.rewards_and_gains(emb, part, state, member)
-            gain = gain + share * _sum_rows(metric_gain, part.shape[0])
+            # a (1, b) estimate already stands for every rollout
+            rollouts = part.shape[0]
+            summed = metric_gain.sum(0) if metric_gain.shape[0] == rollouts else metric_gain[0] * rollouts
+            gain = gain + share * summed
         else:
             metric_reward = metric.rewards(emb, part, state)
         reward = reward + share * metric_reward
     return reward, gain
-
-
-def _sum_rows(gain, n_rollouts):
-    """Sum a metric's (G, b) gains over rollouts; a (1, b) estimate already stands for all of them."""
-    return gain.sum(0) if gain.shape[0] == n_rollouts else gain[0] * n_rollouts
 
 
 def _plackett_luce_direction(theta, idx, advantage):
@@ -454,13 +452,6 @@ def _precision(precision: str, device: torch.device) -> str:
     return "bfloat16" if device.type == "cuda" or _cpu_has_bf16() else "float32"
 
 
-def _sample_indices(n, m, gen):
-    """``m`` of ``n`` row indices drawn without replacement, or None (every row) when ``n <= m``."""
-    if n <= m:
-        return None
-    return torch.randperm(n, generator=gen, device=gen.device)[:m]
-
-
 def _standardise(x):
     std = x.std() if x.numel() > 1 else x.new_tensor(0.0)
     return (x - x.mean()) / (std + 1e-8)
@@ -469,12 +460,6 @@ def _standardise(x):
 def _gumbel(shape, gen, device):
     u = torch.rand(shape, generator=gen, device=device).clamp_(1e-20, 1.0 - 1e-7)
     return -torch.log(-torch.log(u))
-
-
-def _initial_logits(qn, init: str):
-    if init == "same":
-        return torch.zeros_like(qn)
-    return torch.log(qn.clamp(min=1e-3))  # initial probabilities follow quality
 
 
 def _as_inputs(quality, embeddings, device):
@@ -520,12 +505,14 @@ def _numeric_tensor(values, name):
     return torch.as_tensor(values)
 
 
-def _check_quota(k, n, prune) -> int:
+def _check_quota(k, n, prune: float | None = None) -> int:
+    """``k`` as an int, checked against the ``n`` rows less the ``prune`` share (None: no pruning)."""
     if isinstance(k, bool) or not isinstance(k, int | np.integer):
         raise OptionError(f"quota k={k!r} must be an integer")
-    n_keep = n - int(math.floor(prune * n))
+    n_keep = n - int(math.floor((prune or 0) * n))
     if not 1 <= k <= n_keep:
+        pruned = "" if prune is None else (
+            f" left after pruning {prune:.0%} of {n}; lower the ratio or the prune share")
         raise OptionError(
-            f"quota k={k} is out of range: it must be between 1 and the {n_keep} row(s) left after "
-            f"pruning {prune:.0%} of {n}; lower the ratio or the prune share")
+            f"quota k={k} is out of range: it must be between 1 and the {n_keep} row(s){pruned}")
     return int(k)

@@ -3,9 +3,8 @@
 Each step of :class:`~datamask_dask.learn.objectives.Facility` reads the graph (m reference rows x
 t neighbours) for every rollout: which neighbours are in U, each reference row's best and second
 best similarity to U, and what each candidate would add or take away. In torch that is about ten
-whole-graph tensor operations a step (gather, multiply, max, scatter, subtract, clamp, two
-scatter-adds), each a pass through memory with a temporary of G x m x t floats; here it is one
-pass per rollout, with no temporaries.
+whole-graph tensor operations a step, each a pass through memory with a temporary of G x m x t
+floats; here it is one pass per rollout, with no temporaries.
 
 The arithmetic is the torch path's, operation for operation and in the same order (the same
 float32 products, differences and clamps; the gains summed over the graph's entries in row-major
@@ -15,6 +14,7 @@ compare them.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import numpy as np
@@ -48,16 +48,11 @@ def best_and_gains(values: torch.Tensor, neighbours: torch.Tensor, member: torch
     return torch.from_numpy(best), torch.from_numpy(gain) if with_gains else None
 
 
-_compiled = None
-
-
+@functools.cache
 def _kernel():
-    global _compiled
-    if _compiled is None:
-        import numba
+    import numba
 
-        _compiled = numba.njit(cache=True, nogil=True)(_step)
-    return _compiled
+    return numba.njit(cache=True, nogil=True)(_step)
 
 
 def _step(values, neighbours, member, share, best, gain, with_gains):  # pragma: no cover (compiled)

@@ -4,11 +4,10 @@ Every term lies in [0, 1] so that ``lamb`` means what it says:
 
 - quality(U)  = mean over U of the min-max normalised quality score (range of the chunk, or of
   the whole table when the Dask operator passes it);
-- Pair_simi   = 1 - mean pairwise cosine similarity of U (computed from w = sum of U's unit
-  vectors: sum_{i != j} s_ij = |w|^2 - k, so O(k d));
-- Facility    = mean over a reference set V of max over U of the cosine similarity clamped at 0
-  (V is every row when evaluating, a sample of the batch while learning); with row weights (the
-  rows each kept row stands for after near-duplicates are set aside) a weighted mean;
+- Pair_simi   = 1 - mean pairwise cosine similarity of U (from w = sum of U's unit vectors:
+  sum_{i != j} s_ij = |w|^2 - k, so O(k d));
+- Facility    = mean over a reference set V of max over U of the cosine similarity clamped at 0,
+  weighted by the rows each row of V stands for;
 - DiSF        = 1 - mean squared off-diagonal entry of the d x d correlation matrix of U's
   standardised features (DiSF, Fan et al., ICLR 2025).
 
@@ -82,7 +81,8 @@ class DiversityMetric:
 
     def evaluate(self, emb: Tensor, selected: Tensor) -> float:
         """Diversity of one selection (indices into ``emb``) measured on the whole chunk."""
-        return float(self.rewards(emb, selected[None], self.prepare(emb, _fixed_generator(emb.device)))[0])
+        state = self.prepare(emb, torch.Generator(device=emb.device).manual_seed(0))
+        return float(self.rewards(emb, selected[None], state)[0])
 
 
 class PairSimi(DiversityMetric):
@@ -120,9 +120,6 @@ class PairSimi(DiversityMetric):
         mean_without = (pair_sum - 2 * (dots - 1)) / max((k - 1) * (k - 2), 1)
         mean_plus = (pair_sum + 2 * dots) / ((k + 1) * k)
         return 1.0 - mean_with[:, 0], torch.where(member, mean_without - mean_with, mean_with - mean_plus)
-
-    def evaluate(self, emb, selected):
-        return float(self.rewards(emb, selected[None], None)[0])
 
 
 class Facility(DiversityMetric):
@@ -172,9 +169,9 @@ class Facility(DiversityMetric):
             # A fixed sample of m reference rows, learned against for many steps: a sampled row is
             # its own best neighbour (similarity 1), so selecting it earns 1/m, while the chunk's
             # objective gives every selected row only 1/n for covering itself, and unsampled rows
-            # nothing. The selection then drifts to the sample, whatever its quality (at n = 200k,
-            # m = 32k: n/m = 6x the weight). Without self-matches the sample estimates only how
-            # well U covers *other* rows, which is unbiased for every candidate alike.
+            # nothing. The selection then drifts to the sample, whatever its quality. Without
+            # self-matches the sample estimates only how well U covers *other* rows, which is
+            # unbiased for every candidate alike.
             values.masked_fill_(neighbours == reference_rows[:, None], 0.0)
         # (m, t) each, whether the reference is a fixed sample (its gains are then shrunk), the
         # reference rows' weights scaled to mean 1 (None: every row counts once) and the mean floor
@@ -228,23 +225,18 @@ class Facility(DiversityMetric):
         gain.scatter_add_(1, owner, leaving)
         gain /= m
         if state[2]:
-            gain = _shrink(gain, self._gain_noise(flat, joining, owner, leaving, gain.shape, m))
+            # Each row's sampling variance of its gain: a gain is a mean over the m sampled
+            # reference rows of what the row adds to each, so its variance is sum(adds^2) / m^2.
+            noise = torch.zeros_like(gain)
+            noise.scatter_add_(1, flat, joining.pow_(2).view(g, -1))
+            noise.scatter_add_(1, owner, leaving.pow(2))
+            gain = _shrink(gain, noise / (m * m))
         return _weighted_mean(best, share) + state[4], gain
-
-    @staticmethod
-    def _gain_noise(flat, joining, owner, leaving, shape, m):
-        """Each row's sampling variance of its gain (G, b): a gain is a mean over the m sampled
-        reference rows of what the row adds to each, so its variance is sum(adds^2) / m^2."""
-        noise = torch.zeros(shape, dtype=joining.dtype, device=joining.device)
-        noise.scatter_add_(1, flat, joining.pow_(2).view(shape[0], -1))
-        noise.scatter_add_(1, owner, leaving.pow(2))
-        return noise / (m * m)
 
     def evaluate(self, emb, selected, reference=None, weights=None):
         """Mean over ``reference`` (m, d; every row of ``emb`` by default) of its best clamped
         similarity to the selected rows of ``emb``: on a uniform sample drawn independently of the
-        selection, an unbiased estimate of the whole chunk's term. ``weights`` (one per reference
-        row): the rows each stands for; the mean is then weighted."""
+        selection, an unbiased estimate of the whole chunk's term. ``weights``: one per reference row."""
         return self._coverage(emb if reference is None else reference, emb, selected, [(0, selected.numel())],
                               weights)[0]
 
@@ -252,8 +244,8 @@ class Facility(DiversityMetric):
         """:meth:`evaluate` of two selections, each similarity computed once: the reference rows meet
         the rows of either selection in one product, columns ordered (first only, both, second
         only) so that each selection's columns are one slice. Where the selections share most rows
-        (the learned mask and quality top-k share about 70% at lamb 0.5) that is a third less work
-        than two evaluations, with the same values (each entry is the same dot product)."""
+        that is less work than two evaluations, with the same values (each entry is the same dot
+        product)."""
         n = emb.shape[0]
         in_first = torch.zeros(n, dtype=torch.bool, device=emb.device).index_fill_(0, first, True)
         in_second = torch.zeros(n, dtype=torch.bool, device=emb.device).index_fill_(0, second, True)
@@ -339,7 +331,8 @@ class DiSF(DiversityMetric):
         moment = self._second_moment(z)
         # A factor F with F^T F ~= M (rows of Z, or the top eigenpairs of M when k > rank), so that
         # z_j^T M z_j = |F z_j|^2 and F z_j = (F / std) e_j - (F / std) mean: no (G, b, d) tensor.
-        factor = z if k <= self.rank else self._top_eigen_factor(moment if k > d else z.transpose(1, 2) @ z)
+        gram = moment if k > d else z.transpose(1, 2) @ z  # Z^T Z (G, d, d)
+        factor = z if k <= self.rank else self._top_eigen_factor(gram)
         scaled = factor / std  # (G, s, d)
         low = torch.bfloat16 if self.precision == "bfloat16" else emb.dtype
         proj = (emb.to(low) @ scaled.to(low).transpose(1, 2)).float()  # (G, b, s)
@@ -350,7 +343,7 @@ class DiSF(DiversityMetric):
         # The row also moves U's variances: to first order sum_a R_a z_ja^2 with R_a = sum_b C_ab^2
         # (C the correlation matrix), a row far out along strongly correlated dimensions dilutes
         # their correlations. Without it the gains miss what greedy exploits.
-        corr = (moment if k > d else z.transpose(1, 2) @ z) / k  # (G, d, d)
+        corr = gram / k  # (G, d, d)
         weight = corr.pow(2).sum(-1) * inv_var  # R_a / std_a^2, (G, d)
         spread = (emb.pow(2) @ weight.T - 2 * emb @ (mean[:, 0] * weight).T).T
         spread = spread + (mean[:, 0].pow(2) * weight).sum(-1, keepdim=True)  # sum_a R_a z_ja^2
@@ -375,14 +368,12 @@ class DiSF(DiversityMetric):
         values, vectors = torch.linalg.eigh(q.transpose(1, 2) @ m @ q)
         return (q @ vectors * values.clamp(min=0).sqrt()[:, None, :]).transpose(1, 2)
 
-    def _evaluate_z(self, z: Tensor) -> float:
+    def evaluate(self, emb, selected):
+        z = self._standardise(emb[selected].double())
         k, d = z.shape
         corr = (z.T @ z) / k
         off = corr.pow(2).sum() - torch.diagonal(corr).pow(2).sum()
         return float(1.0 - off / (d * (d - 1)))
-
-    def evaluate(self, emb, selected):
-        return self._evaluate_z(self._standardise(emb[selected].double()))
 
 
 _REGISTRY: dict[str, type[DiversityMetric] | DiversityMetric] = {}
@@ -562,11 +553,10 @@ def _shrink(gain: Tensor, noise: Tensor) -> Tensor:
     """Empirical-Bayes shrinkage of noisy per-row gains (G, b) towards each rollout's mean gain.
 
     With a fixed reference sample, a row's gain rests on the few sampled rows it covers (about
-    m / k per selected row: 1.6 at n = 200k, m = 32k), so gains spread far more than the true ones
-    and, learned against for every step, they outvote the (exact) quality gains: the selection
-    chases sampling noise and its quality falls below quality top-k's. Scaling the deviations by
-    signal / (signal + noise) variance (James-Stein) keeps what the sample does know; with the whole
-    chunk as reference nothing is shrunk.
+    m / k per selected row), so gains spread far more than the true ones and, learned against for
+    every step, they outvote the (exact) quality gains: the selection chases sampling noise and its
+    quality falls below quality top-k's. Scaling the deviations by signal / (signal + noise)
+    variance (James-Stein) keeps what the sample does know.
     """
     mean = gain.mean(1, keepdim=True)
     spread = (gain - mean).pow(2).mean(1, keepdim=True)
@@ -592,7 +582,3 @@ def accepts(function, name: str) -> bool:
 def _selection_sums(emb: Tensor, idx: Tensor) -> Tensor:
     """Sum of each rollout's rows, (G, d): reads only the selected rows, no (G, k, d) copy."""
     return torch.nn.functional.embedding_bag(idx, emb, mode="sum")
-
-
-def _fixed_generator(device) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(0)

@@ -34,12 +34,10 @@ class DataMaskOptions:
     lamb : float
         Weight of quality in the reward, in [0, 1]: ``lamb * quality + (1 - lamb) * diversity``.
     lamb_scale : {"paper", "gain"}
-        How the two terms are put on one scale. ``"paper"``: as they are (quality min-max
-        normalised to [0, 1], diversity in its metric's units), whose spreads differ by an order of
-        magnitude, so lamb weighs them unevenly. ``"gain"``: each term divided by what it can gain
-        over a random pick on the chunk (quality: top-k's mean over the chunk's; diversity: a learn
-        at ``lamb = 0`` over random draws), so lamb 0.5 weighs a point of each term's gain alike; it
-        costs that extra learn per chunk.
+        ``"paper"``: the terms as they are, whose spreads differ by an order of magnitude, so lamb
+        weighs them unevenly. ``"gain"``: each term divided by what it can gain over a random pick on
+        the chunk, so lamb 0.5 weighs a point of each term's gain alike; it costs an extra learn (at
+        ``lamb = 0``) per chunk.
     n_rollout : int
         Masks sampled per step (G). At least 2: advantages are standardised within the group.
     init : {"quality", "same"}
@@ -54,11 +52,10 @@ class DataMaskOptions:
         ordered Plackett-Luce sample. ``"credit"`` (default): each selected row is credited with
         its own leave-one-out contribution to the reward, a far less noisy signal (see README).
     final : {"best", "topk", "sample"}
-        Final mask: ``"best"``, the best mask the policy drew in a stage where every row took
-        part in every step (the refinement stage, or a chunk small enough for one batch), else
-        the top-k of the learned logits; ``"topk"``, the top-k of the learned logits (the paper);
-        ``"sample"``, one Gumbel-top-k draw from them. Independent logits cannot say "one of
-        these two near-duplicates", so the policy's best draw beats the top-k of its logits.
+        ``"best"``: the best mask the policy drew in a stage where every row took part in every step,
+        else the top-k of the learned logits; ``"topk"``: the top-k of the learned logits (the paper);
+        ``"sample"``: one Gumbel-top-k draw from them. Independent logits cannot say "one of these two
+        near-duplicates", so the policy's best draw beats the top-k of its logits.
     refine : float
         Size of the candidate pool refined after the first stage, as a multiple of k (0 turns the
         stage off, which is the published method). The pool is the top rows by learned logit; it
@@ -86,16 +83,13 @@ class DataMaskOptions:
         Most similar rows each ``Facility`` reference row keeps (its sparse k-NN graph).
     exact_neighbours : int
         Up to this many rows in a step's batch, the ``Facility`` graph is exact; above it the
-        neighbours are searched in the nearest clusters only (see :mod:`datamask_dask.learn.knn`),
-        which costs about the same per row whatever the chunk size.
+        neighbours are searched in the nearest clusters only (see :mod:`datamask_dask.learn.knn`).
     probes : int
         Clusters searched per row in that case (FAISS's ``nprobe``): more find more of the true
-        neighbours and cost more; one probe misses neighbours that low-dimensional embeddings
-        spread over adjacent clusters.
+        neighbours and cost more.
     precision : {"auto", "float32", "bfloat16"}
-        Precision of the ``Facility`` similarity graph; "auto" takes bfloat16 on CUDA and on CPUs
-        with AMX / AVX512-BF16, where it is several times faster. Objectives are always evaluated in
-        float32.
+        Precision of the similarity products while learning; "auto" takes bfloat16 on CUDA and on
+        CPUs with AMX / AVX512-BF16. Objectives are always evaluated in float32.
     rollout_chunk : int
         Rollouts evaluated at once; bounds the memory of the reward computation.
     """
@@ -125,7 +119,7 @@ class DataMaskOptions:
     probes: int = 2
     precision: str = "auto"
     rollout_chunk: int = 32
-    metric_weights: tuple = field(default=(), repr=False)
+    metric_weights: tuple = field(default=(), repr=False, init=False)  # resolved from algorithm
 
     def __post_init__(self) -> None:
         from .objectives import resolve_metrics
@@ -161,7 +155,7 @@ class DataMaskOptions:
     @classmethod
     def from_mapping(cls, values: Mapping) -> DataMaskOptions:
         """Build options from a mapping, rejecting unknown keys with the list of known ones."""
-        known = {f.name for f in dataclasses.fields(cls)} - {"metric_weights"}
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
         unknown = sorted(set(values) - known)
         if unknown:
             raise OptionError(f"unknown option(s) {unknown}; known options are {sorted(known)}")
@@ -173,8 +167,7 @@ class DataMaskOptions:
 
     def as_dict(self) -> dict:
         """The options as plain data (for manifests and configs)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out.pop("metric_weights")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         if isinstance(out["algorithm"], Mapping):
             out["algorithm"] = dict(out["algorithm"])
         return out

@@ -8,11 +8,10 @@ over random it gains too::
 
 ``f`` is the joint objective of :func:`~datamask_dask.learn.objectives.evaluate_selection` over
 every row given; ``random`` is the mean of ``seeds`` random picks of the same size; the baseline is
-the best of lazy greedy (plain greedy where no term is lazy; where lazy greedy would cost more than
-``greedy_max_work`` multiply-adds, lazy greedy on Facility's k-NN graph, or stochastic greedy for the
-other metrics) and quality top-k, which stochastic greedy
-can fall below when quality weighs. Quality top-k's own share is reported beside the selection's,
-so a selection at ``lamb > 0`` is checked against the trivial answer of the quality term. Above
+the better of quality top-k and lazy greedy (plain greedy where no term is lazy; above
+``greedy_max_work`` multiply-adds, or for Facility where its cache would not hold every row, the
+fallback of :func:`greedy_pick`). Quality top-k's own share is reported beside the selection's, so a
+selection at ``lamb > 0`` is checked against the trivial answer of the quality term. Above
 ``reference_rows`` rows, Facility's term is estimated on one fixed uniform sample of that many rows,
 the same for every selection scored, so their differences carry little of the sample's noise.
 """
@@ -35,7 +34,7 @@ from .baselines import (
 from .objectives import DiSF, Facility, build_metrics, evaluate_selection, resolve_metrics
 
 #: Multiply-adds lazy greedy may cost (n x k candidate scores of d (Pair_simi) or d^2 (DiSF) each, or
-#: Facility's n x |V| x d similarity cache); above it the baseline is stochastic greedy.
+#: Facility's n x |V| x d similarity cache); above it :func:`greedy_pick` falls back.
 GREEDY_MAX_WORK = 1e12
 RANDOM_SEEDS = 3
 #: Rows Facility is evaluated on when the table has more (its exact value costs n x k products).
@@ -44,22 +43,10 @@ REFERENCE_ROWS = 20_000
 
 @dataclass(frozen=True)
 class Yardstick:
-    """A selection's objective beside the references it is measured against.
+    """A selection's objective ``f`` beside those of the references it is measured against.
 
-    Attributes
-    ----------
-    objective : float
-        ``f`` of the selection.
-    random : float
-        Mean ``f`` of ``RANDOM_SEEDS`` uniform random picks of the same size.
-    baseline : float
-        ``f`` of the baseline's pick, named by ``baseline_name``.
-    topk : float
-        ``f`` of quality top-k.
-    share : float
-        The selection's share of the baseline's gain over random (1.0: as good as the baseline).
-    topk_share : float
-        Quality top-k's share of the same gain.
+    ``random`` is the mean ``f`` of the random picks; ``share`` is the selection's share of the
+    baseline's gain over random (1.0: as good as the baseline), ``topk_share`` quality top-k's.
     """
 
     objective: float
@@ -87,27 +74,14 @@ def measure(quality, embeddings, selected, **options) -> Yardstick:
 def measure_all(quality, embeddings, selections, *, algorithm="Pair_simi", lamb: float = 0.5,
                 quality_range=None, seeds: int = RANDOM_SEEDS, greedy_max_work: float = GREEDY_MAX_WORK,
                 reference_rows: int = REFERENCE_ROWS, device="cpu") -> list[Yardstick]:
-    """Measure selections of the rows of ``embeddings`` with the yardstick (see the module), the
-    references computed once for them all.
+    """Measure selections (bool arrays of one size ``k``, the size every reference picks) of the rows
+    of ``embeddings`` with the yardstick (see the module), the references computed once for them all.
 
-    Parameters
-    ----------
-    quality : array-like (n,)
-    embeddings : array-like (n, d)
-    selections : list of array-like of bool (n,)
-        The selections to measure, all of one size ``k``: the size every reference picks.
-    algorithm, lamb, quality_range
-        The objective, as for the learner (the table's quality range is what a job uses).
-    seeds : int
-        Random picks averaged (at least 3).
-    greedy_max_work : float
-        Up to this cost (:func:`greedy_work`) the baseline is lazy greedy (see :func:`greedy_pick`).
-    reference_rows : int
-        Above this many rows, Facility is evaluated on a fixed uniform sample of them.
+    ``algorithm``, ``lamb`` and ``quality_range`` give the objective, as for the learner (the table's
+    quality range is what a job uses); ``seeds`` random picks are averaged; ``greedy_max_work``
+    bounds the cost of lazy greedy (:func:`greedy_work`), above which :func:`greedy_pick` falls back.
     """
-    quality = np.asarray(quality, dtype=np.float32)
-    embeddings = np.asarray(embeddings, dtype=np.float32)
-    embeddings = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    quality, embeddings = _unit_inputs(quality, embeddings)
     selections = [np.asarray(selected, dtype=bool) for selected in selections]
     k = int(selections[0].sum())
     if any(int(selected.sum()) != k for selected in selections):
@@ -182,9 +156,7 @@ class TermShares:
 def term_shares(quality, embeddings, selections, *, algorithm="Pair_simi", quality_range=None,
                 seeds: int = RANDOM_SEEDS, device="cpu") -> list[TermShares]:
     """:class:`TermShares` of each selection (bool arrays of one size) on the rows given."""
-    quality = np.asarray(quality, dtype=np.float32)
-    embeddings = np.asarray(embeddings, dtype=np.float32)
-    embeddings = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    quality, embeddings = _unit_inputs(quality, embeddings)
     k = int(np.asarray(selections[0]).sum())
     common = {"algorithm": algorithm, "quality_range": quality_range, "device": device}
 
@@ -198,3 +170,10 @@ def term_shares(quality, embeddings, selections, *, algorithm="Pair_simi", quali
     spans = np.array([best_quality, best_diversity]) - random
     shares = [(terms(np.asarray(rows, dtype=bool)) - random) / spans for rows in selections]
     return [TermShares(float(q), float(d)) for q, d in shares]
+
+
+def _unit_inputs(quality, embeddings) -> tuple[np.ndarray, np.ndarray]:
+    """Quality and embeddings as float32 arrays, the embeddings' rows scaled to unit length."""
+    embeddings = np.asarray(embeddings, dtype=np.float32)
+    unit = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
+    return np.asarray(quality, dtype=np.float32), unit
