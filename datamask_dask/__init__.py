@@ -47,7 +47,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "learn.engine": ["MaskResult", "learn_mask"],
     "learn.objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
     "learn.options": ["DataMaskOptions"],
-    "learn.baselines": ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "greedy", "lazy_greedy", "quality_topk",
+    "learn.baselines": ["DEFAULT_MAX_MEMORY", "graph_lazy_greedy", "greedy", "lazy_greedy", "quality_topk",
                         "random_selection", "stochastic_greedy"],
     "partition.adapters": ["embedding_matrix"],
     "sample_data": ["make_corpus", "make_embeddings"],

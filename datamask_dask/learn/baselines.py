@@ -24,8 +24,8 @@ from .engine import _as_inputs, _check_quota, row_weights
 from .knn import top_neighbours
 from .objectives import DiSF, Facility, PairSimi, _mean_one, build_metrics, normalise_quality, resolve_metrics
 
-__all__ = ["DEFAULT_MAX_MEMORY", "disf_batched_greedy", "graph_lazy_greedy", "greedy", "lazy_greedy",
-           "quality_topk", "random_selection", "stochastic_greedy"]
+__all__ = ["DEFAULT_MAX_MEMORY", "graph_lazy_greedy", "greedy", "lazy_greedy", "quality_topk",
+           "random_selection", "stochastic_greedy"]
 
 Tensor = torch.Tensor
 DEFAULT_MAX_MEMORY = 4 * 2**30  # bytes the Facility similarity cache may take (float32)
@@ -43,7 +43,8 @@ def random_selection(quality, embeddings, k: int, *, algorithm="Pair_simi", lamb
     The other keywords are accepted so every baseline has the same signature; they do not change
     the draw.
     """
-    n = _check_quota(k, len(np.asarray(quality)))
+    n = len(np.asarray(quality))
+    k = _check_quota(k, n)
     return np.random.default_rng(seed).choice(n, size=k, replace=False).astype(np.int64)
 
 
@@ -234,48 +235,6 @@ def _graph_greedy_kernel():
         return chosen
 
     return run
-
-
-def disf_batched_greedy(quality, embeddings, k: int, *, algorithm="DiSF", lamb: float = 0.5, seed: int = 0,
-                        device="cpu", quality_range=None, batch_size: int = 1024,
-                        max_memory_bytes: int = DEFAULT_MAX_MEMORY) -> np.ndarray:
-    """DiSF's batched greedy (Fan et al., ICLR 2025, arXiv 2504.20644, ``DISF/select_disf.py``).
-
-    The reference implementation cuts the corpus into batches of ``batch_size`` files (1024 in its
-    default run) and, independently in each batch, picks ``top_k`` files (16) greedily: the first
-    at random, then each time the file whose addition minimises the squared Frobenius norm of the
-    off-diagonal part of the correlation matrix of that batch's selected features. This does the
-    same, with three documented changes:
-
-    - batches are a seeded random partition of the chunk (the reference slices files in storage
-      order, which is only random if storage is), of near-equal sizes so no row is left out;
-    - each batch's quota is its share of ``k`` (largest remainder), so exactly ``k`` rows come out;
-    - the criterion is the joint objective ``lamb * Q + (1 - lamb) * D`` on the batch's selected
-      set, which for ``lamb = 0`` and ``algorithm="DiSF"`` is the reference criterion up to an
-      affine map (``D = 1 - offdiag / (d (d - 1))``; the reference's unbiased variance with
-      ``eps = 1e-8`` gives the same correlations). At ``lamb = 0`` every single row ties, so the
-      first pick is the batch's first row: random, as in the reference.
-
-    The other metrics work too (batched greedy on them). Rows come out batch by batch, each
-    batch's in the order chosen. Time: O(k * batch_size * d^2) for DiSF, linear in n at a fixed
-    ratio.
-    """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
-        raise OptionError(f"option batch_size={batch_size!r} is invalid: expected an integer >= 1")
-    qn, emb, k = _inputs(quality, embeddings, k, device, quality_range)
-    n = emb.shape[0]
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    perm = torch.randperm(n, generator=gen).to(emb.device)
-    batches = torch.tensor_split(perm, math.ceil(n / batch_size))
-    quotas = _largest_remainder(k, np.array([b.numel() for b in batches]))
-    out = []
-    for rows, quota in zip(batches, quotas, strict=True):
-        if quota == 0:
-            continue
-        obj = _Objective(qn[rows], emb[rows], algorithm, lamb, seed=seed,
-                         max_memory_bytes=max_memory_bytes, reference_size=None)
-        out.append(rows[_greedy_loop(obj, int(quota))])
-    return torch.cat(out).cpu().numpy()
 
 
 # --------------------------------------------------------------------------- the objective
@@ -528,13 +487,3 @@ def _objective(quality, embeddings, k, device, quality_range, algorithm, lamb, s
     obj = _Objective(qn, emb, algorithm, lamb, seed=seed, max_memory_bytes=max_memory_bytes,
                      reference_size=reference_size, weights=row_weights(weights, emb.shape[0], emb.device))
     return obj, k
-
-
-def _largest_remainder(k: int, sizes: np.ndarray) -> np.ndarray:
-    """Integer quotas proportional to ``sizes`` summing to ``k`` (none above its size)."""
-    share = k * sizes / sizes.sum()
-    quotas = np.floor(share).astype(np.int64)
-    order = np.argsort(-(share - quotas), kind="stable")
-    # Only rows with a fractional share get the extra one, so no quota exceeds its batch.
-    quotas[order[:k - quotas.sum()]] += 1
-    return quotas
