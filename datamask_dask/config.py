@@ -91,7 +91,7 @@ ALIASES = {"select_ratio": "ratio", "quality": "quality_column", "embedding": "e
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 
-LEARNER_KEYS = tuple(f.name for f in dataclasses.fields(DataMaskOptions) if f.name != "metric_weights")
+LEARNER_KEYS = tuple(f.name for f in dataclasses.fields(DataMaskOptions) if f.init)  # not the derived ones
 SECTIONS = "algorithms"  # key of the per-metric sections
 
 
