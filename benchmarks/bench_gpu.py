@@ -97,7 +97,7 @@ def enable_rmm_statistics() -> None:
 
 def run_job(source: Path, target: Path, n_workers: int | None, config: str, overrides: dict) -> dict:
     from datamask_dask import get_client, read_parquet, write_selection
-    from datamask_dask.cli import input_fingerprint
+    from datamask_dask.io.storage import input_fingerprint
 
     client = get_client("cuda", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
     try:

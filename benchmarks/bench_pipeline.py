@@ -188,7 +188,7 @@ class MemorySampler:
 def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: dict) -> dict:
     """``datamask select`` on ``source`` with ``n_workers`` single-thread workers; timings and memory."""
     from datamask_dask import get_client, read_parquet, write_selection
-    from datamask_dask.cli import input_fingerprint
+    from datamask_dask.io.storage import input_fingerprint
 
     client = get_client("cpu", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
     try:

@@ -421,7 +421,7 @@ def _run_select(args, options: dict, started: float) -> None:
     if _is_table_job(args):
         _run_table_select(args, options)
         return
-    from .io.storage import resolve
+    from .io.storage import input_fingerprint, resolve
 
     # URIs (s3://...) resolve through fsspec; credentials and endpoints come from the environment.
     source, target = resolve(args.input), resolve(args.output)
@@ -451,29 +451,6 @@ def _backend(args) -> str:
 
     wants_gpu = str(args.device or "").startswith("cuda")
     return "cudf" if wants_gpu and importlib.util.find_spec("cudf") is not None else "pandas"
-
-
-def input_fingerprint(source) -> list:
-    """Names, sizes and modification times (ETags on object stores) of the input's data files: a
-    resume must see the same. Hidden files and folders (``.x``, ``_x``) are not data."""
-    from .io.storage import resolve
-
-    source = resolve(source)
-    single = source.isfile()
-    names = source.files()
-    if not single:
-        names = [n for n in names if not any(part.startswith((".", "_")) for part in n.split("/"))]
-    fingerprint = []
-    for name in names:
-        where = source if single else source.child(name)
-        if source.local:
-            stat = os.stat(where.path)
-            fingerprint.append([name, stat.st_size, stat.st_mtime_ns])
-        else:
-            info = source.fs.info(where.path)
-            fingerprint.append([name, int(info.get("size") or 0),
-                                str(info.get("ETag") or info.get("mtime") or info.get("LastModified"))])
-    return fingerprint
 
 
 def _run_sample(args) -> int:

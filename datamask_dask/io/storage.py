@@ -196,3 +196,24 @@ def fsync_dir(path: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def input_fingerprint(source) -> list:
+    """Names, sizes and modification times (ETags on object stores) of the input's data files: a
+    resume must see the same. Hidden files and folders (``.x``, ``_x``) are not data."""
+    source = resolve(source)
+    single = source.isfile()
+    names = source.files()
+    if not single:
+        names = [n for n in names if not any(part.startswith((".", "_")) for part in n.split("/"))]
+    fingerprint = []
+    for name in names:
+        where = source if single else source.child(name)
+        if source.local:
+            stat = os.stat(where.path)
+            fingerprint.append([name, stat.st_size, stat.st_mtime_ns])
+        else:
+            info = source.fs.info(where.path)
+            fingerprint.append([name, int(info.get("size") or 0),
+                                str(info.get("ETag") or info.get("mtime") or info.get("LastModified"))])
+    return fingerprint
