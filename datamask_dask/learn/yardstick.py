@@ -90,7 +90,8 @@ def measure_all(quality, embeddings, selections, *, algorithm="Pair_simi", lamb:
     common = {"algorithm": algorithm, "lamb": lamb, "quality_range": quality_range, "device": device}
     reference = None
     if n > reference_rows:
-        reference = np.sort(np.random.default_rng(0).choice(n, reference_rows, replace=False))
+        # another stream than the random picks' (default_rng(seed)), so no pick is the sample itself
+        reference = np.sort(np.random.default_rng([0, 1]).choice(n, reference_rows, replace=False))
 
     def score(rows) -> float:
         return evaluate_selection(quality, embeddings, rows, reference=reference, **common)["objective"]

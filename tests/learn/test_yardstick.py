@@ -79,6 +79,16 @@ def test_above_the_greedy_size_facility_is_measured_against_lazy_greedy_on_its_g
     assert sampled.share < graph.share
 
 
+def test_the_evaluation_sample_is_drawn_apart_from_the_random_picks(corpus):
+    """Facility's reference sample and a random pick of its size, drawn from one stream, would be the
+    same rows: that pick covers the sample perfectly and lifts random above greedy."""
+    q, e = corpus
+    k = 300
+    pick = _mask(len(q), lazy_greedy(q, e, k, algorithm="Facility", lamb=0.0))
+    score = measure(q, e, pick, algorithm="Facility", lamb=0.0, reference_rows=k)
+    assert score.random < score.baseline and score.share > 0.9
+
+
 def test_greedy_on_a_reference_sample_does_not_chase_the_sampled_rows(corpus):
     """A sampled reference row covering itself would be worth n / |V| times any other row."""
     q, e = corpus
