@@ -229,16 +229,15 @@ class DeltaSink:
 
     def check(self) -> None:
         location = self.uri
-        local = "://" not in location or location.startswith("file://")
-        local_path = Path(location.removeprefix("file://")) if local else None
         for source in self.inputs:
             if source is not None and str(source).rstrip("/") == location.rstrip("/"):
                 raise UnsafeOutputError(f"the output Delta table {location} is the input: write the "
                                         "selection to another table (the input is never modified)")
-        if local:
-            check_inputs(local_path, [s for s in self.inputs if s is not None and "://" not in str(s)])
+        check_inputs(self.location, [source for source in self.inputs if source is not None])
         if not _deltalake().DeltaTable.is_deltatable(location, storage_options=self.storage_options):
-            if local and local_path.exists() and (not local_path.is_dir() or any(local_path.iterdir())):
+            # On local disk only: on a store, an interrupted first run's files sit at the table's prefix
+            target = self.location
+            if target.local and target.exists() and (not target.isdir() or target.list()):
                 raise UnsafeOutputError(f"{location} exists and is not a Delta table: datamask writes a "
                                         "Delta output only into a new location or a Delta table it wrote")
             return
@@ -257,7 +256,7 @@ class DeltaSink:
     def _root(self, work) -> str:
         """Where the files go: the table, or for a new local table the work area (Delta's log holds
         relative paths, so the finished table is renamed into place whole)."""
-        if "://" not in self.uri and not os.path.lexists(self.uri):
+        if self.location.local and not self.location.exists():
             return work.child("table").path
         return self.uri
 
@@ -292,7 +291,7 @@ class DeltaSink:
             create_table_with_add_actions(root, deltalake.Schema.from_arrow(schema), actions, mode="error",
                                           storage_options=self.storage_options, commit_properties=properties)
         if root != self.uri:
-            publish(Path(root), Path(self.uri))
+            publish(Path(root), Path(self.location.path))
         return {"version": _open(self.uri, storage_options=self.storage_options).version(),
                 "rows": sum(w["rows"] for w in written if w)}
 
