@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 import bench_pipeline as pipeline  # noqa: E402  (data generation)
 
 from datamask_dask.dedup import simhash as duplicates  # noqa: E402
-from datamask_dask.io import summary as summary_module  # noqa: E402
+from datamask_dask.run import summary as summary_module  # noqa: E402
 
 
 def ensure_spread_dataset(folder: Path, n_rows: int, d: int, rows_per_partition: int, copies: float) -> Path:
