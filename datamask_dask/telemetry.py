@@ -78,6 +78,11 @@ def note_curve(label: str, history) -> None:
                           "objective": [round(values[s], 6) for s in steps]})
 
 
+def keep_curves(curves: list[dict]) -> None:
+    """Keep curves taken on another thread (a pack's, learned apart from its members' tasks)."""
+    _local.curves.extend(curves[:max(0, MAX_CURVES - len(_local.curves))])
+
+
 def take_curves() -> list[dict]:
     """This thread's learning curves since the last take (and forget them)."""
     curves, _local.curves = _local.curves, []

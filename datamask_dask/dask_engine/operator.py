@@ -3,7 +3,9 @@
 Backends accepted: Dask DataFrames with pandas or cuDF partitions (see
 :mod:`datamask_dask.partition.adapters`).
 
-The result is lazy. Its graph has two passes over the input:
+Two passes over the input: the plan pass runs when the operator is called (as on Spark, and as
+Dask's ``sort_values`` finds its divisions), because its small result says which partitions learn
+together; the select pass is the lazy result.
 
 1. **Plan** (small): the id, quality, group and token columns, and with ``validate="full"`` the
    embeddings too. Each partition is checked first (:mod:`datamask_dask.partition.checks`: NaN
@@ -24,8 +26,10 @@ The result is lazy. Its graph has two passes over the input:
    many as the plan says), splits them into chunks of at most ``max_chunk_rows`` rows (fewer
    when a ``memory_budget`` asks for it, see :mod:`datamask_dask.plan.memory`), and runs the
    learner (:func:`datamask_dask.learn.learn_mask`) on each chunk with a seed derived from
-   (seed, partition, group, chunk). Every input row and column comes back unchanged and in
-   order, plus ``selected``.
+   (seed, partition, group, chunk). In table scope, consecutive partitions whose eligible rows
+   fit in one chunk together (the plan's packs) hand them to one task that learns them as one
+   partition (:func:`~datamask_dask.partition.select.learn_pack`), whose result their select
+   tasks take. Every input row and column comes back unchanged and in order, plus ``selected``.
 
 Same input, partitioning and seed give the same ``selected`` on any scheduler and any number of
 workers: nothing depends on where or when a task runs. :func:`plan_selection` and
@@ -57,9 +61,10 @@ from ..partition.checks import (
     summarise_partition,
     summarise_scan,
 )
-from ..partition.select import select_partition
+from ..partition.select import learn_pack, pack_rows, select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.reduce import make_plan
+from ..plan.types import Plan
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
@@ -111,8 +116,10 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
             ``"auto"`` learns on the GPU when the partition is cuDF.
         max_chunk_rows : int, default 50_000
             Partitions with more eligible rows are learned in chunks of at most this many rows
-            (default 100_000 for Facility and 10_000 for DiSF: ``config.METRIC_DEFAULTS``).
-            Chunks select apart, so the chunk size is part of what a selection means.
+            (default 100_000 for Facility and 10_000 for DiSF: ``config.METRIC_DEFAULTS``); in
+            table scope, consecutive partitions whose eligible rows fit in one chunk together are
+            learned as one. Chunks select apart, so the chunk size is part of what a selection
+            means.
         oversample : float, default 2
             Size of the table-wide quality pool that sets partition quotas, as a multiple of
             the quota (see :mod:`datamask_dask.plan.quotas`); >= 1.
@@ -157,16 +164,17 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
     -------
     dask.dataframe.DataFrame
         ``ddf`` with the same partitions, rows, index and columns, plus the boolean
-        ``selected`` column (and the score column if asked). Nothing is computed yet.
+        ``selected`` column (and the score column if asked). The plan pass has run; the select
+        pass is computed with the result.
 
     Raises
     ------
     OptionError
-        At call time for bad or unknown options; at compute time for a ratio or budget the
-        data cannot meet.
+        For bad or unknown options, and a ratio or budget the data cannot meet (the plan pass).
     InputDataError
-        At call time for columns missing from the schema; at compute time, naming the
-        partition, for NaN quality, ragged or mixed-dimension embeddings, duplicate ids...
+        For columns missing from the schema; naming the partition, for NaN quality, ragged or
+        mixed-dimension embeddings, duplicate ids... (the plan pass, or with ``validate="light"``
+        the select pass for the embeddings it alone reads).
 
     Examples
     --------
@@ -234,23 +242,47 @@ def _require_dask(ddf) -> None:
 def apply_plan(ddf, spec: SelectSpec, plan):
     """The select pass: ``ddf`` plus the ``selected`` column (lazy), following ``plan``.
 
-    ``plan`` is the Delayed from :func:`plan_selection` or the dict it computes to.
+    ``plan`` is the Delayed from :func:`plan_selection` (computed here: which partitions learn
+    together is the plan's to say) or the plan it computes to.
     """
     import dask.dataframe as dd
 
-    if not isinstance(plan, Delayed):  # one graph node that every partition's task refers to
-        plan = dask.delayed(plan, traverse=False)
+    if isinstance(plan, Delayed):  # which partitions learn together is the plan's to say
+        plan = plan.compute()
+    plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
         out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
     if spec.explain:
         out_columns.update(explain.meta_columns(ddf._meta, spec.id_column))
     meta = ddf._meta.assign(**out_columns)
-    key = _key("datamask-select", ddf, plan)
-    tasks = [dask.delayed(select_partition, pure=True)(part, plan, {"number": i}, dask_key_name=(key, i))
-             for i, part in enumerate(partitions(ddf))]
+    key = _key("datamask-select", ddf, plan_node)
+    parts = partitions(ddf)
+    packs = pack_graph(parts, plan, plan_node, range(len(parts)))
+    tasks = [dask.delayed(select_partition, pure=True)(part, plan_node, {"number": i}, packs.get(i, ()),
+                                                       dask_key_name=(key, i))
+             for i, part in enumerate(parts)]
     divisions = ddf.divisions if ddf.known_divisions else None
     return dd.from_delayed(tasks, meta=meta, divisions=divisions, prefix="datamask-select", verify_meta=False)
+
+
+def pack_graph(parts: list, plan: Plan, plan_node, todo) -> dict[int, object]:
+    """The tasks that learn the plan's packs holding a partition of ``todo``, from their members'
+    ``parts`` (one Delayed each); for each such partition, one Delayed list of its packs' results,
+    which its select task takes."""
+    wanted = set(todo)
+    packs = [(index, pack) for index, pack in enumerate(plan.packs) if wanted.intersection(pack.partitions)]
+    rows = {p: dask.delayed(pack_rows, pure=True)(
+        parts[p], plan_node, {"number": p}, dask_key_name=_key("datamask-pack-rows", parts[p], plan_node, p))
+        for p in sorted({p for _, pack in packs for p in pack.partitions})}
+    learned: dict[int, list] = {}
+    for index, pack in packs:
+        members = [rows[p] for p in pack.partitions]
+        task = dask.delayed(learn_pack, pure=True)(listed("datamask-pack-members", members), plan_node, index,
+                                                   dask_key_name=_key("datamask-pack", members, index))
+        for p in pack.partitions:
+            learned.setdefault(p, []).append(task)
+    return {p: listed("datamask-pack-results", tasks) for p, tasks in learned.items()}
 
 
 def partitions(ddf) -> list:

@@ -14,7 +14,7 @@ from .. import progress as progress_bars
 from .. import telemetry
 from ..partition.select import select_partition
 from ..plan.types import Plan
-from .operator import apply_plan, column_reads, compute_plan, partitions, selection_spec
+from .operator import apply_plan, column_reads, compute_plan, pack_graph, partitions, selection_spec
 
 
 class DaskEngine:
@@ -50,15 +50,17 @@ class DaskEngine:
             used += [spec.token_column] if spec.token_column in self.frame.columns else []
             parts = column_reads(self.frame, list(dict.fromkeys(used)), "datamask-read")
         key = f"datamask-select-write-{run_id}"
+        packs = pack_graph(parts, plan, plan_node, todo)
         tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, task,
-                                                       dask_key_name=(key, number)) for number in todo]
+                                                       packs.get(number, ()), dask_key_name=(key, number))
+                 for number in todo]
         return list(progress_bars.compute(*tasks, scheduler=self.scheduler, progress=progress))
 
 
-def _select_part(frame, plan: Plan, number: int, task) -> dict:
-    """Select partition ``number`` of the table and hand it to ``task``; its marker, with this task's
-    stage seconds (the read fused in front of it included)."""
+def _select_part(frame, plan: Plan, number: int, task, packs=()) -> dict:
+    """Select partition ``number`` of the table (``packs``: the results of the packs it is in) and hand
+    it to ``task``; its marker, with this task's stage seconds (the read fused in front of it included)."""
     telemetry.take_curves()  # curves left on this thread by other work are not this partition's
     with telemetry.timed("select"):
-        selected = select_partition(frame, plan, {"number": number})
+        selected = select_partition(frame, plan, {"number": number}, packs)
     return task(selected, number)

@@ -5,6 +5,13 @@ Engine-agnostic: :func:`select_partition` takes a pandas or cuDF frame and the p
 integration calls it inside ``mapInArrow``. Rows the plan lists as shadowed (near-duplicates of a
 better row, ``diversity_scope="table"``) are ineligible: never selected, score ``-inf``; the row
 kept for each group stands for it (the plan's ``weights``), which the learner's Facility counts.
+
+Consecutive partitions whose eligible rows of a group fit in one chunk together are learned as
+one (a *pack*, :class:`~datamask_dask.plan.types.Pack`): chunks that select apart cover the same
+neighbourhoods twice, so small partitions would select worse than the table they make up. Each
+member's :func:`pack_rows` hands its eligible rows to :func:`learn_pack`, which learns them exactly
+as one partition of those rows (the first member's seed, their quotas summed), and each member's
+:func:`select_partition` takes its part of the result.
 """
 
 from __future__ import annotations
@@ -27,12 +34,13 @@ from .spec import SelectSpec
 
 @dataclass(kw_only=True)
 class _Partition:
-    """One partition's select task: its inputs, and the output columns its cells fill in."""
+    """One select task's rows (a partition, or the rows of a pack): its inputs, and the output columns
+    its cells fill in."""
 
-    frame: object
-    number: int
+    frame: object  # the partition (None for a pack: its rows were checked where they were read)
+    number: int  # the partition (a pack: its first member), which seeds its chunks
     plan: Plan
-    source: object  # the embedding rows (adapters.embedding_source)
+    source: object  # the embedding rows (adapters.embedding_source, or _Rows for a pack)
     quality: np.ndarray
     tokens: np.ndarray | None
     device: str
@@ -47,52 +55,59 @@ class _Partition:
         return self.plan.spec
 
 
-def select_partition(frame, plan: Plan, partition_info=None):
-    """Add ``selected`` (and the score column) to one partition, following the plan."""
+@dataclass(frozen=True)
+class PackRows:
+    """One member's eligible rows of a pack, in position order: what :func:`learn_pack` learns."""
+
+    partition: int
+    positions: np.ndarray  # int64: the rows' positions in the partition
+    quality: np.ndarray
+    embeddings: np.ndarray  # float32, checked (host memory, so they travel between workers)
+    tokens: np.ndarray | None
+    weights: np.ndarray | None
+    device: str
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """A pack's outcome for one member's eligible rows (those of its :class:`PackRows`)."""
+
+    selected: np.ndarray  # bool
+    scores: np.ndarray | None  # float32 logits, with score_column
+    reasons: np.ndarray | None  # int8 codes, with explain (selected rows are marked by the member)
+    curves: tuple = ()  # the pack's learning curves (telemetry), with its first member's part
+
+
+def select_partition(frame, plan: Plan, partition_info=None, packs=()):
+    """Add ``selected`` (and the score column) to one partition, following the plan.
+
+    ``packs``: the outputs of :func:`learn_pack` for the packs this partition is in (any others are
+    ignored), as ``{(partition, group): PackResult}`` mappings."""
     spec = plan.spec
     number = partition_info["number"] if partition_info is not None else 0
-    where = f"partition {number}"
     n = len(frame)
-    planned = plan.rows[number] if number < len(plan.rows) else 0
-    if n != planned:
-        raise InputDataError(
-            f"{where} has {n} rows now but had {planned} when quotas were planned: the input must give "
-            "the same rows each time it is computed (persist() it, or fix the non-deterministic step "
-            "before datamask_select)")
     selected = np.zeros(n, dtype=bool)
     scores = np.full(n, np.nan, dtype=np.float32) if spec.score_column else None
     # explain: rows of no cell (a group whose quota is 0 everywhere) had no quota
     reasons = np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None
-    cells = plan.cells_of(number)
-    if n and cells:
-        adapters.require_columns(frame, spec.select_columns, where)
-        source = adapters.embedding_source(frame[spec.embedding_column], where, plan.dim)
-        quality = quality_values(frame, spec, where)
-        tokens = token_values(frame, spec, where) if spec.budget is not None else None
-        codes, labels = group_codes(frame, spec, where)
-        device = _resolve_device(spec.device, frame, where)
-        memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
-        check_memory(spec.memory_limit, n, source.dim, memory.options, min(memory.max_chunk_rows, n), where)
-        weights = None
-        if number in plan.weights:
-            kept, counts = plan.weights[number]
-            weights = np.ones(n, dtype=np.float64)
-            weights[kept] = counts
-        part = _Partition(frame=frame, number=number, plan=plan, source=source, quality=quality,
-                          tokens=tokens, device=device, memory=memory, weights=weights, selected=selected,
-                          scores=scores, reasons=reasons)
-        code_of = {label: code for code, label in enumerate(labels)}
-        visible = np.ones(n, dtype=bool)
-        shadowed = plan.shadowed.get(number)
-        if shadowed is not None and len(shadowed):
-            visible[shadowed] = False  # near-duplicates of a better row elsewhere: ineligible
-            if scores is not None:
-                scores[shadowed] = -np.inf
-            if reasons is not None:
-                reasons[shadowed] = explain.NEAR_DUPLICATE
-        for cell in cells:
-            rows = np.flatnonzero((codes == code_of[cell.label]) & visible)
-            _select_cell(part, cell, rows, where if spec.by is None else f"{where}, group {cell.label!r}")
+    part = _open(frame, plan, number, selected, scores, reasons)
+    if part is not None:
+        learned = {key: result for mapping in packs for key, result in mapping.items() if key[0] == number}
+        for cell, rows, where in _cells(part):
+            eligible = _eligible(part, cell, rows)
+            result = learned.get((number, cell.group))
+            if plan.pack_of(number, cell.group) is None:
+                _select_cell(part, cell, eligible, where)
+            elif result is None:
+                raise RuntimeError(f"{where}: the result of its pack is missing; please report this with "
+                                   "the run record")
+            else:
+                telemetry.keep_curves(list(result.curves))
+                selected[eligible[result.selected]] = True
+                if scores is not None:
+                    scores[eligible] = result.scores
+                if reasons is not None:
+                    reasons[eligible] = result.reasons
     columns = {spec.selected_column: selected}
     if spec.score_column:
         columns[spec.score_column] = scores
@@ -102,17 +117,140 @@ def select_partition(frame, plan: Plan, partition_info=None):
     return frame.assign(**columns)
 
 
-def _select_cell(part: _Partition, cell: Cell, rows: np.ndarray, context: str) -> None:
-    """Select inside one group of one partition: eligible rows, chunks, learner, budget."""
-    quality, tokens, scores, reasons = part.quality, part.tokens, part.scores, part.reasons
-    order = np.argsort(-quality[rows], kind="stable")
+def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
+    """This partition's eligible rows of each packed cell, by group: its part of :func:`learn_pack`'s
+    input (checked as a select task checks them)."""
+    number = partition_info["number"] if partition_info is not None else 0
+    part = _open(frame, plan, number)
+    out = {}
+    for cell, rows, where in (_cells(part) if part is not None else ()):
+        if plan.pack_of(number, cell.group) is None:
+            continue
+        eligible = _eligible(part, cell, rows)
+        with telemetry.timed("extract"):
+            embeddings = _unit_rows(part, eligible, where)
+        embeddings = embeddings.cpu().numpy() if hasattr(embeddings, "cpu") else embeddings
+        out[cell.group] = PackRows(
+            partition=number, positions=eligible, quality=part.quality[eligible], embeddings=embeddings,
+            tokens=None if part.tokens is None else part.tokens[eligible],
+            weights=None if part.weights is None else part.weights[eligible], device=part.device)
+    return out
+
+
+def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> dict[tuple, PackResult]:
+    """Learn pack ``index`` of the plan from its members' :func:`pack_rows`, as one partition of their
+    rows in table order; each member's part of the outcome, keyed ``(partition, group)``."""
+    pack = plan.packs[index]
+    rows = [piece[pack.group] for piece in pieces if pack.group in piece]
+    if [r.partition for r in rows] != list(pack.partitions):
+        raise RuntimeError(f"pack {index} got the rows of partitions {[r.partition for r in rows]}, not of "
+                           f"{list(pack.partitions)}; please report this with the run record")
+    spec = plan.spec
+    quality = np.concatenate([r.quality for r in rows])
+    embeddings = np.concatenate([r.embeddings for r in rows])
+    n, dim = embeddings.shape
+    tokens = None if rows[0].tokens is None else np.concatenate([r.tokens for r in rows])
+    weights = None if rows[0].weights is None else np.concatenate([r.weights for r in rows])
+    memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.max_chunk_rows)
+    where = f"partitions {pack.partitions[0]}-{pack.partitions[-1]}"
+    check_memory(spec.memory_limit, n, dim, memory.options, min(memory.max_chunk_rows, n), where)
+    part = _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
+                      quality=quality, tokens=tokens, device=rows[0].device, memory=memory,
+                      weights=weights, selected=np.zeros(n, dtype=bool),
+                      scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
+                      reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None)
+    cell = Cell(pack.label, pack.group, n, pack.quota, pack.budget)
+    telemetry.take_curves()  # curves left on this thread by other work are not this pack's
+    _select_cell(part, cell, np.arange(n), where if spec.by is None else f"{where}, group {pack.label!r}")
+    curves = tuple(telemetry.take_curves())
+    out, start = {}, 0
+    for r in rows:
+        span = slice(start, start + r.positions.size)
+        out[(r.partition, pack.group)] = PackResult(
+            part.selected[span], None if part.scores is None else part.scores[span],
+            None if part.reasons is None else part.reasons[span], curves if start == 0 else ())
+        start = span.stop
+    return out
+
+
+class _Rows:
+    """A pack's embeddings, already checked and unit (a source for :func:`_learn`)."""
+
+    checked = True
+
+    def __init__(self, embeddings: np.ndarray):
+        self.embeddings, self.dim = embeddings, embeddings.shape[1]
+
+    def rows(self, positions: np.ndarray) -> np.ndarray:
+        return self.embeddings[positions]
+
+
+def _open(frame, plan: Plan, number: int, selected=None, scores=None, reasons=None) -> _Partition | None:
+    """Check one partition against its plan and gather what its cells need (None: nothing to learn)."""
+    spec = plan.spec
+    where = f"partition {number}"
+    n = len(frame)
+    planned = plan.rows[number] if number < len(plan.rows) else 0
+    if n != planned:
+        raise InputDataError(
+            f"{where} has {n} rows now but had {planned} when quotas were planned: the input must give "
+            "the same rows each time it is computed (persist() it, or fix the non-deterministic step "
+            "before datamask_select)")
+    if not (n and plan.cells_of(number)):
+        return None
+    adapters.require_columns(frame, spec.select_columns, where)
+    source = adapters.embedding_source(frame[spec.embedding_column], where, plan.dim)
+    memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
+    check_memory(spec.memory_limit, n, source.dim, memory.options, min(memory.max_chunk_rows, n), where)
+    weights = None
+    if number in plan.weights:
+        kept, counts = plan.weights[number]
+        weights = np.ones(n, dtype=np.float64)
+        weights[kept] = counts
+    return _Partition(frame=frame, number=number, plan=plan, source=source,
+                      quality=quality_values(frame, spec, where),
+                      tokens=token_values(frame, spec, where) if spec.budget is not None else None,
+                      device=_resolve_device(spec.device, frame, where), memory=memory, weights=weights,
+                      selected=np.zeros(n, dtype=bool) if selected is None else selected,
+                      scores=scores, reasons=reasons)
+
+
+def _cells(part: _Partition):
+    """Each cell of the partition with its rows (the group's, near-duplicates set aside) and its name."""
+    spec, number = part.spec, part.number
+    where = f"partition {number}"
+    codes, labels = group_codes(part.frame, spec, where)
+    code_of = {label: code for code, label in enumerate(labels)}
+    visible = np.ones(len(part.frame), dtype=bool)
+    shadowed = part.plan.shadowed.get(number)
+    if shadowed is not None and len(shadowed):
+        visible[shadowed] = False  # near-duplicates of a better row elsewhere: ineligible
+        if part.scores is not None:
+            part.scores[shadowed] = -np.inf
+        if part.reasons is not None:
+            part.reasons[shadowed] = explain.NEAR_DUPLICATE
+    for cell in part.plan.cells_of(number):
+        rows = np.flatnonzero((codes == code_of[cell.label]) & visible)
+        yield cell, rows, where if spec.by is None else f"{where}, group {cell.label!r}"
+
+
+def _eligible(part: _Partition, cell: Cell, rows: np.ndarray) -> np.ndarray:
+    """The cell's eligible rows (its best ``cell.eligible`` by quality), in position order; the rest of
+    its rows are marked quality-pruned."""
+    order = np.argsort(-part.quality[rows], kind="stable")
     eligible = np.sort(rows[order[:cell.eligible]])
-    if scores is not None:
-        scores[rows] = -np.inf
-        scores[eligible] = np.nan
-    if reasons is not None:
-        reasons[rows] = explain.QUALITY_PRUNED
-        reasons[eligible] = explain.QUOTA_EXHAUSTED
+    if part.scores is not None:
+        part.scores[rows] = -np.inf
+        part.scores[eligible] = np.nan
+    if part.reasons is not None:
+        part.reasons[rows] = explain.QUALITY_PRUNED
+        part.reasons[eligible] = explain.QUOTA_EXHAUSTED
+    return eligible
+
+
+def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: str) -> None:
+    """Select among one cell's eligible rows: chunks, learner, budget."""
+    quality, tokens, scores, reasons = part.quality, part.tokens, part.scores, part.reasons
     if eligible.size == 0 or (cell.quota == 0 if cell.budget is None else cell.budget == 0):
         return
     n_chunks = math.ceil(eligible.size / part.memory.max_chunk_rows)
@@ -153,14 +291,20 @@ def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
-def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number: int, where: str):
-    spec, options = part.spec, part.memory.options
-    with telemetry.timed("extract"):
-        embeddings = part.source.rows(chunk)  # our own copy
-    if spec.validate != "full":  # "full" checked every row in the plan pass
-        norms = check_vectors(embeddings, chunk, part.frame, spec, where)
+def _unit_rows(part: _Partition, rows: np.ndarray, where: str):
+    """The embeddings of ``rows`` (our own copy), checked unless the plan pass or a pack's members did."""
+    embeddings = part.source.rows(rows)
+    if part.spec.validate != "full" and not getattr(part.source, "checked", False):
+        norms = check_vectors(embeddings, rows, part.frame, part.spec, where)
         if isinstance(embeddings, np.ndarray):
             embeddings /= norms[:, None]  # in place: the learner finds unit rows and copies nothing
+    return embeddings
+
+
+def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number: int, where: str):
+    options = part.memory.options
+    with telemetry.timed("extract"):
+        embeddings = _unit_rows(part, chunk, where)
     try:
         with telemetry.timed("learn"), telemetry.learning(where):
             result = learn_mask(part.quality[chunk], embeddings, k, options, device=part.device,

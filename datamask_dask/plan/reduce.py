@@ -4,6 +4,11 @@ Engine-agnostic: the Dask operator and the Spark integration collect one summary
 (:func:`datamask_dask.partition.checks.summarise_partition`) and the duplicate-id report, and
 call :func:`make_plan` once.
 
+In table scope, cells of one group in consecutive partitions whose eligible rows fit in
+``max_chunk_rows`` together are *packed* (:func:`pack_cells`): learned as one partition of their
+rows, so that a table of small partitions is learned in chunks as large as one large partition's (in
+partition scope each partition is learned on its own).
+
 With ``diversity_scope="table"``, shadowed rows (near-duplicates of a better row, see
 :mod:`datamask_dask.dedup.search`) are ineligible: a group's quota is still ``round(ratio *
 rows)`` over *all* its rows, planned on the sketches of the rows that remain (``prune`` then
@@ -19,7 +24,7 @@ import numpy as np
 from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
 from .quotas import plan_rows, plan_tokens
-from .types import Cell, PartitionSummary, Plan
+from .types import Cell, Pack, PartitionSummary, Plan
 
 SHOW = 5  # values quoted in a message
 
@@ -66,13 +71,48 @@ def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
                 shadowed.setdefault(partition, []).append(cell.shadowed)
                 if cell.kept is not None and len(cell.kept):
                     weights.setdefault(partition, []).append((cell.kept, cell.weights))
-    return Plan(spec=spec, cells={p: tuple(c) for p, c in cells.items()},
+    cells = {p: tuple(c) for p, c in cells.items()}
+    packs = pack_cells(cells, spec.max_chunk_rows) if spec.diversity_scope == "table" else ()
+    return Plan(spec=spec, cells=cells, packs=packs,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
                 weights={p: _stack_weights(v) for p, v in weights.items()},
                 digests=tuple(s.digest for s in summaries),
                 stages=telemetry.add_up(s.stages for s in summaries),
                 explain=duplicate_links(summaries) if spec.explain else {})
+
+
+def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack, ...]:
+    """Per group, the runs of consecutive partitions (those with eligible rows of the group) whose
+    eligible rows add up to at most ``max_rows``, where a run has two or more and something to select.
+
+    A cell with more eligible rows than ``max_rows`` is learned on its own, in chunks, and ends the run.
+    """
+    members: dict[int, list] = {}
+    for partition in sorted(cells):
+        for cell in cells[partition]:
+            if cell.eligible:
+                members.setdefault(cell.group, []).append((partition, cell))
+    packs = []
+
+    def close(run: list) -> None:
+        quota = sum(cell.quota for _, cell in run)
+        budget = None if run[0][1].budget is None else sum(cell.budget for _, cell in run)
+        if len(run) > 1 and (quota if budget is None else budget) > 0:
+            packs.append(Pack(run[0][1].label, run[0][1].group, tuple(p for p, _ in run), quota, budget))
+        run.clear()
+
+    for group in sorted(members):
+        run: list = []
+        for partition, cell in members[group]:
+            if run and sum(c.eligible for _, c in run) + cell.eligible > max_rows:
+                close(run)
+            run.append((partition, cell))
+            if cell.eligible > max_rows:
+                close(run)
+        if run:
+            close(run)
+    return tuple(packs)
 
 
 def duplicate_links(summaries: list[PartitionSummary]) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,6 +61,18 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class Pack:
+    """A group's cells in consecutive partitions whose eligible rows fit in one chunk together: they are
+    learned as one partition of those rows (``partition.select.learn_pack``), their quotas summed."""
+
+    label: object
+    group: int
+    partitions: tuple[int, ...]  # two or more, ascending
+    quota: int
+    budget: int | None
+
+
+@dataclass(frozen=True)
 class Plan:
     """Exact quotas (or token budgets) per partition and group, and what every task needs beside them."""
 
@@ -77,9 +90,18 @@ class Plan:
     # explain=True: partition -> its near-duplicates' positions, the ids of the rows they stand
     # behind and the estimated cosine (reduce.duplicate_links)
     explain: Mapping[int, dict] = field(default_factory=dict)
+    packs: tuple[Pack, ...] = ()  # cells learned together (reduce.pack_cells)
 
     def cells_of(self, partition: int) -> tuple[Cell, ...]:
         return self.cells.get(partition, ())
+
+    def pack_of(self, partition: int, group: int) -> int | None:
+        """The index of the pack that learns this partition's cell of ``group``, or None."""
+        return self._packed.get((partition, group))
+
+    @cached_property
+    def _packed(self) -> dict:
+        return {(p, pack.group): index for index, pack in enumerate(self.packs) for p in pack.partitions}
 
     @property
     def planned(self) -> int:

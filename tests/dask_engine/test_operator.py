@@ -328,9 +328,9 @@ def test_ratio_out_of_range(corpus, ratio):
 
 
 def test_ratio_above_eligible_share(corpus):
-    out = datamask_select(dd.from_pandas(corpus, npartitions=2), ratio=0.8, prune=0.4, **FAST)
+    """The plan pass runs when the operator is called: a ratio the data cannot meet fails there."""
     with pytest.raises(OptionError, match=r"ratio=0.8 cannot be met.*eligible"):
-        out.compute(scheduler="sync")
+        datamask_select(dd.from_pandas(corpus, npartitions=2), ratio=0.8, prune=0.4, **FAST)
 
 
 def test_budget_that_cannot_be_met(corpus):
