@@ -148,6 +148,28 @@ def test_large_partitions_are_learned_in_chunks(corpus):
     assert int(result["selected"].sum()) == 240
 
 
+@pytest.mark.parametrize("options", [
+    {"algorithm": "Facility"},
+    {"by": "language", "algorithm": "Pair_simi"},
+    {"budget_tokens": 40_000, "algorithm": "Pair_simi"},
+], ids=["Facility", "by group", "token budget"])
+def test_small_partitions_select_as_the_table_in_one_partition(corpus, options):
+    """In table scope, partitions whose eligible rows fit in one chunk together are learned as one: the
+    rows, scores and reasons are those of the same table in one partition, however it is split."""
+    frame = _with_groups_and_tokens(corpus)
+    chosen = {"ratio": 0.1} if "budget_tokens" not in options else {}
+    outputs = [datamask_select(_from_pandas(frame, npartitions), **chosen, **options, score_column="score",
+                               explain=True, **FAST).compute(scheduler="sync")
+               for npartitions in (1, 5)]
+    one, five = (out.reset_index(drop=True) for out in outputs)
+    assert one["selected"].any()
+    pd.testing.assert_frame_equal(one[["selected", "score", "reason", "duplicate_of"]],
+                                  five[["selected", "score", "reason", "duplicate_of"]])
+    apart = datamask_select(_from_pandas(frame, 5), **chosen, **options, max_chunk_rows=320,
+                            **FAST).compute(scheduler="sync")  # 320-row partitions learned apart
+    assert not np.array_equal(apart["selected"].to_numpy(), five["selected"].to_numpy())
+
+
 def test_weighted_quality_columns(corpus):
     rng = np.random.default_rng(0)
     frame = corpus.assign(a=rng.random(len(corpus)), b=rng.random(len(corpus)))
