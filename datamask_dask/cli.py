@@ -95,7 +95,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--token-column", "--token_column")
     job.add_argument("--score-column", "--score_column", help="also write the learned scores under this name")
     job.add_argument("--max-chunk-rows", "--max_chunk_rows", type=int,
-                     help="partitions are learned in chunks of at most this many rows, which select apart")
+                     help="rows are learned in chunks of at most this many, which select apart (in table "
+                          "scope, consecutive partitions that fit in one are learned together)")
     job.add_argument("--memory-budget", "--memory_budget",
                      help="working memory per selection task, e.g. 2GiB: sizes the chunks (default: none; "
                           "the workers' memory is checked, and a chunk that does not fit fails before "

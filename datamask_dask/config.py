@@ -55,8 +55,8 @@ class OperatorOptions:
     selected_column: str = "selected"
     score_column: str | None = None  # also output the learned logits under this name
     device: str = "auto"  # "auto" (GPU for cuDF partitions), "cpu", "cuda", "cuda:N"
-    # Partitions are learned in chunks of at most this many rows, which select apart: a larger
-    # chunk sees more of its rows' neighbours, at a cost per row that stays flat for Pair_simi.
+    # Rows are learned in chunks of at most this many (consecutive partitions packed into one in
+    # table scope), which select apart: a larger chunk sees more of its rows' neighbours.
     max_chunk_rows: int = 50_000
     oversample: float = 2.0  # candidate pool = table-wide quality top (oversample * quota) rows
     check_ids: bool = True  # fail on duplicate ids (needs every id in one task: turn off for huge tables)

@@ -182,7 +182,7 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
     >>> out.to_parquet("s3://bucket/selected/")                     # doctest: +SKIP
     """
     spec, plan = plan_selection(ddf, ratio, config=config, **options)
-    return apply_plan(ddf, spec, plan)
+    return apply_plan(ddf, spec, plan, scheduler=options.get("scheduler"))
 
 
 def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, scheduler=None, **options):
@@ -239,16 +239,17 @@ def _require_dask(ddf) -> None:
                         "frame with dask.dataframe.from_pandas(df, npartitions=...)")
 
 
-def apply_plan(ddf, spec: SelectSpec, plan):
+def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     """The select pass: ``ddf`` plus the ``selected`` column (lazy), following ``plan``.
 
-    ``plan`` is the Delayed from :func:`plan_selection` (computed here: which partitions learn
+    ``plan`` is the Delayed from :func:`plan_selection` (computed here, on ``scheduler``, by default
+    the client holding ``ddf``'s persisted partitions or Dask's default: which partitions learn
     together is the plan's to say) or the plan it computes to.
     """
     import dask.dataframe as dd
 
-    if isinstance(plan, Delayed):  # which partitions learn together is the plan's to say
-        plan = plan.compute()
+    if isinstance(plan, Delayed):
+        plan = plan.compute(scheduler=scheduler or _holder(ddf))
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
@@ -264,6 +265,16 @@ def apply_plan(ddf, spec: SelectSpec, plan):
              for i, part in enumerate(parts)]
     divisions = ddf.divisions if ddf.known_divisions else None
     return dd.from_delayed(tasks, meta=meta, divisions=divisions, prefix="datamask-select", verify_meta=False)
+
+
+def _holder(ddf):
+    """The distributed client holding ``ddf``'s persisted partitions, if any (None: Dask's default)."""
+    try:
+        from distributed import futures_of
+    except ImportError:  # no distributed: nothing can be held
+        return None
+    futures = futures_of(ddf)
+    return futures[0].client if futures else None
 
 
 def pack_graph(parts: list, plan: Plan, plan_node, todo) -> dict[int, object]:
