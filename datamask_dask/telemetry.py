@@ -47,6 +47,12 @@ def take() -> dict[str, float]:
     return totals
 
 
+def keep(totals: dict[str, float]) -> None:
+    """Add stage seconds taken on another worker (a pack's, learned apart from its members' tasks)."""
+    for stage, seconds in totals.items():
+        _local.totals[stage] = _local.totals.get(stage, 0.0) + seconds
+
+
 def add_up(parts) -> dict[str, float]:
     """Sum stage seconds over several takes."""
     out: Counter = Counter()

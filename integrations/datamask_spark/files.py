@@ -11,8 +11,8 @@ every executor can read (a parquet file or directory, a Delta or Iceberg table:
 :func:`datamask_dask.io.tables.table_pieces`) needs no such detour: Spark schedules one task per
 piece (a ``spark.range`` with one row per partition), whose Python worker reads it with pyarrow
 (deltalake's fragments, pyiceberg's scan tasks with their deletes), as a Dask worker does. The
-plan pass, the select pass and the writing are the Spark operator's own tasks; only where their
-batches come from differs. Only DataFrame APIs are used (Spark Connect works).
+plan pass, the pack pass, the select pass and the writing are the Spark operator's own tasks; only
+where their batches come from differs. Only DataFrame APIs are used (Spark Connect works).
 
 The partitions are the Dask readers' pieces, so ``--engine spark`` and ``--engine dask`` select
 the same rows of the same input with the same seed. The run is the package's one run protocol:
@@ -36,16 +36,18 @@ from datamask_dask.plan.reduce import make_plan
 from datamask_dask.run.summary import SAMPLE_ROWS
 
 from .operator import (
+    PACK_ROWS_SCHEMA,
     PLAN_SCHEMA,
     SelectTask,
     SummaryTask,
     duplicate_ids,
     empty_frame,
+    learn_packs,
     partition_number,
     plan_summaries,
     transport,
 )
-from .writer import RESULT_SCHEMA, SparkEngine, WriteTask, write_run
+from .writer import RESULT_SCHEMA, SparkEngine, write_run
 
 __all__ = ["plan_files", "write_file_selection"]
 
@@ -101,8 +103,13 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     def plan():
         return plan_files(spark, files, ratio, config=config, **options)[1]
 
+    def pack_rows(task):  # a pack's members are read even where an earlier run finished them
+        return piece_tasks(spark, files).mapInArrow(_ReadPiece(task, files, task.columns, task.members),
+                                                    PACK_ROWS_SCHEMA)
+
     def tasks(plan, write):
-        read = _ReadPiece(write.bind(SelectTask(plan, files.schema)), files, files.schema.names)
+        select = SelectTask(plan, files.schema, learn_packs(plan, files.schema, pack_rows, write.todo))
+        read = _ReadPiece(write.bind(select), files, files.schema.names, write.todo)
         return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA)
 
     source = {**files.source, "location": os.fspath(source), "read_by": "workers"}
@@ -156,16 +163,17 @@ def piece_tasks(spark, files: Pieces):
 
 class _ReadPiece:
     """A ``mapInArrow`` function over :func:`piece_tasks`: task ``k`` reads piece ``k``'s ``columns``
-    with pyarrow and runs ``task`` on its batches, as if Spark had sent them."""
+    with pyarrow and runs ``task`` on its batches, as if Spark had sent them; only the pieces of
+    ``todo`` (None: all) are read."""
 
-    def __init__(self, task, files: Pieces, columns: list[str]):
-        self.task, self.files, self.columns = task, files, list(columns)
+    def __init__(self, task, files: Pieces, columns: list[str], todo=None):
+        self.task, self.files, self.columns, self.todo = task, files, list(columns), todo
 
     def __call__(self, batches):
         for _ in batches:  # the task's one row of spark.range, its partition number
             pass
         number = partition_number()
-        if not (isinstance(self.task, WriteTask) and self.task.finished(number)):  # finished: not read again
+        if self.todo is None or number in self.todo:  # finished, or not a pack's member: not read
             yield from self.task(self._batches(number))
 
     def _batches(self, number: int):

@@ -17,28 +17,38 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions the scans are
    collected and searched on the driver in one task; beyond, the sharded stages run on the
    executors (:mod:`datamask_spark.shards`) and only the summaries are collected (the same groups).
-2. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task runs
+2. **Packs** (eager, at call time, only where the plan has packs: table scope, consecutive
+   partitions whose eligible rows fit in one chunk together): one ``mapInArrow`` over the select
+   columns emits each member partition's eligible rows of its packed cells
+   (:func:`datamask_dask.partition.select.pack_rows`), one row per data row; ``groupBy(pack)``
+   and ``applyInPandas`` learn each pack from its members' rows in member order
+   (:func:`~datamask_dask.partition.select.learn_pack`); the results, a few bytes a row, are
+   collected on the driver (:func:`learn_packs`).
+3. **Select** (lazy): one ``mapInArrow`` over the whole rows. Each task runs
    :func:`datamask_dask.partition.select.select_partition` on the columns the learner needs
-   (embeddings stay an Arrow list column) and yields its input batches unchanged with ``selected``
-   (and the score column) appended. The plan, small and typed, reaches the executors inside the
-   function's closure. :func:`datamask_spark.writer.write_selection` runs the same step but has
-   the worker write the rows as parquet itself.
+   (embeddings stay an Arrow list column), a packed partition taking its part of its pack's result,
+   and yields its input batches unchanged with ``selected`` (and the score column) appended. The
+   plan and the pack results reach the executors inside the function's closure.
+   :func:`datamask_spark.writer.write_selection` runs the same step but has the worker write the
+   rows as parquet itself.
 
 The partition number is the Spark partition id (``TaskContext.partitionId()``): same input
 partitioning and seed give the same ``selected``, and the same rows as the Dask operator on the same
-partitions. The input is read twice (once per pass) and must give the same rows each time:
+partitions. The input is read once per pass and must give the same rows each time:
 ``cache()`` or checkpoint a non-deterministic input first (a partition whose row count changed
 between the passes fails, naming it).
 
 Bad input fails in the plan pass with the package's own :class:`~datamask_dask.errors.InputDataError`
 or :class:`~datamask_dask.errors.OptionError`, raised on the driver and naming the Spark partition.
-Errors that only the select pass can see (``validate="light"``) are raised by Spark's action;
-wrap it in :func:`spark_errors` to get the package's error instead of Spark's Python traceback.
+The pack pass raises the package's errors on the driver too. Errors that only the select pass can
+see (``validate="light"``) are raised by Spark's action; wrap it in :func:`spark_errors` to get the
+package's error instead of Spark's Python traceback.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import pickle
 import re
@@ -51,6 +61,7 @@ import pandas as pd
 import pyarrow as pa
 
 from datamask_dask import errors as _errors
+from datamask_dask import telemetry
 from datamask_dask.config import load_config
 from datamask_dask.dedup.search import find_groups, one_task
 from datamask_dask.errors import DataMaskError
@@ -63,7 +74,7 @@ from datamask_dask.partition.checks import (
     summarise_partition,
     summarise_scan,
 )
-from datamask_dask.partition.select import select_partition
+from datamask_dask.partition.select import PackRows, learn_pack, pack_rows, select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
@@ -75,6 +86,12 @@ __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "s
 _MARK = re.compile(r"DATAMASK-ERROR (\w+) ([A-Za-z0-9+/=]+) END")
 # a plan task's row: partition, its rows, whether its checks failed, pickled summary, scan or error
 PLAN_SCHEMA = "partition int, rows long, failed boolean, payload binary"
+# a pack pass row: one eligible row of a packed cell (pack_rows), its pack and member partition
+PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, embedding array<float>, "
+                    "tokens double, weight double, device string")
+PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
+# a learned pack: the pickled learn_pack result and the pack's stage seconds
+PACK_RESULT_SCHEMA = "pack int, payload binary"
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -146,7 +163,7 @@ def apply_plan(sdf, spec: SelectSpec, plan: Plan):
         id_type = arrow_schema(sdf).field(spec.id_column).type
         fields += [StructField(f.name, from_arrow_type(f.type), f.nullable)
                    for f in explain.arrow_fields(id_type)]
-    return sdf.mapInArrow(SelectTask(plan, arrow_schema(sdf)), StructType(fields))
+    return sdf.mapInArrow(SelectTask(plan, arrow_schema(sdf), spark_packs(sdf, plan)), StructType(fields))
 
 
 # --------------------------------------------------------------------------- plan pass
@@ -276,15 +293,134 @@ def probe_dimension(sdf, column: str) -> int | None:
     return int(rows[0]["d"]) if rows else None
 
 
+# --------------------------------------------------------------------------- pack pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Packs:
+    """The pack pass's outcome, which the select tasks take."""
+
+    results: dict = dataclasses.field(default_factory=dict)  # (partition, group) -> PackResult
+    stages: dict = dataclasses.field(default_factory=dict)  # partition -> seconds of the packs it reports
+
+
+def spark_packs(sdf, plan: Plan, todo=None) -> Packs:
+    """:func:`learn_packs` over the Spark partitions of ``sdf``."""
+    def read(task):
+        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, PACK_ROWS_SCHEMA)
+
+    return learn_packs(plan, arrow_schema(sdf), read, todo)
+
+
+def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> Packs:
+    """The pack pass (eager): learn the plan's packs that hold a partition of ``todo`` (None: all),
+    each from all its members' rows, finished members included.
+
+    ``read(task)``: the DataFrame of :data:`PACK_ROWS_SCHEMA` that ``task`` (a :class:`PackRowsTask`)
+    makes when mapped over the input's partitions (``task.columns`` of ``schema``).
+    """
+    wanted = [index for index, pack in enumerate(plan.packs)
+              if todo is None or not set(todo).isdisjoint(pack.partitions)]
+    if not wanted:
+        return Packs()
+
+    def learn(rows):  # a plain function: Spark reads its arity to tell whether it takes the key
+        return learn_group(plan, rows)
+
+    rows = read(PackRowsTask(plan, schema, wanted))
+    learned = rows.groupBy("pack").applyInPandas(learn, PACK_RESULT_SCHEMA)
+    with spark_errors():
+        collected = learned.collect()
+    results, stages = {}, {}
+    for row in collected:
+        out, seconds = pickle.loads(row["payload"])  # noqa: S301 (this job's own task payloads)
+        results.update(out)
+        # a pack's seconds go with a member this run selects, whose marker the run record sums
+        members = plan.packs[row["pack"]].partitions
+        reporter = min((p for p in members if todo is None or p in todo), default=members[0])
+        stages[reporter] = telemetry.add_up([stages.get(reporter), seconds])
+    return Packs(results, stages)
+
+
+class PackRowsTask:
+    """The pack pass's ``mapInArrow`` function: a member partition's eligible rows of the ``packs``
+    (plan indices) it is in, one row each (:data:`PACK_ROWS_SCHEMA`); other partitions emit nothing."""
+
+    def __init__(self, plan: Plan, schema: pa.Schema, packs):
+        self.plan, self.schema, self.packs = plan, schema, frozenset(packs)
+        self.members = frozenset(p for index in self.packs for p in plan.packs[index].partitions)
+        self.columns = [c for c in plan.spec.select_columns if c in schema.names]
+
+    def __call__(self, batches):
+        number = partition_number()
+        if number not in self.members:
+            for _ in batches:  # Spark scanned them already; not in a pack to learn
+                pass
+            return
+        _limit_threads()
+        batches = [b for b in batches if b.num_rows]
+        table = pa.Table.from_batches(batches).select(self.columns) if batches else None
+        frame = to_pandas(table) if table is not None else empty_frame(self.schema)[self.columns]
+        try:
+            pieces = pack_rows(frame, self.plan, {"number": number})
+        except DataMaskError as exc:
+            raise RuntimeError(transport(exc)) from None
+        for group, rows in pieces.items():
+            index = self.plan.pack_of(number, group)
+            if index in self.packs:
+                for start in range(0, rows.positions.size, PACK_BLOCK):
+                    yield _pack_batch(index, rows, slice(start, start + PACK_BLOCK))
+
+
+def _pack_batch(index: int, rows: PackRows, span: slice) -> pa.RecordBatch:
+    """Rows ``span`` of a member's :class:`~datamask_dask.partition.select.PackRows` of pack ``index``."""
+    n, dim = rows.embeddings[span].shape
+    embeddings = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32)),
+                                          pa.array(rows.embeddings[span].ravel(), pa.float32()))
+    optional = {name: pa.nulls(n, pa.float64()) if values is None else pa.array(values[span], pa.float64())
+                for name, values in (("tokens", rows.tokens), ("weight", rows.weights))}
+    return pa.RecordBatch.from_pydict({
+        "pack": pa.array(np.full(n, index, dtype=np.int32)),
+        "partition": pa.array(np.full(n, rows.partition, dtype=np.int32)),
+        "position": pa.array(rows.positions[span], pa.int64()),
+        "quality": pa.array(rows.quality[span], pa.float64()), "embedding": embeddings, **optional,
+        "device": pa.array([rows.device] * n, pa.string())})
+
+
+def learn_group(plan: Plan, rows: pd.DataFrame) -> pd.DataFrame:
+    """The pack pass's ``applyInPandas`` step: one pack learned from its rows (:data:`PACK_ROWS_SCHEMA`),
+    as one row of :data:`PACK_RESULT_SCHEMA`."""
+    _limit_threads()
+    index = int(rows["pack"].iloc[0])
+    group = plan.packs[index].group
+    rows = rows.sort_values(["partition", "position"])  # member order, rows in position order
+    pieces = [{group: PackRows(
+        partition=int(number), positions=member["position"].to_numpy(np.int64),
+        quality=member["quality"].to_numpy(np.float64),
+        embeddings=np.stack(member["embedding"].to_numpy()).astype(np.float32, copy=False),
+        tokens=None if plan.spec.budget is None else member["tokens"].to_numpy(np.float64),
+        weights=None if member["weight"].isna().all() else member["weight"].to_numpy(np.float64),
+        device=str(member["device"].iloc[0]))}
+        for number, member in rows.groupby("partition", sort=True)]
+    telemetry.take()  # what ran on this worker before is not this pack's
+    try:
+        out = learn_pack(pieces, plan, index)
+    except DataMaskError as exc:
+        raise RuntimeError(transport(exc)) from None
+    payload = pickle.dumps((out, telemetry.take()), protocol=5)
+    return pd.DataFrame({"pack": np.array([index], dtype=np.int32), "payload": [payload]})
+
+
 # --------------------------------------------------------------------------- select pass
 
 
 class SelectTask:
     """The select pass's ``mapInArrow`` function: one partition's rows (of ``schema``) plus ``selected``;
-    it reads only the columns the learner needs."""
+    it reads only the columns the learner needs. ``packs``: the pack pass's outcome, where the plan
+    has packs."""
 
-    def __init__(self, plan: Plan, schema: pa.Schema):
-        self.plan, self.schema = plan, schema
+    def __init__(self, plan: Plan, schema: pa.Schema, packs: Packs | None = None):
+        self.plan, self.schema, self.packs = plan, schema, packs or Packs()
         wanted = dict.fromkeys(plan.spec.select_columns + [plan.spec.id_column])
         self.columns = [c for c in wanted if c in schema.names]
 
@@ -314,14 +450,16 @@ class SelectTask:
         number = partition_number()
         _limit_threads()
         batches = [b for b in batches if b.num_rows]
+        packs = (self.packs.results,)
         try:
             if not batches:  # still checked against the plan (a partition that lost its rows fails)
-                select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number})
+                select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number}, packs)
                 return [], []
             table = pa.Table.from_batches(batches).select(self.columns)
-            out = select_partition(to_pandas(table), self.plan, {"number": number})
+            out = select_partition(to_pandas(table), self.plan, {"number": number}, packs)
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
+        telemetry.keep(self.packs.stages.get(number, {}))  # the pack pass's seconds, in this marker
         added = [(pa.field(spec.selected_column, pa.bool_()),
                   pa.array(out[spec.selected_column].to_numpy(dtype=bool), pa.bool_()))]
         if spec.score_column:

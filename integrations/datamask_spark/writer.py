@@ -29,7 +29,7 @@ from datamask_dask.io.storage import resolve
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
 
-from .operator import SelectTask, arrow_schema, partition_number, plan_selection, spark_errors
+from .operator import SelectTask, arrow_schema, partition_number, plan_selection, spark_errors, spark_packs
 
 log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
@@ -80,7 +80,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         return plan_selection(sdf, ratio, config=config, **options)[1]
 
     def tasks(plan, write):
-        return sdf.mapInArrow(write.bind(SelectTask(plan, arrow_schema(sdf))), RESULT_SCHEMA)
+        select = SelectTask(plan, arrow_schema(sdf), spark_packs(sdf, plan, write.todo))
+        return sdf.mapInArrow(write.bind(select), RESULT_SCHEMA)
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
     return write_run(engine, path, load_config(config, ratio=ratio, **options), overwrite=overwrite,
@@ -98,9 +99,10 @@ def write_run(engine: SparkEngine, path, settings: dict, *, overwrite: bool, res
 class SparkEngine:
     """Spark as the engine of a run (:class:`datamask_dask.run.protocol.Engine`).
 
-    ``plan()`` runs the plan pass and returns the plan; ``tasks(plan, write)`` is the DataFrame of
-    :class:`WriteTask` rows whose collection selects and writes the partitions; ``schema`` is the
-    input's Arrow schema.
+    ``plan()`` runs the plan pass and returns the plan; ``tasks(plan, write)`` runs the pack pass for
+    the packs holding a partition of ``write.todo`` (:func:`datamask_spark.operator.learn_packs`) and
+    returns the DataFrame of :class:`WriteTask` rows whose collection selects and writes the
+    partitions; ``schema`` is the input's Arrow schema.
     """
 
     name = "spark"

@@ -475,3 +475,114 @@ def test_a_killed_file_job_resumes_to_the_same_bytes(spark, parquet_dir, tmp_pat
     assert names == sorted(n for n in target.list() if n.endswith(".parquet"))
     assert all(ours.child(n).read_bytes() == target.child(n).read_bytes() for n in names)
     assert record["selected"] == reference["selected"] and not work.exists()
+
+
+PACKED_SIZES = (150, 150, 150, 900, 100, 150)  # small partitions around one larger than a chunk
+
+
+@pytest.fixture(scope="module")
+def packed_dir(corpus, tmp_path_factory):
+    """The corpus in six parquet files of PACKED_SIZES rows (part.0 ... part.5)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path_factory.mktemp("packed")
+    table = pa.Table.from_pandas(corpus, preserve_index=False).replace_schema_metadata(None)
+    starts = np.cumsum((0,) + PACKED_SIZES)
+    for i, n in enumerate(PACKED_SIZES):
+        pq.write_table(table.slice(starts[i], n), path / f"part.{i}.parquet")
+    return path
+
+
+@pytest.mark.slow
+def test_packs_select_dask_s_rows_scores_and_reasons(spark, packed_dir):
+    """Consecutive small partitions learned as one (the plan's packs) on Spark's pack pass: every row's
+    selected, score and reason are Dask's, packed and unpacked partitions alike."""
+    from datamask_spark import apply_plan, plan_selection
+
+    options = {"ratio": 0.1, "seed": 7, "prune": 0.3, "max_chunk_rows": 400, "score_column": "score",
+               "explain": True, **FAST}
+    sdf = read_files(spark, packed_dir)
+    spec, plan = plan_selection(sdf, **options)
+    assert [pack.partitions for pack in plan.packs] == [(0, 1, 2), (4, 5)]  # partition 3 in chunks alone
+    got = apply_plan(sdf, spec, plan).toPandas().set_index("chunk_id").sort_index()
+    want = datamask_dask.datamask_select(datamask_dask.read_parquet(packed_dir), **options).compute(
+        scheduler="sync").set_index("chunk_id").sort_index()
+    assert got["selected"].sum() == 160 and got["selected"].tolist() == want["selected"].tolist()
+    np.testing.assert_array_equal(got["score"].to_numpy(np.float32), want["score"].to_numpy(np.float32))
+    assert got["reason"].tolist() == want["reason"].astype(str).tolist()
+    assert set(got["reason"]) >= {"selected", "near-duplicate", "quality-pruned", "not-chosen"}
+    np.testing.assert_array_equal(got["duplicate_of"].fillna(-1).astype(np.int64),
+                                  want["duplicate_of"].fillna(-1).astype(np.int64))
+
+
+@pytest.mark.slow
+def test_pack_pass_errors_reach_the_driver_as_package_errors(spark, packed_dir, tmp_path, monkeypatch):
+    """The pack pass runs before any row is selected; a packed partition that changed since the plan,
+    or a piece that can no longer be read, fails it with the package's error, naming the partition."""
+    import shutil
+
+    from datamask_spark import apply_plan, plan_selection
+    from datamask_spark import files as spark_files
+
+    sdf = read_files(spark, packed_dir)
+    spec, plan = plan_selection(sdf, ratio=0.1, seed=7, **FAST)
+    with pytest.raises(InputDataError, match="partition 1 has 149 rows now but had 150") as caught:
+        apply_plan(sdf.where("chunk_id != 200"), spec, plan)  # partition 1 holds rows 150 to 299
+    assert "Traceback" not in str(caught.value) and "DATAMASK-ERROR" not in str(caught.value)
+
+    source = tmp_path / "in"
+    shutil.copytree(packed_dir, source)
+    real = spark_files.plan_files
+
+    def plan_then_break(*args, **kwargs):
+        planned = real(*args, **kwargs)
+        (source / "part.1.parquet").write_bytes(b"not parquet")
+        return planned
+
+    monkeypatch.setattr(spark_files, "plan_files", plan_then_break)
+    with pytest.raises(InputDataError, match=r"partition 1: cannot read .*not a parquet file"):
+        spark_files.write_file_selection(spark, source, tmp_path / "out", ratio=0.1, **FAST)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["files", "dataframe"])
+def test_a_resumed_run_learns_a_pack_with_its_finished_members(spark, packed_dir, tmp_path, monkeypatch, job):
+    """The six partitions are one pack; a run stopped after partitions 0 and 1 resumes the others, whose
+    pack is learned again from all its members' rows: the uninterrupted run's bytes, Dask's rows."""
+    import pyarrow.parquet as pq
+    from datamask_spark import operator as spark_operator
+    from datamask_spark import write_file_selection, write_selection
+    from datamask_spark.writer import SparkEngine
+
+    options = {"ratio": 0.1, "seed": 7, **FAST}
+    assert [pack.partitions for pack in spark_operator.plan_selection(read_files(spark, packed_dir),
+                                                                     **options)[1].packs] == [tuple(range(6))]
+
+    def run(name: str) -> dict:
+        if job == "files":
+            return write_file_selection(spark, packed_dir, tmp_path / name, **options)
+        return write_selection(read_files(spark, packed_dir), tmp_path / name, **options)
+
+    reference = run("reference")
+    assert reference["computed"] == list(range(6)) and reference["selected"] == 160
+    assert reference["summary"]["curves"] and "learn" in reference["stages"]  # the pack pass's, kept
+    real = SparkEngine.run
+
+    def stopped(self, plan, todo, task, progress=None):
+        real(self, plan, todo[:2], task, progress)
+        raise RuntimeError("stopped")
+
+    monkeypatch.setattr(SparkEngine, "run", stopped)
+    with pytest.raises(RuntimeError, match="stopped"):
+        run("out")
+    monkeypatch.undo()
+    record = run("out")  # the pack's members 0 and 1 are finished: read again, not written again
+    assert (record["reused"], record["computed"]) == ([0, 1], [2, 3, 4, 5])
+    ours, theirs = tmp_path / "reference", tmp_path / "out"
+    names = sorted(p.name for p in ours.glob("*.parquet"))
+    assert names == sorted(p.name for p in theirs.glob("*.parquet")) and len(names) == 6
+    assert all((ours / n).read_bytes() == (theirs / n).read_bytes() for n in names)
+    table = pq.read_table(tmp_path / "out", columns=["chunk_id", "selected"]).to_pandas()
+    assert set(table.loc[table["selected"], "chunk_id"]) == dask_selected(packed_dir, **options)
