@@ -150,7 +150,10 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> dic
     embeddings = np.concatenate([r.embeddings for r in rows])
     n, dim = embeddings.shape
     tokens = None if rows[0].tokens is None else np.concatenate([r.tokens for r in rows])
-    weights = None if rows[0].weights is None else np.concatenate([r.weights for r in rows])
+    weights = None  # a member without near-duplicates has none: its rows stand for themselves
+    if any(r.weights is not None for r in rows):
+        weights = np.concatenate([np.ones(r.positions.size) if r.weights is None else r.weights
+                                  for r in rows])
     memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.max_chunk_rows)
     where = f"partitions {pack.partitions[0]}-{pack.partitions[-1]}"
     check_memory(spec.memory_limit, n, dim, memory.options, min(memory.max_chunk_rows, n), where)

@@ -170,6 +170,19 @@ def test_small_partitions_select_as_the_table_in_one_partition(corpus, options):
     assert not np.array_equal(apart["selected"].to_numpy(), five["selected"].to_numpy())
 
 
+def test_a_pack_of_partitions_with_and_without_near_duplicates():
+    """Only the second partition holds near-copies (its kept row stands for two): packed, the rows
+    weigh as in the table in one partition."""
+    frame = make_corpus(800, 64, seed=7, duplicate_share=0.0)
+    vectors = np.stack(frame["feature_arr"].to_numpy())
+    vectors[700] = vectors[600] + 1e-3  # a near-copy within the second half
+    frame = frame.assign(feature_arr=pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 64))
+    one, two = (datamask_select(_from_pandas(frame, n), ratio=0.1, algorithm="Facility", score_column="score",
+                                **FAST).compute(scheduler="sync") for n in (1, 2))
+    np.testing.assert_array_equal(one["score"].to_numpy(), two["score"].to_numpy())
+    assert np.flatnonzero(np.isneginf(two["score"].to_numpy())).tolist() in ([600], [700])
+
+
 def test_weighted_quality_columns(corpus):
     rng = np.random.default_rng(0)
     frame = corpus.assign(a=rng.random(len(corpus)), b=rng.random(len(corpus)))
