@@ -177,7 +177,7 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> dic
 
 
 class _Rows:
-    """A pack's embeddings, already checked and unit (a source for :func:`_learn`)."""
+    """A pack's embeddings, already checked (a source for :func:`_learn`, which only reads them)."""
 
     checked = True
 
@@ -185,6 +185,9 @@ class _Rows:
         self.embeddings, self.dim = embeddings, embeddings.shape[1]
 
     def rows(self, positions: np.ndarray) -> np.ndarray:
+        # a chunk is a contiguous run of the pack's rows: a view, not a copy of a chunk's embeddings
+        if positions.size and positions[-1] - positions[0] == positions.size - 1:
+            return self.embeddings[positions[0]:positions[-1] + 1]
         return self.embeddings[positions]
 
 
@@ -295,7 +298,8 @@ def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
 
 
 def _unit_rows(part: _Partition, rows: np.ndarray, where: str):
-    """The embeddings of ``rows`` (our own copy), checked unless the plan pass or a pack's members did."""
+    """The embeddings of ``rows`` (a copy, or a view of a pack's rows, which its members checked), checked
+    unless the plan pass did."""
     embeddings = part.source.rows(rows)
     if part.spec.validate != "full" and not getattr(part.source, "checked", False):
         norms = check_vectors(embeddings, rows, part.frame, part.spec, where)
