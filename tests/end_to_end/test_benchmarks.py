@@ -1,19 +1,87 @@
-"""The benchmark scripts import against the package as it is (they run by hand, not in CI)."""
-
-from __future__ import annotations
+"""The benchmark machinery: every script imports against the package, the regression gate's verdicts,
+the results records, and the suite's graph counts on the real plan graph."""
 
 import importlib
+import json
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import record  # noqa: E402
+import regression_gate  # noqa: E402
+
+LIMITS = Namespace(points=0.5, factor=1.3)
 
 
 @pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("*.py")))
-def test_a_benchmark_script_imports(script, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # they import each other as the scripts they are
+def test_a_benchmark_script_imports(script):
+    """They run by hand, not in CI: an import the package no longer offers must fail here."""
     module = importlib.import_module(script)
     assert callable(getattr(module, "main", None)) or script == "record", script  # record: shared writer
-    sys.modules.pop(script, None)
+
+
+def result(value, unit, low=None, high=None):
+    return (value, low, high, unit, "track")
+
+
+@pytest.mark.parametrize(("before", "after", "state"), [
+    (result(99.5, "points"), result(99.1, "points"), "OK"),  # a drop within half a point
+    (result(99.5, "points"), result(98.9, "points"), "FAIL"),
+    (result(9.8, "points (lower is better)"), result(10.5, "points (lower is better)"), "FAIL"),
+    (result(9.8, "points (lower is better)"), result(8.0, "points (lower is better)"), "OK"),
+    (result(1600, "rows"), result(1601, "rows"), "FAIL"),  # exact counts do not move
+    (result(2.0, "seconds"), result(2.5, "seconds"), "OK"),
+    (result(2.0, "seconds"), result(2.7, "seconds"), "FAIL"),
+    (result(2.0, "seconds", 1.5, 3.0), result(2.7, "seconds", 2.2, 3.2), "OK"),  # within the noise
+    (result(2.0, "seconds", 1.9, 2.1), result(2.7, "seconds", 2.6, 2.8), "FAIL"),
+    (result(300e6, "bytes"), result(420e6, "bytes"), "FAIL"),
+    (result(2.0, "seconds"), result(None, "seconds"), "FAIL"),  # it ran on the base, fails now
+    (result(None, "seconds"), result(2.0, "seconds"), "new"),
+])
+def test_the_gate_fails_on_a_quality_drop_a_changed_count_or_growth_beyond_the_factor(before, after, state):
+    assert regression_gate.verdict(before, after, LIMITS)[0] == state
+
+
+def test_a_scripts_markdown_becomes_tables_with_their_captions():
+    title, tables = record.tables_of(
+        "# Search at 1,000 rows\n\nCommand: `python x.py`\n\n| rows | s |\n|---:|---:|\n| 1,000 | 0.5 |\n\n"
+        "Recall by cosine:\n\n| rows | 0.98 |\n|---|---|\n| 1,000 | 99% |\n")
+    assert title == "Search at 1,000 rows"
+    assert tables == [{"columns": ["rows", "s"], "rows": [["1,000", "0.5"]]},
+                      {"caption": "Recall by cosine:", "columns": ["rows", "0.98"],
+                       "rows": [["1,000", "99%"]]}]
+
+
+def test_a_record_states_command_data_machine_and_commit(tmp_path):
+    path = tmp_path / "results.json"
+    record.append(path, command="python benchmarks/x.py", data={"table": {"rows": 10}},
+                  markdown="| a |\n|---|\n| 1 |")
+    entry = record.append(path, command="python benchmarks/x.py --again", data="d",
+                          markdown="| a |\n|---|\n| 2 |")
+    assert entry["machine"] and entry["commit"] and entry["tables"][0]["rows"] == [["2"]]
+    assert len(json.loads(path.read_text())) == 2
+
+
+def test_the_suites_graph_counts_grow_from_one_task_to_task_to_task():
+    from suite.graph import PlanGraph
+
+    counts = {}
+    for wiring in ("one task, 20 partitions", "task to task, 60 partitions"):
+        bench = PlanGraph()
+        bench.setup(wiring)
+        counts[wiring] = bench.track_tasks(wiring)
+        assert bench.track_layer_entries(wiring) >= counts[wiring]
+    assert 0 < counts["one task, 20 partitions"] < counts["task to task, 60 partitions"]
+
+
+def test_a_timing_measured_again_counts_its_least_value_and_a_failure_only_if_it_fails_again():
+    first = {("t", ()): result(2.0, "seconds"), ("f", ()): result(None, "rows")}
+    again = {("t", ()): result(1.5, "seconds"), ("f", ()): result(1600, "rows")}
+    merged = regression_gate.least(first, again)
+    assert merged[("t", ())][0] == 1.5 and merged[("f", ())][0] == 1600
+    assert regression_gate.least(again, first)[("t", ())][0] == 1.5
