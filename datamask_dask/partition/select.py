@@ -92,10 +92,10 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
     reasons = np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None
     part = _open(frame, plan, number, selected, scores, reasons)
     if part is not None:
-        learned = {key: result for mapping in packs for key, result in mapping.items() if key[0] == number}
         for cell, rows, where in _cells(part):
             eligible = _eligible(part, cell, rows)
-            result = learned.get((number, cell.group))
+            key = (number, cell.group)
+            result = next((mapping[key] for mapping in packs if key in mapping), None)
             if plan.pack_of(number, cell.group) is None:
                 _select_cell(part, cell, eligible, where)
             elif result is None:

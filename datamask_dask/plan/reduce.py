@@ -104,12 +104,16 @@ def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack,
 
     for group in sorted(members):
         run: list = []
+        rows = 0  # the run's eligible rows
         for partition, cell in members[group]:
-            if run and sum(c.eligible for _, c in run) + cell.eligible > max_rows:
+            if run and rows + cell.eligible > max_rows:
                 close(run)
+                rows = 0
             run.append((partition, cell))
+            rows += cell.eligible
             if cell.eligible > max_rows:
                 close(run)
+                rows = 0
         if run:
             close(run)
     return tuple(packs)
