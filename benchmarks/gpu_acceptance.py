@@ -1,0 +1,168 @@
+"""The GPU acceptance run's own steps (``scripts/gpu-acceptance.sh`` runs them with the jobs).
+
+    python benchmarks/gpu_acceptance.py data --rows 1000000 --dim 768 --quality-case 1m-d64
+    python benchmarks/gpu_acceptance.py ceiling --rows 1000000 --dim 768
+    python benchmarks/gpu_acceptance.py selections --case 1m-d64 --out selections.npz
+    python benchmarks/gpu_acceptance.py score selections.npz
+
+- ``data``: the pipeline benchmark's table (``bench_pipeline.ensure_dataset``), its files drawn in
+  parallel processes, and the quality benchmark's case table (``bench_quality.dataset``).
+- ``ceiling``: the cuDF I/O ceiling over the same files: ``cudf.read_parquet``, a boolean column,
+  ``to_parquet``, one file after another on one GPU (what a selection job cannot beat).
+- ``selections``: ``datamask select`` with the gpu profile and ``--device cuda`` on the quality
+  case's table, per metric and lamb; the rows selected (bit-packed) and the job's learning seconds
+  go into ``--out``. The gpu profile learns the whole table as one chunk (``max_chunk_rows``).
+- ``score``: the yardstick on those selections (:func:`~datamask_dask.learn.yardstick.measure_all`),
+  on any machine: the share of the best baseline's gain over random, beside the CPU figures of
+  ``results/quality.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_pipeline as pipeline  # noqa: E402
+import bench_quality as quality_bench  # noqa: E402
+
+CACHE = HERE.parent / ".benchmark-cache"
+
+
+def _draw_file(job: tuple[str, int, int, int, int]) -> str:
+    folder, number, rows, dim, clusters = job
+    path = Path(folder) / f"part.{number:05d}.parquet"
+    if not path.exists():
+        quality, emb = pipeline.make_partition(number, rows, dim, pipeline._cluster_model(dim, clusters))
+        pipeline.write_partition(path, number, quality, emb)
+    return path.name
+
+
+def data(args) -> int:
+    started = time.perf_counter()
+    parts = Path(args.cache) / f"pipeline-d{args.dim}-p{args.rows_per_partition}-c{args.clusters}" / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    jobs = [(str(parts), i, args.rows_per_partition, args.dim, args.clusters)
+            for i in range(args.rows // args.rows_per_partition)]
+    with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+        for name in pool.map(_draw_file, jobs):
+            print(f"  {name} ready at {time.perf_counter() - started:.1f} s", flush=True)
+    folder = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition,
+                                     args.clusters)
+    print(f"pipeline table {folder} in {time.perf_counter() - started:.1f} s", flush=True)
+    if args.quality_case:
+        source, _, _ = quality_bench.dataset(args.quality_case)
+        print(f"quality table {source} at {time.perf_counter() - started:.1f} s", flush=True)
+    return 0
+
+
+def ceiling(args) -> int:
+    import cudf
+
+    source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition,
+                                     args.clusters)
+    files = sorted(source.glob("*.parquet"))
+    scratch = Path(args.cache) / "ceiling-out"
+    scratch.mkdir(parents=True, exist_ok=True)
+
+    def copy(path: Path) -> int:
+        frame = cudf.read_parquet(path)
+        frame["selected"] = cudf.Series(np.arange(len(frame)) % 10 == 0)
+        frame.to_parquet(scratch / path.name)
+        return len(frame)
+
+    copy(files[0])  # the CUDA context and cuDF's kernels, not timed
+    lines = ["| pass | files | rows | seconds | rows/s |", "|---|---:|---:|---:|---:|"]
+    for attempt in (1, 2):
+        started = time.perf_counter()
+        rows = sum(copy(path) for path in files)
+        seconds = time.perf_counter() - started
+        lines.append(f"| {attempt} | {len(files)} | {rows:,} | {seconds:.2f} | {rows / seconds:,.0f} |")
+        print(lines[-1], flush=True)
+    print("\n".join(["cuDF read + boolean column + write, one file after another:", *lines]))
+    return 0
+
+
+def selections(args) -> int:
+    source, _, _ = quality_bench.dataset(args.case)
+    out = Path(args.out)
+    masks, runs = {}, []
+    print("| metric | lamb | selected | job s (wall) | learn s |\n|---|---:|---:|---:|---:|", flush=True)
+    for lamb in args.lambs:  # every metric at the first lamb before any at the next
+        for metric in args.metrics:
+            flags = ["--config", "gpu", "--device", args.device, "--n-workers", "1", "--algorithm", metric,
+                     "--lamb", str(lamb)]
+            try:
+                selected, seconds = quality_bench.run_job(source, flags)
+            except SystemExit as failure:  # keep the other runs: a failure is reported and the next goes on
+                print(f"| {metric} | {lamb} | failed | | |\n{failure}", flush=True)
+                continue
+            masks[f"{metric}|{lamb}"] = np.packbits(selected)
+            runs.append({"metric": metric, "lamb": lamb, "rows": len(selected), **seconds})
+            np.savez(out, runs=json.dumps({"case": args.case, "runs": runs}), **masks)
+            print(f"| {metric} | {lamb} | {int(selected.sum()):,} | {seconds['job_seconds']:.1f} "
+                  f"({seconds['wall_seconds']:.1f}) | {seconds['learn_seconds']:.2f} |", flush=True)
+    return 0
+
+
+def score(args) -> int:
+    from datamask_dask.learn.yardstick import measure_all
+
+    saved = np.load(args.selections)
+    meta = json.loads(str(saved["runs"]))
+    _, quality, emb = quality_bench.dataset(meta["case"])
+    print("| case | metric | lamb | share of baseline's gain | objective | random | baseline | top-k share | "
+          "learn s |\n|---|---|---:|---:|---:|---:|---|---:|---:|", flush=True)
+    rows = []
+    for run in meta["runs"]:
+        selected = np.unpackbits(saved[f"{run['metric']}|{run['lamb']}"], count=run["rows"]).astype(bool)
+        (result,) = measure_all(quality, emb, [selected], algorithm=run["metric"], lamb=run["lamb"],
+                                greedy_max_work=args.greedy_max_work)
+        rows.append({**run, "case": meta["case"], **result.as_dict()})
+        print(f"| {meta['case']} | {run['metric']} | {run['lamb']} | {result.share:.2%} | "
+              f"{result.objective:.5f} | {result.random:.5f} | {result.baseline:.5f} "
+              f"({result.baseline_name}) | {result.topk_share:.2%} | {run['learn_seconds']:.2f} |",
+              flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    steps = parser.add_subparsers(dest="step", required=True)
+    for name in ("data", "ceiling"):
+        step = steps.add_parser(name)
+        step.add_argument("--rows", type=int, default=1_000_000)
+        step.add_argument("--dim", type=int, default=768)
+        step.add_argument("--rows-per-partition", type=int, default=100_000)
+        step.add_argument("--clusters", type=int, default=2000)
+        step.add_argument("--cache", default=str(CACHE))
+        if name == "data":
+            step.add_argument("--quality-case", choices=sorted(quality_bench.CASES))
+    step = steps.add_parser("selections")
+    step.add_argument("--case", default="1m-d64", choices=sorted(quality_bench.CASES))
+    step.add_argument("--metrics", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
+    step.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
+    step.add_argument("--device", default="cuda", help="cpu checks the step on a machine without a GPU")
+    step.add_argument("--out", required=True)
+    step = steps.add_parser("score")
+    step.add_argument("selections")
+    step.add_argument("--greedy-max-work", type=float, default=1e11)
+    step.add_argument("--json")
+    args = parser.parse_args(argv)
+    return {"data": data, "ceiling": ceiling, "selections": selections, "score": score}[args.step](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
