@@ -70,10 +70,8 @@ def gpu_peak_and_reset() -> int:
     try:
         import rmm.statistics
 
-        stats = rmm.statistics.get_statistics()
-        if stats is not None:
-            peak = int(stats.peak_bytes)
-            rmm.statistics.pop_statistics()
+        if rmm.statistics.get_statistics() is not None:
+            peak = int(rmm.statistics.pop_statistics().peak_bytes)  # the counters since the last push
             rmm.statistics.push_statistics()
             return peak
     except ImportError:
@@ -91,6 +89,7 @@ def enable_rmm_statistics() -> None:
         import rmm.statistics
 
         rmm.statistics.enable_statistics()
+        rmm.statistics.push_statistics()  # the first counters cannot be popped: pop the pushed ones
     except ImportError:
         pass
 

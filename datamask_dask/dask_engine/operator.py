@@ -264,7 +264,11 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
                                                        dask_key_name=(key, i))
              for i, part in enumerate(parts)]
     divisions = ddf.divisions if ddf.known_divisions else None
-    return dd.from_delayed(tasks, meta=meta, divisions=divisions, prefix="datamask-select", verify_meta=False)
+    # dask's string conversion cannot read cuDF's dtypes (a list column fails its check); cuDF keeps its own
+    strings = {"dataframe.convert-string": False} if adapters.is_cudf(meta) else {}
+    with dask.config.set(strings):
+        return dd.from_delayed(tasks, meta=meta, divisions=divisions, prefix="datamask-select",
+                               verify_meta=False)
 
 
 def _holder(ddf):
