@@ -67,7 +67,9 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     threads_per_worker : int
         Threads of each worker, also used for its BLAS/OpenMP and torch threads.
     memory_limit : str, int or float, optional
-        Memory limit per worker, as Dask accepts it (``"4GiB"``, ``"auto"``...).
+        Memory limit per worker, as Dask accepts it (``"4GiB"``...). ``"auto"`` (``"cpu"``): the
+        machine's memory shared evenly by the workers started (Dask's own ``"auto"`` gives a worker
+        its threads' share of the cores, which leaves memory idle when the workers are fewer).
     set_as_default : bool
         Make the client Dask's default scheduler (``compute()`` then runs on it).
     **cluster_kwargs
@@ -103,6 +105,10 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
             if kind == "cpu":
                 if n_workers is None:
                     n_workers = max(1, (os.cpu_count() or 1) // threads_per_worker)
+                if memory_limit == "auto":
+                    from distributed.system import MEMORY_LIMIT  # the machine's memory, or its cgroup's
+
+                    memory_limit = MEMORY_LIMIT // n_workers
                 client = Client(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
                                 memory_limit=memory_limit, set_as_default=set_as_default, **cluster_kwargs)
             else:

@@ -266,6 +266,16 @@ def test_same_selection_on_every_scheduler_and_worker_count(client, corpus):
     assert (other_seed["score"] != reference["score"]).any()  # another learning run, which may agree on rows
 
 
+@pytest.mark.slow
+def test_workers_share_the_machine_memory_evenly():
+    """Fewer workers than cores get the memory the others would have had (Dask's "auto" leaves it idle)."""
+    from distributed.system import MEMORY_LIMIT
+
+    with get_client("cpu", n_workers=1, set_as_default=False, dashboard_address=":0") as one:
+        (worker,) = one.scheduler_info()["workers"].values()
+        assert worker["memory_limit"] == MEMORY_LIMIT
+
+
 # ------------------------------------------------------------------ small and odd partitions
 
 
