@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE))
 
 import bench_pipeline as pipeline  # noqa: E402
 import bench_quality as quality_bench  # noqa: E402
+import record  # noqa: E402
 
 CACHE = HERE.parent / ".benchmark-cache"
 
@@ -88,15 +89,25 @@ def ceiling(args) -> int:
         seconds = time.perf_counter() - started
         lines.append(f"| {attempt} | {len(files)} | {rows:,} | {seconds:.2f} | {rows / seconds:,.0f} |")
         print(lines[-1], flush=True)
-    print("\n".join(["cuDF read + boolean column + write, one file after another:", *lines]))
+    text = "\n".join(["# The cuDF I/O ceiling", "",
+                      "cuDF read + boolean column + write, one file after another:", "", *lines])
+    print(text)
+    shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
+    _record(args, text, {"tables": shape})
     return 0
+
+
+def _record(args, markdown: str, data) -> None:
+    if args.json:
+        record.append(args.json, command=record.command(Path(sys.argv[0]).name), data=data, markdown=markdown)
 
 
 def selections(args) -> int:
     source, _, _ = quality_bench.dataset(args.case)
     out = Path(args.out)
     masks, runs = {}, []
-    print("| metric | lamb | selected | job s (wall) | learn s |\n|---|---:|---:|---:|---:|", flush=True)
+    lines = ["| metric | lamb | selected | job s (wall) | learn s |", "|---|---:|---:|---:|---:|"]
+    print("\n".join(lines), flush=True)
     for lamb in args.lambs:  # every metric at the first lamb before any at the next
         for metric in args.metrics:
             flags = ["--config", "gpu", "--device", args.device, "--n-workers", "1", "--algorithm", metric,
@@ -109,8 +120,11 @@ def selections(args) -> int:
             masks[f"{metric}|{lamb}"] = np.packbits(selected)
             runs.append({"metric": metric, "lamb": lamb, "rows": len(selected), **seconds})
             np.savez(out, runs=json.dumps({"case": args.case, "runs": runs}), **masks)
-            print(f"| {metric} | {lamb} | {int(selected.sum()):,} | {seconds['job_seconds']:.1f} "
-                  f"({seconds['wall_seconds']:.1f}) | {seconds['learn_seconds']:.2f} |", flush=True)
+            lines.append(f"| {metric} | {lamb} | {int(selected.sum()):,} | {seconds['job_seconds']:.1f} "
+                         f"({seconds['wall_seconds']:.1f}) | {seconds['learn_seconds']:.2f} |")
+            print(lines[-1], flush=True)
+    _record(args, "\n".join([f"# The {args.case} table learned as one chunk on the GPU", "", *lines]),
+            {"case": args.case})
     return 0
 
 
@@ -150,12 +164,15 @@ def main(argv=None) -> int:
         step.add_argument("--cache", default=str(CACHE))
         if name == "data":
             step.add_argument("--quality-case", choices=sorted(quality_bench.CASES))
+        else:
+            step.add_argument("--json", help="append the table to this JSON file (record.py)")
     step = steps.add_parser("selections")
     step.add_argument("--case", default="1m-d64", choices=sorted(quality_bench.CASES))
     step.add_argument("--metrics", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
     step.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
     step.add_argument("--device", default="cuda", help="cpu checks the step on a machine without a GPU")
     step.add_argument("--out", required=True)
+    step.add_argument("--json", help="append the table to this JSON file (record.py)")
     step = steps.add_parser("score")
     step.add_argument("selections")
     step.add_argument("--greedy-max-work", type=float, default=1e11)

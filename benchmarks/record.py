@@ -37,8 +37,11 @@ def commit(tree: Path = ROOT) -> str:
     def git(*args):
         return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True).stdout.strip()
 
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:  # a copy of the tree without its history (a device machine): the commit it was sent at
+        return os.environ.get("BENCH_COMMIT", "unknown")
     dirty = git("status", "--porcelain", "--", "datamask_dask", "integrations")
-    return git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else "")
+    return head + ("+changes" if dirty else "")
 
 
 def command(script: str, argv=None) -> str:

@@ -7,8 +7,9 @@
 #   OUT=/tmp/acceptance bash scripts/gpu-acceptance.sh
 #
 # Every step runs under `timeout` and a failure never stops the next. $OUT receives summary.md (each
-# step's exit code, seconds and tables), logs.tar.gz (every log) and selections.npz (scored on any
-# machine with `python benchmarks/gpu_acceptance.py score`). ROWS (default 1000000) and CASE (default
+# step's exit code, seconds and tables), gpu.json (the tables as records, benchmarks/record.py),
+# logs.tar.gz (every log) and selections.npz (scored on any machine with
+# `python benchmarks/gpu_acceptance.py score`). ROWS (default 1000000) and CASE (default
 # 1m-d64) size the run; without a GPU the GPU steps fail fast and the CPU steps still run.
 set -u
 OUT=${OUT:-/tmp/gpu-acceptance}
@@ -19,7 +20,8 @@ WORKERS=${WORKERS:-$(nproc)}
 FILES=$((ROWS / 100000))
 LOGS=$(mktemp -d)
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 BENCH_COMMIT=${COMMIT:-unknown}
+RECORDS=(--json "$OUT/gpu.json")
 
 summarise() {
   {
@@ -66,15 +68,15 @@ wait "$data"
 summarise
 
 step gpu-all-columns 130 "$PY" benchmarks/bench_gpu.py --sizes "$ROWS" --algorithms Pair_simi Facility \
-  --no-objective
-step io-ceiling 30 "$PY" benchmarks/gpu_acceptance.py ceiling --rows "$ROWS"
+  --no-objective "${RECORDS[@]}"
+step io-ceiling 30 "$PY" benchmarks/gpu_acceptance.py ceiling --rows "$ROWS" "${RECORDS[@]}"
 step one-chunk-selections 100 "$PY" benchmarks/gpu_acceptance.py selections --case "$CASE" \
-  --out "$OUT/selections.npz"
+  --out "$OUT/selections.npz" "${RECORDS[@]}"
 step cpu-cores 40 "$PY" benchmarks/bench_pipeline.py --sizes "$ROWS" --workers "$WORKERS" \
-  --algorithms Pair_simi --no-objective
+  --algorithms Pair_simi --no-objective "${RECORDS[@]}"
 # Facility's 100k-row chunks need more memory a task than 16 workers leave: one worker a file
 step cpu-cores-facility 60 "$PY" benchmarks/bench_pipeline.py --sizes "$ROWS" --workers "$FILES" \
-  --algorithms Facility --no-objective
+  --algorithms Facility --no-objective "${RECORDS[@]}"
 step gpu-selection-only 35 "$PY" benchmarks/bench_gpu.py --sizes "$ROWS" --algorithms Pair_simi \
-  --no-objective --output-columns selection
+  --no-objective --output-columns selection "${RECORDS[@]}"
 echo "summary: $OUT/summary.md"
