@@ -11,14 +11,18 @@ Same data, job and table as ``bench_pipeline.py`` (see its docstring), except:
 - ``read`` is not timed on its own (dask-cudf's reader is not the package's): it falls in
   ``idle/other``; ``extract`` times the cuDF list column -> CUDA tensor step (asynchronous
   GPU work lands in ``learn``, which ends on the host);
+- one cluster runs every job; its first job, on one file, takes a fresh worker's first CUDA, cuDF
+  and torch calls and is reported on its own row;
+- a second table gives each job's worker-seconds per task prefix, from Dask's task stream: what
+  the stage clocks leave in ``idle/other``;
 - memory: peak host RSS per worker process (psutil) and peak GPU memory per worker, from RMM's
   statistics when RMM is the allocator, else ``torch.cuda.max_memory_allocated``.
 
     python benchmarks/bench_gpu.py --sizes 1000000 4000000 --algorithms Pair_simi Facility
 
 Every GPU library is imported lazily; on a machine without a CUDA GPU, torch with CUDA, cuDF,
-dask-cudf or dask-cuda, the script says which is missing and exits with status 2. No figure of
-this script has been measured yet (the development machine has no GPU).
+dask-cudf or dask-cuda, the script says which is missing and exits with status 2.
+``scripts/gpu-acceptance.sh`` runs it on a GPU machine beside the CPU job and the cuDF I/O ceiling.
 """
 
 from __future__ import annotations
@@ -94,54 +98,51 @@ def enable_rmm_statistics() -> None:
         pass
 
 
-def run_job(source: Path, target: Path, n_workers: int | None, config: str, overrides: dict,
+def run_job(client, source: Path, target: Path, config: str, overrides: dict,
             output_columns: str = "all") -> dict:
-    """One job on a fresh LocalCUDACluster: every column written from cuDF partitions
+    """One job on ``client``'s GPU workers: every column written from cuDF partitions
     (``write_selection``), or the selection table only (``select_table``, partitions read by pyarrow
-    and learned on the GPU)."""
+    and learned on the GPU). With its worker-seconds per task prefix, from Dask's task stream."""
     import shutil
 
-    from datamask_dask import get_client, read_parquet, select_table, write_selection
+    from distributed import get_task_stream
+    from distributed.utils import key_split
+
+    from datamask_dask import read_parquet, select_table, write_selection
     from datamask_dask.io.storage import input_fingerprint
 
-    client = get_client("cuda", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
-    try:
-        client.run(enable_rmm_statistics)
-        client.run(gpu_peak_and_reset)
-        pids = list(client.run(os.getpid).values())
-        workers = len(pids)
-        with pipeline.MemorySampler(pids) as sampler:
-            shutil.rmtree(target, ignore_errors=True)  # not timed: a previous run's output
-            started = time.perf_counter()
-            if output_columns == "selection":
-                report = select_table(str(source), str(target), output_columns="selection", config=config,
-                                      scheduler=client, resume=False, **{"device": "cuda", **overrides})
-                stages = report.record["stages"]
-            else:
-                # cuDF's reader, one partition per file in file order: output part i is input file i
-                ddf = read_parquet(source, backend="cudf")
-                report = write_selection(
-                    ddf,
-                    target,
-                    config=config,
-                    overwrite=True,
-                    resume=False,
-                    input_fingerprint=input_fingerprint(source),
-                    **{"device": "cuda", **overrides},
-                )
-                stages = report.stages
-            wall = time.perf_counter() - started
-        gpu_peak = max(client.run(gpu_peak_and_reset).values())
-    finally:
-        client.shutdown()
+    client.run(gpu_peak_and_reset)
+    pids = list(client.run(os.getpid).values())
+    with pipeline.MemorySampler(pids) as sampler, get_task_stream(client) as stream:
+        shutil.rmtree(target, ignore_errors=True)  # not timed: a previous run's output
+        started = time.perf_counter()
+        if output_columns == "selection":
+            report = select_table(str(source), str(target), output_columns="selection", config=config,
+                                  scheduler=client, resume=False, **{"device": "cuda", **overrides})
+            stages = report.record["stages"]
+        else:
+            # cuDF's reader, one partition per file in file order: output part i is input file i
+            report = write_selection(read_parquet(source, backend="cudf"), target, config=config,
+                                     overwrite=True, resume=False,
+                                     input_fingerprint=input_fingerprint(source),
+                                     **{"device": "cuda", **overrides})
+            stages = report.stages
+        wall = time.perf_counter() - started
+    tasks: dict[str, list] = {}
+    for task in stream.data:
+        seconds = sum(s["stop"] - s["start"] for s in task["startstops"] if s["action"] == "compute")
+        count_seconds = tasks.setdefault(key_split(task["key"]), [0, 0.0])
+        count_seconds[0] += 1
+        count_seconds[1] += seconds
     return {
         "wall": wall,
         "rows": report.rows,
-        "workers": workers,
+        "workers": len(pids),
         "stages": pipeline.stage_columns(stages),
         "raw stages": stages,
+        "tasks": tasks,
         "peak_rss": max(sampler.peaks.values()),
-        "gpu_peak": gpu_peak,
+        "gpu_peak": max(client.run(gpu_peak_and_reset).values()),
     }
 
 
@@ -201,32 +202,50 @@ def main(argv=None) -> int:
         "memory | " + " | ".join(STAGES) + " | read + idle/other |",
         "|---:|---|---:|---:|---:|---:|---:|" + "---:|" * (len(STAGES) + 1),
     ]
-    for size in args.sizes:
-        source = pipeline.ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
-        for algorithm in args.algorithms:
-            for workers in args.workers:
-                target = out_root / f"n{size}-{algorithm}-w{workers}"
-                print(
-                    f"running {size} rows, {algorithm}, {workers or 'all'} GPU worker(s)...",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                r = run_job(
-                    source, target, workers or None, args.config, {"algorithm": algorithm, **overrides},
-                    args.output_columns,
-                )
-                print(f"stages (worker-seconds): {r['raw stages']}", file=sys.stderr, flush=True)
-                busy = r["workers"] * r["wall"]
-                idle = max(0.0, busy - sum(r["stages"].get(s, 0.0) for s in STAGES))
-                lines.append(
-                    f"| {size:,} | {algorithm} | {r['workers']} | {r['wall']:.1f} | "
-                    f"{size / r['wall']:,.0f} | {r['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
-                    f"{r['gpu_peak'] / GIB:.2f} GiB | "
-                    + " | ".join(pipeline._fmt_seconds(r["stages"], s, busy) for s in STAGES)
-                    + f" | {idle:.1f} ({idle / busy:.0%}) |"
-                )
-                print(lines[-1], file=sys.stderr, flush=True)
-    lines += ["", "Stage columns: worker-seconds summed over workers (share of workers x wall).", ""]
+    from datamask_dask import get_client
+
+    task_lines = ["| rows | algorithm | workers | task | tasks | worker s |", "|---:|---|---:|---|---:|---:|"]
+
+    def report(size, label, r):
+        busy = r["workers"] * r["wall"]
+        idle = max(0.0, busy - sum(r["stages"].get(s, 0.0) for s in STAGES))
+        lines.append(
+            f"| {size:,} | {label} | {r['workers']} | {r['wall']:.1f} | "
+            f"{size / r['wall']:,.0f} | {r['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
+            f"{r['gpu_peak'] / GIB:.2f} GiB | "
+            + " | ".join(pipeline._fmt_seconds(r["stages"], s, busy) for s in STAGES)
+            + f" | {idle:.1f} ({idle / busy:.0%}) |"
+        )
+        print(lines[-1], file=sys.stderr, flush=True)
+        for task, (count, seconds) in sorted(r["tasks"].items(), key=lambda item: -item[1][1]):
+            if seconds >= 0.05:
+                task_lines.append(f"| {size:,} | {label} | {r['workers']} | {task} | {count} | "
+                                  f"{seconds:.2f} |")
+
+    for workers in args.workers:
+        client = get_client("cuda", n_workers=workers or None, threads_per_worker=1, dashboard_address=":0")
+        try:
+            client.run(enable_rmm_statistics)
+            # a fresh worker's first CUDA, cuDF and torch calls, on one file: reported apart
+            first = pipeline.ensure_dataset(cache, args.rows_per_partition, args.dim, args.rows_per_partition,
+                                            args.clusters)
+            warm = {"algorithm": args.algorithms[0], **overrides}
+            report(args.rows_per_partition, f"{args.algorithms[0]}, a fresh worker's first job",
+                   run_job(client, first, out_root / "warm-up", args.config, warm, args.output_columns))
+            for size in args.sizes:
+                source = pipeline.ensure_dataset(cache, size, args.dim, args.rows_per_partition,
+                                                 args.clusters)
+                for algorithm in args.algorithms:
+                    print(f"running {size} rows, {algorithm}, {workers or 'all'} GPU worker(s)...",
+                          file=sys.stderr, flush=True)
+                    r = run_job(client, source, out_root / f"n{size}-{algorithm}-w{workers}", args.config,
+                                {"algorithm": algorithm, **overrides}, args.output_columns)
+                    print(f"stages (worker-seconds): {r['raw stages']}", file=sys.stderr, flush=True)
+                    report(size, algorithm, r)
+        finally:
+            client.shutdown()
+    lines += ["", "Stage columns: worker-seconds summed over workers (share of workers x wall).", "",
+              "Worker-seconds by task (Dask's task stream; tasks of at least 0.05 s):", "", *task_lines, ""]
     return pipeline.finish_report(args, lines, cache, out_root, overrides)
 
 

@@ -126,8 +126,8 @@ def suite(runs: list[dict]) -> list[str]:
 
 
 SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suite,
-            **{name: tables for name in ("pipeline", "ceiling", "duplicates", "table-scale", "search-graph",
-                                         "spark", "storage")}}
+            **{name: tables for name in ("pipeline", "gpu", "ceiling", "duplicates", "table-scale",
+                                         "search-graph", "spark", "storage")}}
 
 
 def render(page: str) -> str:
