@@ -3,11 +3,11 @@
 Exact search compares every reference row with every candidate: O(m n d) work and an m x n
 top-k, which dominates facility location on large chunks. Above ``exact_max`` candidates the
 search is approximate, as large-scale facility location does it (an inverted-file index, like
-FAISS's IVF): spherical k-means cuts the candidates into clusters of about ``cluster_rows``
-rows, and each reference row is compared only with the members of its ``probes`` most similar
-clusters. Work per row is then O((c + probes * cluster_rows) d) for c clusters instead of
-O(n d); a candidate's true nearest neighbours sit in the clusters nearest to it, and the
-facility objective only needs the nearest few.
+FAISS's IVF): spherical k-means, trained on a sample of the candidates, cuts them into clusters
+of about ``cluster_rows`` rows, and each reference row is compared only with the members of its
+``probes`` most similar clusters. Work per row is then O((c + probes * cluster_rows) d) for c
+clusters instead of O(n d); a candidate's true nearest neighbours sit in the clusters nearest to
+it, and the facility objective only needs the nearest few.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import torch
 
 Tensor = torch.Tensor
 _BLOCK_ROWS = 4096  # rows compared at once (bounds the similarity block's memory)
+_BLOCK_PRODUCTS = 1 << 24  # similarities held at once in the search (bounds their memory)
+_TRAIN_ROWS = 64  # k-means sample rows per centroid (FAISS trains IVF on 39 to 256)
+_TRAIN_MIN = 1 << 14  # and at least this many: small samples place few centroids worse
 _ALIGN = 64  # matrix products run on row counts rounded up to a multiple of this (see _similarities)
 
 
@@ -41,34 +44,44 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
         return _exact(low_reference, low_candidates, t)
     n_clusters = math.ceil(n / cluster_rows)
     centroids = _spherical_kmeans(low_candidates, candidates, n_clusters, iterations, generator)
-    membership = _nearest(low_candidates, centroids, 1)[:, 0]  # (n,)
-    if low_reference is low_candidates and probes == 1:  # each row probes its own cluster
-        probed = membership[:, None]
+    probes = min(probes, n_clusters)
+    if low_reference is low_candidates:  # a row's own cluster is its nearest probe: one pass
+        probed = _nearest(low_candidates, centroids, probes)  # (m, p)
+        membership = probed[:, 0]
     else:
-        probed = _nearest(low_reference, centroids, min(probes, n_clusters))  # (m, p)
+        membership = _nearest(low_candidates, centroids, 1)[:, 0]  # (n,)
+        probed = _nearest(low_reference, centroids, probes)
     m, p = probed.shape
-    values = torch.full((m, p, t), -math.inf, device=reference.device)
-    indices = torch.zeros((m, p, t), dtype=torch.long, device=reference.device)
-    # each cluster's members, and the flat (row, slot) positions that probe it
-    members_by_cluster = torch.argsort(membership).split(
+    members_by_cluster = torch.argsort(membership, stable=True).split(
         torch.bincount(membership, minlength=n_clusters).tolist())
-    asking_by_cluster = torch.argsort(probed.flatten()).split(
-        torch.bincount(probed.flatten(), minlength=n_clusters).tolist())
-    for members, asking in zip(members_by_cluster, asking_by_cluster, strict=True):
-        if members.numel() == 0 or asking.numel() == 0:
-            continue
-        rows, slots = asking // p, asking % p
-        found = min(t, members.numel())
-        # With one probe these are the final neighbours (sorted); else the merge below sorts.
-        products = _similarities(aligned_rows(low_reference, rows), aligned_rows(low_candidates, members),
-                                 rows.numel(), members.numel())
-        top = products.topk(found, dim=1, sorted=p == 1)
-        values[rows, slots, :found] = top.values.float()
-        indices[rows, slots, :found] = members[top.indices]
-    if p == 1:
-        return values[:, 0], indices[:, 0]
-    best = values.view(m, p * t).topk(t, dim=1)
-    return best.values, indices.view(m, p * t).gather(1, best.indices)
+    # (row, slot) pairs in the order of the cluster they probe: each cluster fills one slice of the
+    # buffers, reordered once at the end (scattered writes cluster by cluster cost more than that).
+    asking = torch.argsort(probed.flatten(), stable=True)
+    counts = torch.bincount(probed.flatten(), minlength=n_clusters).tolist()
+    # (in the products' precision and int32 rows: half the memory of float32 and int64)
+    values = torch.full((m * p, t), -math.inf, dtype=dtype, device=reference.device)
+    indices = torch.zeros((m * p, t), dtype=torch.int32, device=reference.device)
+    first = 0
+    for members, count in zip(members_by_cluster, counts, strict=True):
+        if members.numel() and count:
+            found = min(t, members.numel())
+            aligned = aligned_rows(low_candidates, members)
+            step = max(_ALIGN, _BLOCK_PRODUCTS // aligned.shape[0] // _ALIGN * _ALIGN)  # rows at once
+            for block in range(first, first + count, step):
+                rows = asking[block:min(block + step, first + count)]
+                products = _similarities(aligned_rows(low_reference, rows // p), aligned, rows.numel(),
+                                         members.numel())
+                # With one probe these are the final neighbours (sorted); else the merge below sorts.
+                top = products.topk(found, dim=1, sorted=p == 1)
+                values[block:block + rows.numel(), :found] = top.values
+                indices[block:block + rows.numel(), :found] = members[top.indices]
+        first += count
+    values = torch.empty_like(values).index_copy_(0, asking, values).view(m, p * t)  # back to row order
+    indices = torch.empty_like(indices).index_copy_(0, asking, indices).view(m, p * t)
+    if p > 1:
+        best = values.topk(t, dim=1)
+        values, indices = best.values, indices.gather(1, best.indices)
+    return values.float(), indices.long()
 
 
 def _similarities(left: Tensor, right: Tensor, n_rows: int, n_columns: int) -> Tensor:
@@ -88,7 +101,7 @@ def aligned_rows(x: Tensor, rows: Tensor | None = None) -> Tensor:
     """``x[rows]`` (all rows where None) with the row count rounded up to a multiple of ``_ALIGN``."""
     missing = -(x.shape[0] if rows is None else rows.numel()) % _ALIGN
     if rows is not None:  # pad the index (with any row), so the gather is the only copy
-        return x[torch.cat([rows, rows.new_zeros(missing)]) if missing else rows]
+        return x.index_select(0, torch.cat([rows, rows.new_zeros(missing)]) if missing else rows)
     return torch.nn.functional.pad(x, (0, 0, 0, missing)) if missing else x
 
 
@@ -110,20 +123,31 @@ def _exact(reference: Tensor, candidates: Tensor, t: int) -> tuple[Tensor, Tenso
 
 
 def _nearest(x: Tensor, centroids: Tensor, k: int) -> Tensor:
-    """Indices of the ``k`` centroids most similar to each row of ``x``, (rows, k)."""
+    """Indices of the ``k`` centroids most similar to each row of ``x``, (rows, k); equal similarities
+    (frequent in bfloat16) rank the lower index first, as ``max`` does."""
     # For one centroid a max pass (faster on CPU than argmax, and than top-k, which sorts)
-    return torch.cat([block.max(1, keepdim=True).indices if k == 1 else block.topk(k, dim=1).indices
+    return torch.cat([block.max(1, keepdim=True).indices if k == 1 else _ranked(block.topk(k, dim=1))
                       for block in _blocks(x, centroids)])
+
+
+def _ranked(top) -> Tensor:
+    """The indices of a ``topk`` result, best first and equal values in index order."""
+    indices, by_index = top.indices.sort(dim=1)
+    values = top.values.gather(1, by_index)
+    return indices.gather(1, values.argsort(dim=1, descending=True, stable=True))
 
 
 def _spherical_kmeans(x: Tensor, x_full: Tensor, k: int, iterations: int,
                       generator: torch.Generator | None) -> Tensor:
     """``k`` unit centroids of the unit rows ``x`` (``x_full``: the same rows in float32)."""
-    start = torch.randperm(x.shape[0], generator=generator, device=x.device)[:k]
-    centroids = x_full[start].float()
+    # Trained on a random sample: centroids need a few dozen rows each, not every row.
+    rows = max(k * _TRAIN_ROWS, _TRAIN_MIN)
+    sample = torch.randperm(x.shape[0], generator=generator, device=x.device)[:rows]
+    x, x_full = x.index_select(0, sample), x_full.index_select(0, sample).float()
+    centroids = x_full[:k]  # the sample's first rows seed them
     for _ in range(iterations):
         nearest = _nearest(x, centroids.to(x.dtype), 1)[:, 0]
-        sums = torch.zeros_like(centroids).index_add_(0, nearest, x_full.float())
+        sums = torch.zeros_like(centroids).index_add_(0, nearest, x_full)
         norms = sums.norm(dim=1, keepdim=True)
         # An empty cluster keeps its centroid: it is one of the rows, so it is never far from data.
         centroids = torch.where(norms > 0, sums / norms.clamp(min=1e-12), centroids)
