@@ -124,7 +124,7 @@ def selections(args) -> int:
                          f"({seconds['wall_seconds']:.1f}) | {seconds['learn_seconds']:.2f} |")
             print(lines[-1], flush=True)
     _record(args, "\n".join([f"# The {args.case} table learned as one chunk on the GPU", "", *lines]),
-            {"case": args.case})
+            f"the {args.case} table of bench_quality.py (make_embeddings)")
     return 0
 
 
