@@ -97,6 +97,9 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--max-chunk-rows", "--max_chunk_rows", type=int,
                      help="rows are learned in chunks of at most this many, which select apart (in table "
                           "scope, consecutive partitions that fit in one are learned together)")
+    job.add_argument("--max-chunk-values", "--max_chunk_values", type=int,
+                     help="where --max-chunk-rows is not set, a chunk holds at most this many embedding "
+                          "values (rows x dimension)")
     job.add_argument("--memory-budget", "--memory_budget",
                      help="working memory per selection task, e.g. 2GiB: sizes the chunks (default: none; "
                           "the workers' memory is checked, and a chunk that does not fit fails before "
@@ -118,19 +121,22 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
 
 def _show_defaults(parser: argparse.ArgumentParser) -> None:
     """Append each setting's built-in default to its help, from the one place defaults live."""
-    from .config import default_settings, default_text
+    from .config import METRIC_DEFAULTS, default_settings, default_text
 
     settings = default_settings()
     for action in parser._actions:
         flag = action.const is not None  # a switch such as --no-check-ids: its name says what it sets
-        if settings.get(action.dest) is not None and not flag and "default" not in (action.help or ""):
+        stated = settings.get(action.dest) is not None or any(action.dest in metric
+                                                               for metric in METRIC_DEFAULTS.values())
+        if stated and not flag and "default" not in (action.help or ""):
             text = f"(default: {default_text(action.dest)})"
             action.help = f"{action.help} {text}" if action.help else text
 
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
-                "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "memory_budget",
+                "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "max_chunk_values",
+                "memory_budget",
                 "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
 
 

@@ -114,12 +114,16 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         token_column : str, default ``"n_tokens"``
         device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
             ``"auto"`` learns on the GPU when the partition is cuDF.
-        max_chunk_rows : int, default 50_000
+        max_chunk_rows : int or None, default 50_000
             Partitions with more eligible rows are learned in chunks of at most this many rows
-            (default 100_000 for Facility and 10_000 for DiSF: ``config.METRIC_DEFAULTS``); in
-            table scope, consecutive partitions whose eligible rows fit in one chunk together are
-            learned as one. Chunks select apart, so the chunk size is part of what a selection
-            means.
+            (10_000 for DiSF; None for Facility, whose chunks ``max_chunk_values`` sizes:
+            ``config.METRIC_DEFAULTS``); in table scope, consecutive partitions whose eligible rows
+            fit in one chunk together are learned as one. Chunks select apart, so the chunk size is
+            part of what a selection means.
+        max_chunk_values : int, optional
+            Where ``max_chunk_rows`` is None, a chunk holds at most this many embedding values (rows
+            x dimension): Facility's default is 76_800_000, 100_000 rows at d = 768 and 1_200_000
+            at d = 64, since its cost per row grows about with the dimension.
         oversample : float, default 2
             Size of the table-wide quality pool that sets partition quotas, as a multiple of
             the quota (see :mod:`datamask_dask.plan.quotas`); >= 1.

@@ -154,7 +154,7 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> dic
     if any(r.weights is not None for r in rows):
         weights = np.concatenate([np.ones(r.positions.size) if r.weights is None else r.weights
                                   for r in rows])
-    memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.max_chunk_rows)
+    memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.chunk_rows(dim))
     where = f"partitions {pack.partitions[0]}-{pack.partitions[-1]}"
     check_memory(spec.memory_limit, n, dim, memory.options, min(memory.max_chunk_rows, n), where)
     part = _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
@@ -206,7 +206,7 @@ def _open(frame, plan: Plan, number: int, selected=None, scores=None, reasons=No
         return None
     adapters.require_columns(frame, spec.select_columns, where)
     source = adapters.embedding_source(frame[spec.embedding_column], where, plan.dim)
-    memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.max_chunk_rows)
+    memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.chunk_rows(source.dim))
     check_memory(spec.memory_limit, n, source.dim, memory.options, min(memory.max_chunk_rows, n), where)
     weights = None
     if number in plan.weights:

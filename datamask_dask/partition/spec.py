@@ -37,7 +37,8 @@ class SelectSpec:
     token_column: str | None
     prune: float
     oversample: float
-    max_chunk_rows: int
+    max_chunk_rows: int | None  # None: chunks are sized by max_chunk_values
+    max_chunk_values: int | None
     device: str
     check_ids: bool
     options: DataMaskOptions  # the learner's, with prune=0: pruning is table-wide, done by the plan
@@ -57,6 +58,13 @@ class SelectSpec:
         names += [self.token_column] if self.budget is not None else []
         names += [self.embedding_column] if self.validate == "full" or self.diversity_scope == "table" else []
         return list(dict.fromkeys(names))
+
+    def chunk_rows(self, dim: int | None) -> int:
+        """The most rows a chunk (or a pack) holds: ``max_chunk_rows``, or where that is None, as many
+        as ``max_chunk_values`` embedding values allow at dimension ``dim`` (None: nothing read yet)."""
+        if self.max_chunk_rows is not None:
+            return self.max_chunk_rows
+        return max(2, self.max_chunk_values // max(1, dim or 1))
 
     @property
     def select_columns(self) -> list[str]:
@@ -125,6 +133,13 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
     if not isinstance(explain, bool | np.bool_):
         raise OptionError(f"option explain={explain!r} is invalid: expected True or False (True adds the "
                           "reason, duplicate_of and similarity columns)")
+    rows, values = settings["max_chunk_rows"], settings.get("max_chunk_values")
+    if rows is None and values is None:
+        raise OptionError("options max_chunk_rows and max_chunk_values are both None: set "
+                          "max_chunk_rows (the rows a chunk holds at most, e.g. 50000) or max_chunk_values "
+                          "(rows x dimension)")
+    rows = None if rows is None else int(_check_number(rows, "max_chunk_rows", 2, integer=True))
+    values = None if values is None else int(_check_number(values, "max_chunk_values", 2, integer=True))
     memory = resolve_budget(settings.get("memory_budget"), device=device, meta=meta, scheduler=scheduler)
     given = parse_budget(settings.get("memory_budget")) is not None
     return SelectSpec(
@@ -135,7 +150,7 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         by=None if by is None else str(by), ratio=ratio, budget=budget,
         token_column=str(settings["token_column"]) if budget is not None else None,
         prune=options.prune, oversample=_check_number(settings["oversample"], "oversample", 1.0),
-        max_chunk_rows=int(_check_number(settings["max_chunk_rows"], "max_chunk_rows", 2, integer=True)),
+        max_chunk_rows=rows, max_chunk_values=values,
         device=device, check_ids=bool(settings["check_ids"]),
         options=options.replace(prune=0.0), validate=validate,
         memory_budget=memory if given else None, memory_limit=None if given else memory,

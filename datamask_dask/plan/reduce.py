@@ -72,7 +72,7 @@ def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
                 if cell.kept is not None and len(cell.kept):
                     weights.setdefault(partition, []).append((cell.kept, cell.weights))
     cells = {p: tuple(c) for p, c in cells.items()}
-    packs = pack_cells(cells, spec.max_chunk_rows) if spec.diversity_scope == "table" else ()
+    packs = pack_cells(cells, spec.chunk_rows(dim)) if spec.diversity_scope == "table" else ()
     return Plan(spec=spec, cells=cells, packs=packs,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},

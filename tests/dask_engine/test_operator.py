@@ -183,6 +183,32 @@ def test_a_pack_of_partitions_with_and_without_near_duplicates():
     assert np.flatnonzero(np.isneginf(two["score"].to_numpy())).tolist() in ([600], [700])
 
 
+def test_facility_chunks_hold_a_number_of_embedding_values(corpus):
+    """Facility's default chunk is sized in embedding values (rows x dimension): the more dimensions, the
+    fewer rows a chunk or pack holds. A max_chunk_rows given wins, and the other metrics count rows."""
+    from datamask_dask.dask_engine.operator import make_spec, selection_spec
+
+    ddf = _from_pandas(corpus, 5)  # 320-row partitions of 16-d rows
+    spec = selection_spec(ddf, 0.1, algorithm="Facility")
+    assert spec.max_chunk_rows is None
+    assert (spec.chunk_rows(768), spec.chunk_rows(64)) == (100_000, 1_200_000)
+    assert selection_spec(ddf, 0.1, algorithm="Facility", max_chunk_rows=500).chunk_rows(64) == 500
+    assert selection_spec(ddf, 0.1).chunk_rows(64) == load_config()["max_chunk_rows"]  # Pair_simi: rows
+    with pytest.raises(OptionError, match="max_chunk_rows and max_chunk_values are both None"):
+        make_spec(ddf, {**load_config(algorithm="Facility", ratio=0.1), "max_chunk_values": None})
+
+    def scores(frame, **chunking):
+        out = datamask_select(frame, ratio=0.1, algorithm="Facility", score_column="score", **chunking,
+                              **FAST)
+        return out.compute(scheduler="sync")["score"].to_numpy()
+
+    apart = scores(ddf, max_chunk_values=320 * 16)  # a chunk of 320 rows: no two partitions pack
+    np.testing.assert_array_equal(apart, scores(ddf, max_chunk_rows=320))
+    together = scores(ddf, max_chunk_values=1600 * 16)  # the whole table packs
+    np.testing.assert_array_equal(together, scores(_from_pandas(corpus, 1), max_chunk_rows=1600))
+    assert not np.array_equal(apart, together)
+
+
 def test_weighted_quality_columns(corpus):
     rng = np.random.default_rng(0)
     frame = corpus.assign(a=rng.random(len(corpus)), b=rng.random(len(corpus)))
@@ -506,7 +532,8 @@ def test_one_set_of_defaults_and_the_docs_state_them(capsys):
     with pytest.raises(SystemExit):
         main(["select", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert f"(default: {defaults['max_chunk_rows']}; Facility: 100000, DiSF: 10000)" in shown
+    assert f"(default: {defaults['max_chunk_rows']}; Facility: none, DiSF: 10000)" in shown
+    assert "(rows x dimension) (default: none; Facility: 76800000)" in shown
     for name in ("n_rollout", "lamb", "validate", "duplicate_cosine", "seed", "n_epochs"):
         flag = name.replace("_", "[-_]")
         assert re.search(rf"--{flag}\b[^(]*\(default: {re.escape(str(defaults[name]))}\)", shown), name
