@@ -136,8 +136,7 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
                 "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "max_chunk_values",
-                "memory_budget",
-                "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
+                "memory_budget", "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
