@@ -85,3 +85,28 @@ def test_a_timing_measured_again_counts_its_least_value_and_a_failure_only_if_it
     merged = regression_gate.least(first, again)
     assert merged[("t", ())][0] == 1.5 and merged[("f", ())][0] == 1600
     assert regression_gate.least(again, first)[("t", ())][0] == 1.5
+
+
+def test_a_record_made_on_a_copy_without_history_takes_the_commit_it_was_sent_at(tmp_path, monkeypatch):
+    """The GPU acceptance run works on a copy of the tree without .git (scripts/gpu-acceptance.sh)."""
+    monkeypatch.setenv("BENCH_COMMIT", "abc1234")
+    assert record.commit(tmp_path) == "abc1234"
+    assert record.commit() not in ("abc1234", "")  # a checkout names its own
+
+
+@pytest.mark.slow
+def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tmp_path, monkeypatch, capsys):
+    """gpu_acceptance.py's round trip, on CPU: the rows a job selected are packed into a file, and the
+    score step reads them back and measures them against the same table."""
+    import bench_quality
+    import gpu_acceptance
+
+    monkeypatch.setattr(bench_quality, "CACHE", tmp_path / "cache")
+    monkeypatch.setitem(bench_quality.CASES, "tiny", (3000, 16, 2, 30))
+    selections, scores = tmp_path / "selections.npz", tmp_path / "scores.json"
+    assert gpu_acceptance.main(["selections", "--case", "tiny", "--metrics", "Pair_simi", "--lambs", "0",
+                                "--device", "cpu", "--out", str(selections)]) == 0
+    assert gpu_acceptance.main(["score", str(selections), "--json", str(scores)]) == 0
+    (scored,) = json.loads(scores.read_text())
+    assert (scored["metric"], scored["rows"], scored["case"]) == ("Pair_simi", 3000, "tiny")
+    assert scored["objective"] > scored["random"] and scored["share"] > 0.5
