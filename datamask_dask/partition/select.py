@@ -17,7 +17,7 @@ as one partition of those rows (the first member's seed, their quotas summed), a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -75,7 +75,9 @@ class PackResult:
     selected: np.ndarray  # bool
     scores: np.ndarray | None  # float32 logits, with score_column
     reasons: np.ndarray | None  # int8 codes, with explain (selected rows are marked by the member)
-    curves: tuple = ()  # the pack's learning curves (telemetry), with its first member's part
+    # the pack's learning curves and stage seconds (telemetry), with its reporter's part only
+    curves: tuple = ()
+    stages: dict = field(default_factory=dict)
 
 
 def select_partition(frame, plan: Plan, partition_info=None, packs=()):
@@ -103,6 +105,7 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
                                    "the run record")
             else:
                 telemetry.keep_curves(list(result.curves))
+                telemetry.keep(result.stages)  # into this partition's marker
                 selected[eligible[result.selected]] = True
                 if scores is not None:
                     scores[eligible] = result.scores
@@ -137,10 +140,16 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
     return out
 
 
-def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> dict[tuple, PackResult]:
+def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
+               reporter: int | None = None) -> dict[tuple, PackResult]:
     """Learn pack ``index`` of the plan from its members' :func:`pack_rows`, as one partition of their
-    rows in table order; each member's part of the outcome, keyed ``(partition, group)``."""
+    rows in table order; each member's part of the outcome, keyed ``(partition, group)``.
+
+    The learning curves and the stage seconds this thread holds (the pack's, and whatever else ran on
+    it since its last take) ride with member ``reporter``'s part (by default the first member): a
+    member the run selects, so that its marker counts them, on either engine."""
     pack = plan.packs[index]
+    reporter = pack.partitions[0] if reporter is None else reporter
     rows = [piece[pack.group] for piece in pieces if pack.group in piece]
     if [r.partition for r in rows] != list(pack.partitions):
         raise RuntimeError(f"pack {index} got the rows of partitions {[r.partition for r in rows]}, not of "
@@ -165,13 +174,15 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> dic
     cell = Cell(pack.label, pack.group, n, pack.quota, pack.budget)
     telemetry.take_curves()  # curves left on this thread by other work are not this pack's
     _select_cell(part, cell, np.arange(n), where if spec.by is None else f"{where}, group {pack.label!r}")
-    curves = tuple(telemetry.take_curves())
+    curves, stages = tuple(telemetry.take_curves()), telemetry.take()
     out, start = {}, 0
     for r in rows:
         span = slice(start, start + r.positions.size)
+        reports = r.partition == reporter
         out[(r.partition, pack.group)] = PackResult(
             part.selected[span], None if part.scores is None else part.scores[span],
-            None if part.reasons is None else part.reasons[span], curves if start == 0 else ())
+            None if part.reasons is None else part.reasons[span], curves if reports else (),
+            stages if reports else {})
         start = span.stop
     return out
 

@@ -301,7 +301,6 @@ class Packs:
     """The pack pass's outcome, which the select tasks take."""
 
     results: dict = dataclasses.field(default_factory=dict)  # (partition, group) -> PackResult
-    stages: dict = dataclasses.field(default_factory=dict)  # partition -> seconds of the packs it reports
 
 
 def spark_packs(sdf, plan: Plan, todo=None) -> Packs:
@@ -324,22 +323,21 @@ def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> Packs:
     if not wanted:
         return Packs()
 
+    # a member this run selects reports each pack's seconds and curves, in its marker
+    reporters = {index: min(p for p in plan.packs[index].partitions if todo is None or p in todo)
+                 for index in wanted}
+
     def learn(rows):  # a plain function: Spark reads its arity to tell whether it takes the key
-        return learn_group(plan, rows)
+        return learn_group(plan, rows, reporters)
 
     rows = read(PackRowsTask(plan, schema, wanted))
     learned = rows.groupBy("pack").applyInPandas(learn, PACK_RESULT_SCHEMA)
     with spark_errors():
         collected = learned.collect()
-    results, stages = {}, {}
+    results = {}
     for row in collected:
-        out, seconds = pickle.loads(row["payload"])  # noqa: S301 (this job's own task payloads)
-        results.update(out)
-        # a pack's seconds go with a member this run selects, whose marker the run record sums
-        members = plan.packs[row["pack"]].partitions
-        reporter = min((p for p in members if todo is None or p in todo), default=members[0])
-        stages[reporter] = telemetry.add_up([stages.get(reporter), seconds])
-    return Packs(results, stages)
+        results.update(pickle.loads(row["payload"]))  # noqa: S301 (this job's own task payloads)
+    return Packs(results)
 
 
 class PackRowsTask:
@@ -387,9 +385,9 @@ def _pack_batch(index: int, rows: PackRows, span: slice) -> pa.RecordBatch:
         "device": pa.array([rows.device] * n, pa.string())})
 
 
-def learn_group(plan: Plan, rows: pd.DataFrame) -> pd.DataFrame:
+def learn_group(plan: Plan, rows: pd.DataFrame, reporters: dict[int, int]) -> pd.DataFrame:
     """The pack pass's ``applyInPandas`` step: one pack learned from its rows (:data:`PACK_ROWS_SCHEMA`),
-    as one row of :data:`PACK_RESULT_SCHEMA`."""
+    as one row of :data:`PACK_RESULT_SCHEMA`; ``reporters``: the member that reports each pack."""
     _limit_threads()
     index = int(rows["pack"].iloc[0])
     group = plan.packs[index].group
@@ -404,10 +402,10 @@ def learn_group(plan: Plan, rows: pd.DataFrame) -> pd.DataFrame:
         for number, member in rows.groupby("partition", sort=True)]
     telemetry.take()  # what ran on this worker before is not this pack's
     try:
-        out = learn_pack(pieces, plan, index)
+        out = learn_pack(pieces, plan, index, reporters[index])
     except DataMaskError as exc:
         raise RuntimeError(transport(exc)) from None
-    payload = pickle.dumps((out, telemetry.take()), protocol=5)
+    payload = pickle.dumps(out, protocol=5)
     return pd.DataFrame({"pack": np.array([index], dtype=np.int32), "payload": [payload]})
 
 
@@ -459,7 +457,6 @@ class SelectTask:
             out = select_partition(to_pandas(table), self.plan, {"number": number}, packs)
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
-        telemetry.keep(self.packs.stages.get(number, {}))  # the pack pass's seconds, in this marker
         added = [(pa.field(spec.selected_column, pa.bool_()),
                   pa.array(out[spec.selected_column].to_numpy(dtype=bool), pa.bool_()))]
         if spec.score_column:

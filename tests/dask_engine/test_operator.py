@@ -183,6 +183,31 @@ def test_a_pack_of_partitions_with_and_without_near_duplicates():
     assert np.flatnonzero(np.isneginf(two["score"].to_numpy())).tolist() in ([600], [700])
 
 
+def test_a_packs_seconds_and_curves_go_to_the_member_that_reports_it(corpus):
+    """learn_pack hands what its thread measured (the learning included) and the learning curves to one
+    member's result, the reporter: a member the run selects, whose select keeps them for its marker."""
+    from datamask_dask import telemetry
+    from datamask_dask.dask_engine.operator import partitions, plan_selection
+    from datamask_dask.partition.select import learn_pack, pack_rows, select_partition
+
+    ddf = _from_pandas(corpus, 4)
+    spec, plan = plan_selection(ddf, ratio=0.1, **FAST)
+    plan = plan.compute(scheduler="sync")
+    assert [pack.partitions for pack in plan.packs] == [(0, 1, 2, 3)]
+    frames = [part.compute(scheduler="sync") for part in partitions(ddf)]
+    pieces = [pack_rows(frame, plan, {"number": number}) for number, frame in enumerate(frames)]
+    telemetry.take()
+    out = learn_pack(pieces, plan, 0, reporter=2)
+    reported = {partition: result for (partition, _), result in out.items() if result.stages or result.curves}
+    assert list(reported) == [2] and reported[2].stages["learn"] > 0 and reported[2].curves
+    assert telemetry.take() == {}  # nothing is left on the thread to be counted twice
+    select_partition(frames[0], plan, {"number": 0}, [out])
+    assert "learn" not in telemetry.take()
+    select_partition(frames[2], plan, {"number": 2}, [out])
+    assert telemetry.take()["learn"] == reported[2].stages["learn"]
+    assert next(iter(learn_pack(pieces, plan, 0).values())).stages  # by default the first member reports
+
+
 def test_facility_chunks_hold_a_number_of_embedding_values(corpus):
     """Facility's default chunk is sized in embedding values (rows x dimension): the more dimensions, the
     fewer rows a chunk or pack holds. A max_chunk_rows given wins, and the other metrics count rows."""
