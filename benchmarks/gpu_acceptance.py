@@ -103,26 +103,34 @@ def _record(args, markdown: str, data) -> None:
 
 
 def selections(args) -> int:
+    from datamask_dask import get_client
+
     source, _, _ = quality_bench.dataset(args.case)
     out = Path(args.out)
     masks, runs = {}, []
     lines = ["| metric | lamb | selected | job s (wall) | learn s |", "|---|---:|---:|---:|---:|"]
     print("\n".join(lines), flush=True)
-    for lamb in args.lambs:  # every metric at the first lamb before any at the next
-        for metric in args.metrics:
-            flags = ["--config", "gpu", "--device", args.device, "--n-workers", "1", "--algorithm", metric,
-                     "--lamb", str(lamb)]
-            try:
-                selected, seconds = quality_bench.run_job(source, flags)
-            except SystemExit as failure:  # keep the other runs: a failure is reported and the next goes on
-                print(f"| {metric} | {lamb} | failed | | |\n{failure}", flush=True)
-                continue
-            masks[f"{metric}|{lamb}"] = np.packbits(selected)
-            runs.append({"metric": metric, "lamb": lamb, "rows": len(selected), **seconds})
-            np.savez(out, runs=json.dumps({"case": args.case, "runs": runs}), **masks)
-            lines.append(f"| {metric} | {lamb} | {int(selected.sum()):,} | {seconds['job_seconds']:.1f} "
-                         f"({seconds['wall_seconds']:.1f}) | {seconds['learn_seconds']:.2f} |")
-            print(lines[-1], flush=True)
+    # one worker for every job: each CLI run joins it instead of starting a cluster of its own
+    client = get_client("cuda" if args.device == "cuda" else "cpu", n_workers=1, set_as_default=False,
+                        dashboard_address=":0")
+    try:
+        for lamb in args.lambs:  # every metric at the first lamb before any at the next
+            for metric in args.metrics:
+                flags = ["--config", "gpu", "--device", args.device, "--scheduler", client.scheduler.address,
+                         "--algorithm", metric, "--lamb", str(lamb)]
+                try:
+                    selected, seconds = quality_bench.run_job(source, flags)
+                except SystemExit as failure:  # keep the other runs: a failure is reported, the next goes on
+                    print(f"| {metric} | {lamb} | failed | | |\n{failure}", flush=True)
+                    continue
+                masks[f"{metric}|{lamb}"] = np.packbits(selected)
+                runs.append({"metric": metric, "lamb": lamb, "rows": len(selected), **seconds})
+                np.savez(out, runs=json.dumps({"case": args.case, "runs": runs}), **masks)
+                lines.append(f"| {metric} | {lamb} | {int(selected.sum()):,} | {seconds['job_seconds']:.1f} "
+                             f"({seconds['wall_seconds']:.1f}) | {seconds['learn_seconds']:.2f} |")
+                print(lines[-1], flush=True)
+    finally:
+        client.shutdown()
     _record(args, "\n".join([f"# The {args.case} table learned as one chunk on the GPU", "", *lines]),
             f"the {args.case} table of bench_quality.py (make_embeddings)")
     return 0
