@@ -297,7 +297,7 @@ def pack_graph(parts: list, plan: Plan, plan_node, todo) -> dict[int, object]:
     learned: dict[int, list] = {}
     for index, pack in packs:
         members = [rows[p] for p in pack.partitions]
-        reporter = min(wanted.intersection(pack.partitions))  # a member selected here reports the pack
+        reporter = pack.reporter(wanted)
         key = _key("datamask-pack", members, index, reporter)
         task = dask.delayed(learn_pack, pure=True)(listed("datamask-pack-members", members), plan_node, index,
                                                    reporter, dask_key_name=key)

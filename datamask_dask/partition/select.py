@@ -146,10 +146,11 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
     rows in table order; each member's part of the outcome, keyed ``(partition, group)``.
 
     The learning curves and the stage seconds this thread holds (the pack's, and whatever else ran on
-    it since its last take) ride with member ``reporter``'s part (by default the first member): a
-    member the run selects, so that its marker counts them, on either engine."""
+    it since its last take) ride with member ``reporter``'s part (by default the pack's
+    :meth:`~datamask_dask.plan.types.Pack.reporter` when every partition is selected): a member the run
+    selects, so that its marker counts them, on either engine."""
     pack = plan.packs[index]
-    reporter = pack.partitions[0] if reporter is None else reporter
+    reporter = pack.reporter() if reporter is None else reporter
     rows = [piece[pack.group] for piece in pieces if pack.group in piece]
     if [r.partition for r in rows] != list(pack.partitions):
         raise RuntimeError(f"pack {index} got the rows of partitions {[r.partition for r in rows]}, not of "

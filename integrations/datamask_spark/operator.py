@@ -48,7 +48,6 @@ package's error instead of Spark's Python traceback.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import pickle
 import re
@@ -90,7 +89,7 @@ PLAN_SCHEMA = "partition int, rows long, failed boolean, payload binary"
 PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, embedding array<float>, "
                     "tokens double, weight double, device string")
 PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
-# a learned pack: the pickled learn_pack result and the pack's stage seconds
+# a learned pack: its pickled learn_pack result (the reporter's part with the stage seconds and curves)
 PACK_RESULT_SCHEMA = "pack int, payload binary"
 
 
@@ -296,14 +295,7 @@ def probe_dimension(sdf, column: str) -> int | None:
 # --------------------------------------------------------------------------- pack pass
 
 
-@dataclasses.dataclass(frozen=True)
-class Packs:
-    """The pack pass's outcome, which the select tasks take."""
-
-    results: dict = dataclasses.field(default_factory=dict)  # (partition, group) -> PackResult
-
-
-def spark_packs(sdf, plan: Plan, todo=None) -> Packs:
+def spark_packs(sdf, plan: Plan, todo=None) -> dict:
     """:func:`learn_packs` over the Spark partitions of ``sdf``."""
     def read(task):
         return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, PACK_ROWS_SCHEMA)
@@ -311,9 +303,10 @@ def spark_packs(sdf, plan: Plan, todo=None) -> Packs:
     return learn_packs(plan, arrow_schema(sdf), read, todo)
 
 
-def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> Packs:
+def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> dict:
     """The pack pass (eager): learn the plan's packs that hold a partition of ``todo`` (None: all),
-    each from all its members' rows, finished members included.
+    each from all its members' rows, finished members included; their results, ``{(partition,
+    group): PackResult}``, which the select tasks take.
 
     ``read(task)``: the DataFrame of :data:`PACK_ROWS_SCHEMA` that ``task`` (a :class:`PackRowsTask`)
     makes when mapped over the input's partitions (``task.columns`` of ``schema``).
@@ -321,11 +314,8 @@ def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> Packs:
     wanted = [index for index, pack in enumerate(plan.packs)
               if todo is None or not set(todo).isdisjoint(pack.partitions)]
     if not wanted:
-        return Packs()
-
-    # a member this run selects reports each pack's seconds and curves, in its marker
-    reporters = {index: min(p for p in plan.packs[index].partitions if todo is None or p in todo)
-                 for index in wanted}
+        return {}
+    reporters = {index: plan.packs[index].reporter(todo) for index in wanted}
 
     def learn(rows):  # a plain function: Spark reads its arity to tell whether it takes the key
         return learn_group(plan, rows, reporters)
@@ -337,7 +327,7 @@ def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> Packs:
     results = {}
     for row in collected:
         results.update(pickle.loads(row["payload"]))  # noqa: S301 (this job's own task payloads)
-    return Packs(results)
+    return results
 
 
 class PackRowsTask:
@@ -414,11 +404,11 @@ def learn_group(plan: Plan, rows: pd.DataFrame, reporters: dict[int, int]) -> pd
 
 class SelectTask:
     """The select pass's ``mapInArrow`` function: one partition's rows (of ``schema``) plus ``selected``;
-    it reads only the columns the learner needs. ``packs``: the pack pass's outcome, where the plan
-    has packs."""
+    it reads only the columns the learner needs. ``packs``: the pack pass's results
+    (:func:`learn_packs`), where the plan has packs."""
 
-    def __init__(self, plan: Plan, schema: pa.Schema, packs: Packs | None = None):
-        self.plan, self.schema, self.packs = plan, schema, packs or Packs()
+    def __init__(self, plan: Plan, schema: pa.Schema, packs: dict | None = None):
+        self.plan, self.schema, self.packs = plan, schema, packs or {}
         wanted = dict.fromkeys(plan.spec.select_columns + [plan.spec.id_column])
         self.columns = [c for c in wanted if c in schema.names]
 
@@ -448,7 +438,7 @@ class SelectTask:
         number = partition_number()
         _limit_threads()
         batches = [b for b in batches if b.num_rows]
-        packs = (self.packs.results,)
+        packs = (self.packs,)
         try:
             if not batches:  # still checked against the plan (a partition that lost its rows fails)
                 select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number}, packs)
