@@ -96,21 +96,21 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
     if part is not None:
         for cell, rows, where in _cells(part):
             eligible = _eligible(part, cell, rows)
-            key = (number, cell.group)
-            result = next((mapping[key] for mapping in packs if key in mapping), None)
             if plan.pack_of(number, cell.group) is None:
                 _select_cell(part, cell, eligible, where)
-            elif result is None:
+                continue
+            key = (number, cell.group)
+            result = next((mapping[key] for mapping in packs if key in mapping), None)
+            if result is None:
                 raise RuntimeError(f"{where}: the result of its pack is missing; please report this with "
                                    "the run record")
-            else:
-                telemetry.keep_curves(list(result.curves))
-                telemetry.keep(result.stages)  # into this partition's marker
-                selected[eligible[result.selected]] = True
-                if scores is not None:
-                    scores[eligible] = result.scores
-                if reasons is not None:
-                    reasons[eligible] = result.reasons
+            telemetry.keep_curves(list(result.curves))
+            telemetry.keep(result.stages)  # into this partition's marker
+            selected[eligible[result.selected]] = True
+            if scores is not None:
+                scores[eligible] = result.scores
+            if reasons is not None:
+                reasons[eligible] = result.reasons
     columns = {spec.selected_column: selected}
     if spec.score_column:
         columns[spec.score_column] = scores

@@ -4,8 +4,8 @@ Engine-agnostic: the Dask operator and the Spark integration collect one summary
 (:func:`datamask_dask.partition.checks.summarise_partition`) and the duplicate-id report, and
 call :func:`make_plan` once.
 
-In table scope, cells of one group in consecutive partitions whose eligible rows fit in
-``max_chunk_rows`` together are *packed* (:func:`pack_cells`): learned as one partition of their
+In table scope, cells of one group in consecutive partitions whose eligible rows fit in one chunk
+(``SelectSpec.chunk_rows``) together are *packed* (:func:`pack_cells`): learned as one partition of their
 rows, so that a table of small partitions is learned in chunks as large as one large partition's (in
 partition scope each partition is learned on its own).
 
