@@ -115,28 +115,37 @@ def write_partition(path: Path, number: int, quality: np.ndarray, emb: np.ndarra
     os.replace(temporary, path)
 
 
-def ensure_dataset(cache: Path, n_rows: int, d: int, rows_per_partition: int, n_clusters: int) -> Path:
-    """The folder of an ``n_rows`` table (generated once; partitions shared between sizes)."""
+def _draw_file(job: tuple[Path, int, int, int, int]) -> str:
+    """Generate partition file ``number`` of a table; a line saying so."""
+    path, number, rows, d, n_clusters = job
+    started = time.perf_counter()
+    quality, emb = make_partition(number, rows, d, _cluster_model(d, n_clusters))
+    write_partition(path, number, quality, emb)
+    return f"  generated {path.name} ({rows} rows) in {time.perf_counter() - started:.1f} s"
+
+
+def ensure_dataset(cache: Path, n_rows: int, d: int, rows_per_partition: int, n_clusters: int,
+                   processes: int = 1) -> Path:
+    """The folder of an ``n_rows`` table (generated once, missing files in ``processes`` processes;
+    partitions shared between sizes)."""
     if n_rows % rows_per_partition:
         raise SystemExit(f"--sizes: {n_rows} is not a multiple of --rows-per-partition {rows_per_partition}")
     base = cache / f"pipeline-d{d}-p{rows_per_partition}-c{n_clusters}"
     parts = base / "parts"
     parts.mkdir(parents=True, exist_ok=True)
-    model = None
     n_parts = n_rows // rows_per_partition
-    for i in range(n_parts):
-        path = parts / f"part.{i:05d}.parquet"
-        if path.exists():
-            continue
-        model = model or _cluster_model(d, n_clusters)
-        started = time.perf_counter()
-        quality, emb = make_partition(i, rows_per_partition, d, model)
-        write_partition(path, i, quality, emb)
-        print(
-            f"  generated {path.name} ({rows_per_partition} rows) in {time.perf_counter() - started:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+    missing = [(parts / f"part.{i:05d}.parquet", i, rows_per_partition, d, n_clusters) for i in range(n_parts)
+               if not (parts / f"part.{i:05d}.parquet").exists()]
+    if processes > 1 and len(missing) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(processes, len(missing))) as pool:
+            lines = pool.map(_draw_file, missing)
+            for line in lines:
+                print(line, file=sys.stderr, flush=True)
+    else:
+        for job in missing:
+            print(_draw_file(job), file=sys.stderr, flush=True)
     folder = base / f"n{n_rows}"
     if not folder.exists() or len(list(folder.glob("*.parquet"))) != n_parts:
         shutil.rmtree(folder, ignore_errors=True)

@@ -24,7 +24,6 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,26 +38,10 @@ import record  # noqa: E402
 CACHE = HERE.parent / ".benchmark-cache"
 
 
-def _draw_file(job: tuple[str, int, int, int, int]) -> str:
-    folder, number, rows, dim, clusters = job
-    path = Path(folder) / f"part.{number:05d}.parquet"
-    if not path.exists():
-        quality, emb = pipeline.make_partition(number, rows, dim, pipeline._cluster_model(dim, clusters))
-        pipeline.write_partition(path, number, quality, emb)
-    return path.name
-
-
 def data(args) -> int:
     started = time.perf_counter()
-    parts = Path(args.cache) / f"pipeline-d{args.dim}-p{args.rows_per_partition}-c{args.clusters}" / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(parts), i, args.rows_per_partition, args.dim, args.clusters)
-            for i in range(args.rows // args.rows_per_partition)]
-    with ProcessPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
-        for name in pool.map(_draw_file, jobs):
-            print(f"  {name} ready at {time.perf_counter() - started:.1f} s", flush=True)
     folder = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition,
-                                     args.clusters)
+                                     args.clusters, processes=os.cpu_count() or 1)
     print(f"pipeline table {folder} in {time.perf_counter() - started:.1f} s", flush=True)
     if args.quality_case:
         source, _, _ = quality_bench.dataset(args.quality_case)
