@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 
@@ -35,3 +36,25 @@ def problems_error(problems: list[Problem], kind: type[DataMaskError] = InputDat
     error = kind("\n".join(p.message for p in problems))
     error.problems = list(problems)
     return error
+
+
+class WorkerMemoryError(DataMaskError):
+    """Workers died running a task, which is what a worker out of memory does (the message says
+    which task, and what to change)."""
+
+
+@contextlib.contextmanager
+def worker_deaths_explained():
+    """Raise Dask's ``KilledWorker`` in the block as :class:`WorkerMemoryError`, naming the task and
+    the options that make tasks smaller, instead of a bare scheduler error."""
+    try:
+        yield
+    except Exception as exc:
+        if type(exc).__name__ != "KilledWorker":
+            raise
+        task = getattr(exc, "task", None) or str(exc)
+        raise WorkerMemoryError(
+            f"the workers died while running task {task!r}, which is what a worker out of memory does: give "
+            "the workers more memory (memory_limit=) or fewer threads each, split the input into smaller "
+            "partitions (ddf.repartition(npartitions=...)), or set max_chunk_rows= or memory_budget= to "
+            "learn in smaller chunks (a different chunking selects different rows)") from exc

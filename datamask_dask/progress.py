@@ -25,6 +25,7 @@ import dask
 from dask.diagnostics import ProgressBar
 
 from . import telemetry
+from .errors import worker_deaths_explained
 
 #: Characters of the bar, and seconds between two draws.
 WIDTH, DRAW_INTERVAL = 40, 0.1
@@ -65,7 +66,13 @@ def client_of(scheduler):
 
 
 def compute(*collections, scheduler=None, progress: bool | None = None):
-    """``dask.compute(*collections, scheduler=scheduler)`` with a progress bar when :func:`wanted`."""
+    """``dask.compute(*collections, scheduler=scheduler)`` with a progress bar when :func:`wanted`;
+    workers that die running a task raise :class:`~datamask_dask.errors.WorkerMemoryError`."""
+    with worker_deaths_explained():
+        return _compute(*collections, scheduler=scheduler, progress=progress)
+
+
+def _compute(*collections, scheduler=None, progress: bool | None = None):
     if not wanted(progress):
         return dask.compute(*collections, scheduler=scheduler)
     bar = _Bar()

@@ -51,6 +51,7 @@ from dask.delayed import Delayed
 from .. import progress as progress_bars
 from ..config import load_config
 from ..dedup.dask_graph import table_groups
+from ..errors import worker_deaths_explained
 from ..graph_keys import listed, named
 from ..partition import adapters, explain
 from ..partition.checks import (
@@ -254,7 +255,8 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     import dask.dataframe as dd
 
     if isinstance(plan, Delayed):
-        plan = plan.compute(scheduler=scheduler or _holder(ddf))
+        with worker_deaths_explained():
+            plan = plan.compute(scheduler=scheduler or _holder(ddf))
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:

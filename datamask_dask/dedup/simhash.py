@@ -19,6 +19,7 @@ finds the table's near-duplicate groups from the signatures.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -50,6 +51,8 @@ def signatures(block, planes) -> np.ndarray:
     """
     import torch
 
+    from ..threads import one_cpu_thread
+
     if isinstance(block, np.ndarray):
         # torch's product, not numpy's: MKL outruns the OpenBLAS numpy ships with, and signing is
         # most of the plan pass's scan. Blocks are often read-only views of Arrow memory, which
@@ -57,7 +60,9 @@ def signatures(block, planes) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             block = torch.from_numpy(np.asarray(block, dtype=np.float32))
-    signs = ((block.float() @ torch.as_tensor(planes, device=block.device)) >= 0).cpu().numpy()
+    planes = torch.as_tensor(planes, device=block.device)
+    with one_cpu_thread() if block.device.type == "cpu" else contextlib.nullcontext():
+        signs = ((block.float() @ planes) >= 0).cpu().numpy()
     return np.packbits(signs, axis=1)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from .. import telemetry
 from ..errors import InputDataError, OptionError
+from ..threads import one_cpu_thread
 from .objectives import accepts, build_metrics, normalise_quality, weighted_diversity, weighted_diversity_both
 from .options import DataMaskOptions
 
@@ -83,6 +84,14 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     if overrides:
         opts = opts.replace(**overrides)
     device = torch.device(device)
+    if device.type != "cpu":
+        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights)
+    with one_cpu_thread():
+        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights)
+
+
+def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torch.device, quality_range,
+                weights) -> MaskResult:
     q, emb = _as_inputs(quality, embeddings, device)
     n = q.shape[0]
     k = _check_quota(k, n, opts.prune)

@@ -31,6 +31,7 @@ from .. import telemetry
 from ..dedup import simhash
 from ..dedup.groups import DuplicateGroups
 from ..errors import InputDataError, Problem, problems_error
+from ..plan.memory import check_memory, plan_memory
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
 from . import adapters
@@ -336,6 +337,11 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> Scan:
     with telemetry.timed("check"):
         check = check_partition(frame, number, spec)
         check.raise_if_failed()
+    if check.rows and check.dim:  # the select pass's memory check, made where the job can still stop early
+        dim = check.dim
+        memory = plan_memory(spec.memory_budget, check.rows, dim, spec.options, spec.chunk_rows(dim))
+        check_memory(spec.memory_limit, check.rows, dim, memory.options,
+                     min(memory.max_chunk_rows, check.rows), f"partition {number}")
     # this thread's stage seconds since the last take: the read of these columns and the checks
     stages = {f"plan {stage}": s for stage, s in telemetry.take().items()}
     named = spec.explain and spec.diversity_scope == "table"  # to name the rows near-duplicates stand behind

@@ -304,7 +304,8 @@ def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: st
 
 
 def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
-    """Seed of one learner run, from (seed, partition, group, chunk) only: where it runs never matters."""
+    """Seed of one learner run, from (seed, partition, group, chunk) only: where it runs never matters
+    (``partition``: :meth:`~datamask_dask.plan.types.Plan.seed_number`, empty partitions not counted)."""
     sequence = np.random.SeedSequence([int(seed) % 2**64, partition, group, chunk])
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
@@ -329,7 +330,8 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
             result = learn_mask(part.quality[chunk], embeddings, k, options, device=part.device,
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
-                                seed=derive_seed(options.seed, part.number, cell.group, chunk_number))
+                                seed=derive_seed(options.seed, part.plan.seed_number(part.number), cell.group,
+                                                 chunk_number))
         telemetry.note_curve(where, result.history)  # for the run summary's learning curves
         return result
     except InputDataError as exc:

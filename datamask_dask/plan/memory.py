@@ -48,6 +48,7 @@ EVAL_BLOCK = 4096  # reference rows compared with a batch at once (objectives._E
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
 GPU_SHARE = 0.8  # of a GPU's free memory (per worker thread) when learning on it
 MIN_BUDGET = 2**20  # below this nothing useful fits
+TASK_ROOM = 128 * 2**20  # the least room a worker must leave a task for any partition to be read and learned
 
 
 def parse_budget(value) -> int | None:
@@ -118,10 +119,54 @@ def _cluster_budget(client, on_gpu: bool) -> int | None:
         free = client.run(_free_gpu_memory)
         shares = [free[address] / max(1, w.get("nthreads", 1)) * GPU_SHARE
                   for address, w in workers.items() if free.get(address)]
-    else:
-        shares = [w["memory_limit"] / max(1, w.get("nthreads", 1)) * WORKER_SHARE
-                  for w in workers.values() if w.get("memory_limit")]
-    return int(min(shares)) if shares else None
+        return int(min(shares)) if shares else None
+    held = client.run(_process_memory)
+    shares = {address: worker_share(w["memory_limit"], held.get(address, 0), w.get("nthreads", 1))
+              for address, w in workers.items() if w.get("memory_limit")}
+    if not shares:
+        return None
+    address = min(shares, key=shares.get)
+    if shares[address] < TASK_ROOM:
+        limit, used = workers[address]["memory_limit"], held.get(address, 0)
+        raise OptionError(
+            f"the workers' memory is too small for any selection task: worker {address} has a "
+            f"memory_limit of {_mib(limit)}, its process already holds {_mib(used)} before a task starts, "
+            f"and Dask pauses a worker at {_pause_fraction():.0%} of its limit. Give the workers more memory "
+            f"(at least {_mib(_least_limit(used))} each) or fewer threads each; memory_budget= and "
+            "max_chunk_rows= cannot help while a worker has no room for a task")
+    return shares[address]
+
+
+def worker_share(memory_limit: int, held: int, nthreads: int = 1) -> int:
+    """Bytes one task may use on a worker: ``WORKER_SHARE`` of its limit, and never more than the
+    worker's process (``held`` bytes before the task) leaves below Dask's pause threshold, where a
+    worker stops taking tasks and, if its memory does not fall, the job waits for ever."""
+    room = min(WORKER_SHARE * memory_limit, _pause_fraction() * memory_limit - held)
+    return int(max(0, room) / max(1, nthreads))
+
+
+def _pause_fraction() -> float:
+    """The share of its memory limit at which Dask pauses a worker (or, without a pause, stops it)."""
+    import dask
+
+    fractions = [dask.config.get(f"distributed.worker.memory.{name}", default=False)
+                 for name in ("pause", "terminate")]
+    return min((float(f) for f in fractions if f), default=1.0)
+
+
+def _least_limit(held: int) -> int:
+    """The smallest memory limit that leaves a one-thread task ``TASK_ROOM`` beside ``held`` bytes."""
+    return int(max(TASK_ROOM / WORKER_SHARE, (held + TASK_ROOM) / _pause_fraction())) + 1
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def _process_memory() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def _free_gpu_memory() -> int:

@@ -108,6 +108,15 @@ class Plan:
     def _packed(self) -> dict:
         return {(p, pack.group): index for index, pack in enumerate(self.packs) for p in pack.partitions}
 
+    def seed_number(self, partition: int) -> int:
+        """The partition's place among the partitions with rows: what its learners' seeds derive from, so
+        that empty partitions (Spark's file splits, a filter's leftovers) never change the rows selected."""
+        return self._seed_numbers[partition]
+
+    @cached_property
+    def _seed_numbers(self) -> dict:
+        return {p: rank for rank, p in enumerate(p for p, n in enumerate(self.rows) if n)}
+
     @property
     def planned(self) -> int:
         """Rows the plan selects (with token budgets: the quotas the budgets were split by)."""

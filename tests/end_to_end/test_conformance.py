@@ -1,8 +1,10 @@
 """One meaning: one input, the default options and one seed select the same rows however they are run.
 
-Threads, LocalClusters whose workers have 1 GiB or 6 GiB, the CLI, Spark's operator and the Spark
-file job all give one selection digest. Workers too small for the options' chunks fail at once,
-naming the options that would fit, instead of choosing other chunks.
+At a size where a float summed in another order turns rows (100,000 rows in two files, every
+metric): threads, LocalClusters of one-thread and of two-thread workers with different memory, the
+CLI, Spark's operator and the Spark file job all give one selection digest. Workers too small for
+the options' chunks, or for any task, fail at once, naming what fits, instead of choosing other
+chunks or stalling.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 
 from datamask_dask import datamask_select, read_parquet
 from datamask_dask.cli import main
-from datamask_dask.errors import OptionError
+from datamask_dask.errors import DataMaskError, OptionError
 from datamask_dask.io.sinks import write_parquet
 from datamask_dask.run.selection import write_selection
 from datamask_dask.sample_data import make_corpus
@@ -25,6 +27,8 @@ from datamask_dask.sample_data import make_corpus
 pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fast subset
 
 SEED = 7
+ROWS, DIM = 100_000, 64
+METRICS = ("Facility", "Pair_simi", "DiSF")
 
 
 def digest(frame) -> str:
@@ -37,12 +41,20 @@ def written(path) -> str:
     return digest(pq.read_table(path, columns=["chunk_id", "selected"]).to_pandas())
 
 
-def cluster(memory_limit: str):
+def cluster(memory_limit: str, n_workers: int = 2, threads_per_worker: int = 1):
     from distributed import Client, LocalCluster
 
-    local = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                         memory_limit=memory_limit)
+    local = LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True,
+                         dashboard_address=":0", memory_limit=memory_limit)
     return local, Client(local, set_as_default=False)
+
+
+def local_client(n_workers: int, threads_per_worker: int, memory_limit: str):
+    """A cluster as a user starts one (get_client: each thread's BLAS and OpenMP threads set)."""
+    from datamask_dask import get_client
+
+    return get_client("cpu", n_workers=n_workers, threads_per_worker=threads_per_worker,
+                      memory_limit=memory_limit, set_as_default=False, dashboard_address=":0")
 
 
 @pytest.fixture(scope="module")
@@ -53,46 +65,57 @@ def small_workers():
     local.close()
 
 
-def test_every_way_of_running_selects_the_same_rows(parquet_dir, small_workers, tmp_path):
-    out = datamask_select(read_parquet(parquet_dir), ratio=0.1, seed=SEED)
-    threads = digest(out.compute(scheduler="threads"))
+@pytest.fixture(scope="module")
+def clusters():
+    """Two workers of one thread, and one worker of two threads, with different memory."""
+    made = {"2 workers x 1 thread, 8 GiB": local_client(2, 1, "8GiB"),
+            "1 worker x 2 threads, 16 GiB": local_client(1, 2, "16GiB")}
+    yield made
+    for client in made.values():
+        client.shutdown()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    pytest.importorskip("pyspark", reason="the Spark comparison needs the spark extra")
+    from conftest import spark_worker_environment
+    from pyspark.sql import SparkSession
+
+    spark_worker_environment()
+    session = (SparkSession.builder.master("local[2]").appName("datamask-conformance")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .getOrCreate())
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """100,000 clustered rows with near-copies and skewed quality, in two parquet files."""
+    path = tmp_path_factory.mktemp("conformance") / "table"
+    write_parquet(dd.from_pandas(make_corpus(ROWS, DIM, seed=2), npartitions=2, sort=False), path)
+    return path
+
+
+@pytest.mark.parametrize("algorithm", METRICS)
+def test_every_way_of_running_selects_the_same_rows(table, algorithm, clusters, spark, tmp_path):
+    options = {"ratio": 0.1, "seed": SEED, "algorithm": algorithm}
+    threads = digest(datamask_select(read_parquet(table), **options).compute(scheduler="threads"))
     digests = {"threads": threads}
-    write_selection(read_parquet(parquet_dir), tmp_path / "1gib", ratio=0.1, seed=SEED,
-                    scheduler=small_workers)
-    digests["1 GiB workers"] = written(tmp_path / "1gib")
-    local, client = cluster("6GiB")
-    with local, client:
-        write_selection(read_parquet(parquet_dir), tmp_path / "6gib", ratio=0.1, seed=SEED, scheduler=client)
-    digests["6 GiB workers"] = written(tmp_path / "6gib")
-    assert main(["select", "--input", str(parquet_dir), "--output", str(tmp_path / "cli"), "--ratio", "0.1",
-                 "--seed", str(SEED)]) == 0
+    for name, client in clusters.items():
+        write_selection(read_parquet(table), tmp_path / name, scheduler=client, **options)
+        digests[name] = written(tmp_path / name)
+    assert main(["select", "--input", str(table), "--output", str(tmp_path / "cli"), "--ratio", "0.1",
+                 "--seed", str(SEED), "--algorithm", algorithm]) == 0
     digests["CLI"] = written(tmp_path / "cli")
-    if _has_spark():
-        from conftest import read_files, spark_worker_environment
-        from datamask_spark import datamask_select as spark_select
-        from datamask_spark.files import write_file_selection
-        from pyspark.sql import SparkSession
+    from conftest import read_files
+    from datamask_spark import datamask_select as spark_select
+    from datamask_spark.files import write_file_selection
 
-        spark_worker_environment()
-        spark = (SparkSession.builder.master("local[2]").appName("datamask-conformance")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .getOrCreate())
-        try:
-            sdf = read_files(spark, parquet_dir)
-            digests["Spark"] = digest(sdf.transform(spark_select, ratio=0.1, seed=SEED).toPandas())
-            write_file_selection(spark, str(parquet_dir), tmp_path / "spark-files", ratio=0.1, seed=SEED)
-            digests["Spark file job"] = written(tmp_path / "spark-files")
-        finally:
-            spark.stop()
+    digests["Spark"] = digest(read_files(spark, table).transform(spark_select, **options).toPandas())
+    write_file_selection(spark, str(table), tmp_path / "spark-files", **options)
+    digests["Spark file job"] = written(tmp_path / "spark-files")
     assert set(digests.values()) == {threads}, digests
-
-
-def _has_spark() -> bool:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def test_workers_too_small_for_the_chunks_fail_at_once_naming_what_fits(small_workers, tmp_path):
@@ -111,3 +134,18 @@ def test_workers_too_small_for_the_chunks_fail_at_once_naming_what_fits(small_wo
         out = datamask_select(read_parquet(path), ratio=0.1, algorithm="Facility", max_chunk_rows=fits,
                               refine_epochs=2).compute()
     assert out["selected"].sum() == 2000
+
+
+def test_workers_with_no_room_for_a_task_fail_at_once(table):
+    """700 MiB workers hold little beside their own process, below the threshold where Dask pauses
+    them: the job stops within a minute with the error that says what to change, instead of stalling
+    on paused workers or dying worker after worker."""
+    client = local_client(2, 1, "700MiB")
+    try:
+        start = time.perf_counter()
+        with client.as_current(), pytest.raises(DataMaskError, match="memory_budget=") as caught:
+            datamask_select(read_parquet(table), ratio=0.1, algorithm="Facility").compute()
+        assert time.perf_counter() - start < 60
+    finally:
+        client.shutdown()
+    assert "max_chunk_rows=" in str(caught.value) and "more memory" in str(caught.value)
