@@ -26,8 +26,10 @@ cluster happens to have must not. Without an explicit ``memory_budget`` the work
 a limit that is checked, never obeyed (:func:`check_memory`): ``WORKER_SHARE`` of the smallest
 per-thread memory limit of the current distributed cluster's workers (``memory_limit /
 nthreads``), or, when learning on a GPU, ``GPU_SHARE`` of its free memory per thread; on the
-local schedulers with no GPU there is no limit. A task whose chunk does not fit in it fails at
-once, with the chunk size that would fit, instead of running its workers out of memory.
+local schedulers with no GPU there is no limit. A partition whose chunk does not fit in it fails
+in the plan pass, with the chunk size that would fit, instead of running its workers out of memory;
+and where a worker's own process leaves less than ``TASK_ROOM`` below Dask's pause threshold, the
+job stops before its first task (a paused worker would leave it waiting for ever).
 """
 
 from __future__ import annotations
@@ -120,29 +122,28 @@ def _cluster_budget(client, on_gpu: bool) -> int | None:
         shares = [free[address] / max(1, w.get("nthreads", 1)) * GPU_SHARE
                   for address, w in workers.items() if free.get(address)]
         return int(min(shares)) if shares else None
-    held = client.run(_process_memory)
-    shares = {address: worker_share(w["memory_limit"], held.get(address, 0), w.get("nthreads", 1))
-              for address, w in workers.items() if w.get("memory_limit")}
-    if not shares:
+    limits = {address: w["memory_limit"] for address, w in workers.items() if w.get("memory_limit")}
+    if not limits:
         return None
-    address = min(shares, key=shares.get)
-    if shares[address] < TASK_ROOM:
-        limit, used = workers[address]["memory_limit"], held.get(address, 0)
-        raise OptionError(
-            f"the workers' memory is too small for any selection task: worker {address} has a "
-            f"memory_limit of {_mib(limit)}, its process already holds {_mib(used)} before a task starts, "
-            f"and Dask pauses a worker at {_pause_fraction():.0%} of its limit. Give the workers more memory "
-            f"(at least {_mib(_least_limit(used))} each) or fewer threads each; memory_budget= and "
-            "max_chunk_rows= cannot help while a worker has no room for a task")
-    return shares[address]
+    _check_room(limits, client.run(_process_memory))
+    return int(min(limit / max(1, workers[address].get("nthreads", 1)) * WORKER_SHARE
+                   for address, limit in limits.items()))
 
 
-def worker_share(memory_limit: int, held: int, nthreads: int = 1) -> int:
-    """Bytes one task may use on a worker: ``WORKER_SHARE`` of its limit, and never more than the
-    worker's process (``held`` bytes before the task) leaves below Dask's pause threshold, where a
-    worker stops taking tasks and, if its memory does not fall, the job waits for ever."""
-    room = min(WORKER_SHARE * memory_limit, _pause_fraction() * memory_limit - held)
-    return int(max(0, room) / max(1, nthreads))
+def _check_room(limits: dict, held: dict) -> None:
+    """Raise ``OptionError`` where a worker's process, before any task, already holds nearly all that its
+    memory limit allows below Dask's pause threshold: there a task would pause the worker, and the job
+    would wait for ever, or kill it, worker after worker."""
+    pause = _pause_fraction()
+    for address, limit in limits.items():
+        used = held.get(address, 0)
+        if pause * limit - used < TASK_ROOM:
+            raise OptionError(
+                f"the workers' memory is too small for any selection task: worker {address} has a "
+                f"memory_limit of {_mib(limit)}, its process holds {_mib(used)} before a task starts, and "
+                f"Dask pauses a worker at {pause:.0%} of its limit. Give the workers more memory (at least "
+                f"{_mib(int((used + TASK_ROOM) / pause) + 1)} each); "
+                "memory_budget= and max_chunk_rows= cannot help while a worker has no room for a task")
 
 
 def _pause_fraction() -> float:
@@ -152,11 +153,6 @@ def _pause_fraction() -> float:
     fractions = [dask.config.get(f"distributed.worker.memory.{name}", default=False)
                  for name in ("pause", "terminate")]
     return min((float(f) for f in fractions if f), default=1.0)
-
-
-def _least_limit(held: int) -> int:
-    """The smallest memory limit that leaves a one-thread task ``TASK_ROOM`` beside ``held`` bytes."""
-    return int(max(TASK_ROOM / WORKER_SHARE, (held + TASK_ROOM) / _pause_fraction())) + 1
 
 
 def _mib(n: int) -> str:
