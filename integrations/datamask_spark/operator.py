@@ -459,7 +459,8 @@ class SelectTask:
 
 def _limit_threads() -> None:
     """One torch and Arrow thread per Spark task core (``spark.task.cpus``), as the Dask workers have:
-    tasks in the other slots have the other cores (Spark sets ``OMP_NUM_THREADS`` for BLAS itself)."""
+    tasks in the other slots have the other cores (Spark sets ``OMP_NUM_THREADS`` for BLAS itself).
+    The learner takes one thread whatever this says (:mod:`datamask_dask.threads`)."""
     import torch
     from pyspark import TaskContext
 
