@@ -93,6 +93,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--budget-tokens", "--budget_tokens", type=int,
                      help="select by token budget instead of ratio")
     job.add_argument("--token-column", "--token_column")
+    job.add_argument("--selected-column", "--selected_column",
+                     help="name of the added boolean column (default: selected)")
     job.add_argument("--score-column", "--score_column", help="also write the learned scores under this name")
     job.add_argument("--max-chunk-rows", "--max_chunk_rows", type=int,
                      help="rows are learned in chunks of at most this many, which select apart (in table "
@@ -135,8 +137,9 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
-                "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "max_chunk_values",
-                "memory_budget", "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
+                "by", "budget_tokens", "token_column", "selected_column", "score_column", "max_chunk_rows",
+                "max_chunk_values", "memory_budget", "validate", "check_ids", "diversity_scope",
+                "duplicate_cosine", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         where = getattr(args, "input", None)
         message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
         print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
-        _say_what_is_kept(args)
+        if type(exc).__name__ != "ResumeError":  # that message says how to resume or start over
+            _say_what_is_kept(args)
         return 1
     finally:
         if client is not None:
@@ -342,6 +346,12 @@ _REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
 _FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
                    "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
+
+
+def _file_output(source, output: str, target) -> bool:
+    """A file input gives a file output, unless the output is named as a directory (a trailing slash) or
+    is one already."""
+    return source.isfile() and not output.endswith(("/", os.sep)) and not target.isdir()
 
 
 def as_cli_message(message: str) -> str:
@@ -440,7 +450,7 @@ def _run_select(args, options: dict, started: float) -> None:
 
         ddf = fill_text_columns(ddf, args).persist()
     report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
-                             resume=args.resume, single_file=source.isfile(),
+                             resume=args.resume, single_file=_file_output(source, args.output, target),
                              input_fingerprint=input_fingerprint(source), input_location=source,
                              progress=args.progress, **options)
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
