@@ -157,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "such as AWS_ENDPOINT_URL), delta:///path/to/table or delta+s3://bucket/table "
                         "[?version=N], or iceberg://CATALOG/namespace.table[?snapshot_id=N] (catalog from "
                         ".pyiceberg.yaml)")
-    select.add_argument("--output", help="output file (if --input is a file) or directory, local or a URI "
-                        "(s3://...), or a delta:// / delta+s3:// or iceberg:// table URI")
+    select.add_argument("--output", help="output file (if --input is a file, unless --output ends with / or "
+                        "is a directory) or directory, local or a URI (s3://...), or a delta:// / "
+                        "delta+s3:// or iceberg:// table URI")
     select.add_argument("--overwrite", action="store_true",
                         help="replace --output if an earlier datamask run wrote it (nothing else is "
                         "replaced)")
