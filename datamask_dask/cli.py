@@ -397,7 +397,7 @@ def _run_table_select(args, options: dict) -> None:
     mode = args.mode or ("overwrite" if args.overwrite else "error")
     report = select_table(args.input, args.output, config=args.config, output_columns=args.output_columns,
                           mode=mode, incremental=args.incremental, row_filter=args.row_filter,
-                          progress=args.progress, resume=args.resume, **options)
+                          progress=args.progress, resume=args.resume, prepare=_text_columns(args), **options)
     read = report.source
     since = f" (rows added since {read['since']})" if read.get("since") is not None else ""
     at = f" at {read['version']}" if read.get("version") is not None else ""
@@ -446,10 +446,9 @@ def _run_select(args, options: dict, started: float) -> None:
         raise FileNotFoundError(f"--input {source} does not exist")
     check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
     ddf = read_parquet(source.uri, backend=_backend(args))
-    if getattr(args, "text_column", None):  # compute the missing embedding / quality columns once
-        from .text.cli import fill_text_columns
-
-        ddf = fill_text_columns(ddf, args).persist()
+    prepare = _text_columns(args)
+    if prepare is not None:
+        ddf = prepare(ddf)
     report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
                              resume=args.resume, single_file=_file_output(source, args.output, target),
                              input_fingerprint=input_fingerprint(source), input_location=source,
@@ -460,6 +459,16 @@ def _run_select(args, options: dict, started: float) -> None:
     print(f"datamask: {report.rows} rows, {report.selected} selected "
           f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s "
           f"({time.perf_counter() - started:.1f} s with start-up){resumed}, profile {profile} -> {target}")
+
+
+def _text_columns(args):
+    """With --text-column: a function that computes the embedding and quality columns the input lacks,
+    once (persisted: both passes read them), for every kind of input and output; else None."""
+    if not getattr(args, "text_column", None):
+        return None
+    from .text.cli import fill_text_columns
+
+    return lambda ddf: fill_text_columns(ddf, args).persist()
 
 
 def _backend(args) -> str:
