@@ -93,6 +93,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--budget-tokens", "--budget_tokens", type=int,
                      help="select by token budget instead of ratio")
     job.add_argument("--token-column", "--token_column")
+    job.add_argument("--selected-column", "--selected_column",
+                     help="name of the added boolean column (default: selected)")
     job.add_argument("--score-column", "--score_column", help="also write the learned scores under this name")
     job.add_argument("--max-chunk-rows", "--max_chunk_rows", type=int,
                      help="rows are learned in chunks of at most this many, which select apart (in table "
@@ -135,8 +137,9 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
 
 _OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
                 "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
-                "by", "budget_tokens", "token_column", "score_column", "max_chunk_rows", "max_chunk_values",
-                "memory_budget", "validate", "check_ids", "diversity_scope", "duplicate_cosine", "explain")
+                "by", "budget_tokens", "token_column", "selected_column", "score_column", "max_chunk_rows",
+                "max_chunk_values", "memory_budget", "validate", "check_ids", "diversity_scope",
+                "duplicate_cosine", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "such as AWS_ENDPOINT_URL), delta:///path/to/table or delta+s3://bucket/table "
                         "[?version=N], or iceberg://CATALOG/namespace.table[?snapshot_id=N] (catalog from "
                         ".pyiceberg.yaml)")
-    select.add_argument("--output", help="output file (if --input is a file) or directory, local or a URI "
-                        "(s3://...), or a delta:// / delta+s3:// or iceberg:// table URI")
+    select.add_argument("--output", help="output file (if --input is a file, unless --output ends with / or "
+                        "is a directory) or directory, local or a URI (s3://...), or a delta:// / "
+                        "delta+s3:// or iceberg:// table URI")
     select.add_argument("--overwrite", action="store_true",
                         help="replace --output if an earlier datamask run wrote it (nothing else is "
                         "replaced)")
@@ -274,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         where = getattr(args, "input", None)
         message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
         print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
-        _say_what_is_kept(args)
+        if type(exc).__name__ != "ResumeError":  # that message says how to resume or start over
+            _say_what_is_kept(args)
         return 1
     finally:
         if client is not None:
@@ -344,6 +349,12 @@ _FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resu
                    "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
 
 
+def _file_output(source, output: str, target) -> bool:
+    """A file input gives a file output, unless the output is named as a directory (a trailing slash) or
+    is one already."""
+    return source.isfile() and not output.endswith(("/", os.sep)) and not target.isdir()
+
+
 def as_cli_message(message: str) -> str:
     """``message`` with the package's keyword spellings (``id_column=``) as CLI flags (``--id-column``)."""
     for python, cli in _FLAG_SPELLINGS.items():
@@ -386,7 +397,7 @@ def _run_table_select(args, options: dict) -> None:
     mode = args.mode or ("overwrite" if args.overwrite else "error")
     report = select_table(args.input, args.output, config=args.config, output_columns=args.output_columns,
                           mode=mode, incremental=args.incremental, row_filter=args.row_filter,
-                          progress=args.progress, resume=args.resume, **options)
+                          progress=args.progress, resume=args.resume, prepare=_text_columns(args), **options)
     read = report.source
     since = f" (rows added since {read['since']})" if read.get("since") is not None else ""
     at = f" at {read['version']}" if read.get("version") is not None else ""
@@ -435,12 +446,11 @@ def _run_select(args, options: dict, started: float) -> None:
         raise FileNotFoundError(f"--input {source} does not exist")
     check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
     ddf = read_parquet(source.uri, backend=_backend(args))
-    if getattr(args, "text_column", None):  # compute the missing embedding / quality columns once
-        from .text.cli import fill_text_columns
-
-        ddf = fill_text_columns(ddf, args).persist()
+    prepare = _text_columns(args)
+    if prepare is not None:
+        ddf = prepare(ddf)
     report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
-                             resume=args.resume, single_file=source.isfile(),
+                             resume=args.resume, single_file=_file_output(source, args.output, target),
                              input_fingerprint=input_fingerprint(source), input_location=source,
                              progress=args.progress, **options)
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
@@ -449,6 +459,16 @@ def _run_select(args, options: dict, started: float) -> None:
     print(f"datamask: {report.rows} rows, {report.selected} selected "
           f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s "
           f"({time.perf_counter() - started:.1f} s with start-up){resumed}, profile {profile} -> {target}")
+
+
+def _text_columns(args):
+    """With --text-column: a function that computes the embedding and quality columns the input lacks,
+    once (persisted: both passes read them), for every kind of input and output; else None."""
+    if not getattr(args, "text_column", None):
+        return None
+    from .text.cli import fill_text_columns
+
+    return lambda ddf: fill_text_columns(ddf, args).persist()
 
 
 def _backend(args) -> str:

@@ -72,7 +72,7 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
     check_inputs(location, inputs)
     if not location.local and committing(location) is not None:  # our own interrupted commit: resumed
         return
-    if not location.exists():
+    if not location.exists() or _empty_directory(location):  # nothing there that could be lost
         return
     shown = location.path if location.local else location
     if not overwrite:
@@ -144,6 +144,11 @@ def _not_ours(target: Location) -> str | None:
         return (f"holds entries the datamask run did not write: {', '.join(foreign[:5])}"
                 + (" ..." if len(foreign) > 5 else ""))
     return None
+
+
+def _empty_directory(target: Location) -> bool:
+    """A local directory with nothing in it (made ahead of the run): written into as if absent."""
+    return target.local and not os.path.islink(target.path) and target.isdir() and not target.list()
 
 
 def _nested(entry: Location) -> bool:

@@ -38,6 +38,7 @@ from .output import (
     FOOTER_KEY,
     MANIFEST,
     RUN_RECORD,
+    UnsafeOutputError,
     check_target,
     output_lock,
     publish,
@@ -137,6 +138,9 @@ class ParquetSink:
         self.uri = target.uri
 
     def check(self) -> None:
+        if self.single_file and self.location.isdir():
+            raise UnsafeOutputError(f"{self.uri} is a directory, and a single-file output cannot take its "
+                                    "place: write a directory there (single_file=False), or name a file")
         check_target(self.location, overwrite=self.overwrite, inputs=self.inputs)
 
     def newest_run(self) -> str | None:

@@ -32,10 +32,16 @@ def output_record(output) -> dict:
     """The run record of a datamask output (FileNotFoundError or ValueError where it has none)."""
     table = parse_table_uri(output)
     if table.format == "parquet":
-        return RunSummary.read(resolve(table.location)).record
-    record = table_record(table)  # of a Delta commit or an Iceberg snapshot
-    if record is None:
-        raise ValueError(f"{table.uri} has no datamask run record: it was not written by `datamask select`")
+        record = RunSummary.read(resolve(table.location)).record
+    else:
+        record = table_record(table)  # of a Delta commit or an Iceberg snapshot
+        if record is None:
+            raise ValueError(f"{table.uri} has no datamask run record: it was not written by "
+                             "`datamask select`")
+    kind = record.get("kind", "selection")
+    if kind != "selection":
+        raise ValueError(f"{table.uri} is not a selection: its run record is of a {kind!r} run, not of "
+                         "`datamask select` (kind 'selection'); give the output of `datamask select`")
     return record
 
 

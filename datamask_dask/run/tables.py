@@ -35,7 +35,8 @@ class TableRunReport:
 def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",
                  incremental: bool = False, config=None, scheduler=None, row_filter=None,
                  catalog_properties=None, storage_options=None, progress: bool | None = None,
-                 summary_rows: int = SAMPLE_ROWS, resume: bool = True, **options) -> TableRunReport:
+                 summary_rows: int = SAMPLE_ROWS, resume: bool = True, prepare=None,
+                 **options) -> TableRunReport:
     """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
 
     The run record, with its summary (see :mod:`datamask_dask.run.summary`), goes into the
@@ -73,6 +74,9 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     catalog_properties, storage_options : dict, optional
         Iceberg catalog properties; the storage options of the input and output (fsspec's for
         parquet paths, deltalake's for Delta tables).
+    prepare : callable, optional
+        A function of the input's Dask DataFrame that gives the frame to select from (the CLI's
+        ``--text-column`` computes the embedding and quality columns the input lacks).
 
     Returns
     -------
@@ -109,14 +113,15 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                         storage_options=storage_options)
     if since is not None and not source.files:  # nothing added since the last run: nothing to write
         return TableRunReport(target.uri, 0, 0, "", source.describe(), {}, {}, time.perf_counter() - start)
-    settings = load_config(config, ratio=ratio, backend=adapters.backend(source.frame._meta), **options)
+    frame = source.frame if prepare is None else prepare(source.frame)
+    settings = load_config(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
     project = None
     if output_columns == "selection":
         project = functools.partial(selection_columns, id_column=settings["id_column"],
                                     selected_column=settings["selected_column"],
                                     score_column=settings.get("score_column"),
                                     explain=bool(settings.get("explain")))
-    engine = DaskEngine(source.frame, ratio, config=config, scheduler=scheduler, project=project, **options)
+    engine = DaskEngine(frame, ratio, config=config, scheduler=scheduler, project=project, **options)
     outcome = execute(engine, sink, settings, resume=resume, summary_rows=summary_rows, project=project,
                       source={**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
                       output={"columns": output_columns, "mode": mode},

@@ -124,3 +124,35 @@ def test_a_script_without_main_guard_is_told_so(tmp_path):
                          cwd=tmp_path)
     assert run.returncode != 0
     assert 'if __name__ == "__main__":' in run.stderr
+
+
+def test_a_file_input_over_a_datamask_directory_writes_a_directory(source, tmp_path, capsys):
+    """--output named as a directory (or one already) takes a directory, whatever the input is: the
+    overwrite completes, and nothing is left to resume."""
+    target = tmp_path / "out"
+    assert main(["select", "--input", str(source), "--output", str(target), *FLAGS]) == 0
+    one = source / "part.0.parquet"
+    assert main(["select", "--input", str(one), "--output", f"{target}/", "--overwrite", *FLAGS]) == 0
+    assert sorted(p.name for p in target.iterdir()) == ["_datamask_run.json", "part.0.parquet"]
+    assert not work_dir(target).exists()
+    assert main(["select", "--input", str(one), "--output", str(tmp_path / "one.parquet"), *FLAGS]) == 0
+    assert (tmp_path / "one.parquet").is_file()
+
+
+def test_an_empty_directory_is_written_into(source, tmp_path):
+    target = tmp_path / "made-ahead"
+    target.mkdir()
+    assert main(["select", "--input", str(source), "--output", str(target), *FLAGS]) == 0
+    assert (target / "_datamask_run.json").is_file()
+
+
+def test_a_hint_names_a_flag_the_cli_has(tmp_path, corpus, capsys):
+    frame = corpus.copy()
+    frame["selected"] = False
+    source = tmp_path / "has-selected"
+    write_parquet(dd.from_pandas(frame, npartitions=1, sort=False), source)
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), *FLAGS]) == 1
+    err = capsys.readouterr().err
+    assert "--selected-column" in err and "selected_column=" not in err
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--selected-column",
+                 "keep", *FLAGS]) == 0

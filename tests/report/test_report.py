@@ -17,6 +17,7 @@ import pytest
 from conftest import FAST
 
 from datamask_dask.io.output import read_record
+from datamask_dask.io.sinks import write_parquet
 from datamask_dask.run.selection import write_selection
 from datamask_dask.run.summary import RunSummary, near_duplicate_pairs
 from datamask_dask.sample_data import make_corpus
@@ -330,6 +331,11 @@ def test_report_cli(run, pages, tmp_path, capsys):
     args = parser.parse_args(["report", str(tmp_path / "missing")])
     assert args.command == "report" and run_report(args) == 1
     assert "no datamask run record" in capsys.readouterr().err
+    written = tmp_path / "written"  # a table datamask wrote, but not a selection (`datamask sample`)
+    write_parquet(dd.from_pandas(make_corpus(200, 8), npartitions=1, sort=False), written)
+    assert report_command([str(written), "--out", str(tmp_path / "w")]) == 1
+    err = capsys.readouterr().err
+    assert "is not a selection" in err and "'write_parquet'" in err and not (tmp_path / "w").exists()
 
 
 def _browser():

@@ -180,3 +180,23 @@ def test_example_meets_target(client, tmp_path):
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "target met: yes" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("output", ["selection", "delta"])
+def test_select_from_text_into_every_output(tmp_path, output):
+    """--text-column fills the embedding and quality columns whatever the output: the selection-only
+    table, or a Delta table, as well as a parquet copy."""
+    source = tmp_path / "in.parquet"
+    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * 4)]
+    pd.DataFrame({"chunk_id": range(len(texts)), "text": texts}).to_parquet(source)
+    if output == "delta":
+        pytest.importorskip("deltalake")
+        target, flags = f"delta://{tmp_path / 'out'}", []
+    else:
+        target, flags = str(tmp_path / "out"), ["--output-columns", "selection"]
+    assert main(["select", "--input", str(source), "--output", target, "--text-column", "text", "--ratio",
+                 "0.25", "--max-tokens", "32", "--n_epochs", "20", "--n_rollout", "8", *flags]) == 0
+    from datamask_dask.io.tables import read_table
+
+    frame = read_table(target).frame.compute()
+    assert len(frame) == len(texts) and frame["selected"].sum() == round(0.25 * len(texts))
