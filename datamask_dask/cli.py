@@ -270,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         _say_what_is_kept(args)
         return 130
     except Exception as exc:  # one clear line for the user; the traceback with --verbose
+        exc = _storage_failure(exc, args) or exc
         unreadable = type(exc).__module__.startswith("pyarrow")  # the input is not what it claims to be
         if not unreadable and not isinstance(exc, _REPORTED):
             raise
@@ -278,13 +279,23 @@ def main(argv: list[str] | None = None) -> int:
         where = getattr(args, "input", None)
         message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
         print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
-        if type(exc).__name__ != "ResumeError":  # that message says how to resume or start over
+        unreachable = getattr(exc, "reason", None) in ("credentials", "endpoint", "bucket")
+        if type(exc).__name__ != "ResumeError" and not unreachable:  # those say what to do
             _say_what_is_kept(args)
         return 1
     finally:
         if client is not None:
             client.close() if args.scheduler else client.shutdown()
     return 0
+
+
+def _storage_failure(exc: Exception, args):
+    """A late object-store failure (no credentials, no endpoint...) as one line naming the job's URIs."""
+    from .io.storage import storage_error
+
+    uris = [getattr(args, flag, None) for flag in ("input", "output")]
+    uris = [uri for uri in uris if uri and "://" in uri and not uri.startswith("file://")]
+    return storage_error(exc, " or ".join(dict.fromkeys(uris))) if uris else None
 
 
 def _say_what_is_kept(args) -> None:
@@ -438,11 +449,11 @@ def _run_select(args, options: dict, started: float) -> None:
     if _is_table_job(args):
         _run_table_select(args, options)
         return
-    from .io.storage import input_fingerprint, resolve
+    from .io.storage import input_fingerprint, reach, resolve
 
     # URIs (s3://...) resolve through fsspec; credentials and endpoints come from the environment.
     source, target = resolve(args.input), resolve(args.output)
-    if not source.exists():
+    if not reach(source):
         raise FileNotFoundError(f"--input {source} does not exist")
     check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
     ddf = read_parquet(source.uri, backend=_backend(args))
@@ -496,10 +507,10 @@ def _run_sample(args) -> int:
 def _run_validate(args, options: dict) -> int:
     from .dask_engine.validate import validate_table
     from .io.parquet import read_parquet
-    from .io.storage import resolve
+    from .io.storage import reach, resolve
 
     source = resolve(args.input)
-    if not source.exists():
+    if not reach(source):
         raise FileNotFoundError(f"--input {source} does not exist")
     report = validate_table(read_parquet(source.uri, backend=_backend(args)), config=args.config, **options)
     print(f"datamask validate: {source}: {report.summary()}", file=sys.stdout if report.ok else sys.stderr)

@@ -18,6 +18,19 @@ class InputDataError(DataMaskError):
     """The input data breaks the data contract (the message names the column, partition and rows)."""
 
 
+class StorageError(DataMaskError):
+    """An object store could not be reached or refused a request (:mod:`datamask_dask.io.storage`): the
+    message names the URI, what failed and what to set; ``reason`` is ``"credentials"`` (none found,
+    or refused), ``"endpoint"``, ``"bucket"`` or ``"permission"``."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self):  # keeps ``reason`` across processes (Dask workers)
+        return type(self), (str(self), self.reason)
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with the input or the options: ``message`` says what, where and what to do."""

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from ..errors import DataMaskError
 from .parquet import parquet_file
-from .storage import Location, resolve
+from .storage import Location, reach, resolve, storage_errors
 
 RUN_RECORD = "_datamask_run.json"  # a leading underscore: parquet readers skip it
 RECORD_KEY = "datamask.run"  # a single file's footer key, a Delta commit's or Iceberg snapshot's property
@@ -67,18 +67,21 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
         The output overlaps an input, or exists and was not written by datamask.
     FileExistsError
         The output exists and ``overwrite`` is False.
+    StorageError
+        The output's object store cannot be reached, refuses the credentials, or has no such bucket.
     """
     location = resolve(target)
     check_inputs(location, inputs)
-    if not location.local and committing(location) is not None:  # our own interrupted commit: resumed
-        return
-    if not location.exists() or _empty_directory(location):  # nothing there that could be lost
-        return
+    with storage_errors(location):  # the job's first contact with the output
+        if not location.local and committing(location) is not None:  # our own interrupted commit: resumed
+            return
+        if not reach(location) or _empty_directory(location):  # nothing there that could be lost
+            return
+        problem = _not_ours(location) if overwrite else None
     shown = location.path if location.local else location
     if not overwrite:
         raise FileExistsError(f"{shown} exists; pass {flag} to replace it (only an output of an earlier "
                               "datamask run is ever replaced)")
-    problem = _not_ours(location)
     if problem:
         raise UnsafeOutputError(f"{flag} refused: {shown} {problem}. datamask replaces only outputs it "
                                 "wrote itself (they carry a run record); move it away or choose another "
@@ -268,7 +271,8 @@ def _lease(target: Location):
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "run": uuid.uuid4().hex}
     for _ in range(2):
         try:
-            lock.write_bytes(_lease_body(owner), create=True)
+            with storage_errors(target, writing=True):  # the output's first write: read-only fails here
+                lock.write_bytes(_lease_body(owner), create=True)
             break
         except FileExistsError:
             try:

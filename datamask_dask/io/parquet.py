@@ -29,7 +29,7 @@ from .. import telemetry
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 from .pieces import Pieces, to_dask
-from .storage import Location, resolve
+from .storage import Location, reach, resolve, storage_errors
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -73,25 +73,26 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     path or a URI (``s3://...``; see :mod:`.storage`); the reader opens files on its filesystem.
     """
     location = resolve(path, storage_options)
-    if not location.exists():
+    if not reach(location):
         raise FileNotFoundError(f"{location.uri} does not exist")
     filesystem = None if location.local else location.fs
-    dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
-    schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
-    pieces, partition_names = [], {}
-    for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
-        keys = ds.get_partition_keys(fragment.partition_expression)
-        partition_names.update(dict.fromkeys(keys))
-        groups, rows = [], 0
-        metadata = fragment.metadata
-        for index in range(metadata.num_row_groups):
-            n_rows = metadata.row_group(index).num_rows
-            if groups and rows + n_rows > rows_per_partition:
-                pieces.append((fragment.path, tuple(groups), keys))
-                groups, rows = [], 0
-            groups.append(index)
-            rows += n_rows
-        pieces.append((fragment.path, tuple(groups), keys))
+    with storage_errors(location):  # the listing and the footers: the input's first reads
+        dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
+        schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
+        pieces, partition_names = [], {}
+        for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
+            keys = ds.get_partition_keys(fragment.partition_expression)
+            partition_names.update(dict.fromkeys(keys))
+            groups, rows = [], 0
+            metadata = fragment.metadata
+            for index in range(metadata.num_row_groups):
+                n_rows = metadata.row_group(index).num_rows
+                if groups and rows + n_rows > rows_per_partition:
+                    pieces.append((fragment.path, tuple(groups), keys))
+                    groups, rows = [], 0
+                groups.append(index)
+                rows += n_rows
+            pieces.append((fragment.path, tuple(groups), keys))
     return Pieces(schema, pieces, ParquetReader(schema, list(partition_names), filesystem),
                   {"format": "parquet", "uri": location.uri})
 
@@ -123,6 +124,14 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     Returns
     -------
     dask.dataframe.DataFrame
+
+    Raises
+    ------
+    FileNotFoundError
+        ``path`` does not exist.
+    StorageError
+        Its object store cannot be reached, refuses the credentials or the read, or has no such bucket
+        (the message names ``path`` and what to set).
     """
     if backend not in ("pandas", "cudf"):
         raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")

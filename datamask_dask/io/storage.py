@@ -12,6 +12,12 @@ Writes follow what each kind of storage guarantees:
 - **Object stores**: one PUT is visible all at once and there is no rename, so an object is written
   in one go to its final name; ``create=True`` writes only if no object has that name (S3's
   ``If-None-Match``, fsspec's ``mode="create"``), which is what locks and completion markers need.
+  A missing bucket is never created: writing into one fails.
+
+An object store that cannot be reached or refuses a request (no credentials, wrong ones, no
+endpoint, no bucket, no permission) raises :class:`StorageError`, one line naming the URI and what
+to set (:func:`storage_errors`, applied where a job first touches a location, and
+:func:`storage_error` for the command line's late failures).
 """
 
 from __future__ import annotations
@@ -22,15 +28,18 @@ import os
 import posixpath
 import shutil
 import uuid
+from urllib.parse import urlsplit
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from ..errors import OptionError
+from ..errors import DataMaskError, OptionError, StorageError
 
 #: fsspec protocol -> the package that implements it (for the install hint).
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs", "az": "adlfs",
              "abfss": "adlfs", "hf": "huggingface_hub", "hdfs": "pyarrow"}
+#: Object stores of buckets (containers): no directories, and fsspec's makedirs there creates a bucket.
+_BUCKET_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +61,12 @@ class Location:
     @property
     def local(self) -> bool:
         return isinstance(self.fs, LocalFileSystem)
+
+    @property
+    def bucketed(self) -> bool:
+        """On an object store of buckets (S3, GCS, Azure), where directories do not exist."""
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        return bool(_BUCKET_STORES.intersection(protocols))
 
     @property
     def name(self) -> str:
@@ -123,7 +138,8 @@ class Location:
     def open_write(self, *, create: bool = False):
         """A binary handle whose contents appear under this name, whole, when the block ends without error."""
         if not self.local:
-            self.fs.makedirs(self.parent.path, exist_ok=True)
+            if not self.bucketed:
+                self.fs.makedirs(self.parent.path, exist_ok=True)
             with self.fs.open(self.path, "xb" if create else "wb") as handle:
                 yield handle
             return
@@ -144,7 +160,8 @@ class Location:
         fsync_dir(self.parent.path)
 
     def makedirs(self) -> None:
-        self.fs.makedirs(self.path, exist_ok=True)
+        if not self.bucketed:
+            self.fs.makedirs(self.path, exist_ok=True)
 
     def remove(self) -> None:
         """Remove this file or directory tree, if present (only ever called on the package's own paths)."""
@@ -187,6 +204,147 @@ def resolve(uri, storage_options: dict | None = None) -> Location:
         if protocol == "file":
             text = text if "://" not in text else path
     return Location(fs, path, text)
+
+
+# S3 error codes -> what failed.
+_REFUSED = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+            "TokenRefreshRequired", "InvalidClientTokenId", "UnrecognizedClientException"}
+_DENIED = {"AccessDenied", "AllAccessDisabled", "AccountProblem", "403", "Forbidden"}
+_MISSING_BUCKET = {"NoSuchBucket"}
+
+_CREDENTIALS = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, or "
+                "pass storage_options={'key': ..., 'secret': ...} in Python")
+_ENDPOINT = ("set AWS_ENDPOINT_URL to the storage server's address (unset it for AWS S3 itself), or pass "
+             "storage_options={'endpoint_url': ...} in Python")
+
+
+def storage_error(exc: BaseException, where, *, writing: bool = False) -> StorageError | None:
+    """``exc`` as one line naming ``where`` (a :class:`Location`, or a URI for the message alone), or
+    None when it is not an object store's failure to reach or to allow a request (it is then raised
+    as it is: a missing file stays ``FileNotFoundError``).
+
+    Knows S3 (botocore's exceptions, and s3fs's ``OSError`` translations of them); a bare 403 (a HEAD
+    has no body to say why) is asked again as a listing, whose error code tells wrong credentials
+    from a missing permission.
+    """
+    if isinstance(exc, DataMaskError):
+        return None
+    try:
+        from botocore import exceptions as boto
+    except ImportError:  # the s3 extra is not installed: no S3 failure to explain
+        return None
+    uri = str(where)
+    for error in _chain(exc):
+        if isinstance(error, (boto.NoCredentialsError, boto.PartialCredentialsError, boto.ProfileNotFound,
+                              boto.CredentialRetrievalError)):
+            return StorageError(f"{uri}: no usable credentials for object storage ({error}): {_CREDENTIALS}",
+                                "credentials")
+        if isinstance(error, (boto.EndpointConnectionError, boto.ConnectTimeoutError,
+                              boto.ConnectionClosedError, boto.ProxyConnectionError)):
+            endpoint = _endpoint(getattr(error, "kwargs", {}).get("endpoint_url"))
+            return StorageError(f"{uri}: cannot connect to the storage endpoint {endpoint or '(unknown)'}: "
+                                f"{_ENDPOINT}", "endpoint")
+        if isinstance(error, boto.ClientError):
+            code = str(error.response.get("Error", {}).get("Code") or "")
+            status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 403 and code in ("403", "Forbidden", "") and isinstance(where, Location):
+                with contextlib.suppress(Exception):  # a HEAD's 403 does not say why: a listing does
+                    code = _listing_code(where) or code
+            return _client_error(where, code, status, writing)
+    return None
+
+
+def _client_error(where, code: str, status, writing: bool) -> StorageError | None:
+    """The :class:`StorageError` of an S3 error ``code`` (HTTP ``status``), or None for another error."""
+    if code in _REFUSED:
+        return StorageError(f"{where}: the storage server refused the credentials ({code}): check "
+                            f"{_CREDENTIALS.replace('set ', '', 1)}", "credentials")
+    if code in _MISSING_BUCKET:
+        bucket = where.path.split("/", 1)[0] if isinstance(where, Location) else _bucket(str(where))
+        endpoint = _endpoint(_endpoint_of(where)) if isinstance(where, Location) else None
+        at = f" at {endpoint}" if endpoint else ""
+        return StorageError(f"{where}: the bucket {bucket} does not exist{at}: check the URI, create the "
+                            "bucket, or set AWS_ENDPOINT_URL (storage_options={'endpoint_url': ...} in "
+                            "Python) to the server that holds it", "bucket")
+    if code in _DENIED or status == 403:
+        action = "write" if writing else "read"
+        return StorageError(f"{where}: permission denied to {action} ({code or status}): the credentials in "
+                            "use (AWS_ACCESS_KEY_ID or AWS_PROFILE; storage_options key= in Python) may not "
+                            f"{action} there: use credentials that may, or another location", "permission")
+    return None
+
+
+@contextlib.contextmanager
+def storage_errors(location: Location, *, writing: bool = False):
+    """Raise an object store's failures to reach or allow a request in the block as
+    :class:`StorageError` naming ``location`` (``writing``: the block writes there); anything else
+    passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        error = storage_error(exc, location, writing=writing)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def reach(location: Location) -> bool:
+    """Whether ``location`` exists: a job's first contact with it. An object store's failures raise
+    :class:`StorageError` (so does a missing bucket, which the store itself reports as a missing key)."""
+    with storage_errors(location):
+        if location.exists():
+            return True
+        code = _listing_code(location) if location.bucketed else None
+    if code in _MISSING_BUCKET:
+        raise _client_error(location, code, 404, False)
+    return False
+
+
+def _listing_code(location: Location) -> str | None:
+    """The S3 error code of listing ``location``'s prefix (one key at most), None when it lists or
+    this is not S3. The probe's own failure to connect or to find credentials raises."""
+    call = getattr(location.fs, "call_s3", None)
+    if call is None:
+        return None
+    bucket, key, _ = location.fs.split_path(location.path)
+    try:
+        call("list_objects_v2", Bucket=bucket, Prefix=key, MaxKeys=1)
+    except Exception as exc:
+        for error in _chain(exc):
+            response = getattr(error, "response", None)
+            if isinstance(response, dict):
+                return str(response.get("Error", {}).get("Code") or "")
+        raise
+    return None
+
+
+def _chain(exc: BaseException):
+    """``exc`` and its causes (``raise ... from``: how s3fs wraps botocore's errors)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__
+
+
+def _endpoint(url: str | None) -> str | None:
+    """``scheme://host:port`` of a request URL."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.netloc else url
+
+
+def _endpoint_of(location: Location) -> str | None:
+    """The S3 endpoint ``location``'s filesystem talks to, where one is set."""
+    fs = location.fs
+    options = getattr(fs, "client_kwargs", None) or {}
+    return (getattr(fs, "endpoint_url", None) or options.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+
+
+def _bucket(uri: str) -> str:
+    return uri.split("://", 1)[-1].split("/", 1)[0]
 
 
 def fsync_dir(path: str) -> None:

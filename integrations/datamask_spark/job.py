@@ -11,7 +11,7 @@ import sys
 import time
 
 from datamask_dask.io.output import check_target
-from datamask_dask.io.storage import resolve
+from datamask_dask.io.storage import reach, resolve
 from datamask_dask.io.tables import parse_table_uri
 
 from .files import write_file_selection
@@ -54,7 +54,7 @@ def select_parquet(source, target, *, spark=None, master: str | None = None, con
     """
     source, target = str(source), str(target)
     table = parse_table_uri(source)
-    if table.format == "parquet" and not resolve(table.location).exists():
+    if table.format == "parquet" and not reach(resolve(table.location)):
         raise FileNotFoundError(f"--input {source} does not exist")
     check_target(target, overwrite=overwrite, inputs=[table.location] if table.format == "parquet" else [])
     spark = spark or get_spark(master)
