@@ -34,9 +34,7 @@ import threading
 import time
 import traceback
 
-import numpy as np
-
-from .errors import DataMaskError
+from .errors import DataMaskError, OptionError
 from .learn.options import INITS, LAMB_SCALES
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
@@ -245,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "select" and args.input is not None and args.output is None:
         parser.error("select: --input needs --output")
     options = {key: getattr(args, key) for key in _OPTION_KEYS if getattr(args, key, None) is not None}
+    try:
+        _check_given(options)
+    except OptionError as exc:
+        print(f"datamask: error: {as_cli_message(str(exc))}", file=sys.stderr)
+        return 1
     if not args.verbose:
         _quiet_dask()
     _log_to_stderr(args)
@@ -296,6 +299,17 @@ def _storage_failure(exc: Exception, args):
     uris = [getattr(args, flag, None) for flag in ("input", "output")]
     uris = [uri for uri in uris if uri and "://" in uri and not uri.startswith("file://")]
     return storage_error(exc, " or ".join(dict.fromkeys(uris))) if uris else None
+
+
+def _check_given(options: dict) -> None:
+    """The rules on the flags' own values, before a config, the input or a heavy library is loaded."""
+    from .config import check_given
+
+    check_given(options)
+    if "memory_budget" in options:
+        from .plan.memory import parse_budget
+
+        parse_budget(options["memory_budget"])
 
 
 def _say_what_is_kept(args) -> None:
@@ -492,6 +506,7 @@ def _backend(args) -> str:
 
 def _run_sample(args) -> int:
     import dask.dataframe as dd
+    import numpy as np
 
     from .io.sinks import write_parquet
     from .sample_data import make_corpus

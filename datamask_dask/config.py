@@ -30,15 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import dask
-import yaml
-
 from .errors import OptionError
-from .learn.options import DataMaskOptions
+from .learn.options import RULES as LEARNER_RULES
+from .learn.options import DataMaskOptions, check_option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +120,8 @@ def default_text(key: str) -> str:
 
 def read_config_file(path: str | os.PathLike) -> dict:
     """Read a YAML config file (``yaml.safe_load``) into a mapping with canonical keys."""
+    import yaml  # here, not at the top: the command line imports this module before parsing its flags
+
     source = f"config file {os.fspath(path)!r}"
     try:
         with open(path, encoding="utf-8") as handle:
@@ -211,6 +213,8 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend
     ...     load_config(None, lamb=0.3)["n_epochs"]
     50
     """
+    import dask
+
     settings = default_settings()
     from_dask = normalise_keys(dask.config.get("datamask", default=None) or {},
                                "dask.config namespace 'datamask'")
@@ -262,3 +266,80 @@ def _metric_key(name: str, strict: bool = False):
 def learner_options(settings: Mapping) -> DataMaskOptions:
     """The learner's options from resolved settings (validated by DataMaskOptions)."""
     return DataMaskOptions.from_mapping({k: settings[k] for k in LEARNER_KEYS if k in settings})
+
+
+# Rules on single values of the operator's settings: partition.spec applies them to resolved settings,
+# and the command line to its flags before it reads anything or loads a dataframe library.
+
+
+def is_number(value) -> bool:
+    """A real number, Python's or numpy's, and not a bool."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, numbers.Integral) or math.isfinite(value)
+
+
+def check_ratio(ratio, by) -> None:
+    """``ratio``: a share of rows in (0, 1], or ``{group: share in [0, 1]}`` with ``by``."""
+    if isinstance(ratio, Mapping):
+        if by is None:
+            raise OptionError("ratio given as {group: ratio} needs by= (the group column)")
+        for group, value in ratio.items():
+            if not is_number(value) or not 0 <= value <= 1:
+                raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
+    elif not is_number(ratio) or not 0 < ratio <= 1:
+        raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
+
+
+def check_budget_tokens(budget, by) -> None:
+    """``budget_tokens``: a whole number of tokens >= 1, or ``{group: tokens >= 0}`` with ``by``."""
+    if isinstance(budget, Mapping):
+        if by is None:
+            raise OptionError("budget_tokens given as {group: tokens} needs by= (the group column)")
+        for group, value in budget.items():
+            if not is_number(value) or not _finite(value) or value < 0 or value != int(value):
+                raise OptionError(f"budget_tokens for group {group!r} is {value!r}: expected a whole "
+                                  "number of tokens >= 0")
+        return
+    if by is not None:
+        raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would not say "
+                          "how to share it between groups)")
+    if not is_number(budget) or not _finite(budget) or budget < 1 or budget != int(budget):
+        raise OptionError(f"budget_tokens={budget!r} is invalid: expected a whole number of tokens >= 1")
+
+
+def check_number(value, name: str, minimum: float, integer: bool = False):
+    """``value`` where it is a finite number (an integer with ``integer``) >= ``minimum``."""
+    if (not is_number(value) or not _finite(value) or value < minimum
+            or (integer and value != int(value))):
+        kind = "an integer" if integer else "a number"
+        raise OptionError(f"option {name}={value!r} is invalid: expected {kind} >= {minimum}")
+    return value
+
+
+def check_duplicate_cosine(cosine) -> None:
+    """``duplicate_cosine``: a cosine in (0, 1)."""
+    if not is_number(cosine) or not 0 < cosine < 1:
+        raise OptionError(f"option duplicate_cosine={cosine!r} is invalid: expected a cosine in (0, 1), "
+                          "e.g. 0.95")
+
+
+def check_given(options: Mapping) -> None:
+    """Apply the rules on single values to the settings given as ``options`` (keyword arguments, which win
+    over every other layer), so they are refused before a config or any data is read. The ratio and token
+    budget mappings, which need ``by`` from every layer, are left to the resolved settings."""
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name in LEARNER_RULES:
+            check_option(name, value)
+        elif name == "ratio" and not isinstance(value, Mapping):
+            check_ratio(value, None)
+        elif name == "budget_tokens" and not isinstance(value, Mapping):
+            check_budget_tokens(value, options.get("by"))
+        elif name in ("max_chunk_rows", "max_chunk_values"):
+            check_number(value, name, 2, integer=True)
+        elif name == "duplicate_cosine":
+            check_duplicate_cosine(value)

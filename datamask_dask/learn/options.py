@@ -15,6 +15,40 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 LAMB_SCALES = ("paper", "gain")
 
 
+# Each option's rule on its own value: (test, what is expected). DataMaskOptions checks them all; the
+# command line checks the flags given with them before it loads torch.
+RULES = {
+    "n_epochs": (lambda v: v >= 1, "an integer >= 1"),
+    "partial": (lambda v: 0 < v <= 1, "a share in (0, 1]"),
+    "lamb": (lambda v: 0 <= v <= 1, "a weight in [0, 1]"),
+    "n_rollout": (lambda v: v >= 2,
+                  "an integer >= 2 (advantages are standardised within the group; the paper uses 128)"),
+    "prune": (lambda v: 0 <= v < 1, "a share in [0, 1)"),
+    "init": (lambda v: v in INITS, f"one of {INITS}"),
+    "lamb_scale": (lambda v: v in LAMB_SCALES, f"one of {LAMB_SCALES}"),
+    "update": (lambda v: v in UPDATES, f"one of {UPDATES}"),
+    "final": (lambda v: v in FINALS, f"one of {FINALS}"),
+    "refine": (lambda v: v == 0 or v >= 1, "0 (off) or a pool size of at least 1 x k"),
+    "refine_epochs": (lambda v: v >= 0, "an integer >= 0"),
+    "refine_lr": (lambda v: v > 0, "a learning rate > 0"),
+    "refine_reference": (lambda v: v >= 1, "an integer >= 1"),
+    "polish": (lambda v: v >= 0, "an integer >= 0 (0: off)"),
+    "max_batch": (lambda v: v >= 2, "an integer >= 2"),
+    "reference_size": (lambda v: v >= 1, "an integer >= 1"),
+    "neighbours": (lambda v: v >= 1, "an integer >= 1"),
+    "exact_neighbours": (lambda v: v >= 0, "an integer >= 0"),
+    "probes": (lambda v: v >= 1, "an integer >= 1"),
+    "precision": (lambda v: v in PRECISIONS, f"one of {PRECISIONS}"),
+    "rollout_chunk": (lambda v: v >= 1, "an integer >= 1"),
+}
+
+
+def check_option(name: str, value) -> None:
+    """Raise :class:`OptionError` where ``value`` breaks the rule of learner option ``name``."""
+    test, expected = RULES[name]
+    _check(test(value), name, value, expected)
+
+
 @dataclass(frozen=True)
 class DataMaskOptions:
     """Settings of one DATAMASK run (names follow the paper's reference command).
@@ -124,31 +158,10 @@ class DataMaskOptions:
     def __post_init__(self) -> None:
         from .objectives import resolve_metrics
 
-        _check(self.n_epochs >= 1, "n_epochs", self.n_epochs, "an integer >= 1")
-        _check(0 < self.partial <= 1, "partial", self.partial, "a share in (0, 1]")
+        for name in RULES:
+            check_option(name, getattr(self, name))
         _check(self.max_lr >= self.min_lr >= 0, "max_lr/min_lr", (self.max_lr, self.min_lr),
                "0 <= min_lr <= max_lr")
-        _check(0 <= self.lamb <= 1, "lamb", self.lamb, "a weight in [0, 1]")
-        _check(self.n_rollout >= 2, "n_rollout", self.n_rollout,
-               "an integer >= 2 (advantages are standardised within the group; the paper uses 128)")
-        _check(0 <= self.prune < 1, "prune", self.prune, "a share in [0, 1)")
-        _check(self.init in INITS, "init", self.init, f"one of {INITS}")
-        _check(self.lamb_scale in LAMB_SCALES, "lamb_scale", self.lamb_scale, f"one of {LAMB_SCALES}")
-        _check(self.update in UPDATES, "update", self.update, f"one of {UPDATES}")
-        _check(self.final in FINALS, "final", self.final, f"one of {FINALS}")
-        _check(self.refine == 0 or self.refine >= 1, "refine", self.refine,
-               "0 (off) or a pool size of at least 1 x k")
-        _check(self.refine_epochs >= 0, "refine_epochs", self.refine_epochs, "an integer >= 0")
-        _check(self.refine_lr > 0, "refine_lr", self.refine_lr, "a learning rate > 0")
-        _check(self.refine_reference >= 1, "refine_reference", self.refine_reference, "an integer >= 1")
-        _check(self.polish >= 0, "polish", self.polish, "an integer >= 0 (0: off)")
-        _check(self.max_batch >= 2, "max_batch", self.max_batch, "an integer >= 2")
-        _check(self.reference_size >= 1, "reference_size", self.reference_size, "an integer >= 1")
-        _check(self.neighbours >= 1, "neighbours", self.neighbours, "an integer >= 1")
-        _check(self.exact_neighbours >= 0, "exact_neighbours", self.exact_neighbours, "an integer >= 0")
-        _check(self.probes >= 1, "probes", self.probes, "an integer >= 1")
-        _check(self.precision in PRECISIONS, "precision", self.precision, f"one of {PRECISIONS}")
-        _check(self.rollout_chunk >= 1, "rollout_chunk", self.rollout_chunk, "an integer >= 1")
         # Resolve metric names now so a typo fails before any compute.
         object.__setattr__(self, "metric_weights", tuple(resolve_metrics(self.algorithm)))
 

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import learner_options
+from ..config import (
+    check_budget_tokens,
+    check_duplicate_cosine,
+    check_number,
+    check_ratio,
+    is_number,
+    learner_options,
+)
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
 from ..plan.memory import parse_budget, resolve_budget
@@ -126,9 +133,7 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
                           "shadows near-duplicates across the whole table before learning, 'partition' "
                           "learns each partition on its own)")
     cosine = settings.get("duplicate_cosine", 0.95)
-    if not _is_number(cosine) or not 0 < cosine < 1:
-        raise OptionError(f"option duplicate_cosine={cosine!r} is invalid: expected a cosine in (0, 1), "
-                          "e.g. 0.95")
+    check_duplicate_cosine(cosine)
     explain = settings.get("explain", False)
     if not isinstance(explain, bool | np.bool_):
         raise OptionError(f"option explain={explain!r} is invalid: expected True or False (True adds the "
@@ -138,8 +143,8 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         raise OptionError("options max_chunk_rows and max_chunk_values are both None: set "
                           "max_chunk_rows (the rows a chunk holds at most, e.g. 50000) or max_chunk_values "
                           "(rows x dimension)")
-    rows = None if rows is None else int(_check_number(rows, "max_chunk_rows", 2, integer=True))
-    values = None if values is None else int(_check_number(values, "max_chunk_values", 2, integer=True))
+    rows = None if rows is None else int(check_number(rows, "max_chunk_rows", 2, integer=True))
+    values = None if values is None else int(check_number(values, "max_chunk_values", 2, integer=True))
     memory = resolve_budget(settings.get("memory_budget"), device=device, meta=meta, scheduler=scheduler)
     given = parse_budget(settings.get("memory_budget")) is not None
     return SelectSpec(
@@ -149,7 +154,7 @@ def _spec_from_settings(settings: Mapping, ratio_given: bool, meta, scheduler) -
         score_column=None if settings["score_column"] is None else str(settings["score_column"]),
         by=None if by is None else str(by), ratio=ratio, budget=budget,
         token_column=str(settings["token_column"]) if budget is not None else None,
-        prune=options.prune, oversample=_check_number(settings["oversample"], "oversample", 1.0),
+        prune=options.prune, oversample=check_number(settings["oversample"], "oversample", 1.0),
         max_chunk_rows=rows, max_chunk_values=values,
         device=device, check_ids=bool(settings["check_ids"]),
         options=options.replace(prune=0.0), validate=validate,
@@ -189,52 +194,24 @@ def _quality_weights(value) -> tuple:
     else:
         raise OptionError(f"option quality_column={value!r} must be a column name, a list of names or "
                           "{name: weight}")
-    if not items or any(not _is_number(w) or not (w > 0 and np.isfinite(w)) for _, w in items):
+    if not items or any(not is_number(w) or not (w > 0 and np.isfinite(w)) for _, w in items):
         raise OptionError(f"option quality_column={value!r}: weights must be finite numbers > 0")
     total = float(sum(w for _, w in items))
     return tuple((str(name), float(w) / total) for name, w in items)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
-
-
 def _check_ratio(ratio, by):
+    check_ratio(ratio, by)
     if isinstance(ratio, Mapping):
-        if by is None:
-            raise OptionError("ratio given as {group: ratio} needs by= (the group column)")
-        for group, value in ratio.items():
-            if not _is_number(value) or not 0 <= value <= 1:
-                raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
         return {adapters.plain(k): float(v) for k, v in ratio.items()}
-    if not _is_number(ratio) or not 0 < ratio <= 1:
-        raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
     return float(ratio)
 
 
 def _check_budget(budget, by):
+    check_budget_tokens(budget, by)
     if isinstance(budget, Mapping):
-        if by is None:
-            raise OptionError("budget_tokens given as {group: tokens} needs by= (the group column)")
-        for group, value in budget.items():
-            if not _is_number(value) or not np.isfinite(value) or value < 0 or value != int(value):
-                raise OptionError(f"budget_tokens for group {group!r} is {value!r}: expected a whole "
-                                  "number of tokens >= 0")
         return {adapters.plain(k): int(v) for k, v in budget.items()}
-    if by is not None:
-        raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would not say "
-                          "how to share it between groups)")
-    if not _is_number(budget) or not np.isfinite(budget) or budget < 1 or budget != int(budget):
-        raise OptionError(f"budget_tokens={budget!r} is invalid: expected a whole number of tokens >= 1")
     return int(budget)
-
-
-def _check_number(value, name: str, minimum: float, integer: bool = False):
-    if (not _is_number(value) or not np.isfinite(value) or value < minimum
-            or (integer and value != int(value))):
-        kind = "an integer" if integer else "a number"
-        raise OptionError(f"option {name}={value!r} is invalid: expected {kind} >= {minimum}")
-    return value
 
 
 def _check_device(device) -> str:

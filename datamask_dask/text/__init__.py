@@ -8,10 +8,11 @@ Needs the ``text`` extra (sentence-transformers and the packaged all-MiniLM-L6-v
 :func:`embed` and model scorers; the heuristic scorer needs only pandas and pyarrow.
 """
 
-from __future__ import annotations
+import lazy_loader
 
-from ._common import load_count
-from .embedding import embed
-from .quality import heuristic_scores, score_quality
-
-__all__ = ["embed", "score_quality", "heuristic_scores", "load_count"]
+# Loaded on first use: the command line imports .cli to build its parser, and pandas must wait.
+__getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
+    "_common": ["load_count"],
+    "embedding": ["embed"],
+    "quality": ["heuristic_scores", "score_quality"],
+})

@@ -13,8 +13,6 @@ import time
 import traceback
 
 from ..errors import DataMaskError
-from .embedding import embed
-from .quality import score_quality
 
 
 def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
@@ -83,6 +81,9 @@ def fill_text_columns(ddf, args):
     quality (several columns) is never filled: each of its columns must exist."""
     if not args.text_column:
         return ddf
+    from .embedding import embed
+    from .quality import score_quality
+
     embedding_column = getattr(args, "embedding_column", None) or "feature_arr"
     quality_column = getattr(args, "quality_column", None) or "quality_score"
     device = getattr(args, "device", None) or "auto"
@@ -104,6 +105,8 @@ def run_text(args: argparse.Namespace) -> int:
     from ..io.output import check_target
     from ..io.sinks import write_parquet
     from ..io.storage import resolve
+    from .embedding import embed
+    from .quality import score_quality
 
     started = time.perf_counter()
     source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)

@@ -1,0 +1,57 @@
+"""The command answers what needs only its arguments (version, help, a refused option) before it loads
+torch, Dask, pandas or pyarrow: those cost seconds of start-up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("numpy", "torch", "dask", "dask.dataframe", "distributed", "pandas", "pyarrow")
+
+# Runs main() as the console script does, then reports its exit status and the heavy modules loaded.
+PROBE = f"""
+import json, sys
+from datamask_dask.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps([code, sorted(m for m in {HEAVY!r} if m in sys.modules)]), file=sys.stderr)
+"""
+
+
+def _probe(args: list[str], cwd) -> tuple[int, list[str], str]:
+    run = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120,
+                         cwd=cwd)
+    *said, last = run.stderr.strip().splitlines()
+    code, loaded = json.loads(last)
+    return code, loaded, "\n".join(said)
+
+
+@pytest.mark.parametrize(("args", "code"), [
+    (["--version"], 0),
+    (["--help"], 0),
+    (["select", "--help"], 0),
+    (["select", "--input", "x", "--output", "y", "--bogus"], 2),
+    (["select", "--input", "x", "--output", "y", "--n_epochs", "many"], 2),
+])
+def test_version_help_and_usage_errors_load_nothing_heavy(args, code, tmp_path):
+    assert _probe(args, tmp_path)[:2] == (code, [])
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["select", "--input", "x", "--output", "y", "--select_ratio", "0"], "--ratio=0.0 is out of range"),
+    (["select", "--input", "x", "--output", "y", "--n_rollout", "1"], "--n_rollout=1 is invalid"),
+    (["validate", "--input", "x", "--lamb", "2"], "--lamb=2.0 is invalid"),
+    (["select", "--input", "x", "--output", "y", "--duplicate-cosine", "1"], "--duplicate-cosine=1.0"),
+    (["select", "--budget-tokens", "0"], "--budget-tokens=0 is invalid"),
+])
+def test_a_refused_option_is_told_before_the_input_is_read(args, flag, tmp_path):
+    """The value rules the resolved settings are checked with, applied to the flags first: the input x
+    does not exist, and the message is about the option."""
+    code, loaded, err = _probe(args, tmp_path)
+    assert (code, loaded) == (1, [])
+    assert err.startswith("datamask: error: ") and flag in err and "does not exist" not in err, err
