@@ -136,6 +136,7 @@ def main(argv=None) -> int:
     trees = {"": str(HERE.parent), **({" (before)": args.before} if args.before else {})}
     lines = [f"# One meaning at real size ({args.rows:,} rows, d = {args.dim}, {args.files} files)", "",
              f"Command: `{record.command('bench_conformance.py', argv)}`", "",
+             *([f"Before: the checkout at {record.commit(Path(args.before))}.", ""] if args.before else []),
              "Each way in its own process, default options and seed, ratio 0.1:", "",
              "| algorithm | way | digest | seconds |", "|---|---|---|---:|"]
     for algorithm in args.algorithms:
