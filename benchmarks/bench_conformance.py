@@ -11,8 +11,8 @@ What runs, for every algorithm:
   quality; ``--data-seed``) in ``--files`` parquet files, generated once into ``--cache``.
 - **Ways**: ``datamask_select(...).compute(scheduler="threads")``; ``write_selection`` on a
   ``get_client`` cluster of 2 workers of 1 thread and of 1 worker of 2 threads; ``datamask
-  select`` (the CLI, threads); Spark's operator and the Spark file job on ``local[2]`` (skipped
-  without pyspark). Each way runs in its own process (``--before TREE`` adds the threads and
+  select`` (the CLI, threads); Spark's operator (one partition per file) and the Spark file job
+  on ``local[2]``. Each way runs in its own process (``--before TREE`` adds the threads and
   the 2 x 1 cluster ways of another checkout, to show what changed).
 - **Digest**: the first 12 hex characters of sha256 over the sorted selected ids; equal
   digests, equal selections. ``seconds``: the way's wall time, cluster start-up included.
@@ -88,8 +88,11 @@ def run_way(way: str, table: str, algorithm: str, scratch: str, memory: str) -> 
         from pyspark.sql import SparkSession
 
         spark_worker_environment()
+        # one Spark partition per file, the layout datamask_dask.read_parquet reads (integrations/README.md)
         spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.files.maxPartitionBytes", str(2**40))
+                 .config("spark.sql.files.openCostInBytes", str(2**40)).getOrCreate())
         if way == "Spark":
             frame = read_files(spark, table).transform(spark_select, **options).select("chunk_id", "selected")
             return picked(frame.toPandas(), start)
