@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import multiprocessing
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -39,6 +41,11 @@ from .learn.options import INITS, LAMB_SCALES
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
+
+if getattr(multiprocessing.current_process(), "_inheriting", False):
+    # A cluster's worker process, which imports the command as its main module first (multiprocessing's
+    # spawn): a terminal's Ctrl-C reaches it too, and the command stops it without its traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 _DEVICES = ("auto", "cpu", "cuda")
 
@@ -270,6 +277,15 @@ def main(argv: list[str] | None = None) -> int:
             _run_select(args, options, started)
     except KeyboardInterrupt:
         print("datamask: interrupted", file=sys.stderr)
+        if client is not None:  # stopped first, so that no partition finishes after it is counted
+            client.close() if args.scheduler else client.shutdown()
+            client = None
+        elif "distributed.deploy.spec" in sys.modules:
+            # a cluster cut off while it started cannot close (its workers are still starting), and Dask
+            # would say so at exit with a traceback; multiprocessing still ends its worker processes
+            import atexit
+
+            atexit.unregister(sys.modules["distributed.deploy.spec"].close_clusters)
         _say_what_is_kept(args)
         return 130
     except Exception as exc:  # one clear line for the user; the traceback with --verbose
@@ -363,8 +379,9 @@ def _quiet_dask() -> None:
 
     os.environ["DASK_LOGGING__DISTRIBUTED"] = "critical"  # worker processes read it when they start
     dask.config.set({"logging.distributed": "critical"})
+    # asyncio's: a client's gathers cut short by Ctrl-C are reported as exceptions never retrieved
     for name in ("distributed", "distributed.worker", "distributed.nanny", "distributed.scheduler",
-                 "distributed.core", "distributed.client"):
+                 "distributed.core", "distributed.client", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
@@ -403,6 +420,8 @@ def _start_client(args):
         return get_client(args.scheduler)
     if args.n_workers:
         kind = "cuda" if args.device == "cuda" else "cpu"
+        print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
+              file=sys.stderr, flush=True)  # seconds of silence otherwise
         return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
                           dashboard_address=":0")
     return None  # Dask's threaded scheduler

@@ -10,6 +10,8 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import os
+import signal
+import threading
 
 import dask
 from distributed import Client, WorkerPlugin
@@ -42,6 +44,9 @@ class WorkerSetup(WorkerPlugin):
 
         torch.set_num_threads(self.n_threads)
         pyarrow.set_cpu_count(self.n_threads)  # parquet decoding: workers must not share cores
+        if threading.current_thread() is threading.main_thread():
+            # a terminal's Ctrl-C reaches the whole process group: the client stops the workers
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _MAIN_GUARD = ("the local cluster's worker processes could not start: when get_client() runs in a script, "

@@ -15,6 +15,7 @@ from conftest import FAST
 from datamask_dask import write_parquet
 from datamask_dask.cli import as_cli_message, build_parser, main
 from datamask_dask.run.selection import work_dir
+from datamask_dask.sample_data import make_corpus
 
 FLAGS = ["--n_epochs", str(FAST["n_epochs"]), "--n_rollout", str(FAST["n_rollout"])]
 
@@ -156,3 +157,39 @@ def test_a_hint_names_a_flag_the_cli_has(tmp_path, corpus, capsys):
     assert "--selected-column" in err and "selected_column=" not in err
     assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--selected-column",
                  "keep", *FLAGS]) == 0
+
+
+def _interrupted(source, target, when) -> tuple[int, str]:
+    """``datamask select --n-workers 2`` in its own process group, sent a terminal's Ctrl-C (SIGINT to
+    the whole group, workers included) once ``when(stderr so far)`` holds; its exit code and stderr."""
+    import os
+    import signal
+    import threading
+    import time
+
+    command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
+               str(target), "--n-workers", "2", "--n_epochs", "3000", "--n_rollout", "8"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 240
+    while not when("".join(lines)) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    code = process.wait(timeout=120)
+    reader.join(timeout=10)
+    return code, "".join(lines)
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_counts_what_is_kept(tmp_path, corpus):
+    source = tmp_path / "in"
+    write_parquet(dd.from_pandas(make_corpus(8000, 16, seed=3), npartitions=8, sort=False), source)
+    target = tmp_path / "out"
+    code, err = _interrupted(source, target, lambda err: list(work_dir(target).glob("part-*.json")))
+    kept = len(list(work_dir(target).glob("part-*.json")))
+    assert code == 130 and "Traceback" not in err and "datamask: interrupted" in err, err
+    assert f"{kept} finished partition(s) are kept" in err, err
+    code, err = _interrupted(source, tmp_path / "other", lambda err: "starting a local cluster" in err)
+    assert code == 130 and "Traceback" not in err and "datamask: interrupted" in err, err
