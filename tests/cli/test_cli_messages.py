@@ -113,6 +113,8 @@ def test_errors_on_a_cluster_are_one_line(tmp_path, corpus):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 1
     lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert lines[0].startswith("datamask: starting a local cluster of 2"), run.stderr
+    lines = lines[1:]
     assert len(lines) <= 2, run.stderr  # the error, and at most a line on what is kept
     assert lines[0].startswith("datamask: error: partition 0: quality column 'quality_score'")
 
