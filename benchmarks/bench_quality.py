@@ -7,9 +7,15 @@ clusters, 20% near-copies, quality skewed and correlated with the cluster) as pa
 the job as a user would, ``datamask select`` with the CLI defaults; ``--opt key=value`` changes a
 setting of the cpu profile. The selection is scored over every row of the table.
 
+The ``-spread`` and ``-topics`` cases hold the same rows, cut by ``max_chunk_rows`` into pieces learned
+apart: in id order (rows of every cluster in every file) and sorted by topic (each file holds a few
+clusters). The pieces the job learns apart are counted from its plan and shown beside each result;
+``--try max_chunk_rows=24000`` learns the same table as one piece (the ceiling).
+
     python benchmarks/bench_quality.py --case 20k-d768 --json benchmarks/results/quality.json
     python benchmarks/bench_quality.py --case 20k-d768 --metrics Pair_simi --lambs 0 --try refine_epochs=5
     python benchmarks/bench_quality.py --case 20k-d768 --sweep --json benchmarks/results/lamb.json
+    python benchmarks/bench_quality.py --case 24k-d64-spread 24k-d64-topics --try max_chunk_rows=24000
 
 ``--sweep`` runs lamb 0, 0.1, 0.25, 0.5, 0.75 and 1 with both ``--lamb-scale`` choices and reports
 the share of quality top-k's quality gain over random and of the diversity optimum's (greedy at
@@ -20,29 +26,49 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import record
 import yaml
-from suite.data import write_parts
+from suite.data import layout_order, write_parts
 
 from datamask_dask.config import PROFILES
 from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all, term_shares
 from datamask_dask.sample_data import make_embeddings
 
-#: name: (rows, dim, files, clusters)
+
+@dataclass(frozen=True)
+class Case:
+    """A table of ``make_embeddings`` (seed 0) as ``files`` parquet files, and what its jobs start from."""
+
+    rows: int
+    dim: int
+    files: int
+    clusters: int
+    layout: str = "spread"  # suite.data.LAYOUTS: rows in id order, or files by topic
+    max_chunk_rows: int | None = None  # every job of the case starts from it: the table in pieces
+
+    def changes(self) -> list[str]:
+        return [] if self.max_chunk_rows is None else [f"max_chunk_rows={self.max_chunk_rows}"]
+
+
 CASES = {
-    "20k-d768": (20_000, 768, 1, 200),
-    "200k-d768": (200_000, 768, 4, 500),
-    "200k-d64": (200_000, 64, 4, 500),
-    "1m-d64": (1_000_000, 64, 20, 2000),
+    "20k-d768": Case(20_000, 768, 1, 200),
+    "200k-d768": Case(200_000, 768, 4, 500),
+    "200k-d64": Case(200_000, 64, 4, 500),
+    "1m-d64": Case(1_000_000, 64, 20, 2000),
+    # a file a piece: a pack of two files would be larger than a chunk
+    "24k-d64-spread": Case(24_000, 64, 12, 48, max_chunk_rows=2000),
+    "24k-d64-topics": Case(24_000, 64, 12, 48, "topics", max_chunk_rows=2000),
 }
 SWEEP = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 CACHE = Path(__file__).resolve().parent.parent / ".benchmark-cache"
@@ -50,11 +76,33 @@ CACHE = Path(__file__).resolve().parent.parent / ".benchmark-cache"
 
 def dataset(case: str) -> tuple[Path, np.ndarray, np.ndarray]:
     """The case's parquet directory (written once into the cache), its quality and embeddings."""
-    rows, dim, files, clusters = CASES[case]
-    quality, emb = make_embeddings(rows, dim, n_clusters=clusters, seed=0)
+    shape = CASES[case]
+    quality, emb = make_embeddings(shape.rows, shape.dim, n_clusters=shape.clusters, seed=0)
     folder = CACHE / f"quality-{case}"
-    write_parts(folder, quality, emb, files)
+    write_parts(folder, quality, emb, shape.files, layout_order(emb, shape.layout, shape.clusters))
     return folder, quality, emb
+
+
+def job_config(case: str, changes: list[str], profile: str) -> Path | None:
+    """The config of the case's jobs with ``changes`` (None: the CLI's own, the cpu profile)."""
+    changes = [*CASES[case].changes(), *changes]
+    return profile_with(changes, profile) if changes or profile != "cpu" else None
+
+
+def pieces(source: Path, config: Path | None, metric: str) -> int:
+    """The pieces the job learns apart, from its plan: each pack, and each chunk of an unpacked cell
+    with a quota, as ``partition.select`` cuts them (rows set aside as near-duplicates not counted)."""
+    from datamask_dask.dask_engine.runs import DaskEngine
+    from datamask_dask.io.parquet import read_parquet
+
+    plan = DaskEngine(read_parquet(source), config=config, algorithm=metric).plan(progress=False)
+    chunk = plan.spec.chunk_rows(plan.dim)
+    count = sum(1 for pack in plan.packs if pack.quota)
+    for number, cells in plan.cells.items():
+        visible = plan.rows[number] - len(plan.shadowed.get(number, ()))
+        count += sum(math.ceil(min(cell.eligible, visible) / chunk) for cell in cells
+                     if cell.quota and plan.pack_of(number, cell.group) is None)
+    return count
 
 
 def profile_with(changes: list[str], profile: str = "cpu") -> Path:
@@ -89,22 +137,28 @@ def run_job(source: Path, flags: list[str]) -> tuple[np.ndarray, dict]:
     return table["selected"].to_numpy(), times
 
 
+def config_flags(config: Path | None) -> list[str]:
+    return [] if config is None else ["--config", str(config)]
+
+
 def yardstick_rows(args) -> list[dict]:
-    print("| case | metric | lamb | settings | share of baseline's gain | objective | random | baseline | "
-          "top-k share | job s |\n|---|---|---:|---|---:|---:|---:|---|---:|---|")
+    print("| case | metric | lamb | settings | pieces | share of baseline's gain | objective | random | "
+          "baseline | top-k share | job s |\n|---|---|---:|---|---:|---:|---:|---:|---|---:|---|")
     results = []
     for case in args.case:
         source, quality, emb = dataset(case)
+        configs = {name: job_config(case, changes, args.profile) for name, changes in args.settings.items()}
         for metric in args.metrics:
+            counts = {name: pieces(source, config, metric) for name, config in configs.items()}
             for lamb in args.lambs:
-                runs = [run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb)])
-                        for flags in args.settings.values()]
+                runs = [run_job(source, [*config_flags(config), "--algorithm", metric, "--lamb", str(lamb)])
+                        for config in configs.values()]
                 scores = measure_all(quality, emb, [selected for selected, _ in runs], algorithm=metric,
                                      lamb=lamb, greedy_max_work=args.greedy_max_work)
                 for name, (_, seconds), score in zip(args.settings, runs, scores, strict=True):
                     results.append({"case": case, "metric": metric, "lamb": lamb, "settings": name,
-                                    **seconds, **score.as_dict()})
-                    print(f"| {case} | {metric} | {lamb} | {name} | {score.share:.2%} | "
+                                    "pieces": counts[name], **seconds, **score.as_dict()})
+                    print(f"| {case} | {metric} | {lamb} | {name} | {counts[name]} | {score.share:.2%} | "
                           f"{score.objective:.5f} | {score.random:.5f} | {score.baseline:.5f} "
                           f"({score.baseline_name}) | {score.topk_share:.2%} | {seconds['job_seconds']:.1f} "
                           f"({seconds['learn_seconds']:.2f} learning) |", flush=True)
@@ -112,12 +166,13 @@ def yardstick_rows(args) -> list[dict]:
 
 
 def sweep_rows(args) -> list[dict]:
-    flags = next(iter(args.settings.values()))
+    changes = next(iter(args.settings.values()))
     print("| case | metric | lamb | lamb scale | quality: share of top-k's gain | "
           "diversity: share of greedy's gain |\n|---|---|---:|---|---:|---:|")
     results = []
     for case in args.case:
         source, quality, emb = dataset(case)
+        flags = config_flags(job_config(case, changes, args.profile))
         for metric in args.metrics:
             runs = [(lamb, scale) for lamb in SWEEP for scale in ("paper", "gain")]
             masks = [run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb), "--lamb-scale",
@@ -150,15 +205,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     named = [f"{args.profile} profile"] if args.profile != "cpu" else []
     name = " ".join([*named, *args.opt]) or "defaults"
-    args.settings = {name: ["--config", str(profile_with(args.opt, args.profile))]
-                     if args.opt or args.profile != "cpu" else []}
+    args.settings = {name: args.opt}  # each case's own changes come first (job_config)
     for changes in args.tries:
-        args.settings[changes] = ["--config", str(profile_with([*args.opt, *changes.split()], args.profile))]
+        args.settings[changes] = [*args.opt, *changes.split()]
     results = sweep_rows(args) if args.sweep else yardstick_rows(args)
     if args.json:
         record.append_run(args.json, {
             "command": record.command("bench_quality.py", argv),
-            "data": {case: dict(zip(("rows", "dim", "files", "clusters"), CASES[case], strict=True))
+            "data": {case: {key: value for key, value in asdict(CASES[case]).items() if value is not None}
                      for case in args.case},
             "machine": record.machine(), "commit": record.commit(), "results": results})
     return 0

@@ -51,11 +51,13 @@ def quality(runs: list[dict]) -> list[str]:
     lines = []
     for run in _newest(runs, lambda row: (row["case"], row["metric"], row["lamb"], row["settings"])):
         lines += _provenance(run)
-        lines += ["| case | metric | lamb | settings | share of baseline's gain | objective | random | "
-                  "baseline | quality top-k (share) | job s (learning) |",
-                  "|---|---|---:|---|---:|---:|---:|---|---|---:|"]
+        pieces = all("pieces" in row for row in run["results"])  # the pieces learned apart, where counted
+        lines += [f"| case | metric | lamb | settings |{' pieces |' if pieces else ''} share of baseline's "
+                  "gain | objective | random | baseline | quality top-k (share) | job s (learning) |",
+                  f"|---|---|---:|---|{'---:|' if pieces else ''}---:|---:|---:|---|---|---:|"]
         for row in run["results"]:
             lines.append(f"| {row['case']} | {row['metric']} | {row['lamb']:g} | {row['settings']} | "
+                         + (f"{row['pieces']} | " if pieces else "") +
                          f"**{row['share']:.1%}** | {row['objective']:.5f} | {row['random']:.5f} | "
                          f"{row['baseline']:.5f} ({row['baseline_name']}) | {row['topk']:.5f} "
                          f"({row['topk_share']:.1%}) | {row['job_seconds']:.1f} "

@@ -20,6 +20,8 @@ CACHE = Path(__file__).resolve().parents[2] / ".benchmark-cache" / "asv"
 SHAPES = {
     "LearnMask": {"rows": 8_000, "dim": 64, "clusters": 80, "k": 800},
     "SelectionQuality": {"rows": 16_000, "dim": 64, "clusters": 160, "partitions": 2, "ratio": 0.1},
+    "SelectionQuality in pieces": {"rows": 2_000, "dim": 64, "clusters": 16, "files": 10,
+                                   "max chunk rows": 200, "ratio": 0.1},
     "NearDuplicates": {"rows": 200_000, "dim": 64, "rows a partition": 25_000, "planted copies": 0.1},
     "PlanGraph": {"rows a partition": 100, "dim": 8},
     "Pipeline": {"rows": 100_000, "dim": 64, "files": 4, "clusters": 400, "workers": 2, "ratio": 0.1},
@@ -44,22 +46,65 @@ def frame(rows: int, dim: int, partitions: int, clusters: int | None = None, see
     return dd.from_pandas(corpus, npartitions=partitions, sort=False)
 
 
-def parquet_table(rows: int, dim: int, files: int, clusters: int | None = None) -> Path:
-    """The corpus as ``files`` parquet files (``part.N.parquet``, as the package's reader orders them)."""
-    folder = CACHE / f"table-{rows}-d{dim}-f{files}-c{clusters}"
+def parquet_table(rows: int, dim: int, files: int, clusters: int | None = None,
+                  layout: str = "spread") -> Path:
+    """The corpus as ``files`` parquet files (``part.N.parquet``, as the package's reader orders them), in
+    one of ``LAYOUTS``."""
+    suffix = "" if layout == "spread" else f"-{layout}"  # the spread tables keep their cache folders
+    folder = CACHE / f"table-{rows}-d{dim}-f{files}-c{clusters}{suffix}"
     if not (folder / "_complete").exists():
-        write_parts(folder, *embeddings(rows, dim, clusters), files)
+        quality, emb = embeddings(rows, dim, clusters)
+        write_parts(folder, quality, emb, files, layout_order(emb, layout, clusters))
     return folder
 
 
-def write_parts(folder: Path, quality: np.ndarray, emb: np.ndarray, files: int) -> None:
+#: How rows are laid out in files: "spread", in id order (every file holds rows of every cluster, as
+#: make_embeddings draws each row's cluster at random); "topics", sorted by topic (files by topic).
+LAYOUTS = ("spread", "topics")
+
+
+def layout_order(emb: np.ndarray, layout: str, topics: int | None) -> np.ndarray | None:
+    """The rows' order in the files of ``layout`` (None: id order): for "topics", sorted by their topic
+    among ``topics`` (:func:`topic_labels`), ids in order inside a topic."""
+    if layout == "spread":
+        return None
+    if layout == "topics":
+        return np.argsort(topic_labels(emb, topics), kind="stable")
+    raise ValueError(f"layout {layout!r} is not one of {LAYOUTS}")
+
+
+def topic_labels(emb: np.ndarray, topics: int, iterations: int = 20) -> np.ndarray:
+    """Each row's topic, as a pipeline that writes files by topic finds it: spherical k-means of the
+    unit rows, k-means++ seeded (fixed, so the same table gets the same labels)."""
+    rng = np.random.default_rng(0)
+    picks = [int(rng.integers(len(emb)))]
+    distance = 2 - 2 * emb @ emb[picks[0]]
+    for _ in range(topics - 1):  # each next seed drawn in proportion to its squared distance from the nearest
+        weights = np.maximum(distance, 0).astype(np.float64)
+        picks.append(int(rng.choice(len(emb), p=weights / weights.sum())))
+        distance = np.minimum(distance, 2 - 2 * emb @ emb[picks[-1]])
+    centres = emb[picks]
+    for _ in range(iterations):
+        labels = np.argmax(emb @ centres.T, axis=1)
+        sums = np.zeros_like(centres)
+        np.add.at(sums, labels, emb)
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        # an empty topic keeps its centre
+        centres = np.where(norms > 0, sums / np.maximum(norms, 1e-12), centres)
+    return np.argmax(emb @ centres.T, axis=1)
+
+
+def write_parts(folder: Path, quality: np.ndarray, emb: np.ndarray, files: int,
+                order: np.ndarray | None = None) -> None:
     """Rows as ``files`` parquet files in ``folder`` (``part.N.parquet``, as the package's reader orders
-    them), once: a folder marked complete is kept as it is."""
+    them), in ``order`` (row numbers; None: id order), each row keeping its id: once, a folder marked
+    complete is kept as it is."""
     if (folder / "_complete").exists():
         return
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    for number, part in enumerate(np.array_split(np.arange(len(quality)), files)):
+    order = np.arange(len(quality)) if order is None else np.asarray(order)
+    for number, part in enumerate(np.array_split(order, files)):
         table = pa.table({
             "chunk_id": pa.array(part.astype(np.int64)),
             "quality_score": pa.array(quality[part].astype(np.float64)),

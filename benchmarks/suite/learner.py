@@ -10,6 +10,7 @@ from . import data
 METRICS = ["Pair_simi", "Facility", "DiSF"]
 LAMBS = [0.0, 0.5]
 SHAPE, TABLE = data.SHAPES["LearnMask"], data.SHAPES["SelectionQuality"]
+PIECES = data.SHAPES["SelectionQuality in pieces"]
 
 
 class LearnMask:
@@ -41,17 +42,19 @@ class LearnMask:
 class SelectionQuality:
     """The default job (``datamask_select``, the cpu profile) on a table of a few partitions
     (``data.SHAPES["SelectionQuality"]``), on threads: its share of the best baseline's gain over
-    random, in points (100: as good as the baseline), and its lead over quality top-k's share.
-    Deterministic: the same code gives the same figures, so a drop of more than half a point is a
-    regression, not noise."""
+    random, in points (100: as good as the baseline), and its lead over quality top-k's share; and its
+    share on a table of many files, each learned apart (``data.SHAPES["SelectionQuality in pieces"]``),
+    in both of ``data.LAYOUTS``. Deterministic: the same code gives the same figures, so a drop of more
+    than half a point is a regression, not noise."""
 
     params = (METRICS, LAMBS)
     param_names = ["metric", "lamb"]
     timeout = 900
 
     def setup_cache(self):
-        from datamask_dask import datamask_select, embedding_matrix
-        from datamask_dask.learn.yardstick import measure
+        from datamask_dask import embedding_matrix
+        from datamask_dask.io.parquet import read_parquet
+        from datamask_dask.learn.yardstick import measure, measure_all
 
         ddf = data.frame(TABLE["rows"], TABLE["dim"], TABLE["partitions"], clusters=TABLE["clusters"])
         corpus = ddf.compute()
@@ -60,11 +63,21 @@ class SelectionQuality:
         out = {}
         for metric in METRICS:
             for lamb in LAMBS:
-                job = datamask_select(ddf, ratio=TABLE["ratio"], algorithm=metric, lamb=lamb)
-                selected = job["selected"].compute(scheduler="threads").to_numpy()
+                selected = _selected(ddf, TABLE["ratio"], algorithm=metric, lamb=lamb)
                 score = measure(quality, emb, selected, algorithm=metric, lamb=lamb)
                 out[metric, lamb] = {"share": 100 * score.share, "topk_share": 100 * score.topk_share,
                                      "selected": int(selected.sum())}
+        quality, emb = data.embeddings(PIECES["rows"], PIECES["dim"], PIECES["clusters"])
+        shape = PIECES["rows"], PIECES["dim"], PIECES["files"], PIECES["clusters"]
+        tables = {layout: read_parquet(data.parquet_table(*shape, layout)) for layout in data.LAYOUTS}
+        for metric in METRICS:
+            for lamb in LAMBS:
+                selections = [_selected(table, PIECES["ratio"], algorithm=metric, lamb=lamb,
+                                        max_chunk_rows=PIECES["max chunk rows"]) for table in tables.values()]
+                # the layouts hold the same rows: one baseline scores both
+                scores = measure_all(quality, emb, selections, algorithm=metric, lamb=lamb)
+                for layout, score in zip(tables, scores, strict=True):
+                    out[layout, metric, lamb] = {"share": 100 * score.share}
         return out
 
     def track_share(self, scores, metric, lamb):
@@ -82,3 +95,23 @@ class SelectionQuality:
         return scores[metric, lamb]["selected"]
 
     track_selected_rows.unit = "rows"
+
+    def track_share_in_pieces_spread(self, scores, metric, lamb):
+        """The share on the table in pieces whose every file holds rows of every cluster."""
+        return scores["spread", metric, lamb]["share"]
+
+    track_share_in_pieces_spread.unit = "points"
+
+    def track_share_in_pieces_topics(self, scores, metric, lamb):
+        """The share on the same rows, each file holding a few clusters (files by topic)."""
+        return scores["topics", metric, lamb]["share"]
+
+    track_share_in_pieces_topics.unit = "points"
+
+
+def _selected(ddf, ratio, **options):
+    """The default job's ``selected`` column on threads, in id order (a table by topic is not)."""
+    from datamask_dask import datamask_select
+
+    job = datamask_select(ddf, ratio=ratio, **options)[["chunk_id", "selected"]]
+    return job.compute(scheduler="threads").sort_values("chunk_id")["selected"].to_numpy()

@@ -7,6 +7,7 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -94,6 +95,28 @@ def test_a_record_made_on_a_copy_without_history_takes_the_commit_it_was_sent_at
     assert record.commit() not in ("abc1234", "")  # a checkout names its own
 
 
+def test_the_quality_layouts_hold_the_same_rows_and_count_the_pieces_their_jobs_learn_apart(tmp_path,
+                                                                                          monkeypatch):
+    import bench_quality
+    import pyarrow.parquet as pq
+    from suite.data import topic_labels
+
+    monkeypatch.setattr(bench_quality, "CACHE", tmp_path)
+    for layout in ("spread", "topics"):
+        monkeypatch.setitem(bench_quality.CASES, layout, bench_quality.Case(1200, 8, 4, 6, layout, 300))
+    files = {}
+    for layout in ("spread", "topics"):
+        source, _, emb = bench_quality.dataset(layout)
+        files[layout] = [pq.read_table(source / f"part.{n}.parquet")["chunk_id"].to_numpy() for n in range(4)]
+        assert bench_quality.pieces(source, bench_quality.job_config(layout, [], "cpu"), "Pair_simi") == 4
+        assert bench_quality.pieces(source, bench_quality.job_config(layout, ["max_chunk_rows=1200"], "cpu"),
+                                    "Pair_simi") == 1  # the ceiling: the table as one piece
+    assert sorted(np.concatenate(files["spread"])) == sorted(np.concatenate(files["topics"]))
+    labels = topic_labels(emb, 6)
+    topics = {layout: max(len(set(labels[ids])) for ids in parts) for layout, parts in files.items()}
+    assert topics["topics"] < topics["spread"] == 6
+
+
 @pytest.mark.slow
 def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tmp_path, monkeypatch, capsys):
     """gpu_acceptance.py's round trip, on CPU: the rows a job selected are packed into a file, and the
@@ -102,7 +125,7 @@ def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tm
     import gpu_acceptance
 
     monkeypatch.setattr(bench_quality, "CACHE", tmp_path / "cache")
-    monkeypatch.setitem(bench_quality.CASES, "tiny", (3000, 16, 2, 30))
+    monkeypatch.setitem(bench_quality.CASES, "tiny", bench_quality.Case(3000, 16, 2, 30))
     selections, scores = tmp_path / "selections.npz", tmp_path / "scores.json"
     assert gpu_acceptance.main(["selections", "--case", "tiny", "--metrics", "Pair_simi", "--lambs", "0",
                                 "--device", "cpu", "--out", str(selections)]) == 0
