@@ -278,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("datamask: interrupted", file=sys.stderr)
         if client is not None:  # stopped first, so that no partition finishes after it is counted
-            client.close() if args.scheduler else client.shutdown()
-            client = None
+            client = _stop(client, args)
         elif "distributed.deploy.spec" in sys.modules:
             # a cluster cut off while it started cannot close (its workers are still starting), and Dask
             # would say so at exit with a traceback; multiprocessing still ends its worker processes
@@ -304,8 +303,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         if client is not None:
-            client.close() if args.scheduler else client.shutdown()
+            _stop(client, args)
     return 0
+
+
+def _stop(client, args) -> None:
+    """Leave the cluster: one the command started is shut down; a --scheduler's is only disconnected."""
+    client.close() if args.scheduler else client.shutdown()
 
 
 def _storage_failure(exc: Exception, args):

@@ -14,9 +14,13 @@ import torch
 
 
 @contextlib.contextmanager
-def one_cpu_thread():
+def one_cpu_thread(device: torch.device | str = "cpu"):
     """Run torch on one CPU thread for the block: this thread's OpenMP and MKL counts (torch sets
-    both per thread), restored after, so a caller's own thread count is left as it was."""
+    both per thread), restored after, so a caller's own thread count is left as it was. Nothing
+    changes where ``device`` is not the CPU."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
     before = torch.get_num_threads()
     if before != 1:
         torch.set_num_threads(1)

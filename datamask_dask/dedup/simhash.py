@@ -19,7 +19,6 @@ finds the table's near-duplicate groups from the signatures.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 
@@ -61,7 +60,7 @@ def signatures(block, planes) -> np.ndarray:
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             block = torch.from_numpy(np.asarray(block, dtype=np.float32))
     planes = torch.as_tensor(planes, device=block.device)
-    with one_cpu_thread() if block.device.type == "cpu" else contextlib.nullcontext():
+    with one_cpu_thread(block.device):
         signs = ((block.float() @ planes) >= 0).cpu().numpy()
     return np.packbits(signs, axis=1)
 

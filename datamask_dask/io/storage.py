@@ -260,7 +260,7 @@ def _client_error(where, code: str, status, writing: bool) -> StorageError | Non
         return StorageError(f"{where}: the storage server refused the credentials ({code}): check "
                             f"{_CREDENTIALS.replace('set ', '', 1)}", "credentials")
     if code in _MISSING_BUCKET:
-        bucket = where.path.split("/", 1)[0] if isinstance(where, Location) else _bucket(str(where))
+        bucket = _bucket(str(where))
         endpoint = _endpoint(_endpoint_of(where)) if isinstance(where, Location) else None
         at = f" at {endpoint}" if endpoint else ""
         return StorageError(f"{where}: the bucket {bucket} does not exist{at}: check the URI, create the "

@@ -84,9 +84,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     if overrides:
         opts = opts.replace(**overrides)
     device = torch.device(device)
-    if device.type != "cpu":
-        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights)
-    with one_cpu_thread():
+    with one_cpu_thread(device):
         return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights)
 
 

@@ -134,15 +134,17 @@ def _check_room(limits: dict, held: dict) -> None:
     """Raise ``OptionError`` where a worker's process, before any task, already holds nearly all that its
     memory limit allows below Dask's pause threshold: there a task would pause the worker, and the job
     would wait for ever, or kill it, worker after worker."""
+    from dask.utils import format_bytes
+
     pause = _pause_fraction()
     for address, limit in limits.items():
         used = held.get(address, 0)
         if pause * limit - used < TASK_ROOM:
             raise OptionError(
                 f"the workers' memory is too small for any selection task: worker {address} has a "
-                f"memory_limit of {_mib(limit)}, its process holds {_mib(used)} before a task starts, and "
-                f"Dask pauses a worker at {pause:.0%} of its limit. Give the workers more memory (at least "
-                f"{_mib(int((used + TASK_ROOM) / pause) + 1)} each); "
+                f"memory_limit of {format_bytes(limit)}, its process holds {format_bytes(used)} before a "
+                f"task starts, and Dask pauses a worker at {pause:.0%} of its limit. Give the workers more "
+                f"memory (at least {format_bytes(int((used + TASK_ROOM) / pause) + 1)} each); "
                 "memory_budget= and max_chunk_rows= cannot help while a worker has no room for a task")
 
 
@@ -153,10 +155,6 @@ def _pause_fraction() -> float:
     fractions = [dask.config.get(f"distributed.worker.memory.{name}", default=False)
                  for name in ("pause", "terminate")]
     return min((float(f) for f in fractions if f), default=1.0)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB"
 
 
 def _process_memory() -> int:

@@ -71,17 +71,20 @@ def test_a_failure_before_any_partition_finished_leaves_nothing_to_resume(source
     assert main(["select", "--input", str(source), "--output", str(target), "--device", "cpu", *FLAGS]) == 0
 
 
-def test_messages_name_cli_flags(tmp_path, corpus, capsys):
-    frame = corpus.copy()
-    frame["chunk_id"] = frame["chunk_id"] % 100  # duplicate ids
-    source = tmp_path / "dup"
-    write_parquet(dd.from_pandas(frame, npartitions=2, sort=False), source)
+@pytest.mark.parametrize(("change", "hint", "spelling", "fix"), [
+    ({"chunk_id": lambda f: f["chunk_id"] % 100}, "--no-check-ids", "check_ids=False", ["--no-check-ids"]),
+    ({"selected": False}, "--selected-column", "selected_column=", ["--selected-column", "keep"]),
+], ids=["duplicate ids", "a taken selected column"])
+def test_a_hint_names_the_cli_flag_that_fixes_it(tmp_path, corpus, capsys, change, hint, spelling, fix):
+    source = tmp_path / "in"
+    write_parquet(dd.from_pandas(corpus.assign(**change), npartitions=2, sort=False), source)
     assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), *FLAGS]) == 1
     err = capsys.readouterr().err
-    assert "--no-check-ids" in err and "check_ids=False" not in err
-    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--no-check-ids",
-                 *FLAGS]) == 0
-    capsys.readouterr()
+    assert hint in err and spelling not in err
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), *fix, *FLAGS]) == 0
+
+
+def test_a_missing_column_is_named_by_its_flag(source, tmp_path, capsys):
     assert main(["select", "--input", str(source), "--output", str(tmp_path / "p"), "--id-column", "doc",
                  *FLAGS]) == 1
     err = capsys.readouterr().err
@@ -147,18 +150,6 @@ def test_an_empty_directory_is_written_into(source, tmp_path):
     target.mkdir()
     assert main(["select", "--input", str(source), "--output", str(target), *FLAGS]) == 0
     assert (target / "_datamask_run.json").is_file()
-
-
-def test_a_hint_names_a_flag_the_cli_has(tmp_path, corpus, capsys):
-    frame = corpus.copy()
-    frame["selected"] = False
-    source = tmp_path / "has-selected"
-    write_parquet(dd.from_pandas(frame, npartitions=1, sort=False), source)
-    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), *FLAGS]) == 1
-    err = capsys.readouterr().err
-    assert "--selected-column" in err and "selected_column=" not in err
-    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--selected-column",
-                 "keep", *FLAGS]) == 0
 
 
 def _interrupted(source, target, when) -> tuple[int, str]:
