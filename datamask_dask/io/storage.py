@@ -140,16 +140,39 @@ class Location:
         if not self.local:
             if not self.bucketed:
                 self.fs.makedirs(self.parent.path, exist_ok=True)
-            with self.fs.open(self.path, "xb" if create else "wb") as handle:
+            handle = self.fs.open(self.path, "xb" if create else "wb")
+            try:
                 yield handle
+            except BaseException:
+                # closing would publish what was written so far: abort instead (S3's multipart upload)
+                if hasattr(handle, "discard"):
+                    handle.discard()
+                    handle.closed = True
+                raise
+            handle.close()
             return
+        with self._replacing(create) as temporary, open(temporary, "wb") as handle:
+            yield handle
+
+    def write_with(self, write) -> None:
+        """``write(where)`` fills this name whole, as :meth:`open_write`: ``where`` is a local file path
+        on local disk (a native writer, such as cuDF's GPU one, then skips a Python file handle),
+        else a binary handle."""
+        if not self.local:
+            with self.open_write() as handle:
+                write(handle)
+            return
+        with self._replacing() as temporary:
+            write(temporary)
+
+    @contextlib.contextmanager
+    def _replacing(self, create: bool = False):
+        """A temporary local sibling to fill, fsynced and renamed onto this name when the block ends."""
         os.makedirs(self.parent.path, exist_ok=True)
         temporary = f"{self.path}.tmp-{uuid.uuid4().hex}"
         try:
-            with open(temporary, "wb") as handle:
-                yield handle
-                handle.flush()
-                os.fsync(handle.fileno())
+            yield temporary
+            _fsync_file(temporary)
             if create:
                 os.link(temporary, self.path)  # fails with FileExistsError where the name is taken
             else:
@@ -349,6 +372,10 @@ def _bucket(uri: str) -> str:
 
 def fsync_dir(path: str) -> None:
     """Make a directory entry durable (a rename or a new file in it)."""
+    _fsync_file(path)
+
+
+def _fsync_file(path: str) -> None:
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)

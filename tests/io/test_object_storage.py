@@ -15,6 +15,8 @@ import sys
 import time
 
 import dask.dataframe as dd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import FAST
 
@@ -312,3 +314,29 @@ def test_a_replacing_commit_cut_short_on_s3_is_finished_by_the_next_run(s3, s3_c
     assert report.reused == tuple(range(N_PARTS)) and report.computed == ()
     assert _part_bytes(target, s3) == _part_bytes(local_run)
     assert sorted(read_record(resolve(target, s3))["files"]) == sorted(_part_bytes(local_run))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_native_writer_fills_a_file_whole_or_not_at_all(s3, tmp_path, where):
+    """``write_with`` gives a native writer (cuDF's) a local path, and an object store's handle elsewhere;
+    a writer that fails leaves neither the name nor a temporary behind."""
+    folder = resolve(str(tmp_path) if where == "local" else "s3://lake/native", s3)
+    table = pa.table({"x": list(range(100))})
+    given = []
+
+    def write(target):
+        given.append(type(target))
+        pq.write_table(table, target)
+
+    folder.child("part.parquet").write_with(write)
+    assert (given == [str]) == (where == "local")
+    with folder.child("part.parquet").fs.open(folder.child("part.parquet").path, "rb") as handle:
+        assert pq.read_table(handle).equals(table)
+
+    def broken(target):
+        pq.write_table(table, target)
+        raise RuntimeError("the writer stopped")
+
+    with pytest.raises(RuntimeError, match="the writer stopped"):
+        folder.child("broken.parquet").write_with(broken)
+    assert folder.list() == ["part.parquet"]
