@@ -445,7 +445,8 @@ def _run_table_select(args, options: dict) -> None:
     mode = args.mode or ("overwrite" if args.overwrite else "error")
     report = select_table(args.input, args.output, config=args.config, output_columns=args.output_columns,
                           mode=mode, incremental=args.incremental, row_filter=args.row_filter,
-                          progress=args.progress, resume=args.resume, prepare=_text_columns(args), **options)
+                          progress=args.progress, resume=args.resume, prepare=_text_columns(args),
+                          backend=_backend(args), **options)
     read = report.source
     since = f" (rows added since {read['since']})" if read.get("since") is not None else ""
     at = f" at {read['version']}" if read.get("version") is not None else ""

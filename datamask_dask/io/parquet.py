@@ -136,18 +136,20 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     if backend not in ("pandas", "cudf"):
         raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")
     pieces = parquet_pieces(path, rows_per_partition, storage_options)
-    if backend == "pandas":
-        frame = to_dask(pieces, "datamask-read-parquet")
-    else:
-        import cudf
-        import dask.dataframe as dd
-
-        meta = cudf.DataFrame.from_arrow(pieces.schema.empty_table().cast(variable_lists(pieces.schema)))
-        frame = dd.from_map(_read_piece_cudf, pieces.items, schema=pieces.schema,
-                            partition_names=pieces.reader.partition_names,
-                            filesystem=pieces.reader.filesystem, meta=meta, label="datamask-read-parquet",
-                            enforce_metadata=False)
+    frame = to_dask(pieces, "datamask-read-parquet") if backend == "pandas" else to_cudf_dask(pieces)
     return frame if columns is None else frame[list(columns)]
+
+
+def to_cudf_dask(pieces: Pieces):
+    """A Dask DataFrame of cuDF partitions, one per piece of :func:`parquet_pieces`, each read by
+    ``cudf.read_parquet`` straight into GPU memory."""
+    import cudf
+    import dask.dataframe as dd
+
+    meta = cudf.DataFrame.from_arrow(pieces.schema.empty_table().cast(variable_lists(pieces.schema)))
+    return dd.from_map(_read_piece_cudf, pieces.items, schema=pieces.schema,
+                       partition_names=pieces.reader.partition_names, filesystem=pieces.reader.filesystem,
+                       meta=meta, label="datamask-read-parquet", enforce_metadata=False)
 
 
 def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], filesystem=None,

@@ -118,10 +118,10 @@ class ParquetParts:
         if not len(frame):
             return None
         part = self.work.child(f"{part_stem(number)}.parquet")
-        with part.open_write() as handle:
-            if is_cudf(frame):
-                frame.to_parquet(handle, index=False)  # cuDF's own GPU writer: nothing goes through the host
-            else:
+        if is_cudf(frame):  # cuDF's own GPU writer, given a file path where it can: no Python handle
+            part.write_with(lambda where: frame.to_parquet(where, index=False))
+        else:
+            with part.open_write() as handle:
                 write_table(frame if isinstance(frame, pa.Table) else to_arrow(frame), handle)
         return {"file": part.name, "bytes": part.size(), "rows": len(frame)}
 

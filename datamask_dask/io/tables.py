@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from ..errors import OptionError
+from ..partition.adapters import is_cudf
 from .output import UnsafeOutputError, read_record
 from .pieces import Pieces, to_dask
 from .storage import resolve
@@ -107,7 +108,7 @@ class TableInput:
 
 
 def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_properties=None,
-               storage_options=None) -> TableInput:
+               storage_options=None, backend: str = "pandas") -> TableInput:
     """Read a table URI as a Dask DataFrame (parquet, ``delta://``, ``iceberg://``).
 
     Parameters
@@ -123,11 +124,19 @@ def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_proper
         Iceberg catalog properties (beyond pyiceberg's configuration).
     storage_options : dict, optional
         Delta storage options.
+    backend : {"pandas", "cudf"}
+        ``"cudf"``: a parquet table is read by cuDF's GPU reader, into cuDF partitions
+        (:func:`~.parquet.read_parquet`); Delta and Iceberg tables are read by pyarrow either way.
     """
     table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
     pieces = table_pieces(table, columns=columns, row_filter=row_filter, since=since,
                           catalog_properties=catalog_properties, storage_options=storage_options)
-    frame = to_dask(pieces, f"datamask-read-{table.format}")
+    if backend == "cudf" and table.format == "parquet":
+        from .parquet import to_cudf_dask
+
+        frame = to_cudf_dask(pieces)
+    else:
+        frame = to_dask(pieces, f"datamask-read-{table.format}")
     version = pieces.source.get("version", pieces.source.get("snapshot_id"))
     return TableInput(frame, table, version, since, len(pieces))
 
@@ -164,7 +173,9 @@ def selection_columns(ddf, run_id: str, *, id_column="chunk_id", selected_column
     names = [id_column, selected_column] + ([score_column] if score_column else [])
     names += list(COLUMNS) if explain else []
     frame = ddf[names]
-    return frame.assign(**{RUN_ID_COLUMN: run_id}).astype({RUN_ID_COLUMN: "string[pyarrow]"})
+    meta = getattr(ddf, "_meta", ddf)
+    return frame.assign(**{RUN_ID_COLUMN: run_id}).astype({RUN_ID_COLUMN: "str" if is_cudf(meta) else
+                                                           "string[pyarrow]"})
 
 
 def table_record(uri, *, catalog_properties=None, storage_options=None) -> dict | None:

@@ -62,7 +62,9 @@ class PackRows:
     partition: int
     positions: np.ndarray  # int64: the rows' positions in the partition
     quality: np.ndarray
-    embeddings: np.ndarray  # float32, checked (host memory, so they travel between workers)
+    # float32, checked: a numpy array, or a torch tensor on the GPU of a cuDF partition (pickled with its
+    # device where the pack is learned on another worker)
+    embeddings: object
     tokens: np.ndarray | None
     weights: np.ndarray | None
     device: str
@@ -131,8 +133,7 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
             continue
         eligible = _eligible(part, cell, rows)
         with telemetry.timed("extract"):
-            embeddings = _unit_rows(part, eligible, where)
-        embeddings = embeddings.cpu().numpy() if hasattr(embeddings, "cpu") else embeddings
+            embeddings = _unit_rows(part, eligible, where)  # on the GPU it stays there: the pack learns there
         out[cell.group] = PackRows(
             partition=number, positions=eligible, quality=part.quality[eligible], embeddings=embeddings,
             tokens=None if part.tokens is None else part.tokens[eligible],
@@ -157,7 +158,7 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
                            f"{list(pack.partitions)}; please report this with the run record")
     spec = plan.spec
     quality = np.concatenate([r.quality for r in rows])
-    embeddings = np.concatenate([r.embeddings for r in rows])
+    embeddings = _concatenate([r.embeddings for r in rows])
     n, dim = embeddings.shape
     tokens = None if rows[0].tokens is None else np.concatenate([r.tokens for r in rows])
     weights = None  # a member without near-duplicates has none: its rows stand for themselves
@@ -188,12 +189,21 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
     return out
 
 
+def _concatenate(blocks: list):
+    """The members' embeddings as one matrix, where they are (numpy arrays, or torch tensors)."""
+    if isinstance(blocks[0], np.ndarray):
+        return np.concatenate(blocks)
+    import torch
+
+    return torch.cat(blocks)
+
+
 class _Rows:
     """A pack's embeddings, already checked (a source for :func:`_learn`, which only reads them)."""
 
     checked = True
 
-    def __init__(self, embeddings: np.ndarray):
+    def __init__(self, embeddings):
         self.embeddings, self.dim = embeddings, embeddings.shape[1]
 
     def rows(self, positions: np.ndarray) -> np.ndarray:

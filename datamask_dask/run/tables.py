@@ -35,7 +35,7 @@ class TableRunReport:
 def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",
                  incremental: bool = False, config=None, scheduler=None, row_filter=None,
                  catalog_properties=None, storage_options=None, progress: bool | None = None,
-                 summary_rows: int = SAMPLE_ROWS, resume: bool = True, prepare=None,
+                 summary_rows: int = SAMPLE_ROWS, resume: bool = True, prepare=None, backend: str = "pandas",
                  **options) -> TableRunReport:
     """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
 
@@ -77,6 +77,9 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     prepare : callable, optional
         A function of the input's Dask DataFrame that gives the frame to select from (the CLI's
         ``--text-column`` computes the embedding and quality columns the input lacks).
+    backend : {"pandas", "cudf"}
+        ``"cudf"``: a parquet input is read into cuDF partitions on the GPU, where the job then learns
+        with ``device="auto"`` (:func:`~datamask_dask.io.tables.read_table`).
 
     Returns
     -------
@@ -110,7 +113,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     sink = open_sink(target, mode=mode, inputs=[source_uri], catalog_properties=catalog_properties,
                      storage_options=storage_options)
     source = read_table(source_uri, row_filter=row_filter, since=since, catalog_properties=catalog_properties,
-                        storage_options=storage_options)
+                        storage_options=storage_options, backend=backend)
     if since is not None and not source.files:  # nothing added since the last run: nothing to write
         return TableRunReport(target.uri, 0, 0, "", source.describe(), {}, {}, time.perf_counter() - start)
     frame = source.frame if prepare is None else prepare(source.frame)

@@ -208,6 +208,29 @@ def test_a_packs_seconds_and_curves_go_to_the_member_that_reports_it(corpus):
     assert next(iter(learn_pack(pieces, plan, 0).values())).stages  # by default the first member reports
 
 
+def test_a_pack_learns_its_members_tensors_where_they_are(corpus):
+    """A GPU partition's members hand their rows to the pack as torch tensors, which stay on the device
+    (no copy to the host and back): the pack learns from them exactly what it learns from numpy rows."""
+    import dataclasses
+
+    import torch
+
+    from datamask_dask.dask_engine.operator import partitions, plan_selection
+    from datamask_dask.partition.select import learn_pack, pack_rows
+
+    ddf = _from_pandas(corpus, 3)
+    plan = plan_selection(ddf, ratio=0.1, score_column="score", **FAST)[1].compute(scheduler="sync")
+    pieces = [pack_rows(part.compute(scheduler="sync"), plan, {"number": number})
+              for number, part in enumerate(partitions(ddf))]
+    tensors = [{group: dataclasses.replace(rows, embeddings=torch.from_numpy(rows.embeddings))
+                for group, rows in piece.items()} for piece in pieces]
+    on_host, as_tensors = learn_pack(pieces, plan, 0), learn_pack(tensors, plan, 0)
+    assert list(on_host) == list(as_tensors) == [(0, 0), (1, 0), (2, 0)]
+    for key, result in on_host.items():
+        np.testing.assert_array_equal(result.selected, as_tensors[key].selected)
+        np.testing.assert_array_equal(result.scores, as_tensors[key].scores)
+
+
 def test_facility_chunks_hold_a_number_of_embedding_values(corpus):
     """Facility's default chunk is sized in embedding values (rows x dimension): the more dimensions, the
     fewer rows a chunk or pack holds. A max_chunk_rows given wins, and the other metrics count rows."""

@@ -144,6 +144,48 @@ def test_cudf_write_selection_end_to_end(cuda_client, corpus, parquet_dir, tmp_p
 
 
 
+def test_cudf_selection_only_table_is_read_on_the_gpu(cuda_client, corpus, parquet_dir, tmp_path):
+    """The selection-only output reads a parquet input with cuDF's reader (backend="cudf"), and selects the
+    rows that the job writing every column selects from the same cuDF partitions."""
+    import pyarrow.parquet as pq
+
+    from datamask_dask import read_parquet, write_selection
+    from datamask_dask.io.tables import read_table
+    from datamask_dask.run.tables import select_table
+
+    assert isinstance(read_table(str(parquet_dir), backend="cudf").frame._meta, cudf.DataFrame)
+    select_table(str(parquet_dir), str(tmp_path / "selection"), 0.1, output_columns="selection",
+                 backend="cudf", scheduler=cuda_client, **FAST)
+    write_selection(read_parquet(parquet_dir, backend="cudf"), tmp_path / "all", ratio=0.1,
+                    scheduler=cuda_client, **FAST)
+    tables = {name: pq.read_table(tmp_path / name) for name in ("selection", "all")}
+    assert tables["selection"].column_names == ["chunk_id", "selected", "run_id"]
+    chosen = {name: sorted(t.filter(t.column("selected")).column("chunk_id").to_pylist())
+              for name, t in tables.items()}
+    assert len(chosen["selection"]) == 160 and chosen["selection"] == chosen["all"]
+
+
+def test_cudf_selection_does_not_depend_on_worker_threads(cuda_client, corpus, parquet_dir, tmp_path):
+    """A GPU worker with several threads (reads and writes beside the learner) selects the same rows,
+    its packs learned where their members' rows are, on the GPU."""
+    import pyarrow.parquet as pq
+
+    from datamask_dask import read_parquet, write_selection
+
+    threaded = get_client("cuda", n_workers=1, threads_per_worker=4, set_as_default=False,
+                          dashboard_address=":0", rmm_pool_size="1GB")
+    try:
+        selected = {}
+        for name, client in (("one", cuda_client), ("four", threaded)):
+            report = write_selection(read_parquet(parquet_dir, backend="cudf"), tmp_path / name, ratio=0.1,
+                                     scheduler=client, **FAST)
+            assert report.record["stages"].get("learn", 0) > 0
+            table = pq.read_table(tmp_path / name)
+            selected[name] = sorted(table.filter(table.column("selected")).column("chunk_id").to_pylist())
+    finally:
+        threaded.shutdown()
+    assert len(selected["one"]) == 160 and selected["one"] == selected["four"]
+
 def test_cudf_partitions_explain_every_row(cuda_client, corpus):
     """explain=True on cuDF partitions: a reason for every row, agreeing with the selection."""
     result = datamask_select(_gpu_frame(corpus, 4), ratio=0.1, prune=0.3, explain=True, **FAST).compute(
