@@ -3,7 +3,8 @@
 Same data, job and table as ``bench_pipeline.py`` (see its docstring), except:
 
 - the cluster is :func:`datamask_dask.cluster.get_client` ``("cuda")`` (dask-cuda's
-  ``LocalCUDACluster``, one worker per visible GPU, rmm pool when rmm is installed);
+  ``LocalCUDACluster``, one worker per visible GPU, rmm pool when rmm is installed), with
+  ``--threads`` threads per worker (default 1; the ``workers`` column says ``workers x threads``);
 - the input is read with ``datamask_dask.read_parquet(..., backend="cudf")`` (cuDF's own
   parquet reader, one partition per file; the embedding column arrives as a cuDF list column
   and reaches torch through DLPack without a host copy), written by cuDF's parquet writer;
@@ -13,8 +14,13 @@ Same data, job and table as ``bench_pipeline.py`` (see its docstring), except:
   GPU work lands in ``learn``, which ends on the host);
 - one cluster runs every job; its first job, on one file, takes a fresh worker's first CUDA, cuDF
   and torch calls and is reported on its own row;
-- a second table gives each job's worker-seconds per task prefix, from Dask's task stream: what
-  the stage clocks leave in ``idle/other``;
+- the first table is the wall account of each job, as in ``bench_pipeline.py``
+  (:func:`bench_pipeline.wall_account`: every second of the wall time once, among the task prefixes
+  running then or the driver's phase); after the stage table, a table gives each job's
+  worker-seconds per task prefix, from the same task stream: what the stage clocks leave in
+  ``idle/other``;
+- ``--label`` names the code that ran (free text, in the ``algorithm`` column), so that the rows of
+  two runs of different code can be told apart in one summary;
 - memory: peak host RSS per worker process (psutil) and peak GPU memory per worker, from RMM's
   statistics when RMM is the allocator, else ``torch.cuda.max_memory_allocated``.
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import inspect
 import os
 import sys
 import time
@@ -101,8 +108,9 @@ def enable_rmm_statistics() -> None:
 def run_job(client, source: Path, target: Path, config: str, overrides: dict,
             output_columns: str = "all") -> dict:
     """One job on ``client``'s GPU workers: every column written from cuDF partitions
-    (``write_selection``), or the selection table only (``select_table``, partitions read by pyarrow
-    and learned on the GPU). With its worker-seconds per task prefix, from Dask's task stream."""
+    (``write_selection``), or the selection table only (``select_table``, partitions read by cuDF).
+    With its worker-seconds per task prefix and its
+    :func:`~bench_pipeline.wall_account`, from Dask's task stream."""
     import shutil
 
     from distributed import get_task_stream
@@ -115,19 +123,22 @@ def run_job(client, source: Path, target: Path, config: str, overrides: dict,
     pids = list(client.run(os.getpid).values())
     with pipeline.MemorySampler(pids) as sampler, get_task_stream(client) as stream:
         shutil.rmtree(target, ignore_errors=True)  # not timed: a previous run's output
-        started = time.perf_counter()
+        started = time.time()  # the task stream's clock
         if output_columns == "selection":
+            # cuDF's reader where select_table has one (a bench of older code runs without it)
+            gpu_read = {"backend": "cudf"} if "backend" in inspect.signature(select_table).parameters else {}
             report = select_table(str(source), str(target), output_columns="selection", config=config,
-                                  scheduler=client, resume=False, **{"device": "cuda", **overrides})
-            stages = report.record["stages"]
+                                  scheduler=client, resume=False, **gpu_read,
+                                  **{"device": "cuda", **overrides})
+            stages, phases = report.record["stages"], report.record["phases"]
         else:
             # cuDF's reader, one partition per file in file order: output part i is input file i
             report = write_selection(read_parquet(source, backend="cudf"), target, config=config,
                                      overwrite=True, resume=False,
                                      input_fingerprint=input_fingerprint(source),
                                      **{"device": "cuda", **overrides})
-            stages = report.stages
-        wall = time.perf_counter() - started
+            stages, phases = report.stages, report.phases
+        stopped = time.time()
     tasks: dict[str, list] = {}
     for task in stream.data:
         seconds = sum(s["stop"] - s["start"] for s in task["startstops"] if s["action"] == "compute")
@@ -135,12 +146,14 @@ def run_job(client, source: Path, target: Path, config: str, overrides: dict,
         count_seconds[0] += 1
         count_seconds[1] += seconds
     return {
-        "wall": wall,
+        "wall": stopped - started,
         "rows": report.rows,
         "workers": len(pids),
+        "threads": max(client.nthreads().values()),
         "stages": pipeline.stage_columns(stages),
         "raw stages": stages,
         "tasks": tasks,
+        "account": pipeline.wall_account(stream.data, started, stopped, phases),
         "peak_rss": max(sampler.peaks.values()),
         "gpu_peak": max(client.run(gpu_peak_and_reset).values()),
     }
@@ -154,6 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--workers", type=int, nargs="+", default=[0], help="GPU workers per run (0: one per visible GPU)"
     )
+    parser.add_argument("--threads", type=int, default=1, help="threads per GPU worker")
     parser.add_argument("--algorithms", nargs="+", default=["Pair_simi", "Facility"])
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--rows-per-partition", type=int, default=100_000)
@@ -166,6 +180,7 @@ def main(argv=None) -> int:
     parser.add_argument("--greedy-reference", type=int, default=8192)
     parser.add_argument("--output-columns", choices=("all", "selection"), default="all",
                         help="every column (cuDF partitions) or the selection table only")
+    parser.add_argument("--label", help="what code ran (free text), shown in the algorithm column")
     parser.add_argument("--keep-output", action="store_true")
     parser.add_argument("--json", help="append the results to this JSON file (results/gpu.json)")
     args = parser.parse_args(argv)
@@ -180,6 +195,8 @@ def main(argv=None) -> int:
 
     import torch
 
+    import datamask_dask
+
     overrides = {}
     for item in args.opt:
         key, _, value = item.partition("=")
@@ -190,13 +207,17 @@ def main(argv=None) -> int:
     cache = Path(args.cache)
     out_root = cache / "pipeline-gpu-out"
     memory_target = 2 * args.rows_per_partition * args.dim * 4 + GIB
-    lines = [
+    head = [
         f"# datamask select on GPU, end to end (d = {args.dim}, "
         f"{args.rows_per_partition:,} rows per partition)",
         "",
         f"Command: `python benchmarks/bench_gpu.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
         f"GPU: {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}; config {args.config}"
-        + (f" + {overrides}" if overrides else ""),
+        + (f" + {overrides}" if overrides else "") + f"; code: {Path(datamask_dask.__file__).parent}",
+        "",
+    ]
+    lines = [
+        "Throughput, memory and worker-seconds by stage:",
         "",
         "| rows | algorithm | workers | wall s | rows/s | peak host RSS / worker (target) | peak torch GPU "
         "memory | " + " | ".join(STAGES) + " | read + idle/other |",
@@ -205,12 +226,16 @@ def main(argv=None) -> int:
     from datamask_dask import get_client
 
     task_lines = ["| rows | algorithm | workers | task | tasks | worker s |", "|---:|---|---:|---|---:|---:|"]
+    accounts = []
 
     def report(size, label, r):
-        busy = r["workers"] * r["wall"]
+        label += f", {args.label}" if args.label else ""
+        team = f"{r['workers']} x {r['threads']}"
+        busy = r["workers"] * r["threads"] * r["wall"]
         idle = max(0.0, busy - sum(r["stages"].get(s, 0.0) for s in STAGES))
+        accounts.append(({"rows": f"{size:,}", "algorithm": label, "workers": team}, r["account"], r["wall"]))
         lines.append(
-            f"| {size:,} | {label} | {r['workers']} | {r['wall']:.1f} | "
+            f"| {size:,} | {label} | {team} | {r['wall']:.1f} | "
             f"{size / r['wall']:,.0f} | {r['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
             f"{r['gpu_peak'] / GIB:.2f} GiB | "
             + " | ".join(pipeline._fmt_seconds(r["stages"], s, busy) for s in STAGES)
@@ -219,11 +244,13 @@ def main(argv=None) -> int:
         print(lines[-1], file=sys.stderr, flush=True)
         for task, (count, seconds) in sorted(r["tasks"].items(), key=lambda item: -item[1][1]):
             if seconds >= 0.05:
-                task_lines.append(f"| {size:,} | {label} | {r['workers']} | {task} | {count} | "
+                task_lines.append(f"| {size:,} | {label} | {team} | {task} | {count} | "
                                   f"{seconds:.2f} |")
 
+    tag = f"-t{args.threads}" + (f"-{args.label}" if args.label else "")  # each variant keeps its output
     for workers in args.workers:
-        client = get_client("cuda", n_workers=workers or None, threads_per_worker=1, dashboard_address=":0")
+        client = get_client("cuda", n_workers=workers or None, threads_per_worker=args.threads,
+                            dashboard_address=":0")
         try:
             client.run(enable_rmm_statistics)
             # a fresh worker's first CUDA, cuDF and torch calls, on one file: reported apart
@@ -238,13 +265,16 @@ def main(argv=None) -> int:
                 for algorithm in args.algorithms:
                     print(f"running {size} rows, {algorithm}, {workers or 'all'} GPU worker(s)...",
                           file=sys.stderr, flush=True)
-                    r = run_job(client, source, out_root / f"n{size}-{algorithm}-w{workers}", args.config,
-                                {"algorithm": algorithm, **overrides}, args.output_columns)
+                    target = out_root / f"n{size}-{algorithm}-w{workers}{tag}"
+                    r = run_job(client, source, target, args.config, {"algorithm": algorithm, **overrides},
+                                args.output_columns)
                     print(f"stages (worker-seconds): {r['raw stages']}", file=sys.stderr, flush=True)
                     report(size, algorithm, r)
         finally:
             client.shutdown()
-    lines += ["", "Stage columns: worker-seconds summed over workers (share of workers x wall).", "",
+    lines = head + pipeline.wall_account_lines(accounts) + lines
+    lines += ["", "Workers: GPU workers x threads each. Stage columns: worker-seconds summed over the "
+              "threads (share of workers x threads x wall).", "",
               "Worker-seconds by task (Dask's task stream; tasks of at least 0.05 s):", "", *task_lines, ""]
     return pipeline.finish_report(args, lines, cache, out_root, overrides)
 

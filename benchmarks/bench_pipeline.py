@@ -18,9 +18,17 @@ What runs, for every (size, algorithm, workers):
   so a size of N rows is the first N / rows_per_partition files (hard links into one folder).
 - **Job**: exactly what ``datamask select --input IN --output OUT --config CONFIG --n-workers W``
   runs (``write_selection(read_parquet(IN), OUT, ...)``, resumable writer included), on a
-  ``LocalCluster`` from :func:`datamask_dask.cluster.get_client` with W worker processes of one
-  thread each. ``rows/s`` = input rows / wall time of that call (plan pass, select pass and
-  write, cluster start-up excluded).
+  ``LocalCluster`` from :func:`datamask_dask.cluster.get_client` with W worker processes of T
+  threads each (``--threads``, default 1; the ``workers`` column says ``W x T``). ``rows/s`` =
+  input rows / wall time of that call (plan pass, select pass and write, cluster start-up excluded).
+- **Wall account** (the first table): every second of that wall time, once. From Dask's task
+  stream (``distributed.get_task_stream``), an instant when tasks run is shared equally among the
+  task prefixes running then (``datamask-select-write``, ``read_parquet``...), transfers
+  (``transfer``) and spills (``spill to disk``); an instant when nothing runs is the driver's, named
+  by the phase it falls in (``SelectionReport.phases``): ``driver: plan`` (the first ``plan``
+  seconds), ``driver: summary`` and ``driver: commit`` (the last seconds), and ``driver: between
+  passes / scheduling`` (the rest: the driver's bookkeeping and the gaps between tasks). The rows add
+  up to the wall time (:func:`wall_account`).
 - **Peak memory per worker**: the largest resident set size (psutil, sampled every 50 ms) of any
   worker process during the job, next to the target ``2 x (one partition's embedding bytes) +
   1 GiB``.
@@ -30,8 +38,8 @@ What runs, for every (size, algorithm, workers):
   sketches and the quota plan), ``extract`` (Arrow list column -> float32 matrix),
   ``learn`` (:func:`~datamask_dask.learn.engine.learn_mask`), ``select other`` (the rest of the select
   task: eligibility, chunking, quotas, adding the column) and ``write`` (Arrow conversion,
-  parquet encoding, fsync and markers). ``idle/other`` = W x wall - the sum: scheduling,
-  serialisation, the driver's commit, and waiting.
+  parquet encoding, fsync and markers). ``idle/other`` = W x T x wall - the sum: scheduling,
+  serialisation, the driver's commit, and waiting (the wall account says which).
 - **Objective** (``--objective``, on by default): on partition 0 of the smallest size (its first
   ``rows_per_partition`` rows), the rows the job selected there (k rows) are scored with
   :func:`~datamask_dask.learn.objectives.evaluate_selection` on the whole partition (Facility's
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import os
 import platform
 import shutil
@@ -191,22 +200,106 @@ class MemorySampler:
         self._thread.join()
 
 
+# --------------------------------------------------------------------------- wall account
+
+# Task-stream actions other than a task's compute, as the account names them.
+ACTIVITIES = {"transfer": "transfer", "disk-read": "spill to disk", "disk-write": "spill to disk"}
+
+
+def wall_account(tasks, started: float, stopped: float, phases: dict) -> dict[str, float]:
+    """Where each second of a job's wall time ``[started, stopped]`` (``time.time()``) went.
+
+    ``tasks`` are Dask's task-stream records (``distributed.get_task_stream``): an instant when tasks
+    run is shared equally among the activities running then (a compute is named by its task prefix,
+    ``key_split``; transfers and spills by their action). An instant when none runs is the driver's,
+    named by its phase (``phases``, the report's wall seconds): ``plan`` from the start, ``summary``
+    and ``commit`` at the end, and between them the driver's scheduling and bookkeeping. The values
+    add up to ``stopped - started``.
+    """
+    from distributed.utils import key_split
+
+    wall = stopped - started
+    events = []  # (offset from started, +1 starts / -1 stops, activity)
+    for task in tasks:
+        for span in task["startstops"]:
+            action = span["action"]
+            activity = key_split(task["key"]) if action == "compute" else ACTIVITIES.get(action, action)
+            start, stop = max(span["start"] - started, 0.0), min(span["stop"] - started, wall)
+            if start < stop:
+                events += [(start, 1, activity), (stop, -1, activity)]
+    plan_end = min(max(phases.get("plan", 0.0), 0.0), wall)
+    commit_start = max(plan_end, wall - phases.get("commit", 0.0))
+    summary_start = max(plan_end, commit_start - phases.get("summary", 0.0))
+    windows = [(plan_end, "driver: plan"), (summary_start, "driver: between passes / scheduling"),
+               (commit_start, "driver: summary"), (wall, "driver: commit")]  # each window's end
+    events.sort(key=lambda event: event[0])
+    cuts = sorted({0.0, wall, *(event[0] for event in events), *(end for end, _ in windows)})
+    account: dict[str, float] = {}
+    running: dict[str, int] = {}
+    next_event = 0
+    for start, stop in itertools.pairwise(cuts):
+        while next_event < len(events) and events[next_event][0] <= start:
+            _, step, activity = events[next_event]
+            running[activity] = running.get(activity, 0) + step
+            next_event += 1
+        active = [activity for activity, count in running.items() if count > 0]
+        if active:
+            for activity in active:
+                account[activity] = account.get(activity, 0.0) + (stop - start) / len(active)
+        else:
+            driver = next(label for end, label in windows if start < end)
+            account[driver] = account.get(driver, 0.0) + stop - start
+    return account
+
+
+def wall_account_lines(jobs: list[tuple[dict, dict, float]], least_share: float = 0.005) -> list[str]:
+    """The account table (markdown lines): for each job (its columns, its :func:`wall_account`, its
+    wall seconds), the account's rows biggest first, those under ``least_share`` of the wall as one
+    row, and a total row of the wall."""
+    if not jobs:
+        return []
+    columns = list(jobs[0][0])
+    lines = [
+        "Where the wall time went (each instant shared equally among the task prefixes, transfers and "
+        "spills running then, from Dask's task stream; an instant with none running is the driver's, "
+        "by its phase):",
+        "",
+        "| " + " | ".join(columns) + " | activity | s | share of wall |",
+        "|" + "---|" * len(columns) + "---|---:|---:|",
+    ]
+    for cells, account, wall in jobs:
+        job = "| " + " | ".join(str(cells[column]) for column in columns) + " | "
+        rows = sorted(account.items(), key=lambda item: -item[1])
+        small = [seconds for _, seconds in rows if seconds < least_share * wall]
+        rows = [row for row in rows if row[1] >= least_share * wall]
+        if small:  # many small prefixes: one row keeps the table readable and the total whole
+            rows.append((f"{len(small)} others, each under {least_share:.1%}", sum(small)))
+        for activity, seconds in rows:
+            lines.append(job + f"{activity} | {seconds:.2f} | {seconds / wall:.1%} |")
+        lines.append(job + f"total (wall) | {wall:.2f} | 100% |")
+    return lines + [""]
+
+
 # --------------------------------------------------------------------------- one job
 
 
-def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: dict) -> dict:
-    """``datamask select`` on ``source`` with ``n_workers`` single-thread workers; timings and memory."""
+def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: dict,
+            threads: int = 1) -> dict:
+    """``datamask select`` on ``source`` with ``n_workers`` workers of ``threads`` threads; timings
+    (with the :func:`wall_account` of the job, from Dask's task stream) and memory."""
+    from distributed import get_task_stream
+
     from datamask_dask import get_client, read_parquet, write_selection
     from datamask_dask.io.storage import input_fingerprint
 
-    client = get_client("cpu", n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
+    client = get_client("cpu", n_workers=n_workers, threads_per_worker=threads, dashboard_address=":0")
     try:
         pids = list(client.run(os.getpid).values())
         shutil.rmtree(target, ignore_errors=True)  # not timed: replacing a previous run's output
         import dask.dataframe  # noqa: F401  (not timed: a one-off import, ~2 s on a cold process)
 
-        with MemorySampler(pids) as sampler:
-            started = time.perf_counter()
+        with MemorySampler(pids) as sampler, get_task_stream(client) as stream:
+            started = time.time()  # the task stream's clock
             report = write_selection(
                 read_parquet(source),
                 target,
@@ -216,14 +309,17 @@ def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: 
                 input_fingerprint=input_fingerprint(source),
                 **overrides,
             )
-            wall = time.perf_counter() - started
+            stopped = time.time()
     finally:
         client.shutdown()
     return {
-        "wall": wall,
+        "wall": stopped - started,
         "rows": report.rows,
         "selected": report.selected,
+        "workers": n_workers,
+        "threads": threads,
         "stages": stage_columns(report.stages),
+        "account": wall_account(stream.data, started, stopped, report.phases),
         "peak_rss": max(sampler.peaks.values()),
     }
 
@@ -365,6 +461,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--algorithms", nargs="+", default=["Pair_simi", "Facility"])
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--rows-per-partition", type=int, default=100_000)
@@ -396,7 +493,7 @@ def main(argv=None) -> int:
     out_root = cache / "pipeline-out"
     part_bytes = args.rows_per_partition * args.dim * 4
     memory_target = 2 * part_bytes + GIB
-    lines = [
+    head = [
         f"# datamask select, end to end (d = {args.dim}, {args.rows_per_partition:,} rows per partition)",
         "",
         "Command: `python benchmarks/bench_pipeline.py "
@@ -405,12 +502,16 @@ def main(argv=None) -> int:
         f"Python {platform.python_version()}; config {args.config}"
         + (f" + {overrides}" if overrides else ""),
         "",
+    ]
+    lines = [
+        "Throughput, memory and worker-seconds by stage:",
+        "",
         "| rows | algorithm | workers | wall s | rows/s | peak RSS / worker (target) | "
         + " | ".join(STAGES)
         + " | idle/other |",
         "|---:|---|---:|---:|---:|---:|" + "---:|" * (len(STAGES) + 1),
     ]
-    results = {}
+    results, accounts = {}, []
     for size in args.sizes:
         source = ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
         for algorithm in args.algorithms:
@@ -419,20 +520,26 @@ def main(argv=None) -> int:
                 print(
                     f"running {size} rows, {algorithm}, {workers} worker(s)...", file=sys.stderr, flush=True
                 )
-                result = run_job(source, target, workers, args.config, {"algorithm": algorithm, **overrides})
+                result = run_job(source, target, workers, args.config, {"algorithm": algorithm, **overrides},
+                                 args.threads)
                 results[size, algorithm, workers] = result
                 stages, wall = result["stages"], result["wall"]
-                busy = workers * wall
+                busy = workers * args.threads * wall
                 idle = max(0.0, busy - sum(stages.get(s, 0.0) for s in STAGES))
+                team = f"{workers} x {args.threads}"
+                accounts.append(({"rows": f"{size:,}", "algorithm": algorithm, "workers": team},
+                                 result["account"], wall))
                 row = (
-                    f"| {size:,} | {algorithm} | {workers} | {wall:.1f} | {size / wall:,.0f} | "
+                    f"| {size:,} | {algorithm} | {team} | {wall:.1f} | {size / wall:,.0f} | "
                     f"{result['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
                     + " | ".join(_fmt_seconds(stages, s, busy) for s in STAGES)
                     + f" | {idle:.1f} ({idle / busy:.0%}) |"
                 )
                 lines.append(row)
                 print(row, file=sys.stderr, flush=True)
-    lines += ["", "Stage columns: worker-seconds summed over workers (share of workers x wall).", ""]
+    lines = head + wall_account_lines(accounts) + lines
+    lines += ["", "Workers: worker processes x threads each. Stage columns: worker-seconds summed over the "
+              "threads (share of workers x threads x wall).", ""]
 
     # Checks against the issue's targets.
     lines += ["## Targets", ""]

@@ -4,17 +4,21 @@
     python benchmarks/gpu_acceptance.py ceiling --rows 1000000 --dim 768
     python benchmarks/gpu_acceptance.py selections --case 1m-d64 --out selections.npz
     python benchmarks/gpu_acceptance.py score selections.npz
+    python benchmarks/gpu_acceptance.py compare .benchmark-cache/pipeline-gpu-out this baseline
 
 - ``data``: the pipeline benchmark's table (``bench_pipeline.ensure_dataset``), its files drawn in
   parallel processes, and the quality benchmark's case table (``bench_quality.dataset``).
 - ``ceiling``: the cuDF I/O ceiling over the same files: ``cudf.read_parquet``, a boolean column,
-  ``to_parquet``, one file after another on one GPU (what a selection job cannot beat).
+  ``to_parquet``, one file after another on one GPU (what a selection job cannot beat); then the
+  reads alone, and the writes through a Python file handle (fsynced) instead of a path.
 - ``selections``: ``datamask select`` with the gpu profile and ``--device cuda`` on the quality
   case's table, per metric and lamb; the rows selected (bit-packed) and the job's learning seconds
   go into ``--out``. The gpu profile learns the whole table as one chunk (``max_chunk_rows``).
 - ``score``: the yardstick on those selections (:func:`~datamask_dask.learn.yardstick.measure_all`),
   on any machine: the share of the best baseline's gain over random, beside the CPU figures of
   ``results/quality.json``.
+- ``compare``: the rows selected by each ``bench_gpu.py --keep-output`` job run with ``--label this``
+  against the same job run with ``--label baseline`` (another checkout's code): they must be the same.
 """
 
 from __future__ import annotations
@@ -58,19 +62,29 @@ def ceiling(args) -> int:
     scratch = Path(args.cache) / "ceiling-out"
     scratch.mkdir(parents=True, exist_ok=True)
 
-    def copy(path: Path) -> int:
+    def copy(path: Path, write: str = "path") -> int:
         frame = cudf.read_parquet(path)
+        if write == "none":
+            return len(frame)
         frame["selected"] = cudf.Series(np.arange(len(frame)) % 10 == 0)
-        frame.to_parquet(scratch / path.name)
+        if write == "path":
+            frame.to_parquet(scratch / path.name)
+        else:  # through a Python file handle, fsynced: how the package wrote cuDF parts before
+            with open(scratch / path.name, "wb") as handle:
+                frame.to_parquet(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
         return len(frame)
 
     copy(files[0])  # the CUDA context and cuDF's kernels, not timed
     lines = ["| pass | files | rows | seconds | rows/s |", "|---|---:|---:|---:|---:|"]
-    for attempt in (1, 2):
+    passes = [("1", "path"), ("2", "path"), ("read only", "none"),
+              ("written through a Python handle", "handle")]
+    for name, write in passes:
         started = time.perf_counter()
-        rows = sum(copy(path) for path in files)
+        rows = sum(copy(path, write) for path in files)
         seconds = time.perf_counter() - started
-        lines.append(f"| {attempt} | {len(files)} | {rows:,} | {seconds:.2f} | {rows / seconds:,.0f} |")
+        lines.append(f"| {name} | {len(files)} | {rows:,} | {seconds:.2f} | {rows / seconds:,.0f} |")
         print(lines[-1], flush=True)
     text = "\n".join(["# The cuDF I/O ceiling", "",
                       "cuDF read + boolean column + write, one file after another:", "", *lines])
@@ -142,6 +156,34 @@ def score(args) -> int:
     return 0
 
 
+def compare(args) -> int:
+    """The ``selected`` column of each job's output run on this code (``*-{this}``) against the same job
+    run on the baseline's (``*-{baseline}``), by id: the selection must not change."""
+    import pyarrow.dataset as ds
+
+    folder = Path(args.folder)
+    lines = ["| job | rows | selected (this) | selected (baseline) | same rows selected |",
+             "|---|---:|---:|---:|---|"]
+    same_everywhere = True
+    for this in sorted(folder.glob(f"*-{args.this}")):
+        other = this.with_name(this.name[: -len(args.this)] + args.baseline)
+        if not other.is_dir():
+            continue
+        picked = {}
+        for name, path in (("this", this), ("baseline", other)):
+            table = ds.dataset(path, format="parquet").to_table(columns=["chunk_id", "selected"])
+            picked[name] = (table.num_rows, np.sort(table.filter(table.column("selected"))
+                                                    .column("chunk_id").to_numpy()))
+        same = np.array_equal(picked["this"][1], picked["baseline"][1])
+        same_everywhere &= same
+        job = this.name[: -len(args.this) - 1]
+        lines.append(f"| {job} | {picked['this'][0]:,} | {picked['this'][1].size:,} "
+                     f"| {picked['baseline'][1].size:,} | {'yes' if same else 'no'} |")
+        print(lines[-1], flush=True)
+    print("\n".join(["# The same selection on this code and the baseline's", "", *lines]))
+    return 0 if same_everywhere and len(lines) > 2 else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,8 +210,13 @@ def main(argv=None) -> int:
     step.add_argument("selections")
     step.add_argument("--greedy-max-work", type=float, default=1e11)
     step.add_argument("--json")
+    step = steps.add_parser("compare")
+    step.add_argument("folder", help="the outputs of bench_gpu.py --keep-output (pipeline-gpu-out)")
+    step.add_argument("this", help="the --label of this code's runs")
+    step.add_argument("baseline", help="the --label of the baseline's runs")
     args = parser.parse_args(argv)
-    return {"data": data, "ceiling": ceiling, "selections": selections, "score": score}[args.step](args)
+    steps = {"data": data, "ceiling": ceiling, "selections": selections, "score": score, "compare": compare}
+    return steps[args.step](args)
 
 
 if __name__ == "__main__":

@@ -133,3 +133,51 @@ def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tm
     (scored,) = json.loads(scores.read_text())
     assert (scored["metric"], scored["rows"], scored["case"]) == ("Pair_simi", 3000, "tiny")
     assert scored["objective"] > scored["random"] and scored["share"] > 0.5
+
+
+def test_the_wall_account_counts_every_second_once_shares_overlaps_and_names_the_drivers_gaps():
+    import bench_pipeline
+
+    # offsets in quarters of a second: exact at an epoch time's precision
+    started, token = 1_700_000_000.0, "5b0e2c9a6f1d4e3b8a7c6d5e4f3a2b1c"
+
+    def task(key, thread, *spans):
+        return {"key": key, "worker": "tcp://127.0.0.1:1", "thread": thread,
+                "startstops": [{"action": action, "start": started + start, "stop": started + stop}
+                               for action, start, stop in spans]}
+
+    tasks = [
+        task(f"datamask-plan-{token}", 1, ("compute", -3.0, -2.0)),  # before the job: left out
+        task(f"datamask-plan-{token}", 1, ("compute", 0.25, 0.75)),
+        task((f"datamask-select-write-{token}", 0), 1, ("compute", 2.0, 6.0)),
+        task((f"read_parquet-{token}", 1), 2, ("compute", 3.0, 5.0)),
+        task((f"datamask-select-write-{token}", 1), 2, ("transfer", 5.0, 5.5), ("compute", 5.5, 8.5)),
+    ]
+    phases = {"plan": 1.0, "select and write": 7.5, "summary": 0.5, "commit": 0.5}
+    account = bench_pipeline.wall_account(tasks, started, started + 10.0, phases)
+    assert account == pytest.approx({
+        "datamask-plan": 0.5,
+        "driver: plan": 0.5,  # the gaps around the plan task, inside the plan's window
+        "datamask-select-write": 1.0 + 2 * 0.5 + 0.25 + 0.5 + 2.5,  # two threads of it count once
+        "read_parquet": 1.0,  # half of the 2 s it overlaps a select task
+        "transfer": 0.25,
+        "driver: between passes / scheduling": 1.0 + 0.5,
+        "driver: summary": 0.5,
+        "driver: commit": 0.5,
+    }, abs=1e-9)
+    assert abs(sum(account.values()) - 10.0) < 1e-9
+    lines = bench_pipeline.wall_account_lines([({"rows": "1,000", "workers": "1 x 2"}, account, 10.0)])
+    _, (table,) = record.tables_of("\n".join(lines))
+    assert table["caption"].endswith(":") and table["columns"][-3:] == ["activity", "s", "share of wall"]
+    assert table["rows"][0][2] == "datamask-select-write"  # biggest first
+    assert table["rows"][-1][2:] == ["total (wall)", "10.00", "100%"]
+
+
+def test_a_pipeline_jobs_wall_account_adds_up_to_its_wall_time(tmp_path):
+    import bench_pipeline
+
+    source = bench_pipeline.ensure_dataset(tmp_path / "cache", 4000, 16, 2000, 20)
+    result = bench_pipeline.run_job(source, tmp_path / "out", 1, str(BENCHMARKS.parent / "conf" / "cpu.yaml"),
+                                    {"algorithm": "Pair_simi"})
+    assert abs(sum(result["account"].values()) - result["wall"]) < 1e-6
+    assert result["account"]["datamask-select-write"] > 0 and result["rows"] == 4000
