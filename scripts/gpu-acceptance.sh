@@ -70,25 +70,25 @@ QUALITY_CASE=()
 (timeout -k 10 240 "$PY" benchmarks/gpu_acceptance.py data --rows "$ROWS" "${QUALITY_CASE[@]}" \
    > "$LOGS/data.log" 2>&1; echo "| data (beside the tests) | $? | |" >> "$LOGS/steps.md") &
 data=$!
-step tests 150 "$PY" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider
+step tests 120 "$PY" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider
 wait "$data"
 summarise
 
 GPU_JOB=(benchmarks/bench_gpu.py --sizes "$ROWS" --algorithms Pair_simi Facility --no-objective --keep-output)
-step gpu-all-columns 130 "$PY" "${GPU_JOB[@]}" --label this "${RECORDS[@]}"
+step gpu-all-columns 110 "$PY" "${GPU_JOB[@]}" --label this "${RECORDS[@]}"
 if [ -n "${BASELINE:-}" ]; then
-  step gpu-all-columns-baseline 130 env PYTHONPATH="$BASELINE:$BASELINE/integrations:${PYTHONPATH:-}" \
+  step gpu-all-columns-baseline 110 env PYTHONPATH="$BASELINE:$BASELINE/integrations:${PYTHONPATH:-}" \
     "$PY" "${GPU_JOB[@]}" --label baseline "${RECORDS[@]}"
   step same-selection 60 "$PY" benchmarks/gpu_acceptance.py compare "$CACHE/pipeline-gpu-out" this baseline
 fi
-step gpu-all-columns-threads 130 "$PY" "${GPU_JOB[@]}" --threads "$THREADS" --label this "${RECORDS[@]}"
+step gpu-all-columns-threads 110 "$PY" "${GPU_JOB[@]}" --threads "$THREADS" --label this "${RECORDS[@]}"
 step io-ceiling 40 "$PY" benchmarks/gpu_acceptance.py ceiling --rows "$ROWS" "${RECORDS[@]}"
-step cpu-cores 60 "$PY" benchmarks/bench_pipeline.py --sizes "$ROWS" --workers "$WORKERS" \
+step cpu-cores 50 "$PY" benchmarks/bench_pipeline.py --sizes "$ROWS" --workers "$WORKERS" \
   --algorithms Pair_simi --no-objective "${RECORDS[@]}"
-step gpu-selection-only 60 "$PY" benchmarks/bench_gpu.py --sizes "$ROWS" --algorithms Pair_simi \
+step gpu-selection-only 50 "$PY" benchmarks/bench_gpu.py --sizes "$ROWS" --algorithms Pair_simi \
   --no-objective --output-columns selection --threads "$THREADS" --label this "${RECORDS[@]}"
 # Facility's 100k-row chunks need more memory a task than 16 workers leave: one worker a file
-step cpu-cores-facility 70 "$PY" benchmarks/bench_pipeline.py --sizes "$ROWS" --workers "$FILES" \
+step cpu-cores-facility 60 "$PY" benchmarks/bench_pipeline.py --sizes "$ROWS" --workers "$FILES" \
   --algorithms Facility --no-objective "${RECORDS[@]}"
 if [ "${QUALITY:-0}" = 1 ]; then
   step one-chunk-selections 100 "$PY" benchmarks/gpu_acceptance.py selections --case "$CASE" \
