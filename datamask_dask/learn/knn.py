@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from .sums import add_at_rows
+
 Tensor = torch.Tensor
 _BLOCK_ROWS = 4096  # rows compared at once (bounds the similarity block's memory)
 _BLOCK_PRODUCTS = 1 << 24  # similarities held at once in the search (bounds their memory)
@@ -147,7 +149,7 @@ def _spherical_kmeans(x: Tensor, x_full: Tensor, k: int, iterations: int,
     centroids = x_full[:k]  # the sample's first rows seed them
     for _ in range(iterations):
         nearest = _nearest(x, centroids.to(x.dtype), 1)[:, 0]
-        sums = torch.zeros_like(centroids).index_add_(0, nearest, x_full)
+        sums = add_at_rows(torch.zeros_like(centroids), nearest, x_full)
         norms = sums.norm(dim=1, keepdim=True)
         # An empty cluster keeps its centroid: it is one of the rows, so it is never far from data.
         centroids = torch.where(norms > 0, sums / norms.clamp(min=1e-12), centroids)

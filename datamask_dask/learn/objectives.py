@@ -26,6 +26,7 @@ import torch
 from ..errors import OptionError
 from . import facility_cpu
 from .knn import aligned_rows, top_neighbours
+from .sums import add_at_columns
 
 Tensor = torch.Tensor
 _EVAL_BLOCK = 4096  # rows of the chunk compared with the selection at once when evaluating
@@ -221,15 +222,15 @@ class Facility(DiversityMetric):
             joining *= share[None, :, None]
             leaving *= share[None]
         gain = torch.zeros_like(member, dtype=values.dtype)
-        gain.scatter_add_(1, flat, joining.view(g, -1))
-        gain.scatter_add_(1, owner, leaving)
+        add_at_columns(gain, flat, joining.view(g, -1))
+        add_at_columns(gain, owner, leaving)
         gain /= m
         if state[2]:
             # Each row's sampling variance of its gain: a gain is a mean over the m sampled
             # reference rows of what the row adds to each, so its variance is sum(adds^2) / m^2.
             noise = torch.zeros_like(gain)
-            noise.scatter_add_(1, flat, joining.pow_(2).view(g, -1))
-            noise.scatter_add_(1, owner, leaving.pow(2))
+            add_at_columns(noise, flat, joining.pow_(2).view(g, -1))
+            add_at_columns(noise, owner, leaving.pow(2))
             gain = _shrink(gain, noise / (m * m))
         return _weighted_mean(best, share) + state[4], gain
 

@@ -108,3 +108,50 @@ def test_facility_compiled_step_gives_the_torch_steps_bits(monkeypatch, neighbou
     monkeypatch.undo()
     masks.append(learn_mask(q, e, 200, **options).mask)
     assert np.array_equal(*masks)
+
+
+def test_sums_into_indexed_places_add_every_value_once():
+    """The learner's indexed sums (sorted on a GPU, so that they give the same bits each run)."""
+    from datamask_dask.learn.sums import add_at_columns, add_at_rows
+
+    generator = torch.Generator().manual_seed(0)
+    index = torch.randint(0, 7, (3, 50), generator=generator)
+    values = torch.rand(3, 50, generator=generator)
+    expected = torch.zeros(3, 7, dtype=torch.float64)
+    for g in range(3):
+        for j in range(50):
+            expected[g, index[g, j]] += float(values[g, j])
+    torch.testing.assert_close(add_at_columns(torch.zeros(3, 7), index, values), expected.float())
+    rows = add_at_rows(torch.zeros(7, 3), index[0], values.T[:50])
+    torch.testing.assert_close(rows, torch.stack([values.T[:50][index[0] == r].sum(0) for r in range(7)]))
+
+
+def test_learners_take_turns_on_a_gpu_and_not_on_the_cpu():
+    """A GPU worker's threads learn one at a time (each may use the GPU's memory whole); CPU learners run
+    side by side. The turn is a lock per device index: no GPU is needed to see it."""
+    import threading
+    import time
+
+    from datamask_dask.threads import one_learner_per_gpu
+
+    def overlap(device) -> bool:
+        inside, most = [0], [0]
+        lock = threading.Lock()
+
+        def learner():
+            with one_learner_per_gpu(device):
+                with lock:
+                    inside[0] += 1
+                    most[0] = max(most[0], inside[0])
+                time.sleep(0.05)
+                with lock:
+                    inside[0] -= 1
+
+        threads = [threading.Thread(target=learner) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return most[0] > 1
+
+    assert not overlap("cuda:0") and overlap("cpu")
