@@ -1,16 +1,24 @@
 """One CPU thread per task for torch's numeric kernels, so that the rows selected never depend on
-the scheduler, the workers' threads or the machine's cores.
+the scheduler, the workers' threads or the machine's cores; and one learner at a time on a GPU.
 
 A float sum split over more threads adds in another order (MKL's products, torch's reductions), and
 one changed last bit can turn a learned top-k or a SimHash sign. Dask and Spark run tasks side by
 side, one per core, so the machine stays busy.
+
+A GPU worker's threads read, check and write partitions beside its learner, but its learners take
+turns (:func:`one_learner_per_gpu`): each may then use the GPU's memory whole
+(:mod:`datamask_dask.plan.memory`), and two never contend for it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import threading
 
 import torch
+
+_GPU_TURNS: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
 
 
 @contextlib.contextmanager
@@ -29,3 +37,15 @@ def one_cpu_thread(device: torch.device | str = "cpu"):
     finally:
         if before != 1:
             torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def one_learner_per_gpu(device: torch.device | str = "cpu"):
+    """Hold ``device``'s turn for the block where it is a GPU: one learner at a time in this process.
+    Nothing changes on the CPU, whose learners run side by side on one thread each."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        yield
+        return
+    with _GPU_TURNS[torch.cuda.current_device() if device.index is None else device.index]:
+        yield

@@ -20,7 +20,7 @@ import torch
 
 from .. import telemetry
 from ..errors import InputDataError, OptionError
-from ..threads import one_cpu_thread
+from ..threads import one_cpu_thread, one_learner_per_gpu
 from .objectives import accepts, build_metrics, normalise_quality, weighted_diversity, weighted_diversity_both
 from .options import DataMaskOptions
 
@@ -84,7 +84,7 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
     if overrides:
         opts = opts.replace(**overrides)
     device = torch.device(device)
-    with one_cpu_thread(device):
+    with one_cpu_thread(device), one_learner_per_gpu(device):
         return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights)
 
 

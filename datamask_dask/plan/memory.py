@@ -25,7 +25,8 @@ Only a budget the user gives sizes chunks: chunk and batch sizes change the resu
 cluster happens to have must not. Without an explicit ``memory_budget`` the workers' memory is
 a limit that is checked, never obeyed (:func:`check_memory`): ``WORKER_SHARE`` of the smallest
 per-thread memory limit of the current distributed cluster's workers (``memory_limit /
-nthreads``), or, when learning on a GPU, ``GPU_SHARE`` of its free memory per thread; on the
+nthreads``), or, when learning on a GPU, ``GPU_SHARE`` of its free memory (a GPU's learners take
+turns: :func:`datamask_dask.threads.one_learner_per_gpu`); on the
 local schedulers with no GPU there is no limit. A partition whose chunk does not fit in it fails
 in the plan pass, with the chunk size that would fit, instead of running its workers out of memory;
 and where a worker's own process leaves less than ``TASK_ROOM`` below Dask's pause threshold, the
@@ -48,7 +49,7 @@ PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
 GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
 EVAL_BLOCK = 4096  # reference rows compared with a batch at once (objectives._EVAL_BLOCK)
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
-GPU_SHARE = 0.8  # of a GPU's free memory (per worker thread) when learning on it
+GPU_SHARE = 0.8  # of a GPU's free memory when learning on it (one learner at a time)
 MIN_BUDGET = 2**20  # below this nothing useful fits
 TASK_ROOM = 128 * 2**20  # the least room a worker must leave a task for any partition to be read and learned
 
@@ -119,8 +120,7 @@ def _cluster_budget(client, on_gpu: bool) -> int | None:
     workers = info.get("workers", {})
     if on_gpu:
         free = client.run(_free_gpu_memory)
-        shares = [free[address] / max(1, w.get("nthreads", 1)) * GPU_SHARE
-                  for address, w in workers.items() if free.get(address)]
+        shares = [free[address] * GPU_SHARE for address in workers if free.get(address)]
         return int(min(shares)) if shares else None
     limits = {address: w["memory_limit"] for address, w in workers.items() if w.get("memory_limit")}
     if not limits:
