@@ -247,7 +247,7 @@ def main(argv=None) -> int:
                 task_lines.append(f"| {size:,} | {label} | {team} | {task} | {count} | "
                                   f"{seconds:.2f} |")
 
-    tag = f"-t{args.threads}" + (f"-{args.label}" if args.label else "")  # each variant keeps its output
+    tag = f"-{args.label}" if args.label else f"-t{args.threads}"  # each variant keeps its output
     for workers in args.workers:
         client = get_client("cuda", n_workers=workers or None, threads_per_worker=args.threads,
                             dashboard_address=":0")

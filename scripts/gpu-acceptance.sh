@@ -3,8 +3,8 @@
 # the -m gpu tests, the 1M-row pipeline on one LocalCUDACluster worker (every column, with 1 and
 # with THREADS threads, and the selection table only), the cuDF I/O ceiling and the same table on
 # the machine's CPU cores. With BASELINE (the root of another checkout, e.g. `git worktree add`
-# of main), the same GPU job runs on that code too, in the same run, and the two outputs' `selected`
-# columns are compared.
+# of main), the same GPU job runs on that code too, in the same run; the `selected` columns of the
+# outputs are compared (this code against the baseline's, and one thread against THREADS).
 #
 #   OUT=/tmp/acceptance BASELINE=/tmp/main bash scripts/gpu-acceptance.sh
 #
@@ -81,7 +81,8 @@ if [ -n "${BASELINE:-}" ]; then
     "$PY" "${GPU_JOB[@]}" --label baseline "${RECORDS[@]}"
   step same-selection 60 "$PY" benchmarks/gpu_acceptance.py compare "$CACHE/pipeline-gpu-out" this baseline
 fi
-step gpu-all-columns-threads 110 "$PY" "${GPU_JOB[@]}" --threads "$THREADS" --label this "${RECORDS[@]}"
+step gpu-all-columns-threads 110 "$PY" "${GPU_JOB[@]}" --threads "$THREADS" --label threads "${RECORDS[@]}"
+step same-selection-threads 60 "$PY" benchmarks/gpu_acceptance.py compare "$CACHE/pipeline-gpu-out" this threads
 step io-ceiling 40 "$PY" benchmarks/gpu_acceptance.py ceiling --rows "$ROWS" "${RECORDS[@]}"
 step cpu-cores 50 "$PY" benchmarks/bench_pipeline.py --sizes "$ROWS" --workers "$WORKERS" \
   --algorithms Pair_simi --no-objective "${RECORDS[@]}"

@@ -200,3 +200,29 @@ def test_cudf_partitions_explain_every_row(cuda_client, corpus):
     quality = got.set_index("chunk_id")["quality_score"]
     better = quality.loc[got.loc[near, "duplicate_of"].astype("int64").to_numpy()].to_numpy()
     assert (better >= got.loc[near, "quality_score"].to_numpy()).all()
+
+
+def test_facility_learns_the_same_mask_on_every_gpu_run():
+    """Facility's gains add into indexed places: with CUDA's atomics their float sums, hence the mask,
+    changed from run to run; sorted sums (datamask_dask.learn.sums) give the same bits each time."""
+    from datamask_dask.learn import learn_mask
+    from datamask_dask.learn.sums import add_at_columns, add_at_rows
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    target = torch.zeros(4, 1000, device="cuda")
+    index = torch.randint(0, 1000, (4, 200_000), device="cuda", generator=generator)
+    values = torch.rand(4, 200_000, device="cuda", generator=generator)
+    sums = [add_at_columns(target.clone(), index, values) for _ in range(3)]
+    assert all(torch.equal(sums[0], other) for other in sums[1:])
+    torch.testing.assert_close(sums[0], target.clone().scatter_add_(1, index, values))
+    rows = add_at_rows(torch.zeros(1000, 8, device="cuda"), index[0], values[:, :, None].expand(-1, -1, 8)[0])
+    torch.testing.assert_close(rows, torch.zeros(1000, 8, device="cuda").index_add_(
+        0, index[0], values[:, :, None].expand(-1, -1, 8)[0]))
+
+    rng = np.random.default_rng(3)
+    embeddings = rng.standard_normal((20_000, 64)).astype(np.float32)
+    quality = rng.random(20_000)
+    masks = [learn_mask(quality, embeddings, 2000, algorithm="Facility", n_epochs=20, seed=1,
+                        device="cuda") for _ in range(2)]
+    np.testing.assert_array_equal(masks[0].mask, masks[1].mask)
+    np.testing.assert_array_equal(masks[0].scores, masks[1].scores)
