@@ -37,9 +37,11 @@ def commit(tree: Path = ROOT) -> str:
     def git(*args):
         return subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True).stdout.strip()
 
+    if os.environ.get("BENCH_COMMIT"):  # a copy of the tree sent elsewhere (a device machine): its commit
+        return os.environ["BENCH_COMMIT"]
     head = git("rev-parse", "--short", "HEAD")
-    if not head:  # a copy of the tree without its history (a device machine): the commit it was sent at
-        return os.environ.get("BENCH_COMMIT", "unknown")
+    if not head:
+        return "unknown"
     dirty = git("status", "--porcelain", "--", "datamask_dask", "integrations")
     return head + ("+changes" if dirty else "")
 

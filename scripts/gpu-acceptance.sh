@@ -25,7 +25,8 @@ CACHE=${CACHE:-.benchmark-cache}
 FILES=$((ROWS / 100000))
 LOGS=$(mktemp -d)
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 BENCH_COMMIT=${COMMIT:-unknown}
+export PYTHONUNBUFFERED=1
+[ -n "${COMMIT:-}" ] && export BENCH_COMMIT=$COMMIT  # a device machine's copy of the tree: the commit it was sent at
 RECORDS=(--json "$OUT/gpu.json")
 
 summarise() {
