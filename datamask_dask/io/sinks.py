@@ -201,6 +201,8 @@ class ParquetSink:
         old = pending["old"] if pending is not None else (read_record(target) or {}).get("files", [])
         manifest["commit"] = {"old": old, "new": names}
         work.write_manifest(manifest)
+        if target.isfile():  # an earlier single-file output of ours: the new directory takes its name
+            target.fs.rm_file(target.path)
         target.child(RUN_RECORD).remove()  # from here on the output is not complete
         for name in sorted(set(old) - set(names)):
             target.child(name).remove()

@@ -133,6 +133,7 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
     sink.check()  # before anything is computed
     with output_lock(sink.location):
         sink.check()  # as it is now that we hold the lock
+        log.info("planning %s: checking the input, near-duplicates and quotas", sink.uri)
         plan = engine.plan(progress)
         phases = {"plan": time.perf_counter() - start}
         spec, schema, newest = plan.spec, engine.schema(plan), sink.newest_run()
