@@ -107,8 +107,9 @@ def test_killed_run_resumes_without_recomputing_finished_partitions(tmp_path, ei
     assert f"{len(finished)} of {N_PARTS} partitions reused" in shown.out
     # a batch job (no terminal, so no progress bar) logs what ran, through the datamask_dask logger
     log = [line.split("datamask: ", 1)[1] for line in shown.err.splitlines() if "datamask: " in line]
-    assert [line.split(":")[0].split(" ")[0] for line in log] == ["planned", "resuming", "committed"], log
-    assert f"{len(finished)} finished partition(s) reused, {N_PARTS - len(finished)} to compute" in log[1]
+    steps = [line.split(":")[0].split(" ")[0] for line in log]
+    assert steps == ["planning", "planned", "resuming", "committed"], log
+    assert f"{len(finished)} finished partition(s) reused, {N_PARTS - len(finished)} to compute" in log[2]
     assert _bytes(target) == _bytes(reference)  # bit for bit the uninterrupted run's output
     assert not work.exists()
     # Finished parts are published as they are (hard links): not written again, same times.
