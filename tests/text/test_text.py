@@ -200,3 +200,32 @@ def test_select_from_text_into_every_output(tmp_path, output):
 
     frame = read_table(target).frame.compute()
     assert len(frame) == len(texts) and frame["selected"].sum() == round(0.25 * len(texts))
+
+
+def test_each_task_runs_torch_on_its_share_of_the_cores(monkeypatch):
+    """Threaded scheduler: the cores divided by the tasks running at once, restored after each task."""
+    import threading
+
+    import torch
+    from dask.system import CPU_COUNT
+
+    from datamask_dask.text import embedding
+    from datamask_dask.threads import task_threads
+
+    seen, real = [], embedding.encode
+
+    def spy(texts, *args, **kwargs):
+        seen.append((threading.get_ident(), torch.get_num_threads()))
+        return real(texts, *args, **kwargs)
+
+    monkeypatch.setattr(embedding, "encode", spy)
+    ddf = dd.from_pandas(pd.DataFrame({"text": TEXTS * 2}), npartitions=4)
+    before = torch.get_num_threads()
+    with dask.config.set(num_workers=2):
+        assert task_threads(4) == max(1, CPU_COUNT // 2) and task_threads(1) == CPU_COUNT
+        embed(ddf, max_tokens=32).compute(scheduler="threads")
+        assert {n for _, n in seen} == {max(1, CPU_COUNT // 2)}
+        seen.clear()
+        embed(ddf.repartition(npartitions=1), max_tokens=32).compute(scheduler="threads")
+        assert {n for _, n in seen} == {CPU_COUNT}
+    assert torch.get_num_threads() == before
