@@ -17,6 +17,7 @@ pass reads only the small columns). So:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 
@@ -73,7 +74,8 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     ``(file path, (row group,), hive keys, (first row, end row))``, of nearly equal sizes: a
     one-file, one-row-group input still makes many tasks. The schema has the hive partition keys
     as columns and leaves out unnamed pandas index columns. ``path`` is a local path or a URI
-    (``s3://...``; see :mod:`.storage`); the reader opens files on its filesystem.
+    (``s3://...``; see :mod:`.storage`); the reader opens files on its filesystem. ``rows``: each
+    piece's row count, from the footers.
     """
     rows_per_partition = max(1, int(rows_per_partition))
     location = resolve(path, storage_options)
@@ -83,7 +85,7 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     with storage_errors(location):  # the listing and the footers: the input's first reads
         dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
         schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
-        pieces, partition_names = [], {}
+        pieces, counts, partition_names = [], [], {}
         for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
             keys = ds.get_partition_keys(fragment.partition_expression)
             partition_names.update(dict.fromkeys(keys))
@@ -91,23 +93,25 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
             metadata = fragment.metadata
             for index in range(metadata.num_row_groups):
                 n_rows = metadata.row_group(index).num_rows
-                if (groups and rows + n_rows > rows_per_partition
-                        or split_row_groups and n_rows > rows_per_partition):
-                    if groups:
-                        pieces.append((fragment.path, tuple(groups), keys))
+                split = split_row_groups and n_rows > rows_per_partition
+                if groups and (split or rows + n_rows > rows_per_partition):
+                    pieces.append((fragment.path, tuple(groups), keys))
+                    counts.append(rows)
                     groups, rows = [], 0
-                if split_row_groups and n_rows > rows_per_partition:
+                if split:
                     count = -(-n_rows // rows_per_partition)
                     bounds = [n_rows * i // count for i in range(count + 1)]
-                    pieces.extend((fragment.path, (index,), keys, (start, end))
-                                  for start, end in zip(bounds, bounds[1:]))
+                    for start, end in itertools.pairwise(bounds):
+                        pieces.append((fragment.path, (index,), keys, (start, end)))
+                        counts.append(end - start)
                     continue
                 groups.append(index)
                 rows += n_rows
             if groups or not metadata.num_row_groups:
                 pieces.append((fragment.path, tuple(groups), keys))
+                counts.append(rows)
     return Pieces(schema, pieces, ParquetReader(schema, list(partition_names), filesystem),
-                  {"format": "parquet", "uri": location.uri})
+                  {"format": "parquet", "uri": location.uri}, counts)
 
 
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,

@@ -30,6 +30,7 @@ def test_default_pieces_are_whole_row_groups(files):
 def test_a_large_row_group_is_split_into_row_ranges(files):
     items = parquet_pieces(files / "one.parquet", 3000, split_row_groups=True).items
     assert [item[3] for item in items] == [(0, 2500), (2500, 5000), (5000, 7500), (7500, 10_000)]
+    assert parquet_pieces(files / "hive", 1000, split_row_groups=True).rows == [750, 750] * 6 + [1000]
     frame = read_parquet(files / "one.parquet", rows_per_partition=3000, split_row_groups=True)
     assert frame.npartitions == 4
     assert frame.map_partitions(len).compute().tolist() == [2500] * 4
