@@ -22,6 +22,8 @@ from ..errors import DataMaskError
 # Parts of a model's rows that finish often (progress, resume points) while each part's fixed costs
 # (a task, a file) stay small; the heuristic scores far faster, so its parts are larger.
 MODEL_ROWS_PER_TASK, HEURISTIC_ROWS_PER_TASK = 2048, 65536
+# Several tasks per core on a small input: parts finish early and the last ones share out evenly.
+TASKS_PER_CORE = 4
 
 
 def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
@@ -39,7 +41,7 @@ def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
                         help="start a local cluster with this many worker processes (default: threads)")
     parser.add_argument("--rows-per-task", "--rows_per_task", type=int, metavar="N",
                         help="documents per task and output part (default: a few thousand for a model, "
-                        "fewer where that would leave cores idle)")
+                        "fewer where that would make few tasks per core)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar of parts done, rows/s and time left on stderr (default: only on a "
                         "terminal; otherwise --verbose logs a line per part)")
@@ -121,7 +123,7 @@ def _largest_task(args) -> int:
 
 def _rows_per_task(args, total: int, client) -> int:
     """``--rows-per-task``, or the default: parts of a few thousand rows for a model, fewer where
-    there are fewer rows than that per core of the scheduler."""
+    that would make fewer than ``TASKS_PER_CORE`` tasks per core of the scheduler."""
     if args.rows_per_task is not None:
         return args.rows_per_task
     import dask
@@ -130,7 +132,7 @@ def _rows_per_task(args, total: int, client) -> int:
     cap = _largest_task(args)
     slots = sum(client.nthreads().values()) if client is not None else \
         int(dask.config.get("num_workers", None) or CPU_COUNT)
-    return max(1, min(cap, -(-total // max(1, slots))))
+    return max(1, min(cap, -(-total // max(1, slots * TASKS_PER_CORE))))
 
 
 def _resume_key(args, source, rows_per_task: int) -> str:
