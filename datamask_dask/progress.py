@@ -11,17 +11,25 @@ Tasks done are counted by a :class:`dask.diagnostics.ProgressBar` on the local s
 (threads, processes, sync) and from the futures' states on a distributed client. Learner runs
 report their steps through :mod:`datamask_dask.telemetry`: in this process directly, from Dask
 workers as distributed events, so one chunk of a million rows does not look like a hang.
+
+:func:`compute_parts` computes one delayed part per partition of a finished result (``datamask
+embed``, ``datamask score``) and counts the parts and their rows: the bar shows parts done, rows/s
+and the time left; without a bar, each finished part is a log line (``datamask_dask`` logger)::
+
+    [########                ] | 3/20 parts | 3072/20480 rows | 41.2 rows/s | 7m left | 1m15s
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
 import time
 
 import dask
+from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
 from . import telemetry
@@ -29,6 +37,7 @@ from .errors import worker_deaths_explained
 
 #: Characters of the bar, and seconds between two draws.
 WIDTH, DRAW_INTERVAL = 40, 0.1
+_log = logging.getLogger("datamask_dask.progress")
 
 
 def wanted(progress: bool | None) -> bool:
@@ -138,3 +147,108 @@ class _Bar(ProgressBar):
         with contextlib.suppress(ValueError):
             self._file.write("\n")
             self._file.flush()
+
+
+class Parts:
+    """Parts finished out of ``len(rows)`` (``rows``: each part's row count), rows/s and time left."""
+
+    def __init__(self, rows: list[int], keys: list | None = None):
+        self.rows, self.total = [int(r) for r in rows], sum(int(r) for r in rows)
+        self.index = {key: number for number, key in enumerate(keys or [])}
+        self.done, self.rows_done, self.started = 0, 0, time.perf_counter()
+        self._lock = threading.Lock()
+
+    def finish(self, number: int) -> None:
+        with self._lock:
+            self.done += 1
+            self.rows_done += self.rows[number]
+
+    def finish_key(self, key) -> bool:
+        """Count the part that Dask task ``key`` computed; False for any other task."""
+        number = self.index.get(key)
+        if number is not None:
+            self.finish(number)
+        return number is not None
+
+    def describe(self) -> str:
+        """``3/20 parts | 3072/20480 rows | 41.2 rows/s | 7m left``: an estimate once a part is done."""
+        from dask.utils import format_time
+
+        with self._lock:
+            done, rows_done = self.done, self.rows_done
+        text = f"{done}/{len(self.rows)} parts | {rows_done}/{self.total} rows"
+        elapsed = time.perf_counter() - self.started
+        if rows_done and elapsed > 0:
+            rate = rows_done / elapsed
+            text += f" | {rate:.1f} rows/s"
+            if done < len(self.rows):
+                text += f" | {format_time((self.total - rows_done) / rate)} left"
+        return text
+
+
+class _PartsBar(_Bar):
+    """The bar of :func:`compute_parts` on the local schedulers: the parts' share, not the tasks'."""
+
+    def __init__(self, parts: Parts):
+        super().__init__()
+        self.parts = parts
+
+    def _posttask(self, key, result, dsk, state, worker_id) -> None:
+        self.parts.finish_key(key)
+
+    def _update_bar(self, elapsed: float) -> None:
+        self._draw_bar(self.parts.done / max(1, len(self.parts.rows)), elapsed)
+
+    def _draw_bar(self, fraction: float, elapsed: float) -> None:
+        from dask.utils import format_time
+
+        text = f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {self.parts.describe()} | {format_time(elapsed)}"
+        padding, self._drawn = " " * max(0, self._drawn - len(text)), len(text)
+        with contextlib.suppress(ValueError):
+            self._file.write(f"\r{text}{padding}")
+            self._file.flush()
+
+
+class _PartsLog(Callback):
+    """Without a bar: a log line per finished part (the local schedulers)."""
+
+    def __init__(self, parts: Parts, name: str):
+        super().__init__()
+        self.parts, self.name = parts, name
+
+    def _posttask(self, key, result, dsk, state, worker_id) -> None:
+        if self.parts.finish_key(key):
+            _log.info("%s: %s", self.name, self.parts.describe())
+
+
+def compute_parts(parts: list, rows: list[int], *, scheduler=None, progress: bool | None = None,
+                  name: str = "write"):
+    """``dask.compute(*parts)`` (one Delayed per part, ``rows`` its row count) showing parts done,
+    rows/s and the time left: a bar where :func:`wanted`, else a log line per finished part."""
+    with worker_deaths_explained():
+        counter = Parts(rows, [part.key for part in parts])
+        show = wanted(progress)
+        client = client_of(scheduler)
+        if client is None:
+            with _PartsBar(counter) if show else _PartsLog(counter, name):
+                return dask.compute(*parts, scheduler=scheduler)
+        bar = _PartsBar(counter) if show else None
+        futures = client.compute(list(parts))
+        finished: set[int] = set()
+        try:
+            while True:  # until every part is done or failed; the bar's clock runs meanwhile
+                for number, future in enumerate(futures):
+                    if number not in finished and future.done():
+                        finished.add(number)
+                        counter.finish(number)
+                        if bar is None:
+                            _log.info("%s: %s", name, counter.describe())
+                if bar is not None:
+                    bar._draw_bar(len(finished) / max(1, len(futures)), time.perf_counter() - counter.started)
+                if len(finished) == len(futures):
+                    break
+                time.sleep(DRAW_INTERVAL)
+        finally:
+            if bar is not None:
+                bar.end()
+        return tuple(client.gather(futures))

@@ -17,6 +17,7 @@ pass reads only the small columns). So:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 
@@ -64,14 +65,19 @@ def _natural_key(path: str) -> list:
 
 
 def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
-                   storage_options: dict | None = None) -> Pieces:
+                   storage_options: dict | None = None, *, split_row_groups: bool = False) -> Pieces:
     """List ``path``'s partitions as :func:`read_parquet` makes them (reads only the footers).
 
     Each piece is ``(file path, row groups, hive keys)``: consecutive row groups of one file up
-    to about ``rows_per_partition`` rows, files in natural name order. The schema has the hive
-    partition keys as columns and leaves out unnamed pandas index columns. ``path`` is a local
-    path or a URI (``s3://...``; see :mod:`.storage`); the reader opens files on its filesystem.
+    to about ``rows_per_partition`` rows, files in natural name order. With ``split_row_groups``,
+    a row group of more than ``rows_per_partition`` rows becomes pieces of one row range each,
+    ``(file path, (row group,), hive keys, (first row, end row))``, of nearly equal sizes: a
+    one-file, one-row-group input still makes many tasks. The schema has the hive partition keys
+    as columns and leaves out unnamed pandas index columns. ``path`` is a local path or a URI
+    (``s3://...``; see :mod:`.storage`); the reader opens files on its filesystem. ``rows``: each
+    piece's row count, from the footers.
     """
+    rows_per_partition = max(1, int(rows_per_partition))
     location = resolve(path, storage_options)
     if not reach(location):
         raise FileNotFoundError(f"{location.uri} does not exist")
@@ -79,7 +85,7 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     with storage_errors(location):  # the listing and the footers: the input's first reads
         dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
         schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
-        pieces, partition_names = [], {}
+        pieces, counts, partition_names = [], [], {}
         for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
             keys = ds.get_partition_keys(fragment.partition_expression)
             partition_names.update(dict.fromkeys(keys))
@@ -87,19 +93,30 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
             metadata = fragment.metadata
             for index in range(metadata.num_row_groups):
                 n_rows = metadata.row_group(index).num_rows
-                if groups and rows + n_rows > rows_per_partition:
+                split = split_row_groups and n_rows > rows_per_partition
+                if groups and (split or rows + n_rows > rows_per_partition):
                     pieces.append((fragment.path, tuple(groups), keys))
+                    counts.append(rows)
                     groups, rows = [], 0
+                if split:
+                    count = -(-n_rows // rows_per_partition)
+                    bounds = [n_rows * i // count for i in range(count + 1)]
+                    for start, end in itertools.pairwise(bounds):
+                        pieces.append((fragment.path, (index,), keys, (start, end)))
+                        counts.append(end - start)
+                    continue
                 groups.append(index)
                 rows += n_rows
-            pieces.append((fragment.path, tuple(groups), keys))
+            if groups or not metadata.num_row_groups:
+                pieces.append((fragment.path, tuple(groups), keys))
+                counts.append(rows)
     return Pieces(schema, pieces, ParquetReader(schema, list(partition_names), filesystem),
-                  {"format": "parquet", "uri": location.uri})
+                  {"format": "parquet", "uri": location.uri}, counts)
 
 
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
                  rows_per_partition: int = 1_000_000, backend: str = "pandas",
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, split_row_groups: bool = False):
     """Read a parquet file or directory into a Dask DataFrame of Arrow-typed pandas partitions
     (or cuDF partitions, read on the GPU by cuDF's own reader).
 
@@ -120,6 +137,9 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     rows_per_partition : int
         Consecutive row groups of a file are read together up to about this many rows; every
         partition comes from one file, in natural file-name order.
+    split_row_groups : bool
+        Also cut a row group of more than ``rows_per_partition`` rows into row ranges (off by
+        default: a selection's partitions, hence its rows, stay as they were).
 
     Returns
     -------
@@ -135,7 +155,7 @@ def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
     """
     if backend not in ("pandas", "cudf"):
         raise ValueError(f"backend={backend!r}: expected 'pandas' or 'cudf'")
-    pieces = parquet_pieces(path, rows_per_partition, storage_options)
+    pieces = parquet_pieces(path, rows_per_partition, storage_options, split_row_groups=split_row_groups)
     frame = to_dask(pieces, "datamask-read-parquet") if backend == "pandas" else to_cudf_dask(pieces)
     return frame if columns is None else frame[list(columns)]
 
@@ -159,10 +179,12 @@ def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], files
 
     with telemetry.timed("read"):
         columns = list(schema.names) if columns is None else list(columns)
-        path, groups, keys = piece
+        path, groups, keys = piece[:3]
         file_columns = [c for c in columns if c not in partition_names]
         source = path if filesystem is None else filesystem.open(path, "rb")
         frame = cudf.read_parquet(source, columns=file_columns, row_groups=[list(groups)])
+        if len(piece) > 3:  # a row range of one row group
+            frame = frame.iloc[piece[3][0]:piece[3][1]].reset_index(drop=True)
         for name in columns:
             if name in partition_names:
                 value = pa.repeat(pa.scalar(keys.get(name), type=schema.field(name).type), len(frame))
@@ -184,13 +206,16 @@ class ParquetReader:
         self.schema, self.partition_names, self.filesystem = schema, partition_names, filesystem
 
     def __call__(self, piece, columns: list[str]) -> pa.Table:
-        path, groups, keys = piece
+        path, groups, keys = piece[:3]
         file_columns = [c for c in columns if c not in self.partition_names]
         source = pq.ParquetFile(path, filesystem=self.filesystem)
-        # One row group at a time, kept as chunks (no concatenation copy): decoding a list column
-        # needs transient level buffers several times the data, so this bounds the peak; then the
-        # allocator gives what decoding freed back to the OS instead of holding it for the worker.
-        table = pa.concat_tables([source.read_row_group(group, columns=file_columns) for group in groups])
+        if len(piece) > 3:
+            table = _row_range(source, groups[0], *piece[3], file_columns)
+        else:
+            # One row group at a time, kept as chunks (no concatenation copy): decoding a list column
+            # needs transient level buffers several times the data, so this bounds the peak; then the
+            # allocator gives what decoding freed back to the OS instead of holding it for the worker.
+            table = pa.concat_tables([source.read_row_group(group, columns=file_columns) for group in groups])
         pa.default_memory_pool().release_unused()
         arrays = []
         for name in columns:
@@ -202,6 +227,24 @@ class ParquetReader:
             else:  # pyarrow skips a column a file lacks
                 raise InputDataError(f"{path} has no column {name!r}: every file of the table needs it")
         return pa.table(arrays, names=columns)
+
+
+def _row_range(source: pq.ParquetFile, group: int, start: int, end: int, columns: list[str]) -> pa.Table:
+    """Rows ``start`` to ``end`` of row group ``group``, streamed: batches before ``start`` are decoded
+    and dropped (pyarrow reads no row ranges), and decoding stops at ``end``."""
+    if not columns:  # only hive keys: the rows are counted, not read
+        return source.read_row_group(group, columns=[]).slice(start, end - start)
+    kept, seen = [], 0
+    for batch in source.iter_batches(batch_size=max(1, min(end - start, 65536)), row_groups=[group],
+                                     columns=columns):
+        if seen + batch.num_rows > start:
+            kept.append(batch.slice(max(0, start - seen), end - max(start, seen)))
+        seen += batch.num_rows
+        if seen >= end:
+            break
+    if not kept:
+        return source.read_row_group(group, columns=columns).slice(0, 0)
+    return pa.Table.from_batches(kept)
 
 
 def to_arrow(frame) -> pa.Table:

@@ -27,13 +27,15 @@ class Pieces:
     ``items``: one picklable description per piece (a file's row groups, a Delta file fragment, an
     Iceberg scan task), in partition order. ``reader(item, columns) -> pyarrow.Table``, picklable
     (it travels to the workers), reads ``columns`` in ``schema``'s types. ``source``: what was read,
-    for run records (``format``, ``uri`` and the snapshot, ``version``).
+    for run records (``format``, ``uri`` and the snapshot, ``version``). ``rows``: each piece's row
+    count, where the listing knows it (None otherwise).
     """
 
     schema: pa.Schema
     items: list
     reader: Callable
     source: dict = field(default_factory=dict)
+    rows: list | None = None
 
     def __len__(self) -> int:
         return len(self.items)

@@ -73,34 +73,76 @@ class Staging:
         self.location.remove()
 
 
-def write_output(sink, data, record: dict, *, scheduler=None) -> dict:
+def write_output(sink, data, record: dict, *, scheduler=None, key: str | None = None,
+                 rows: list[int] | None = None, progress: bool | None = None, announce=None,
+                 name: str | None = None) -> dict:
     """Write ``data`` through ``sink`` and commit it with ``record``, all or nothing, under the
     output's lock: how the package writes a finished result (``write_parquet``, ``write_delta``,
     ``write_iceberg``, ``write_table_output``). A selection run is :func:`datamask_dask.run.protocol.execute`.
 
     ``data``: a Dask DataFrame, whose partitions are written by their own tasks, in parallel and
     never gathered; or a pandas frame, an Arrow table or a record batch reader, read whole.
+
+    ``key``: a stable name for the staging folder, which then outlives a failed or interrupted
+    write: a rerun with the same key reuses the parts it holds (a sink with ``finished_part``, whole
+    as parts are written atomically, and of the expected row count) and computes only the others.
+    It must change with anything that changes the output (input, options). ``rows``: each
+    partition's row count, for the reuse check and for :func:`datamask_dask.progress.compute_parts`'s
+    parts, rows/s and time left (shown as ``progress`` says; ``name`` starts its log lines).
+    ``announce(message)`` hears of a resume.
     """
     if hasattr(data, "to_delayed"):
         parts, schema = data.to_delayed(), to_arrow(data._meta).schema
     else:
         parts = [data.read_all() if isinstance(data, pa.RecordBatchReader) else to_arrow(data)]
         schema = parts[0].schema
+    if rows is not None and len(rows) != len(parts):
+        raise ValueError(f"rows: {len(rows)} counts for {len(parts)} partitions")
     sink.check()
     with output_lock(sink.location):
         sink.check()  # as it is now that we hold the lock
-        run_id = uuid.uuid4().hex
-        staging = Staging(sink.location.sibling(f".{sink.location.name}.datamask-write-{run_id}"), run_id)
+        run_id = key or uuid.uuid4().hex
+        staging = Staging(sink.location.sibling(f"{_staging_prefix(sink.location)}{run_id}"), run_id)
+        written: list = [None] * len(parts)
+        finished_part = getattr(sink, "finished_part", None) if key else None
+        if finished_part is not None:
+            for number in range(len(parts)):
+                written[number] = finished_part(staging, number, None if rows is None else rows[number])
+        todo = [number for number in range(len(parts)) if written[number] is None]
+        if len(todo) < len(parts) and announce is not None:
+            announce(f"resuming: {len(parts) - len(todo)} of {len(parts)} parts already done")
+        committed = False
         try:
             write = dask.delayed(sink.writer(staging), pure=True)
-            written = dask.compute(*[write(part, number) for number, part in enumerate(parts)],
-                                   scheduler=scheduler)
-            return sink.commit(staging, {}, list(written), schema, record)
+            tasks = [write(parts[number], number) for number in todo]
+            if rows is None:
+                results = dask.compute(*tasks, scheduler=scheduler)
+            else:
+                from ..progress import compute_parts
+
+                results = compute_parts(tasks, [rows[number] for number in todo], scheduler=scheduler,
+                                        progress=progress, name=name or record.get("kind", "write"))
+            for number, result in zip(todo, results, strict=True):
+                written[number] = result
+            committed_record = sink.commit(staging, {}, written, schema, record)
+            committed = True
+            return committed_record
         except BaseException:
-            sink.abort(staging)
+            if key is None:  # a keyed write keeps its parts for the rerun
+                sink.abort(staging)
             raise
         finally:
-            staging.remove()
+            if committed or key is None:
+                staging.remove()
+            if committed:  # under the lock, any other staging folder of this output is a dead run's
+                prefix = _staging_prefix(sink.location)
+                for name in sink.location.parent.list():
+                    if name.startswith(prefix):
+                        sink.location.sibling(name).remove()
+
+
+def _staging_prefix(location: Location) -> str:
+    return f".{location.name}.datamask-write-"
 
 
 def part_name(number: int) -> str:
@@ -212,6 +254,17 @@ class ParquetSink:
     def abort(self, work) -> None:
         """Nothing to do: every part is in the work area."""
 
+    def finished_part(self, work, number: int, rows: int | None = None) -> dict | None:
+        """The descriptor of partition ``number``'s part left in ``work`` by an interrupted write, if it
+        is there (whole: parts are written atomically) with ``rows`` rows (when given); else None."""
+        part = work.child(f"{part_stem(number)}.parquet")
+        try:
+            found = parquet_file(part).metadata.num_rows
+            descriptor = {"file": part.name, "bytes": part.size(), "rows": found}
+        except (OSError, pa.ArrowException):
+            return None
+        return descriptor if found and (rows is None or found == rows) else None
+
 
 def _fill(into: Location, files: dict, schema: pa.Schema, put) -> list[str]:
     """``put(file, destination)`` each of ``files`` under its name in ``into``; its names. An empty
@@ -235,7 +288,7 @@ def _link(source: Location, destination: Location) -> None:
 
 
 def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
-                  overwrite: bool = False, inputs=(), scheduler=None) -> dict:
+                  overwrite: bool = False, inputs=(), scheduler=None, **resume) -> dict:
     """Compute ``ddf`` (on ``scheduler``) and write it as parquet, atomically (the rules of
     :mod:`.output`); its rows written, as ``{"rows": n}``.
 
@@ -251,7 +304,10 @@ def write_parquet(ddf, path: str | os.PathLike, *, single_file: bool = False,
         ``FileExistsError`` (and anything else :class:`~.output.UnsafeOutputError`).
     inputs : iterable of path
         Where ``ddf`` was read from: ``path`` may not be, contain or lie inside any of them.
+    **resume
+        ``key``, ``rows``, ``progress``, ``announce``, ``name``: resuming and progress, see
+        :func:`write_output`.
     """
     sink = ParquetSink(resolve(path), overwrite=overwrite, single_file=single_file, inputs=inputs)
     record = {"tool": "datamask-dask", "kind": "write_parquet"}
-    return write_output(sink, ddf, record, scheduler=scheduler)
+    return write_output(sink, ddf, record, scheduler=scheduler, **resume)

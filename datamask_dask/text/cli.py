@@ -1,18 +1,29 @@
 """``datamask embed`` and ``datamask score``, and the text path of ``datamask select --text-column``.
 
-The sub-commands write a parquet directory with every input column plus the new one through
-Dask's writer: the ``select`` command's resumable writer is not needed, as these outputs are
-recomputed from the input.
+The sub-commands write a parquet directory with every input column plus the new one, one part per
+task. The input is cut into tasks of ``--rows-per-task`` rows whatever its files and row groups
+(a row group larger than a task is read as row ranges), so every core gets work; each task runs
+torch on its share of the cores. Parts done, rows/s and the time left are shown as ``select``
+shows its progress. An interrupted run leaves its finished parts in a staging folder named after
+the input, the command and its options: the same command again reuses them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import time
 import traceback
 
 from ..errors import DataMaskError
+
+# Parts of a model's rows that finish often (progress, resume points) while each part's fixed costs
+# (a task, a file) stay small; the heuristic scores far faster, so its parts are larger.
+MODEL_ROWS_PER_TASK, HEURISTIC_ROWS_PER_TASK = 2048, 65536
+# Several tasks per core on a small input: parts finish early and the last ones share out evenly.
+TASKS_PER_CORE = 4
 
 
 def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
@@ -28,6 +39,12 @@ def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
     parser.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
     parser.add_argument("--n-workers", "--n_workers", type=int,
                         help="start a local cluster with this many worker processes (default: threads)")
+    parser.add_argument("--rows-per-task", "--rows_per_task", type=int, metavar="N",
+                        help="documents per task and output part (default: a few thousand for a model, "
+                        "fewer where that would make few tasks per core)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar of parts done, rows/s and time left on stderr (default: only on a "
+                        "terminal; otherwise --verbose logs a line per part)")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
 
 
@@ -97,18 +114,64 @@ def fill_text_columns(ddf, args):
     return ddf
 
 
+def _largest_task(args) -> int:
+    if args.rows_per_task is not None:
+        return args.rows_per_task
+    heuristic = args.command == "score" and args.scorer == "heuristic"
+    return HEURISTIC_ROWS_PER_TASK if heuristic else MODEL_ROWS_PER_TASK
+
+
+def _rows_per_task(args, total: int, client) -> int:
+    """``--rows-per-task``, or the default: parts of a few thousand rows for a model, fewer where
+    that would make fewer than ``TASKS_PER_CORE`` tasks per core of the scheduler."""
+    if args.rows_per_task is not None:
+        return args.rows_per_task
+    import dask
+    from dask.system import CPU_COUNT
+
+    cap = _largest_task(args)
+    slots = sum(client.nthreads().values()) if client is not None else \
+        int(dask.config.get("num_workers", None) or CPU_COUNT)
+    return max(1, min(cap, -(-total // max(1, slots * TASKS_PER_CORE))))
+
+
+def _resume_key(args, source, rows_per_task: int) -> str:
+    """Names an interrupted run's staging folder: what the output depends on (the input's files, the
+    command, its options, the package's version), so that nothing else reuses its parts."""
+    from .. import __version__
+    from ..io.storage import input_fingerprint
+
+    options = {key: value for key, value in sorted(vars(args).items())
+               if key not in ("input", "output", "overwrite", "scheduler", "n_workers", "progress", "verbose",
+                              "rows_per_task")}
+    if args.command == "embed":
+        from .embedding import resolve_model_path
+
+        options["model"] = str(resolve_model_path(args.model))
+    described = json.dumps([__version__, input_fingerprint(source), rows_per_task, options],
+                           sort_keys=True, default=str)
+    return f"{args.command}-{hashlib.sha256(described.encode()).hexdigest()[:20]}"
+
+
 def run_text(args: argparse.Namespace) -> int:
     """Run ``datamask embed`` or ``datamask score`` for the parsed ``args``; returns the exit status."""
-    import dask.dataframe as dd
-
+    from ..cli import _log_to_stderr
     from ..cluster import get_client
     from ..io.output import check_target
+    from ..io.parquet import parquet_pieces
+    from ..io.pieces import to_dask
     from ..io.sinks import write_parquet
     from ..io.storage import resolve
     from .embedding import embed
     from .quality import score_quality
 
     started = time.perf_counter()
+    name = f"datamask {args.command}"
+    if args.rows_per_task is not None and args.rows_per_task < 1:
+        print(f"{name}: error: --rows-per-task must be a positive number of rows, got {args.rows_per_task}",
+              file=sys.stderr)
+        return 1
+    _log_to_stderr(args)
     source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
     client = None
     try:
@@ -117,7 +180,12 @@ def run_text(args: argparse.Namespace) -> int:
         check_target(target, overwrite=args.overwrite, inputs=[source])  # before any work
         if args.scheduler or args.n_workers:
             client = get_client(args.scheduler or "cpu", n_workers=args.n_workers, dashboard_address=":0")
-        ddf = dd.read_parquet(source.uri)
+        cap = _largest_task(args)
+        pieces = parquet_pieces(source.uri, cap, split_row_groups=True)
+        rows_per_task = _rows_per_task(args, sum(pieces.rows), client)
+        if rows_per_task != cap:
+            pieces = parquet_pieces(source.uri, rows_per_task, split_row_groups=True)
+        ddf = to_dask(pieces, "datamask-read-parquet")
         if args.command == "embed":
             out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                         device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,
@@ -126,16 +194,20 @@ def run_text(args: argparse.Namespace) -> int:
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
                                 device=args.device)
-        rows = write_parquet(out, target, overwrite=args.overwrite, inputs=[source])["rows"]
+        key = _resume_key(args, source, rows_per_task)
+        rows = write_parquet(out, target, overwrite=args.overwrite, inputs=[source], scheduler=client,
+                             key=key, rows=pieces.rows if len(pieces) else [0], progress=args.progress,
+                             name=args.command, announce=lambda message: print(f"{name}: {message}",
+                                                                       file=sys.stderr))["rows"]
     except (DataMaskError, OSError, ImportError) as exc:
         if args.verbose:
             traceback.print_exc()
-        print(f"datamask {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 1
     finally:
         if client is not None:
             client.close() if args.scheduler else client.shutdown()
-    print(f"datamask {args.command}: {rows} rows, column {args.output_column!r} added in "
-          f"{time.perf_counter() - started:.1f} s -> {target}")
+    seconds = time.perf_counter() - started
+    print(f"{name}: {rows} rows, column {args.output_column!r} added in {seconds:.1f} s "
+          f"({rows / max(seconds, 1e-9):.1f} rows/s, {len(pieces)} tasks) -> {target}")
     return 0
-

@@ -117,10 +117,13 @@ def _dimension(st) -> int:
 
 
 def _embed_partition(part: pd.DataFrame, text_column: str, output_column: str, model, batch_size: int,
-                     device: str, max_tokens: int, long_documents: str, partition_info=None):
+                     device: str, max_tokens: int, long_documents: str, tasks: int = 1, partition_info=None):
+    from ..threads import task_threads, torch_threads
+
     text = text_values(part, text_column, partition_name(partition_info), "embed")
-    vectors = encode(text.tolist(), model, batch_size=batch_size, device=device, max_tokens=max_tokens,
-                     long_documents=long_documents)
+    with torch_threads(task_threads(tasks), resolve_device(device)):
+        vectors = encode(text.tolist(), model, batch_size=batch_size, device=device, max_tokens=max_tokens,
+                         long_documents=long_documents)
     n, dim = vectors.shape
     offsets = pa.array(np.arange(n + 1, dtype=np.int32) * dim)
     column = pa.ListArray.from_arrays(offsets, pa.array(vectors.reshape(-1)))
@@ -159,7 +162,9 @@ def embed(ddf, text_column: str = "text", model=None, batch_size: int = 64, devi
     Returns
     -------
     dask.dataframe.DataFrame
-        Every input column plus ``output_column``; nothing is computed until asked.
+        Every input column plus ``output_column``; nothing is computed until asked. Each task runs
+        torch on its share of the CPU cores (:func:`~datamask_dask.threads.task_threads`): the
+        cores divided among the tasks running at once.
     """
     if long_documents not in _LONG:
         raise OptionError(f"long_documents must be one of {_LONG}, got {long_documents!r}")
@@ -172,4 +177,4 @@ def embed(ddf, text_column: str = "text", model=None, batch_size: int = 64, devi
     empty = pd.Series([], dtype=EMBEDDING_DTYPE, index=ddf._meta.index[:0])
     meta = ddf._meta.assign(**{output_column: empty})
     return ddf.map_partitions(_embed_partition, text_column, output_column, path, int(batch_size), device,
-                              int(max_tokens), long_documents, meta=meta)
+                              int(max_tokens), long_documents, ddf.npartitions, meta=meta)

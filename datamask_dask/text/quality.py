@@ -176,14 +176,17 @@ def _resolve_scorer(scorer):
 
 
 def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, kind: str, scorer,
-                     batch_size: int, device: str, max_tokens: int, partition_info=None):
+                     batch_size: int, device: str, max_tokens: int, tasks: int = 1, partition_info=None):
     where = partition_name(partition_info)
     text = text_values(part, text_column, where, "score_quality")
     if kind == "heuristic":
         values = heuristic_scores(text)
     elif kind == "classifier":
-        values = classifier_scores(text.tolist(), scorer, device=device, batch_size=batch_size,
-                                   max_tokens=max_tokens)
+        from ..threads import task_threads, torch_threads
+
+        with torch_threads(task_threads(tasks), resolve_device(device)):
+            values = classifier_scores(text.tolist(), scorer, device=device, batch_size=batch_size,
+                                       max_tokens=max_tokens)
     else:
         values = np.asarray(scorer(text.tolist()), dtype=np.float64).reshape(-1)
         if len(values) != len(text):
@@ -213,7 +216,8 @@ def score_quality(ddf, text_column: str = "text", scorer="heuristic",
         The name :func:`~datamask_dask.datamask_select` reads quality from by default; several
         quality columns combine by weights there (``quality_column={"a": 0.7, "b": 0.3}``).
     batch_size, device, max_tokens
-        For a model directory scorer only.
+        For a model directory scorer only (which runs torch on each task's share of the CPU cores,
+        as :func:`~datamask_dask.text.embed` does).
     """
     kind, resolved = _resolve_scorer(scorer)
     check_text_meta(ddf, text_column, output_column, "score_quality")
@@ -221,4 +225,4 @@ def score_quality(ddf, text_column: str = "text", scorer="heuristic",
         resolve_device(device)
     meta = ddf._meta.assign(**{output_column: pd.Series([], dtype="float64", index=ddf._meta.index[:0])})
     return ddf.map_partitions(_score_partition, text_column, output_column, kind, resolved, int(batch_size),
-                              device, int(max_tokens), meta=meta)
+                              device, int(max_tokens), ddf.npartitions, meta=meta)

@@ -200,3 +200,87 @@ def test_select_from_text_into_every_output(tmp_path, output):
 
     frame = read_table(target).frame.compute()
     assert len(frame) == len(texts) and frame["selected"].sum() == round(0.25 * len(texts))
+
+
+def test_each_task_runs_torch_on_its_share_of_the_cores(monkeypatch):
+    """Threaded scheduler: the cores divided by the tasks running at once, restored after each task."""
+    import threading
+
+    import torch
+    from dask.system import CPU_COUNT
+
+    from datamask_dask.text import embedding
+    from datamask_dask.threads import task_threads
+
+    seen, real = [], embedding.encode
+
+    def spy(texts, *args, **kwargs):
+        seen.append((threading.get_ident(), torch.get_num_threads()))
+        return real(texts, *args, **kwargs)
+
+    monkeypatch.setattr(embedding, "encode", spy)
+    ddf = dd.from_pandas(pd.DataFrame({"text": TEXTS * 2}), npartitions=4)
+    before = torch.get_num_threads()
+    with dask.config.set(num_workers=2):
+        assert task_threads(4) == max(1, CPU_COUNT // 2) and task_threads(1) == CPU_COUNT
+        embed(ddf, max_tokens=32).compute(scheduler="threads")
+        assert {n for _, n in seen} == {max(1, CPU_COUNT // 2)}
+        seen.clear()
+        embed(ddf.repartition(npartitions=1), max_tokens=32).compute(scheduler="threads")
+        assert {n for _, n in seen} == {CPU_COUNT}
+    assert torch.get_num_threads() == before
+
+
+def test_an_interrupted_score_reuses_its_finished_parts(tmp_path, monkeypatch, capsys):
+    """A run that fails on one part keeps the parts it finished; the same command again computes only
+    the others, says so, and writes the same bytes as a run never interrupted."""
+    from datamask_dask.text import quality
+
+    source = tmp_path / "in.parquet"
+    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * 4)]
+    pd.DataFrame({"chunk_id": range(len(texts)), "text": texts}).to_parquet(source)
+    flags = ["score", "--input", str(source), "--rows-per-task", "4"]  # six parts of four rows
+    assert main([*flags, "--output", str(tmp_path / "whole")]) == 0
+    assert "6/6 parts | 24/24 rows" in capsys.readouterr().err  # not a terminal: a log line per part
+
+    real, calls, failing = quality.heuristic_scores, [], [True]
+
+    def flaky(text):
+        calls.append(len(text))
+        if failing[0] and len(calls) == 4:
+            raise InputDataError("the scorer failed on its fourth part")
+        return real(text)
+
+    monkeypatch.setattr(quality, "heuristic_scores", flaky)
+    out = tmp_path / "out"
+    with dask.config.set(scheduler="sync"):  # parts one after another: three finish before the failure
+        assert main([*flags, "--output", str(out)]) == 1
+        assert "fourth part" in capsys.readouterr().err
+        assert [p.name for p in tmp_path.iterdir() if ".out.datamask-write-" in p.name]  # kept for the rerun
+        calls.clear()
+        failing[0] = False
+        assert main([*flags, "--output", str(out)]) == 0
+    assert "resuming: 3 of 6 parts already done" in capsys.readouterr().err
+    assert len(calls) == 3
+    for number in range(6):
+        name = f"part.{number}.parquet"
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+    assert not [p.name for p in tmp_path.iterdir() if "datamask-write" in p.name]  # removed on commit
+    # other options: another key, nothing reused
+    assert main([*flags, "--output", str(out), "--overwrite", "--output-column", "q"]) == 0
+    assert "resuming" not in capsys.readouterr().err
+
+
+def test_one_file_one_row_group_is_split_over_the_cores(tmp_path, capsys):
+    import pyarrow.parquet as pq
+    from dask.system import CPU_COUNT
+
+    source = tmp_path / "in.parquet"
+    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * 4)]
+    pq.write_table(pa.table({"text": texts}), source)  # one file, one row group
+    assert main(["score", "--input", str(source), "--output", str(tmp_path / "out")]) == 0
+    parts = sorted(p.name for p in (tmp_path / "out").glob("part.*.parquet"))
+    assert len(parts) == min(4 * CPU_COUNT, len(texts))  # several tasks per core
+    assert main(["score", "--input", str(source), "--output", str(tmp_path / "bad"),
+                 "--rows-per-task", "0"]) == 1
+    assert "--rows-per-task must be a positive" in capsys.readouterr().err
