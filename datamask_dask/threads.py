@@ -21,22 +21,10 @@ import torch
 _GPU_TURNS: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
 
 
-@contextlib.contextmanager
 def one_cpu_thread(device: torch.device | str = "cpu"):
-    """Run torch on one CPU thread for the block: this thread's OpenMP and MKL counts (torch sets
-    both per thread), restored after, so a caller's own thread count is left as it was. Nothing
-    changes where ``device`` is not the CPU."""
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    if before != 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if before != 1:
-            torch.set_num_threads(before)
+    """Run torch on one CPU thread for the block (:func:`torch_threads`), so that its sums add in one
+    order. Nothing changes where ``device`` is not the CPU."""
+    return torch_threads(1, device)
 
 
 @contextlib.contextmanager
@@ -71,8 +59,9 @@ def task_threads(tasks: int) -> int:
 
 @contextlib.contextmanager
 def torch_threads(n: int, device: torch.device | str = "cpu"):
-    """Run torch on ``n`` CPU threads for the block (this thread's OpenMP and MKL counts, as
-    :func:`one_cpu_thread`), restored after. Nothing changes where ``device`` is not the CPU."""
+    """Run torch on ``n`` CPU threads for the block: this thread's OpenMP and MKL counts (torch sets both
+    per thread), restored after, so a caller's own count is left as it was. Nothing changes where
+    ``device`` is not the CPU."""
     if torch.device(device).type != "cpu":
         yield
         return
