@@ -235,6 +235,24 @@ def ways(candidates: list[int]) -> dict:
     return named
 
 
+def compare(table: Table, metric: str, lamb: float, chosen: dict,
+            greedy_max_work: float = GREEDY_MAX_WORK) -> dict:
+    """Each way's selection and its yardstick, the references computed once for them all."""
+    options = options_for(metric, lamb)
+    selections = {name: way(table, options, metric, lamb) for name, way in chosen.items()}
+    masks = []
+    for name, selection in selections.items():
+        mask = np.zeros(len(table.quality), dtype=bool)
+        mask[selection.rows] = True
+        if mask.sum() != table.k or selection.rows.size != table.k:
+            raise SystemExit(f"{metric} {lamb} {name}: {selection.rows.size} rows, not {table.k}")
+        masks.append(mask)
+    scores = measure_all(table.quality, table.emb, masks, algorithm=metric, lamb=lamb,
+                         greedy_max_work=greedy_max_work)
+    return {name: (selection, score) for (name, selection), score in zip(selections.items(), scores,
+                                                                         strict=True)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -260,21 +278,11 @@ def main(argv=None) -> int:
         table = prepare(case)
         for metric in args.metrics:
             for lamb in args.lambs:
-                options = options_for(metric, lamb)
-                selections = {name: way(table, options, metric, lamb) for name, way in chosen.items()}
-                masks = []
-                for name, selection in selections.items():
-                    mask = np.zeros(len(table.quality), dtype=bool)
-                    mask[selection.rows] = True
-                    if mask.sum() != table.k:
-                        raise SystemExit(f"{case} {metric} {lamb} {name}: {mask.sum()} rows, not {table.k}")
-                    masks.append(mask)
-                scores = measure_all(table.quality, table.emb, masks, algorithm=metric, lamb=lamb,
-                                     greedy_max_work=args.greedy_max_work)
+                results = compare(table, metric, lamb, chosen, args.greedy_max_work)
                 cells = [f"{score.share:.1%} ({score.objective:.5f}) {selection.seconds:.1f} s"
-                         for score, selection in zip(scores, selections.values(), strict=True)]
+                         for selection, score in results.values()]
                 lines.append(f"| {case} | {metric} | {lamb:g} | " + " | ".join(cells)
-                             + f" | {scores[0].topk_share:.1%} |")
+                             + f" | {next(iter(results.values()))[1].topk_share:.1%} |")
                 print(lines[-1], flush=True)
     print(f"\n{time.perf_counter() - started:.0f} s in all", flush=True)
     if args.json:
