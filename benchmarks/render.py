@@ -129,7 +129,8 @@ def suite(runs: list[dict]) -> list[str]:
 
 SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suite,
             **{name: tables for name in ("pipeline", "gpu", "ceiling", "duplicates", "table-scale",
-                                         "search-graph", "spark", "storage", "conformance", "text-speed")}}
+                                         "search-graph", "spark", "storage", "conformance", "text-speed",
+                                         "rounds")}}
 
 
 def render(page: str) -> str:

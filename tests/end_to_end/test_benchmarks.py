@@ -117,6 +117,23 @@ def test_the_quality_layouts_hold_the_same_rows_and_count_the_pieces_their_jobs_
     assert topics["topics"] < topics["spread"] == 6
 
 
+def test_every_way_of_bench_rounds_selects_exactly_k_rows_and_one_piece_is_scored(tmp_path, monkeypatch):
+    import math
+
+    import bench_quality
+    import bench_rounds
+
+    monkeypatch.setattr(bench_quality, "CACHE", tmp_path)
+    monkeypatch.setitem(bench_quality.CASES, "tiny", bench_quality.Case(1200, 8, 4, 6, "topics", 300))
+    table = bench_rounds.prepare("tiny")
+    results = bench_rounds.compare(table, "Pair_simi", 0.0, bench_rounds.ways([2, 3]))
+    assert table.k == 120 and len(results) == 9
+    for name, (selection, _) in results.items():
+        assert np.unique(selection.rows).size == table.k, name
+        assert np.isin(selection.rows, table.eligible).all(), name  # near-duplicates set aside stay out
+    assert math.isfinite(results["one piece"][1].share)
+
+
 @pytest.mark.slow
 def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tmp_path, monkeypatch, capsys):
     """gpu_acceptance.py's round trip, on CPU: the rows a job selected are packed into a file, and the

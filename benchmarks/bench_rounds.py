@@ -1,0 +1,297 @@
+"""Which way of learning a table in pieces keeps the selection as good as learning it whole (issue 52):
+each way simulated on one process with the package's learner (``learn_mask``, CPU, the CLI's
+options for the metric), scored with the yardstick over every row of the table.
+
+The tables are ``bench_quality.py``'s cases; each file is a piece, its rows in file order. As the
+CLI does by default, near-duplicates are set aside first (``diversity_scope="table"``: the package's
+own search) and a kept row stands for its group; ``k = round(ratio * rows)``; every piece holds at
+most the case's ``max_chunk_rows`` rows (a larger group is cut into contiguous chunks whose quotas
+``split_quota`` sets, as ``partition.select`` does). The ways:
+
+- ``pieces``: main's way. Each file learns its quota, the quotas by quality mass
+  (``plan.quotas.split_quota`` on the eligible rows: the table-wide quality top ``oversample * k``).
+- ``pieces, greedy quotas``: the same pieces, quotas in proportion to each file's share of lazy
+  greedy's picks on a uniform sample of the table (greedy picks the best marginal gain across every
+  file at each step, so the quotas equalise marginal gains); the learner still selects.
+- ``2 rounds, c = C``: (a), as in RandGreeDi. Each file learns ``C x`` its quota as candidates, then
+  one learner over the union of candidates picks ``k``, with the union's own quality range
+  (``table range``: the table's) or, ``weighted``, each candidate standing for the table's rows
+  nearest it (Facility's coverage then counts the whole table; the other metrics do not use weights).
+- ``clusters``: (b), simplified. Spherical k-means of the table (``suite.data.topic_labels``) into as
+  many clusters as files; each cluster is a piece, its quota by quality mass or by greedy's picks on
+  the sample, as above.
+- ``one piece``: the whole table learned at once (the ceiling).
+
+Seconds are the learner's, summed over its runs, plus the way's own planning (k-means, greedy on the
+sample, the candidates' weights); the near-duplicate search and the scoring are not counted.
+
+    python benchmarks/bench_rounds.py --json benchmarks/results/rounds.json
+    python benchmarks/bench_rounds.py --case 24k-d64-topics --metrics Pair_simi --lambs 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_quality  # noqa: E402
+import record  # noqa: E402
+from suite.data import layout_order, topic_labels  # noqa: E402
+
+from datamask_dask.config import learner_options, load_config  # noqa: E402
+from datamask_dask.dedup.search import find_groups  # noqa: E402
+from datamask_dask.dedup.simhash import hyperplanes, signatures  # noqa: E402
+from datamask_dask.learn.baselines import lazy_greedy  # noqa: E402
+from datamask_dask.learn.engine import learn_mask  # noqa: E402
+from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all  # noqa: E402
+from datamask_dask.partition.select import derive_seed  # noqa: E402
+from datamask_dask.plan.quotas import allocate, split_quota  # noqa: E402
+
+RATIO = 0.1
+OVERSAMPLE = 2.0  # the CLI's default candidate pool of the quality-mass quotas
+DUPLICATE_COSINE = 0.95  # the CLI's default near-duplicate threshold
+GREEDY_SAMPLE_ROWS = 4000  # rows of the uniform sample whose greedy picks set the greedy quotas
+
+
+@dataclass
+class Table:
+    """A case's rows (in id order, as the yardstick scores them) and what every way starts from."""
+
+    quality: np.ndarray
+    emb: np.ndarray  # unit rows
+    eligible: np.ndarray  # rows not set aside as near-duplicates, in file order
+    weights: np.ndarray  # rows of the table each row stands for (its near-duplicate group)
+    file_of: np.ndarray  # each row's file
+    files: int
+    k: int
+    max_rows: int  # rows a piece holds at most
+
+    @property
+    def quality_range(self) -> tuple[float, float]:
+        return float(self.quality.min()), float(self.quality.max())
+
+
+@dataclass
+class Selection:
+    rows: np.ndarray
+    seconds: float
+
+
+def prepare(case: str) -> Table:
+    """The case's table as ``bench_quality.dataset`` writes it, its files and near-duplicate groups."""
+    shape = bench_quality.CASES[case]
+    _, quality, emb = bench_quality.dataset(case)
+    emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    order = layout_order(emb, shape.layout, shape.clusters)
+    order = np.arange(len(quality)) if order is None else order
+    file_of = np.empty(len(quality), dtype=np.int64)
+    for number, rows in enumerate(np.array_split(order, shape.files)):
+        file_of[rows] = number
+    part = {"quality": quality.astype(np.float64), "codes": np.zeros(len(quality), dtype=np.int64),
+            "labels": [None], "signatures": signatures(emb, hyperplanes(emb.shape[1]))}
+    (groups,) = find_groups([part], DUPLICATE_COSINE)
+    weights = np.ones(len(quality))
+    weights[groups.kept] = groups.weights
+    visible = np.ones(len(quality), dtype=bool)
+    visible[groups.shadowed] = False
+    max_rows = shape.max_chunk_rows or -(-shape.rows // shape.files)
+    return Table(quality, emb, order[visible[order]], weights, file_of, shape.files,
+                 round(RATIO * len(quality)), max_rows)
+
+
+def options_for(metric: str, lamb: float):
+    """The learner's options as the CLI forms them for ``metric`` (prune is the plan's, table-wide)."""
+    return learner_options(load_config(None, algorithm=metric, lamb=lamb, device="cpu")).replace(prune=0.0)
+
+
+def learn(table: Table, rows: np.ndarray, k: int, options, seed_number: int, quality_range=None,
+          weights=None) -> Selection:
+    """``k`` of ``rows`` chosen by the learner (all of them where ``k`` reaches their count)."""
+    if k <= 0:
+        return Selection(rows[:0], 0.0)
+    if k >= rows.size:
+        return Selection(rows, 0.0)
+    started = time.perf_counter()
+    result = learn_mask(table.quality[rows], table.emb[rows], k, options, quality_range=quality_range,
+                        weights=table.weights[rows] if weights is None else weights,
+                        seed=derive_seed(options.seed, seed_number, 0, 0))
+    return Selection(rows[result.mask], time.perf_counter() - started)
+
+
+def learn_apart(table: Table, options, group_of: np.ndarray, quotas: np.ndarray) -> Selection:
+    """Each group of the eligible rows learns its quota, blind to the others, in contiguous chunks of at
+    most ``table.max_rows`` rows whose quotas ``split_quota`` sets (as ``partition.select`` does)."""
+    picked, seconds, seed_number = [], 0.0, 0
+    for group, quota in enumerate(quotas):
+        rows = table.eligible[group_of == group]
+        if not rows.size:
+            continue
+        n_chunks = -(-rows.size // table.max_rows)
+        chunk_of_row = np.arange(rows.size) * n_chunks // rows.size
+        chunk_quotas = split_quota(table.quality[rows], chunk_of_row, n_chunks, int(quota), OVERSAMPLE)
+        for chunk, chunk_quota in enumerate(chunk_quotas):
+            selection = learn(table, rows[chunk_of_row == chunk], int(chunk_quota), options, seed_number,
+                              table.quality_range)
+            picked.append(selection.rows)
+            seconds += selection.seconds
+            seed_number += 1
+    return Selection(np.concatenate(picked), seconds)
+
+
+def quality_mass_quotas(table: Table, group_of: np.ndarray, groups: int, k: int) -> np.ndarray:
+    """Quotas as ``plan.quotas`` sets them: each group's part of the table-wide quality top
+    ``oversample * k`` eligible rows."""
+    return split_quota(table.quality[table.eligible], group_of, groups, k, OVERSAMPLE)
+
+
+def greedy_quotas(table: Table, group_of: np.ndarray, groups: int, metric: str, lamb: float) -> np.ndarray:
+    """Quotas in proportion to each group's share of lazy greedy's picks on a uniform sample of the
+    eligible rows, at the sample's share of ``k``."""
+    sample = np.sort(np.random.default_rng(0).choice(table.eligible.size,
+                                                     min(GREEDY_SAMPLE_ROWS, table.eligible.size),
+                                                     replace=False))
+    rows = table.eligible[sample]
+    picks = lazy_greedy(table.quality[rows], table.emb[rows], max(1, round(table.k * rows.size /
+                                                                         table.eligible.size)),
+                        algorithm=metric, lamb=lamb, quality_range=table.quality_range,
+                        weights=table.weights[rows])
+    sizes = np.bincount(group_of, minlength=groups)
+    return allocate(table.k, np.bincount(group_of[sample[picks]], minlength=groups), sizes)
+
+
+def pieces(table: Table, options, metric: str, lamb: float) -> Selection:
+    file_of = table.file_of[table.eligible]
+    return learn_apart(table, options, file_of, quality_mass_quotas(table, file_of, table.files, table.k))
+
+
+def pieces_greedy_quotas(table: Table, options, metric: str, lamb: float) -> Selection:
+    started = time.perf_counter()
+    file_of = table.file_of[table.eligible]
+    quotas = greedy_quotas(table, file_of, table.files, metric, lamb)
+    planning = time.perf_counter() - started
+    selection = learn_apart(table, options, file_of, quotas)
+    return Selection(selection.rows, selection.seconds + planning)
+
+
+def two_rounds(table: Table, options, metric: str, lamb: float, candidates: int = 2,
+               table_range: bool = False, weighted: bool = False) -> Selection:
+    """Each file learns ``candidates x`` its quota; one learner over the union then picks ``k``."""
+    file_of = table.file_of[table.eligible]
+    quotas = quality_mass_quotas(table, file_of, table.files, table.k)
+    sizes = np.bincount(file_of, minlength=table.files)
+    first = learn_apart(table, options, file_of, np.minimum(candidates * quotas, sizes))
+    started = time.perf_counter()
+    union = table.eligible[np.isin(table.eligible, first.rows)]  # in file order
+    weights = nearest_weights(table, union) if weighted else None
+    planning = time.perf_counter() - started
+    second = learn(table, union, table.k, options, table.files, table.quality_range if table_range else None,
+                   weights)
+    return Selection(second.rows, first.seconds + planning + second.seconds)
+
+
+def nearest_weights(table: Table, candidates: np.ndarray, block: int = 4096) -> np.ndarray:
+    """Rows of the table each candidate stands for: the eligible rows (with their groups) whose
+    nearest candidate it is."""
+    weights = np.zeros(candidates.size)
+    for start in range(0, table.eligible.size, block):
+        rows = table.eligible[start:start + block]
+        nearest = np.argmax(table.emb[rows] @ table.emb[candidates].T, axis=1)
+        weights += np.bincount(nearest, weights=table.weights[rows], minlength=candidates.size)
+    return weights
+
+
+def clusters(table: Table, options, metric: str, lamb: float, rule: str = "quality") -> Selection:
+    """Pieces cut by spherical k-means (as many clusters as files), quotas by ``rule``."""
+    started = time.perf_counter()
+    cluster_of = topic_labels(table.emb[table.eligible], table.files)
+    quotas = (quality_mass_quotas(table, cluster_of, table.files, table.k) if rule == "quality"
+              else greedy_quotas(table, cluster_of, table.files, metric, lamb))
+    planning = time.perf_counter() - started
+    selection = learn_apart(table, options, cluster_of, quotas)
+    return Selection(selection.rows, selection.seconds + planning)
+
+
+def one_piece(table: Table, options, metric: str, lamb: float) -> Selection:
+    return learn(table, table.eligible, table.k, options, 0, table.quality_range)
+
+
+def ways(candidates: list[int]) -> dict:
+    """Each way's name and function (table, options, metric, lamb) -> Selection."""
+    named = {"pieces": pieces, "pieces, greedy quotas": pieces_greedy_quotas}
+    for count in candidates:
+        named[f"2 rounds, c = {count}"] = lambda *a, count=count: two_rounds(*a, candidates=count)
+    named["2 rounds, c = 2, table range"] = lambda *a: two_rounds(*a, table_range=True)
+    named["2 rounds, c = 2, weighted"] = lambda *a: two_rounds(*a, weighted=True)
+    named["clusters"] = clusters
+    named["clusters, greedy quotas"] = lambda *a: clusters(*a, rule="greedy")
+    named["one piece"] = one_piece
+    return named
+
+
+def compare(table: Table, metric: str, lamb: float, chosen: dict,
+            greedy_max_work: float = GREEDY_MAX_WORK) -> dict:
+    """Each way's selection and its yardstick, the references computed once for them all."""
+    options = options_for(metric, lamb)
+    selections = {name: way(table, options, metric, lamb) for name, way in chosen.items()}
+    masks = []
+    for name, selection in selections.items():
+        mask = np.zeros(len(table.quality), dtype=bool)
+        mask[selection.rows] = True
+        if mask.sum() != table.k or selection.rows.size != table.k:
+            raise SystemExit(f"{metric} {lamb} {name}: {selection.rows.size} rows, not {table.k}")
+        masks.append(mask)
+    scores = measure_all(table.quality, table.emb, masks, algorithm=metric, lamb=lamb,
+                         greedy_max_work=greedy_max_work)
+    return {name: (selection, score) for (name, selection), score in zip(selections.items(), scores,
+                                                                         strict=True)}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", choices=sorted(bench_quality.CASES), nargs="+",
+                        default=["24k-d64-spread", "24k-d64-topics"])
+    parser.add_argument("--metrics", nargs="+", default=["Facility", "Pair_simi", "DiSF"])
+    parser.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
+    parser.add_argument("--candidates", type=int, nargs="+", default=[2, 3],
+                        help="candidates each piece proposes in the first round, as multiples of its quota")
+    parser.add_argument("--ways", nargs="+", help="only these ways (names as in the table)")
+    parser.add_argument("--greedy-max-work", type=float, default=GREEDY_MAX_WORK)
+    parser.add_argument("--json", help="append the results to this JSON file (benchmarks/record.py)")
+    args = parser.parse_args(argv)
+    chosen = {name: way for name, way in ways(args.candidates).items() if not args.ways or name in args.ways}
+    header = ["case", "metric", "lamb", *chosen, "quality top-k"]
+    lines = ["# Learning a table in pieces, in two rounds or by cluster, against learning it whole", "",
+             "Share of the baseline's gain over random (objective) and seconds of the way's work, each way "
+             "simulated on one process:", "",
+             "| " + " | ".join(header) + " |", "|---|---|---:|" + "---:|" * (len(chosen) + 1)]
+    print("\n".join(lines), flush=True)
+    started = time.perf_counter()
+    for case in args.case:
+        table = prepare(case)
+        for metric in args.metrics:
+            for lamb in args.lambs:
+                results = compare(table, metric, lamb, chosen, args.greedy_max_work)
+                cells = [f"{score.share:.1%} ({score.objective:.5f}) {selection.seconds:.1f} s"
+                         for selection, score in results.values()]
+                lines.append(f"| {case} | {metric} | {lamb:g} | " + " | ".join(cells)
+                             + f" | {next(iter(results.values()))[1].topk_share:.1%} |")
+                print(lines[-1], flush=True)
+    print(f"\n{time.perf_counter() - started:.0f} s in all", flush=True)
+    if args.json:
+        data = {case: {key: value for key, value in asdict(bench_quality.CASES[case]).items()
+                       if value is not None} for case in args.case}
+        record.append(args.json, command=record.command("bench_rounds.py", argv), data=data,
+                      markdown="\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
