@@ -261,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if not args.verbose:
         _quiet_dask()
-    _log_to_stderr(args)
+    from .progress import log_to_stderr
+
+    log_to_stderr(args.verbose, getattr(args, "progress", None))
     client = None
     try:
         if args.command == "select" and args.engine == "spark" and not args.demo:
@@ -353,32 +355,6 @@ def _say_what_is_kept(args) -> None:
     done = sum(name.startswith("part-") and name.endswith(".json") for name in names)
     print(f"datamask: {done} finished partition(s) are kept in {work}: run the same command again to "
           "resume, or add --no-resume to start over", file=sys.stderr)
-
-
-class _Stderr(logging.StreamHandler):
-    """Writes to ``sys.stderr`` as it is at each record, so a later redirection is followed."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-def _log_to_stderr(args) -> None:
-    """A batch job (no progress bar) or --verbose logs what ran: phases, reused partitions, commits."""
-    progress = getattr(args, "progress", None)
-    batch = progress is False or (progress is None and not sys.stderr.isatty())
-    if not (args.verbose or batch):
-        return
-    logger = logging.getLogger("datamask_dask")
-    if not any(isinstance(h, _Stderr) for h in logger.handlers):
-        handler = _Stderr()
-        handler.setFormatter(logging.Formatter("%(asctime)s datamask: %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
 
 
 def _quiet_dask() -> None:

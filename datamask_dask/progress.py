@@ -252,3 +252,29 @@ def compute_parts(parts: list, rows: list[int], *, scheduler=None, progress: boo
             if bar is not None:
                 bar.end()
         return tuple(client.gather(futures))
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to ``sys.stderr`` as it is at each record, so a later redirection is followed."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def log_to_stderr(verbose: bool, progress: bool | None = None) -> None:
+    """A command's batch job (no progress bar: ``progress`` False, or None off a terminal) or its
+    ``--verbose`` logs what ran on stderr: phases, reused partitions, parts, commits."""
+    batch = progress is False or (progress is None and not sys.stderr.isatty())
+    if not (verbose or batch):
+        return
+    logger = logging.getLogger("datamask_dask")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s datamask: %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

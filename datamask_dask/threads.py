@@ -39,24 +39,6 @@ def one_learner_per_gpu(device: torch.device | str = "cpu"):
         yield
 
 
-def task_threads(tasks: int) -> int:
-    """Torch CPU threads for one of ``tasks`` tasks, so that the tasks running at once fill the cores
-    without oversubscribing them: on a Dask worker, its threads shared by its tasks running at once;
-    elsewhere (the threaded scheduler), the cores shared by its pool's tasks running at once."""
-    try:
-        from distributed import get_worker
-
-        worker = get_worker()
-        cores = slots = int(getattr(worker, "nthreads", None) or worker.state.nthreads)
-    except (ImportError, ValueError, AttributeError):  # not on a distributed worker
-        import dask
-        from dask.system import CPU_COUNT
-
-        cores = CPU_COUNT
-        slots = int(dask.config.get("num_workers", None) or cores)
-    return max(1, cores // max(1, min(slots, int(tasks))))
-
-
 @contextlib.contextmanager
 def torch_threads(n: int, device: torch.device | str = "cpu"):
     """Run torch on ``n`` CPU threads for the block: this thread's OpenMP and MKL counts (torch sets both

@@ -1,4 +1,5 @@
-"""What the text stages share: the text column's checks and the per-process model cache."""
+"""What the text stages share: the text column's checks, the per-process model cache and each task's
+torch threads."""
 
 from __future__ import annotations
 
@@ -88,3 +89,21 @@ def partition_name(partition_info) -> str:
     """``"partition N"`` from the ``partition_info`` Dask passes to a partition's function."""
     number = (partition_info or {}).get("number")
     return f"partition {number}" if number is not None else "a partition"
+
+
+def task_threads(tasks: int) -> int:
+    """Torch CPU threads for one of ``tasks`` tasks, so that the tasks running at once fill the cores
+    without oversubscribing them: on a Dask worker, its threads shared by its tasks running at once;
+    elsewhere (the threaded scheduler), the cores shared by its pool's tasks running at once."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+        cores = slots = int(getattr(worker, "nthreads", None) or worker.state.nthreads)
+    except (ImportError, ValueError, AttributeError):  # not on a distributed worker
+        import dask
+        from dask.system import CPU_COUNT
+
+        cores = CPU_COUNT
+        slots = int(dask.config.get("num_workers", None) or cores)
+    return max(1, cores // max(1, min(slots, int(tasks))))

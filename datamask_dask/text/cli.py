@@ -155,13 +155,13 @@ def _resume_key(args, source, rows_per_task: int) -> str:
 
 def run_text(args: argparse.Namespace) -> int:
     """Run ``datamask embed`` or ``datamask score`` for the parsed ``args``; returns the exit status."""
-    from ..cli import _log_to_stderr
     from ..cluster import get_client
     from ..io.output import check_target
     from ..io.parquet import parquet_pieces
     from ..io.pieces import to_dask
     from ..io.sinks import write_parquet
     from ..io.storage import resolve
+    from ..progress import log_to_stderr
     from .embedding import embed
     from .quality import score_quality
 
@@ -171,7 +171,7 @@ def run_text(args: argparse.Namespace) -> int:
         print(f"{name}: error: --rows-per-task must be a positive number of rows, got {args.rows_per_task}",
               file=sys.stderr)
         return 1
-    _log_to_stderr(args)
+    log_to_stderr(args.verbose, getattr(args, "progress", None))
     source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
     client = None
     try:

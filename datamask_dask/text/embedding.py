@@ -118,7 +118,8 @@ def _dimension(st) -> int:
 
 def _embed_partition(part: pd.DataFrame, text_column: str, output_column: str, model, batch_size: int,
                      device: str, max_tokens: int, long_documents: str, tasks: int = 1, partition_info=None):
-    from ..threads import task_threads, torch_threads
+    from ..threads import torch_threads
+    from ._common import task_threads
 
     text = text_values(part, text_column, partition_name(partition_info), "embed")
     with torch_threads(task_threads(tasks), resolve_device(device)):
@@ -163,7 +164,7 @@ def embed(ddf, text_column: str = "text", model=None, batch_size: int = 64, devi
     -------
     dask.dataframe.DataFrame
         Every input column plus ``output_column``; nothing is computed until asked. Each task runs
-        torch on its share of the CPU cores (:func:`~datamask_dask.threads.task_threads`): the
+        torch on its share of the CPU cores (:func:`~datamask_dask.text._common.task_threads`): the
         cores divided among the tasks running at once.
     """
     if long_documents not in _LONG:

@@ -182,7 +182,8 @@ def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, k
     if kind == "heuristic":
         values = heuristic_scores(text)
     elif kind == "classifier":
-        from ..threads import task_threads, torch_threads
+        from ..threads import torch_threads
+        from ._common import task_threads
 
         with torch_threads(task_threads(tasks), resolve_device(device)):
             values = classifier_scores(text.tolist(), scorer, device=device, batch_size=batch_size,

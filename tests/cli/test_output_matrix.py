@@ -136,10 +136,13 @@ def _killed_then_rerun(source: str, target: str, *more) -> tuple[int, str]:
     return rerun.returncode, rerun.stderr
 
 
-@pytest.mark.parametrize("kind", ["file", "directory"])
-def test_a_killed_run_completes_when_run_again(root, kind):
+@pytest.mark.parametrize("store, kind", [("local", "directory"), ("s3", "file")])
+def test_a_killed_run_completes_when_run_again(request, tmp_path, store, kind):
     """The same command after a kill completes, over an absent output and, with --overwrite, over an
-    earlier run's output (where the remedy once looped)."""
+    earlier run's output (where the remedy once looped): a directory input on disk, a file on S3."""
+    if store == "s3":
+        request.getfixturevalue("s3")
+    root = str(tmp_path) if store == "local" else f"s3://lake/killed-{uuid.uuid4().hex[:8]}"
     source = _input(root, kind)
     earlier = _prepare(root, source, "datamask directory")
     for target, more in ((f"{root}/fresh", ()), (earlier, ("--overwrite",))):

@@ -210,7 +210,7 @@ def test_each_task_runs_torch_on_its_share_of_the_cores(monkeypatch):
     from dask.system import CPU_COUNT
 
     from datamask_dask.text import embedding
-    from datamask_dask.threads import task_threads
+    from datamask_dask.text._common import task_threads
 
     seen, real = [], embedding.encode
 
