@@ -47,7 +47,7 @@ from .output import (
 )
 from .parquet import concatenate, parquet_file, to_arrow, write_table
 from .records import dumps
-from .storage import Location, fsync_dir, resolve
+from .storage import Location, fsync, resolve
 
 
 def part_stem(number: int) -> str:
@@ -226,7 +226,7 @@ class ParquetSink:
             names = _fill(into, files, schema, _link)
             into.child(RUN_RECORD).write_bytes(dumps({**record, "files": names}, indent=1).encode())
             publish(staging, target)
-            fsync_dir(os.fspath(target.parent))
+            fsync(os.fspath(target.parent))
         finally:
             into.remove()
 

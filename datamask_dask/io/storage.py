@@ -172,7 +172,7 @@ class Location:
         temporary = f"{self.path}.tmp-{uuid.uuid4().hex}"
         try:
             yield temporary
-            _fsync_file(temporary)
+            fsync(temporary)
             if create:
                 os.link(temporary, self.path)  # fails with FileExistsError where the name is taken
             else:
@@ -180,7 +180,7 @@ class Location:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)
-        fsync_dir(self.parent.path)
+        fsync(self.parent.path)
 
     def makedirs(self) -> None:
         if not self.bucketed:
@@ -370,12 +370,8 @@ def _bucket(uri: str) -> str:
     return uri.split("://", 1)[-1].split("/", 1)[0]
 
 
-def fsync_dir(path: str) -> None:
-    """Make a directory entry durable (a rename or a new file in it)."""
-    _fsync_file(path)
-
-
-def _fsync_file(path: str) -> None:
+def fsync(path: str) -> None:
+    """Make a file's bytes, or a directory's entries (a rename or a new file in it), durable."""
     descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
