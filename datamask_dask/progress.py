@@ -95,18 +95,29 @@ def _compute(*collections, scheduler=None, progress: bool | None = None):
             telemetry.remove_step_sink(bar)
     futures = client.compute(list(collections))
     client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: bar(event[1]))  # (time, message)
-    started = time.perf_counter()
     try:
-        while True:  # until every future is done or failed
-            done = sum(future.done() for future in futures)
-            bar._draw_bar(done / len(futures) if futures else 1.0, time.perf_counter() - started)
-            if done == len(futures):
-                break
-            time.sleep(DRAW_INTERVAL)
+        _wait(futures, bar)
     finally:
         client.unsubscribe_topic(telemetry.STEP_TOPIC)
         bar.end()
     return tuple(client.gather(futures))
+
+
+def _wait(futures: list, bar=None, on_done=None) -> None:
+    """Until every future is done or failed: ``on_done(number)`` once for each that finishes, and the bar
+    (if any) redrawn meanwhile."""
+    started, finished = time.perf_counter(), set()
+    while True:
+        for number, future in enumerate(futures):
+            if number not in finished and future.done():
+                finished.add(number)
+                if on_done is not None:
+                    on_done(number)
+        if bar is not None:
+            bar._draw_bar(len(finished) / len(futures) if futures else 1.0, time.perf_counter() - started)
+        if len(finished) == len(futures):
+            return
+        time.sleep(DRAW_INTERVAL)
 
 
 class _Bar(ProgressBar):
@@ -126,7 +137,7 @@ class _Bar(ProgressBar):
             else:
                 self._runs[event["run"]] = event
 
-    def _draw_bar(self, fraction: float, elapsed: float) -> None:
+    def _text(self, fraction: float, elapsed: float) -> str:
         from dask.utils import format_time
 
         text = (f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {int(100 * fraction)}% Completed | "
@@ -136,6 +147,10 @@ class _Bar(ProgressBar):
         if runs:  # " | learning partition 5, chunk 2: step 120/400 (+1 more)"
             more = f" (+{len(runs) - 1} more)" if len(runs) > 1 else ""
             text += f" | learning {runs[0]['where']}: step {runs[0]['step']}/{runs[0]['steps']}{more}"
+        return text
+
+    def _draw_bar(self, fraction: float, elapsed: float) -> None:
+        text = self._text(fraction, elapsed)
         # a shorter line is padded over the longer one before
         padding, self._drawn = " " * max(0, self._drawn - len(text)), len(text)
         with contextlib.suppress(ValueError):  # the stream was closed under us
@@ -199,14 +214,10 @@ class _PartsBar(_Bar):
     def _update_bar(self, elapsed: float) -> None:
         self._draw_bar(self.parts.done / max(1, len(self.parts.rows)), elapsed)
 
-    def _draw_bar(self, fraction: float, elapsed: float) -> None:
+    def _text(self, fraction: float, elapsed: float) -> str:
         from dask.utils import format_time
 
-        text = f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {self.parts.describe()} | {format_time(elapsed)}"
-        padding, self._drawn = " " * max(0, self._drawn - len(text)), len(text)
-        with contextlib.suppress(ValueError):
-            self._file.write(f"\r{text}{padding}")
-            self._file.flush()
+        return f"[{'#' * int(WIDTH * fraction):<{WIDTH}}] | {self.parts.describe()} | {format_time(elapsed)}"
 
 
 class _PartsLog(Callback):
@@ -234,20 +245,14 @@ def compute_parts(parts: list, rows: list[int], *, scheduler=None, progress: boo
                 return dask.compute(*parts, scheduler=scheduler)
         bar = _PartsBar(counter) if show else None
         futures = client.compute(list(parts))
-        finished: set[int] = set()
+
+        def finished(number: int) -> None:
+            counter.finish(number)
+            if bar is None:
+                _log.info("%s: %s", name, counter.describe())
+
         try:
-            while True:  # until every part is done or failed; the bar's clock runs meanwhile
-                for number, future in enumerate(futures):
-                    if number not in finished and future.done():
-                        finished.add(number)
-                        counter.finish(number)
-                        if bar is None:
-                            _log.info("%s: %s", name, counter.describe())
-                if bar is not None:
-                    bar._draw_bar(len(finished) / max(1, len(futures)), time.perf_counter() - counter.started)
-                if len(finished) == len(futures):
-                    break
-                time.sleep(DRAW_INTERVAL)
+            _wait(futures, bar, finished)
         finally:
             if bar is not None:
                 bar.end()

@@ -12,13 +12,12 @@ turns (:func:`one_learner_per_gpu`): each may then use the GPU's memory whole
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import threading
 
 import torch
 
-_GPU_TURNS: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
+_GPU_TURNS: dict[int, threading.Lock] = {}  # device index -> its turn
 
 
 def one_cpu_thread(device: torch.device | str = "cpu"):
@@ -35,7 +34,8 @@ def one_learner_per_gpu(device: torch.device | str = "cpu"):
     if device.type != "cuda":
         yield
         return
-    with _GPU_TURNS[torch.cuda.current_device() if device.index is None else device.index]:
+    index = torch.cuda.current_device() if device.index is None else device.index
+    with _GPU_TURNS.setdefault(index, threading.Lock()):  # setdefault: one lock, whichever thread comes first
         yield
 
 
