@@ -264,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     from .progress import log_to_stderr
 
     log_to_stderr(args.verbose, getattr(args, "progress", None))
+    # the libraries a job needs take seconds to load: someone watching is told so first (a batch log
+    # starts with the planning line)
+    what = f"{args.command} {args.input or 'the demo corpus'}: loading Dask, pandas and torch"
+    if args.verbose:
+        logging.getLogger("datamask_dask").info(what)
+    elif sys.stderr.isatty():
+        print(f"datamask: {what}", file=sys.stderr, flush=True)
     client = None
     try:
         if args.command == "select" and args.engine == "spark" and not args.demo:
@@ -275,12 +282,21 @@ def main(argv: list[str] | None = None) -> int:
         loading.start()
         client = _start_client(args)
         loading.join()
-        if args.command == "validate":
-            return _run_validate(args, options)
-        if args.command == "demo" or args.demo:
-            _run_demo(args, options)
-        else:
-            _run_select(args, options, started)
+        import dask
+        import dask.threaded
+
+        # without a cluster, the threaded scheduler itself: given none (or its name), Dask imports
+        # distributed to look for a client
+        scheduler = dask.config.get("scheduler", None)
+        if client is None and scheduler is None:
+            scheduler = dask.threaded.get
+        with dask.config.set(scheduler=scheduler):
+            if args.command == "validate":
+                return _run_validate(args, options)
+            if args.command == "demo" or args.demo:
+                _run_demo(args, options)
+            else:
+                _run_select(args, options, started)
     except KeyboardInterrupt:
         print("datamask: interrupted", file=sys.stderr)
         if client is not None:  # stopped first, so that no partition finishes after it is counted
@@ -398,6 +414,8 @@ def as_cli_message(message: str) -> str:
 
 
 def _start_client(args):
+    if not (args.scheduler or args.n_workers):
+        return None  # Dask's threaded scheduler: distributed is not even imported
     from .cluster import get_client
 
     if args.scheduler:

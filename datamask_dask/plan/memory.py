@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import inspect
+import sys
 from dataclasses import dataclass
 
 from ..errors import OptionError
@@ -99,6 +100,8 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
 
 
 def _client(scheduler):
+    if "distributed" not in sys.modules:  # no client can exist, nor a worker: the local defaults
+        return None
     from distributed import Client, default_client, get_worker
 
     if scheduler is not None:  # a Client, or a local scheduler
