@@ -343,7 +343,8 @@ def _browser():
         path = shutil.which(name)
         if path:
             return path
-    pytest.skip("chromium is not installed")
+    pytest.skip("no headless browser (chromium) is installed: scripts/setup.sh installs Debian's chromium "
+                "when run as root, or install it with the system's package manager")
 
 
 _PROBE = """<script>
