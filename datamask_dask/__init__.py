@@ -45,7 +45,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "text.embedding": ["embed"],
     "text.quality": ["heuristic_scores", "score_quality"],
     "learn.engine": ["MaskResult", "learn_mask"],
-    "learn.objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
+    "learn.metrics": ["DiversityMetric", "evaluate_selection", "register_metric"],
     "learn.options": ["DataMaskOptions"],
     "learn.baselines": ["DEFAULT_MAX_MEMORY", "graph_lazy_greedy", "greedy", "lazy_greedy", "quality_topk",
                         "random_selection", "stochastic_greedy"],

@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     log_to_stderr(args.verbose, getattr(args, "progress", None))
     # the libraries a job needs take seconds to load: someone watching is told so first (a batch log
     # starts with the planning line)
-    what = f"{args.command} {getattr(args, 'input', None) or 'the demo corpus'}: loading Dask, pandas and torch"
+    source = getattr(args, "input", None) or "the demo corpus"
+    what = f"{args.command} {source}: loading Dask, pandas and torch"
     if args.verbose:
         logging.getLogger("datamask_dask").info(what)
     elif sys.stderr.isatty():

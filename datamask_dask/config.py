@@ -253,7 +253,7 @@ def _metric_key(name: str, strict: bool = False):
     Unknown names raise with ``strict`` (a section for a misspelt metric would never apply);
     otherwise they stay as they are (the learner's options report them).
     """
-    from .learn.objectives import registered_metric
+    from .learn.metrics import registered_metric
 
     try:
         return registered_metric(name)

@@ -156,7 +156,7 @@ class DataMaskOptions:
     metric_weights: tuple = field(default=(), repr=False, init=False)  # resolved from algorithm
 
     def __post_init__(self) -> None:
-        from .objectives import resolve_metrics
+        from .metrics import resolve_metrics
 
         for name in RULES:
             check_option(name, getattr(self, name))

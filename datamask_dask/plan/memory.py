@@ -48,7 +48,7 @@ CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while i
 STEP_COPIES = 6  # (rollout_chunk x batch x d) float32 temporaries of a DiSF (or unknown) evaluation
 PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
 GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
-EVAL_BLOCK = 4096  # reference rows compared with a batch at once (objectives._EVAL_BLOCK)
+EVAL_BLOCK = 4096  # reference rows compared with a batch at once (metrics.facility._EVAL_BLOCK)
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
 GPU_SHARE = 0.8  # of a GPU's free memory when learning on it (one learner at a time)
 MIN_BUDGET = 2**20  # below this nothing useful fits
@@ -270,7 +270,7 @@ def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, re
 
 def metric_kinds(options: DataMaskOptions) -> tuple:
     """``"pair"``, ``"facility"`` or ``"other"`` for each diversity metric of the options."""
-    from ..learn.objectives import Facility, PairSimi, build_metrics
+    from ..learn.metrics import Facility, PairSimi, build_metrics
 
     return tuple("facility" if isinstance(metric, Facility) else "pair" if type(metric) is PairSimi
                  else "other" for metric, _ in build_metrics(options.metric_weights))
