@@ -234,16 +234,18 @@ def test_a_pack_learns_its_members_tensors_where_they_are(corpus):
 def test_facility_chunks_hold_a_number_of_embedding_values(corpus):
     """Facility's default chunk is sized in embedding values (rows x dimension): the more dimensions, the
     fewer rows a chunk or pack holds. A max_chunk_rows given wins, and the other metrics count rows."""
-    from datamask_dask.dask_engine.operator import make_spec, selection_spec
+    from datamask_dask.config import resolve_options
+    from datamask_dask.dask_engine.operator import make_spec
 
     ddf = _from_pandas(corpus, 5)  # 320-row partitions of 16-d rows
-    spec = selection_spec(ddf, 0.1, algorithm="Facility")
+    spec = make_spec(ddf, resolve_options(ratio=0.1, algorithm="Facility"))
     assert spec.max_chunk_rows is None
     assert (spec.chunk_rows(768), spec.chunk_rows(64)) == (100_000, 1_200_000)
-    assert selection_spec(ddf, 0.1, algorithm="Facility", max_chunk_rows=500).chunk_rows(64) == 500
-    assert selection_spec(ddf, 0.1).chunk_rows(64) == load_config()["max_chunk_rows"]  # Pair_simi: rows
+    given = resolve_options(ratio=0.1, algorithm="Facility", max_chunk_rows=500)
+    assert make_spec(ddf, given).chunk_rows(64) == 500
+    assert make_spec(ddf, resolve_options(ratio=0.1)).chunk_rows(64) == load_config()["max_chunk_rows"]
     with pytest.raises(OptionError, match="max_chunk_rows and max_chunk_values are both None"):
-        make_spec(ddf, {**load_config(algorithm="Facility", ratio=0.1), "max_chunk_values": None})
+        resolve_options({"max_chunk_values": None}, algorithm="Facility", ratio=0.1)
 
     def scores(frame, **chunking):
         out = datamask_select(frame, ratio=0.1, algorithm="Facility", score_column="score", **chunking,
