@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import OptionError
-from .options import ALIASES, FIELDS, SelectOptions, defaults
+from .options import ALIASES, FIELDS, SelectOptions, default_settings
 
 #: Defaults that depend on the diversity metric chosen: they win over the defaults of the fields and lose
 #: to every profile, config, ``dask.config`` value and keyword argument.
@@ -54,11 +54,6 @@ METRIC_DEFAULTS: dict = {
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 SECTIONS = "algorithms"  # key of the per-metric sections
-
-
-def default_settings() -> dict:
-    """The built-in defaults of every setting (:func:`datamask_dask.options.defaults`)."""
-    return defaults()
 
 
 def default_text(key: str) -> str:

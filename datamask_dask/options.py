@@ -285,7 +285,7 @@ def check_given(options: Mapping) -> None:
             check_value(FIELDS[name], value)
 
 
-def defaults() -> dict:
+def default_settings() -> dict:
     """The built-in defaults, the learner's then the operator's, read from the fields (no instance: that
     would resolve the metrics, which loads torch, and ``--help`` shows these)."""
     return {name: FIELDS[name].default for name in (*LEARNER_KEYS, *OPERATOR_KEYS)}

@@ -607,6 +607,34 @@ def test_bad_config_files(tmp_path):
         load_config()
 
 
+def test_each_door_takes_the_options_resolved_once(tmp_path, corpus):
+    """Settings given by keyword, config file, a config's metric section and dask.config resolve to one
+    SelectOptions, which the operator's spec and the run's record are made of."""
+    from datamask_dask import write_selection
+    from datamask_dask.config import resolve_options
+    from datamask_dask.dask_engine.operator import make_spec, plan_selection
+    from datamask_dask.io.records import as_json
+
+    config = tmp_path / "job.yaml"
+    config.write_text(f"n_epochs: {FAST['n_epochs']}\nlamb: 0.6\n"
+                      "algorithms:\n  Facility: {refine_epochs: 3}\n")
+    ddf = dd.from_pandas(corpus, npartitions=2)
+    keywords = {"ratio": 0.2, "lamb": 0.3, "algorithm": "fl", "n_rollout": FAST["n_rollout"]}
+    with dask.config.set({"datamask.max_chunk_rows": 900, "datamask.seed": 5}):
+        options = resolve_options(config, backend="pandas", **keywords)
+        assert (options.learner.lamb, options.learner.n_epochs, options.learner.refine_epochs,
+                options.max_chunk_rows, options.max_chunk_values, options.learner.seed) == (
+            0.3, FAST["n_epochs"], 3, 900, METRIC_DEFAULTS["Facility"]["max_chunk_values"], 5)
+        assert options.ratio_given and options.given == set(keywords)
+        assert resolve_options(options) is options  # resolved options are taken as they are
+        with pytest.raises(OptionError, match="already resolved"):
+            resolve_options(options, lamb=0.1)
+        assert plan_selection(ddf, config=config, **keywords)[0] == make_spec(ddf, options)
+        report = write_selection(ddf, tmp_path / "out", config=config, **keywords)
+    assert report.record["settings"] == as_json(options.to_dict())
+    assert report.record["profile"] == str(config) and report.record["seed"] == 5
+
+
 def test_operator_honours_the_precedence(tmp_path, corpus):
     ddf = dd.from_pandas(corpus, npartitions=2)
     bad, good = tmp_path / "bad.yaml", tmp_path / "good.yaml"
