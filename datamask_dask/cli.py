@@ -37,6 +37,7 @@ import time
 import traceback
 
 from .errors import DataMaskError, OptionError
+from .options import FIELDS, LEARNER_KEYS
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
@@ -59,8 +60,6 @@ def _weights(text: str):
 
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
     """The options' flags, made from their fields (:mod:`datamask_dask.options`), and the job's own."""
-    from .options import FIELDS, LEARNER_KEYS
-
     learner = parser.add_argument_group("learner (reference tool's flags)")
     job = parser.add_argument_group("job")
     job.add_argument("--config", help="a profile (cpu, gpu, reference) or a YAML file; flags override it "
@@ -206,8 +205,6 @@ def main(argv: list[str] | None = None) -> int:
         args.demo = True
     if args.command == "select" and args.input is not None and args.output is None:
         parser.error("select: --input needs --output")
-    from .options import FIELDS
-
     options = {key: getattr(args, key) for key in FIELDS if getattr(args, key, None) is not None}
     try:
         _check_given(options)
@@ -353,8 +350,6 @@ def as_cli_message(message: str) -> str:
     for python, cli in _FLAG_SPELLINGS.items():
         message = message.replace(python, cli)
     def flag(match: re.Match) -> str:
-        from .options import FIELDS
-
         key = match.group(1)
         if key not in FIELDS:
             return match.group(0)
