@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from ..errors import OptionError
 from ..learn.options import DataMaskOptions
+from ..options import parse_budget
 
 ROW_BYTES = 128  # bookkeeping per partition row (about a dozen int64/float64/bool arrays)
 CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while it is learned
@@ -51,31 +52,7 @@ GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference 
 EVAL_BLOCK = 4096  # reference rows compared with a batch at once (metrics.facility._EVAL_BLOCK)
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
 GPU_SHARE = 0.8  # of a GPU's free memory when learning on it (one learner at a time)
-MIN_BUDGET = 2**20  # below this nothing useful fits
 TASK_ROOM = 128 * 2**20  # the least room a worker must leave a task for any partition to be read and learned
-
-
-def parse_budget(value) -> int | None:
-    """Bytes of a ``memory_budget`` option: a number of bytes, or text such as ``"2GiB"``.
-
-    ``None`` and ``"auto"`` mean the default (see :func:`resolve_budget`); ``"off"`` means no
-    bound, returned as ``0``.
-    """
-    from dask.utils import parse_bytes
-
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    if isinstance(value, str) and value.strip().lower() in ("off", "none", "unbounded"):
-        return 0
-    try:
-        budget = parse_bytes(value) if isinstance(value, str) else value
-        valid = not isinstance(budget, bool) and float(budget) == int(budget) and budget >= MIN_BUDGET
-    except (TypeError, ValueError, OverflowError):
-        valid = False
-    if not valid:
-        raise OptionError(f"option memory_budget={value!r} is invalid: expected bytes >= {MIN_BUDGET} "
-                          "(e.g. 4_000_000_000 or '4GiB'), 'auto' or 'off'")
-    return int(budget)
 
 
 def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) -> int | None:
