@@ -55,7 +55,11 @@ def run_once(tree: str, argv: list[str], cwd: str) -> tuple[float, float, int]:
     """Wall-clock seconds to the first stderr line and to the exit, and the exit status, of one
     ``datamask`` process on the package in ``tree`` (stderr a pipe: a batch job's log)."""
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "integrations")])}
-    shutil.rmtree(os.path.join(cwd, "out"), ignore_errors=True)
+    output = os.path.join(cwd, "out")  # a file output of a file input
+    if os.path.isdir(output):
+        shutil.rmtree(output)
+    elif os.path.exists(output):
+        os.remove(output)
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "datamask_dask.cli", *argv], cwd=cwd, env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
