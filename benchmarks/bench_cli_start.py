@@ -1,7 +1,7 @@
 """How long the ``datamask`` command takes to answer when it only parses (``--version``, ``--help``,
 ``select --help`` and an option it refuses, ``--select_ratio 0``), and how soon a job's first line
-comes: ``datamask select`` on a 2,000-row sample (d = 16) in a batch log, the seconds to its first
-stderr line and to its exit.
+comes: ``datamask select --verbose`` on a 2,000-row sample (d = 16), the seconds to its first stderr
+line and to its exit.
 
 Each command runs ``--repeats`` times as a fresh ``python -m datamask_dask.cli`` process (what the
 console script runs); the wall-clock median is reported. ``--before PATH`` runs the same commands
@@ -33,8 +33,8 @@ COMMANDS = {
     "--help": ["--help"],
     "select --help": ["select", "--help"],
     "option error": ["select", "--input", "x", "--output", "y", "--select_ratio", "0"],
-    "select job, first line": ["select", "--input", "sample.parquet", "--output", "out"],
-    "select job, exit": ["select", "--input", "sample.parquet", "--output", "out"],
+    "select job, first line": ["select", "--input", "sample.parquet", "--output", "out", "--verbose"],
+    "select job, exit": ["select", "--input", "sample.parquet", "--output", "out", "--verbose"],
 }
 JOBS = ("select job, first line", "select job, exit")  # one process gives both
 SAMPLE_ROWS, SAMPLE_DIM = 2000, 16
@@ -53,7 +53,7 @@ def write_sample(cwd: str) -> None:
 
 def run_once(tree: str, argv: list[str], cwd: str) -> tuple[float, float, int]:
     """Wall-clock seconds to the first stderr line and to the exit, and the exit status, of one
-    ``datamask`` process on the package in ``tree`` (stderr a pipe: a batch job's log)."""
+    ``datamask`` process on the package in ``tree`` (stderr a pipe, as in a batch job)."""
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "integrations")])}
     output = os.path.join(cwd, "out")  # a file output of a file input
     if os.path.isdir(output):
