@@ -104,6 +104,13 @@ def build_corpus(n_docs: int = 2000, seed: int = 0) -> pd.DataFrame:
                 break
             for doc in _docstrings(path):
                 take(f"docstring:{path.relative_to(stdlib).parts[0]}", doc)
+        # A large corpus (more paragraphs than the standard library has): the installed packages'
+        # docstrings too, read the same way; a smaller one is left as it was.
+        for path in _walk(site, suffixes={".py"}):
+            if len(texts) >= budget:
+                break
+            for doc in _docstrings(path):
+                take(f"docstring:{path.relative_to(site).parts[0]}", doc)
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
     order = order[:n_docs]
