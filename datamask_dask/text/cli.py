@@ -61,9 +61,9 @@ def add_model_options(parser, *, for_select: bool = False) -> None:
                         "mean: average the embeddings of every window of --max-tokens tokens")
     # Checked after parsing (run_text, embed), so that a wrong value fails in one line naming the flag.
     parser.add_argument("--precision", default="auto", metavar="{auto,float32,bfloat16}",
-                        help="the encoder's matrix products: bfloat16 (pooling and normalisation stay "
-                        "float32; fast on CPUs with bf16 instructions), float32, or auto (default): bfloat16 "
-                        "on such a CPU, float32 elsewhere")
+                        help="the encoder's weights and activations: bfloat16 (pooling and normalisation "
+                        "stay float32; fast on CPUs with bf16 instructions), float32, or auto (default): "
+                        "bfloat16 on such a CPU, float32 elsewhere")
 
 
 def add_text_parsers(subparsers) -> None:

