@@ -3,8 +3,9 @@
 The corpus is built at run time from the Python installation itself: the docstrings of the standard
 library's source files (read with ``ast``, nothing is imported) and the documentation files of the
 installed distributions (METADATA descriptions, i.e. their READMEs, LICENSE/COPYING/NOTICE files,
-.rst/.md files near the top of the packages), split into paragraphs. Such text repeats itself:
-licence paragraphs shipped by dozens of packages, boilerplate docstrings, copied notices.
+.rst/.md files near the top of the packages), split into paragraphs; a corpus larger than the
+standard library's docstrings give also takes the installed packages' docstrings. Such text repeats
+itself: licence paragraphs shipped by dozens of packages, boilerplate docstrings, copied notices.
 
 Then, on Dask:
 
