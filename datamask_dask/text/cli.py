@@ -60,7 +60,9 @@ def add_model_options(parser, *, for_select: bool = False) -> None:
                         default="truncate", help="truncate (default): embed the first --max-tokens tokens; "
                         "mean: average the embeddings of every window of --max-tokens tokens")
     # Checked after parsing (run_text, embed), so that a wrong value fails in one line naming the flag.
-    parser.add_argument("--precision", default="auto", metavar="{auto,float32,bfloat16}",
+    # select has the learner's own --precision: the model's is --embed-precision there
+    parser.add_argument("--embed-precision" if for_select else "--precision", dest="embed_precision",
+                        default="auto", metavar="{auto,float32,bfloat16}",
                         help="the encoder's weights and activations: bfloat16 (pooling and normalisation "
                         "stay float32; fast on CPUs with bf16 instructions), float32, or auto (default): "
                         "bfloat16 on such a CPU, float32 elsewhere")
@@ -112,7 +114,7 @@ def fill_text_columns(ddf, args):
     if embedding_column not in ddf.columns:
         ddf = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                     device=device, output_column=embedding_column, max_tokens=args.max_tokens,
-                    long_documents=args.long_documents, precision=args.precision)
+                    long_documents=args.long_documents, precision=args.embed_precision)
     if isinstance(quality_column, str) and quality_column not in ddf.columns:
         ddf = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                             output_column=quality_column, device=device)
@@ -179,9 +181,9 @@ def run_text(args: argparse.Namespace) -> int:
     if args.command == "embed":
         from .embedding import PRECISIONS
 
-        if args.precision not in PRECISIONS:
+        if args.embed_precision not in PRECISIONS:
             print(f"{name}: error: --precision must be one of {', '.join(PRECISIONS)}, "
-                  f"got {args.precision!r}", file=sys.stderr)
+                  f"got {args.embed_precision!r}", file=sys.stderr)
             return 1
     log_to_stderr(args.verbose, getattr(args, "progress", None))
     source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
@@ -201,7 +203,7 @@ def run_text(args: argparse.Namespace) -> int:
         if args.command == "embed":
             out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                         device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,
-                        long_documents=args.long_documents, precision=args.precision)
+                        long_documents=args.long_documents, precision=args.embed_precision)
         else:
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
@@ -225,8 +227,8 @@ def run_text(args: argparse.Namespace) -> int:
         from ._common import resolve_device
         from .embedding import resolve_precision
 
-        precision = args.precision if args.scheduler else \
-            resolve_precision(args.precision, resolve_device(args.device))
+        precision = args.embed_precision if args.scheduler else \
+            resolve_precision(args.embed_precision, resolve_device(args.device))
         how += f", precision {precision}"
     print(f"{name}: {rows} rows, column {args.output_column!r} added in {seconds:.1f} s "
           f"({rows / max(seconds, 1e-9):.1f} docs/s, {how}) -> {target}")
