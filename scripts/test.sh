@@ -6,6 +6,5 @@ bash scripts/setup.sh
 .venv/bin/ruff check datamask_dask integrations tests benchmarks examples docs
 # The documentation site, with warnings as errors (its code blocks run in tests/end_to_end/test_docs.py).
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
-# one test process per core (a test file stays in one process: its fixtures are shared), and the slowest
-# tests, so that the suite's time can be kept in check
-.venv/bin/python -m pytest -q -n auto --dist loadfile --durations=25 "$@"
+# the slowest tests, so that the suite's time can be kept in check
+.venv/bin/python -m pytest -q --durations=25 "$@"
