@@ -74,7 +74,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
                      "its learner)")
     for name, spec in FIELDS.items():
         group = learner if name in LEARNER_KEYS else job
-        flag = name if name in _REFERENCE_FLAGS else name.replace("_", "-")
+        flag = _flag_name(name)
         if isinstance(spec.default, bool):  # a switch that turns the default over
             flags, kind = [f"--no-{flag}" if spec.default else f"--{flag}"], {"const": not spec.default}
             kind["action"] = "store_const"
@@ -335,6 +335,12 @@ def _quiet_dask() -> None:
 
 
 _REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
+
+
+def _flag_name(key: str) -> str:
+    """An option's flag, without its dashes: the reference tool's learner flags keep their underscores
+    (--n_rollout); ours use hyphens."""
+    return key if key in _REFERENCE_FLAGS else key.replace("_", "-")
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
 _FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
                    "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
@@ -354,8 +360,7 @@ def as_cli_message(message: str) -> str:
         key = match.group(1)
         if key not in FIELDS:
             return match.group(0)
-        # the reference tool's learner flags keep their underscores (--n_rollout); ours use hyphens
-        name = key if key in _REFERENCE_FLAGS else key.replace("_", "-")
+        name = _flag_name(key)
         return f"--{name}" if match.group("bare") is not None else f"--{name}="
 
     # "option id_column=x" -> "--id-column=x", "with id_column=, ..." -> "with --id-column, ..."
@@ -369,13 +374,11 @@ def _start_client(args):
 
     if args.scheduler:
         return get_client(args.scheduler)
-    if args.n_workers:
-        kind = "cuda" if args.device == "cuda" else "cpu"
-        print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
-              file=sys.stderr, flush=True)  # seconds of silence otherwise
-        return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
-                          dashboard_address=":0")
-    return None  # Dask's threaded scheduler
+    kind = "cuda" if args.device == "cuda" else "cpu"
+    print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
+          file=sys.stderr, flush=True)  # seconds of silence otherwise
+    return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
+                      dashboard_address=":0")
 
 
 def _is_table_job(args) -> bool:

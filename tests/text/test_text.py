@@ -272,18 +272,23 @@ def test_an_interrupted_score_reuses_its_finished_parts(tmp_path, monkeypatch, c
 
 
 @pytest.mark.slow
-def test_a_killed_score_process_resumes_from_its_finished_parts(tmp_path):
-    """``datamask score`` killed (SIGKILL, as on a lost machine) once some of its parts are written: the
-    same command again reuses them, and its output is the uninterrupted run's, byte for byte."""
+@pytest.mark.parametrize(("verb", "copies", "rows_per_task", "flags"), [
+    ("score", 4000, 1000, []),
+    ("embed", 20, 10, ["--max-tokens", "64"]),  # the model: a small corpus in many small parts
+])
+def test_a_killed_text_process_resumes_from_its_finished_parts(tmp_path, verb, copies, rows_per_task, flags):
+    """``datamask score`` / ``embed`` killed (SIGKILL, as on a lost machine) once some of its parts are
+    written: the same command again says it resumes, reuses them, and its output is the uninterrupted
+    run's, byte for byte."""
     import os
     import signal
     import time
 
     source = tmp_path / "in.parquet"
-    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * 4000)]
+    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * copies)]
     pd.DataFrame({"chunk_id": range(len(texts)), "text": texts}).to_parquet(source)
-    command = [sys.executable, "-m", "datamask_dask.cli", "score", "--input", str(source), "--rows-per-task",
-               "1000", "--output"]
+    command = [sys.executable, "-m", "datamask_dask.cli", verb, "--input", str(source), "--rows-per-task",
+               str(rows_per_task), *flags, "--output"]
     whole = subprocess.run([*command, str(tmp_path / "whole")], capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stderr
     out = tmp_path / "out"
@@ -300,41 +305,7 @@ def test_a_killed_score_process_resumes_from_its_finished_parts(tmp_path):
     assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
     assert "resuming: " in rerun.stderr and " parts already done" in rerun.stderr
     parts = sorted(p.name for p in (tmp_path / "whole").glob("part.*.parquet"))
-    assert len(parts) == -(-len(texts) // 1000)
-    assert all((out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes() for name in parts)
-    assert not list(tmp_path.glob(".out.datamask-write-*"))
-
-
-@pytest.mark.slow
-def test_a_killed_embed_process_resumes_from_its_finished_parts(tmp_path):
-    """``datamask embed`` killed (SIGKILL) once one of its parts is written: the same command again says
-    it resumes, and writes the uninterrupted run's parts byte for byte."""
-    import os
-    import signal
-    import time
-
-    source = tmp_path / "in.parquet"
-    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * 20)]
-    pd.DataFrame({"chunk_id": range(len(texts)), "text": texts}).to_parquet(source)
-    command = [sys.executable, "-m", "datamask_dask.cli", "embed", "--input", str(source), "--rows-per-task",
-               "10", "--max-tokens", "64", "--output"]
-    whole = subprocess.run([*command, str(tmp_path / "whole")], capture_output=True, text=True, timeout=600)
-    assert whole.returncode == 0, whole.stderr
-    out = tmp_path / "out"
-    process = subprocess.Popen([*command, str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while process.poll() is None and time.monotonic() < deadline:
-        if list(tmp_path.glob(".out.datamask-write-*/part-*.parquet")):
-            break
-        time.sleep(0.01)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-    assert not out.exists() and list(tmp_path.glob(".out.datamask-write-*/part-*.parquet"))  # died part-way
-    rerun = subprocess.run([*command, str(out)], capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
-    assert "resuming: " in rerun.stderr and " parts already done" in rerun.stderr
-    parts = sorted(p.name for p in (tmp_path / "whole").glob("part.*.parquet"))
-    assert len(parts) == -(-len(texts) // 10)
+    assert len(parts) == -(-len(texts) // rows_per_task)
     assert all((out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes() for name in parts)
     assert not list(tmp_path.glob(".out.datamask-write-*"))
 
