@@ -20,6 +20,15 @@ most the case's ``max_chunk_rows`` rows (a larger group is cut into contiguous c
 - ``clusters``: (b), simplified. Spherical k-means of the table (``suite.data.topic_labels``) into as
   many clusters as files; each cluster is a piece, its quota by quality mass or by greedy's picks on
   the sample, as above.
+- ``cells x C``: the same, with ``C`` times as many clusters as files (pieces closer to the table's own
+  clusters), greedy's quotas.
+- ``context``: (c). The pieces first learn apart; then each re-learns its quota against what the
+  others' picks already give the table, in two phases (half the pieces, then the other half, so that
+  no two neighbours re-learn against each other's old picks at once). Facility's rows start from
+  their best similarity to the others' picks (a floor, exact here); Pair_simi's sum of unit vectors
+  and count start from theirs. DiSF has no such form and is left out.
+- ``greedy per piece``: each file picks its quota by lazy greedy, not the learner: what splitting the
+  table costs whatever learns the pieces.
 - ``one piece``: the whole table learned at once (the ceiling).
 
 Seconds are the learner's, summed over its runs, plus the way's own planning (k-means, greedy on the
@@ -38,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,6 +60,10 @@ from datamask_dask.dedup.search import find_groups  # noqa: E402
 from datamask_dask.dedup.simhash import hyperplanes, signatures  # noqa: E402
 from datamask_dask.learn.baselines import lazy_greedy  # noqa: E402
 from datamask_dask.learn.engine import learn_mask  # noqa: E402
+from datamask_dask.learn.knn import top_neighbours  # noqa: E402
+from datamask_dask.learn.metrics.base import EVERY_ROW, mean_one, weighted_mean  # noqa: E402
+from datamask_dask.learn.metrics.facility import Facility, FacilityState  # noqa: E402
+from datamask_dask.learn.metrics.pair_simi import PairSimi, selection_sums  # noqa: E402
 from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all  # noqa: E402
 from datamask_dask.partition.select import derive_seed  # noqa: E402
 from datamask_dask.plan.quotas import allocate, split_quota  # noqa: E402
@@ -207,15 +221,118 @@ def nearest_weights(table: Table, candidates: np.ndarray, block: int = 4096) -> 
     return weights
 
 
-def clusters(table: Table, options, metric: str, lamb: float, rule: str = "quality") -> Selection:
-    """Pieces cut by spherical k-means (as many clusters as files), quotas by ``rule``."""
+def clusters(table: Table, options, metric: str, lamb: float, rule: str = "quality",
+             per_file: int = 1) -> Selection:
+    """Pieces cut by spherical k-means (``per_file`` clusters a file), quotas by ``rule``."""
     started = time.perf_counter()
-    cluster_of = topic_labels(table.emb[table.eligible], table.files)
-    quotas = (quality_mass_quotas(table, cluster_of, table.files, table.k) if rule == "quality"
-              else greedy_quotas(table, cluster_of, table.files, metric, lamb))
+    count = table.files * per_file
+    cluster_of = topic_labels(table.emb[table.eligible], count)
+    quotas = (quality_mass_quotas(table, cluster_of, count, table.k) if rule == "quality"
+              else greedy_quotas(table, cluster_of, count, metric, lamb))
     planning = time.perf_counter() - started
     selection = learn_apart(table, options, cluster_of, quotas)
     return Selection(selection.rows, selection.seconds + planning)
+
+
+class OutsideFacility(Facility):
+    """Facility of the piece's picks together with rows picked outside it: each represented row's floor
+    is at least its best similarity to them."""
+
+    def __init__(self, outside: torch.Tensor, options):
+        super().__init__(options.reference_size, options.neighbours, "float32", options.exact_neighbours,
+                         options.probes)
+        self.outside = outside
+
+    def covered(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.cat([(rows[s:s + 4096] @ self.outside.T).amax(1) for s in range(0, rows.shape[0], 4096)]
+                         ).clamp(min=0)
+
+    def prepare(self, emb, generator, represented=EVERY_ROW):
+        # Facility.prepare with each row's floor lifted to its coverage by the outside rows
+        reference, weights = represented.rows, represented.weights
+        if reference is None:
+            rows = torch.randperm(emb.shape[0], generator=generator, device=generator.device)
+            reference = emb[rows[:self.reference_size]]
+            weights = None if weights is None else weights[rows[:self.reference_size]]
+        values, neighbours = top_neighbours(reference, emb, self.neighbours, dtype=emb.dtype,
+                                            generator=generator, exact_max=self.exact_max, probes=self.probes)
+        floor = values[:, -1].clamp(min=0) if represented.positions is None else values.new_zeros(len(values))
+        floor = torch.maximum(floor, self.covered(reference))
+        values = values.sub_(floor[:, None])
+        if represented.positions is not None:
+            values.masked_fill_(neighbours == represented.positions[:, None], 0.0)
+        share = None if weights is None else mean_one(weights.to(values.dtype))
+        return FacilityState(values.clamp_(min=0), neighbours, represented.positions is not None, share,
+                             weighted_mean(floor, share))
+
+    def evaluate(self, emb, selected, represented=EVERY_ROW):
+        rows = emb if represented.rows is None else represented.rows
+        best = torch.maximum((rows @ emb[selected].T).amax(1).clamp(min=0), self.covered(rows))
+        weights = represented.weights
+        return float(best.mean() if weights is None else (best * weights).sum() / weights.sum())
+
+    def evaluate_both(self, emb, first, second, represented=EVERY_ROW):
+        return self.evaluate(emb, first, represented), self.evaluate(emb, second, represented)
+
+
+class OutsidePairSimi(PairSimi):
+    """Pair_simi of the piece's picks together with ``count`` rows picked outside it, whose unit vectors
+    sum to ``total``."""
+
+    def __init__(self, total: torch.Tensor, count: int):
+        super().__init__("float32")
+        self.total, self.count = total, count
+
+    def rewards(self, emb, idx, state):
+        k = idx.shape[1] + self.count
+        w = selection_sums(emb, idx) + self.total
+        return 1.0 - (w.pow(2).sum(1) - k) / max(k * (k - 1), 1)
+
+    def rewards_and_gains(self, emb, idx, state, member):
+        k = idx.shape[1] + self.count
+        w = selection_sums(emb, idx) + self.total
+        pair_sum = ((w * w).sum(1) - k)[:, None]
+        dots = w @ emb.T
+        mean_with = pair_sum / max(k * (k - 1), 1)
+        mean_without = (pair_sum - 2 * (dots - 1)) / max((k - 1) * (k - 2), 1)
+        mean_plus = (pair_sum + 2 * dots) / ((k + 1) * k)
+        return 1.0 - mean_with[:, 0], torch.where(member, mean_without - mean_with, mean_with - mean_plus)
+
+
+def context(table: Table, options, metric: str, lamb: float, phases: int = 2) -> Selection:
+    """The pieces learn apart, then each re-learns its quota against the others' picks (``phases``
+    groups of pieces in turn)."""
+    if metric not in ("Facility", "Pair_simi"):
+        return pieces(table, options, metric, lamb)
+    file_of = table.file_of[table.eligible]
+    quotas = quality_mass_quotas(table, file_of, table.files, table.k)
+    picked, seconds = {}, 0.0
+    for file, quota in enumerate(quotas):
+        rows = table.eligible[file_of == file]
+        selection = learn(table, rows, int(quota), options, file, table.quality_range)
+        picked[file], seconds = selection.rows, seconds + selection.seconds
+    for phase in range(phases):
+        for file in range(phase, table.files, phases):
+            others = torch.as_tensor(table.emb[np.concatenate([picked[f] for f in picked if f != file])])
+            metric_object = (OutsideFacility(others, options) if metric == "Facility"
+                             else OutsidePairSimi(others.sum(0), others.shape[0]))
+            selection = learn(table, table.eligible[file_of == file], int(quotas[file]),
+                              options.replace(algorithm=metric_object), table.files + file,
+                              table.quality_range)
+            picked[file], seconds = selection.rows, seconds + selection.seconds
+    return Selection(np.concatenate(list(picked.values())), seconds)
+
+
+def greedy_per_piece(table: Table, options, metric: str, lamb: float) -> Selection:
+    """Each file's quota picked by lazy greedy on the file alone."""
+    file_of = table.file_of[table.eligible]
+    picked, started = [], time.perf_counter()
+    for file, quota in enumerate(quality_mass_quotas(table, file_of, table.files, table.k)):
+        rows = table.eligible[file_of == file]
+        picked.append(rows[lazy_greedy(table.quality[rows], table.emb[rows], int(quota), algorithm=metric,
+                                       lamb=lamb, quality_range=table.quality_range,
+                                       weights=table.weights[rows])])
+    return Selection(np.concatenate(picked), time.perf_counter() - started)
 
 
 def one_piece(table: Table, options, metric: str, lamb: float) -> Selection:
@@ -231,6 +348,9 @@ def ways(candidates: list[int]) -> dict:
     named["2 rounds, c = 2, weighted"] = lambda *a: two_rounds(*a, weighted=True)
     named["clusters"] = clusters
     named["clusters, greedy quotas"] = lambda *a: clusters(*a, rule="greedy")
+    named["cells x 4, greedy quotas"] = lambda *a: clusters(*a, rule="greedy", per_file=4)
+    named["context"] = context
+    named["greedy per piece"] = greedy_per_piece
     named["one piece"] = one_piece
     return named
 
