@@ -307,17 +307,16 @@ def _say_what_is_kept(args) -> None:
     """After a failed select: how many partitions finished, and how to resume or start over."""
     if args.command != "select" or not getattr(args, "output", None):
         return
-    from .io.output import work_location
+    from .io.staging import finished_parts, work_location
     from .io.storage import resolve
 
     try:
         work = work_location(resolve(args.output))
-        names = work.list()
+        if not work.list():
+            return
+        done = finished_parts(work)
     except Exception:  # an output whose filesystem cannot be reached: nothing more to say
         return
-    if not names:
-        return
-    done = sum(name.startswith("part-") and name.endswith(".json") for name in names)
     print(f"datamask: {done} finished partition(s) are kept in {work}: run the same command again to "
           "resume, or add --no-resume to start over", file=sys.stderr)
 

@@ -41,13 +41,13 @@ import uuid
 from pathlib import Path
 
 from ..errors import DataMaskError
+from .commit_journal import pending_commit
 from .parquet import parquet_file
 from .storage import Location, reach, resolve, storage_errors
 
 RUN_RECORD = "_datamask_run.json"  # a leading underscore: parquet readers skip it
 RECORD_KEY = "datamask.run"  # a single file's footer key, a Delta commit's or Iceberg snapshot's property
 FOOTER_KEY = RECORD_KEY.encode()
-MANIFEST = "manifest.json"  # of a run's work area (:mod:`datamask_dask.run.work`)
 
 
 class UnsafeOutputError(DataMaskError):
@@ -74,7 +74,7 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
     location = resolve(target)
     check_inputs(location, inputs)
     with storage_errors(location):  # the job's first contact with the output
-        if not location.local and committing(location) is not None:  # our own interrupted commit: resumed
+        if not location.local and pending_commit(location) is not None:  # our own interrupted commit: resumed
             return
         if not reach(location) or _empty_directory(location):  # nothing there that could be lost
             return
@@ -239,11 +239,6 @@ LEASE_SECONDS = 600  # an object-store lock not renewed for this long belongs to
 _RENEW_EVERY = LEASE_SECONDS / 5
 
 
-def work_location(target: Location) -> Location:
-    """The work directory of a run writing to ``target``: a hidden sibling of it."""
-    return target.sibling(f".{target.name}.datamask-work")
-
-
 def lock_location(target: Location) -> Location:
     return target.sibling(f".{target.name}.datamask-lock")
 
@@ -309,22 +304,3 @@ def _lease(target: Location):
         with contextlib.suppress(Exception):
             if json.loads(lock.read_bytes()).get("run") == owner["run"]:
                 lock.remove()
-
-
-def committing(target: Location) -> dict | None:
-    """The commit an interrupted run had started into ``target`` (object stores), or None.
-
-    Its work directory's manifest then lists the files the old output had (``old``) and those
-    of the new one (``new``): the only names a resumed commit may remove or write.
-    """
-    commit = (read_manifest(work_location(target)) or {}).get("commit")
-    return commit if isinstance(commit, dict) else None
-
-
-def read_manifest(location) -> dict | None:
-    """The manifest in a work area, or None when there is none or it is unreadable."""
-    try:
-        manifest = json.loads(resolve(location).child(MANIFEST).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) else None

@@ -34,9 +34,9 @@ import dask
 import pyarrow as pa
 
 from ..partition.adapters import is_cudf
+from .commit_journal import begin_commit
 from .output import (
     FOOTER_KEY,
-    MANIFEST,
     RUN_RECORD,
     UnsafeOutputError,
     check_target,
@@ -47,30 +47,8 @@ from .output import (
 )
 from .parquet import concatenate, parquet_file, to_arrow, write_table
 from .records import dumps
+from .staging import Staging, part_stem
 from .storage import Location, fsync, resolve
-
-
-def part_stem(number: int) -> str:
-    """The name every file of partition ``number`` starts with in a run's work area."""
-    return f"part-{number:05d}"
-
-
-@dataclasses.dataclass(frozen=True)
-class Staging:
-    """A hidden folder beside an output where a write keeps what it has not committed yet (picklable:
-    tasks write into it). A selection run's is its work area (:class:`datamask_dask.run.work.WorkArea`)."""
-
-    location: Location
-    run_id: str
-
-    def child(self, name: str) -> Location:
-        return self.location.child(name)
-
-    def write_manifest(self, manifest: dict) -> None:
-        self.child(MANIFEST).write_bytes(dumps(manifest, indent=1).encode())
-
-    def remove(self) -> None:
-        self.location.remove()
 
 
 def write_output(sink, data, record: dict, *, scheduler=None, key: str | None = None,
@@ -239,10 +217,7 @@ class ParquetSink:
         interrupted commit is finished by the next run on the same output.
         """
         target, names = self.location, list(files) or [part_name(0)]
-        pending = manifest.get("commit")
-        old = pending["old"] if pending is not None else (read_record(target) or {}).get("files", [])
-        manifest["commit"] = {"old": old, "new": names}
-        work.write_manifest(manifest)
+        old = begin_commit(work, manifest, (read_record(target) or {}).get("files", []), names)
         if target.isfile():  # an earlier single-file output of ours: the new directory takes its name
             target.fs.rm_file(target.path)
         target.child(RUN_RECORD).remove()  # from here on the output is not complete

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..config import resolve_options
 from ..dask_engine.runs import DaskEngine
-from ..io.output import work_location
 from ..io.sinks import ParquetSink
+from ..io.staging import work_location
 from ..io.storage import resolve
 from ..partition import adapters
 from .protocol import execute

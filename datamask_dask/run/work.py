@@ -1,14 +1,7 @@
 """A run's work area: what an interrupted run leaves for the next one to reuse.
 
 Every run, whatever its engine and its sink, keeps its work in a hidden sibling of its output
-until the output is committed::
-
-    .OUT.datamask-work/
-        manifest.json               the run's identity (settings, input, plan, output), run id, attempts
-        part-00042.json             partition 42 is finished: rows, selected, the sink's descriptor
-                                    of its data, its part of the run summary
-        part-00042.sample.parquet   its rows sampled for the run summary
-        part-00042.parquet          its data, where the sink keeps parts here (parquet outputs)
+until the output is committed (its layout and names: :mod:`datamask_dask.io.staging`).
 
 - **Markers.** A task writes its data, then its sample, then its marker, each whole
   (:meth:`~datamask_dask.io.storage.Location.write_bytes`; fsynced on local disk), so a marker only
@@ -32,11 +25,10 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import DataMaskError
-from ..io.output import MANIFEST, read_manifest, work_location
 from ..io.parquet import parquet_file, to_arrow, write_table
 from ..io.pieces import to_pandas
 from ..io.records import dumps
-from ..io.sinks import Staging, part_stem
+from ..io.staging import MANIFEST, Staging, read_manifest, work_location
 from ..io.storage import Location
 
 FORMAT = 2  # version of the work area's layout
@@ -56,13 +48,13 @@ class WorkArea(Staging):
 
     def mark(self, number: int, marker: dict, sample: pd.DataFrame) -> None:
         """Record partition ``number`` as finished: its sample for the summary, then its marker."""
-        with self.child(f"{part_stem(number)}.sample.parquet").open_write() as handle:
+        with self.part(number, ".sample.parquet").open_write() as handle:
             write_table(to_arrow(sample), handle)
-        self.child(f"{part_stem(number)}.json").write_bytes(dumps({**marker, "run_id": self.run_id}).encode())
+        self.part(number, ".json").write_bytes(dumps({**marker, "run_id": self.run_id}).encode())
 
     def sample(self, number: int) -> pd.DataFrame:
         """Partition ``number``'s rows sampled for the run summary, as its task wrote them."""
-        return to_pandas(parquet_file(self.child(f"{part_stem(number)}.sample.parquet")).read())
+        return to_pandas(parquet_file(self.part(number, ".sample.parquet")).read())
 
     # ------------------------------------------------------------------ driver side
 
@@ -71,11 +63,11 @@ class WorkArea(Staging):
         sink still has that partition's data). Each marker's ``sample`` is read back as a frame."""
         present, done = set(self.location.list()), {}
         for number, n_rows in enumerate(rows):
-            stem = part_stem(number)
-            if f"{stem}.json" not in present:
+            marker_file = self.part(number, ".json")
+            if marker_file.name not in present:
                 continue
             try:
-                marker = json.loads(self.child(f"{stem}.json").read_bytes())
+                marker = json.loads(marker_file.read_bytes())
                 if marker.get("run_id") != self.run_id or marker.get("rows") != n_rows:
                     continue
                 if marker.get("written") is not None and not holds(marker["written"]):

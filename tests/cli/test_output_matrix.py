@@ -19,7 +19,7 @@ from conftest import FAST
 
 from datamask_dask import write_parquet
 from datamask_dask.cli import main
-from datamask_dask.io.output import work_location
+from datamask_dask.io.staging import work_location
 from datamask_dask.io.storage import resolve
 from datamask_dask.sample_data import make_corpus
 

@@ -17,9 +17,9 @@ import pytest
 
 from datamask_dask import InputDataError, datamask_select, write_selection
 from datamask_dask.cli import main
-from datamask_dask.io.output import work_location
 from datamask_dask.io.parquet import read_parquet
 from datamask_dask.io.sinks import write_parquet
+from datamask_dask.io.staging import work_location
 from datamask_dask.io.storage import resolve
 from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus

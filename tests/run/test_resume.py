@@ -18,9 +18,10 @@ import pytest
 
 from datamask_dask import ResumeError, datamask_select, write_selection
 from datamask_dask.cli import main
-from datamask_dask.io.output import UnsafeOutputError, read_manifest
+from datamask_dask.io.output import UnsafeOutputError
 from datamask_dask.io.parquet import read_parquet
 from datamask_dask.io.sinks import write_parquet
+from datamask_dask.io.staging import read_manifest
 from datamask_dask.io.storage import input_fingerprint
 from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus

@@ -210,7 +210,7 @@ def test_a_killed_worker_leaves_the_uninterrupted_output(case, parquet_dir, clus
     import threading
     import time
 
-    from datamask_dask.io.output import work_location
+    from datamask_dask.io.staging import work_location
 
     reference = case.run(parquet_dir, "reference", scheduler=cluster)
     work = work_location(case.location("out"))

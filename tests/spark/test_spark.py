@@ -463,7 +463,7 @@ def test_a_killed_file_job_resumes_to_the_same_bytes(spark, parquet_dir, tmp_pat
 
     from datamask_spark.files import write_file_selection
 
-    from datamask_dask.io.output import work_location
+    from datamask_dask.io.staging import work_location
     from datamask_dask.io.storage import resolve
 
     options = request.getfixturevalue("s3") if storage == "s3" else None
