@@ -17,6 +17,10 @@ class OptionError(DataMaskError):
 class InputDataError(DataMaskError):
     """The input data breaks the data contract (the message names the column, partition and rows)."""
 
+    # set by a partition's checks, for the Problem they become
+    column: str | None = None
+    rows: tuple[int, ...] = ()
+
 
 class StorageError(DataMaskError):
     """An object store could not be reached or refused a request (:mod:`datamask_dask.io.storage`): the

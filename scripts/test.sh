@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Set up, then run the linter and the test suite.
+# Set up, then run the linter, the type checker and the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check datamask_dask integrations tests benchmarks examples docs
+# The contracts' types ([tool.mypy] in pyproject.toml names the modules it holds to them).
+.venv/bin/mypy
 # The documentation site, with warnings as errors (its code blocks run in tests/end_to_end/test_docs.py).
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
 # the slowest tests, so that the suite's time can be kept in check

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from ..errors import OptionError
@@ -29,6 +30,9 @@ from ..partition.adapters import is_cudf
 from .output import UnsafeOutputError, read_record
 from .pieces import Pieces, to_dask
 from .storage import resolve
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd
 
 __all__ = ["TableInput", "TableURI", "parse_table_uri", "read_table", "selection_columns", "table_pieces",
            "open_sink", "table_record", "write_table_output"]
@@ -96,7 +100,7 @@ def _int(value):
 class TableInput:
     """What :func:`read_table` read: the frame, the table, and the snapshot (``version``)."""
 
-    frame: object
+    frame: dd.DataFrame
     table: TableURI
     version: int | None  # Delta version or Iceberg snapshot id; None for parquet (or an empty table)
     since: int | None = None

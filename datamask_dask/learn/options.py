@@ -198,7 +198,9 @@ class DataMaskOptions:
         return out
 
 
-DataMaskOptions.__doc__ += "\n\n    Parameters\n    ----------\n" + parameters(options_of(DataMaskOptions))
+# __doc__ is None where docstrings are stripped (python -OO)
+DataMaskOptions.__doc__ = ((DataMaskOptions.__doc__ or "") + "\n\n    Parameters\n    ----------\n"
+                           + parameters(options_of(DataMaskOptions)))
 
 
 def _check(ok: bool, name: str, value, expected: str) -> None:

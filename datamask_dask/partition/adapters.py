@@ -17,13 +17,36 @@ host) and, for embeddings, a numpy array or a torch tensor.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from ..errors import InputDataError
 
+if TYPE_CHECKING:
+    import torch
+
 SHOW = 5  # rows or values quoted in an error message
+
+
+class EmbeddingRows(Protocol):
+    """Checked embedding rows: float32, a numpy array (pandas) or a torch tensor on the GPU (cuDF)."""
+
+    dim: int
+
+    def rows(self, positions: np.ndarray) -> np.ndarray | torch.Tensor:
+        """The rows at sorted ``positions`` as an ``(m, dim)`` matrix."""
+        ...
+
+
+class EmbeddingSource(EmbeddingRows, Protocol):
+    """One partition's embedding column (:func:`embedding_source`)."""
+
+    def span(self, start: int, stop: int) -> np.ndarray | torch.Tensor:
+        """Rows ``start:stop`` for reading only."""
+        ...
 
 
 def is_cudf(obj) -> bool:
@@ -94,7 +117,7 @@ def fixed_dimension(dtype) -> int | None:
     return None
 
 
-def embedding_source(series, where: str, expected_dim: int | None = None):
+def embedding_source(series, where: str, expected_dim: int | None = None) -> EmbeddingSource:
     """Check an embedding column's structure and return an object that converts rows of it.
 
     Checks: no null rows, one length for every row (not ragged), at least 2 dimensions, and
@@ -102,12 +125,13 @@ def embedding_source(series, where: str, expected_dim: int | None = None):
 
     Returns
     -------
-    object with ``dim`` (int) and ``rows(positions) -> (m, d)`` float32 numpy array (pandas)
+    EmbeddingSource: ``dim`` (int) and ``rows(positions) -> (m, d)`` float32 numpy array (pandas)
     or torch tensor on the GPU (cuDF) of the rows at sorted ``positions``, a new one the caller
     may modify; ``span(start, stop)``
     gives rows ``start:stop`` for reading only (a view of the column's memory where possible).
     """
     check_embedding_type(series.dtype, series.name, where)
+    source: EmbeddingSource
     if is_cudf(series):
         source = _CudfEmbeddings(series, where)
     elif series.dtype == object:
@@ -182,7 +206,7 @@ class _ArrowEmbeddings:
         self.name = series.name
         # Keep the chunks as they are: combining them would copy the whole column.
         self.array = series.array.__arrow_array__()
-        self._views = None  # per-chunk numpy views of the values, made on first use
+        self._views: tuple[np.ndarray, list[np.ndarray]] | None = None  # per-chunk views, made on first use
         if self.array.null_count:
             nulls = np.asarray(self.array.is_null().to_numpy())
             raise _null_error(where, self.name, np.flatnonzero(nulls))
@@ -215,7 +239,7 @@ class _ArrowEmbeddings:
             return matrices[chunk][start - starts[chunk]:stop - starts[chunk]]
         return self.rows(np.arange(start, stop))
 
-    def _matrices(self):
+    def _matrices(self) -> tuple[np.ndarray, list[np.ndarray]]:
         """Each Arrow chunk as an (rows, dim) numpy view of its values (a copy only if they hold nulls)."""
         if self._views is None:
             starts, matrices, start = [], [], 0

@@ -148,12 +148,15 @@ def quality_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
 
 def token_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
     """Token counts as float64; missing, infinite or negative counts raise."""
-    values = adapters.numeric_values(frame, spec.token_column, where)
+    name = spec.token_column
+    if name is None:  # make_spec names it with every token budget
+        raise RuntimeError(f"{where}: token counts read without a token budget; please report this")
+    values = adapters.numeric_values(frame, name, where)
     bad = np.flatnonzero(~np.isfinite(values) | (values < 0))
     if bad.size:
-        raise _error(f"{where}: token column {spec.token_column!r} has {bad.size} missing, infinite or "
+        raise _error(f"{where}: token column {name!r} has {bad.size} missing, infinite or "
                      f"negative value(s) at rows {bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: fill them "
-                     "with the documents' token counts or drop those rows", spec.token_column, bad)
+                     "with the documents' token counts or drop those rows", name, bad)
     return values
 
 
@@ -220,7 +223,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         block = source.span(start, stop)
         summary[start:stop, 0] = row_norms(block)
         summary[start:stop, 1] = _projection(block, direction)
-        if sign:
+        if signed is not None:  # with sign
             with telemetry.timed("sign"):
                 signed[start:stop] = simhash.signatures(block, planes)
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
@@ -323,7 +326,7 @@ def summarise_partition(frame, number: int, spec: SelectSpec) -> PartitionSummar
 class Scan:
     """Round 1 of the plan pass on one partition: its checks, kept on the worker for its summary."""
 
-    check: object  # the partition's PartitionCheck (quality, codes, signatures...)
+    check: PartitionCheck  # quality, codes, signatures...
     stages: dict  # seconds of the read and the checks
     ids: np.ndarray | None = None  # explain: the ids, to name the rows near-duplicates stand behind
 
@@ -372,12 +375,15 @@ def duplicate_links(scan: Scan, groups: DuplicateGroups) -> dict:
     """What ``explain`` needs of a partition's near-duplicate groups (``make_plan`` joins them):
     its shadowed rows with their parents' references and their signatures, and the id and
     signature of each of its rows that is a parent. Only rows in groups, never the embeddings."""
-    signatures = scan.check.signatures
+    signatures, ids = scan.check.signatures, scan.ids
+    if signatures is None or ids is None:  # a scan in table scope signs its rows; with explain it keeps ids
+        raise RuntimeError("explain: a partition's signatures or ids are missing; please report this with "
+                           "the run record")
     parents = np.asarray(groups.parents, dtype=np.int64)
     return {"shadowed": np.asarray(groups.shadowed, dtype=np.int64),
             "parent": np.asarray(groups.parent, dtype=np.int64),
             "signatures": signatures[groups.shadowed],
-            "parents": parents, "parent_ids": scan.ids[parents],
+            "parents": parents, "parent_ids": ids[parents],
             "parent_signatures": signatures[parents]}
 
 

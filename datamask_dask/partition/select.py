@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,10 +38,10 @@ class _Partition:
     """One select task's rows (a partition, or the rows of a pack): its inputs, and the output columns
     its cells fill in."""
 
-    frame: object  # the partition (None for a pack: its rows were checked where they were read)
+    frame: Any  # the partition, pandas or cuDF (None for a pack: its rows were checked where they were read)
     number: int  # the partition (a pack: its first member), which seeds its chunks
     plan: Plan
-    source: object  # the embedding rows (adapters.embedding_source, or _Rows for a pack)
+    source: adapters.EmbeddingRows  # adapters.embedding_source, or _Rows for a pack
     quality: np.ndarray
     tokens: np.ndarray | None
     device: str
@@ -53,6 +54,13 @@ class _Partition:
     @property
     def spec(self) -> SelectSpec:
         return self.plan.spec
+
+    def token_counts(self) -> np.ndarray:
+        """The rows' token counts, which a cell with a token budget reads."""
+        if self.tokens is None:
+            raise RuntimeError(f"partition {self.number}: a token budget without token counts; please "
+                               "report this with the run record")
+        return self.tokens
 
 
 @dataclass(frozen=True)
@@ -109,12 +117,12 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
             telemetry.keep_curves(list(result.curves))
             telemetry.keep(result.stages)  # into this partition's marker
             selected[eligible[result.selected]] = True
-            if scores is not None:
+            if scores is not None and result.scores is not None:  # both, with a score column
                 scores[eligible] = result.scores
             if reasons is not None:
                 reasons[eligible] = result.reasons
     columns = {spec.selected_column: selected}
-    if spec.score_column:
+    if spec.score_column and scores is not None:  # made above for the score column
         columns[spec.score_column] = scores
     if reasons is not None:
         reasons[selected] = explain.SELECTED
@@ -127,8 +135,10 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
     input (checked as a select task checks them)."""
     number = partition_info["number"] if partition_info is not None else 0
     part = _open(frame, plan, number)
-    out = {}
-    for cell, rows, where in (_cells(part) if part is not None else ()):
+    out: dict[int, PackRows] = {}
+    if part is None:
+        return out
+    for cell, rows, where in _cells(part):
         if plan.pack_of(number, cell.group) is None:
             continue
         eligible = _eligible(part, cell, rows)
@@ -278,7 +288,7 @@ def _eligible(part: _Partition, cell: Cell, rows: np.ndarray) -> np.ndarray:
 
 def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: str) -> None:
     """Select among one cell's eligible rows: chunks, learner, budget."""
-    quality, tokens, scores, reasons = part.quality, part.tokens, part.scores, part.reasons
+    quality, scores, reasons = part.quality, part.scores, part.reasons
     if eligible.size == 0 or (cell.quota == 0 if cell.budget is None else cell.budget == 0):
         return
     n_chunks = math.ceil(eligible.size / part.memory.max_chunk_rows)
@@ -287,8 +297,8 @@ def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: st
         quotas = split_quota(quality[eligible], chunk_of_row, n_chunks, cell.quota, part.spec.oversample)
         budgets = None
     else:
-        budgets, quotas = split_budget(quality[eligible], tokens[eligible], chunk_of_row, n_chunks,
-                                       cell.budget, part.spec.oversample)
+        budgets, quotas = split_budget(quality[eligible], part.token_counts()[eligible], chunk_of_row,
+                                       n_chunks, cell.budget, part.spec.oversample)
     for chunk_number in range(n_chunks):
         chunk = eligible[chunk_of_row == chunk_number]
         k = int(quotas[chunk_number])
@@ -305,12 +315,12 @@ def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: st
         if reasons is not None and k > 0:
             reasons[chunk] = np.where(mask, explain.BUDGET_EXHAUSTED, explain.NOT_CHOSEN)  # if not selected
         if budgets is not None:
-            mask = fit_budget(mask, tokens[chunk], preference, budgets[chunk_number])
+            mask = fit_budget(mask, part.token_counts()[chunk], preference, budgets[chunk_number])
         part.selected[chunk[mask]] = True
     if cell.budget is not None and n_chunks > 1:
         # Chunks round their budgets down separately: spend what is left on the best rows that fit.
-        part.selected[eligible] = fit_budget(part.selected[eligible], tokens[eligible], quality[eligible],
-                                             cell.budget)
+        part.selected[eligible] = fit_budget(part.selected[eligible], part.token_counts()[eligible],
+                                             quality[eligible], cell.budget)
 
 
 def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:

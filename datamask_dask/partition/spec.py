@@ -59,6 +59,8 @@ class SelectSpec:
         as ``max_chunk_values`` embedding values allow at dimension ``dim`` (None: nothing read yet)."""
         if self.max_chunk_rows is not None:
             return self.max_chunk_rows
+        if self.max_chunk_values is None:  # SelectOptions refuses this; a spec built by hand may not
+            raise OptionError("max_chunk_rows and max_chunk_values are both None: set one of them")
         return max(2, self.max_chunk_values // max(1, dim or 1))
 
     @property

@@ -19,6 +19,8 @@ itself), so a ratio that the table can meet is always met exactly.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .. import telemetry
@@ -26,10 +28,13 @@ from ..errors import OptionError, Problem, problems_error
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
+if TYPE_CHECKING:  # the spec is the partition room's; the plan only reads it
+    from ..partition.spec import SelectSpec
+
 SHOW = 5  # values quoted in a message
 
 
-def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
+def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: SelectSpec) -> Plan:
     """Integer quotas (or token budgets) per partition and group, and the table-wide quality range.
 
     Raises
@@ -47,7 +52,7 @@ def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
         dim = next((d for d in dims if d is not None), None)
     labels = sorted({label for s in summaries for label in s.cells},
                     key=lambda label: (type(label).__name__, label))
-    cells: dict[int, list] = {}
+    cell_lists: dict[int, list[Cell]] = {}
     ranges = {}
     shadowed: dict[int, list] = {}
     weights: dict[int, list] = {}
@@ -65,13 +70,13 @@ def make_plan(summaries: list[PartitionSummary], ids, dim, spec) -> Plan:
             every_row = [c.sketch if c.sketch_all is None else c.sketch_all for _, c in members]
             plan, deduplicated = _plan_group(label, every_row, n_rows, spec), False
         for (partition, cell), (eligible, quota, budget) in zip(members, plan.T, strict=True):
-            cells.setdefault(partition, []).append(
+            cell_lists.setdefault(partition, []).append(
                 Cell(label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
             if deduplicated and cell.shadowed is not None:
                 shadowed.setdefault(partition, []).append(cell.shadowed)
                 if cell.kept is not None and len(cell.kept):
                     weights.setdefault(partition, []).append((cell.kept, cell.weights))
-    cells = {p: tuple(c) for p, c in cells.items()}
+    cells = {p: tuple(c) for p, c in cell_lists.items()}
     packs = pack_cells(cells, spec.chunk_rows(dim)) if spec.diversity_scope == "table" else ()
     return Plan(spec=spec, cells=cells, packs=packs,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
@@ -169,11 +174,11 @@ def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:
     return kept[order], weights[order]
 
 
-def _plan_group(label, sketches: list, n_rows: int, spec) -> np.ndarray:
+def _plan_group(label, sketches: list, n_rows: int, spec: SelectSpec) -> np.ndarray:
     """(eligible, quota, budget) x cells of one group; ``n_rows`` counts shadowed rows too."""
     where = "" if spec.by is None else f" in group {label!r} of {spec.by!r}"
     if spec.budget is not None:
-        budget = spec.budget if spec.by is None else spec.budget.get(label, 0)
+        budget = spec.budget.get(label, 0) if isinstance(spec.budget, dict) else spec.budget  # dict: with by
         if budget == 0:
             return np.zeros((3, len(sketches)), dtype=np.int64)
         try:
@@ -185,13 +190,15 @@ def _plan_group(label, sketches: list, n_rows: int, spec) -> np.ndarray:
                 f"tokens in column {spec.token_column!r}; prune={spec.prune}); lower the budget"
             ) from exc
         return np.stack([result.eligible, result.quota, result.budget])
+    if spec.ratio is None:  # make_spec gives a ratio wherever it gives no budget
+        raise OptionError("neither a ratio nor a token budget was given: give one")
     ratio = spec.ratio if not isinstance(spec.ratio, dict) else spec.ratio.get(label, 0.0)
     try:
-        result = plan_rows(sketches, int(round(ratio * n_rows)), spec.prune, spec.oversample)
+        rows = plan_rows(sketches, int(round(ratio * n_rows)), spec.prune, spec.oversample)
     except ValueError as exc:
         raise OptionError(f"ratio={ratio} cannot be met{where}: {exc} after prune={spec.prune}; "
                           "lower the ratio or the prune share") from exc
-    return np.stack([result.eligible, result.quota, np.full(len(sketches), -1)])
+    return np.stack([rows.eligible, rows.quota, np.full(len(sketches), -1)])
 
 
 def duplicate_problems(ids, id_column: str) -> list[Problem]:

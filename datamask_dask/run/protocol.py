@@ -25,7 +25,8 @@ import hashlib
 import logging
 import math
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 import pyarrow as pa
@@ -38,6 +39,9 @@ from ..options import SelectOptions
 from ..plan.types import Plan
 from .summary import SAMPLE_ROWS, part_summary, sample_columns, signature_share, summarise_run
 from .work import FORMAT, WorkArea, now, open_work
+
+if TYPE_CHECKING:  # the spec travels inside the plan; the run only reads it
+    from ..partition.spec import SelectSpec
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +73,13 @@ class PartTask:
     writer, mark it finished in the work area. Picklable: it travels to the workers."""
 
     work: WorkArea
-    write: object  # the sink's writer: (frame, number) -> descriptor
-    spec: object
+    write: Callable[[Any, int], dict | None]  # the sink's writer: (frame, number) -> descriptor
+    spec: SelectSpec
     share: float  # of the selected rows' signatures kept for the summary
     sample_rows: int  # rows of this partition sampled for the summary
     seed: int
-    project: object = None  # (frame, run_id) -> the columns written (the selection-only output), or None
+    # (frame, run_id) -> the columns written (the selection-only output), or None
+    project: Callable[[Any, str], Any] | None = None
     token_column: str | None = None  # counted in the summary where the table has it
 
     def __call__(self, frame, number: int) -> dict:
