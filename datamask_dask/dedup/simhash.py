@@ -33,6 +33,10 @@ PLANE_SEED = 0x5EED_D0C5
 # verify a pair, at every size: signatures are all a pair is verified on, and clustered rows have far
 # more neighbours just below the threshold than copies above it, so a wider margin sets many aside.
 VERIFY_MARGIN = 0.1
+# ... and where exact cosine confirms each candidate (the plan pass, which has the embeddings): a
+# wide margin, so that pairs the estimate puts too far apart are still tried; the exact check then
+# drops the rest.
+CANDIDATE_MARGIN = 2.0
 _PAIR_BATCH = 1 << 22  # candidate pairs verified at once
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from .groups import DuplicateGroups
 from .simhash import (
+    CANDIDATE_MARGIN,
     SIGNATURE_BITS,
     SIGNATURE_BYTES,
     distance,
@@ -60,6 +61,9 @@ FULL_BUCKET = 12  # buckets up to this size verify all their pairs
 ANCHORS = 4  # larger buckets verify each row against this many anchors ...
 NEIGHBOURS = 16  # ... and against this many neighbours in the bucket sorted by signature
 ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
+# Candidate parents each row keeps for the exact check (its best by quality): a row whose best
+# candidates all fail it is kept, so enough that a true better neighbour is rarely crowded out.
+CANDIDATES = 8
 BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
 
@@ -235,9 +239,16 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
             np.concatenate([empty] + [f[1] for f in found]))
 
 
-def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
-    """The verified near-duplicate pairs of one shard's buckets (within :func:`hamming_threshold`,
-    ``VERIFY_MARGIN``), as each worse row's best edge.
+def candidate_limit(cosine: float, exact: bool) -> int:
+    """The Hamming distance within which a bucket's pair is a candidate: ``VERIFY_MARGIN`` where
+    the signatures are all it is verified on, ``CANDIDATE_MARGIN`` where exact cosine confirms it."""
+    return hamming_threshold(cosine, CANDIDATE_MARGIN) if exact else hamming_threshold(cosine)
+
+
+def bucket_edges(pieces: list, shards: int, cosine: float, exact: bool = False) -> dict:
+    """The verified near-duplicate pairs of one shard's buckets (within :func:`candidate_limit`),
+    as each worse row's best edge, or with ``exact`` its ``CANDIDATES`` best (for
+    :func:`confirm_edges`).
 
     A bucket of up to ``FULL_BUCKET`` rows tries all its pairs; a larger one (clustered data) each
     row against its ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by
@@ -264,7 +275,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     # verification gathers single words
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
     columns = np.ascontiguousarray(np.take(words, rows, axis=0).T)
-    start, limit = np.cumsum(size) - size, hamming_threshold(cosine)
+    start, limit = np.cumsum(size) - size, candidate_limit(cosine, exact)
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
     first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
@@ -276,8 +287,8 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     worse = np.where(a_better, ref[b], ref[a])
     better = np.where(a_better, ref[a], ref[b])
     better_quality = np.where(a_better, quality[a], quality[b])
-    # only each worse row's best edge leaves: the best of the tasks' bests is best_parents' choice
-    worse, better, better_quality = _best_edges(worse, better, better_quality)
+    # only each worse row's best edges leave: the best of the tasks' bests is best_parents' choice
+    worse, better, better_quality = _best_edges(worse, better, better_quality, CANDIDATES if exact else 1)
     pieces = _split(shard_of(worse, shards), shards, worse, better, better_quality)
     return {"pieces": pieces, "pairs": n_pairs}
 
@@ -301,11 +312,21 @@ def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, exact
 
 
-def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> tuple:
-    """Each worse row's best edge (its better row of highest quality, then lowest reference), sorted
-    by worse row."""
+def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray, keep: int = 1) -> tuple:
+    """Each worse row's best edge (its better row of highest quality, then lowest reference), or its
+    ``keep`` best distinct edges, sorted by worse row (then best first)."""
     if not worse.size:
         return worse, better, quality
+    if keep > 1:
+        order = np.lexsort((better, -quality, worse))
+        worse, better, quality = worse[order], better[order], quality[order]
+        # a pair found by several bands or rounds once (its better row's quality is the same each time)
+        new = np.r_[True, (worse[1:] != worse[:-1]) | (better[1:] != better[:-1])]
+        worse, better, quality = worse[new], better[new], quality[new]
+        start = np.flatnonzero(np.r_[True, worse[1:] != worse[:-1]])
+        place = np.arange(worse.size) - np.repeat(start, np.diff(np.r_[start, worse.size]))
+        top = place < keep
+        return worse[top], better[top], quality[top]
     order = np.argsort(worse, kind="stable")  # one key, then per-row maxima: no 3-key lexsort
     worse, better, quality = worse[order], better[order], quality[order]
     start = np.flatnonzero(np.r_[True, worse[1:] != worse[:-1]])
@@ -315,14 +336,90 @@ def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> t
     return worse[start], np.minimum.reduceat(tied, start), best
 
 
-# --------------------------------------------------------------------------- 4-5. groups
+# --------------------------------------------------------------------------- 3. edges
 
 
-def merge_edges(edges: list) -> tuple:
+def merge_edges(edges: list, exact: bool = False) -> tuple:
     """Edge pieces ``(worse, better, quality of better)`` of one row shard merged into each worse
-    row's best edge: after each round, so that a row shard holds at most one edge a row however
-    many rounds and buckets found it (the best of bests is the best)."""
-    return _best_edges(*_columns(edges, np.uint64, np.uint64, np.float64))
+    row's best edge (``exact``: its ``CANDIDATES`` best): after each round, so that a row shard holds
+    at most that many edges a row however many rounds and buckets found them (the best of bests is
+    the best)."""
+    return _best_edges(*_columns(edges, np.uint64, np.uint64, np.float64), CANDIDATES if exact else 1)
+
+
+# --------------------------------------------------------------------------- 3a. exact cosine
+
+
+def vector_pieces(part: dict, number: int, shards: int) -> list:
+    """Partition ``number``'s unit embeddings, one ``(ref, vectors)`` piece per row shard (the
+    shard of each row, :func:`shard_of`), float32: what :func:`attach_vectors` and
+    :func:`confirm_edges` read. ``part["embeddings"]``: the rows' embeddings (n, dim)."""
+    vectors = unit_vectors(part["embeddings"])
+    refs = (np.uint64(number) << np.uint64(32)) | np.arange(vectors.shape[0], dtype=np.uint64)
+    return _split(shard_of(refs, shards), shards, refs, vectors)
+
+
+def unit_vectors(embeddings) -> np.ndarray:
+    """Rows scaled to length one (float64 norms), as float32 (n, dim)."""
+    block = np.asarray(embeddings, dtype=np.float32)
+    block = block.reshape(block.shape[0], -1) if block.size else np.zeros((len(block), 0), dtype=np.float32)
+    norms = np.sqrt(np.einsum("ij,ij->i", block, block, dtype=np.float64))
+    return (block / np.where(norms > 0, norms, 1.0)[:, None]).astype(np.float32)
+
+
+def _vectors(pieces: list) -> tuple[np.ndarray, np.ndarray]:
+    """One shard's ``(ref, vectors)`` pieces as sorted references and their vectors."""
+    pieces = [p for p in pieces if p[0].size]
+    if not pieces:
+        return np.zeros(0, dtype=np.uint64), np.zeros((0, 0), dtype=np.float32)
+    ref = np.concatenate([p[0] for p in pieces])
+    vectors = np.concatenate([p[1] for p in pieces])
+    order = np.argsort(ref)
+    return ref[order], vectors[order]
+
+
+def _lookup(ref: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Places in sorted ``ref`` of ``wanted`` (every one present)."""
+    at = np.searchsorted(ref, wanted)
+    if wanted.size and (at.max() >= ref.size or np.any(ref[at] != wanted)):
+        raise ValueError("a near-duplicate candidate's row has no embedding in its shard")
+    return at
+
+
+def request_vectors(edges: list, shards: int) -> list:
+    """One row shard's merged candidate edges (:func:`merge_edges` with ``exact``), sent to the
+    shard of each better row, whose vector :func:`attach_vectors` adds."""
+    worse, better, quality = merge_edges(edges, exact=True)
+    return _split(shard_of(better, shards), shards, worse, better, quality)
+
+
+def attach_vectors(requests: list, vectors: list, shards: int) -> list:
+    """The candidate edges whose better rows live in this shard, each with its better row's unit
+    vector, one ``(worse, better, quality, vector)`` piece per shard of the worse row.
+    ``vectors``: the shard's :func:`vector_pieces`."""
+    worse, better, quality = _columns(requests, np.uint64, np.uint64, np.float64)
+    ref, unit = _vectors(vectors)
+    picked = unit[_lookup(ref, better)] if worse.size else np.zeros((0, unit.shape[1]), dtype=np.float32)
+    return _split(shard_of(worse, shards), shards, worse, better, quality, picked)
+
+
+def confirm_edges(attached: list, vectors: list, cosine: float, row_shards: int) -> list:
+    """The candidate edges of this shard's worse rows confirmed on the exact cosine of their unit
+    embeddings (``>= cosine``), as each worse row's best confirmed edge ``(worse, better, quality)``,
+    one piece per row shard of the worse row (what :func:`best_parents` takes). ``vectors``: the
+    shard's :func:`vector_pieces`. Each pair's cosine is a float64 sum over its own two rows, so it
+    does not depend on what else the task holds."""
+    worse, better, quality = _columns(attached, np.uint64, np.uint64, np.float64)
+    if worse.size:
+        parent = np.concatenate([p[3] for p in attached if p[0].size])
+        ref, unit = _vectors(vectors)
+        child = unit[_lookup(ref, worse)]
+        similar = (child.astype(np.float64) * parent.astype(np.float64)).sum(axis=1) >= cosine
+        worse, better, quality = _best_edges(worse[similar], better[similar], quality[similar])
+    return _split(shard_of(worse, row_shards), row_shards, worse, better, quality)
+
+
+# --------------------------------------------------------------------------- 4-5. groups
 
 
 def best_parents(edges: list, shards: int) -> dict:
@@ -392,6 +489,56 @@ def shard_count(n: int, per_shard: int) -> int:
     return max(1, math.ceil(n / per_shard))
 
 
+def is_exact(parts: list[dict]) -> bool:
+    """Whether the partitions carry their embeddings (then candidates are confirmed on exact
+    cosine): all of them or none."""
+    carry = {p.get("embeddings") is not None for p in parts}
+    if len(carry) > 1:
+        raise ValueError("near-duplicate search: some partitions carry 'embeddings' and some do not")
+    return carry == {True}
+
+
+def confirmed_edges(parts: list[dict], edges: list, cosine: float, run, shards: int = 1) -> list:
+    """Stage 3a in this process: each row shard's candidate edges (``edges``, lists of pieces)
+    confirmed on exact cosine in ``shards`` vector shards, as each row shard's list of pieces for
+    :func:`best_parents`."""
+    row_shards = len(edges)
+    vectors = [run("vector_pieces", vector_pieces, p, i, shards) for i, p in enumerate(parts)]
+    requests = [run("request_vectors", request_vectors, edges[s], shards) for s in range(row_shards)]
+    attached = [run("attach_vectors", attach_vectors, [r[t] for r in requests], [v[t] for v in vectors],
+                    shards) for t in range(shards)]
+    confirmed = [run("confirm_edges", confirm_edges, [a[t] for a in attached], [v[t] for v in vectors],
+                     cosine, row_shards) for t in range(shards)]
+    return [[c[s] for c in confirmed] for s in range(row_shards)]
+
+
+def sharded_candidates(parts: list[dict], cosine: float, shards: int, exact: bool,
+                       row_shards: int | None = None, rounds_of: int = ROUND_BANDS, run=None,
+                       spill=None) -> tuple[list, int, dict]:
+    """Stages 1-2 in this process: each row shard's edge pieces (each worse row's best edge, or its
+    ``CANDIDATES`` best with ``exact``), the candidate pairs tried and the band plan."""
+    run = run or (lambda name, fn, *args: fn(*args))
+    row_shards = shards if row_shards is None else row_shards
+    n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
+    plan = band_plan(n_rows)
+    n_bands = plan["positions"].shape[0]
+    edges = [[] for _ in range(row_shards)]
+    n_pairs = 0
+    for bands in band_rounds(n_bands, rounds_of):
+        # earlier rounds' edges merged into each row's best (best_parents merges the last round's)
+        edges = [[run("merge_edges", merge_edges, shard_edges, exact)] if shard_edges else []
+                 for shard_edges in edges]
+        records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
+        for s in range(shards):
+            out = run("bucket_edges", bucket_edges, [r[s] for r in records], row_shards, cosine, exact)
+            n_pairs += out["pairs"]
+            pieces = out["pieces"] if spill is None else spill(out["pieces"])
+            for t in range(row_shards):
+                edges[t].append(pieces[t])
+        del records
+    return edges, n_pairs, plan
+
+
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
                         rounds_of: int = ROUND_BANDS, on_task=None, spill=None,
                         row_shards: int | None = None) -> tuple[list[dict], dict]:
@@ -407,23 +554,10 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     """
     run = on_task or (lambda name, fn, *args: fn(*args))
     row_shards = shards if row_shards is None else row_shards
-    n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
-    plan = band_plan(n_rows)
-    n_bands = plan["positions"].shape[0]
-    edges = [[] for _ in range(row_shards)]
-    n_pairs = 0
-    for bands in band_rounds(n_bands, rounds_of):
-        # earlier rounds' edges merged into one best edge a row (best_parents merges the last round's)
-        edges = [[run("merge_edges", merge_edges, shard_edges)] if shard_edges else []
-                 for shard_edges in edges]
-        records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
-        for s in range(shards):
-            out = run("bucket_edges", bucket_edges, [r[s] for r in records], row_shards, cosine)
-            n_pairs += out["pairs"]
-            pieces = out["pieces"] if spill is None else spill(out["pieces"])
-            for t in range(row_shards):
-                edges[t].append(pieces[t])
-        del records
+    exact = is_exact(parts)
+    edges, n_pairs, plan = sharded_candidates(parts, cosine, shards, exact, row_shards, rounds_of, run, spill)
+    if exact:
+        edges = confirmed_edges(parts, edges, cosine, run, shards)
     parents = [run("best_parents", best_parents, edges[s], row_shards) for s in range(row_shards)]
     del edges
     pending, roots = [p["pending"] for p in parents], []
@@ -437,4 +571,4 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     groups = [run("partition_groups", partition_groups, [d["pieces"][i] for d in delivered])
               for i in range(len(parts))]
     return groups, {"pairs": n_pairs, "unresolved": sum(d["unresolved"] for d in delivered),
-                    "bits": plan["bits"], "bands": n_bands, "parents": parents}
+                    "bits": plan["bits"], "bands": plan["positions"].shape[0], "parents": parents}
