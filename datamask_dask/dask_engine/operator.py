@@ -56,6 +56,7 @@ from ..graph_keys import listed, named
 from ..partition import adapters, explain
 from ..partition.checks import (
     duplicate_input,
+    duplicate_vectors,
     id_report,
     merge_ids,
     partition_ids,
@@ -340,7 +341,9 @@ def plan_graph(ddf, spec: SelectSpec):
             for i, part in enumerate(parts)]
         inputs = [dask.delayed(duplicate_input, pure=True)(
             scan, dask_key_name=_key("datamask-plan-signatures", scan)) for scan in scans]
-        groups = table_groups(inputs, spec.duplicate_cosine)  # of the whole table
+        vectors = [dask.delayed(duplicate_vectors, pure=True)(
+            scan, dask_key_name=_key("datamask-plan-embeddings", scan)) for scan in scans]
+        groups = table_groups(inputs, spec.duplicate_cosine, vectors)  # of the whole table
         summaries = [dask.delayed(summarise_scan, pure=True)(
             scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]

@@ -103,7 +103,7 @@ def candidate_edges(parts: list[dict], cosine: float, shards: int, table: dict |
     process; the same edges either way."""
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
     if n_rows < COMPILED_ROWS or _kernels() is None:
-        edges = sharded_candidates(parts, cosine, 1, exact=True)[0]
+        edges = sharded_candidates(parts, cosine, 1, exact=True)[0][0]  # the one row shard's pieces
         worse, better, quality = merge_edges(edges, exact=True)
     else:
         table = stack_parts(parts) if table is None else table
