@@ -13,12 +13,18 @@ its output is a list of *pieces*, one per shard (or partition) that receives it.
    position``, the row's quality and its signature (56 bytes a record), sent to shard ``key %
    shards``. ``bits`` grows with the table (:func:`band_plan`), so that pairs colliding by chance
    stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
-2. :func:`bucket_edges` (per shard): rows sharing a key are candidates, verified where they are
-   found, on the records' signatures; each worse row's best edge goes to the shard of the worse
-   row. Candidate pairs are never shuffled, and a row has at most one edge per bucket task however
-   many bands and buckets found it.
+2. :func:`bucket_edges` (per shard): rows sharing a key are candidates, tried where they are
+   found on the records' signatures (within :func:`candidate_limit`); each worse row's best edge
+   (with embeddings: its ``CANDIDATES`` best) goes to the shard of the worse row. Candidate pairs
+   are never shuffled, and a row has at most that many edges per bucket task however many bands
+   and buckets found it.
 3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
-   edge, which :func:`best_parents` makes its parent.
+   edges. With embeddings (:func:`is_exact`), the exact check: :func:`request_vectors` sends each
+   row's candidates to the vector shard of their better rows, :func:`attach_vectors` adds those
+   rows' unit embeddings (:func:`vector_pieces`, one piece per vector shard from each partition),
+   and :func:`confirm_edges`, in the vector shard of the worse rows, keeps those at exact cosine
+   ``>= cosine``, each worse row's best, sent to its row shard. :func:`best_parents` makes each
+   worse row's best (confirmed) edge its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
    a kept row, which then stands for itself and all rows that reached it.
 5. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed

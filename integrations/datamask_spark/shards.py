@@ -8,10 +8,15 @@ DataFrame step over the plan pass's scans, so that no task holds more than a sha
    moves, pickled: Spark shuffles a few large binary values, not a row per record),
    repartitioned by round and shard (Spark's shuffle spills to disk, so the rounds need no
    barrier between them);
-2. per shard, the buckets' candidates verified on their signatures
+2. per shard, the buckets' candidates found on their signatures
    (:func:`~datamask_dask.dedup.stages.bucket_edges`), edges repartitioned by the worse row;
-3. per shard of worse rows, each shadowed row's best better neighbour
-   (:func:`~datamask_dask.dedup.stages.best_parents`);
+3. per shard of worse rows, each row's best candidates sent to the vector shards of their better
+   rows (:func:`~datamask_dask.dedup.stages.request_vectors`), which add those rows' embeddings
+   (:func:`~datamask_dask.dedup.stages.attach_vectors`), then to those of their worse rows, which
+   confirm them on exact cosine (:func:`~datamask_dask.dedup.stages.confirm_edges`): each vector
+   shard's requests and the partitions' embedding pieces (``mapInArrow`` over the scans) meet in
+   one task by a repartition of their union; the confirmed edges repartitioned by the worse row,
+   each shadowed row's best better neighbour (:func:`~datamask_dask.dedup.stages.best_parents`);
 4. ``ROUNDS`` rounds of forwarding each shadowed row's count to its parent (DataFrame joins), as
    :func:`~datamask_dask.dedup.stages.forward_weights` does;
 5. the groups grouped by partition, joined to the partition's scan and summarised there
@@ -34,25 +39,54 @@ import numpy as np
 import pyarrow as pa
 
 from datamask_dask.dedup.groups import DuplicateGroups
+from datamask_dask.dedup.simhash import SIGNATURE_BYTES
 from datamask_dask.dedup.stages import (
     PARTITIONS_PER_SHARD,
     ROUNDS,
+    attach_vectors,
     band_plan,
     band_records,
     band_rounds,
     best_parents,
     bucket_edges,
+    confirm_edges,
+    request_vectors,
     shard_count,
+    vector_pieces,
 )
-from datamask_dask.partition.checks import duplicate_input, summarise_scan
+from datamask_dask.partition.checks import duplicate_input, duplicate_vectors, summarise_scan
 
 RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled band_records piece
 # Bands a bucket task takes at once: Spark's shuffle spills to disk, so rounds bound only a task's
 # records, and fewer, larger pieces cost less to pickle and shuffle. The groups do not depend on it.
 ROUND_BANDS = 2
 EDGE_SCHEMA = "worse long, better long, quality double"
+# a pickled piece for a vector shard: the partition's embeddings (kind VECTORS) or edges (REQUESTS)
+PIECE_SCHEMA = "shard int, kind int, piece binary"
+VECTORS, REQUESTS = 0, 1
 PARENT_SCHEMA = "child long, parent long"
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
+
+
+def searched_summaries(scans, cosine: float, n_rows: int, n_parts: int):
+    """The plan pass's summaries with near-duplicates across the table set aside (collected rows),
+    for a table whose candidates one task finds (:func:`~datamask_dask.dedup.search.one_task`):
+    each partition's search inputs (signatures, ~44 bytes a row, never the embeddings) collected,
+    the candidates found on the driver (:func:`~datamask_dask.dedup.search.candidate_edges`), then
+    confirmed and grouped on the executors as by :func:`sharded_summaries`."""
+    from datamask_dask.dedup.search import candidate_edges
+
+    shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
+    inputs = {row["partition"]: pickle.loads(row["piece"])  # noqa: S301 (this job's own task payloads)
+              for row in scans.mapInArrow(SearchInputs(), "partition int, piece binary").collect()}
+    empty = {"quality": np.zeros(0), "codes": np.zeros(0, dtype=np.int64), "labels": [],
+             "signatures": np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)}
+    (edges,) = candidate_edges([inputs.get(p, empty) for p in range(n_parts)], cosine, 1)
+    requests = request_vectors([edges], shards)
+    session = scans.sparkSession
+    asked = session.createDataFrame([(t, REQUESTS, pickle.dumps(piece, protocol=5)) for t, piece in
+                                     enumerate(requests)], PIECE_SCHEMA)
+    return _confirmed_summaries(scans, asked, cosine, shards)
 
 
 def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
@@ -63,15 +97,32 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     Returns the collected rows of the same schema whose payloads are pickled ``{"summary": ...}``.
     ``n_rows`` sizes the bands, ``n_parts`` the shards (as the Dask graph's).
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     plan = band_plan(n_rows)
     records = scans.mapInArrow(BandRecords(plan, shards), RECORD_SCHEMA)
     buckets = records.repartition(len(band_rounds(rounds_of=ROUND_BANDS)) * shards, "round", "shard")
     edges = buckets.mapInArrow(BucketEdges(cosine), EDGE_SCHEMA)
-    parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
+    asked = edges.repartition(shards, "worse").mapInArrow(RequestVectors(shards), PIECE_SCHEMA)
+    return _confirmed_summaries(scans, asked, cosine, shards)
+
+
+def _confirmed_summaries(scans, asked, cosine: float, shards: int):
+    """Stage 3 from the candidates' requests (``asked``: piece rows for the vector shards), then 4-5."""
+    with cached(scans.mapInArrow(VectorPieces(shards), PIECE_SCHEMA),
+                "the embeddings of the near-duplicate search's exact check") as vectors:  # read twice
+        attached = asked.unionByName(vectors).repartition(shards, "shard").mapInArrow(AttachVectors(shards),
+                                                                                       PIECE_SCHEMA)
+        confirmed = (attached.unionByName(vectors).repartition(shards, "shard")
+                     .mapInArrow(ConfirmEdges(cosine), EDGE_SCHEMA))
+        return _summaries(scans, confirmed.repartition(shards, "worse").mapInArrow(BestParents(),
+                                                                                  PARENT_SCHEMA))
+
+
+def _summaries(scans, parents):
+    """Stages 4-5: the weights forwarded along the parent links, the groups joined to their scans."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     with cached(parents, "the near-duplicate search's parent links") as parents:  # read by every round
         roots = forwarded_counts(parents)
         partition = F.shiftright(F.col("ref"), 32).cast("int").alias("partition")
@@ -162,8 +213,98 @@ class BandRecords:
                          "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces], pa.binary())})
 
 
+class SearchInputs:
+    """Each scanned partition's search inputs (:func:`~datamask_dask.partition.checks.duplicate_input`),
+    pickled, one row per partition."""
+
+    def __call__(self, batches):
+        for batch in batches:
+            for row in batch.select(["partition", "payload"]).to_pylist():
+                part = duplicate_input(pickle.loads(row["payload"])["scan"])  # noqa: S301 (this job's own task payloads)
+                yield pa.RecordBatch.from_pydict({"partition": pa.array([row["partition"]], pa.int32()),
+                                                  "piece": pa.array([pickle.dumps(part, protocol=5)],
+                                                                    pa.binary())})
+
+
+class VectorPieces:
+    """Each scanned partition's unit embeddings, one piece per vector shard."""
+
+    def __init__(self, shards: int):
+        self.shards = shards
+
+    def __call__(self, batches):
+        for batch in batches:
+            for row in batch.select(["partition", "payload"]).to_pylist():
+                part = duplicate_vectors(pickle.loads(row["payload"])["scan"])  # noqa: S301 (this job's own task payloads)
+                pieces = vector_pieces(part, row["partition"], self.shards)
+                yield _pieces(pieces, VECTORS)
+
+
+def _pieces(pieces: list, kind: int) -> pa.RecordBatch:
+    """One row per shard: its piece, pickled."""
+    return pa.RecordBatch.from_pydict({"shard": pa.array(range(len(pieces)), pa.int32()),
+                                       "kind": pa.array([kind] * len(pieces), pa.int32()),
+                                       "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces],
+                                                         pa.binary())})
+
+
+def _by_shard(batches):
+    """A task's piece rows grouped by vector shard: ``(shard, requests, vectors)``, each list of
+    unpickled pieces."""
+    table = _rows(batches)
+    if table is None:
+        return
+    shard, kind, piece = (table.column(c).to_pylist() for c in ("shard", "kind", "piece"))
+    for number in sorted(set(shard)):
+        mine = [i for i, s in enumerate(shard) if s == number]
+        yield (number, [pickle.loads(piece[i]) for i in mine if kind[i] == REQUESTS],  # noqa: S301 (this job's own task payloads)
+               [pickle.loads(piece[i]) for i in mine if kind[i] == VECTORS])  # noqa: S301 (this job's own task payloads)
+
+
+class RequestVectors:
+    """Stage 3: one shard of worse rows' candidate edges, each row's best, sent to the vector shards
+    of their better rows."""
+
+    def __init__(self, shards: int):
+        self.shards = shards
+
+    def __call__(self, batches):
+        table = _rows(batches)
+        if table is None:
+            return
+        edges = [(_uint64(table.column("worse")), _uint64(table.column("better")),
+                  table.column("quality").to_numpy())]
+        yield _pieces(request_vectors(edges, self.shards), REQUESTS)
+
+
+class AttachVectors:
+    """Stage 3: each vector shard's requests with their better rows' embeddings, sent to the vector
+    shards of their worse rows."""
+
+    def __init__(self, shards: int):
+        self.shards = shards
+
+    def __call__(self, batches):
+        for _, requests, vectors in _by_shard(batches):
+            yield _pieces(attach_vectors(requests, vectors, self.shards), REQUESTS)
+
+
+class ConfirmEdges:
+    """Stage 3: each vector shard's candidate edges confirmed on exact cosine, as edges."""
+
+    def __init__(self, cosine: float):
+        self.cosine = cosine
+
+    def __call__(self, batches):
+        for _, attached, vectors in _by_shard(batches):
+            (worse, better, quality), = confirm_edges(attached, vectors, self.cosine, 1)
+            yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
+                                             names=["worse", "better", "quality"])
+
+
 class BucketEdges:
-    """Stage 2: the verified pairs of the task's shards' buckets, as edges ``(worse, better, quality)``."""
+    """Stage 2: the candidate pairs of the task's shards' buckets, as each worse row's best edges
+    ``(worse, better, quality)``."""
 
     def __init__(self, cosine: float):
         self.cosine = cosine
@@ -179,7 +320,7 @@ class BucketEdges:
         # Dask graph passes them
         for _, bucket in itertools.groupby(rows, key=lambda row: row[:2]):
             mine = [pickle.loads(pieces[i].as_py()) for *_, i in bucket]  # noqa: S301 (this job's own task payloads)
-            worse, better, quality = bucket_edges(mine, 1, self.cosine)["pieces"][0]
+            worse, better, quality = bucket_edges(mine, 1, self.cosine, exact=True)["pieces"][0]
             yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
                                              names=["worse", "better", "quality"])
 
