@@ -43,11 +43,11 @@ from .stages import (
     FULL_BUCKET,
     NEIGHBOURS,
     ROUNDS,
+    _best_edges,
     _byte_tables,
     _split,
     band_plan,
     candidate_limit,
-    confirmed_edges,
     deliver,
     find_groups_sharded,
     group_bits,
@@ -56,6 +56,8 @@ from .stages import (
     partition_groups,
     shard_of,
     sharded_candidates,
+    similarities,
+    unit_vectors,
 )
 
 # Tables of up to this many partitions find their groups in one task: it holds ~44 bytes a row
@@ -66,6 +68,7 @@ ONE_TASK_PARTITIONS = 32
 # costs a fresh worker to import numba and load the compiled passes.
 COMPILED_ROWS = 50_000
 BAND_THREADS = 4  # threads of find_groups (bands run apart; numpy releases the GIL)
+_PAIR_BATCH = 1 << 16  # candidate pairs whose embeddings find_groups gathers at once
 
 
 def one_task(n_parts: int) -> bool:
@@ -91,13 +94,30 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups
     table = stack_parts(parts)
     if not is_exact(parts):
         return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
-    edges = [candidate_edges(parts, cosine, 1, table)]
-    confirmed = confirmed_edges(parts, edges, cosine, lambda name, fn, *args: fn(*args))[0]
-    child, parent, _ = merge_edges(confirmed)
+    worse, better, quality = candidate_edges(parts, cosine, 1, table)[0]
+    similar = np.zeros(worse.size, dtype=bool)
     offsets = table["offsets"]
+    child, parent = _rows_of_refs(worse, offsets), _rows_of_refs(better, offsets)
+    for start in range(0, worse.size, _PAIR_BATCH):  # the pairs' rows gathered a batch at a time
+        batch = slice(start, start + _PAIR_BATCH)
+        similar[batch] = similarities(_unit_rows(parts, offsets, child[batch]),
+                                      _unit_rows(parts, offsets, parent[batch])) >= cosine
+    confirmed = _best_edges(worse[similar], better[similar], quality[similar])
     best = np.full(n_rows, -1, dtype=np.int64)
-    best[_rows_of_refs(child, offsets)] = _rows_of_refs(parent, offsets)
+    best[_rows_of_refs(confirmed[0], offsets)] = _rows_of_refs(confirmed[1], offsets)
     return split_groups(offsets, best)
+
+
+def _unit_rows(parts: list[dict], offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The unit embeddings of table rows ``rows`` (row by row, as the sharded stages make them)."""
+    part = np.searchsorted(offsets, rows, side="right") - 1
+    dim = next(np.asarray(p["embeddings"]).reshape(len(p["quality"]), -1).shape[1] for p in parts
+               if len(p["quality"]))
+    out = np.empty((rows.size, dim), dtype=np.float32)
+    for number in np.unique(part):
+        mine = part == number
+        out[mine] = unit_vectors(np.asarray(parts[number]["embeddings"])[rows[mine] - offsets[number]])
+    return out
 
 
 def candidate_edges(parts: list[dict], cosine: float, shards: int, table: dict | None = None) -> list:

@@ -366,11 +366,19 @@ def vector_pieces(part: dict, number: int, shards: int) -> list:
 
 
 def unit_vectors(embeddings) -> np.ndarray:
-    """Rows scaled to length one (float64 norms), as float32 (n, dim)."""
+    """Rows scaled to length one (float64 norms), as float32 (n, dim). Row by row: a row's result
+    does not depend on the rows beside it (numpy's sums along a row take a fixed order)."""
     block = np.asarray(embeddings, dtype=np.float32)
     block = block.reshape(block.shape[0], -1) if block.size else np.zeros((len(block), 0), dtype=np.float32)
-    norms = np.sqrt(np.einsum("ij,ij->i", block, block, dtype=np.float64))
-    return (block / np.where(norms > 0, norms, 1.0)[:, None]).astype(np.float32)
+    wide = block.astype(np.float64)
+    norms = np.sqrt((wide * wide).sum(axis=1))
+    return (wide / np.where(norms > 0, norms, 1.0)[:, None]).astype(np.float32)
+
+
+def similarities(child: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """The cosine of each pair of unit rows (float32, (n, dim) each), a float64 sum per pair: the
+    same whatever else is computed beside it."""
+    return (child.astype(np.float64) * parent.astype(np.float64)).sum(axis=1)
 
 
 def _vectors(pieces: list) -> tuple[np.ndarray, np.ndarray]:
@@ -420,7 +428,7 @@ def confirm_edges(attached: list, vectors: list, cosine: float, row_shards: int)
         parent = np.concatenate([p[3] for p in attached if p[0].size])
         ref, unit = _vectors(vectors)
         child = unit[_lookup(ref, worse)]
-        similar = (child.astype(np.float64) * parent.astype(np.float64)).sum(axis=1) >= cosine
+        similar = similarities(child, parent) >= cosine
         worse, better, quality = _best_edges(worse[similar], better[similar], quality[similar])
     return _split(shard_of(worse, row_shards), row_shards, worse, better, quality)
 

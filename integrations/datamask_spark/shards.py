@@ -15,7 +15,7 @@ DataFrame step over the plan pass's scans, so that no task holds more than a sha
    (:func:`~datamask_dask.dedup.stages.attach_vectors`), then to those of their worse rows, which
    confirm them on exact cosine (:func:`~datamask_dask.dedup.stages.confirm_edges`): each vector
    shard's requests and the partitions' embedding pieces (``mapInArrow`` over the scans) meet in
-   one task by a repartition of their union; the confirmed edges repartitioned by the worse row,
+   one task by a cogroup on the shard; the confirmed edges repartitioned by the worse row,
    each shadowed row's best better neighbour (:func:`~datamask_dask.dedup.stages.best_parents`);
 4. ``ROUNDS`` rounds of forwarding each shadowed row's count to its parent (DataFrame joins), as
    :func:`~datamask_dask.dedup.stages.forward_weights` does;
@@ -61,9 +61,7 @@ RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled
 # records, and fewer, larger pieces cost less to pickle and shuffle. The groups do not depend on it.
 ROUND_BANDS = 2
 EDGE_SCHEMA = "worse long, better long, quality double"
-# a pickled piece for a vector shard: the partition's embeddings (kind VECTORS) or edges (REQUESTS)
-PIECE_SCHEMA = "shard int, kind int, piece binary"
-VECTORS, REQUESTS = 0, 1
+PIECE_SCHEMA = "shard int, piece binary"  # a pickled piece for a vector shard: embeddings or edges
 PARENT_SCHEMA = "child long, parent long"
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
 
@@ -84,7 +82,7 @@ def searched_summaries(scans, cosine: float, n_rows: int, n_parts: int):
     (edges,) = candidate_edges([inputs.get(p, empty) for p in range(n_parts)], cosine, 1)
     requests = request_vectors([edges], shards)
     session = scans.sparkSession
-    asked = session.createDataFrame([(t, REQUESTS, pickle.dumps(piece, protocol=5)) for t, piece in
+    asked = session.createDataFrame([(t, pickle.dumps(piece, protocol=5)) for t, piece in
                                      enumerate(requests)], PIECE_SCHEMA)
     return _confirmed_summaries(scans, asked, cosine, shards)
 
@@ -110,10 +108,12 @@ def _confirmed_summaries(scans, asked, cosine: float, shards: int):
     """Stage 3 from the candidates' requests (``asked``: piece rows for the vector shards), then 4-5."""
     with cached(scans.mapInArrow(VectorPieces(shards), PIECE_SCHEMA),
                 "the embeddings of the near-duplicate search's exact check") as vectors:  # read twice
-        attached = asked.unionByName(vectors).repartition(shards, "shard").mapInArrow(AttachVectors(shards),
-                                                                                       PIECE_SCHEMA)
-        confirmed = (attached.unionByName(vectors).repartition(shards, "shard")
-                     .mapInArrow(ConfirmEdges(cosine), EDGE_SCHEMA))
+        # cogrouped, not a union repartitioned: a union would run the scans (when not persisted)
+        # inside its own tasks, whose partition numbers are the union's
+        attached = (asked.groupBy("shard").cogroup(vectors.groupBy("shard"))
+                    .applyInPandas(AttachVectors(shards), PIECE_SCHEMA))
+        confirmed = (attached.groupBy("shard").cogroup(vectors.groupBy("shard"))
+                     .applyInPandas(ConfirmEdges(cosine), EDGE_SCHEMA))
         return _summaries(scans, confirmed.repartition(shards, "worse").mapInArrow(BestParents(),
                                                                                   PARENT_SCHEMA))
 
@@ -237,28 +237,24 @@ class VectorPieces:
             for row in batch.select(["partition", "payload"]).to_pylist():
                 part = duplicate_vectors(pickle.loads(row["payload"])["scan"])  # noqa: S301 (this job's own task payloads)
                 pieces = vector_pieces(part, row["partition"], self.shards)
-                yield _pieces(pieces, VECTORS)
+                yield _pieces(pieces)
 
 
-def _pieces(pieces: list, kind: int) -> pa.RecordBatch:
+def _pieces(pieces: list) -> pa.RecordBatch:
     """One row per shard: its piece, pickled."""
     return pa.RecordBatch.from_pydict({"shard": pa.array(range(len(pieces)), pa.int32()),
-                                       "kind": pa.array([kind] * len(pieces), pa.int32()),
                                        "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces],
                                                          pa.binary())})
 
 
-def _by_shard(batches):
-    """A task's piece rows grouped by vector shard: ``(shard, requests, vectors)``, each list of
-    unpickled pieces."""
-    table = _rows(batches)
-    if table is None:
-        return
-    shard, kind, piece = (table.column(c).to_pylist() for c in ("shard", "kind", "piece"))
-    for number in sorted(set(shard)):
-        mine = [i for i, s in enumerate(shard) if s == number]
-        yield (number, [pickle.loads(piece[i]) for i in mine if kind[i] == REQUESTS],  # noqa: S301 (this job's own task payloads)
-               [pickle.loads(piece[i]) for i in mine if kind[i] == VECTORS])  # noqa: S301 (this job's own task payloads)
+def _unpickled(frame) -> list:
+    """A cogrouped side's pieces (a pandas frame of piece rows), unpickled."""
+    return [pickle.loads(piece) for piece in frame["piece"]]  # noqa: S301 (this job's own task payloads)
+
+
+def _piece_frame(pieces: list):
+    """:func:`_pieces` as the pandas frame a cogroup returns."""
+    return _pieces(pieces).to_pandas()
 
 
 class RequestVectors:
@@ -274,32 +270,33 @@ class RequestVectors:
             return
         edges = [(_uint64(table.column("worse")), _uint64(table.column("better")),
                   table.column("quality").to_numpy())]
-        yield _pieces(request_vectors(edges, self.shards), REQUESTS)
+        yield _pieces(request_vectors(edges, self.shards))
 
 
 class AttachVectors:
-    """Stage 3: each vector shard's requests with their better rows' embeddings, sent to the vector
-    shards of their worse rows."""
+    """Stage 3: one vector shard's requests with their better rows' embeddings, sent to the vector
+    shards of their worse rows (a cogroup of the requests and the shard's embedding pieces)."""
 
     def __init__(self, shards: int):
         self.shards = shards
 
-    def __call__(self, batches):
-        for _, requests, vectors in _by_shard(batches):
-            yield _pieces(attach_vectors(requests, vectors, self.shards), REQUESTS)
+    def __call__(self, requests, vectors):
+        return _piece_frame(attach_vectors(_unpickled(requests), _unpickled(vectors), self.shards))
 
 
 class ConfirmEdges:
-    """Stage 3: each vector shard's candidate edges confirmed on exact cosine, as edges."""
+    """Stage 3: one vector shard's candidate edges confirmed on exact cosine, as edges (a cogroup of
+    the attached candidates and the shard's embedding pieces)."""
 
     def __init__(self, cosine: float):
         self.cosine = cosine
 
-    def __call__(self, batches):
-        for _, attached, vectors in _by_shard(batches):
-            (worse, better, quality), = confirm_edges(attached, vectors, self.cosine, 1)
-            yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
-                                             names=["worse", "better", "quality"])
+    def __call__(self, attached, vectors):
+        import pandas as pd
+
+        (worse, better, quality), = confirm_edges(_unpickled(attached), _unpickled(vectors), self.cosine, 1)
+        return pd.DataFrame({"worse": worse.view(np.int64), "better": better.view(np.int64),
+                             "quality": quality})
 
 
 class BucketEdges:
