@@ -234,31 +234,27 @@ def measure_step(data: dict, cosines, n_parts: int, repeat: int) -> dict:
 
 
 def semhash_seconds(data: dict, cosine: float) -> dict | None:
-    """semhash's deduplication of the same embeddings in the step's order, where it is installed:
-    its seconds and the rows it drops (global row numbers)."""
+    """semhash's self-deduplication of the same embeddings (its exact backend), records in the
+    step's order, where semhash is importable: its seconds, version and the rows it drops."""
     try:
-        from model2vec import StaticModel  # noqa: F401  (semhash's encoder interface)
         from semhash import SemHash
     except ImportError:
         return None
+    from importlib.metadata import version
 
     class Given:  # the corpus's own embeddings, in place of an encoder
-        def __init__(self, vectors):
-            self.vectors = {}
-            self.all = vectors
-
         def encode(self, texts, **_):
-            return self.all[[int(t.split(":", 1)[0]) for t in texts]]
+            return data["embeddings"][[int(t.split(":", 1)[0]) for t in texts]]
 
-    rank = order_rank(data["quality"])
-    by_rank = np.argsort(rank)
-    texts = [f"{i}:{data['texts'][i]}" for i in by_rank]
+    by_rank = np.argsort(order_rank(data["quality"]))
+    records = [f"{i}:{data['texts'][i]}" for i in by_rank]
     started = time.perf_counter()
-    engine = SemHash.from_records(records=texts, model=Given(data["embeddings"]))
+    engine = SemHash.from_records(records=records, model=Given(), use_ann=False)
     result = engine.self_deduplicate(threshold=cosine)
     seconds = time.perf_counter() - started
-    dropped = [int(str(r).split(":", 1)[0]) for r in getattr(result, "duplicates", [])]
-    return {"seconds": seconds, "dropped": dropped}
+    texts = [d.record if isinstance(d.record, str) else d.record["text"] for d in result.duplicates]
+    dropped = [int(t.split(":", 1)[0]) for t in texts]
+    return {"seconds": seconds, "version": version("semhash"), "dropped": dropped}
 
 
 # --------------------------------------------------------------------------- the run
@@ -267,11 +263,15 @@ def semhash_seconds(data: dict, cosine: float) -> dict | None:
 def _worker(args) -> int:
     """``--worker``: measure the package on PYTHONPATH and write its results as JSON to stdout."""
     data = load(args)
-    cosines = [args.cosine - 0.03, args.cosine, args.cosine + 0.03]
-    result = measure_step(data, cosines, args.partitions, args.repeat)
+    result = measure_step(data, thresholds(args.cosine), args.partitions, args.repeat)
     result["commit"] = record.commit(Path(args.tree)) if args.tree else record.commit()
     json.dump(result, sys.stdout)
     return 0
+
+
+def thresholds(cosine: float) -> list[float]:
+    """The default threshold and 0.03 either side."""
+    return [round(cosine - 0.03, 4), cosine, round(cosine + 0.03, 4)]
 
 
 def load(args) -> dict:
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     if args.worker:
         return _worker(args)
     data = load(args)
-    cosines = [round(args.cosine - 0.03, 4), args.cosine, round(args.cosine + 0.03, 4)]
+    cosines = thresholds(args.cosine)
     sides = {"this checkout": str(ROOT)} | ({"compared": args.compare} if args.compare else {})
     runs: dict = {name: [] for name in sides}
     for _ in range(args.repeat):  # interleaved: each side once a round, in separate processes
@@ -341,7 +341,8 @@ def main(argv=None) -> int:
         sem = semhash_seconds(data, args.cosine)
         if sem is not None:
             got = scores(np.asarray(sem["dropped"], dtype=np.int64), truths[args.cosine])
-            lines += ["", f"semhash at cosine {args.cosine}, the same embeddings in quality order:", "",
+            lines += ["", f"semhash {sem['version']} (exact backend) at cosine {args.cosine}, the same "
+                      "embeddings, records in quality order:", "",
                       "| seconds | set aside | precision | recall | best row of its true group kept |",
                       "|---:|---:|---:|---:|---:|",
                       f"| {sem['seconds']:.1f} | {got['shadowed']} | {100 * got['precision']:.1f}% | "
