@@ -130,7 +130,7 @@ def suite(runs: list[dict]) -> list[str]:
 SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suite,
             **{name: tables for name in ("pipeline", "gpu", "ceiling", "duplicates", "table-scale",
                                          "search-graph", "spark", "storage", "conformance", "text-speed",
-                                         "rounds", "workers")}}
+                                         "rounds", "workers", "near-duplicates-text")}}
 
 
 def render(page: str) -> str:

@@ -68,7 +68,7 @@ ONE_TASK_PARTITIONS = 32
 # costs a fresh worker to import numba and load the compiled passes.
 COMPILED_ROWS = 50_000
 BAND_THREADS = 4  # threads of find_groups (bands run apart; numpy releases the GIL)
-_PAIR_BATCH = 1 << 16  # candidate pairs whose embeddings find_groups gathers at once
+_PAIR_BATCH = 1 << 13  # candidate pairs whose embeddings find_groups gathers at once
 
 
 def one_task(n_parts: int) -> bool:

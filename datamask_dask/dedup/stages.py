@@ -366,19 +366,18 @@ def vector_pieces(part: dict, number: int, shards: int) -> list:
 
 
 def unit_vectors(embeddings) -> np.ndarray:
-    """Rows scaled to length one (float64 norms), as float32 (n, dim). Row by row: a row's result
-    does not depend on the rows beside it (numpy's sums along a row take a fixed order)."""
-    block = np.asarray(embeddings, dtype=np.float32)
+    """Rows scaled to length one, float32 (n, dim). Row by row: a row's result does not depend on
+    the rows beside it (numpy's float32 sums along a contiguous row take a fixed order)."""
+    block = np.ascontiguousarray(embeddings, dtype=np.float32)
     block = block.reshape(block.shape[0], -1) if block.size else np.zeros((len(block), 0), dtype=np.float32)
-    wide = block.astype(np.float64)
-    norms = np.sqrt((wide * wide).sum(axis=1))
-    return (wide / np.where(norms > 0, norms, 1.0)[:, None]).astype(np.float32)
+    norms = np.sqrt((block * block).sum(axis=1))
+    return block / np.where(norms > 0, norms, np.float32(1))[:, None]
 
 
 def similarities(child: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """The cosine of each pair of unit rows (float32, (n, dim) each), a float64 sum per pair: the
+    """The cosine of each pair of unit rows (float32, (n, dim) each): a float32 sum per pair, the
     same whatever else is computed beside it."""
-    return (child.astype(np.float64) * parent.astype(np.float64)).sum(axis=1)
+    return (child * parent).sum(axis=1)
 
 
 def _vectors(pieces: list) -> tuple[np.ndarray, np.ndarray]:
@@ -421,7 +420,7 @@ def confirm_edges(attached: list, vectors: list, cosine: float, row_shards: int)
     """The candidate edges of this shard's worse rows confirmed on the exact cosine of their unit
     embeddings (``>= cosine``), as each worse row's best confirmed edge ``(worse, better, quality)``,
     one piece per row shard of the worse row (what :func:`best_parents` takes). ``vectors``: the
-    shard's :func:`vector_pieces`. Each pair's cosine is a float64 sum over its own two rows, so it
+    shard's :func:`vector_pieces`. Each pair's cosine is a float32 sum over its own two rows, so it
     does not depend on what else the task holds."""
     worse, better, quality = _columns(attached, np.uint64, np.uint64, np.float64)
     if worse.size:

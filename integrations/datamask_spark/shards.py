@@ -29,6 +29,7 @@ deliver rows in.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import pickle
 import warnings
@@ -111,9 +112,9 @@ def _confirmed_summaries(scans, asked, cosine: float, shards: int):
         # cogrouped, not a union repartitioned: a union would run the scans (when not persisted)
         # inside its own tasks, whose partition numbers are the union's
         attached = (asked.groupBy("shard").cogroup(vectors.groupBy("shard"))
-                    .applyInPandas(AttachVectors(shards), PIECE_SCHEMA))
+                    .applyInPandas(functools.partial(attach_frame, shards), PIECE_SCHEMA))
         confirmed = (attached.groupBy("shard").cogroup(vectors.groupBy("shard"))
-                     .applyInPandas(ConfirmEdges(cosine), EDGE_SCHEMA))
+                     .applyInPandas(functools.partial(confirm_frame, cosine), EDGE_SCHEMA))
         return _summaries(scans, confirmed.repartition(shards, "worse").mapInArrow(BestParents(),
                                                                                   PARENT_SCHEMA))
 
@@ -273,30 +274,20 @@ class RequestVectors:
         yield _pieces(request_vectors(edges, self.shards))
 
 
-class AttachVectors:
-    """Stage 3: one vector shard's requests with their better rows' embeddings, sent to the vector
-    shards of their worse rows (a cogroup of the requests and the shard's embedding pieces)."""
-
-    def __init__(self, shards: int):
-        self.shards = shards
-
-    def __call__(self, requests, vectors):
-        return _piece_frame(attach_vectors(_unpickled(requests), _unpickled(vectors), self.shards))
+def attach_frame(shards: int, requests, vectors):
+    """Stage 3 (a cogroup's function, with ``shards`` bound): one vector shard's requests with their
+    better rows' embeddings, sent to the vector shards of their worse rows. A function, not a
+    callable object: Spark tells ``(left, right)`` from ``(key, left, right)`` by its arguments."""
+    return _piece_frame(attach_vectors(_unpickled(requests), _unpickled(vectors), shards))
 
 
-class ConfirmEdges:
-    """Stage 3: one vector shard's candidate edges confirmed on exact cosine, as edges (a cogroup of
-    the attached candidates and the shard's embedding pieces)."""
+def confirm_frame(cosine: float, attached, vectors):
+    """Stage 3 (a cogroup's function, with ``cosine`` bound): one vector shard's candidate edges
+    confirmed on exact cosine, as edges."""
+    import pandas as pd
 
-    def __init__(self, cosine: float):
-        self.cosine = cosine
-
-    def __call__(self, attached, vectors):
-        import pandas as pd
-
-        (worse, better, quality), = confirm_edges(_unpickled(attached), _unpickled(vectors), self.cosine, 1)
-        return pd.DataFrame({"worse": worse.view(np.int64), "better": better.view(np.int64),
-                             "quality": quality})
+    (worse, better, quality), = confirm_edges(_unpickled(attached), _unpickled(vectors), cosine, 1)
+    return pd.DataFrame({"worse": worse.view(np.int64), "better": better.view(np.int64), "quality": quality})
 
 
 class BucketEdges:
