@@ -69,7 +69,7 @@ NEIGHBOURS = 16  # ... and against this many neighbours in the bucket sorted by 
 ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
 # Candidate parents each row keeps for the exact check (its best by quality): a row whose best
 # candidates all fail it is kept, so enough that a true better neighbour is rarely crowded out.
-CANDIDATES = 8
+CANDIDATES = 16
 BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
 
