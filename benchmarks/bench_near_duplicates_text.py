@@ -285,7 +285,9 @@ def load(args) -> dict:
 
 def _child(tree: str, args) -> dict:
     """One run of ``--worker`` with ``tree``'s package."""
-    env = {**os.environ, "PYTHONPATH": f"{tree}:{tree}/integrations"}
+    # each side's own commit (a BENCH_COMMIT given to this run names this checkout only)
+    env = {k: v for k, v in os.environ.items() if k != "BENCH_COMMIT"}
+    env["PYTHONPATH"] = f"{tree}:{tree}/integrations"
     argv = [sys.executable, __file__, "--worker", "--docs", str(args.docs), "--cosine", str(args.cosine),
             "--partitions", str(args.partitions), "--repeat", "1", "--tree", tree]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
