@@ -43,7 +43,6 @@ from .stages import (
     FULL_BUCKET,
     NEIGHBOURS,
     ROUNDS,
-    _best_edges,
     _byte_tables,
     _split,
     band_plan,
@@ -94,17 +93,21 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups
     table = stack_parts(parts)
     if not is_exact(parts):
         return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
-    worse, better, quality = candidate_edges(parts, cosine, 1, table)[0]
-    similar = np.zeros(worse.size, dtype=bool)
-    offsets = table["offsets"]
-    child, parent = _rows_of_refs(worse, offsets), _rows_of_refs(better, offsets)
-    for start in range(0, worse.size, _PAIR_BATCH):  # the pairs' rows gathered a batch at a time
-        batch = slice(start, start + _PAIR_BATCH)
-        similar[batch] = similarities(_unit_rows(parts, offsets, child[batch]),
-                                      _unit_rows(parts, offsets, parent[batch])) >= cosine
-    confirmed = _best_edges(worse[similar], better[similar], quality[similar])
-    best = np.full(n_rows, -1, dtype=np.int64)
-    best[_rows_of_refs(confirmed[0], offsets)] = _rows_of_refs(confirmed[1], offsets)
+    # each row's candidates tried best first, a row leaving once one passes: its parent is the first
+    # that does, as the sharded check (all candidates, the best passing one) finds
+    candidates = table_parents(table, cosine, keep=CANDIDATES)["candidates"]
+    offsets, best = table["offsets"], np.full(n_rows, -1, dtype=np.int64)
+    todo = np.flatnonzero(candidates[:, 0] >= 0)
+    for slot in range(CANDIDATES):
+        todo = todo[candidates[todo, slot] >= 0]
+        passed = np.zeros(todo.size, dtype=bool)
+        for start in range(0, todo.size, _PAIR_BATCH):  # the pairs' rows gathered a batch at a time
+            child = todo[start:start + _PAIR_BATCH]
+            parent = candidates[child, slot]
+            passed[start:start + child.size] = similarities(_unit_rows(parts, offsets, child),
+                                                            _unit_rows(parts, offsets, parent)) >= cosine
+        best[todo[passed]] = candidates[todo[passed], slot]
+        todo = todo[~passed]
     return split_groups(offsets, best)
 
 
