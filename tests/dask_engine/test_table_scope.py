@@ -331,7 +331,7 @@ def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method, exa
         estimated = find_groups_sharded(dask.compute(*signed))[0]
         assert any(not np.array_equal(a.shadowed, b.shadowed)
                    for a, b in zip(expected, estimated, strict=True))
-    assert sum(len(g.shadowed) for g in expected) > 100
+    assert sum(len(g.shadowed) for g in expected) > (50 if exact else 100)  # exact: fewer copies above 0.95
     for scheduler in ("sync", client) if method != "p2p" else (client,):
         got = dask.compute(*graph, scheduler=scheduler)
         for one, other in zip(expected, got, strict=True):
