@@ -56,7 +56,6 @@ from ..graph_keys import listed, named
 from ..partition import adapters, explain
 from ..partition.checks import (
     duplicate_input,
-    duplicate_vectors,
     id_report,
     merge_ids,
     partition_ids,
@@ -341,8 +340,9 @@ def plan_graph(ddf, spec: SelectSpec):
             for i, part in enumerate(parts)]
         inputs = [dask.delayed(duplicate_input, pure=True)(
             scan, dask_key_name=_key("datamask-plan-signatures", scan)) for scan in scans]
-        vectors = [dask.delayed(duplicate_vectors, pure=True)(
-            scan, dask_key_name=_key("datamask-plan-embeddings", scan)) for scan in scans]
+        # the exact check reads the candidate rows' embeddings again, inside its own tasks: the
+        # scans keep none, so the process never holds the table's embeddings
+        vectors = column_reads(ddf, [spec.embedding_column], name="datamask-plan-vectors")
         groups = table_groups(inputs, spec.duplicate_cosine, vectors)  # of the whole table
         summaries = [dask.delayed(summarise_scan, pure=True)(
             scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))

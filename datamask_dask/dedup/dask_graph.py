@@ -39,21 +39,21 @@ from .stages import (
     ROUND_BANDS,
     ROUNDS,
     _best_edges,
-    attach_vectors,
+    _lookup,
+    attach_block,
     band_plan,
     band_records,
     band_rounds,
     best_parents,
     bucket_edges,
-    confirm_edges,
+    confirm_block,
     deliver,
     forward_weights,
     merge_edges,
     partition_groups,
     request_vectors,
     shard_count,
-    shard_of,
-    vector_pieces,
+    vector_block,
 )
 
 __all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
@@ -72,8 +72,6 @@ _RECORDS = pd.DataFrame({"bucket": np.zeros(0, np.int64), "key": np.zeros(0, np.
 _EDGES = pd.DataFrame({"worse": np.zeros(0, np.uint64), "better": np.zeros(0, np.uint64),
                        "quality": np.zeros(0)})
 _BINARY = pd.ArrowDtype(pa.binary())  # a unit vector's float32 bytes, of any dimension
-_VECTORS = pd.DataFrame({"shard": np.zeros(0, np.int64), "ref": np.zeros(0, np.uint64),
-                         "vector": pd.Series([], dtype=_BINARY)})
 _ASKED = pd.DataFrame({"shard": np.zeros(0, np.int64), "worse": np.zeros(0, np.uint64),
                        "better": np.zeros(0, np.uint64), "quality": np.zeros(0)})
 _ATTACHED = _ASKED.assign(vector=pd.Series([], dtype=_BINARY))
@@ -88,10 +86,12 @@ _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 def table_groups(inputs: list, cosine: float, vectors: list | None = None) -> list:
     """The near-duplicate groups of the whole table as a Dask graph: one Delayed per partition of
     ``inputs`` (Delayed search inputs, signatures and no embeddings), computing to its entry of
-    :func:`~datamask_dask.dedup.search.find_groups` for the inputs with ``vectors`` (Delayed
-    ``{"embeddings": ...}`` per partition, where candidates are confirmed on exact cosine) merged
-    in. The wiring (see the module notes) follows the partitions alone, known when the graph is
-    built; no task holds the table's embeddings."""
+    :func:`~datamask_dask.dedup.search.find_groups` for the inputs with ``vectors`` merged in
+    (where candidates are confirmed on exact cosine): per partition, a Delayed read of its
+    embedding column (or ``{"embeddings": ...}``), never computed as a task of its own but run again
+    inside the exact check's tasks for the candidate rows alone (:func:`rereads`). The wiring (see
+    the module notes) follows the partitions alone, known when the graph is built; no task holds
+    the table's embeddings."""
     if one_task(len(inputs)):
         if vectors is None:
             found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
@@ -139,8 +139,9 @@ def shuffled_groups(inputs: list, cosine: float, rows, vectors: list | None = No
        groups are one output partition: a partition receives only its own rows.
 
     With ``vectors``, each worse row's candidates are confirmed on exact cosine between 2 and 3:
-    the candidates shuffled to the vector shards of their better rows, which add those rows'
-    vectors, then to those of their worse rows, which keep each row's best confirmed edge.
+    the candidates shuffled to the vector blocks of their better rows, whose tasks read those rows'
+    vectors, then to those of their worse rows, which read theirs and keep each row's best
+    confirmed edge.
     """
     import dask.dataframe as dd
 
@@ -174,20 +175,59 @@ def shuffled_groups(inputs: list, cosine: float, rows, vectors: list | None = No
 
 def _confirmed(by_worse, vectors: list, cosine: float, row_shards: int, method: str):
     """:func:`shuffled_groups`' candidate edges (shuffled by worse row) confirmed on exact cosine,
-    as each worse row's best confirmed edge, shuffled by worse row."""
+    as each worse row's best confirmed edge, shuffled by worse row. Each vector block's task reads
+    its own partitions again for the rows its edges name (:func:`rereads`)."""
     import dask.dataframe as dd
 
-    shards = shard_count(len(vectors), PARTITIONS_PER_SHARD)
-    held = dd.from_delayed([named_task(f"{_PREFIX}-vectors", _vector_frame, v, i, shards)
-                            for i, v in enumerate(vectors)], meta=_VECTORS, prefix=f"{_PREFIX}-vectors",
-                           verify_meta=False)
-    held = _by_number(held, "shard", shards, method)  # vector shard t in partition t
-    asked = by_worse.map_partitions(_asked, shards, meta=_ASKED, token=f"{_PREFIX}-requests")
-    attached = dd.map_partitions(_attached, _by_number(asked, "shard", shards, method), held, shards,
-                                 meta=_ATTACHED, token=f"{_PREFIX}-attach", align_dataframes=False)
-    confirmed = dd.map_partitions(_confirm, _by_number(attached, "shard", shards, method), held, cosine,
-                                  meta=_EDGES, token=f"{_PREFIX}-confirm", align_dataframes=False)
+    per = PARTITIONS_PER_SHARD
+    blocks = shard_count(len(vectors), per)
+    reads = rereads(vectors)
+    firsts = range(0, len(vectors), per)
+    asked = by_worse.map_partitions(_asked, meta=_ASKED, token=f"{_PREFIX}-requests")
+    asked = _by_number(asked, "shard", blocks, method).to_delayed()  # block t's requests in partition t
+    attached = dd.from_delayed([named_task(f"{_PREFIX}-attach", _attached, asked[t], reads[first:first + per],
+                                           first, blocks) for t, first in enumerate(firsts)],
+                               meta=_ATTACHED, prefix=f"{_PREFIX}-attach", verify_meta=False)
+    attached = _by_number(attached, "shard", blocks, method).to_delayed()
+    confirmed = dd.from_delayed([named_task(f"{_PREFIX}-confirm", _confirm, attached[t], reads[first:first + per],
+                                            first, cosine) for t, first in enumerate(firsts)],
+                                meta=_EDGES, prefix=f"{_PREFIX}-confirm", verify_meta=False)
     return confirmed.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
+
+
+class _Reread:
+    """A partition's read (a Delayed's culled graph) run again, synchronously, inside the task that
+    calls it: the scheduler never holds its result, so the exact check reads the embeddings only
+    where and when it needs them (the scans keep none)."""
+
+    def __init__(self, graph: dict, key):
+        self.graph, self.key = graph, key
+
+    def __call__(self):
+        from dask.local import get_sync
+
+        return get_sync(self.graph, self.key)
+
+    def __dask_tokenize__(self):
+        return ("datamask-reread", self.key)
+
+
+def rereads(vectors: list) -> list:
+    """Per Delayed partition read of ``vectors``: a :class:`_Reread` of it, or the Delayed itself
+    where its graph holds persisted futures (their data already live on the cluster, and a future
+    cannot be read inside another task)."""
+    try:
+        from distributed import futures_of
+    except ImportError:  # no distributed: nothing can be persisted
+        def futures_of(_):
+            return []
+    found = []
+    for v in vectors:
+        if futures_of(v):
+            found.append(v)
+        else:
+            found.append(_Reread(dict(v.__dask_graph__().cull({v.key})), v.key))
+    return found
 
 
 def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) -> list:
@@ -197,8 +237,9 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
     round's buckets are done, so the workers hold one round's records at a time (``ROUND_BANDS`` x
     56 bytes a row). ``rows`` None: the candidates come from one task
     (:func:`~datamask_dask.dedup.search.candidate_edges`) instead, and ``vectors`` are required.
-    With ``vectors`` the candidates are confirmed on exact cosine in one vector shard per
-    ``PARTITIONS_PER_SHARD`` partitions (:func:`~datamask_dask.dedup.stages.confirm_edges`).
+    With ``vectors`` the candidates are confirmed on exact cosine in one vector block per
+    ``PARTITIONS_PER_SHARD`` partitions (:func:`~datamask_dask.dedup.stages.attach_block`,
+    :func:`~datamask_dask.dedup.stages.confirm_block`), each reading its partitions again.
     """
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
@@ -243,13 +284,15 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
             merged = [[task("edges", (r, t), merge_edges, edges[t], exact)] if edges[t] else []
                       for t in range(row_shards)]
             edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
-    if exact:  # each row shard's candidates to the vector shards of their better rows, then of their worse
-        vec = [task("vectors", (i,), vector_pieces, vectors[i].key, i, shards) for i in range(n_parts)]
-        asked = [task("requests", (s,), request_vectors, edges[s], shards) for s in range(row_shards)]
-        attached = [task("attach", (t,), attach_vectors, [pick(a, t) for a in asked],
-                         [pick(v, t) for v in vec], shards) for t in range(shards)]
-        confirmed = [task("confirm", (t,), confirm_edges, [pick(a, t) for a in attached],
-                          [pick(v, t) for v in vec], cosine, row_shards) for t in range(shards)]
+    if exact:  # each row shard's candidates to the vector blocks of their better rows, then of their worse
+        per = PARTITIONS_PER_SHARD
+        blocks, firsts = shard_count(n_parts, per), range(0, n_parts, per)
+        reads = [r if isinstance(r, _Reread) else r.key for r in rereads(vectors)]
+        asked = [task("requests", (s,), request_vectors, edges[s], blocks, per) for s in range(row_shards)]
+        attached = [task("attach", (t,), attach_block, [pick(a, t) for a in asked], reads[first:first + per],
+                         first, blocks, per) for t, first in enumerate(firsts)]
+        confirmed = [task("confirm", (t,), confirm_block, [pick(a, t) for a in attached], reads[first:first + per],
+                          first, cosine, row_shards) for t, first in enumerate(firsts)]
         edges = [[pick(c, s) for c in confirmed] for s in range(row_shards)]
     parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
     pending, roots = [pick(p, "pending") for p in parents], []
@@ -261,7 +304,9 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
     delivered = [pick(task("deliver", (s,), deliver, parents[s], [r[s] for r in roots],
                            [pick(p, s) for p in pending], n_parts), "pieces") for s in range(row_shards)]
     groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
-    depends = [*inputs, *([] if rows is None else [rows]), *(vectors or [])]
+    # the vectors' reads run inside the exact check's tasks, except persisted ones (their futures)
+    held = [v for v, r in zip(vectors or [], rereads(vectors or []), strict=True) if not isinstance(r, _Reread)]
+    depends = [*inputs, *([] if rows is None else [rows]), *held]
     graph = HighLevelGraph.from_collections(layer, dsk, dependencies=depends)
     return [Delayed(key, graph, layer=layer) for key in groups]
 
@@ -320,13 +365,6 @@ def _edges(records: pd.DataFrame, cosine: float, exact: bool = False) -> pd.Data
     return pd.DataFrame({"worse": worse, "better": better, "quality": quality})
 
 
-def _vector_frame(part: dict, number: int, shards: int) -> pd.DataFrame:
-    """Partition ``number``'s unit vectors with their vector shards, each as Arrow binary (its
-    float32 bytes): a column of any dimension that the shuffles carry as it is."""
-    (ref, unit), = vector_pieces(part, number, 1)
-    return pd.DataFrame({"shard": shard_of(ref, shards), "ref": ref, "vector": _binary(unit)})
-
-
 def _binary(unit: np.ndarray) -> pd.Series:
     width = unit.shape[1] * 4
     offsets = pa.py_buffer((np.arange(unit.shape[0] + 1, dtype=np.int64) * width).astype(np.int32))
@@ -342,32 +380,35 @@ def _unbinary(column: pd.Series) -> np.ndarray:
     return np.frombuffer(b"".join(values), dtype=np.float32).reshape(len(values), -1)
 
 
-def _held(frame: pd.DataFrame) -> list:
-    return [(frame["ref"].to_numpy(np.uint64), _unbinary(frame["vector"]))]
-
-
-def _asked(edges: pd.DataFrame, shards: int) -> pd.DataFrame:
-    """One row shard's candidate edges, each worse row's best (merge_edges), with the vector shard
+def _asked(edges: pd.DataFrame) -> pd.DataFrame:
+    """One row shard's candidate edges, each worse row's best (merge_edges), with the vector block
     of their better rows."""
     worse, better, quality = _best_edges(edges["worse"].to_numpy(np.uint64),
                                          edges["better"].to_numpy(np.uint64), edges["quality"].to_numpy(),
                                          keep=CANDIDATES)
-    return pd.DataFrame({"shard": shard_of(better, shards), "worse": worse, "better": better,
-                         "quality": quality})
+    return pd.DataFrame({"shard": vector_block(better), "worse": worse, "better": better, "quality": quality})
 
 
-def _attached(asked: pd.DataFrame, held: pd.DataFrame, shards: int) -> pd.DataFrame:
+def _attached(asked: pd.DataFrame, reads: list, first: int, blocks: int) -> pd.DataFrame:
+    """One vector block's requests with their better rows' vectors, an edge a row (the shuffle
+    spills them), with the vector block of their worse rows."""
     requests = [(asked["worse"].to_numpy(np.uint64), asked["better"].to_numpy(np.uint64),
                  asked["quality"].to_numpy())]
-    (worse, better, quality, vector), = attach_vectors(requests, _held(held), 1)
-    return pd.DataFrame({"shard": shard_of(worse, shards), "worse": worse, "better": better,
-                         "quality": quality, "vector": _binary(vector.reshape(worse.size, -1))})
+    frames = [_ATTACHED]
+    for shard, (worse, better, quality, named, vectors) in enumerate(attach_block(requests, reads, first,
+                                                                                     blocks)):
+        if worse.size:
+            frames.append(pd.DataFrame({"shard": shard, "worse": worse, "better": better, "quality": quality,
+                                        "vector": _binary(vectors[_lookup(named, better)])}))
+    return pd.concat(frames, ignore_index=True)
 
 
-def _confirm(attached: pd.DataFrame, held: pd.DataFrame, cosine: float) -> pd.DataFrame:
-    piece = (attached["worse"].to_numpy(np.uint64), attached["better"].to_numpy(np.uint64),
-             attached["quality"].to_numpy(), _unbinary(attached["vector"]))
-    (worse, better, quality), = confirm_edges([piece], _held(held), cosine, 1)
+def _confirm(attached: pd.DataFrame, reads: list, first: int, cosine: float) -> pd.DataFrame:
+    better = attached["better"].to_numpy(np.uint64)
+    named, once = np.unique(better, return_index=True)
+    piece = (attached["worse"].to_numpy(np.uint64), better, attached["quality"].to_numpy(), named,
+             _unbinary(attached["vector"])[once] if named.size else np.zeros((0, 0), dtype=np.float32))
+    (worse, better, quality), = confirm_block([piece], reads, first, cosine, 1)
     return pd.DataFrame({"worse": worse, "better": better, "quality": quality})
 
 

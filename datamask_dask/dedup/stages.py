@@ -20,11 +20,13 @@ its output is a list of *pieces*, one per shard (or partition) that receives it.
    and buckets found it.
 3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
    edges. With embeddings (:func:`is_exact`), the exact check: :func:`request_vectors` sends each
-   row's candidates to the vector shard of their better rows, :func:`attach_vectors` adds those
-   rows' unit embeddings (:func:`vector_pieces`, one piece per vector shard from each partition),
-   and :func:`confirm_edges`, in the vector shard of the worse rows, keeps those at exact cosine
-   ``>= cosine``, each worse row's best, sent to its row shard. :func:`best_parents` makes each
-   worse row's best (confirmed) edge its parent.
+   row's candidates to the vector block (``PARTITIONS_PER_SHARD`` consecutive partitions) of their
+   better rows, whose task reads its partitions again, one at a time, for those rows' embeddings
+   alone (:func:`attach_block`: the scans keep none), and sends each edge with its better row's unit
+   vector to the block of its worse row, whose task reads its partitions for the worse rows
+   (:func:`confirm_block`) and keeps the edges at exact cosine ``>= cosine``, each worse row's
+   best, sent to its row shard. No task holds more than a block's candidate rows' embeddings.
+   :func:`best_parents` makes each worse row's best (confirmed) edge its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
    a kept row, which then stands for itself and all rows that reached it.
 5. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
@@ -72,6 +74,8 @@ ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counte
 CANDIDATES = 16
 BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
+_READ_ROWS = 1 << 13  # rows of a partition the exact check converts to float32 at once
+_PAIR_ROWS = 1 << 13  # candidate pairs whose two vectors the exact check gathers at once
 
 
 def band_plan(n_rows: int) -> dict:
@@ -356,13 +360,52 @@ def merge_edges(edges: list, exact: bool = False) -> tuple:
 # --------------------------------------------------------------------------- 3a. exact cosine
 
 
-def vector_pieces(part: dict, number: int, shards: int) -> list:
-    """Partition ``number``'s unit embeddings, one ``(ref, vectors)`` piece per row shard (the
-    shard of each row, :func:`shard_of`), float32: what :func:`attach_vectors` and
-    :func:`confirm_edges` read. ``part["embeddings"]``: the rows' embeddings (n, dim)."""
-    vectors = unit_vectors(part["embeddings"])
-    refs = (np.uint64(number) << np.uint64(32)) | np.arange(vectors.shape[0], dtype=np.uint64)
-    return _split(shard_of(refs, shards), shards, refs, vectors)
+def vector_block(refs: np.ndarray, per: int = PARTITIONS_PER_SHARD) -> np.ndarray:
+    """The vector block of each row reference: its partition's block of ``per`` consecutive
+    partitions. A block's task reads only its own partitions, one at a time, so no task holds more
+    than a block's requested rows (a hashed shard would need every partition read at once)."""
+    return ((refs >> np.uint64(32)) // np.uint64(per)).astype(np.int64)
+
+
+def read_rows(part, number: int, positions: np.ndarray) -> tuple:
+    """Partition ``number``'s unit embeddings of the rows at sorted ``positions``, ``(refs,
+    vectors)`` float32. ``part``: the partition as read, a dict with ``"embeddings"`` (n, dim), or
+    its embedding column (a series, or a frame of that one column)."""
+    refs = (np.uint64(number) << np.uint64(32)) | positions.astype(np.uint64)
+    if isinstance(part, dict):
+        return refs, unit_vectors(np.asarray(part["embeddings"])[positions])
+    from ..partition import adapters
+
+    series = part.iloc[:, 0] if hasattr(part, "columns") else part
+    source = adapters.embedding_source(series, f"partition {number}")
+    blocks = []
+    for start in range(0, positions.size, _READ_ROWS):  # a batch of rows converted at a time
+        block = source.rows(positions[start:start + _READ_ROWS])
+        blocks.append(unit_vectors(block if isinstance(block, np.ndarray) else block.float().cpu().numpy()))
+    return refs, np.concatenate(blocks) if blocks else np.zeros((0, 0), dtype=np.float32)
+
+
+def wanted_rows(pieces: list, number: int, side: int) -> np.ndarray:
+    """Sorted distinct positions of partition ``number``'s rows in column ``side`` of edge pieces
+    (0: worse rows, 1: better rows): the rows whose embeddings the exact check reads."""
+    refs = np.concatenate([np.zeros(0, dtype=np.uint64)] + [np.asarray(p[side], dtype=np.uint64)
+                                                            for p in pieces])
+    refs = refs[(refs >> np.uint64(32)) == np.uint64(number)]
+    return np.unique(refs & np.uint64(0xFFFFFFFF)).astype(np.int64)
+
+
+def block_vectors(pieces: list, reads: list, first: int, side: int) -> list:
+    """One vector block's ``(ref, vectors)`` pieces for the rows that edge ``pieces`` name in
+    column ``side``: partition ``first + k`` read by ``reads[k]`` (a callable that reads it, or the
+    partition itself), one at a time, only its wanted rows kept."""
+    found = []
+    for k, read in enumerate(reads):
+        positions = wanted_rows(pieces, first + k, side)
+        if positions.size:  # a partition no edge names is not read
+            part = read() if callable(read) else read
+            found.append(read_rows(part, first + k, positions))
+            del part
+    return found
 
 
 def unit_vectors(embeddings) -> np.ndarray:
@@ -399,37 +442,57 @@ def _lookup(ref: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return at
 
 
-def request_vectors(edges: list, shards: int) -> list:
-    """One row shard's merged candidate edges (:func:`merge_edges` with ``exact``), sent to the
-    shard of each better row, whose vector :func:`attach_vectors` adds."""
+def request_vectors(edges: list, blocks: int, per: int = PARTITIONS_PER_SHARD) -> list:
+    """One row shard's merged candidate edges (:func:`merge_edges` with ``exact``), one piece per
+    vector block of the better rows, whose task reads their vectors (:func:`attach_vectors`)."""
     worse, better, quality = merge_edges(edges, exact=True)
-    return _split(shard_of(better, shards), shards, worse, better, quality)
+    return _split(vector_block(better, per), blocks, worse, better, quality)
 
 
-def attach_vectors(requests: list, vectors: list, shards: int) -> list:
-    """The candidate edges whose better rows live in this shard, each with its better row's unit
-    vector, one ``(worse, better, quality, vector)`` piece per shard of the worse row.
-    ``vectors``: the shard's :func:`vector_pieces`."""
+def attach_vectors(requests: list, vectors: list, blocks: int, per: int = PARTITIONS_PER_SHARD) -> list:
+    """The candidate edges whose better rows live in this block with those rows' unit vectors,
+    one ``(worse, better, quality, refs, vectors)`` piece per vector block of the worse rows: each
+    better row's vector once per piece, however many of the piece's edges name it.
+    ``vectors``: the block's :func:`block_vectors` of the requests' better rows."""
     worse, better, quality = _columns(requests, np.uint64, np.uint64, np.float64)
     ref, unit = _vectors(vectors)
-    picked = unit[_lookup(ref, better)] if worse.size else np.zeros((0, unit.shape[1]), dtype=np.float32)
-    return _split(shard_of(worse, shards), shards, worse, better, quality, picked)
+    pieces = []
+    for w, b, q in _split(vector_block(worse, per), blocks, worse, better, quality):
+        named = np.unique(b)
+        picked = unit[_lookup(ref, named)] if named.size else np.zeros((0, unit.shape[1]), dtype=np.float32)
+        pieces.append((w, b, q, named, picked))
+    return pieces
 
 
 def confirm_edges(attached: list, vectors: list, cosine: float, row_shards: int) -> list:
-    """The candidate edges of this shard's worse rows confirmed on the exact cosine of their unit
+    """The candidate edges of this block's worse rows confirmed on the exact cosine of their unit
     embeddings (``>= cosine``), as each worse row's best confirmed edge ``(worse, better, quality)``,
     one piece per row shard of the worse row (what :func:`best_parents` takes). ``vectors``: the
-    shard's :func:`vector_pieces`. Each pair's cosine is a float32 sum over its own two rows, so it
-    does not depend on what else the task holds."""
+    block's :func:`block_vectors` of its worse rows. Each pair's cosine is a float32 sum over its
+    own two rows, so it does not depend on what else the task holds."""
     worse, better, quality = _columns(attached, np.uint64, np.uint64, np.float64)
     if worse.size:
-        parent = np.concatenate([p[3] for p in attached if p[0].size])
+        parent_ref, parent_unit = _vectors([(p[3], p[4]) for p in attached])
         ref, unit = _vectors(vectors)
-        child = unit[_lookup(ref, worse)]
-        similar = similarities(child, parent) >= cosine
+        similar = np.empty(worse.size, dtype=bool)
+        for start in range(0, worse.size, _PAIR_ROWS):  # a batch of pairs' rows gathered at a time
+            stop = start + _PAIR_ROWS
+            similar[start:stop] = similarities(unit[_lookup(ref, worse[start:stop])],
+                                               parent_unit[_lookup(parent_ref, better[start:stop])]) >= cosine
         worse, better, quality = _best_edges(worse[similar], better[similar], quality[similar])
     return _split(shard_of(worse, row_shards), row_shards, worse, better, quality)
+
+
+def attach_block(requests: list, reads: list, first: int, blocks: int, per: int = PARTITIONS_PER_SHARD) -> list:
+    """One vector block's task of the exact check's first step: its partitions (``reads``, from
+    partition ``first``) read for the requests' better rows, then :func:`attach_vectors`."""
+    return attach_vectors(requests, block_vectors(requests, reads, first, 1), blocks, per)
+
+
+def confirm_block(attached: list, reads: list, first: int, cosine: float, row_shards: int) -> list:
+    """One vector block's task of the exact check's second step: its partitions read again for the
+    worse rows of the edges attached to it, then :func:`confirm_edges`."""
+    return confirm_edges(attached, block_vectors(attached, reads, first, 0), cosine, row_shards)
 
 
 # --------------------------------------------------------------------------- 4-5. groups
@@ -513,15 +576,17 @@ def is_exact(parts: list[dict]) -> bool:
 
 def confirmed_edges(parts: list[dict], edges: list, cosine: float, run, shards: int = 1) -> list:
     """Stage 3a in this process: each row shard's candidate edges (``edges``, lists of pieces)
-    confirmed on exact cosine in ``shards`` vector shards, as each row shard's list of pieces for
-    :func:`best_parents`."""
-    row_shards = len(edges)
-    vectors = [run("vector_pieces", vector_pieces, p, i, shards) for i, p in enumerate(parts)]
-    requests = [run("request_vectors", request_vectors, edges[s], shards) for s in range(row_shards)]
-    attached = [run("attach_vectors", attach_vectors, [r[t] for r in requests], [v[t] for v in vectors],
-                    shards) for t in range(shards)]
-    confirmed = [run("confirm_edges", confirm_edges, [a[t] for a in attached], [v[t] for v in vectors],
-                     cosine, row_shards) for t in range(shards)]
+    confirmed on exact cosine in about ``shards`` vector blocks of consecutive partitions, as each
+    row shard's list of pieces for :func:`best_parents`."""
+    row_shards, n_parts = len(edges), len(parts)
+    per = max(1, math.ceil(n_parts / max(1, shards)))
+    blocks = shard_count(n_parts, per)
+    firsts = list(range(0, n_parts, per))
+    requests = [run("request_vectors", request_vectors, edges[s], blocks, per) for s in range(row_shards)]
+    attached = [run("attach_vectors", attach_block, [r[t] for r in requests], parts[first:first + per], first,
+                    blocks, per) for t, first in enumerate(firsts)]
+    confirmed = [run("confirm_edges", confirm_block, [a[t] for a in attached], parts[first:first + per], first,
+                     cosine, row_shards) for t, first in enumerate(firsts)]
     return [[c[s] for c in confirmed] for s in range(row_shards)]
 
 

@@ -60,8 +60,6 @@ class PartitionCheck:
     labels: list | None = None
     digest: str = ""
     signatures: np.ndarray | None = None  # SimHash of each row (diversity_scope="table"), uint8 (n, 32)
-    # ... and the rows' embeddings, float32 (n, dim) on the host: the search confirms its candidates on them
-    embeddings: np.ndarray | None = None
 
     def raise_if_failed(self) -> None:
         """Raise :class:`InputDataError` listing this partition's problems, if any."""
@@ -98,8 +96,8 @@ def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | 
         problems.extend(id_problems(frame, number, spec.id_column))
     vectors = None
     if embeddings:
-        check.dim, found, vectors, check.signatures, check.embeddings = embedding_problems(
-            frame, number, spec, expected_dim, sign=sign)
+        check.dim, found, vectors, check.signatures = embedding_problems(frame, number, spec, expected_dim,
+                                                                         sign=sign)
         problems.extend(found)
     if not problems:
         check.digest = _digest(frame, spec, check, vectors)
@@ -194,8 +192,6 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     signatures : uint8 array (n, 32) or None
         With ``sign``, each row's SimHash (:func:`datamask_dask.dedup.simhash.signatures`),
         computed from the same blocks (the embeddings are read once).
-    embeddings : float32 array (n, dim) or None
-        With ``sign``, the rows as read (on the host), for the search's exact check.
     """
     where = f"partition {number}"
     name = spec.embedding_column
@@ -203,11 +199,10 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     try:
         source = adapters.embedding_source(series, where, expected_dim)
     except InputDataError as exc:
-        return None, [Problem(str(exc), name, number)], None, None, None
+        return None, [Problem(str(exc), name, number)], None, None
     n = len(series)
     if n == 0:
-        empty = (np.zeros((0, simhash.SIGNATURE_BYTES), dtype=np.uint8), np.zeros((0, 0), dtype=np.float32))
-        return None, [], None, *(empty if sign else (None, None))
+        return None, [], None, (np.zeros((0, simhash.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
     memory = spec.memory_budget or spec.memory_limit or _BLOCK_BYTES
     block_bytes = block_bytes or min(_BLOCK_BYTES, memory // 4)
     # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
@@ -220,7 +215,6 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     planes = simhash.hyperplanes(source.dim) if sign else None
     summary = np.empty((n, 2), dtype=np.float64)
     signed = np.empty((n, simhash.SIGNATURE_BYTES), dtype=np.uint8) if sign else None
-    kept = np.empty((n, source.dim), dtype=np.float32) if sign else None
     for start in range(0, n, step):
         stop = min(n, start + step)
         block = source.span(start, stop)
@@ -229,9 +223,8 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         if sign:
             with telemetry.timed("sign"):
                 signed[start:stop] = simhash.signatures(block, planes)
-            kept[start:stop] = block if isinstance(block, np.ndarray) else block.float().cpu().numpy()
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
-    return source.dim, problems, summary, signed, kept
+    return source.dim, problems, summary, signed
 
 
 def _projection(block, direction: np.ndarray) -> np.ndarray:
@@ -356,17 +349,11 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> Scan:
 
 
 def duplicate_input(scan: Scan) -> dict:
-    """What the near-duplicate search's candidates need of one scanned partition (about 44 bytes a
-    row): never the embeddings, which :func:`duplicate_vectors` hands to the exact check apart."""
+    """What the near-duplicate search needs of one scanned partition (about 44 bytes a row): never
+    the embeddings, which its exact check reads again for the candidate rows alone."""
     check = scan.check
     codes, labels = _codes(check)
     return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}
-
-
-def duplicate_vectors(scan: Scan) -> dict:
-    """What the near-duplicate search's exact check needs of one scanned partition: ``{"embeddings":
-    float32 (n, dim)}``."""
-    return {"embeddings": scan.check.embeddings}
 
 
 def summarise_scan(scan: Scan, groups: DuplicateGroups | None = None) -> PartitionSummary:
