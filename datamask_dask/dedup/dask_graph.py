@@ -189,8 +189,9 @@ def _confirmed(by_worse, vectors: list, cosine: float, row_shards: int, method: 
                                            first, blocks) for t, first in enumerate(firsts)],
                                meta=_ATTACHED, prefix=f"{_PREFIX}-attach", verify_meta=False)
     attached = _by_number(attached, "shard", blocks, method).to_delayed()
-    confirmed = dd.from_delayed([named_task(f"{_PREFIX}-confirm", _confirm, attached[t], reads[first:first + per],
-                                            first, cosine) for t, first in enumerate(firsts)],
+    confirmed = dd.from_delayed([named_task(f"{_PREFIX}-confirm", _confirm, attached[t],
+                                            reads[first:first + per], first, cosine)
+                                 for t, first in enumerate(firsts)],
                                 meta=_EDGES, prefix=f"{_PREFIX}-confirm", verify_meta=False)
     return confirmed.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
 
@@ -291,8 +292,9 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
         asked = [task("requests", (s,), request_vectors, edges[s], blocks, per) for s in range(row_shards)]
         attached = [task("attach", (t,), attach_block, [pick(a, t) for a in asked], reads[first:first + per],
                          first, blocks, per) for t, first in enumerate(firsts)]
-        confirmed = [task("confirm", (t,), confirm_block, [pick(a, t) for a in attached], reads[first:first + per],
-                          first, cosine, row_shards) for t, first in enumerate(firsts)]
+        confirmed = [task("confirm", (t,), confirm_block, [pick(a, t) for a in attached],
+                          reads[first:first + per], first, cosine, row_shards)
+                     for t, first in enumerate(firsts)]
         edges = [[pick(c, s) for c in confirmed] for s in range(row_shards)]
     parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
     pending, roots = [pick(p, "pending") for p in parents], []
@@ -305,7 +307,8 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
                            [pick(p, s) for p in pending], n_parts), "pieces") for s in range(row_shards)]
     groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
     # the vectors' reads run inside the exact check's tasks, except persisted ones (their futures)
-    held = [v for v, r in zip(vectors or [], rereads(vectors or []), strict=True) if not isinstance(r, _Reread)]
+    held = [v for v, r in zip(vectors or [], rereads(vectors or []), strict=True)
+            if not isinstance(r, _Reread)]
     depends = [*inputs, *([] if rows is None else [rows]), *held]
     graph = HighLevelGraph.from_collections(layer, dsk, dependencies=depends)
     return [Delayed(key, graph, layer=layer) for key in groups]

@@ -483,7 +483,8 @@ def confirm_edges(attached: list, vectors: list, cosine: float, row_shards: int)
     return _split(shard_of(worse, row_shards), row_shards, worse, better, quality)
 
 
-def attach_block(requests: list, reads: list, first: int, blocks: int, per: int = PARTITIONS_PER_SHARD) -> list:
+def attach_block(requests: list, reads: list, first: int, blocks: int,
+                 per: int = PARTITIONS_PER_SHARD) -> list:
     """One vector block's task of the exact check's first step: its partitions (``reads``, from
     partition ``first``) read for the requests' better rows, then :func:`attach_vectors`."""
     return attach_vectors(requests, block_vectors(requests, reads, first, 1), blocks, per)
@@ -585,8 +586,8 @@ def confirmed_edges(parts: list[dict], edges: list, cosine: float, run, shards: 
     requests = [run("request_vectors", request_vectors, edges[s], blocks, per) for s in range(row_shards)]
     attached = [run("attach_vectors", attach_block, [r[t] for r in requests], parts[first:first + per], first,
                     blocks, per) for t, first in enumerate(firsts)]
-    confirmed = [run("confirm_edges", confirm_block, [a[t] for a in attached], parts[first:first + per], first,
-                     cosine, row_shards) for t, first in enumerate(firsts)]
+    confirmed = [run("confirm_edges", confirm_block, [a[t] for a in attached], parts[first:first + per],
+                     first, cosine, row_shards) for t, first in enumerate(firsts)]
     return [[c[s] for c in confirmed] for s in range(row_shards)]
 
 
