@@ -77,7 +77,7 @@ from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
 
-from .shards import cached, searched_summaries, sharded_summaries
+from .shards import PIECE_SCHEMA, cached, searched_summaries, sharded_summaries
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
 
@@ -175,7 +175,9 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
         # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
         # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
         ids = pool.submit(id_report, sdf, spec.id_column) if spec.check_ids else None
-        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec)
+        vectors = projected.select(_col(spec.embedding_column))  # the exact check reads it again
+        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec,
+                                   vectors=lambda read: vectors.mapInArrow(read, PIECE_SCHEMA))
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
@@ -183,7 +185,7 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     return summaries, ids, dim
 
 
-def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[PartitionSummary]:
+def plan_summaries(plan_rows, spec: SelectSpec, then=None, vectors=None) -> list[PartitionSummary]:
     """Each partition's summary, in partition order, from the plan pass's rows (a DataFrame of
     :data:`PLAN_SCHEMA`, one row per partition), which this runs.
 
@@ -194,7 +196,9 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[PartitionSumm
     :func:`datamask_spark.shards.searched_summaries`), else by the sharded stages on the executors
     (:func:`datamask_spark.shards.sharded_summaries`); the candidates are confirmed on exact cosine
     on the executors, and only the summaries reach the driver. The scans are persisted meanwhile
-    (:func:`datamask_spark.shards.cached`). ``then``: called once every partition is scanned.
+    (:func:`datamask_spark.shards.cached`), without their embeddings, which the exact check reads
+    again: ``vectors(function)`` runs a ``mapInArrow`` function over the input's embedding column
+    (task ``k`` on partition ``k``). ``then``: called once every partition is scanned.
     """
     if spec.diversity_scope != "table":
         rows = plan_rows.collect()
@@ -211,7 +215,7 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[PartitionSumm
         n_rows = sum(row["rows"] for row in heads)
         n_parts = max((row["partition"] for row in heads), default=-1) + 1
         search = searched_summaries if one_task(n_parts) else sharded_summaries
-        return gather_summaries(search(scans, spec.duplicate_cosine, n_rows, n_parts), spec)
+        return gather_summaries(search(scans, spec.duplicate_cosine, n_rows, n_parts, vectors), spec)
 
 
 def gather_summaries(rows: list, spec: SelectSpec) -> list[PartitionSummary]:
