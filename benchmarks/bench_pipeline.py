@@ -42,7 +42,7 @@ What runs, for every (size, algorithm, workers):
   serialisation, the driver's commit, and waiting (the wall account says which).
 - **Objective** (``--objective``, on by default): on partition 0 of the smallest size (its first
   ``rows_per_partition`` rows), the rows the job selected there (k rows) are scored with
-  :func:`~datamask_dask.learn.objectives.evaluate_selection` on the whole partition (Facility's
+  :func:`~datamask_dask.learn.metrics.evaluate_selection` on the whole partition (Facility's
   reference set is every row of the partition; quality normalised by the whole table's range, as
   the job does), next to ``random``, ``quality top-k`` and ``stochastic greedy`` (eps = 0.1, the
   same joint objective) with the same k on the same rows. Stochastic greedy runs when the

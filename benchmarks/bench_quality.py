@@ -92,10 +92,11 @@ def job_config(case: str, changes: list[str], profile: str) -> Path | None:
 def pieces(source: Path, config: Path | None, metric: str) -> int:
     """The pieces the job learns apart, from its plan: each pack, and each chunk of an unpacked cell
     with a quota, as ``partition.select`` cuts them (rows set aside as near-duplicates not counted)."""
+    from datamask_dask.config import resolve_options
     from datamask_dask.dask_engine.runs import DaskEngine
     from datamask_dask.io.parquet import read_parquet
 
-    plan = DaskEngine(read_parquet(source), config=config, algorithm=metric).plan(progress=False)
+    plan = DaskEngine(read_parquet(source), resolve_options(config, algorithm=metric)).plan(progress=False)
     chunk = plan.spec.chunk_rows(plan.dim)
     count = sum(1 for pack in plan.packs if pack.quota)
     for number, cells in plan.cells.items():

@@ -45,7 +45,7 @@ import bench_quality  # noqa: E402
 import record  # noqa: E402
 from suite.data import layout_order, topic_labels  # noqa: E402
 
-from datamask_dask.config import learner_options, load_config  # noqa: E402
+from datamask_dask.config import resolve_options  # noqa: E402
 from datamask_dask.dedup.search import find_groups  # noqa: E402
 from datamask_dask.dedup.simhash import hyperplanes, signatures  # noqa: E402
 from datamask_dask.learn.baselines import lazy_greedy  # noqa: E402
@@ -108,7 +108,7 @@ def prepare(case: str) -> Table:
 
 def options_for(metric: str, lamb: float):
     """The learner's options as the CLI forms them for ``metric`` (prune is the plan's, table-wide)."""
-    return learner_options(load_config(None, algorithm=metric, lamb=lamb, device="cpu")).replace(prune=0.0)
+    return resolve_options(None, algorithm=metric, lamb=lamb, device="cpu").learner.replace(prune=0.0)
 
 
 def learn(table: Table, rows: np.ndarray, k: int, options, seed_number: int, quality_range=None,

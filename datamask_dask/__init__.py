@@ -15,7 +15,8 @@ The package reads as its pipeline, one direction of imports (each room uses only
     dedup/              table-wide near-duplicates: signatures, stages, each engine's wiring
     plan/               quotas, memory checks, the reduction to one typed plan (no Dask, no Spark)
     learn/              the learner on one chunk: torch and numpy only, no dataframe
-    config, errors      settings and exceptions, used everywhere
+    config, options     the options of a selection (resolved once per run), and their defaults
+    errors              exceptions, used everywhere
 
 The Spark engine is ``datamask_spark`` (integrations/), on the same rooms.
 
@@ -29,7 +30,8 @@ __version__ = "0.1.0"
 
 __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "cluster": ["get_client"],
-    "config": ["load_config"],
+    "config": ["load_config", "resolve_options"],
+    "options": ["SelectOptions"],
     "dask_engine.operator": ["datamask_select"],
     "dask_engine.validate": ["ValidationReport", "validate_table"],
     "io.parquet": ["read_parquet", "selected_counts"],
@@ -45,7 +47,7 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
     "text.embedding": ["embed"],
     "text.quality": ["heuristic_scores", "score_quality"],
     "learn.engine": ["MaskResult", "learn_mask"],
-    "learn.objectives": ["DiversityMetric", "evaluate_selection", "register_metric"],
+    "learn.metrics": ["DiversityMetric", "evaluate_selection", "register_metric"],
     "learn.options": ["DataMaskOptions"],
     "learn.baselines": ["DEFAULT_MAX_MEMORY", "graph_lazy_greedy", "greedy", "lazy_greedy", "quality_topk",
                         "random_selection", "stochastic_greedy"],

@@ -37,7 +37,7 @@ import time
 import traceback
 
 from .errors import DataMaskError, OptionError
-from .learn.options import INITS, LAMB_SCALES
+from .options import FIELDS, LEARNER_KEYS
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
@@ -46,9 +46,6 @@ if getattr(multiprocessing.current_process(), "_inheriting", False):
     # A cluster's worker process, which imports the command as its main module first (multiprocessing's
     # spawn): a terminal's Ctrl-C reaches it too, and the command stops it without its traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-_DEVICES = ("auto", "cpu", "cuda")
-
 
 def _weights(text: str):
     """``"a"`` -> "a"; ``"a,b"`` -> ["a", "b"]; ``"a=0.7,b=0.3"`` -> {"a": 0.7, "b": 0.3}."""
@@ -62,28 +59,11 @@ def _weights(text: str):
 
 
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
+    """The options' flags, made from their fields (:mod:`datamask_dask.options`), and the job's own."""
     learner = parser.add_argument_group("learner (reference tool's flags)")
-    learner.add_argument("--n_epochs", "--n-epochs", type=int, help="optimisation steps")
-    learner.add_argument("--algorithm", type=_weights,
-                         help="diversity metric: DiSF, Facility, Pair_simi, or e.g. Facility=0.7,DiSF=0.3")
-    learner.add_argument("--partial", type=float, help="share of a chunk taking part in each step")
-    learner.add_argument("--max_lr", "--max-lr", type=float)
-    learner.add_argument("--min_lr", "--min-lr", type=float)
-    learner.add_argument("--n_rollout", "--n-rollout", type=int, help="masks sampled per step")
-    learner.add_argument("--select_ratio", "--select-ratio", "--ratio", dest="ratio", type=float,
-                         help="share of rows to select")
-    learner.add_argument("--init", choices=INITS)
-    learner.add_argument("--lamb", type=float, help="weight of quality in the reward, in [0, 1]")
-    learner.add_argument("--lamb-scale", "--lamb_scale", choices=LAMB_SCALES,
-                         help="paper: the terms as they are; gain: each divided by what it can gain "
-                         "over random on the chunk, so lamb weighs points of gain")
-    learner.add_argument("--seed", type=int)
-    learner.add_argument("--prune", type=float, help="share of worst-quality rows made ineligible")
     job = parser.add_argument_group("job")
     job.add_argument("--config", help="a profile (cpu, gpu, reference) or a YAML file; flags override it "
                      "(default: the device's profile)")
-    job.add_argument("--device", choices=_DEVICES,
-                     help="auto (default: the GPU for cuDF partitions), cpu or cuda")
     job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
     job.add_argument("--n-workers", "--n_workers", type=int,
                      help="start a local cluster of this many worker processes, each held to its memory "
@@ -92,40 +72,19 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--threads-per-worker", type=int, default=1,
                      help="threads of each worker process (a GPU worker's threads read and write beside "
                      "its learner)")
-    job.add_argument("--id-column", "--id_column", help="unique id of each row")
-    job.add_argument("--no-check-ids", dest="check_ids", action="store_const", const=False,
-                     help="skip the duplicate-id check (it holds every distinct id in one task)")
-    job.add_argument("--quality-column", "--quality_column", type=_weights,
-                     help="a column, or weighted columns: a=0.7,b=0.3")
-    job.add_argument("--embedding-column", "--embedding_column")
-    job.add_argument("--by", help="group column: quotas per group")
-    job.add_argument("--budget-tokens", "--budget_tokens", type=int,
-                     help="select by token budget instead of ratio")
-    job.add_argument("--token-column", "--token_column")
-    job.add_argument("--selected-column", "--selected_column",
-                     help="name of the added boolean column (default: selected)")
-    job.add_argument("--score-column", "--score_column", help="also write the learned scores under this name")
-    job.add_argument("--max-chunk-rows", "--max_chunk_rows", type=int,
-                     help="rows are learned in chunks of at most this many, which select apart (in table "
-                          "scope, consecutive partitions that fit in one are learned together)")
-    job.add_argument("--max-chunk-values", "--max_chunk_values", type=int,
-                     help="where --max-chunk-rows is not set, a chunk holds at most this many embedding "
-                          "values (rows x dimension)")
-    job.add_argument("--memory-budget", "--memory_budget",
-                     help="working memory per selection task, e.g. 2GiB: sizes the chunks (default: none; "
-                          "the workers' memory is checked, and a chunk that does not fit fails before "
-                          "learning)")
-    job.add_argument("--validate", choices=("full", "light"),
-                     help="full: check every embedding before learning; light: small columns first, "
-                     "embeddings chunk by chunk")
-    job.add_argument("--diversity-scope", "--diversity_scope", choices=("table", "partition"),
-                     help="table: near-duplicates across the whole table are set aside before "
-                     "learning; partition: each partition on its own (cheaper)")
-    job.add_argument("--duplicate-cosine", "--duplicate_cosine", type=float,
-                     help="near-duplicate threshold of the table scope")
-    job.add_argument("--explain", action="store_const", const=True,
-                     help="also write each row's reason (selected, near-duplicate, quality-pruned...) and, "
-                     "for a near-duplicate, the id of the row it stands behind (duplicate_of)")
+    for name, spec in FIELDS.items():
+        group = learner if name in LEARNER_KEYS else job
+        flag = _flag_name(name)
+        if isinstance(spec.default, bool):  # a switch that turns the default over
+            flags, kind = [f"--no-{flag}" if spec.default else f"--{flag}"], {"const": not spec.default}
+            kind["action"] = "store_const"
+        else:
+            hyphens = f"--{name.replace('_', '-')}"
+            flags = list(spec.metadata.get("flags") or dict.fromkeys([f"--{flag}", f"--{name}", hyphens]))
+            parse = spec.metadata.get("type") or str(spec.type).split("|")[0].strip()
+            parse = {"weights": _weights, "int": int, "float": float}.get(parse, str)
+            kind = {"choices": spec.metadata["choices"]} if spec.metadata["choices"] else {"type": parse}
+        group.add_argument(*flags, dest=name, help=spec.metadata["help"], **kind)
     job.add_argument("--verbose", action="store_true", help="show tracebacks and Dask's logs on errors")
     _show_defaults(parser)
 
@@ -142,13 +101,6 @@ def _show_defaults(parser: argparse.ArgumentParser) -> None:
         if stated and not flag and "default" not in (action.help or ""):
             text = f"(default: {default_text(action.dest)})"
             action.help = f"{action.help} {text}" if action.help else text
-
-
-_OPTION_KEYS = ("n_epochs", "algorithm", "partial", "max_lr", "min_lr", "n_rollout", "ratio", "init", "lamb",
-                "lamb_scale", "seed", "prune", "device", "id_column", "quality_column", "embedding_column",
-                "by", "budget_tokens", "token_column", "selected_column", "score_column", "max_chunk_rows",
-                "max_chunk_values", "memory_budget", "validate", "check_ids", "diversity_scope",
-                "duplicate_cosine", "explain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         args.demo = True
     if args.command == "select" and args.input is not None and args.output is None:
         parser.error("select: --input needs --output")
-    options = {key: getattr(args, key) for key in _OPTION_KEYS if getattr(args, key, None) is not None}
+    options = {key: getattr(args, key) for key in FIELDS if getattr(args, key, None) is not None}
     try:
         _check_given(options)
     except OptionError as exc:
@@ -264,6 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     from .progress import log_to_stderr
 
     log_to_stderr(args.verbose, getattr(args, "progress", None))
+    # the libraries a job needs take seconds to load: someone watching is told so first (a batch log
+    # starts with the planning line)
+    source = getattr(args, "input", None) or "the demo corpus"
+    what = f"{args.command} {source}: loading Dask, pandas and torch"
+    if args.verbose:
+        logging.getLogger("datamask_dask").info(what)
+    elif sys.stderr.isatty():
+        print(f"datamask: {what}", file=sys.stderr, flush=True)
     client = None
     try:
         if args.command == "select" and args.engine == "spark" and not args.demo:
@@ -275,12 +235,21 @@ def main(argv: list[str] | None = None) -> int:
         loading.start()
         client = _start_client(args)
         loading.join()
-        if args.command == "validate":
-            return _run_validate(args, options)
-        if args.command == "demo" or args.demo:
-            _run_demo(args, options)
-        else:
-            _run_select(args, options, started)
+        import dask
+        import dask.threaded
+
+        # without a cluster, the threaded scheduler itself: given none (or its name), Dask imports
+        # distributed to look for a client
+        scheduler = dask.config.get("scheduler", None)
+        if client is None and scheduler is None:
+            scheduler = dask.threaded.get
+        with dask.config.set(scheduler=scheduler):
+            if args.command == "validate":
+                return _run_validate(args, options)
+            if args.command == "demo" or args.demo:
+                _run_demo(args, options)
+            else:
+                _run_select(args, options, started)
     except KeyboardInterrupt:
         print("datamask: interrupted", file=sys.stderr)
         if client is not None:  # stopped first, so that no partition finishes after it is counted
@@ -329,13 +298,9 @@ def _storage_failure(exc: Exception, args):
 
 def _check_given(options: dict) -> None:
     """The rules on the flags' own values, before a config, the input or a heavy library is loaded."""
-    from .config import check_given
+    from .options import check_given
 
     check_given(options)
-    if "memory_budget" in options:
-        from .plan.memory import parse_budget
-
-        parse_budget(options["memory_budget"])
 
 
 def _say_what_is_kept(args) -> None:
@@ -370,6 +335,12 @@ def _quiet_dask() -> None:
 
 
 _REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
+
+
+def _flag_name(key: str) -> str:
+    """An option's flag, without its dashes: the reference tool's learner flags keep their underscores
+    (--n_rollout); ours use hyphens."""
+    return key if key in _REFERENCE_FLAGS else key.replace("_", "-")
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
 _FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
                    "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
@@ -387,10 +358,9 @@ def as_cli_message(message: str) -> str:
         message = message.replace(python, cli)
     def flag(match: re.Match) -> str:
         key = match.group(1)
-        if key not in _OPTION_KEYS:
+        if key not in FIELDS:
             return match.group(0)
-        # the reference tool's learner flags keep their underscores (--n_rollout); ours use hyphens
-        name = key if key in _REFERENCE_FLAGS else key.replace("_", "-")
+        name = _flag_name(key)
         return f"--{name}" if match.group("bare") is not None else f"--{name}="
 
     # "option id_column=x" -> "--id-column=x", "with id_column=, ..." -> "with --id-column, ..."
@@ -398,17 +368,17 @@ def as_cli_message(message: str) -> str:
 
 
 def _start_client(args):
+    if not (args.scheduler or args.n_workers):
+        return None  # Dask's threaded scheduler: distributed is not even imported
     from .cluster import get_client
 
     if args.scheduler:
         return get_client(args.scheduler)
-    if args.n_workers:
-        kind = "cuda" if args.device == "cuda" else "cpu"
-        print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
-              file=sys.stderr, flush=True)  # seconds of silence otherwise
-        return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
-                          dashboard_address=":0")
-    return None  # Dask's threaded scheduler
+    kind = "cuda" if args.device == "cuda" else "cpu"
+    print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
+          file=sys.stderr, flush=True)  # seconds of silence otherwise
+    return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
+                      dashboard_address=":0")
 
 
 def _is_table_job(args) -> bool:
@@ -539,27 +509,27 @@ def _run_validate(args, options: dict) -> int:
 def _run_demo(args, options: dict) -> None:
     import dask.dataframe as dd
 
-    from .config import load_config
+    from .config import resolve_options
     from .dask_engine.operator import datamask_select
     from .learn.yardstick import measure
     from .partition.adapters import embedding_matrix
     from .sample_data import make_corpus
 
     rows, dim, n_parts = args.rows, args.dim, args.partitions
-    settings = load_config(args.config, **options)
+    resolved = resolve_options(args.config, backend="pandas", **options)
     print(f"datamask demo: synthetic corpus of {rows} rows, {dim}-d embeddings, {n_parts} partitions")
     corpus = make_corpus(rows, dim, seed=0)
     start = time.perf_counter()
-    result = datamask_select(dd.from_pandas(corpus, npartitions=n_parts), config=args.config, **options)
+    result = datamask_select(dd.from_pandas(corpus, npartitions=n_parts), config=resolved)
     frame = result.compute()
     elapsed = time.perf_counter() - start
-    mask = frame[settings["selected_column"]].to_numpy(copy=True)
+    mask = frame[resolved.selected_column].to_numpy(copy=True)
     k = int(mask.sum())
     print(f"selected {k} of {len(frame)} rows ({k / len(frame):.1%}) in {elapsed:.1f} s")
     if 0 < k < len(frame):
         score = measure(corpus["quality_score"].to_numpy(copy=True), embedding_matrix(corpus["feature_arr"]),
-                        mask, algorithm=settings["algorithm"], lamb=settings["lamb"])
-        print(f"objective (lamb={settings['lamb']}, {settings['algorithm']}), higher is better: "
+                        mask, algorithm=resolved.learner.algorithm, lamb=resolved.learner.lamb)
+        print(f"objective (lamb={resolved.learner.lamb}, {resolved.learner.algorithm}), higher is better: "
               f"{score.objective:.4f}, {score.share:.1%} of {score.baseline_name}'s gain over random "
               f"({score.baseline:.4f} against {score.random:.4f}); quality top-k {score.topk:.4f}, "
               f"{score.topk_share:.1%}")

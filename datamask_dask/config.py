@@ -3,16 +3,16 @@
 Highest first: keyword arguments > a config (``config=`` / ``--config``: a profile name or a YAML
 file) > the ``datamask`` namespace of ``dask.config`` (e.g.
 ``dask.config.set({"datamask.n_epochs": 50})``, ``DASK_DATAMASK__N_EPOCHS=50`` or a ``datamask:``
-section in a Dask YAML file) > the device's profile > the built-in defaults (:class:`OperatorOptions`,
-:class:`~datamask_dask.learn.options.DataMaskOptions` and, for the metric chosen,
-:data:`METRIC_DEFAULTS`).
+section in a Dask YAML file) > the device's profile > the built-in defaults (the fields of
+:class:`~datamask_dask.options.SelectOptions` and :class:`~datamask_dask.learn.options.DataMaskOptions`
+and, for the metric chosen, :data:`METRIC_DEFAULTS`). :func:`resolve_options` applies them once per run.
 
 Profiles ship inside the package (``datamask_dask/profiles/``; ``conf/`` in the repository links
 to them): ``cpu`` applies when the job runs on CPU, ``gpu`` when it runs on a GPU
 (``device="cuda"``, or cuDF partitions with ``device="auto"``), and ``reference`` is the published
 method with the reference tool's settings. A ``config`` replaces the device's profile; a profile or
-file overrides the built-in defaults only (copy a profile to tune it). The resolved settings name
-what was used under ``"profile"``.
+file overrides the built-in defaults only (copy a profile to tune it). The resolved options name
+what was used in ``profile``.
 
 A config file is a flat YAML mapping (optionally under a top-level ``datamask:`` key) of the
 learner options and the operator settings, read with ``yaml.safe_load`` only; unknown keys raise
@@ -28,53 +28,15 @@ the profile's other keys and lose to keyword arguments::
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import math
-import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import OptionError
-from .learn.options import RULES as LEARNER_RULES
-from .learn.options import DataMaskOptions, check_option
+from .options import ALIASES, FIELDS, SelectOptions, default_settings
 
-
-@dataclasses.dataclass(frozen=True)
-class OperatorOptions:
-    """The operator's settings and their defaults (the learner's are :class:`DataMaskOptions`')."""
-
-    ratio: float | dict = 0.1  # share of rows to select, in (0, 1]; or {group: ratio} with `by`
-    budget_tokens: int | dict | None = None  # select by tokens: total tokens of the selected rows <= this
-    token_column: str = "n_tokens"  # noqa: S105 (a column name, not a secret)
-    by: str | None = None  # group column: quotas per group
-    id_column: str = "chunk_id"
-    quality_column: str | list | dict = "quality_score"  # a name, a list of names, or {name: weight}
-    embedding_column: str = "feature_arr"
-    selected_column: str = "selected"
-    score_column: str | None = None  # also output the learned logits under this name
-    device: str = "auto"  # "auto" (GPU for cuDF partitions), "cpu", "cuda", "cuda:N"
-    # Rows are learned in chunks of at most this many (consecutive partitions packed into one in
-    # table scope), which select apart: a larger chunk sees more of its rows' neighbours.
-    max_chunk_rows: int | None = 50_000
-    # Where max_chunk_rows is None: a chunk holds at most this many embedding values (rows x dimension).
-    max_chunk_values: int | None = None
-    oversample: float = 2.0  # candidate pool = table-wide quality top (oversample * quota) rows
-    check_ids: bool = True  # fail on duplicate ids (needs every id in one task: turn off for huge tables)
-    # "light": the plan pass reads the small columns only, and embeddings are checked chunk by chunk
-    # just before learning (one read of the embeddings fewer); "full": the plan pass checks them too.
-    validate: str = "light"
-    memory_budget: int | str | None = None  # bytes (or "2GiB") per selection task: sizes chunks
-    diversity_scope: str = "table"  # "table": near-duplicates across partitions first; "partition": none
-    duplicate_cosine: float = 0.95  # near-duplicate threshold of the table scope
-    explain: bool = False  # also output each row's reason (selected, near-duplicate...) and duplicate_of
-
-
-#: Operator settings and their defaults.
-OPERATOR_DEFAULTS: dict = {f.name: f.default for f in dataclasses.fields(OperatorOptions)}
-
-#: Defaults that depend on the diversity metric chosen: they win over the defaults above and lose
+#: Defaults that depend on the diversity metric chosen: they win over the defaults of the fields and lose
 #: to every profile, config, ``dask.config`` value and keyword argument.
 METRIC_DEFAULTS: dict = {
     "Facility": {
@@ -90,22 +52,8 @@ METRIC_DEFAULTS: dict = {
     "DiSF": {"max_chunk_rows": 10_000},  # its step over a chunk's Gram factor grows faster than the chunk
 }
 
-#: Other spellings accepted for a key (the reference tool's and the issue's).
-ALIASES = {"select_ratio": "ratio", "quality": "quality_column", "embedding": "embedding_column",
-           "id": "id_column"}
-
 PROFILES = Path(__file__).resolve().parent / "profiles"
-
-LEARNER_KEYS = tuple(f.name for f in dataclasses.fields(DataMaskOptions) if f.init)  # not the derived ones
 SECTIONS = "algorithms"  # key of the per-metric sections
-
-
-def default_settings() -> dict:
-    """The defaults: learner options from DataMaskOptions, then the operator's.
-
-    Read from the fields, not an instance: validating one resolves the metrics, which loads torch,
-    and ``--help`` shows these defaults."""
-    return {**{name: getattr(DataMaskOptions, name) for name in LEARNER_KEYS}, **OPERATOR_DEFAULTS}
 
 
 def default_text(key: str) -> str:
@@ -157,8 +105,8 @@ def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
             if any("algorithm" in section for section in out[name].values()):
                 raise OptionError(f"a section under {SECTIONS!r} in {source} cannot set 'algorithm'")
             continue
-        if name not in OPERATOR_DEFAULTS and name not in LEARNER_KEYS:
-            known = sorted({*LEARNER_KEYS, *OPERATOR_DEFAULTS})
+        if name not in FIELDS:
+            known = sorted(FIELDS)
             raise OptionError(f"unknown option {key!r} in {source}; known options are {known} "
                               f"(aliases: {sorted(ALIASES)})")
         if name in out:
@@ -186,15 +134,16 @@ def profile_path(config: str | os.PathLike) -> Path:
     return path
 
 
-def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend: str | None = None,
-                **overrides) -> dict:
-    """Resolve the settings of a selection job.
+def resolve_options(config: str | os.PathLike | Mapping | SelectOptions | None = None, /, *,
+                    backend: str | None = None, **overrides) -> SelectOptions:
+    """Resolve the settings of a selection job, once: the options every engine and run then take.
 
     Parameters
     ----------
-    config : str, path or mapping, optional
+    config : str, path, mapping or SelectOptions, optional
         A profile name (``"cpu"``, ``"gpu"``, ``"reference"``), a YAML config file, or a mapping
-        with the same keys. Default: the profile of the device the job runs on.
+        with the same keys. Default: the profile of the device the job runs on. Options already
+        resolved are returned as they are (and take no ``overrides``).
     backend : {"pandas", "cudf"}, optional
         The partitions' backend: with ``device="auto"``, cuDF data get the ``gpu`` profile.
     **overrides
@@ -202,19 +151,23 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend
 
     Returns
     -------
-    dict
-        Every setting (learner options and operator settings), with canonical names, and
-        ``"profile"``: the profile name, the config file's path, or ``"mapping"``.
+    SelectOptions
+        Every setting, checked; ``profile`` names the profile, the config file's path, or
+        ``"mapping"``, and ``given`` the keys of ``overrides``.
 
     Examples
     --------
     >>> import dask
     >>> with dask.config.set({"datamask.n_epochs": 50}):
-    ...     load_config(None, lamb=0.3)["n_epochs"]
+    ...     resolve_options(None, lamb=0.3).learner.n_epochs
     50
     """
     import dask
 
+    if isinstance(config, SelectOptions):
+        if any(value is not None for value in overrides.values()):
+            raise OptionError("options already resolved take no keyword options: use options.replace(...)")
+        return config
     settings = default_settings()
     from_dask = normalise_keys(dask.config.get("datamask", default=None) or {},
                                "dask.config namespace 'datamask'")
@@ -243,8 +196,14 @@ def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend
         settings.update(layer)
     settings.update(sections.get(chosen, {}))
     settings.update(given)
-    settings["profile"] = profile
-    return settings
+    return SelectOptions.from_settings(settings, profile=profile, given=given)
+
+
+def load_config(config: str | os.PathLike | Mapping | None = None, /, *, backend: str | None = None,
+                **overrides) -> dict:
+    """The settings :func:`resolve_options` gives, as one flat mapping with ``"profile"``
+    (:meth:`SelectOptions.to_dict`)."""
+    return resolve_options(config, backend=backend, **overrides).to_dict()
 
 
 def _metric_key(name: str, strict: bool = False):
@@ -253,7 +212,7 @@ def _metric_key(name: str, strict: bool = False):
     Unknown names raise with ``strict`` (a section for a misspelt metric would never apply);
     otherwise they stay as they are (the learner's options report them).
     """
-    from .learn.objectives import registered_metric
+    from .learn.metrics import registered_metric
 
     try:
         return registered_metric(name)
@@ -261,85 +220,3 @@ def _metric_key(name: str, strict: bool = False):
         if strict:
             raise OptionError(f"section {SECTIONS}.{name}: {exc}") from exc
         return name
-
-
-def learner_options(settings: Mapping) -> DataMaskOptions:
-    """The learner's options from resolved settings (validated by DataMaskOptions)."""
-    return DataMaskOptions.from_mapping({k: settings[k] for k in LEARNER_KEYS if k in settings})
-
-
-# Rules on single values of the operator's settings: partition.spec applies them to resolved settings,
-# and the command line to its flags before it reads anything or loads a dataframe library.
-
-
-def is_number(value) -> bool:
-    """A real number, Python's or numpy's, and not a bool."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _finite(value) -> bool:
-    return isinstance(value, numbers.Integral) or math.isfinite(value)
-
-
-def check_ratio(ratio, by) -> None:
-    """``ratio``: a share of rows in (0, 1], or ``{group: share in [0, 1]}`` with ``by``."""
-    if isinstance(ratio, Mapping):
-        if by is None:
-            raise OptionError("ratio given as {group: ratio} needs by= (the group column)")
-        for group, value in ratio.items():
-            if not is_number(value) or not 0 <= value <= 1:
-                raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
-    elif not is_number(ratio) or not 0 < ratio <= 1:
-        raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
-
-
-def check_budget_tokens(budget, by) -> None:
-    """``budget_tokens``: a whole number of tokens >= 1, or ``{group: tokens >= 0}`` with ``by``."""
-    if isinstance(budget, Mapping):
-        if by is None:
-            raise OptionError("budget_tokens given as {group: tokens} needs by= (the group column)")
-        for group, value in budget.items():
-            if not is_number(value) or not _finite(value) or value < 0 or value != int(value):
-                raise OptionError(f"budget_tokens for group {group!r} is {value!r}: expected a whole "
-                                  "number of tokens >= 0")
-        return
-    if by is not None:
-        raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would not say "
-                          "how to share it between groups)")
-    if not is_number(budget) or not _finite(budget) or budget < 1 or budget != int(budget):
-        raise OptionError(f"budget_tokens={budget!r} is invalid: expected a whole number of tokens >= 1")
-
-
-def check_number(value, name: str, minimum: float, integer: bool = False):
-    """``value`` where it is a finite number (an integer with ``integer``) >= ``minimum``."""
-    if (not is_number(value) or not _finite(value) or value < minimum
-            or (integer and value != int(value))):
-        kind = "an integer" if integer else "a number"
-        raise OptionError(f"option {name}={value!r} is invalid: expected {kind} >= {minimum}")
-    return value
-
-
-def check_duplicate_cosine(cosine) -> None:
-    """``duplicate_cosine``: a cosine in (0, 1)."""
-    if not is_number(cosine) or not 0 < cosine < 1:
-        raise OptionError(f"option duplicate_cosine={cosine!r} is invalid: expected a cosine in (0, 1), "
-                          "e.g. 0.95")
-
-
-def check_given(options: Mapping) -> None:
-    """Apply the rules on single values to the settings given as ``options`` (keyword arguments, which win
-    over every other layer), so they are refused before a config or any data is read. The ratio and token
-    budget mappings, which need ``by`` from every layer, are left to the resolved settings."""
-    for name, value in options.items():
-        if value is None:
-            continue
-        if name in LEARNER_RULES:
-            check_option(name, value)
-        elif name == "ratio" and not isinstance(value, Mapping):
-            check_ratio(value, None)
-        elif name == "budget_tokens" and not isinstance(value, Mapping):
-            check_budget_tokens(value, options.get("by"))
-        elif name in ("max_chunk_rows", "max_chunk_values"):
-            check_number(value, name, 2, integer=True)
-        elif name == "duplicate_cosine":
-            check_duplicate_cosine(value)

@@ -64,6 +64,8 @@ def _in_notebook() -> bool:
 
 def client_of(scheduler):
     """The distributed Client a computation will run on, or None for the local schedulers."""
+    if "distributed" not in sys.modules:  # no client can exist: leave its import to those who use it
+        return None
     from distributed import Client, default_client
 
     if isinstance(scheduler, Client):

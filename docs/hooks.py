@@ -1,9 +1,15 @@
 """MkDocs hook: the command-line page is generated from the parser itself, so `datamask --help` and
-the docs say the same."""
+the docs say the same; and the docstrings that the package completes when it is imported (their option
+lists are made from the options' fields) are read from the imported objects (:class:`ImportedDocstrings`,
+a Griffe extension of mkdocstrings)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
+
+import griffe
 
 MARKER = "<!-- cli-reference -->"
 
@@ -29,3 +35,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if MARKER in markdown:
         return markdown.replace(MARKER, cli_reference())
     return markdown
+
+
+class ImportedDocstrings(griffe.Extension):
+    """The docstrings of ``PATHS`` as the imported objects have them, not as their source writes them."""
+
+    PATHS = ("datamask_dask.dask_engine.operator.datamask_select",
+             "datamask_dask.learn.options.DataMaskOptions")
+
+    def on_instance(self, *, obj, **kwargs) -> None:
+        if obj.path in self.PATHS:
+            module, name = obj.path.rsplit(".", 1)
+            text = inspect.getdoc(getattr(importlib.import_module(module), name))
+            obj.docstring = griffe.Docstring(text, parent=obj)

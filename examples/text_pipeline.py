@@ -3,8 +3,9 @@
 The corpus is built at run time from the Python installation itself: the docstrings of the standard
 library's source files (read with ``ast``, nothing is imported) and the documentation files of the
 installed distributions (METADATA descriptions, i.e. their READMEs, LICENSE/COPYING/NOTICE files,
-.rst/.md files near the top of the packages), split into paragraphs. Such text repeats itself:
-licence paragraphs shipped by dozens of packages, boilerplate docstrings, copied notices.
+.rst/.md files near the top of the packages), split into paragraphs; a corpus larger than the
+standard library's docstrings give also takes the installed packages' docstrings. Such text repeats
+itself: licence paragraphs shipped by dozens of packages, boilerplate docstrings, copied notices.
 
 Then, on Dask:
 
@@ -104,6 +105,13 @@ def build_corpus(n_docs: int = 2000, seed: int = 0) -> pd.DataFrame:
                 break
             for doc in _docstrings(path):
                 take(f"docstring:{path.relative_to(stdlib).parts[0]}", doc)
+        # A large corpus (more paragraphs than the standard library has): the installed packages'
+        # docstrings too, read the same way; a smaller one is left as it was.
+        for path in _walk(site, suffixes={".py"}):
+            if len(texts) >= budget:
+                break
+            for doc in _docstrings(path):
+                take(f"docstring:{path.relative_to(site).parts[0]}", doc)
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
     order = order[:n_docs]

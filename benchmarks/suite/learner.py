@@ -22,11 +22,11 @@ class LearnMask:
     timer = staticmethod(time.process_time)  # CPU seconds: other processes on a shared machine do not count
 
     def setup(self, metric):
-        from datamask_dask.config import learner_options, load_config
+        from datamask_dask.config import resolve_options
 
         data.one_thread()
         self.quality, self.emb = data.embeddings(SHAPE["rows"], SHAPE["dim"], SHAPE["clusters"])
-        self.options = learner_options(load_config("cpu", algorithm=metric))
+        self.options = resolve_options("cpu", algorithm=metric).learner
 
     def time_learn_mask(self, metric):
         from datamask_dask import learn_mask

@@ -28,10 +28,14 @@ class Text:
         torch.set_num_threads(1)  # as in a job's worker: CPU seconds count work, not spinning threads
         self.texts = [f"Document {i}. " + PARAGRAPH * 12 for i in range(64)]  # > 128 tokens each
         self.encode = encode
-        encode(self.texts[:8], device="cpu", max_tokens=128)  # weights loaded before the timed runs
+        for precision in ("float32", "bfloat16"):  # weights loaded before the timed runs
+            encode(self.texts[:8], device="cpu", max_tokens=128, precision=precision)
 
     def time_embed_64_documents(self):
-        self.encode(self.texts, device="cpu", max_tokens=128, batch_size=32)
+        self.encode(self.texts, device="cpu", max_tokens=128, batch_size=32, precision="float32")
+
+    def time_embed_64_documents_bfloat16(self):
+        self.encode(self.texts, device="cpu", max_tokens=128, batch_size=32, precision="bfloat16")
 
     def time_heuristic_scores_3200_documents(self):
         from datamask_dask.text.quality import heuristic_scores

@@ -49,10 +49,12 @@ import numpy as np
 from dask.delayed import Delayed
 
 from .. import progress as progress_bars
-from ..config import load_config
+from ..config import resolve_options
 from ..dedup.dask_graph import table_groups
 from ..errors import worker_deaths_explained
 from ..graph_keys import listed, named
+from ..learn.options import parameters
+from ..options import FIELDS, OPERATOR_KEYS, SelectOptions
 from ..partition import adapters, explain
 from ..partition.checks import (
     duplicate_input,
@@ -82,89 +84,20 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
     ddf : dask.dataframe.DataFrame
         pandas- or cuDF-backed; one row per document with an id, quality score(s) and an
         embedding (list or fixed-size list of floats, one dimension for the whole table).
-    ratio : float or mapping, default 0.1
-        Share of rows to select, in (0, 1]: exactly ``round(ratio * N)`` rows (Python rounding)
-        are selected. With ``by``, a float applies to every group and a mapping
-        ``{group: ratio}`` (ratios in [0, 1]) gives each group its own; groups it does not name
-        get none.
-    config : path or mapping, optional
-        YAML config file (see :mod:`datamask_dask.config`); keyword arguments win over it, and it
-        wins over ``dask.config``'s ``datamask`` namespace.
+{ratio}
+    config : str, path, mapping or SelectOptions, optional
+        A profile (``"cpu"``, ``"gpu"``, ``"reference"``), a YAML config file or a mapping (see
+        :mod:`datamask_dask.config`); keyword arguments win over it, and it wins over
+        ``dask.config``'s ``datamask`` namespace. Options already resolved
+        (:func:`datamask_dask.config.resolve_options`) are used as they are.
     **options
         Learner options (``n_epochs``, ``partial``, ``algorithm``, ``max_lr``, ``min_lr``,
-        ``lamb``, ``n_rollout``, ``init``, ``seed``, ``update``, ``final``, ...: see
+        ``lamb``, ``n_rollout``, ``init``, ``prune``, ``seed``, ``update``, ``final``, ...: see
         :class:`~datamask_dask.learn.options.DataMaskOptions`, whose defaults apply, with
-        ``config.METRIC_DEFAULTS`` for the metric chosen) and:
+        ``config.METRIC_DEFAULTS`` for the metric chosen) and the operator's
+        (:class:`~datamask_dask.options.SelectOptions`):
 
-        prune : float, default 0.0
-            Share of the table, worst quality first, made ineligible (table-wide, not per
-            partition; per group with ``by``).
-        id_column : str, default ``"chunk_id"``
-            Ids must be unique across the table (checked unless ``check_ids=False``).
-        quality_column (alias ``quality``) : str, list or mapping, default ``"quality_score"``
-            One column, several (equal weights) or ``{column: weight}``; the weighted sum is
-            the quality (put the columns on comparable scales first).
-        embedding_column (alias ``embedding``) : str, default ``"feature_arr"``
-        by : str, optional
-            Group column: quotas are planned per group (each group like a table of its own).
-        budget_tokens : int or mapping, optional
-            Select by tokens instead of rows: the selected rows' ``token_column`` values sum to
-            at most this (``{group: tokens}`` with ``by``). Guarantee: never above the budget;
-            in each partition (and group) no unselected eligible row would still fit in what its
-            share of the budget has left, so the total falls short by less than about one row's
-            tokens per partition.
-        token_column : str, default ``"n_tokens"``
-        device : {"auto", "cpu", "cuda", "cuda:N"}, default "auto"
-            ``"auto"`` learns on the GPU when the partition is cuDF.
-        max_chunk_rows : int or None, default 50_000
-            Partitions with more eligible rows are learned in chunks of at most this many rows
-            (10_000 for DiSF; None for Facility, whose chunks ``max_chunk_values`` sizes:
-            ``config.METRIC_DEFAULTS``); in table scope, consecutive partitions whose eligible rows
-            fit in one chunk together are learned as one. Chunks select apart, so the chunk size is
-            part of what a selection means.
-        max_chunk_values : int, optional
-            Where ``max_chunk_rows`` is None, a chunk holds at most this many embedding values (rows
-            x dimension): Facility's default is 76_800_000, 100_000 rows at d = 768 and 1_200_000
-            at d = 64, since its cost per row grows about with the dimension.
-        oversample : float, default 2
-            Size of the table-wide quality pool that sets partition quotas, as a multiple of
-            the quota (see :mod:`datamask_dask.plan.quotas`); >= 1.
-        selected_column : str, default ``"selected"``
-        score_column : str, optional
-            Also output the learned logits (float32) under this name: NaN where no learning
-            ran (quota 0, or every eligible row taken), ``-inf`` for rows made ineligible.
-        check_ids : bool, default True
-            Fail on duplicate or null ids. The check is a tree reduction whose last task holds
-            every distinct id: turn it off for tables whose ids do not fit in one worker.
-        validate : {"full", "light"}, default "light"
-            ``"full"``: the plan pass also reads every embedding and checks it (null, ragged,
-            dimension, NaN or infinite, all-zero, norm), so bad rows fail before any learning.
-            ``"light"``: the plan pass reads only the small columns (one read of the embeddings
-            less); embeddings are then checked chunk by chunk just before they are learned. With
-            ``diversity_scope="table"`` the plan pass reads (and checks) the embeddings anyway.
-        diversity_scope : {"table", "partition"}, default "table"
-            ``"table"``: near-duplicates (cosine >= ``duplicate_cosine``, estimated from 256-bit
-            SimHash signatures) are found across the whole table in the plan pass, and only the
-            best-quality member of each group stays eligible, so the selection is diverse across
-            partitions. ``"partition"``: each partition is learned on its own (cheaper: no
-            embedding read in the plan pass with ``validate="light"``; right for tables already
-            partitioned by topic).
-        duplicate_cosine : float, default 0.95
-            Near-duplicate threshold of the table scope.
-        explain : bool, default False
-            Also output why each row was selected or not: ``reason`` (``selected``,
-            ``near-duplicate``, ``quality-pruned``, ``quota-exhausted``, ``not-chosen``,
-            ``budget-exhausted``; the user guide's output page says what each means), ``duplicate_of``
-            (the id of the row a near-duplicate stands behind, null otherwise) and ``similarity``
-            (its estimated cosine to that row). The selection is the same either way.
-        memory_budget : int or str, optional
-            Working memory of one selection task beyond its partition, in bytes or as text
-            (``"2GiB"``): chunks and the learner's batches are sized to fit (see
-            :mod:`datamask_dask.plan.memory`), which changes the selection as ``max_chunk_rows``
-            does. Default: no budget; the chunks are the options' and a task whose chunk does not
-            fit in half the per-thread memory limit of the current distributed cluster's workers
-            (most of a GPU's free memory when learning on one) fails before learning, naming the
-            ``max_chunk_rows`` that would fit. ``"off"``: no budget and no check.
+{options}
 
     Returns
     -------
@@ -191,6 +124,11 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
     return apply_plan(ddf, spec, plan, scheduler=options.get("scheduler"))
 
 
+datamask_select.__doc__ = datamask_select.__doc__.replace(
+    "{ratio}", parameters([FIELDS["ratio"]])).replace(
+    "{options}", parameters([FIELDS[name] for name in OPERATOR_KEYS if name != "ratio"], indent=8))
+
+
 def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, scheduler=None, **options):
     """Validate the options against ``ddf``'s schema and build the lazy plan pass.
 
@@ -209,22 +147,14 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     plan : dask.delayed.Delayed
         Computes to the plan dict that :func:`apply_plan` and :func:`select_partition` follow.
     """
-    spec = selection_spec(ddf, ratio, config=config, scheduler=scheduler, **options)
+    _require_dask(ddf)
+    resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
+    spec = make_spec(ddf, resolved, scheduler=scheduler)
     return spec, plan_graph(ddf, spec)
 
 
-def selection_spec(ddf, ratio: float | Mapping | None = None, *, config=None, scheduler=None,
-                   **options) -> SelectSpec:
-    """The spec of :func:`plan_selection` (the options validated against ``ddf``'s schema), without
-    its graph: for :func:`compute_plan`."""
-    _require_dask(ddf)
-    settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
-    ratio_given = ratio is not None or "select_ratio" in options
-    return make_spec(ddf, settings, ratio_given=ratio_given, scheduler=scheduler)
-
-
-def make_spec(ddf, settings: Mapping, *, ratio_given: bool = True, scheduler=None) -> SelectSpec:
-    """Validate resolved settings against a Dask dataframe's schema (no data is read).
+def make_spec(ddf, options: SelectOptions, *, scheduler=None) -> SelectSpec:
+    """Check resolved options against a Dask dataframe's schema (no data is read).
 
     Raises
     ------
@@ -234,7 +164,7 @@ def make_spec(ddf, settings: Mapping, *, ratio_given: bool = True, scheduler=Non
         For the first bad option, or the columns the schema lacks or types wrongly.
     """
     _require_dask(ddf)
-    return spec_from_meta(ddf._meta, settings, ratio_given=ratio_given, scheduler=scheduler)
+    return spec_from_meta(ddf._meta, options, scheduler=scheduler)
 
 
 def _require_dask(ddf) -> None:

@@ -12,25 +12,24 @@ import pyarrow as pa
 
 from .. import progress as progress_bars
 from .. import telemetry
+from ..options import SelectOptions
 from ..partition.select import select_partition
 from ..plan.types import Plan
-from .operator import apply_plan, column_reads, compute_plan, pack_graph, partitions, selection_spec
+from .operator import apply_plan, column_reads, compute_plan, make_spec, pack_graph, partitions
 
 
 class DaskEngine:
-    """Select ``frame`` (a Dask DataFrame) on ``scheduler``, with the options of
-    :func:`~datamask_dask.datamask_select`. ``project``: ``(frame, run_id) -> frame``, the columns the
+    """Select ``frame`` (a Dask DataFrame) on ``scheduler`` with resolved ``options``
+    (:func:`datamask_dask.config.resolve_options`). ``project``: ``(frame, run_id) -> frame``, the columns the
     output keeps where it keeps only the selection's (:func:`datamask_dask.io.tables.selection_columns`)."""
 
     name = "dask"
 
-    def __init__(self, frame, ratio=None, *, config=None, scheduler=None, project=None, **options):
-        self.frame, self.ratio, self.config, self.scheduler = frame, ratio, config, scheduler
-        self.project, self.options = project, options
+    def __init__(self, frame, options: SelectOptions, *, scheduler=None, project=None):
+        self.frame, self.options, self.scheduler, self.project = frame, options, scheduler, project
 
     def plan(self, progress: bool | None = None) -> Plan:
-        spec = selection_spec(self.frame, self.ratio, config=self.config, scheduler=self.scheduler,
-                              **self.options)
+        spec = make_spec(self.frame, self.options, scheduler=self.scheduler)
         return compute_plan(self.frame, spec, scheduler=self.scheduler, progress=progress)  # validates
 
     def schema(self, plan: Plan) -> pa.Schema:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import dask
 
-from ..config import load_config
+from ..config import resolve_options
 from ..errors import DataMaskError, Problem, problems_error
 from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
@@ -89,9 +89,8 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
     report = ValidationReport(partitions=ddf.npartitions,
                               columns={str(c): str(t) for c, t in ddf._meta.dtypes.items()})
     try:
-        settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
-        spec = make_spec(ddf, settings, ratio_given=ratio is not None or "select_ratio" in options,
-                         scheduler=scheduler)
+        resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
+        spec = make_spec(ddf, resolved, scheduler=scheduler)
     except DataMaskError as exc:
         report.problems = list(getattr(exc, "problems", None) or [Problem(str(exc))])
         return report

@@ -4,7 +4,7 @@ With ``diversity_scope="table"`` the plan pass hands each partition the position
 are *shadowed*: near-copies of a better row elsewhere in the table (or in the partition). Shadowed
 rows are left out of the quality sketches, so the quotas stay exact over the rows that remain, and
 the select pass treats them as ineligible; a kept row *stands for* the rows it shadows (its
-weight), and Facility weighs it so (:mod:`datamask_dask.learn.objectives`), so setting the copies
+weight), and Facility weighs it so (:mod:`datamask_dask.learn.metrics`), so setting the copies
 aside does not change which rows the objective asks to cover.
 
 The rule, the same at every size and on every engine: a row is shadowed when a verified better

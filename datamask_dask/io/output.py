@@ -34,6 +34,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -112,14 +113,18 @@ def check_inputs(target: str | os.PathLike, inputs) -> None:
 def library_versions(*extra: str) -> dict:
     """Python's and the libraries' versions for a run record (``extra``: optional ones, None if absent)."""
     import platform
+    from importlib.metadata import PackageNotFoundError, version
 
     from .. import __version__
 
     versions = {"python": platform.python_version(), "datamask-dask": __version__}
     for module in ("numpy", "pandas", "pyarrow", "dask", "distributed", "torch", *extra):
-        try:
-            versions[module] = getattr(__import__(module), "__version__", None)
-        except ImportError:
+        if module in sys.modules:
+            versions[module] = getattr(sys.modules[module], "__version__", None)
+            continue
+        try:  # a library the job did not load is not imported for its version (seconds, for distributed)
+            versions[module] = version(module.replace("_", "-"))
+        except PackageNotFoundError:
             versions[module] = None
     return versions
 

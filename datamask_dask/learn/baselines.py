@@ -1,8 +1,8 @@
 """Selection baselines on the very objective DATAMASK optimises, for comparison.
 
-Every function here scores sets with the joint objective of :mod:`datamask_dask.learn.objectives`,
+Every function here scores sets with the joint objective of :mod:`datamask_dask.learn.metrics`,
 ``f(U) = lamb * Q(U) + (1 - lamb) * D(U)``, so a baseline's selection and a learned mask are
-compared with :func:`~datamask_dask.learn.objectives.evaluate_selection` on equal terms. Every
+compared with :func:`~datamask_dask.learn.metrics.evaluate_selection` on equal terms. Every
 function is ``fn(quality, embeddings, k, *, algorithm=..., lamb=..., seed=..., device=...)`` and
 returns ``k`` distinct int64 row indices in the order they were chosen (:func:`graph_lazy_greedy`
 is Facility's only, without ``algorithm``). Embeddings are
@@ -22,7 +22,8 @@ import torch
 from ..errors import OptionError
 from .engine import _as_inputs, _check_quota, row_weights
 from .knn import top_neighbours
-from .objectives import DiSF, Facility, PairSimi, _mean_one, build_metrics, normalise_quality, resolve_metrics
+from .metrics import DiSF, Facility, PairSimi, build_metrics, normalise_quality, resolve_metrics
+from .metrics.base import mean_one
 
 __all__ = ["DEFAULT_MAX_MEMORY", "graph_lazy_greedy", "greedy", "lazy_greedy", "quality_topk",
            "random_selection", "stochastic_greedy"]
@@ -348,7 +349,7 @@ class _FacilityState:
         else:
             self.ref_emb = emb
         # mean-1 weights of the reference rows (None: each counts once)
-        self.share = None if weights is None else _mean_one(weights).to(emb.dtype)
+        self.share = None if weights is None else mean_one(weights).to(emb.dtype)
         self.emb = emb
         self.best = torch.zeros(size, dtype=emb.dtype, device=emb.device)
         self.block = max(1, _BLOCK_BYTES // (4 * size))  # candidates per block of size x block floats
@@ -425,7 +426,7 @@ class _DisfState:
         for start in range(0, count, self.block):
             y = _take(self.emb, cand, start, start + self.block).double() - self.mean
             var = a * diag + b * y * y
-            # A dimension constant over the set has no correlation (objectives.DiSF leaves it at 0).
+            # A dimension constant over the set has no correlation (metrics.DiSF leaves it at 0).
             inv = torch.where(var > 1e-12, 1.0 / var.clamp(min=1e-12), torch.zeros_like(var))
             t = inv * y
             first = ((inv @ self.cov_sq) * inv).sum(1)

@@ -21,7 +21,15 @@ import torch
 from .. import telemetry
 from ..errors import InputDataError, OptionError
 from ..threads import one_cpu_thread, one_learner_per_gpu
-from .objectives import accepts, build_metrics, normalise_quality, weighted_diversity, weighted_diversity_both
+from .metrics import (
+    EVERY_ROW,
+    MetricSettings,
+    Represented,
+    build_metrics,
+    normalise_quality,
+    weighted_diversity,
+    weighted_diversity_both,
+)
 from .options import DataMaskOptions
 
 MIN_BATCH = 256  # a step's batch never has fewer rows than this (or the whole chunk)
@@ -191,8 +199,7 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     history = torch.zeros(n_steps, device=logits.device)
     if k == n:
         return history, None  # nothing to choose
-    metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours,
-                            _precision(opts.precision, logits.device), opts.exact_neighbours, opts.probes)
+    metrics = build_metrics(opts.metric_weights, _metric_settings(opts, logits.device))
     batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), max_batch)
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
     order = torch.empty(0, dtype=torch.long, device=logits.device)
@@ -286,10 +293,9 @@ def _not_below_quality_topk(q, qn, emb, chosen, reference_rows, opts: DataMaskOp
     for both masks (``HOLDOUT_ROWS`` of them). Both are measured in one product of those rows with the
     rows of either mask (they share most of them), a small part of the learner's time.
     """
-    metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours)
-    sampled = [metric for metric, _ in metrics if metric.uses_reference]
-    if not sampled or not all(accepts(metric.evaluate, "reference") for metric in sampled):
-        return chosen  # nothing learned on the sample, or a user metric that cannot be evaluated on rows
+    metrics = build_metrics(opts.metric_weights)  # only evaluated
+    if not any(metric.uses_reference for metric, _ in metrics):
+        return chosen  # nothing learned on the sample
     n, k = emb.shape[0], chosen.shape[0]
     outside = torch.ones(n, dtype=torch.bool, device=emb.device)
     outside[reference_rows] = False
@@ -328,7 +334,7 @@ def _gain_scaled_lamb(qn, emb, k, opts: DataMaskOptions, weights=None) -> float:
                        device=emb.device, quality_range=(0.0, 1.0), weights=weights).mask
     gen = torch.Generator(device="cpu").manual_seed(opts.seed)
     reference = None if n <= SPREAD_ROWS else torch.randperm(n, generator=gen)[:SPREAD_ROWS].to(emb.device)
-    metrics = build_metrics(opts.metric_weights, opts.reference_size, opts.neighbours)
+    metrics = build_metrics(opts.metric_weights)  # only evaluated
     rows = None if reference is None else emb[reference]
     row_weights = weights if weights is None or reference is None else weights[reference]
 
@@ -344,15 +350,15 @@ def _gain_scaled_lamb(qn, emb, k, opts: DataMaskOptions, weights=None) -> float:
 
 
 def _prepare(metric, emb, gen, reference, positions, weights):
-    """``metric.prepare`` with the arguments it takes: ``reference_rows`` (the reference's positions
-    when it is a sample) and ``weights`` (of the rows to represent) reach only metrics that use the
-    reference and accept them (user metrics written before those arguments keep working)."""
-    extra = {}
-    if positions is not None and metric.uses_reference and accepts(metric.prepare, "reference_rows"):
-        extra["reference_rows"] = positions
-    if weights is not None and metric.uses_reference and accepts(metric.prepare, "weights"):
-        extra["weights"] = weights
-    return metric.prepare(emb, gen, reference, **extra)
+    """``metric.prepare``, told the rows to represent (their positions when they are a sample, and
+    their weights) where it uses them."""
+    represented = Represented(reference, positions, weights) if metric.uses_reference else EVERY_ROW
+    return metric.prepare(emb, gen, represented)
+
+
+def _metric_settings(opts: DataMaskOptions, device: torch.device) -> MetricSettings:
+    return MetricSettings(_precision(opts.precision, device), opts.reference_size, opts.neighbours,
+                          opts.exact_neighbours, opts.probes)
 
 
 def row_weights(weights, n: int, device) -> torch.Tensor | None:

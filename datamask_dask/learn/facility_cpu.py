@@ -1,6 +1,6 @@
 """Facility location's learning step on CPU as one compiled pass over the k-NN graph (numba).
 
-Each step of :class:`~datamask_dask.learn.objectives.Facility` reads the graph (m reference rows x
+Each step of :class:`~datamask_dask.learn.metrics.Facility` reads the graph (m reference rows x
 t neighbours) for every rollout: which neighbours are in U, each reference row's best and second
 best similarity to U, and what each candidate would add or take away. In torch that is about ten
 whole-graph tensor operations a step, each a pass through memory with a temporary of G x m x t

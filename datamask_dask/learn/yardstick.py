@@ -6,7 +6,7 @@ over random it gains too::
 
     share = (f(selection) - f(random)) / (f(baseline) - f(random))
 
-``f`` is the joint objective of :func:`~datamask_dask.learn.objectives.evaluate_selection` over
+``f`` is the joint objective of :func:`~datamask_dask.learn.metrics.evaluate_selection` over
 every row given; ``random`` is the mean of ``seeds`` random picks of the same size; the baseline is
 the better of quality top-k and lazy greedy (plain greedy where no term is lazy; above
 ``greedy_max_work`` multiply-adds, or for Facility where its cache would not hold every row, the
@@ -31,7 +31,7 @@ from .baselines import (
     random_selection,
     stochastic_greedy,
 )
-from .objectives import DiSF, Facility, build_metrics, evaluate_selection, resolve_metrics
+from .metrics import DiSF, Facility, build_metrics, evaluate_selection, resolve_metrics
 
 #: Multiply-adds lazy greedy may cost (n x k candidate scores of d (Pair_simi) or d^2 (DiSF) each, or
 #: Facility's n x |V| x d similarity cache); above it :func:`greedy_pick` falls back.

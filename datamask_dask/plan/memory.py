@@ -37,44 +37,22 @@ from __future__ import annotations
 
 import bisect
 import inspect
+import sys
 from dataclasses import dataclass
 
 from ..errors import OptionError
 from ..learn.options import DataMaskOptions
+from ..options import parse_budget
 
 ROW_BYTES = 128  # bookkeeping per partition row (about a dozen int64/float64/bool arrays)
 CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while it is learned
 STEP_COPIES = 6  # (rollout_chunk x batch x d) float32 temporaries of a DiSF (or unknown) evaluation
 PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
 GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
-EVAL_BLOCK = 4096  # reference rows compared with a batch at once (objectives._EVAL_BLOCK)
+EVAL_BLOCK = 4096  # reference rows compared with a batch at once (metrics.facility._EVAL_BLOCK)
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
 GPU_SHARE = 0.8  # of a GPU's free memory when learning on it (one learner at a time)
-MIN_BUDGET = 2**20  # below this nothing useful fits
 TASK_ROOM = 128 * 2**20  # the least room a worker must leave a task for any partition to be read and learned
-
-
-def parse_budget(value) -> int | None:
-    """Bytes of a ``memory_budget`` option: a number of bytes, or text such as ``"2GiB"``.
-
-    ``None`` and ``"auto"`` mean the default (see :func:`resolve_budget`); ``"off"`` means no
-    bound, returned as ``0``.
-    """
-    from dask.utils import parse_bytes
-
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    if isinstance(value, str) and value.strip().lower() in ("off", "none", "unbounded"):
-        return 0
-    try:
-        budget = parse_bytes(value) if isinstance(value, str) else value
-        valid = not isinstance(budget, bool) and float(budget) == int(budget) and budget >= MIN_BUDGET
-    except (TypeError, ValueError, OverflowError):
-        valid = False
-    if not valid:
-        raise OptionError(f"option memory_budget={value!r} is invalid: expected bytes >= {MIN_BUDGET} "
-                          "(e.g. 4_000_000_000 or '4GiB'), 'auto' or 'off'")
-    return int(budget)
 
 
 def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) -> int | None:
@@ -99,6 +77,8 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
 
 
 def _client(scheduler):
+    if "distributed" not in sys.modules:  # no client can exist, nor a worker: the local defaults
+        return None
     from distributed import Client, default_client, get_worker
 
     if scheduler is not None:  # a Client, or a local scheduler
@@ -267,7 +247,7 @@ def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, re
 
 def metric_kinds(options: DataMaskOptions) -> tuple:
     """``"pair"``, ``"facility"`` or ``"other"`` for each diversity metric of the options."""
-    from ..learn.objectives import Facility, PairSimi, build_metrics
+    from ..learn.metrics import Facility, PairSimi, build_metrics
 
     return tuple("facility" if isinstance(metric, Facility) else "pair" if type(metric) is PairSimi
                  else "other" for metric, _ in build_metrics(options.metric_weights))

@@ -34,6 +34,7 @@ from .. import telemetry
 from ..config import default_settings
 from ..io.output import library_versions, output_lock
 from ..io.records import as_json, dumps
+from ..options import SelectOptions
 from ..plan.types import Plan
 from .summary import SAMPLE_ROWS, part_summary, sample_columns, signature_share, summarise_run
 from .work import FORMAT, WorkArea, now, open_work
@@ -110,15 +111,16 @@ class RunOutcome:
     seconds: float
 
 
-def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summary_rows: int = SAMPLE_ROWS,
-            source: dict | None = None, output: dict | None = None, fingerprint=None,
-            incremental: dict | None = None, project=None, progress: bool | None = None) -> RunOutcome:
+def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True,
+            summary_rows: int = SAMPLE_ROWS, source: dict | None = None, output: dict | None = None,
+            fingerprint=None, incremental: dict | None = None, project=None,
+            progress: bool | None = None) -> RunOutcome:
     """Run a selection on ``engine`` into ``sink`` (see the module notes).
 
     Parameters
     ----------
-    settings : dict
-        The options after profile and config (recorded, and part of the run's identity).
+    options : SelectOptions
+        The options after profile and config (recorded as ``settings``, and part of the run's identity).
     resume : bool
         Reuse the partitions an interrupted run of the same job finished; False starts afresh.
     source, output : dict
@@ -130,6 +132,7 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
         ``(frame, run_id) -> frame``: the columns written, where not every column is.
     """
     start = time.perf_counter()
+    settings = options.to_dict()
     sink.check()  # before anything is computed
     with output_lock(sink.location):
         sink.check()  # as it is now that we hold the lock
@@ -159,10 +162,9 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
         manifest["runs"].append({"started": now(), "computed": todo, "reused": sorted(done)})
         work.write_manifest(manifest)
 
-        seed = int(settings.get("seed") or 0)
+        seed = int(options.learner.seed or 0)
         task = PartTask(work, sink.writer(work), spec, signature_share(plan),
-                        math.ceil(summary_rows / max(len(plan.rows), 1)), seed, project,
-                        settings.get("token_column"))
+                        math.ceil(summary_rows / max(len(plan.rows), 1)), seed, project, options.token_column)
         started = time.perf_counter()
         try:
             markers = {m["partition"]: m for m in engine.run(plan, todo, task, progress)} if todo else {}
@@ -182,7 +184,7 @@ def execute(engine: Engine, sink, settings: dict, *, resume: bool = True, summar
         libraries = [_LIBRARIES[name] for name in (engine.name, sink.format) if name in _LIBRARIES]
         record = as_json({
             "format": FORMAT, "tool": "datamask-dask", "kind": "selection", "run_id": work.run_id,
-            "engine": engine.name, "seed": settings.get("seed"), "profile": settings.get("profile"),
+            "engine": engine.name, "seed": options.learner.seed, "profile": options.profile,
             "settings": settings,  # after profile and config
             "input": {**(source or {}), **identity["input"]},  # with its partitions' rows and digest
             "output": {**(output or {}), "uri": sink.uri, "format": sink.format},

@@ -7,7 +7,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ..config import load_config
+from ..config import resolve_options
 from ..dask_engine.runs import DaskEngine
 from ..io.output import work_location
 from ..io.sinks import ParquetSink
@@ -128,9 +128,9 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     """
     sink = ParquetSink(resolve(path, storage_options), overwrite=overwrite, single_file=single_file,
                        inputs=[input_location])
-    settings = load_config(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
-    engine = DaskEngine(ddf, ratio, config=config, scheduler=scheduler, **options)
-    outcome = execute(engine, sink, settings, resume=resume, summary_rows=summary_rows,
+    resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
+    engine = DaskEngine(ddf, resolved, scheduler=scheduler)
+    outcome = execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,
                       source={"location": None if input_location is None else str(input_location)},
                       output={"single_file": single_file}, fingerprint=input_fingerprint, progress=progress)
     record = outcome.record

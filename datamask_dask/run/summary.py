@@ -207,7 +207,7 @@ def _list_as_arrow(pa_type):
 def compare_on_sample(frame: pd.DataFrame, spec, settings: dict, *, seed: int = 0) -> dict:
     """Objective and near-duplicate pairs of the selection, quality top-k and random on ``frame``."""
     from ..learn.baselines import quality_topk, random_selection
-    from ..learn.objectives import evaluate_selection
+    from ..learn.metrics import evaluate_selection
     from ..partition.checks import quality_values
 
     algorithm, lamb = settings.get("algorithm", "Pair_simi"), float(settings.get("lamb", 0.5))

@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import time
 
-from ..config import load_config
+from ..config import resolve_options
 from ..dask_engine.runs import DaskEngine
 from ..errors import OptionError
 from ..io.tables import open_sink, parse_table_uri, read_table, selection_columns, table_record
@@ -117,15 +117,14 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     if since is not None and not source.files:  # nothing added since the last run: nothing to write
         return TableRunReport(target.uri, 0, 0, "", source.describe(), {}, {}, time.perf_counter() - start)
     frame = source.frame if prepare is None else prepare(source.frame)
-    settings = load_config(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
+    resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
     project = None
     if output_columns == "selection":
-        project = functools.partial(selection_columns, id_column=settings["id_column"],
-                                    selected_column=settings["selected_column"],
-                                    score_column=settings.get("score_column"),
-                                    explain=bool(settings.get("explain")))
-    engine = DaskEngine(frame, ratio, config=config, scheduler=scheduler, project=project, **options)
-    outcome = execute(engine, sink, settings, resume=resume, summary_rows=summary_rows, project=project,
+        project = functools.partial(selection_columns, id_column=resolved.id_column,
+                                    selected_column=resolved.selected_column,
+                                    score_column=resolved.score_column, explain=bool(resolved.explain))
+    engine = DaskEngine(frame, resolved, scheduler=scheduler, project=project)
+    outcome = execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows, project=project,
                       source={**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
                       output={"columns": output_columns, "mode": mode},
                       incremental=None if previous is None else {"since": since,

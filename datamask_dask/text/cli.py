@@ -59,6 +59,13 @@ def add_model_options(parser, *, for_select: bool = False) -> None:
     parser.add_argument("--long-documents", "--long_documents", choices=("truncate", "mean"),
                         default="truncate", help="truncate (default): embed the first --max-tokens tokens; "
                         "mean: average the embeddings of every window of --max-tokens tokens")
+    # Checked after parsing (run_text, embed), so that a wrong value fails in one line naming the flag.
+    # select has the learner's own --precision: the model's is --embed-precision there
+    parser.add_argument("--embed-precision" if for_select else "--precision", dest="embed_precision",
+                        default="auto", metavar="{auto,float32,bfloat16}",
+                        help="the encoder's weights and activations: bfloat16 (pooling and normalisation "
+                        "stay float32; fast on CPUs with bf16 instructions), float32, or auto (default): "
+                        "bfloat16 on such a CPU, float32 elsewhere")
 
 
 def add_text_parsers(subparsers) -> None:
@@ -107,7 +114,7 @@ def fill_text_columns(ddf, args):
     if embedding_column not in ddf.columns:
         ddf = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                     device=device, output_column=embedding_column, max_tokens=args.max_tokens,
-                    long_documents=args.long_documents)
+                    long_documents=args.long_documents, precision=args.embed_precision)
     if isinstance(quality_column, str) and quality_column not in ddf.columns:
         ddf = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                             output_column=quality_column, device=device)
@@ -171,6 +178,13 @@ def run_text(args: argparse.Namespace) -> int:
         print(f"{name}: error: --rows-per-task must be a positive number of rows, got {args.rows_per_task}",
               file=sys.stderr)
         return 1
+    if args.command == "embed":
+        from .embedding import PRECISIONS
+
+        if args.embed_precision not in PRECISIONS:
+            print(f"{name}: error: --precision must be one of {', '.join(PRECISIONS)}, "
+                  f"got {args.embed_precision!r}", file=sys.stderr)
+            return 1
     log_to_stderr(args.verbose, getattr(args, "progress", None))
     source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
     client = None
@@ -189,7 +203,7 @@ def run_text(args: argparse.Namespace) -> int:
         if args.command == "embed":
             out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                         device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,
-                        long_documents=args.long_documents)
+                        long_documents=args.long_documents, precision=args.embed_precision)
         else:
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
@@ -208,6 +222,14 @@ def run_text(args: argparse.Namespace) -> int:
         if client is not None:
             client.close() if args.scheduler else client.shutdown()
     seconds = time.perf_counter() - started
+    how = f"{len(pieces)} tasks"
+    if args.command == "embed":  # as this machine resolves it (a scheduler's workers resolve "auto")
+        from ._common import resolve_device
+        from .embedding import resolve_precision
+
+        precision = args.embed_precision if args.scheduler else \
+            resolve_precision(args.embed_precision, resolve_device(args.device))
+        how += f", precision {precision}"
     print(f"{name}: {rows} rows, column {args.output_column!r} added in {seconds:.1f} s "
-          f"({rows / max(seconds, 1e-9):.1f} rows/s, {len(pieces)} tasks) -> {target}")
+          f"({rows / max(seconds, 1e-9):.1f} docs/s, {how}) -> {target}")
     return 0

@@ -26,10 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
-from datamask_dask.config import load_config
+from datamask_dask.config import resolve_options
 from datamask_dask.errors import InputDataError
 from datamask_dask.io.pieces import Pieces
 from datamask_dask.io.tables import parse_table_uri, table_pieces
+from datamask_dask.options import SelectOptions
 from datamask_dask.partition import adapters
 from datamask_dask.partition.spec import spec_from_meta
 from datamask_dask.plan.reduce import make_plan
@@ -101,8 +102,10 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
         raise InputDataError(f"cannot read the input {source}: {exc}") from None
     inputs = [table.location] if table.format != "iceberg" else []
+    resolved = resolve_options(config, ratio=ratio, **options)
+
     def plan():
-        return plan_files(spark, files, ratio, config=config, **options)[1]
+        return plan_files(spark, files, resolved)[1]
 
     def pack_rows(task):  # a pack's members are read even where an earlier run finished them
         return piece_tasks(spark, files).mapInArrow(_ReadPiece(task, files, task.columns, task.members),
@@ -115,13 +118,13 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
 
     source = {**files.source, "location": os.fspath(source), "read_by": "workers"}
     engine = SparkEngine(plan, tasks, files.schema)
-    return write_run(engine, path, load_config(config, ratio=ratio, **options),
+    return write_run(engine, path, resolved,
                      overwrite=overwrite, resume=resume, inputs=inputs, summary_rows=summary_rows,
                      source=source, storage_options=storage_options)
 
 
-def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):
-    """The plan pass over ``files``' pieces, each read by the task that checks it.
+def plan_files(spark, files: Pieces, options: SelectOptions):
+    """The plan pass of resolved ``options`` over ``files``' pieces, each read by the task that checks it.
 
     Returns
     -------
@@ -129,10 +132,8 @@ def plan_files(spark, files: Pieces, ratio=None, *, config=None, **options):
     plan : dict
         As :func:`datamask_spark.operator.plan_selection`'s, with partition ``k`` = piece ``k``.
     """
-    settings = load_config(config, ratio=ratio, **options)
-    ratio_given = ratio is not None or "select_ratio" in options
     meta = empty_frame(files.schema)
-    spec = spec_from_meta(meta, settings, ratio_given=ratio_given)
+    spec = spec_from_meta(meta, options)
     tasks = piece_tasks(spark, files)
     columns = spec.plan_columns
     schema = pa.schema([files.schema.field(c) for c in columns])

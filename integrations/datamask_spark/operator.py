@@ -62,10 +62,11 @@ import pyarrow as pa
 
 from datamask_dask import errors as _errors
 from datamask_dask import telemetry
-from datamask_dask.config import load_config
+from datamask_dask.config import resolve_options
 from datamask_dask.dedup.search import one_task
 from datamask_dask.errors import DataMaskError
 from datamask_dask.io.pieces import to_pandas
+from datamask_dask.options import SelectOptions
 from datamask_dask.partition import explain
 from datamask_dask.partition.checks import (
     SHOW,
@@ -135,17 +136,21 @@ def plan_selection(sdf, ratio: float | Mapping | None = None, *, config=None, **
     plan : dict
         What :func:`apply_plan` and :func:`~datamask_dask.partition.select.select_partition` follow.
     """
-    settings = load_config(config, ratio=ratio, **options)
-    ratio_given = ratio is not None or "select_ratio" in options
-    spec = spec_from_spark(sdf, settings, ratio_given=ratio_given)
+    return plan_pass(sdf, resolve_options(config, ratio=ratio, **options))
+
+
+def plan_pass(sdf, options: SelectOptions):
+    """The spec and the plan of resolved ``options`` (:func:`datamask_dask.config.resolve_options`) on
+    ``sdf``."""
+    spec = spec_from_spark(sdf, options)
     return spec, make_plan(*plan_inputs(sdf, spec), spec)
 
 
-def spec_from_spark(sdf, settings: Mapping, *, ratio_given: bool = True) -> SelectSpec:
-    """Validate resolved settings against a Spark DataFrame's schema (no data is read)."""
+def spec_from_spark(sdf, options: SelectOptions) -> SelectSpec:
+    """Check resolved options against a Spark DataFrame's schema (no data is read)."""
     if not (hasattr(sdf, "mapInArrow") and hasattr(sdf, "schema")):
         raise TypeError(f"datamask_spark.datamask_select needs a pyspark DataFrame, got {type(sdf).__name__}")
-    return spec_from_meta(empty_frame(arrow_schema(sdf)), settings, ratio_given=ratio_given)
+    return spec_from_meta(empty_frame(arrow_schema(sdf)), options)
 
 
 def apply_plan(sdf, spec: SelectSpec, plan: Plan):

@@ -22,14 +22,15 @@ import logging
 import pyarrow as pa
 
 from datamask_dask import telemetry
-from datamask_dask.config import load_config
+from datamask_dask.config import resolve_options
 from datamask_dask.io.records import plain
 from datamask_dask.io.sinks import ParquetSink
 from datamask_dask.io.storage import resolve
+from datamask_dask.options import SelectOptions
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
 
-from .operator import SelectTask, arrow_schema, partition_number, plan_selection, spark_errors, spark_packs
+from .operator import SelectTask, arrow_schema, partition_number, plan_pass, spark_errors, spark_packs
 
 log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
@@ -76,24 +77,26 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
     ResumeError
         An interrupted run on ``path`` used other options or another input.
     """
+    resolved = resolve_options(config, ratio=ratio, **options)
+
     def plan():
-        return plan_selection(sdf, ratio, config=config, **options)[1]
+        return plan_pass(sdf, resolved)[1]
 
     def tasks(plan, write):
         select = SelectTask(plan, arrow_schema(sdf), spark_packs(sdf, plan, write.todo))
         return sdf.mapInArrow(write.bind(select), RESULT_SCHEMA)
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
-    return write_run(engine, path, load_config(config, ratio=ratio, **options), overwrite=overwrite,
+    return write_run(engine, path, resolved, overwrite=overwrite,
                      resume=resume, inputs=inputs, summary_rows=summary_rows,
                      source={"location": input_location})
 
 
-def write_run(engine: SparkEngine, path, settings: dict, *, overwrite: bool, resume: bool, inputs,
+def write_run(engine: SparkEngine, path, options: SelectOptions, *, overwrite: bool, resume: bool, inputs,
               summary_rows: int, source: dict, storage_options: dict | None = None) -> dict:
     """Run a selection on ``engine`` into the parquet directory ``path``; its run record."""
     sink = ParquetSink(resolve(path, storage_options), overwrite=overwrite, inputs=[str(p) for p in inputs])
-    return execute(engine, sink, settings, resume=resume, summary_rows=summary_rows, source=source).record
+    return execute(engine, sink, options, resume=resume, summary_rows=summary_rows, source=source).record
 
 
 class SparkEngine:

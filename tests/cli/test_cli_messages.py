@@ -44,6 +44,27 @@ def test_help_has_no_markup_and_names_the_defaults():
         assert "default" in line and default in line, line
 
 
+def test_every_option_is_a_flag_that_reaches_the_run(source, tmp_path):
+    """The flags are made from the options' fields: each option has one, with its help text and the parse
+    its type asks for, and what a flag says is what the run records."""
+    from datamask_dask.io.output import read_record
+    from datamask_dask.options import FIELDS
+
+    select = build_parser()._subparsers._group_actions[0].choices["select"]
+    actions = {action.dest: action for action in select._actions}
+    for name, field in FIELDS.items():
+        assert actions[name].help.startswith(field.metadata["help"]), name
+    args = select.parse_args(["--probes", "3", "--refine_lr", "0.7", "--quality-column", "a=1,b=3",
+                              "--no-check-ids", "--explain", "--select_ratio", "0.2", "--final", "topk"])
+    assert (args.probes, args.refine_lr, args.quality_column, args.check_ids, args.explain, args.ratio,
+            args.final) == (3, 0.7, {"a": 1.0, "b": 3.0}, False, True, 0.2, "topk")
+    out = tmp_path / "out"
+    assert main(["select", "--input", str(source), "--output", str(out), *FLAGS, "--probes", "3",
+                 "--final", "topk", "--no-check-ids"]) == 0
+    settings = read_record(out)["settings"]
+    assert (settings["probes"], settings["final"], settings["check_ids"]) == (3, "topk", False)
+
+
 def test_profiles_by_name_and_the_summary_names_it(source, tmp_path, capsys):
     assert main(["select", "--input", str(source), "--output", str(tmp_path / "o1"), *FLAGS]) == 0
     out = capsys.readouterr().out

@@ -55,3 +55,38 @@ def test_a_refused_option_is_told_before_the_input_is_read(args, flag, tmp_path)
     code, loaded, err = _probe(args, tmp_path)
     assert (code, loaded) == (1, [])
     assert err.startswith("datamask: error: ") and flag in err and "does not exist" not in err, err
+
+
+# Each log record of the job, with the heavy modules loaded when it was written.
+JOB_PROBE = f"""
+import json, logging, sys
+from datamask_dask.cli import main
+
+class Loaded(logging.Handler):
+    def emit(self, record):
+        print(json.dumps([record.getMessage(), sorted(m for m in {HEAVY!r} if m in sys.modules)]))
+
+logging.getLogger("datamask_dask").addHandler(Loaded())
+code = main(sys.argv[1:])
+print(json.dumps(["exit", code, "distributed" in sys.modules]))
+"""
+
+
+def test_a_job_says_what_it_does_before_the_heavy_imports(tmp_path):
+    """A job's first line comes before torch and Dask load (seconds); on the threaded scheduler it never
+    imports distributed."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    pq.write_table(pa.table({"chunk_id": np.arange(300), "quality_score": rng.random(300),
+                             "feature_arr": list(rng.standard_normal((300, 8)).astype(np.float32))}),
+                   tmp_path / "in.parquet")
+    command = ["select", "--input", "in.parquet", "--output", "out", "--verbose"]
+    run = subprocess.run([sys.executable, "-c", JOB_PROBE, *command], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    records = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("[")]  # not the result
+    (first, loaded), *_, last = records
+    assert "loading" in first and not {"torch", "pandas", "pyarrow", "dask.dataframe"} & set(loaded), records
+    assert last == ["exit", 0, False], run.stderr

@@ -234,16 +234,18 @@ def test_a_pack_learns_its_members_tensors_where_they_are(corpus):
 def test_facility_chunks_hold_a_number_of_embedding_values(corpus):
     """Facility's default chunk is sized in embedding values (rows x dimension): the more dimensions, the
     fewer rows a chunk or pack holds. A max_chunk_rows given wins, and the other metrics count rows."""
-    from datamask_dask.dask_engine.operator import make_spec, selection_spec
+    from datamask_dask.config import resolve_options
+    from datamask_dask.dask_engine.operator import make_spec
 
     ddf = _from_pandas(corpus, 5)  # 320-row partitions of 16-d rows
-    spec = selection_spec(ddf, 0.1, algorithm="Facility")
+    spec = make_spec(ddf, resolve_options(ratio=0.1, algorithm="Facility"))
     assert spec.max_chunk_rows is None
     assert (spec.chunk_rows(768), spec.chunk_rows(64)) == (100_000, 1_200_000)
-    assert selection_spec(ddf, 0.1, algorithm="Facility", max_chunk_rows=500).chunk_rows(64) == 500
-    assert selection_spec(ddf, 0.1).chunk_rows(64) == load_config()["max_chunk_rows"]  # Pair_simi: rows
+    given = resolve_options(ratio=0.1, algorithm="Facility", max_chunk_rows=500)
+    assert make_spec(ddf, given).chunk_rows(64) == 500
+    assert make_spec(ddf, resolve_options(ratio=0.1)).chunk_rows(64) == load_config()["max_chunk_rows"]
     with pytest.raises(OptionError, match="max_chunk_rows and max_chunk_values are both None"):
-        make_spec(ddf, {**load_config(algorithm="Facility", ratio=0.1), "max_chunk_values": None})
+        resolve_options({"max_chunk_values": None}, algorithm="Facility", ratio=0.1)
 
     def scores(frame, **chunking):
         out = datamask_select(frame, ratio=0.1, algorithm="Facility", score_column="score", **chunking,
@@ -603,6 +605,34 @@ def test_bad_config_files(tmp_path):
     assert load_config(nested)["n_epochs"] == 7
     with dask.config.set({"datamask.n_epochz": 5}), pytest.raises(OptionError, match="dask.config"):
         load_config()
+
+
+def test_each_door_takes_the_options_resolved_once(tmp_path, corpus):
+    """Settings given by keyword, config file, a config's metric section and dask.config resolve to one
+    SelectOptions, which the operator's spec and the run's record are made of."""
+    from datamask_dask import write_selection
+    from datamask_dask.config import resolve_options
+    from datamask_dask.dask_engine.operator import make_spec, plan_selection
+    from datamask_dask.io.records import as_json
+
+    config = tmp_path / "job.yaml"
+    config.write_text(f"n_epochs: {FAST['n_epochs']}\nlamb: 0.6\n"
+                      "algorithms:\n  Facility: {refine_epochs: 3}\n")
+    ddf = dd.from_pandas(corpus, npartitions=2)
+    keywords = {"ratio": 0.2, "lamb": 0.3, "algorithm": "fl", "n_rollout": FAST["n_rollout"]}
+    with dask.config.set({"datamask.max_chunk_rows": 900, "datamask.seed": 5}):
+        options = resolve_options(config, backend="pandas", **keywords)
+        assert (options.learner.lamb, options.learner.n_epochs, options.learner.refine_epochs,
+                options.max_chunk_rows, options.max_chunk_values, options.learner.seed) == (
+            0.3, FAST["n_epochs"], 3, 900, METRIC_DEFAULTS["Facility"]["max_chunk_values"], 5)
+        assert options.ratio_given and options.given == set(keywords)
+        assert resolve_options(options) is options  # resolved options are taken as they are
+        with pytest.raises(OptionError, match="already resolved"):
+            resolve_options(options, lamb=0.1)
+        assert plan_selection(ddf, config=config, **keywords)[0] == make_spec(ddf, options)
+        report = write_selection(ddf, tmp_path / "out", config=config, **keywords)
+    assert report.record["settings"] == as_json(options.to_dict())
+    assert report.record["profile"] == str(config) and report.record["seed"] == 5
 
 
 def test_operator_honours_the_precedence(tmp_path, corpus):

@@ -451,6 +451,7 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     """compute_plan on a cluster: the DataFrame shuffles give the plan the task-to-task wiring and
     the one task give, and they are p2p on the client it is given, though that client is not
     Dask's default."""
+    from datamask_dask.config import resolve_options
     from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import dask_graph as search
     from datamask_dask.dedup import search as one
@@ -458,7 +459,7 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
-    spec = operator.selection_spec(ddf, 0.1)
+    spec = operator.make_spec(ddf, resolve_options(ratio=0.1))
     methods, choose = [], search.shuffle_method
     monkeypatch.setattr(search, "shuffle_method", lambda: methods.append(choose()) or methods[-1])
     plans = {}

@@ -18,7 +18,7 @@ from datamask_dask.learn.baselines import (
     random_selection,
     stochastic_greedy,
 )
-from datamask_dask.learn.objectives import (
+from datamask_dask.learn.metrics import (
     DiversityMetric,
     evaluate_selection,
     normalise_quality,

@@ -10,7 +10,13 @@ import torch
 
 from datamask_dask.errors import DataMaskError, InputDataError, OptionError
 from datamask_dask.learn.engine import learn_mask
-from datamask_dask.learn.objectives import DiversityMetric, Facility, evaluate_selection, register_metric
+from datamask_dask.learn.metrics import (
+    DiversityMetric,
+    Facility,
+    Represented,
+    evaluate_selection,
+    register_metric,
+)
 from datamask_dask.learn.options import DataMaskOptions
 from datamask_dask.sample_data import make_embeddings
 
@@ -264,8 +270,9 @@ def test_facility_measures_two_selections_at_once_as_it_measures_each(weighted, 
     metric = Facility()
     first = rows[:517]
     for second in (rows[517:900], rows[200:701], first.flip(0), rows[3:8]):
-        both = metric.evaluate_both(emb, first, second, reference=reference, weights=weights)
-        each = tuple(metric.evaluate(emb, s, reference=reference, weights=weights) for s in (first, second))
+        represented = Represented(rows=reference, weights=weights)
+        both = metric.evaluate_both(emb, first, second, represented)
+        each = tuple(metric.evaluate(emb, s, represented) for s in (first, second))
         assert both == each
 
 

@@ -12,7 +12,7 @@ import torch
 
 from datamask_dask.learn.baselines import stochastic_greedy
 from datamask_dask.learn.engine import learn_mask
-from datamask_dask.learn.objectives import DiversityMetric, Facility, evaluate_selection
+from datamask_dask.learn.metrics import EVERY_ROW, DiversityMetric, Facility, Represented, evaluate_selection
 from datamask_dask.sample_data import make_embeddings
 
 
@@ -85,27 +85,30 @@ def test_sampled_reference_rows_never_represent_themselves():
     q, e = make_embeddings(500, 16, seed=0)
     emb = torch.as_tensor(e)
     rows = torch.arange(0, 500, 5)
-    values, neighbours, sampled, *_ = Facility(neighbours=8).prepare(emb, torch.Generator().manual_seed(0),
-                                                                 emb[rows], reference_rows=rows)
-    assert sampled
-    assert (values[neighbours == rows[:, None]] == 0).all()
-    assert (neighbours == rows[:, None]).any(1).all()  # each found itself, and it was zeroed
+    generator = torch.Generator().manual_seed(0)
+    state = Facility(neighbours=8).prepare(emb, generator, Represented(emb[rows], rows))
+    assert state.sampled
+    assert (state.values[state.neighbours == rows[:, None]] == 0).all()
+    assert (state.neighbours == rows[:, None]).any(1).all()  # each found itself, and it was zeroed
 
 
-class _OldStyleReferenceMetric(DiversityMetric):
-    """A user metric that uses the reference but predates ``reference_rows``."""
+class _CentreMetric(DiversityMetric):
+    """A user metric that uses the reference: how close the selection's mean is to the represented rows'."""
 
     uses_reference = True
+    told = []  # the represented rows' counts each prepare was given (None: the batch itself)
 
-    def prepare(self, emb, generator, reference=None):
-        return (emb if reference is None else reference).mean(0)
+    def prepare(self, emb, generator, represented=EVERY_ROW):
+        self.told.append(None if represented.rows is None else represented.rows.shape[0])
+        return (emb if represented.rows is None else represented.rows).mean(0)
 
     def rewards(self, emb, idx, state):
         return -(emb[idx].mean(1) - state).pow(2).sum(1)
 
 
-def test_user_metric_without_reference_rows_still_works():
+def test_a_user_metric_is_told_the_rows_to_represent():
     q, e = make_embeddings(1_000, 16, seed=0)
-    mask = learn_mask(q, e, 100, algorithm=_OldStyleReferenceMetric(), refine_reference=200,
-                      refine_epochs=5).mask
+    metric = _CentreMetric()
+    mask = learn_mask(q, e, 100, algorithm=metric, lamb=0.2, refine_reference=200, refine_epochs=5).mask
     assert mask.sum() == 100
+    assert 200 in metric.told  # the refinement's reference sample

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamask_dask.learn.objectives import DiSF, Facility, PairSimi
+from datamask_dask.learn.metrics import DiSF, Facility, PairSimi, Represented
 from datamask_dask.sample_data import make_embeddings
 
 
@@ -90,10 +90,10 @@ def test_facility_compiled_step_gives_the_torch_steps_bits(monkeypatch, neighbou
     g = torch.Generator().manual_seed(0)
     weights = (1 + torch.randint(0, 4, (3000,), generator=g)).float() if weighted else None
     metric = Facility(neighbours=neighbours, exact_max=1000, probes=1)
-    state = metric.prepare(emb, g, reference=emb, weights=weights)
+    state = metric.prepare(emb, g, Represented(rows=emb, weights=weights))
     idx = torch.stack([torch.randperm(3000, generator=g)[:300] for _ in range(3)])
     member = torch.zeros(3, 3000, dtype=torch.bool).scatter_(1, idx, True)
-    assert facility_cpu.available(state[0])
+    assert facility_cpu.available(state.values)
     compiled = metric.rewards_and_gains(emb, idx, state, member), metric.rewards(emb, idx, state)
     monkeypatch.setattr(facility_cpu, "available", lambda values: False)
     reference = metric.rewards_and_gains(emb, idx, state, member), metric.rewards(emb, idx, state)

@@ -12,7 +12,7 @@ from datamask_dask.learn.baselines import (
     stochastic_greedy,
 )
 from datamask_dask.learn.engine import learn_mask
-from datamask_dask.learn.objectives import evaluate_selection
+from datamask_dask.learn.metrics import evaluate_selection
 from datamask_dask.learn.yardstick import measure, term_shares
 from datamask_dask.sample_data import make_embeddings
 

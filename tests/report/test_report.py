@@ -146,7 +146,7 @@ def test_facility_coverage_on_the_sample_is_measured_on_reference_rows(monkeypat
     for every pick: close to the whole sample's value, and the sample's record says so."""
     from types import SimpleNamespace
 
-    from datamask_dask.learn.objectives import evaluate_selection
+    from datamask_dask.learn.metrics import evaluate_selection
     from datamask_dask.run import summary
 
     frame = make_corpus(3000, 16, seed=4)
@@ -343,7 +343,8 @@ def _browser():
         path = shutil.which(name)
         if path:
             return path
-    pytest.skip("chromium is not installed")
+    pytest.skip("no headless browser (chromium) is installed: scripts/setup.sh installs Debian's chromium "
+                "when run as root, or install it with the system's package manager")
 
 
 _PROBE = """<script>

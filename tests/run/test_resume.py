@@ -211,13 +211,13 @@ def test_fingerprint_does_not_depend_on_block_sizes():
     or BLAS threads of the run: a float32 matrix product's rounding depends on them."""
     import torch
 
-    from datamask_dask.config import load_config
+    from datamask_dask.config import resolve_options
     from datamask_dask.partition.checks import embedding_problems
     from datamask_dask.partition.spec import spec_from_meta
     from datamask_dask.sample_data import make_corpus
 
     frame = make_corpus(3000, 768, seed=0)
-    spec = spec_from_meta(frame.iloc[:0], load_config(None, ratio=0.1))
+    spec = spec_from_meta(frame.iloc[:0], resolve_options(None, ratio=0.1))
     threads = torch.get_num_threads()
     runs = []
     try:

@@ -168,6 +168,30 @@ def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parq
     assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
 
 
+def test_spark_doors_take_the_options_the_dask_door_resolves(sdf, parquet_dir, tmp_path):
+    """Settings given by keyword, config file, a config's metric section and dask.config resolve alike on
+    the Spark operator, the Spark writer and the Dask operator (Spark names no backend)."""
+    import dask
+    from datamask_spark import operator as spark_operator
+    from datamask_spark.writer import write_selection
+
+    from datamask_dask.config import resolve_options
+    from datamask_dask.dask_engine.operator import plan_selection
+    from datamask_dask.io.records import as_json
+
+    config = tmp_path / "job.yaml"
+    config.write_text(f"n_epochs: {FAST['n_epochs']}\nalgorithms:\n  Facility: {{refine_epochs: 3}}\n")
+    keywords = {"ratio": 0.2, "lamb": 0.3, "algorithm": "fl", "n_rollout": FAST["n_rollout"]}
+    with dask.config.set({"datamask.max_chunk_rows": 900, "datamask.seed": 5}):
+        options = resolve_options(config, **keywords)
+        spec = spark_operator.plan_selection(sdf, config=config, **keywords)[0]
+        assert spec == plan_selection(datamask_dask.read_parquet(parquet_dir), config=config, **keywords)[0]
+        record = write_selection(sdf, tmp_path / "out", config=config, **keywords)
+    learner = spec.options
+    assert (learner.lamb, learner.refine_epochs, learner.seed, spec.max_chunk_rows) == (0.3, 3, 5, 900)
+    assert record["settings"] == as_json(options.to_dict())
+
+
 def _lang_tokens(frame):
     ids = frame["chunk_id"].to_numpy()
     return frame.assign(lang=np.where(ids % 3 == 0, "de", "en"), n_tokens=ids % 50 + 10)

@@ -272,18 +272,23 @@ def test_an_interrupted_score_reuses_its_finished_parts(tmp_path, monkeypatch, c
 
 
 @pytest.mark.slow
-def test_a_killed_score_process_resumes_from_its_finished_parts(tmp_path):
-    """``datamask score`` killed (SIGKILL, as on a lost machine) once some of its parts are written: the
-    same command again reuses them, and its output is the uninterrupted run's, byte for byte."""
+@pytest.mark.parametrize(("verb", "copies", "rows_per_task", "flags"), [
+    ("score", 4000, 1000, []),
+    ("embed", 20, 10, ["--max-tokens", "64"]),  # the model: a small corpus in many small parts
+])
+def test_a_killed_text_process_resumes_from_its_finished_parts(tmp_path, verb, copies, rows_per_task, flags):
+    """``datamask score`` / ``embed`` killed (SIGKILL, as on a lost machine) once some of its parts are
+    written: the same command again says it resumes, reuses them, and its output is the uninterrupted
+    run's, byte for byte."""
     import os
     import signal
     import time
 
     source = tmp_path / "in.parquet"
-    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * 4000)]
+    texts = [f"{text} ({i})" for i, text in enumerate(TEXTS * copies)]
     pd.DataFrame({"chunk_id": range(len(texts)), "text": texts}).to_parquet(source)
-    command = [sys.executable, "-m", "datamask_dask.cli", "score", "--input", str(source), "--rows-per-task",
-               "1000", "--output"]
+    command = [sys.executable, "-m", "datamask_dask.cli", verb, "--input", str(source), "--rows-per-task",
+               str(rows_per_task), *flags, "--output"]
     whole = subprocess.run([*command, str(tmp_path / "whole")], capture_output=True, text=True, timeout=600)
     assert whole.returncode == 0, whole.stderr
     out = tmp_path / "out"
@@ -300,9 +305,54 @@ def test_a_killed_score_process_resumes_from_its_finished_parts(tmp_path):
     assert rerun.returncode == 0 and "Traceback" not in rerun.stderr, rerun.stderr
     assert "resuming: " in rerun.stderr and " parts already done" in rerun.stderr
     parts = sorted(p.name for p in (tmp_path / "whole").glob("part.*.parquet"))
-    assert len(parts) == -(-len(texts) // 1000)
+    assert len(parts) == -(-len(texts) // rows_per_task)
     assert all((out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes() for name in parts)
     assert not list(tmp_path.glob(".out.datamask-write-*"))
+
+
+def _corpus(n: int) -> pd.DataFrame:
+    sys.path.insert(0, str(EXAMPLE.parent))
+    try:
+        from text_pipeline import build_corpus
+    finally:
+        sys.path.pop(0)
+    return build_corpus(n, seed=0)
+
+
+def _nearest(vectors: np.ndarray, k: int = 10) -> np.ndarray:
+    sims = vectors @ vectors.T
+    np.fill_diagonal(sims, -np.inf)
+    return np.argsort(-sims, axis=1, kind="stable")[:, :k]
+
+
+def test_bfloat16_keeps_each_documents_nearest_neighbours():
+    """The fast path on real paragraphs: unit-length float32 vectors whose 10 nearest neighbours are,
+    nearly all, those of the float32 model."""
+    from datamask_dask.text.embedding import encode
+
+    texts = _corpus(300)["text"].tolist()
+    full = encode(texts, device="cpu", precision="float32")
+    fast = encode(texts, device="cpu", precision="bfloat16")
+    assert fast.dtype == np.float32 and fast.shape == full.shape
+    np.testing.assert_allclose(np.linalg.norm(fast, axis=1), 1.0, atol=1e-5)
+    assert np.abs(fast - full).max() > 0  # another computation, not the float32 one again
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(_nearest(full), _nearest(fast), strict=True)])
+    assert recall >= 0.95
+
+
+def test_an_invalid_precision_is_named_in_one_line(tmp_path, capsys):
+    from datamask_dask.errors import OptionError
+
+    source = tmp_path / "in.parquet"
+    pd.DataFrame({"text": TEXTS}).to_parquet(source)
+    out = tmp_path / "out"
+    assert main(["embed", "--input", str(source), "--output", str(out), "--precision", "int4"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--precision" in err and "'int4'" in err and "bfloat16" in err
+    assert not out.exists()
+    ddf = dd.from_pandas(pd.DataFrame({"text": TEXTS}), npartitions=1)
+    with pytest.raises(OptionError, match="precision must be one of"):
+        embed(ddf, precision="fp16")
 
 
 def test_one_file_one_row_group_is_split_over_the_cores(tmp_path, capsys):
