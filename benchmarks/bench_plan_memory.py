@@ -68,7 +68,8 @@ def main() -> None:
                              capture_output=True, text=True, check=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(runs[-1], flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results[args.label] = {"commit": commit, "scheduler": "threads", "runs": runs}
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
