@@ -217,17 +217,33 @@ def rereads(vectors: list) -> list:
     """Per Delayed partition read of ``vectors``: a :class:`_Reread` of it, or the Delayed itself
     where its graph holds persisted futures (their data already live on the cluster, and a future
     cannot be read inside another task)."""
+    from dask.core import get_dependencies
+
     try:
         from distributed import futures_of
     except ImportError:  # no distributed: nothing can be persisted
         def futures_of(_):
             return []
+    # the reads' layers merged once (they share most of them): culling each read's own graph
+    # would walk the table's graph once a partition
+    graph, seen = {}, set()
+    for v in vectors:
+        for layer in v.__dask_graph__().layers.values():
+            if id(layer) not in seen:
+                seen.add(id(layer))
+                graph.update(layer)
     found = []
     for v in vectors:
         if futures_of(v):
             found.append(v)
-        else:
-            found.append(_Reread(dict(v.__dask_graph__().cull({v.key})), v.key))
+            continue
+        culled, todo = {}, [v.key]
+        while todo:  # the read's own tasks
+            key = todo.pop()
+            if key not in culled:
+                culled[key] = graph[key]
+                todo.extend(get_dependencies(graph, key))
+        found.append(_Reread(culled, v.key))
     return found
 
 
@@ -249,7 +265,7 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
     token = tokenize(inputs, cosine, rows, vectors)
-    exact = vectors is not None
+    exact, held = vectors is not None, []
     layer = f"{_PREFIX}-{token}"
     dsk: dict = {}
 
@@ -288,7 +304,10 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
     if exact:  # each row shard's candidates to the vector blocks of their better rows, then of their worse
         per = PARTITIONS_PER_SHARD
         blocks, firsts = shard_count(n_parts, per), range(0, n_parts, per)
-        reads = [r if isinstance(r, _Reread) else r.key for r in rereads(vectors)]
+        found = rereads(vectors)
+        reads = [r if isinstance(r, _Reread) else r.key for r in found]
+        # persisted reads are the graph's dependencies; the others run inside the block tasks
+        held = [v for v, r in zip(vectors, found, strict=True) if not isinstance(r, _Reread)]
         asked = [task("requests", (s,), request_vectors, edges[s], blocks, per) for s in range(row_shards)]
         attached = [task("attach", (t,), attach_block, [pick(a, t) for a in asked], reads[first:first + per],
                          first, blocks, per) for t, first in enumerate(firsts)]
@@ -306,9 +325,6 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
     delivered = [pick(task("deliver", (s,), deliver, parents[s], [r[s] for r in roots],
                            [pick(p, s) for p in pending], n_parts), "pieces") for s in range(row_shards)]
     groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
-    # the vectors' reads run inside the exact check's tasks, except persisted ones (their futures)
-    held = [v for v, r in zip(vectors or [], rereads(vectors or []), strict=True)
-            if not isinstance(r, _Reread)]
     depends = [*inputs, *([] if rows is None else [rows]), *held]
     graph = HighLevelGraph.from_collections(layer, dsk, dependencies=depends)
     return [Delayed(key, graph, layer=layer) for key in groups]
