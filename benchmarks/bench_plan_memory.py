@@ -1,40 +1,52 @@
 """Peak resident memory of the plan pass in table scope (the near-duplicate search with its exact
 check) on the threaded scheduler, as the table grows past one vector block of partitions.
 
-Each run is a fresh process: the table is built in memory (a pandas frame, Arrow embeddings, a
-share of near-copies so the exact check has candidates to read), the libraries warmed on a small
-table, then the peak resident memory of ``compute_plan`` above the process's memory once loaded
-(Linux's VmHWM, reset through /proc/self/clear_refs) is recorded with the table's embedding bytes.
-Run it from the checkout to measure (``--label`` names the commit measured); results go to
-benchmarks/results/plan-memory.json (keyed by label) and are rendered by render.py.
+Each run is a fresh process: the table is written as parquet, one file a partition (Arrow
+embeddings, a share of near-copies so the exact check has candidates to read), the libraries
+warmed on a small table, then the peak resident memory of ``compute_plan`` over the files above the
+process's memory before it (Linux's VmHWM, reset through /proc/self/clear_refs) is recorded with
+the table's embedding bytes.
+Each checkout of ``--trees`` (``name=path``, this one by default) is measured in turn with its
+own package; ``--json`` appends the table to a results file that render.py writes onto
+docs/benchmarks.md.
 
-    PYTHONPATH=.:integrations python benchmarks/bench_plan_memory.py --label precise-dups
+    python benchmarks/bench_plan_memory.py --trees main=/tmp/wt-main this=. --json \
+        benchmarks/results/plan-memory.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "plan-memory.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import record  # noqa: E402
 
 SCRIPT = r"""
-import json, sys
-import dask, dask.dataframe as dd, numpy as np, pandas as pd, pyarrow as pa
+import gc, json, sys, tempfile
+import dask, dask.dataframe as dd, numpy as np, pandas as pd, pyarrow as pa, pyarrow.parquet as pq
 from datamask_dask.dask_engine.operator import compute_plan, plan_selection
 from datamask_dask.sample_data import make_embeddings
 
-n_parts, rows, dim = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+n_parts, rows, dim, share = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
 
 def table(n_parts, rows):
-    quality, emb = make_embeddings(n_parts * rows, dim, duplicate_share=0.2, seed=0)
-    vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb.ravel()), dim)
-    frame = pd.DataFrame({"chunk_id": np.arange(len(quality)), "quality_score": quality.astype(np.float64),
-                          "feature_arr": pd.arrays.ArrowExtensionArray(vectors)})
-    return dd.from_pandas(frame, npartitions=n_parts, sort=False), emb.nbytes
+    quality, emb = make_embeddings(n_parts * rows, dim, duplicate_share=share, seed=0)
+    folder = tempfile.mkdtemp()
+    for p in range(n_parts):  # one file a partition: the reads are the plan pass's own
+        span = slice(p * rows, (p + 1) * rows)
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(emb[span].ravel()), dim)
+        pq.write_table(pa.table({"chunk_id": np.arange(span.start, span.stop), "quality_score":
+                                 quality[span].astype(np.float64), "feature_arr": vectors}),
+                       f"{folder}/part-{p:05d}.parquet")
+    nbytes = emb.nbytes
+    del quality, emb
+    gc.collect()
+    return dd.read_parquet(folder), nbytes
 
 def plan(ddf):
     spec, _ = plan_selection(ddf, ratio=0.1, diversity_scope="table")
@@ -55,25 +67,42 @@ print(json.dumps({"partitions": n_parts, "rows": n_parts * rows, "dim": dim,
 """
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", required=True, help="the commit or branch measured")
+    parser.add_argument("--trees", nargs="+", default=["this=."], help="name=path of each checkout measured")
     parser.add_argument("--rows", type=int, default=4000, help="rows per partition")
     parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--partitions", type=int, nargs="+", default=[4, 16, 32])
-    args = parser.parse_args()
-    runs = []
-    for n_parts in args.partitions:
-        out = subprocess.run([sys.executable, "-c", SCRIPT, str(n_parts), str(args.rows), str(args.dim)],
-                             capture_output=True, text=True, check=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(runs[-1], flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    results[args.label] = {"commit": commit, "scheduler": "threads", "runs": runs}
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    parser.add_argument("--partitions", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--shares", type=float, nargs="+", default=[0.05, 0.2],
+                        help="shares of rows that are copies")
+    parser.add_argument("--json", help="append the results to this file (benchmarks/results/...)")
+    args = parser.parse_args(argv)
+    lines = ["#### Plan pass memory in table scope (threaded scheduler)", "",
+             f"{args.rows} rows a partition, {args.dim} dimensions, parquet files; peak resident memory "
+             "of the plan pass above the process's before it, beside the table's embeddings:", "",
+             "| checkout | commit | copies | partitions | embeddings MiB | peak MiB |",
+             "|---|---|---:|---:|---:|---:|"]
+    for name, tree in (t.split("=", 1) for t in args.trees):
+        tree = Path(tree).resolve()
+        env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'integrations'}"}
+        commit = record.commit(tree)
+        for share in args.shares:
+            for n_parts in args.partitions:
+                argv_run = [str(n_parts), str(args.rows), str(args.dim), str(share)]
+                out = subprocess.run([sys.executable, "-c", SCRIPT, *argv_run], capture_output=True,
+                                     text=True, check=True, env=env, cwd=tree)
+                run = json.loads(out.stdout.strip().splitlines()[-1])
+                peak = run["peak_above_loaded_bytes"] / 2**20
+                lines.append(f"| {name} | `{commit}` | {share:.0%} | {n_parts} | "
+                             f"{run['embedding_bytes'] / 2**20:.0f} | {peak:.0f} |")
+                print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    print(text)
+    if args.json:
+        record.append(args.json, command=record.command("bench_plan_memory.py", argv),
+                      data={"table": {"rows a partition": args.rows, "dimensions": args.dim}}, markdown=text)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
