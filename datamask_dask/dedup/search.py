@@ -14,15 +14,16 @@ lead to it within ``ROUNDS`` steps. On a chain ``a ~ b ~ c`` with ``a`` and ``c`
 near-duplicates, ``b`` at the bottom is shadowed by the better of the two, and ``a`` and ``c`` both
 stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`)
 and the ``by`` group, in the pairs of :func:`~datamask_dask.dedup.stages.bucket_edges`, within
-:func:`~datamask_dask.dedup.stages.candidate_limit`. Where the partitions carry their embeddings
-(the plan pass), a row's ``CANDIDATES`` best candidates (by quality) are verified on the exact
-cosine of the two embeddings (:func:`~datamask_dask.dedup.stages.confirm_edges`), and the
-signatures only find candidates; without them, a candidate is verified on the signatures.
+:func:`~datamask_dask.dedup.stages.candidate_limit`. Where the embeddings are at hand (the plan
+pass reads them again for the candidates' rows), a row's ``CANDIDATES`` best candidates (by
+quality) are verified on the exact cosine of the two embeddings
+(:func:`~datamask_dask.dedup.stages.confirm_edges`), and the signatures only find candidates;
+without them, a candidate is verified on the signatures.
 
 :func:`find_groups` applies it in one process, compiled with numba: it holds every row's signature,
 quality and group (about 44 bytes a row) and, per band, a key and a few words a row; with
 embeddings, each row's candidates (:func:`candidate_edges`, which the Dask graph runs as one task
-while the exact check runs in vector shards, so no task holds the table's embeddings). The sharded
+while the exact check runs in vector blocks, so no task holds the table's embeddings). The sharded
 stages of :mod:`datamask_dask.dedup.stages` find the same groups with no task holding more than a
 shard; :func:`one_task` picks between them by the partitions alone, when the graph is built.
 """
