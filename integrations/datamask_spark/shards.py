@@ -68,6 +68,7 @@ EDGE_SCHEMA = "worse long, better long, quality double"
 PIECE_SCHEMA = "shard int, piece binary"  # a pickled piece for a vector block: embeddings or edges
 PARENT_SCHEMA = "child long, parent long"
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
+_PIECE_ROWS = 1 << 14  # rows of unit embeddings a VectorRows piece holds
 
 
 def searched_summaries(scans, cosine: float, n_rows: int, n_parts: int, vectors):
@@ -236,8 +237,8 @@ class SearchInputs:
 
 class VectorRows:
     """A ``mapInArrow`` function over the input's embedding column: its partition's unit embeddings
-    of the ``wanted`` rows (positions per partition; None: every row) as one piece for the
-    partition's vector block, read a batch of rows at a time."""
+    of the ``wanted`` rows (positions per partition; None: every row) as pieces for the partition's
+    vector block, ``_PIECE_ROWS`` rows each."""
 
     def __init__(self, wanted: dict | None = None):
         self.wanted = wanted
@@ -256,9 +257,10 @@ class VectorRows:
             return
         series = to_pandas(pa.Table.from_batches(batches)).iloc[:, 0]
         positions = np.arange(len(series)) if positions is None else positions
-        piece = read_rows(series, number, positions)
-        yield pa.RecordBatch.from_pydict({"shard": pa.array([number // PARTITIONS_PER_SHARD], pa.int32()),
-                                          "piece": pa.array([pickle.dumps(piece, protocol=5)], pa.binary())})
+        shard = pa.array([number // PARTITIONS_PER_SHARD], pa.int32())
+        for start in range(0, positions.size, _PIECE_ROWS):  # pieces well under Arrow's 2 GiB a value
+            piece = pickle.dumps(read_rows(series, number, positions[start:start + _PIECE_ROWS]), protocol=5)
+            yield pa.RecordBatch.from_pydict({"shard": shard, "piece": pa.array([piece], pa.binary())})
 
 
 def _pieces(pieces: list) -> pa.RecordBatch:
