@@ -205,8 +205,12 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     # that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
     threads = max(1, min(BAND_THREADS, os.cpu_count() or 1, n_bands))
 
+    # with several candidates a row, ranks in 32 bits where they fit: the threads' lists are the
+    # search's largest arrays
+    slots = np.int32 if keep > 1 and n < 2**31 - 1 else np.int64
+
     def run(first: int) -> np.ndarray:
-        best = np.full((n, keep), n, dtype=np.int64)
+        best = np.full((n, keep), n, dtype=slots)
         for band in range(first, n_bands, threads):
             tables = _byte_tables(plan["positions"][band])
             touched = np.array(sorted(tables), dtype=np.int64)  # the signature bytes the band reads
@@ -226,10 +230,14 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     if keep == 1:
         best = np.minimum.reduce(found)[:, 0]
         return {"parent": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
-    # the threads' lists merged: each row's keep lowest distinct ranks
-    best = np.sort(np.concatenate(found, axis=1), axis=1)
-    best[:, 1:][best[:, 1:] == best[:, :-1]] = n
-    best = np.sort(best, axis=1)[:, :keep]
+    # the threads' lists merged two at a time (the lowest distinct ranks of the lowest are the
+    # lowest), so the merge holds two lists, not all of them side by side
+    best = found.pop()
+    while found:
+        merged = np.sort(np.concatenate([best, found.pop()], axis=1), axis=1)
+        merged[:, 1:][merged[:, 1:] == merged[:, :-1]] = n
+        best = np.sort(merged, axis=1)[:, :keep]
+        del merged
     return {"candidates": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
 
 
