@@ -179,7 +179,8 @@ def stack_parts(parts: list[dict]) -> dict:
 def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     """``{"parent": each row's parent}``: its best verified better near-duplicate, a row number, or
     -1 for a kept row; with ``keep`` > 1, ``{"candidates": (n, keep)}``: each row's ``keep`` best
-    candidate parents within the exact check's candidate limit, best first, -1 padded. ``table``:
+    candidate parents within the exact check's candidate limit, best first, -1 padded (int32 below
+    2**31 rows). ``table``:
     :func:`stack_parts`. Needs numba."""
     quality = table["quality"]
     n = quality.shape[0]
@@ -234,11 +235,15 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     # lowest), so the merge holds two lists, not all of them side by side
     best = found.pop()
     while found:
-        merged = np.sort(np.concatenate([best, found.pop()], axis=1), axis=1)
+        merged = np.concatenate([best, found.pop()], axis=1)
+        merged.sort(axis=1)  # in place: the merge's copies are the search's peak
         merged[:, 1:][merged[:, 1:] == merged[:, :-1]] = n
-        best = np.sort(merged, axis=1)[:, :keep]
+        merged.sort(axis=1)
+        best = np.ascontiguousarray(merged[:, :keep])
         del merged
-    return {"candidates": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
+    candidates = by_rank.astype(slots)[np.minimum(best, n - 1)]  # row numbers, in the ranks' width
+    candidates[best >= n] = -1
+    return {"candidates": candidates}
 
 
 @functools.cache
