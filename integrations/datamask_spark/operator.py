@@ -180,9 +180,10 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
         # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
         # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
         ids = pool.submit(id_report, sdf, spec.id_column) if spec.check_ids else None
-        vectors = projected.select(_col(spec.embedding_column))  # the exact check reads it again
-        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec,
-                                   vectors=lambda read: vectors.mapInArrow(read, PIECE_SCHEMA))
+        def vectors(read):  # the exact check reads the embeddings again (table scope), as the scans did
+            return sdf.select(_col(spec.embedding_column)).mapInArrow(read, PIECE_SCHEMA)
+
+        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec, vectors=vectors)
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
