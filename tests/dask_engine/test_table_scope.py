@@ -312,7 +312,7 @@ def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method, exa
     """Every wiring of the search (one task: its candidates, with ``exact``) gives the in-process
     stages' groups, whatever order a shuffle delivers rows in (the DataFrame shuffles: in memory on
     the synchronous scheduler, p2p on a cluster); with the embeddings, checked on exact cosine in
-    vector shards."""
+    vector blocks whose tasks read their partitions again (the Delayed reads run inside them)."""
     import dask
 
     from datamask_dask.dedup import dask_graph as search
