@@ -226,11 +226,11 @@ def rereads(vectors: list) -> list:
             return []
     # the reads' layers merged once (they share most of them): culling each read's own graph
     # would walk the table's graph once a partition
-    graph, seen = {}, set()
+    graph, seen = {}, {}
     for v in vectors:
         for layer in v.__dask_graph__().layers.values():
             if id(layer) not in seen:
-                seen.add(id(layer))
+                seen[id(layer)] = layer  # kept alive: a graph made on the fly frees its layers, and ids recur
                 graph.update(layer)
     found = []
     for v in vectors:
