@@ -279,8 +279,10 @@ def main(argv=None) -> int:
             base = number * args.rows_per_partition
             planted.append((base + rows, base - args.rows_per_partition + sources, cosines))
         previous = emb
+        # the embeddings too, as the plan pass hands them over (a package that confirms candidates
+        # on exact cosine reads them; one that does not leaves them)
         parts.append({"quality": quality, "codes": np.zeros(len(quality), dtype=np.int64), "labels": [None],
-                      "signatures": duplicates.signatures(emb, planes)})
+                      "signatures": duplicates.signatures(emb, planes), "embeddings": emb})
     made = time.perf_counter() - started
     del previous
     n = sum(len(p["quality"]) for p in parts)
@@ -330,8 +332,13 @@ def _one_task_search():
         return duplicates.find_groups, components
     from datamask_dask.dedup import search
 
-    def parents(parts):
-        parent = search.table_parents(search.stack_parts(parts))["parent"]
+    def parents(parts):  # each row's parent from the groups, whichever rule made them
+        sizes = [len(p["quality"]) for p in parts]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        parent = np.full(int(offsets[-1]), -1, dtype=np.int64)
+        for number, group in enumerate(search.find_groups(parts)):
+            ref = np.asarray(group.parent, dtype=np.int64)
+            parent[offsets[number] + np.asarray(group.shadowed)] = offsets[ref >> 32] + (ref & 0xFFFFFFFF)
         root = np.where(parent < 0, np.arange(parent.size), parent)
         while True:
             jumped = root[root]

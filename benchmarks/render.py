@@ -130,7 +130,8 @@ def suite(runs: list[dict]) -> list[str]:
 SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suite,
             **{name: tables for name in ("pipeline", "gpu", "ceiling", "duplicates", "table-scale",
                                          "search-graph", "spark", "storage", "conformance", "text-speed",
-                                         "embed-speed", "rounds", "workers", "cli-start")}}
+                                         "embed-speed", "rounds", "workers", "cli-start",
+                                         "near-duplicates-text", "plan-memory")}}
 
 
 def render(page: str) -> str:

@@ -270,7 +270,10 @@ def plan_graph(ddf, spec: SelectSpec):
             for i, part in enumerate(parts)]
         inputs = [dask.delayed(duplicate_input, pure=True)(
             scan, dask_key_name=_key("datamask-plan-signatures", scan)) for scan in scans]
-        groups = table_groups(inputs, spec.duplicate_cosine)  # of the whole table
+        # the exact check reads the candidate rows' embeddings again, inside its own tasks: the
+        # scans keep none, so the process never holds the table's embeddings
+        vectors = column_reads(ddf, [spec.embedding_column], name="datamask-plan-vectors")
+        groups = table_groups(inputs, spec.duplicate_cosine, vectors)  # of the whole table
         summaries = [dask.delayed(summarise_scan, pure=True)(
             scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]

@@ -25,27 +25,35 @@ import operator
 import dask
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 from dask.delayed import Delayed
 
 from ..graph_keys import listed, named_task
 from .groups import DuplicateGroups
-from .search import find_groups, one_task
+from .search import candidate_edges, find_groups, one_task
 from .stages import (
     BANDS,
+    CANDIDATES,
     PARTITIONS_PER_ROW_SHARD,
     PARTITIONS_PER_SHARD,
     ROUND_BANDS,
     ROUNDS,
+    _best_edges,
+    _lookup,
+    attach_block,
     band_plan,
     band_records,
     band_rounds,
     best_parents,
     bucket_edges,
+    confirm_block,
     deliver,
     forward_weights,
     merge_edges,
     partition_groups,
+    request_vectors,
     shard_count,
+    vector_block,
 )
 
 __all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
@@ -63,6 +71,10 @@ _RECORDS = pd.DataFrame({"bucket": np.zeros(0, np.int64), "key": np.zeros(0, np.
                          **{w: np.zeros(0, np.uint64) for w in _WORDS}})
 _EDGES = pd.DataFrame({"worse": np.zeros(0, np.uint64), "better": np.zeros(0, np.uint64),
                        "quality": np.zeros(0)})
+_BINARY = pd.ArrowDtype(pa.binary())  # a unit vector's float32 bytes, of any dimension
+_ASKED = pd.DataFrame({"shard": np.zeros(0, np.int64), "worse": np.zeros(0, np.uint64),
+                       "better": np.zeros(0, np.uint64), "quality": np.zeros(0)})
+_ATTACHED = _ASKED.assign(vector=pd.Series([], dtype=_BINARY))
 _LINKS = pd.DataFrame({"child": np.zeros(0, np.int64), "parent": np.zeros(0, np.int64)})
 _ROWS = pd.DataFrame({"partition": np.zeros(0, np.int64), "position": np.zeros(0, np.int64),
                       "weight": np.zeros(0, np.int64), "parent": np.zeros(0, np.int64)})
@@ -71,18 +83,24 @@ _POSITION = (1 << 32) - 1  # a row reference is partition << 32 | position
 _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 
 
-def table_groups(inputs: list, cosine: float) -> list:
+def table_groups(inputs: list, cosine: float, vectors: list | None = None) -> list:
     """The near-duplicate groups of the whole table as a Dask graph: one Delayed per partition of
-    ``inputs`` (Delayed search inputs), computing to its entry of
-    :func:`~datamask_dask.dedup.search.find_groups`. The wiring (see the module notes) follows the
-    partitions alone, known when the graph is built."""
+    ``inputs`` (Delayed search inputs, signatures and no embeddings), computing to its entry of
+    :func:`~datamask_dask.dedup.search.find_groups` for the inputs with ``vectors`` merged in
+    (where candidates are confirmed on exact cosine): per partition, a Delayed read of its
+    embedding column (or ``{"embeddings": ...}``), never computed as a task of its own but run again
+    inside the exact check's tasks for the candidate rows alone (:func:`rereads`). The wiring (see
+    the module notes) follows the partitions alone, known when the graph is built; no task holds
+    the table's embeddings."""
     if one_task(len(inputs)):
-        found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
-        return [found[i] for i in range(len(inputs))]
+        if vectors is None:
+            found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
+            return [found[i] for i in range(len(inputs))]
+        return task_groups(inputs, cosine, None, vectors)  # candidates in one task, checked in shards
     counts = [named_task(_PREFIX, _rows_of, part) for part in inputs]
     rows = named_task(_PREFIX, sum, listed(_PREFIX, counts))
     wiring = task_groups if len(inputs) <= SHUFFLE_PARTITIONS else shuffled_groups
-    return wiring(inputs, cosine, rows)
+    return wiring(inputs, cosine, rows, vectors)
 
 
 def _rows_of(part: dict) -> int:
@@ -106,7 +124,7 @@ def shuffle_method() -> str:
     return "p2p"
 
 
-def shuffled_groups(inputs: list, cosine: float, rows) -> list:
+def shuffled_groups(inputs: list, cosine: float, rows, vectors: list | None = None) -> list:
     """:func:`table_groups`' stages wired by DataFrame shuffles: about linear in the partitions.
 
     1. **records**: one task per partition and ``RECORD_BANDS`` bands makes the band records,
@@ -119,6 +137,11 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
        and a join a round, :func:`forwarded_counts`);
     5. **deliver**: shadowed and kept rows indexed by partition number, so that each partition's
        groups are one output partition: a partition receives only its own rows.
+
+    With ``vectors``, each worse row's candidates are confirmed on exact cosine between 2 and 3:
+    the candidates shuffled to the vector blocks of their better rows, whose tasks read those rows'
+    vectors, then to those of their worse rows, which read theirs and keep each row's best
+    confirmed edge.
     """
     import dask.dataframe as dd
 
@@ -132,10 +155,13 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
          for number, part in enumerate(inputs) for bands in rounds],
         meta=_RECORDS, prefix=f"{_PREFIX}-records", verify_meta=False)
     row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
+    exact = vectors is not None
     edges = (_by_number(records, "bucket", buckets, method)
-             .map_partitions(_edges, cosine, meta=_EDGES, token=f"{_PREFIX}-buckets"))
-    links = (edges.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
-             .map_partitions(_parents, meta=_LINKS, token=f"{_PREFIX}-parents"))
+             .map_partitions(_edges, cosine, exact, meta=_EDGES, token=f"{_PREFIX}-buckets"))
+    by_worse = edges.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
+    if exact:
+        by_worse = _confirmed(by_worse, vectors, cosine, row_shards, method)
+    links = by_worse.map_partitions(_parents, meta=_LINKS, token=f"{_PREFIX}-parents")
     counts = forwarded_counts(links, row_shards, method)
     results = dd.concat([links.map_partitions(_shadowed, meta=_ROWS),
                          counts.map_partitions(_kept, meta=_ROWS),
@@ -147,12 +173,90 @@ def shuffled_groups(inputs: list, cosine: float, rows) -> list:
     return [named_task(f"{_PREFIX}-groups", _partition_groups, part) for part in parts]
 
 
-def task_groups(inputs: list, cosine: float, rows) -> list:
+def _confirmed(by_worse, vectors: list, cosine: float, row_shards: int, method: str):
+    """:func:`shuffled_groups`' candidate edges (shuffled by worse row) confirmed on exact cosine,
+    as each worse row's best confirmed edge, shuffled by worse row. Each vector block's task reads
+    its own partitions again for the rows its edges name (:func:`rereads`)."""
+    import dask.dataframe as dd
+
+    per = PARTITIONS_PER_SHARD
+    blocks = shard_count(len(vectors), per)
+    reads = rereads(vectors)
+    firsts = range(0, len(vectors), per)
+    asked = by_worse.map_partitions(_asked, meta=_ASKED, token=f"{_PREFIX}-requests")
+    asked = _by_number(asked, "shard", blocks, method).to_delayed()  # block t's requests in partition t
+    attached = dd.from_delayed([named_task(f"{_PREFIX}-attach", _attached, asked[t], reads[first:first + per],
+                                           first, blocks) for t, first in enumerate(firsts)],
+                               meta=_ATTACHED, prefix=f"{_PREFIX}-attach", verify_meta=False)
+    attached = _by_number(attached, "shard", blocks, method).to_delayed()
+    confirmed = dd.from_delayed([named_task(f"{_PREFIX}-confirm", _confirm, attached[t],
+                                            reads[first:first + per], first, cosine)
+                                 for t, first in enumerate(firsts)],
+                                meta=_EDGES, prefix=f"{_PREFIX}-confirm", verify_meta=False)
+    return confirmed.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
+
+
+class _Reread:
+    """A partition's read (a Delayed's culled graph) run again, synchronously, inside the task that
+    calls it: the scheduler never holds its result, so the exact check reads the embeddings only
+    where and when it needs them (the scans keep none)."""
+
+    def __init__(self, graph: dict, key):
+        self.graph, self.key = graph, key
+
+    def __call__(self):
+        from dask.local import get_sync
+
+        return get_sync(self.graph, self.key)
+
+    def __dask_tokenize__(self):
+        return ("datamask-reread", self.key)
+
+
+def rereads(vectors: list) -> list:
+    """Per Delayed partition read of ``vectors``: a :class:`_Reread` of it, or the Delayed itself
+    where its graph holds persisted futures (their data already live on the cluster, and a future
+    cannot be read inside another task)."""
+    from dask.core import get_dependencies
+
+    try:
+        from distributed import futures_of
+    except ImportError:  # no distributed: nothing can be persisted
+        def futures_of(_):
+            return []
+    # the reads' layers merged once (they share most of them): culling each read's own graph
+    # would walk the table's graph once a partition
+    graph, seen = {}, {}
+    for v in vectors:
+        for layer in v.__dask_graph__().layers.values():
+            if id(layer) not in seen:
+                seen[id(layer)] = layer  # kept alive: a graph made on the fly frees its layers, and ids recur
+                graph.update(layer)
+    found = []
+    for v in vectors:
+        if futures_of(v):
+            found.append(v)
+            continue
+        culled, todo = {}, [v.key]
+        while todo:  # the read's own tasks
+            key = todo.pop()
+            if key not in culled:
+                culled[key] = graph[key]
+                todo.extend(get_dependencies(graph, key))
+        found.append(_Reread(culled, v.key))
+    return found
+
+
+def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) -> list:
     """:func:`table_groups`' stages wired task to task, in memory. The exchange has ~shards**2 edges, so the
     graph is written as one task dict (a Delayed call per task merges its arguments' graphs each
     time: quadratic in the graph). Bands go in rounds, each round's records made once the previous
     round's buckets are done, so the workers hold one round's records at a time (``ROUND_BANDS`` x
-    56 bytes a row).
+    56 bytes a row). ``rows`` None: the candidates come from one task
+    (:func:`~datamask_dask.dedup.search.candidate_edges`) instead, and ``vectors`` are required.
+    With ``vectors`` the candidates are confirmed on exact cosine in one vector block per
+    ``PARTITIONS_PER_SHARD`` partitions (:func:`~datamask_dask.dedup.stages.attach_block`,
+    :func:`~datamask_dask.dedup.stages.confirm_block`), each reading its partitions again.
     """
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
@@ -160,7 +264,8 @@ def task_groups(inputs: list, cosine: float, rows) -> list:
     n_parts = len(inputs)
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
-    token = tokenize(inputs, cosine, rows)
+    token = tokenize(inputs, cosine, rows, vectors)
+    exact, held = vectors is not None, []
     layer = f"{_PREFIX}-{token}"
     dsk: dict = {}
 
@@ -174,24 +279,42 @@ def task_groups(inputs: list, cosine: float, rows) -> list:
         dsk[key] = (operator.getitem, source, index)
         return key
 
-    plan = task("plan", (), band_plan, rows.key)
-    # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
-    # blocks x shards, not partitions x shards
-    blocks = range(0, n_parts, PARTITIONS_PER_SHARD)
-    done, edges = None, [[] for _ in range(row_shards)]
-    for r, bands in enumerate(band_rounds(BANDS, ROUND_BANDS)):
-        records = [task("records", (r, first), _block_records,
-                        [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
-                        shards, bands, done) for first in blocks]
-        buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], row_shards, cosine)
-                   for s in range(shards)]
-        done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
-        found = [pick(b, "pieces") for b in buckets]
-        # each row shard merges its earlier rounds' edges into one best edge a row before it takes
-        # this round's, so they do not pile up; best_parents merges the last round's with them
-        merged = [[task("edges", (r, t), merge_edges, edges[t])] if edges[t] else []
-                  for t in range(row_shards)]
-        edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
+    if rows is None:
+        found = task("candidates", (), candidate_edges, [part.key for part in inputs], cosine, row_shards)
+        edges = [[pick(found, t)] for t in range(row_shards)]
+    else:
+        plan = task("plan", (), band_plan, rows.key)
+        # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
+        # blocks x shards, not partitions x shards
+        blocks = range(0, n_parts, PARTITIONS_PER_SHARD)
+        done, edges = None, [[] for _ in range(row_shards)]
+        for r, bands in enumerate(band_rounds(BANDS, ROUND_BANDS)):
+            records = [task("records", (r, first), _block_records,
+                            [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
+                            shards, bands, done) for first in blocks]
+            buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], row_shards,
+                            cosine, exact) for s in range(shards)]
+            done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
+            found = [pick(b, "pieces") for b in buckets]
+            # each row shard merges its earlier rounds' edges into each row's best before it takes
+            # this round's, so they do not pile up; best_parents merges the last round's with them
+            merged = [[task("edges", (r, t), merge_edges, edges[t], exact)] if edges[t] else []
+                      for t in range(row_shards)]
+            edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
+    if exact:  # each row shard's candidates to the vector blocks of their better rows, then of their worse
+        per = PARTITIONS_PER_SHARD
+        blocks, firsts = shard_count(n_parts, per), range(0, n_parts, per)
+        found = rereads(vectors)
+        reads = [r if isinstance(r, _Reread) else r.key for r in found]
+        # persisted reads are the graph's dependencies; the others run inside the block tasks
+        held = [v for v, r in zip(vectors, found, strict=True) if not isinstance(r, _Reread)]
+        asked = [task("requests", (s,), request_vectors, edges[s], blocks, per) for s in range(row_shards)]
+        attached = [task("attach", (t,), attach_block, [pick(a, t) for a in asked], reads[first:first + per],
+                         first, blocks, per) for t, first in enumerate(firsts)]
+        confirmed = [task("confirm", (t,), confirm_block, [pick(a, t) for a in attached],
+                          reads[first:first + per], first, cosine, row_shards)
+                     for t, first in enumerate(firsts)]
+        edges = [[pick(c, s) for c in confirmed] for s in range(row_shards)]
     parents = [task("parents", (s,), best_parents, edges[s], row_shards) for s in range(row_shards)]
     pending, roots = [pick(p, "pending") for p in parents], []
     for f in range(ROUNDS):
@@ -202,7 +325,8 @@ def task_groups(inputs: list, cosine: float, rows) -> list:
     delivered = [pick(task("deliver", (s,), deliver, parents[s], [r[s] for r in roots],
                            [pick(p, s) for p in pending], n_parts), "pieces") for s in range(row_shards)]
     groups = [task("groups", (i,), partition_groups, [pick(d, i) for d in delivered]) for i in range(n_parts)]
-    graph = HighLevelGraph.from_collections(layer, dsk, dependencies=[*inputs, rows])
+    depends = [*inputs, *([] if rows is None else [rows]), *held]
+    graph = HighLevelGraph.from_collections(layer, dsk, dependencies=depends)
     return [Delayed(key, graph, layer=layer) for key in groups]
 
 
@@ -250,13 +374,60 @@ def _records(part: dict, number: int, plan: dict, bands: range, buckets: int) ->
                          "quality": quality, **{w: words[:, i] for i, w in enumerate(_WORDS)}})
 
 
-def _edges(records: pd.DataFrame, cosine: float) -> pd.DataFrame:
+def _edges(records: pd.DataFrame, cosine: float, exact: bool = False) -> pd.DataFrame:
     """One bucket partition's verified edges: its records in row-reference order, as the in-process
     stages pass them (a bucket is sorted by reference, whatever order the shuffle delivered)."""
     records = records.sort_values("ref", kind="stable")
     piece = (records["key"].to_numpy(), records["ref"].to_numpy(), records["quality"].to_numpy(),
              records[_WORDS].to_numpy(np.uint64))
-    worse, better, quality = bucket_edges([piece], 1, cosine)["pieces"][0]
+    worse, better, quality = bucket_edges([piece], 1, cosine, exact)["pieces"][0]
+    return pd.DataFrame({"worse": worse, "better": better, "quality": quality})
+
+
+def _binary(unit: np.ndarray) -> pd.Series:
+    width = unit.shape[1] * 4
+    offsets = pa.py_buffer((np.arange(unit.shape[0] + 1, dtype=np.int64) * width).astype(np.int32))
+    data = pa.py_buffer(np.ascontiguousarray(unit, dtype=np.float32).tobytes())
+    array = pa.Array.from_buffers(pa.binary(), unit.shape[0], [None, offsets, data])
+    return pd.Series(pd.arrays.ArrowExtensionArray(array))
+
+
+def _unbinary(column: pd.Series) -> np.ndarray:
+    values = column.tolist()
+    if not values:
+        return np.zeros((0, 0), dtype=np.float32)
+    return np.frombuffer(b"".join(values), dtype=np.float32).reshape(len(values), -1)
+
+
+def _asked(edges: pd.DataFrame) -> pd.DataFrame:
+    """One row shard's candidate edges, each worse row's best (merge_edges), with the vector block
+    of their better rows."""
+    worse, better, quality = _best_edges(edges["worse"].to_numpy(np.uint64),
+                                         edges["better"].to_numpy(np.uint64), edges["quality"].to_numpy(),
+                                         keep=CANDIDATES)
+    return pd.DataFrame({"shard": vector_block(better), "worse": worse, "better": better, "quality": quality})
+
+
+def _attached(asked: pd.DataFrame, reads: list, first: int, blocks: int) -> pd.DataFrame:
+    """One vector block's requests with their better rows' vectors, an edge a row (the shuffle
+    spills them), with the vector block of their worse rows."""
+    requests = [(asked["worse"].to_numpy(np.uint64), asked["better"].to_numpy(np.uint64),
+                 asked["quality"].to_numpy())]
+    frames = [_ATTACHED]
+    for shard, (worse, better, quality, named, vectors) in enumerate(attach_block(requests, reads, first,
+                                                                                     blocks)):
+        if worse.size:
+            frames.append(pd.DataFrame({"shard": shard, "worse": worse, "better": better, "quality": quality,
+                                        "vector": _binary(vectors[_lookup(named, better)])}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def _confirm(attached: pd.DataFrame, reads: list, first: int, cosine: float) -> pd.DataFrame:
+    better = attached["better"].to_numpy(np.uint64)
+    named, once = np.unique(better, return_index=True)
+    piece = (attached["worse"].to_numpy(np.uint64), better, attached["quality"].to_numpy(), named,
+             _unbinary(attached["vector"])[once] if named.size else np.zeros((0, 0), dtype=np.float32))
+    (worse, better, quality), = confirm_block([piece], reads, first, cosine, 1)
     return pd.DataFrame({"worse": worse, "better": better, "quality": quality})
 
 

@@ -13,11 +13,17 @@ lowest row) is its parent; a kept row stands for itself and for the shadowed row
 lead to it within ``ROUNDS`` steps. On a chain ``a ~ b ~ c`` with ``a`` and ``c`` not
 near-duplicates, ``b`` at the bottom is shadowed by the better of the two, and ``a`` and ``c`` both
 stay. Candidates are the rows that share a band (:func:`~datamask_dask.dedup.stages.band_plan`)
-and the ``by`` group, in the pairs of :func:`~datamask_dask.dedup.stages.bucket_edges`, verified
-within :func:`~datamask_dask.dedup.simhash.hamming_threshold` (``VERIFY_MARGIN``).
+and the ``by`` group, in the pairs of :func:`~datamask_dask.dedup.stages.bucket_edges`, within
+:func:`~datamask_dask.dedup.stages.candidate_limit`. Where the embeddings are at hand (the plan
+pass reads them again for the candidates' rows), a row's ``CANDIDATES`` best candidates (by
+quality) are verified on the exact cosine of the two embeddings
+(:func:`~datamask_dask.dedup.stages.confirm_edges`), and the signatures only find candidates;
+without them, a candidate is verified on the signatures.
 
-:func:`find_groups` applies it in one task, compiled with numba: it holds every row's signature,
-quality and group (about 44 bytes a row) and, per band, a key and a few words a row. The sharded
+:func:`find_groups` applies it in one process, compiled with numba: it holds every row's signature,
+quality and group (about 44 bytes a row) and, per band, a key and a few words a row; with
+embeddings, each row's candidates (:func:`candidate_edges`, which the Dask graph runs as one task
+while the exact check runs in vector blocks, so no task holds the table's embeddings). The sharded
 stages of :mod:`datamask_dask.dedup.stages` find the same groups with no task holding more than a
 shard; :func:`one_task` picks between them by the partitions alone, when the graph is built.
 """
@@ -31,18 +37,27 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .groups import DuplicateGroups
-from .simhash import SIGNATURE_BYTES, hamming_threshold
+from .simhash import SIGNATURE_BYTES
 from .stages import (
     ANCHORS,
+    CANDIDATES,
     FULL_BUCKET,
     NEIGHBOURS,
     ROUNDS,
     _byte_tables,
+    _split,
     band_plan,
+    candidate_limit,
     deliver,
     find_groups_sharded,
     group_bits,
+    is_exact,
+    merge_edges,
     partition_groups,
+    shard_of,
+    sharded_candidates,
+    similarities,
+    unit_vectors,
 )
 
 # Tables of up to this many partitions find their groups in one task: it holds ~44 bytes a row
@@ -53,6 +68,7 @@ ONE_TASK_PARTITIONS = 32
 # costs a fresh worker to import numba and load the compiled passes.
 COMPILED_ROWS = 50_000
 BAND_THREADS = 4  # threads of find_groups (bands run apart; numpy releases the GIL)
+_PAIR_BATCH = 1 << 13  # candidate pairs whose embeddings find_groups gathers at once
 
 
 def one_task(n_parts: int) -> bool:
@@ -65,16 +81,80 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups
     """The near-duplicate groups of the whole table, per partition, in one task.
 
     ``parts``: one dict per partition, in partition order: ``quality`` float64 (n,), ``codes`` int
-    (n,) indexing ``labels`` (the group labels, ``[None]`` without ``by``) and ``signatures`` uint8
-    (n, SIGNATURE_BYTES) from :func:`~datamask_dask.dedup.simhash.signatures`. Rows at least
-    ``cosine`` similar (estimated from the signatures) are near-duplicates. Deterministic: the
-    groups depend only on the rows and their order.
+    (n,) indexing ``labels`` (the group labels, ``[None]`` without ``by``), ``signatures`` uint8
+    (n, SIGNATURE_BYTES) from :func:`~datamask_dask.dedup.simhash.signatures` and, optionally,
+    ``embeddings`` (n, dim). Rows at least ``cosine`` similar are near-duplicates: on the exact
+    cosine of their embeddings where the partitions carry them (candidates found on the
+    signatures), else as the signatures estimate it. Deterministic: the groups depend only on the
+    rows and their order.
     """
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
     if n_rows < COMPILED_ROWS or _kernels() is None:  # the same groups, from the stages in this process
         return find_groups_sharded(parts, cosine, shards=1)[0]
     table = stack_parts(parts)
-    return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
+    if not is_exact(parts):
+        return split_groups(table["offsets"], table_parents(table, cosine)["parent"])
+    # each row's candidates tried best first, a row leaving once one passes: its parent is the first
+    # that does, as the sharded check (all candidates, the best passing one) finds
+    candidates = table_parents(table, cosine, keep=CANDIDATES)["candidates"]
+    offsets, best = table["offsets"], np.full(n_rows, -1, dtype=np.int64)
+    todo = np.flatnonzero(candidates[:, 0] >= 0)
+    for slot in range(CANDIDATES):
+        todo = todo[candidates[todo, slot] >= 0]
+        passed = np.zeros(todo.size, dtype=bool)
+        for start in range(0, todo.size, _PAIR_BATCH):  # the pairs' rows gathered a batch at a time
+            child = todo[start:start + _PAIR_BATCH]
+            parent = candidates[child, slot]
+            passed[start:start + child.size] = similarities(_unit_rows(parts, offsets, child),
+                                                            _unit_rows(parts, offsets, parent)) >= cosine
+        best[todo[passed]] = candidates[todo[passed], slot]
+        todo = todo[~passed]
+    return split_groups(offsets, best)
+
+
+def _unit_rows(parts: list[dict], offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The unit embeddings of table rows ``rows`` (row by row, as the sharded stages make them)."""
+    part = np.searchsorted(offsets, rows, side="right") - 1
+    dim = next(np.asarray(p["embeddings"]).reshape(len(p["quality"]), -1).shape[1] for p in parts
+               if len(p["quality"]))
+    out = np.empty((rows.size, dim), dtype=np.float32)
+    for number in np.unique(part):
+        mine = part == number
+        out[mine] = unit_vectors(np.asarray(parts[number]["embeddings"])[rows[mine] - offsets[number]])
+    return out
+
+
+def candidate_edges(parts: list[dict], cosine: float, shards: int, table: dict | None = None) -> list:
+    """The one-task search's candidates for the exact check: each row's ``CANDIDATES`` best
+    candidate parents, as :func:`~datamask_dask.dedup.stages.merge_edges` pieces ``(worse, better,
+    quality of better)`` of row references, one per row shard of the worse row (the edges the
+    sharded stages merge). Compiled where the table is large enough, else the stages in this
+    process; the same edges either way."""
+    n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
+    if n_rows < COMPILED_ROWS or _kernels() is None:
+        edges = sharded_candidates(parts, cosine, 1, exact=True)[0][0]  # the one row shard's pieces
+        worse, better, quality = merge_edges(edges, exact=True)
+    else:
+        table = stack_parts(parts) if table is None else table
+        found = table_parents(table, cosine, keep=CANDIDATES)["candidates"]
+        row, slot = np.nonzero(found >= 0)
+        refs = _refs(table["offsets"])
+        worse, better = refs[row], refs[found[row, slot]]
+        quality = table["quality"][found[row, slot]]
+    return _split(shard_of(worse, shards), shards, worse, better, quality)
+
+
+def _refs(offsets: np.ndarray) -> np.ndarray:
+    """Each row's reference ``partition << 32 | position``."""
+    n = int(offsets[-1])
+    part = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    return (part.astype(np.uint64) << np.uint64(32)) | (np.arange(n) - offsets[part]).astype(np.uint64)
+
+
+def _rows_of_refs(refs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Row numbers in the stacked table of row references."""
+    part = (refs >> np.uint64(32)).astype(np.int64)
+    return offsets[part] + (refs & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def stack_parts(parts: list[dict]) -> dict:
@@ -96,13 +176,17 @@ def stack_parts(parts: list[dict]) -> dict:
     return {"offsets": offsets, "group": group, "quality": quality, "signatures": np.ascontiguousarray(sig)}
 
 
-def table_parents(table: dict, cosine: float = 0.95) -> dict:
+def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     """``{"parent": each row's parent}``: its best verified better near-duplicate, a row number, or
-    -1 for a kept row; ``table``: :func:`stack_parts`. Needs numba."""
+    -1 for a kept row; with ``keep`` > 1, ``{"candidates": (n, keep)}``: each row's ``keep`` best
+    candidate parents within the exact check's candidate limit, best first, -1 padded (int32 below
+    2**31 rows). ``table``:
+    :func:`stack_parts`. Needs numba."""
     quality = table["quality"]
     n = quality.shape[0]
     if n < 2:
-        return {"parent": np.full(n, -1, dtype=np.int64)}
+        return {"parent": np.full(n, -1, dtype=np.int64)} if keep == 1 else {
+            "candidates": np.full((n, keep), -1, dtype=np.int64)}
     keys, buckets = _kernels()
     plan = band_plan(n)
     # rank: 0 for the best row (highest quality, then the lowest row); a lower rank is better
@@ -116,14 +200,18 @@ def table_parents(table: dict, cosine: float = 0.95) -> dict:
     # a key (value, group) and a row packed in one int64 where the key fits in 31 bits: one value
     # sort then orders the rows by key and, within a key, by row (the sharded stages' reference order)
     packed = (n_groups << plan["bits"]) <= 1 << 31 and n < 1 << 32
-    limit = hamming_threshold(cosine)
+    limit = candidate_limit(cosine, keep > 1)
     n_bands = plan["positions"].shape[0]
     # The bands on a few threads (the compiled passes and numpy's sorts release the GIL): an engine
     # that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
     threads = max(1, min(BAND_THREADS, os.cpu_count() or 1, n_bands))
 
+    # with several candidates a row, ranks in 32 bits where they fit: the threads' lists are the
+    # search's largest arrays
+    slots = np.int32 if keep > 1 and n < 2**31 - 1 else np.int64
+
     def run(first: int) -> np.ndarray:
-        best = np.full(n, n, dtype=np.int64)
+        best = np.full((n, keep), n, dtype=slots)
         for band in range(first, n_bands, threads):
             tables = _byte_tables(plan["positions"][band])
             touched = np.array(sorted(tables), dtype=np.int64)  # the signature bytes the band reads
@@ -139,8 +227,23 @@ def table_parents(table: dict, cosine: float = 0.95) -> dict:
         return best
 
     with ThreadPoolExecutor(threads) as pool:
-        best = np.minimum.reduce(list(pool.map(run, range(threads))))
-    return {"parent": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
+        found = list(pool.map(run, range(threads)))
+    if keep == 1:
+        best = np.minimum.reduce(found)[:, 0]
+        return {"parent": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
+    # the threads' lists merged two at a time (the lowest distinct ranks of the lowest are the
+    # lowest), so the merge holds two lists, not all of them side by side
+    best = found.pop()
+    while found:
+        merged = np.concatenate([best, found.pop()], axis=1)
+        merged.sort(axis=1)  # in place: the merge's copies are the search's peak
+        merged[:, 1:][merged[:, 1:] == merged[:, :-1]] = n
+        merged.sort(axis=1)
+        best = np.ascontiguousarray(merged[:, :keep])
+        del merged
+    candidates = by_rank.astype(slots)[np.minimum(best, n - 1)]  # row numbers, in the ranks' width
+    candidates[best >= n] = -1
+    return {"candidates": candidates}
 
 
 @functools.cache
@@ -150,6 +253,8 @@ def _kernels():
         import numba
     except ImportError:
         return None
+    global _insert  # _buckets calls the compiled one
+    _insert = numba.njit(cache=True, nogil=True)(_insert)
     return numba.njit(cache=True, nogil=True)(_keys), numba.njit(cache=True, nogil=True)(_buckets)
 
 
@@ -197,7 +302,8 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
         for w in range(4):
             local[k, w] = words[row[k], w]
         local_rank[k] = rank[row[k]]
-    local_best = np.full(members, n, dtype=np.int64)
+    keep = best.shape[1]
+    local_best = np.full((members, keep), n, dtype=np.int64)
     m1, m2 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333)
     m4, h01 = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x0101010101010101)
     one, two, four, top = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(56)
@@ -230,14 +336,29 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
                 v = (v + (v >> four)) & m4
                 distance += int((v * h01) >> top)
             if distance <= limit:
-                if local_rank[i] > local_rank[j]:
-                    local_best[i] = min(local_best[i], local_rank[j])
-                else:
-                    local_best[j] = min(local_best[j], local_rank[i])
+                worse, better = (i, j) if local_rank[i] > local_rank[j] else (j, i)
+                _insert(local_best, worse, local_rank[better])
         low += count_size
     for k in range(members):
-        if local_best[k] < n:
-            best[row[k]] = min(best[row[k]], local_best[k])
+        for slot in range(keep):
+            if local_best[k, slot] < n:
+                _insert(best, row[k], local_best[k, slot])
+
+
+def _insert(slots, row, rank):  # pragma: no cover (compiled)
+    """``rank`` into row ``row`` of ``slots`` (each row its lowest distinct ranks, ascending), where
+    it is lower than the last and not there yet."""
+    last = slots.shape[1] - 1
+    if rank >= slots[row, last]:
+        return
+    place = last
+    while place > 0 and slots[row, place - 1] > rank:
+        place -= 1
+    if place > 0 and slots[row, place - 1] == rank:
+        return
+    for q in range(last, place, -1):
+        slots[row, q] = slots[row, q - 1]
+    slots[row, place] = rank
 
 
 def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroups]:

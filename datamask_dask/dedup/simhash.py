@@ -2,7 +2,8 @@
 
 Engine-agnostic (numpy, and torch for the signing product). The plan pass of ``diversity_scope=
 "table"`` signs every row (in :mod:`datamask_dask.partition.checks`); :mod:`datamask_dask.dedup.search`
-finds the table's near-duplicate groups from the signatures.
+finds the table's near-duplicate candidates from the signatures (and confirms them on the exact
+cosine of the embeddings where it has them).
 
 1. **Signature** (per partition): a SimHash of each unit embedding, the signs of its projections on
    ``SIGNATURE_BITS`` = 256 fixed random hyperplanes (seed ``PLANE_SEED``, so every partition and
@@ -30,9 +31,13 @@ BANDS = 24  # LSH bands of count_pairs ...
 BAND_BITS = 20  # ... of 20 bits each, overlapping windows of the 256
 PLANE_SEED = 0x5EED_D0C5
 # Standard deviations of the Hamming estimate above the distance expected at ``cosine`` that still
-# verify a pair, at every size: signatures are all a pair is verified on, and clustered rows have far
-# more neighbours just below the threshold than copies above it, so a wider margin sets many aside.
+# verify a pair where signatures are all it is verified on: clustered rows have far more neighbours
+# just below the threshold than copies above it, so a wider margin sets many aside.
 VERIFY_MARGIN = 0.1
+# ... and where exact cosine confirms each candidate (the plan pass, which has the embeddings): a
+# wide margin, so that pairs the estimate puts too far apart are still tried; the exact check then
+# drops the rest.
+CANDIDATE_MARGIN = 2.0
 _PAIR_BATCH = 1 << 22  # candidate pairs verified at once
 
 

@@ -13,12 +13,20 @@ its output is a list of *pieces*, one per shard (or partition) that receives it.
    position``, the row's quality and its signature (56 bytes a record), sent to shard ``key %
    shards``. ``bits`` grows with the table (:func:`band_plan`), so that pairs colliding by chance
    stay about ``BANDS / 2**(bits - log2 N + 1)`` per row at any size.
-2. :func:`bucket_edges` (per shard): rows sharing a key are candidates, verified where they are
-   found, on the records' signatures; each worse row's best edge goes to the shard of the worse
-   row. Candidate pairs are never shuffled, and a row has at most one edge per bucket task however
-   many bands and buckets found it.
+2. :func:`bucket_edges` (per shard): rows sharing a key are candidates, tried where they are
+   found on the records' signatures (within :func:`candidate_limit`); each worse row's best edge
+   (with embeddings: its ``CANDIDATES`` best) goes to the shard of the worse row. Candidate pairs
+   are never shuffled, and a row has at most that many edges per bucket task however many bands
+   and buckets found it.
 3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
-   edge, which :func:`best_parents` makes its parent.
+   edges. With embeddings (:func:`is_exact`), the exact check: :func:`request_vectors` sends each
+   row's candidates to the vector block (``PARTITIONS_PER_SHARD`` consecutive partitions) of their
+   better rows, whose task reads its partitions again, one at a time, for those rows' embeddings
+   alone (:func:`attach_block`: the scans keep none), and sends each edge with its better row's unit
+   vector to the block of its worse row, whose task reads its partitions for the worse rows
+   (:func:`confirm_block`) and keeps the edges at exact cosine ``>= cosine``, each worse row's
+   best, sent to its row shard. No task holds more than a block's candidate rows' embeddings.
+   :func:`best_parents` makes each worse row's best (confirmed) edge its parent.
 4. :func:`forward_weights` (``ROUNDS`` rounds): every shadowed row's count climbs its parents to
    a kept row, which then stands for itself and all rows that reached it.
 5. :func:`deliver` (per shard) and :func:`partition_groups` (per partition): the results routed
@@ -37,6 +45,7 @@ import numpy as np
 
 from .groups import DuplicateGroups
 from .simhash import (
+    CANDIDATE_MARGIN,
     SIGNATURE_BITS,
     SIGNATURE_BYTES,
     distance,
@@ -60,8 +69,13 @@ FULL_BUCKET = 12  # buckets up to this size verify all their pairs
 ANCHORS = 4  # larger buckets verify each row against this many anchors ...
 NEIGHBOURS = 16  # ... and against this many neighbours in the bucket sorted by signature
 ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counted exactly
+# Candidate parents each row keeps for the exact check (its best by quality): a row whose best
+# candidates all fail it is kept, so enough that a true better neighbour is rarely crowded out.
+CANDIDATES = 16
 BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
+_READ_ROWS = 1 << 13  # rows of a partition the exact check converts to float32 at once
+_PAIR_ROWS = 1 << 10  # candidate pairs whose two vectors the exact check gathers at once (4 MiB at 1024 dims)
 
 
 def band_plan(n_rows: int) -> dict:
@@ -235,9 +249,16 @@ def _neighbour_edges(start: np.ndarray, size: np.ndarray, columns: np.ndarray,
             np.concatenate([empty] + [f[1] for f in found]))
 
 
-def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
-    """The verified near-duplicate pairs of one shard's buckets (within :func:`hamming_threshold`,
-    ``VERIFY_MARGIN``), as each worse row's best edge.
+def candidate_limit(cosine: float, exact: bool) -> int:
+    """The Hamming distance within which a bucket's pair is a candidate: ``VERIFY_MARGIN`` where
+    the signatures are all it is verified on, ``CANDIDATE_MARGIN`` where exact cosine confirms it."""
+    return hamming_threshold(cosine, CANDIDATE_MARGIN) if exact else hamming_threshold(cosine)
+
+
+def bucket_edges(pieces: list, shards: int, cosine: float, exact: bool = False) -> dict:
+    """The verified near-duplicate pairs of one shard's buckets (within :func:`candidate_limit`),
+    as each worse row's best edge, or with ``exact`` its ``CANDIDATES`` best (for
+    :func:`confirm_edges`).
 
     A bucket of up to ``FULL_BUCKET`` rows tries all its pairs; a larger one (clustered data) each
     row against its ``ANCHORS`` first rows and its ``NEIGHBOURS`` nearest places once sorted by
@@ -264,7 +285,7 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     # verification gathers single words
     words = np.concatenate([np.zeros((0, 4), dtype=np.uint64)] + [p[3] for p in pieces])
     columns = np.ascontiguousarray(np.take(words, rows, axis=0).T)
-    start, limit = np.cumsum(size) - size, hamming_threshold(cosine)
+    start, limit = np.cumsum(size) - size, candidate_limit(cosine, exact)
     # position p of a bucket pairs with every later position when the bucket is small, or when p is
     # one of its first ANCHORS positions
     first = np.where(size <= FULL_BUCKET, size, np.minimum(size, ANCHORS))
@@ -276,8 +297,8 @@ def bucket_edges(pieces: list, shards: int, cosine: float) -> dict:
     worse = np.where(a_better, ref[b], ref[a])
     better = np.where(a_better, ref[a], ref[b])
     better_quality = np.where(a_better, quality[a], quality[b])
-    # only each worse row's best edge leaves: the best of the tasks' bests is best_parents' choice
-    worse, better, better_quality = _best_edges(worse, better, better_quality)
+    # only each worse row's best edges leave: the best of the tasks' bests is best_parents' choice
+    worse, better, better_quality = _best_edges(worse, better, better_quality, CANDIDATES if exact else 1)
     pieces = _split(shard_of(worse, shards), shards, worse, better, better_quality)
     return {"pieces": pieces, "pairs": n_pairs}
 
@@ -301,11 +322,21 @@ def _sort_by_key(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, exact
 
 
-def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> tuple:
-    """Each worse row's best edge (its better row of highest quality, then lowest reference), sorted
-    by worse row."""
+def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray, keep: int = 1) -> tuple:
+    """Each worse row's best edge (its better row of highest quality, then lowest reference), or its
+    ``keep`` best distinct edges, sorted by worse row (then best first)."""
     if not worse.size:
         return worse, better, quality
+    if keep > 1:
+        order = np.lexsort((better, -quality, worse))
+        worse, better, quality = worse[order], better[order], quality[order]
+        # a pair found by several bands or rounds once (its better row's quality is the same each time)
+        new = np.r_[True, (worse[1:] != worse[:-1]) | (better[1:] != better[:-1])]
+        worse, better, quality = worse[new], better[new], quality[new]
+        start = np.flatnonzero(np.r_[True, worse[1:] != worse[:-1]])
+        place = np.arange(worse.size) - np.repeat(start, np.diff(np.r_[start, worse.size]))
+        top = place < keep
+        return worse[top], better[top], quality[top]
     order = np.argsort(worse, kind="stable")  # one key, then per-row maxima: no 3-key lexsort
     worse, better, quality = worse[order], better[order], quality[order]
     start = np.flatnonzero(np.r_[True, worse[1:] != worse[:-1]])
@@ -315,14 +346,157 @@ def _best_edges(worse: np.ndarray, better: np.ndarray, quality: np.ndarray) -> t
     return worse[start], np.minimum.reduceat(tied, start), best
 
 
-# --------------------------------------------------------------------------- 4-5. groups
+# --------------------------------------------------------------------------- 3. edges
 
 
-def merge_edges(edges: list) -> tuple:
+def merge_edges(edges: list, exact: bool = False) -> tuple:
     """Edge pieces ``(worse, better, quality of better)`` of one row shard merged into each worse
-    row's best edge: after each round, so that a row shard holds at most one edge a row however
-    many rounds and buckets found it (the best of bests is the best)."""
-    return _best_edges(*_columns(edges, np.uint64, np.uint64, np.float64))
+    row's best edge (``exact``: its ``CANDIDATES`` best): after each round, so that a row shard holds
+    at most that many edges a row however many rounds and buckets found them (the best of bests is
+    the best)."""
+    return _best_edges(*_columns(edges, np.uint64, np.uint64, np.float64), CANDIDATES if exact else 1)
+
+
+# --------------------------------------------------------------------------- 3a. exact cosine
+
+
+def vector_block(refs: np.ndarray, per: int = PARTITIONS_PER_SHARD) -> np.ndarray:
+    """The vector block of each row reference: its partition's block of ``per`` consecutive
+    partitions. A block's task reads only its own partitions, one at a time, so no task holds more
+    than a block's requested rows (a hashed shard would need every partition read at once)."""
+    return ((refs >> np.uint64(32)) // np.uint64(per)).astype(np.int64)
+
+
+def read_rows(part, number: int, positions: np.ndarray) -> tuple:
+    """Partition ``number``'s unit embeddings of the rows at sorted ``positions``, ``(refs,
+    vectors)`` float32. ``part``: the partition as read, a dict with ``"embeddings"`` (n, dim), or
+    its embedding column (a series, or a frame of that one column)."""
+    refs = (np.uint64(number) << np.uint64(32)) | positions.astype(np.uint64)
+    if isinstance(part, dict):
+        return refs, unit_vectors(np.asarray(part["embeddings"])[positions])
+    from ..partition import adapters
+
+    series = part.iloc[:, 0] if hasattr(part, "columns") else part
+    source = adapters.embedding_source(series, f"partition {number}")
+    blocks = []
+    for start in range(0, positions.size, _READ_ROWS):  # a batch of rows converted at a time
+        block = source.rows(positions[start:start + _READ_ROWS])
+        blocks.append(unit_vectors(block if isinstance(block, np.ndarray) else block.float().cpu().numpy()))
+    return refs, np.concatenate(blocks) if blocks else np.zeros((0, 0), dtype=np.float32)
+
+
+def wanted_rows(pieces: list, number: int, side: int) -> np.ndarray:
+    """Sorted distinct positions of partition ``number``'s rows in column ``side`` of edge pieces
+    (0: worse rows, 1: better rows): the rows whose embeddings the exact check reads."""
+    refs = np.concatenate([np.zeros(0, dtype=np.uint64)] + [np.asarray(p[side], dtype=np.uint64)
+                                                            for p in pieces])
+    refs = refs[(refs >> np.uint64(32)) == np.uint64(number)]
+    return np.unique(refs & np.uint64(0xFFFFFFFF)).astype(np.int64)
+
+
+def block_vectors(pieces: list, reads: list, first: int, side: int) -> list:
+    """One vector block's ``(ref, vectors)`` pieces for the rows that edge ``pieces`` name in
+    column ``side``: partition ``first + k`` read by ``reads[k]`` (a callable that reads it, or the
+    partition itself), one at a time, only its wanted rows kept."""
+    found = []
+    for k, read in enumerate(reads):
+        positions = wanted_rows(pieces, first + k, side)
+        if positions.size:  # a partition no edge names is not read
+            part = read() if callable(read) else read
+            found.append(read_rows(part, first + k, positions))
+            del part
+    return found
+
+
+def unit_vectors(embeddings) -> np.ndarray:
+    """Rows scaled to length one, float32 (n, dim). Row by row: a row's result does not depend on
+    the rows beside it (numpy's float32 sums along a contiguous row take a fixed order)."""
+    block = np.ascontiguousarray(embeddings, dtype=np.float32)
+    block = block.reshape(block.shape[0], -1) if block.size else np.zeros((len(block), 0), dtype=np.float32)
+    norms = np.sqrt((block * block).sum(axis=1))
+    return block / np.where(norms > 0, norms, np.float32(1))[:, None]
+
+
+def similarities(child: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """The cosine of each pair of unit rows (float32, (n, dim) each): a float32 sum per pair, the
+    same whatever else is computed beside it."""
+    return (child * parent).sum(axis=1)
+
+
+def _vectors(pieces: list) -> tuple[np.ndarray, np.ndarray]:
+    """One shard's ``(ref, vectors)`` pieces as sorted references and their vectors."""
+    pieces = [p for p in pieces if p[0].size]
+    if not pieces:
+        return np.zeros(0, dtype=np.uint64), np.zeros((0, 0), dtype=np.float32)
+    ref = np.concatenate([p[0] for p in pieces])
+    vectors = np.concatenate([p[1] for p in pieces])
+    order = np.argsort(ref)
+    return ref[order], vectors[order]
+
+
+def _lookup(ref: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Places in sorted ``ref`` of ``wanted`` (every one present)."""
+    at = np.searchsorted(ref, wanted)
+    if wanted.size and (at.max() >= ref.size or np.any(ref[at] != wanted)):
+        raise ValueError("a near-duplicate candidate's row has no embedding in its shard")
+    return at
+
+
+def request_vectors(edges: list, blocks: int, per: int = PARTITIONS_PER_SHARD) -> list:
+    """One row shard's merged candidate edges (:func:`merge_edges` with ``exact``), one piece per
+    vector block of the better rows, whose task reads their vectors (:func:`attach_vectors`)."""
+    worse, better, quality = merge_edges(edges, exact=True)
+    return _split(vector_block(better, per), blocks, worse, better, quality)
+
+
+def attach_vectors(requests: list, vectors: list, blocks: int, per: int = PARTITIONS_PER_SHARD) -> list:
+    """The candidate edges whose better rows live in this block with those rows' unit vectors,
+    one ``(worse, better, quality, refs, vectors)`` piece per vector block of the worse rows: each
+    better row's vector once per piece, however many of the piece's edges name it.
+    ``vectors``: the block's :func:`block_vectors` of the requests' better rows."""
+    worse, better, quality = _columns(requests, np.uint64, np.uint64, np.float64)
+    ref, unit = _vectors(vectors)
+    pieces = []
+    for w, b, q in _split(vector_block(worse, per), blocks, worse, better, quality):
+        named = np.unique(b)
+        picked = unit[_lookup(ref, named)] if named.size else np.zeros((0, unit.shape[1]), dtype=np.float32)
+        pieces.append((w, b, q, named, picked))
+    return pieces
+
+
+def confirm_edges(attached: list, vectors: list, cosine: float, row_shards: int) -> list:
+    """The candidate edges of this block's worse rows confirmed on the exact cosine of their unit
+    embeddings (``>= cosine``), as each worse row's best confirmed edge ``(worse, better, quality)``,
+    one piece per row shard of the worse row (what :func:`best_parents` takes). ``vectors``: the
+    block's :func:`block_vectors` of its worse rows. Each pair's cosine is a float32 sum over its
+    own two rows, so it does not depend on what else the task holds."""
+    worse, better, quality = _columns(attached, np.uint64, np.uint64, np.float64)
+    if worse.size:
+        parent_ref, parent_unit = _vectors([(p[3], p[4]) for p in attached])
+        ref, unit = _vectors(vectors)
+        similar = np.empty(worse.size, dtype=bool)
+        for start in range(0, worse.size, _PAIR_ROWS):  # a batch of pairs' rows gathered at a time
+            stop = start + _PAIR_ROWS
+            similar[start:stop] = similarities(unit[_lookup(ref, worse[start:stop])],
+                                               parent_unit[_lookup(parent_ref, better[start:stop])]) >= cosine
+        worse, better, quality = _best_edges(worse[similar], better[similar], quality[similar])
+    return _split(shard_of(worse, row_shards), row_shards, worse, better, quality)
+
+
+def attach_block(requests: list, reads: list, first: int, blocks: int,
+                 per: int = PARTITIONS_PER_SHARD) -> list:
+    """One vector block's task of the exact check's first step: its partitions (``reads``, from
+    partition ``first``) read for the requests' better rows, then :func:`attach_vectors`."""
+    return attach_vectors(requests, block_vectors(requests, reads, first, 1), blocks, per)
+
+
+def confirm_block(attached: list, reads: list, first: int, cosine: float, row_shards: int) -> list:
+    """One vector block's task of the exact check's second step: its partitions read again for the
+    worse rows of the edges attached to it, then :func:`confirm_edges`."""
+    return confirm_edges(attached, block_vectors(attached, reads, first, 0), cosine, row_shards)
+
+
+# --------------------------------------------------------------------------- 4-5. groups
 
 
 def best_parents(edges: list, shards: int) -> dict:
@@ -392,6 +566,58 @@ def shard_count(n: int, per_shard: int) -> int:
     return max(1, math.ceil(n / per_shard))
 
 
+def is_exact(parts: list[dict]) -> bool:
+    """Whether the partitions carry their embeddings (then candidates are confirmed on exact
+    cosine): all of them or none."""
+    carry = {p.get("embeddings") is not None for p in parts}
+    if len(carry) > 1:
+        raise ValueError("near-duplicate search: some partitions carry 'embeddings' and some do not")
+    return carry == {True}
+
+
+def confirmed_edges(parts: list[dict], edges: list, cosine: float, run, shards: int = 1) -> list:
+    """Stage 3a in this process: each row shard's candidate edges (``edges``, lists of pieces)
+    confirmed on exact cosine in about ``shards`` vector blocks of consecutive partitions, as each
+    row shard's list of pieces for :func:`best_parents`."""
+    row_shards, n_parts = len(edges), len(parts)
+    per = max(1, math.ceil(n_parts / max(1, shards)))
+    blocks = shard_count(n_parts, per)
+    firsts = list(range(0, n_parts, per))
+    requests = [run("request_vectors", request_vectors, edges[s], blocks, per) for s in range(row_shards)]
+    attached = [run("attach_vectors", attach_block, [r[t] for r in requests], parts[first:first + per], first,
+                    blocks, per) for t, first in enumerate(firsts)]
+    confirmed = [run("confirm_edges", confirm_block, [a[t] for a in attached], parts[first:first + per],
+                     first, cosine, row_shards) for t, first in enumerate(firsts)]
+    return [[c[s] for c in confirmed] for s in range(row_shards)]
+
+
+def sharded_candidates(parts: list[dict], cosine: float, shards: int, exact: bool,
+                       row_shards: int | None = None, rounds_of: int = ROUND_BANDS, run=None,
+                       spill=None) -> tuple[list, int, dict]:
+    """Stages 1-2 in this process: each row shard's edge pieces (each worse row's best edge, or its
+    ``CANDIDATES`` best with ``exact``), the candidate pairs tried and the band plan."""
+    run = run or (lambda name, fn, *args: fn(*args))
+    row_shards = shards if row_shards is None else row_shards
+    n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
+    plan = band_plan(n_rows)
+    n_bands = plan["positions"].shape[0]
+    edges = [[] for _ in range(row_shards)]
+    n_pairs = 0
+    for bands in band_rounds(n_bands, rounds_of):
+        # earlier rounds' edges merged into each row's best (best_parents merges the last round's)
+        edges = [[run("merge_edges", merge_edges, shard_edges, exact)] if shard_edges else []
+                 for shard_edges in edges]
+        records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
+        for s in range(shards):
+            out = run("bucket_edges", bucket_edges, [r[s] for r in records], row_shards, cosine, exact)
+            n_pairs += out["pairs"]
+            pieces = out["pieces"] if spill is None else spill(out["pieces"])
+            for t in range(row_shards):
+                edges[t].append(pieces[t])
+        del records
+    return edges, n_pairs, plan
+
+
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
                         rounds_of: int = ROUND_BANDS, on_task=None, spill=None,
                         row_shards: int | None = None) -> tuple[list[dict], dict]:
@@ -407,23 +633,10 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     """
     run = on_task or (lambda name, fn, *args: fn(*args))
     row_shards = shards if row_shards is None else row_shards
-    n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
-    plan = band_plan(n_rows)
-    n_bands = plan["positions"].shape[0]
-    edges = [[] for _ in range(row_shards)]
-    n_pairs = 0
-    for bands in band_rounds(n_bands, rounds_of):
-        # earlier rounds' edges merged into one best edge a row (best_parents merges the last round's)
-        edges = [[run("merge_edges", merge_edges, shard_edges)] if shard_edges else []
-                 for shard_edges in edges]
-        records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
-        for s in range(shards):
-            out = run("bucket_edges", bucket_edges, [r[s] for r in records], row_shards, cosine)
-            n_pairs += out["pairs"]
-            pieces = out["pieces"] if spill is None else spill(out["pieces"])
-            for t in range(row_shards):
-                edges[t].append(pieces[t])
-        del records
+    exact = is_exact(parts)
+    edges, n_pairs, plan = sharded_candidates(parts, cosine, shards, exact, row_shards, rounds_of, run, spill)
+    if exact:
+        edges = confirmed_edges(parts, edges, cosine, run, shards)
     parents = [run("best_parents", best_parents, edges[s], row_shards) for s in range(row_shards)]
     del edges
     pending, roots = [p["pending"] for p in parents], []
@@ -437,4 +650,4 @@ def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4
     groups = [run("partition_groups", partition_groups, [d["pieces"][i] for d in delivered])
               for i in range(len(parts))]
     return groups, {"pairs": n_pairs, "unresolved": sum(d["unresolved"] for d in delivered),
-                    "bits": plan["bits"], "bands": n_bands, "parents": parents}
+                    "bits": plan["bits"], "bands": plan["positions"].shape[0], "parents": parents}

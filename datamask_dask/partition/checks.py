@@ -352,7 +352,8 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> Scan:
 
 
 def duplicate_input(scan: Scan) -> dict:
-    """What the near-duplicate reduction needs of one scanned partition (about 44 bytes a row)."""
+    """What the near-duplicate search needs of one scanned partition (about 44 bytes a row): never
+    the embeddings, which its exact check reads again for the candidate rows alone."""
     check = scan.check
     codes, labels = _codes(check)
     return {"quality": check.quality, "codes": codes, "labels": labels, "signatures": check.signatures}

@@ -48,6 +48,7 @@ from .operator import (
     plan_summaries,
     transport,
 )
+from .shards import PIECE_SCHEMA
 from .writer import RESULT_SCHEMA, SparkEngine, write_run
 
 __all__ = ["plan_files", "write_file_selection"]
@@ -145,7 +146,11 @@ def plan_files(spark, files: Pieces, options: SelectOptions):
             if spec.check_ids:
                 id_check.append(pool.submit(duplicate_ids, _ids(tasks, files, spec.id_column)))
 
-        summaries = plan_summaries(tasks.mapInArrow(summarise, PLAN_SCHEMA), spec, then=check_ids)
+        def vectors(read):  # the exact check's reads of the embedding column, piece k in task k
+            return tasks.mapInArrow(_ReadPiece(read, files, [spec.embedding_column]), PIECE_SCHEMA)
+
+        summaries = plan_summaries(tasks.mapInArrow(summarise, PLAN_SCHEMA), spec, then=check_ids,
+                                   vectors=vectors)
         ids = id_check[0].result() if id_check else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension

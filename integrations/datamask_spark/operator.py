@@ -14,9 +14,10 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    With ``diversity_scope="table"`` (the default) each task keeps its scan instead (checks and
    SimHash signatures, ~44 bytes a row; the plan rows are persisted) and near-duplicates across
    the table are set aside with the search the Dask operator's graph runs, so both engines select
-   the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions the scans are
-   collected and searched on the driver in one task; beyond, the sharded stages run on the
-   executors (:mod:`datamask_spark.shards`) and only the summaries are collected (the same groups).
+   the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions the
+   signatures are collected and the candidates found on the driver in one task; beyond, by the
+   sharded stages on the executors (:mod:`datamask_spark.shards`); the candidates are confirmed on
+   exact cosine on the executors and only the summaries are collected (the same groups).
 2. **Packs** (eager, at call time, only where the plan has packs: table scope, consecutive
    partitions whose eligible rows fit in one chunk together): one ``mapInArrow`` over the select
    columns emits each member partition's eligible rows of its packed cells
@@ -62,24 +63,22 @@ import pyarrow as pa
 from datamask_dask import errors as _errors
 from datamask_dask import telemetry
 from datamask_dask.config import resolve_options
-from datamask_dask.dedup.search import find_groups, one_task
+from datamask_dask.dedup.search import one_task
 from datamask_dask.errors import DataMaskError
 from datamask_dask.io.pieces import to_pandas
 from datamask_dask.options import SelectOptions
 from datamask_dask.partition import explain
 from datamask_dask.partition.checks import (
     SHOW,
-    duplicate_input,
     scan_partition,
     summarise_partition,
-    summarise_scan,
 )
 from datamask_dask.partition.select import PackRows, learn_pack, pack_rows, select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
 
-from .shards import cached, sharded_summaries
+from .shards import PIECE_SCHEMA, cached, searched_summaries, sharded_summaries
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark"]
 
@@ -181,7 +180,10 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
         # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
         # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
         ids = pool.submit(id_report, sdf, spec.id_column) if spec.check_ids else None
-        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec)
+        def vectors(read):  # the exact check reads the embeddings again (table scope), as the scans did
+            return sdf.select(_col(spec.embedding_column)).mapInArrow(read, PIECE_SCHEMA)
+
+        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec, vectors=vectors)
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
@@ -189,17 +191,20 @@ def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | 
     return summaries, ids, dim
 
 
-def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[PartitionSummary]:
+def plan_summaries(plan_rows, spec: SelectSpec, then=None, vectors=None) -> list[PartitionSummary]:
     """Each partition's summary, in partition order, from the plan pass's rows (a DataFrame of
     :data:`PLAN_SCHEMA`, one row per partition), which this runs.
 
     With ``diversity_scope="table"`` the rows hold scans, and near-duplicates across the table are
     set aside by the search the Dask operator runs (:func:`datamask_dask.dedup.search.one_task`
-    decides where by the partitions; the same groups either way): on the driver for a few
-    partitions (the rows' scans collected, ~44 bytes a row), else by the sharded stages on the executors
-    (:func:`datamask_spark.shards.sharded_summaries`: only the summaries reach the driver). The
-    scans are persisted meanwhile (:func:`datamask_spark.shards.cached`). ``then``: called once
-    every partition is scanned.
+    decides where its candidates are found by the partitions; the same groups either way): on the
+    driver for a few partitions (each partition's signatures collected, ~44 bytes a row,
+    :func:`datamask_spark.shards.searched_summaries`), else by the sharded stages on the executors
+    (:func:`datamask_spark.shards.sharded_summaries`); the candidates are confirmed on exact cosine
+    on the executors, and only the summaries reach the driver. The scans are persisted meanwhile
+    (:func:`datamask_spark.shards.cached`), without their embeddings, which the exact check reads
+    again: ``vectors(function)`` runs a ``mapInArrow`` function over the input's embedding column
+    (task ``k`` on partition ``k``). ``then``: called once every partition is scanned.
     """
     if spec.diversity_scope != "table":
         rows = plan_rows.collect()
@@ -215,25 +220,16 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None) -> list[PartitionSumm
             raise pickle.loads(scans.where(f"partition = {failed[0]}").first()["payload"])["error"]  # noqa: S301 (this job's own task payloads)
         n_rows = sum(row["rows"] for row in heads)
         n_parts = max((row["partition"] for row in heads), default=-1) + 1
-        if one_task(n_parts):
-            return gather_summaries(scans.collect(), spec)
-        return gather_summaries(sharded_summaries(scans, spec.duplicate_cosine, n_rows, n_parts), spec)
+        search = searched_summaries if one_task(n_parts) else sharded_summaries
+        return gather_summaries(search(scans, spec.duplicate_cosine, n_rows, n_parts, vectors), spec)
 
 
 def gather_summaries(rows: list, spec: SelectSpec) -> list[PartitionSummary]:
-    """Each partition's summary, in partition order, from the plan pass's collected rows. Rows that
-    hold scans (table scope, a table one task can hold) have the table-wide near-duplicate search
-    run here, on the driver, first."""
+    """Each partition's summary, in partition order, from the plan pass's collected rows."""
     payloads = {row["partition"]: pickle.loads(row["payload"]) for row in rows}  # noqa: S301 (this job's own task payloads)
     failed = [payloads[p]["error"] for p in sorted(payloads) if "error" in payloads[p]]
     if failed:
         raise failed[0]
-    scanned = [p for p in sorted(payloads) if "scan" in payloads[p]]
-    if scanned:  # near-duplicates across the table, as the Dask operator sets aside
-        inputs = [duplicate_input(payloads[p]["scan"]) for p in scanned]
-        groups = find_groups(inputs, spec.duplicate_cosine)
-        for number, found in zip(scanned, groups, strict=True):
-            payloads[number] = {"summary": summarise_scan(payloads[number]["scan"], found)}
     # Spark may skip empty partitions entirely: they plan no rows (select_partition treats a
     # partition beyond the plan as planned empty).
     count = max(payloads, default=-1) + 1

@@ -8,10 +8,17 @@ DataFrame step over the plan pass's scans, so that no task holds more than a sha
    moves, pickled: Spark shuffles a few large binary values, not a row per record),
    repartitioned by round and shard (Spark's shuffle spills to disk, so the rounds need no
    barrier between them);
-2. per shard, the buckets' candidates verified on their signatures
+2. per shard, the buckets' candidates found on their signatures
    (:func:`~datamask_dask.dedup.stages.bucket_edges`), edges repartitioned by the worse row;
-3. per shard of worse rows, each shadowed row's best better neighbour
-   (:func:`~datamask_dask.dedup.stages.best_parents`);
+3. per shard of worse rows, each row's best candidates sent to the vector blocks (consecutive
+   partitions) of their better rows (:func:`~datamask_dask.dedup.stages.request_vectors`), which
+   add those rows' embeddings (:func:`~datamask_dask.dedup.stages.attach_vectors`), then to those
+   of their worse rows, which confirm them on exact cosine
+   (:func:`~datamask_dask.dedup.stages.confirm_edges`): each vector block's requests and its
+   partitions' embeddings meet in one task by a cogroup on the block. The embeddings are read
+   again from the input (a ``mapInArrow`` per step, :class:`VectorRows`): the scans keep none and
+   nothing holding them is persisted. The confirmed edges repartitioned by the worse row, each
+   shadowed row's best better neighbour (:func:`~datamask_dask.dedup.stages.best_parents`);
 4. ``ROUNDS`` rounds of forwarding each shadowed row's count to its parent (DataFrame joins), as
    :func:`~datamask_dask.dedup.stages.forward_weights` does;
 5. the groups grouped by partition, joined to the partition's scan and summarised there
@@ -24,6 +31,7 @@ deliver rows in.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import pickle
 import warnings
@@ -34,15 +42,21 @@ import numpy as np
 import pyarrow as pa
 
 from datamask_dask.dedup.groups import DuplicateGroups
+from datamask_dask.dedup.simhash import SIGNATURE_BYTES
 from datamask_dask.dedup.stages import (
     PARTITIONS_PER_SHARD,
     ROUNDS,
+    attach_vectors,
     band_plan,
     band_records,
     band_rounds,
     best_parents,
     bucket_edges,
+    confirm_edges,
+    read_rows,
+    request_vectors,
     shard_count,
+    wanted_rows,
 )
 from datamask_dask.partition.checks import duplicate_input, summarise_scan
 
@@ -51,27 +65,73 @@ RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled
 # records, and fewer, larger pieces cost less to pickle and shuffle. The groups do not depend on it.
 ROUND_BANDS = 2
 EDGE_SCHEMA = "worse long, better long, quality double"
+PIECE_SCHEMA = "shard int, piece binary"  # a pickled piece for a vector block: embeddings or edges
 PARENT_SCHEMA = "child long, parent long"
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
+_PIECE_ROWS = 1 << 14  # rows of unit embeddings a VectorRows piece holds
 
 
-def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int):
+def searched_summaries(scans, cosine: float, n_rows: int, n_parts: int, vectors):
+    """The plan pass's summaries with near-duplicates across the table set aside (collected rows),
+    for a table whose candidates one task finds (:func:`~datamask_dask.dedup.search.one_task`):
+    each partition's search inputs (signatures, ~44 bytes a row, never the embeddings) collected,
+    the candidates found on the driver (:func:`~datamask_dask.dedup.search.candidate_edges`), then
+    confirmed and grouped on the executors as by :func:`sharded_summaries`, which read the
+    embeddings of the candidates' rows alone (the driver knows them)."""
+    from datamask_dask.dedup.search import candidate_edges
+
+    blocks = shard_count(n_parts, PARTITIONS_PER_SHARD)
+    inputs = {row["partition"]: pickle.loads(row["piece"])  # noqa: S301 (this job's own task payloads)
+              for row in scans.mapInArrow(SearchInputs(), "partition int, piece binary").collect()}
+    empty = {"quality": np.zeros(0), "codes": np.zeros(0, dtype=np.int64), "labels": [],
+             "signatures": np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)}
+    (edges,) = candidate_edges([inputs.get(p, empty) for p in range(n_parts)], cosine, 1)
+    requests = request_vectors([edges], blocks)
+    wanted = [{p: wanted_rows(requests, p, side) for p in range(n_parts)} for side in (1, 0)]
+    session = scans.sparkSession
+    asked = session.createDataFrame([(t, pickle.dumps(piece, protocol=5)) for t, piece in
+                                     enumerate(requests)], PIECE_SCHEMA)
+    return _confirmed_summaries(scans, asked, cosine, blocks, vectors, wanted)
+
+
+def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int, vectors):
     """The plan pass's summaries with near-duplicates across the table set aside (collected rows).
 
     ``scans``: the plan pass's rows (``partition, rows, failed, payload``; each payload a pickled
     ``{"scan": ...}``), none failed, best persisted (it is read twice: for band records, to summarise).
+    ``vectors(function)``: a DataFrame of ``function`` (a ``mapInArrow`` function, :class:`VectorRows`)
+    run over the input's embedding column, task ``k`` on partition ``k``, as the scans read it.
     Returns the collected rows of the same schema whose payloads are pickled ``{"summary": ...}``.
     ``n_rows`` sizes the bands, ``n_parts`` the shards (as the Dask graph's).
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
     plan = band_plan(n_rows)
     records = scans.mapInArrow(BandRecords(plan, shards), RECORD_SCHEMA)
     buckets = records.repartition(len(band_rounds(rounds_of=ROUND_BANDS)) * shards, "round", "shard")
     edges = buckets.mapInArrow(BucketEdges(cosine), EDGE_SCHEMA)
-    parents = edges.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA)
+    asked = edges.repartition(shards, "worse").mapInArrow(RequestVectors(shards), PIECE_SCHEMA)
+    return _confirmed_summaries(scans, asked, cosine, shards, vectors)
+
+
+def _confirmed_summaries(scans, asked, cosine: float, blocks: int, vectors, wanted=(None, None)):
+    """Stage 3 from the candidates' requests (``asked``: piece rows for the vector blocks), then 4-5.
+    ``wanted``: the rows each partition's better and worse reads keep (None: every row)."""
+    better = vectors(VectorRows(wanted[0]))
+    # cogrouped, not a union repartitioned: a union would run the reads inside its own tasks, whose
+    # partition numbers are the union's
+    attached = (asked.groupBy("shard").cogroup(better.groupBy("shard"))
+                .applyInPandas(functools.partial(attach_frame, blocks), PIECE_SCHEMA))
+    worse = vectors(VectorRows(wanted[1]))  # read again, not persisted: no step holds the embeddings
+    confirmed = (attached.groupBy("shard").cogroup(worse.groupBy("shard"))
+                 .applyInPandas(functools.partial(confirm_frame, cosine), EDGE_SCHEMA))
+    return _summaries(scans, confirmed.repartition(blocks, "worse").mapInArrow(BestParents(), PARENT_SCHEMA))
+
+
+def _summaries(scans, parents):
+    """Stages 4-5: the weights forwarded along the parent links, the groups joined to their scans."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     with cached(parents, "the near-duplicate search's parent links") as parents:  # read by every round
         roots = forwarded_counts(parents)
         partition = F.shiftright(F.col("ref"), 32).cast("int").alias("partition")
@@ -162,8 +222,99 @@ class BandRecords:
                          "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces], pa.binary())})
 
 
+class SearchInputs:
+    """Each scanned partition's search inputs (:func:`~datamask_dask.partition.checks.duplicate_input`),
+    pickled, one row per partition."""
+
+    def __call__(self, batches):
+        for batch in batches:
+            for row in batch.select(["partition", "payload"]).to_pylist():
+                part = duplicate_input(pickle.loads(row["payload"])["scan"])  # noqa: S301 (this job's own task payloads)
+                yield pa.RecordBatch.from_pydict({"partition": pa.array([row["partition"]], pa.int32()),
+                                                  "piece": pa.array([pickle.dumps(part, protocol=5)],
+                                                                    pa.binary())})
+
+
+class VectorRows:
+    """A ``mapInArrow`` function over the input's embedding column: its partition's unit embeddings
+    of the ``wanted`` rows (positions per partition; None: every row) as pieces for the partition's
+    vector block, ``_PIECE_ROWS`` rows each."""
+
+    def __init__(self, wanted: dict | None = None):
+        self.wanted = wanted
+
+    def __call__(self, batches):
+        from datamask_dask.io.pieces import to_pandas
+
+        from .operator import partition_number
+
+        number = partition_number()
+        positions = None if self.wanted is None else self.wanted.get(number, np.zeros(0, dtype=np.int64))
+        if positions is not None and not positions.size:  # no candidate here: the column is not converted
+            return
+        batches = [b for b in batches if b.num_rows]
+        if not batches:
+            return
+        series = to_pandas(pa.Table.from_batches(batches)).iloc[:, 0]
+        positions = np.arange(len(series)) if positions is None else positions
+        shard = pa.array([number // PARTITIONS_PER_SHARD], pa.int32())
+        for start in range(0, positions.size, _PIECE_ROWS):  # pieces well under Arrow's 2 GiB a value
+            piece = pickle.dumps(read_rows(series, number, positions[start:start + _PIECE_ROWS]), protocol=5)
+            yield pa.RecordBatch.from_pydict({"shard": shard, "piece": pa.array([piece], pa.binary())})
+
+
+def _pieces(pieces: list) -> pa.RecordBatch:
+    """One row per shard: its piece, pickled."""
+    return pa.RecordBatch.from_pydict({"shard": pa.array(range(len(pieces)), pa.int32()),
+                                       "piece": pa.array([pickle.dumps(p, protocol=5) for p in pieces],
+                                                         pa.binary())})
+
+
+def _unpickled(frame) -> list:
+    """A cogrouped side's pieces (a pandas frame of piece rows), unpickled."""
+    return [pickle.loads(piece) for piece in frame["piece"]]  # noqa: S301 (this job's own task payloads)
+
+
+def _piece_frame(pieces: list):
+    """:func:`_pieces` as the pandas frame a cogroup returns."""
+    return _pieces(pieces).to_pandas()
+
+
+class RequestVectors:
+    """Stage 3: one shard of worse rows' candidate edges, each row's best, sent to the vector blocks
+    of their better rows."""
+
+    def __init__(self, shards: int):
+        self.shards = shards
+
+    def __call__(self, batches):
+        table = _rows(batches)
+        if table is None:
+            return
+        edges = [(_uint64(table.column("worse")), _uint64(table.column("better")),
+                  table.column("quality").to_numpy())]
+        yield _pieces(request_vectors(edges, self.shards))
+
+
+def attach_frame(blocks: int, requests, vectors):
+    """Stage 3 (a cogroup's function, with ``blocks`` bound): one vector block's requests with their
+    better rows' embeddings, sent to the vector blocks of their worse rows. A function, not a
+    callable object: Spark tells ``(left, right)`` from ``(key, left, right)`` by its arguments."""
+    return _piece_frame(attach_vectors(_unpickled(requests), _unpickled(vectors), blocks))
+
+
+def confirm_frame(cosine: float, attached, vectors):
+    """Stage 3 (a cogroup's function, with ``cosine`` bound): one vector block's candidate edges
+    confirmed on exact cosine, as edges."""
+    import pandas as pd
+
+    (worse, better, quality), = confirm_edges(_unpickled(attached), _unpickled(vectors), cosine, 1)
+    return pd.DataFrame({"worse": worse.view(np.int64), "better": better.view(np.int64), "quality": quality})
+
+
 class BucketEdges:
-    """Stage 2: the verified pairs of the task's shards' buckets, as edges ``(worse, better, quality)``."""
+    """Stage 2: the candidate pairs of the task's shards' buckets, as each worse row's best edges
+    ``(worse, better, quality)``."""
 
     def __init__(self, cosine: float):
         self.cosine = cosine
@@ -179,7 +330,7 @@ class BucketEdges:
         # Dask graph passes them
         for _, bucket in itertools.groupby(rows, key=lambda row: row[:2]):
             mine = [pickle.loads(pieces[i].as_py()) for *_, i in bucket]  # noqa: S301 (this job's own task payloads)
-            worse, better, quality = bucket_edges(mine, 1, self.cosine)["pieces"][0]
+            worse, better, quality = bucket_edges(mine, 1, self.cosine, exact=True)["pieces"][0]
             yield pa.RecordBatch.from_arrays([_int64(worse), _int64(better), pa.array(quality, pa.float64())],
                                              names=["worse", "better", "quality"])
 

@@ -232,9 +232,11 @@ def test_bad_scope_options(planted):
         datamask_select(ddf, duplicate_cosine=1.5)
 
 
-def _copy_groups(n_parts=5, rows=300, dim=64, seed=4):
+def _copy_groups(n_parts=5, rows=300, dim=64, seed=4, embeddings=False):
     """Random directions (pairwise cosine ~0 at d = 64), 25% of rows in groups of 2-4 near-copies
-    (pairwise cosine >= 0.97) spread over the partitions; returns find_groups-style inputs."""
+    (pairwise cosine >= 0.97) spread over the partitions; returns find_groups-style inputs. With
+    ``embeddings`` the copies spread from cosine ~0.99 to ~0.93 (many around 0.95) and the inputs
+    carry the embeddings."""
     rng = np.random.default_rng(seed)
     n = n_parts * rows
     emb = rng.standard_normal((n, dim)).astype(np.float32)
@@ -243,7 +245,8 @@ def _copy_groups(n_parts=5, rows=300, dim=64, seed=4):
     while at < n // 4:
         size = int(rng.integers(2, 5))
         members = order[at:at + size]
-        emb[members[1:]] = emb[members[0]] + 0.1 * rng.standard_normal((size - 1, dim)).astype(np.float32)
+        scale = rng.uniform(0.1, 0.4, (size - 1, 1)) if embeddings else 0.1
+        emb[members[1:]] = emb[members[0]] + scale * rng.standard_normal((size - 1, dim)).astype(np.float32)
         groups.append(members)
         at += size
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
@@ -252,7 +255,8 @@ def _copy_groups(n_parts=5, rows=300, dim=64, seed=4):
     sig = signatures(emb, hyperplanes(dim))
     codes = (np.arange(n) % 2).astype(np.int64)  # two groups of the `by` column
     return [{"quality": quality[i * rows:(i + 1) * rows], "codes": codes[i * rows:(i + 1) * rows],
-             "labels": ["x", "y"], "signatures": sig[i * rows:(i + 1) * rows]} for i in range(n_parts)]
+             "labels": ["x", "y"], "signatures": sig[i * rows:(i + 1) * rows],
+             **({"embeddings": emb[i * rows:(i + 1) * rows]} if embeddings else {})} for i in range(n_parts)]
 
 
 @pytest.mark.parametrize(("shards", "row_shards"), [(1, 1), (3, 2), (8, 3)])
@@ -301,22 +305,33 @@ def test_best_edges_and_key_order_match_their_sorts():
 
 
 @pytest.mark.parametrize(("wiring", "method"), [("task_groups", None), ("shuffled_groups", "tasks"),
-                                               ("shuffled_groups", "p2p")])
+                                               ("shuffled_groups", "p2p"), ("table_groups", None)])
+@pytest.mark.parametrize("exact", [False, True])
 @pytest.mark.slow
-def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method):
-    """Both wirings of the search give the in-process stages' groups, whatever order a shuffle
-    delivers rows in (the DataFrame shuffles: in memory on the synchronous scheduler, p2p on a
-    cluster)."""
+def test_sharded_graph_on_dask_gives_the_same_groups(client, wiring, method, exact):
+    """Every wiring of the search (one task: its candidates, with ``exact``) gives the in-process
+    stages' groups, whatever order a shuffle delivers rows in (the DataFrame shuffles: in memory on
+    the synchronous scheduler, p2p on a cluster); with the embeddings, checked on exact cosine in
+    vector blocks whose tasks read their partitions again (the Delayed reads run inside them)."""
     import dask
 
     from datamask_dask.dedup import dask_graph as search
     from datamask_dask.dedup.stages import find_groups_sharded
 
-    parts = _copy_groups(n_parts=9, rows=120)
+    parts = _copy_groups(n_parts=9, rows=120, embeddings=exact)
+    signed = [dask.delayed({k: v for k, v in p.items() if k != "embeddings"}) for p in parts]
+    vectors = [dask.delayed({"embeddings": p["embeddings"]}) for p in parts] if exact else None
     with dask.config.set({"dataframe.shuffle.method": method}):
-        graph = getattr(search, wiring)([dask.delayed(p) for p in parts], 0.95, dask.delayed(9 * 120))
+        if wiring == "table_groups":
+            graph = search.table_groups(signed, 0.95, vectors)
+        else:
+            graph = getattr(search, wiring)(signed, 0.95, dask.delayed(9 * 120), vectors)
     expected = find_groups_sharded(parts)[0]
-    assert sum(len(g.shadowed) for g in expected) > 100
+    if exact:  # the exact check decided: some pairs the signatures pass are not set aside, or the reverse
+        estimated = find_groups_sharded(dask.compute(*signed))[0]
+        assert any(not np.array_equal(a.shadowed, b.shadowed)
+                   for a, b in zip(expected, estimated, strict=True))
+    assert sum(len(g.shadowed) for g in expected) > (50 if exact else 100)  # exact: fewer copies above 0.95
     for scheduler in ("sync", client) if method != "p2p" else (client,):
         got = dask.compute(*graph, scheduler=scheduler)
         for one, other in zip(expected, got, strict=True):

@@ -7,8 +7,15 @@ import pytest
 
 from datamask_dask.dedup.groups import DuplicateGroups
 from datamask_dask.dedup.search import ONE_TASK_PARTITIONS, find_groups, one_task
-from datamask_dask.dedup.simhash import SIGNATURE_BITS, hamming_threshold
-from datamask_dask.dedup.stages import FULL_BUCKET, ROUNDS, band_plan, find_groups_sharded
+from datamask_dask.dedup.simhash import SIGNATURE_BITS, hamming_threshold, hyperplanes, signatures
+from datamask_dask.dedup.stages import (
+    CANDIDATES,
+    FULL_BUCKET,
+    ROUNDS,
+    band_plan,
+    candidate_limit,
+    find_groups_sharded,
+)
 
 KEYS = ("shadowed", "kept", "weights", "parent", "parents")
 
@@ -99,9 +106,12 @@ def test_one_task_and_many_shards_find_the_same_groups():
 
 def _rule(parts: list[dict], cosine: float = 0.95) -> list[dict]:
     """The rule from its statement, pair by pair, for tables whose buckets all take every pair:
-    candidates share a band's bits and a group; a verified candidate within the Hamming limit; a
-    row with a verified better one is shadowed and points to its best; a kept row stands for
-    itself and the rows whose pointers reach it within ``ROUNDS`` steps."""
+    candidates share a band's bits and a group, within the Hamming limit; without embeddings a
+    candidate is verified, with them a row's ``CANDIDATES`` best better candidates are tried and
+    those at exact cosine >= ``cosine`` verified; a row with a verified better one is shadowed and
+    points to its best; a kept row stands for itself and the rows whose pointers reach it within
+    ``ROUNDS`` steps."""
+    exact = "embeddings" in parts[0]
     quality = np.concatenate([p["quality"] for p in parts])
     group = np.concatenate([np.asarray(p["labels"], dtype=object)[p["codes"]] for p in parts])
     bits = np.unpackbits(np.concatenate([p["signatures"] for p in parts]), axis=1)
@@ -113,14 +123,22 @@ def _rule(parts: list[dict], cosine: float = 0.95) -> list[dict]:
     for band in values:  # every bucket small enough to take all its pairs
         assert np.unique(band, return_counts=True)[1].max() <= FULL_BUCKET
     distance = (bits[:, None, :] != bits[None, :, :]).sum(axis=2)
-    near = candidate & (distance <= hamming_threshold(cosine)) & ~np.eye(n, dtype=bool)
+    near = candidate & (distance <= candidate_limit(cosine, exact)) & ~np.eye(n, dtype=bool)
     rank = np.empty(n, dtype=np.int64)
     rank[np.lexsort((np.arange(n), -quality))] = np.arange(n)
+    if exact:
+        unit = np.concatenate([p["embeddings"] for p in parts]).astype(np.float64)
+        unit /= np.linalg.norm(unit, axis=1, keepdims=True)
+        similar = unit @ unit.T >= cosine
     parent = np.full(n, -1)
     for row in range(n):
         better = np.flatnonzero(near[row] & (rank < rank[row]))
+        better = better[np.argsort(rank[better])]
+        if exact:
+            better = better[:CANDIDATES]
+            better = better[similar[row, better]]
         if better.size:
-            parent[row] = better[np.argmin(rank[better])]
+            parent[row] = better[0]
     weight = np.ones(n, dtype=np.int64)
     for row in np.flatnonzero(parent >= 0):
         at, steps = parent[row], 1
@@ -152,6 +170,92 @@ def test_the_groups_follow_the_rule_pair_by_pair():
         _assert_same(expected, find_groups_sharded(parts, shards=3)[0])
         shadowed += sum(len(g.shadowed) for g in expected)
     assert shadowed > 100
+
+
+def _embedded_table(rng, dim: int = 48) -> list[dict]:
+    """A small table of random unit embeddings with planted near-copies at cosines around 0.95
+    (0.90 to 1.0: many pairs just below it, and close pairs beside them), copies of copies, ties in
+    quality, partitions of random sizes (some empty) and sometimes a ``by`` column; its
+    signatures, and the embeddings."""
+    emb = rng.standard_normal((int(rng.integers(30, 100)), dim))
+    copies = []
+    for _ in range(int(rng.integers(10, 40))):
+        source = emb[int(rng.integers(len(emb)))] if not copies or rng.random() < 0.7 else copies[-1]
+        u = source / np.linalg.norm(source)
+        w = rng.standard_normal(dim)
+        w -= (w @ u) * u
+        cosine = rng.uniform(0.90, 1.0)
+        copies.append(cosine * u + np.sqrt(1 - cosine**2) * w / np.linalg.norm(w))
+    emb = np.concatenate([emb, np.stack(copies)])[rng.permutation(len(emb) + len(copies))].astype(np.float32)
+    quality = rng.integers(0, 6, len(emb)) / 4
+    sig = signatures(emb, hyperplanes(dim))
+    labels = [None] if rng.random() < 0.6 else ["x", "y"]
+    codes = rng.integers(0, len(labels), len(emb))
+    bounds = np.r_[0, np.sort(rng.integers(0, len(emb) + 1, int(rng.integers(0, 5)))), len(emb)]
+    return [{"quality": quality[lo:hi], "codes": codes[lo:hi], "labels": labels, "signatures": sig[lo:hi],
+             "embeddings": emb[lo:hi]} for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def test_with_embeddings_the_groups_follow_the_exact_rule_pair_by_pair():
+    """Candidates found on the signatures, each row's best confirmed on exact cosine: the one-task
+    search (compiled) and the sharded stages, whatever their shards, give the rule's groups."""
+    rng = np.random.default_rng(43)
+    shadowed = 0
+    for _ in range(20):
+        parts = _embedded_table(rng)
+        expected = _rule(parts)
+        _assert_same(expected, find_groups(parts))
+        for shards, row_shards in [(1, 1), (3, 2), (5, 4)]:
+            _assert_same(expected, find_groups_sharded(parts, shards=shards, row_shards=row_shards)[0])
+        shadowed += sum(len(g.shadowed) for g in expected)
+    assert shadowed > 100
+
+
+def _pair(rng, cosine: float, planes: np.ndarray, accept) -> np.ndarray:
+    """Two unit rows at exact ``cosine`` whose signatures' Hamming distance ``accept`` takes, and
+    that share one of the bands of a small table (so that the search tries them)."""
+    positions = band_plan(100)["positions"]
+    while True:
+        u = rng.standard_normal(planes.shape[0])
+        u /= np.linalg.norm(u)
+        w = rng.standard_normal(planes.shape[0])
+        w -= (w @ u) * u
+        pair = np.stack([u, cosine * u + np.sqrt(1 - cosine**2) * w / np.linalg.norm(w)]).astype(np.float32)
+        bits = np.unpackbits(signatures(pair, planes), axis=1)
+        shared = any((bits[0, band] == bits[1, band]).all() for band in positions)
+        if shared and accept(int((bits[0] != bits[1]).sum())):
+            return pair
+
+
+def test_a_pair_just_below_the_threshold_whose_signatures_collide_stays(monkeypatch):
+    """Rows at exact cosine 0.94 whose signatures are within the Hamming limit of 0.95: on signatures
+    alone the worse is set aside; with the embeddings both stay. Rows at 0.96 whose signatures put
+    them beyond that limit (but within the candidates' wider one): with the embeddings the worse is
+    set aside. The one-task search (compiled and not) and the sharded stages agree."""
+    from datamask_dask.dedup import search
+
+    rng = np.random.default_rng(11)
+    dim = 32
+    planes = hyperplanes(dim)
+    limit = hamming_threshold(0.95)
+    below = _pair(rng, 0.94, planes, lambda d: d <= limit)
+    above = _pair(rng, 0.96, planes, lambda d: limit < d <= candidate_limit(0.95, True))
+    emb = np.concatenate([below, above, rng.standard_normal((36, dim))]).astype(np.float32)
+    quality = np.r_[1.0, 0.5, 1.0, 0.5, np.zeros(36)]  # rows 1 and 3 the worse of their pairs
+    sig = signatures(emb, planes)
+    parts = [{"quality": quality[lo:hi], "codes": np.zeros(hi - lo, dtype=np.int64), "labels": [None],
+              "signatures": sig[lo:hi], "embeddings": emb[lo:hi]} for lo, hi in ((0, 1), (1, 40))]
+    signed = [{k: v for k, v in p.items() if k != "embeddings"} for p in parts]
+
+    def shadowed(groups):
+        return sorted(int(i) + (1 if p else 0) for p, g in enumerate(groups) for i in g.shadowed)
+
+    assert shadowed(find_groups(signed)) == [1]
+    for compiled_rows in (0, 10**9):
+        monkeypatch.setattr(search, "COMPILED_ROWS", compiled_rows)
+        assert shadowed(find_groups(parts)) == [3]
+    for shards in (1, 2, 3):
+        assert shadowed(find_groups_sharded(parts, shards=shards)[0]) == [3]
 
 
 @pytest.mark.parametrize(("quality", "shadowed", "kept"), [

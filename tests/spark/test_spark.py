@@ -79,13 +79,15 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("persist", ["allowed", "refused"])
+@pytest.mark.parametrize(("persist", "one_task"), [("allowed", False), ("refused", False), ("allowed", True)])
 def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark, tmp_path, monkeypatch,
-                                                                          persist):
-    """Above ONE_TASK_PARTITIONS Spark's plan runs the sharded stages as DataFrame steps: the driver
-    collects summaries, never a scan, and the plan's shadowed rows and kept rows' weights (chains
-    of near-copies included) are those of the Dask graph on the same partitions. A session that
-    refuses to persist (serverless Spark Connect) gets the same plan, with a warning."""
+                                                                          persist, one_task):
+    """Above ONE_TASK_PARTITIONS Spark's plan runs the sharded stages as DataFrame steps, up to it
+    finds the candidates on the driver; either way the exact check runs on the executors: the
+    driver collects summaries, never a scan, and the plan's shadowed rows and kept rows' weights
+    (chains of near-copies, and copies around the threshold, included) are those of the Dask graph
+    on the same partitions. A session that refuses to persist (serverless Spark Connect) gets the
+    same plan, with a warning."""
     import contextlib
 
     import dask.dataframe as dd
@@ -103,7 +105,7 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
     emb = np.stack(table["feature_arr"].to_numpy())
     sources = rng.choice(600, 300, replace=False)  # 1-3 near-copies each (cosine ~0.97-0.99), later on
     copies = np.repeat(sources, rng.integers(1, 4, sources.size))
-    noise = rng.uniform(0.12, 0.22, (copies.size, 1)) / 4 * rng.standard_normal((copies.size, 16))
+    noise = rng.uniform(0.12, 0.4, (copies.size, 1)) / 4 * rng.standard_normal((copies.size, 16))
     values = np.concatenate([emb, emb[copies] + noise]).astype(np.float32).ravel()
     features = pa.FixedSizeListArray.from_arrays(pa.array(values), 16)
     n = len(table) + copies.size
@@ -112,7 +114,7 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
                           "text": [f"document {i}" for i in range(n)]})
     path = tmp_path / "near-copies"
     datamask_dask.write_parquet(dd.from_pandas(table, npartitions=6, sort=False), path)
-    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)  # the sharded stages at any size
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 0)  # 0: the sharded stages
     collected = []
     real = spark_operator.gather_summaries
     monkeypatch.setattr(spark_operator, "gather_summaries",
