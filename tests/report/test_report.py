@@ -248,8 +248,9 @@ def test_task_names_say_what_they_are():
     _, plan = plan_selection(ddf, 0.1, **FAST)
     assert key_split(plan.key) == "datamask-plan"
     prefixes = {key_split(k) for k in dict(plan.__dask_graph__())}
-    assert {"datamask-plan-scan", "datamask-plan-duplicates", "datamask-plan-partition",
-            "datamask-plan-ids"} <= prefixes  # the default table scope
+    assert {"datamask-plan-scan", "datamask-plan-partition", "datamask-plan-ids"} <= prefixes
+    # the default table scope: the near-duplicate search's steps, each named under one prefix
+    assert {"datamask-plan-duplicates-candidates", "datamask-plan-duplicates-confirm"} <= prefixes
     _, plan = plan_selection(ddf, 0.1, diversity_scope="partition", **FAST)
     prefixes = {key_split(k) for k in dict(plan.__dask_graph__())}
     assert {"datamask-plan-partition", "datamask-plan-ids"} <= prefixes
