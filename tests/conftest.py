@@ -60,6 +60,37 @@ def read_files(spark, directory):
     return frame
 
 
+def local_spark():
+    """The tests' classic local[2] Spark session: started by the first module that needs it and shared by
+    the others (``getOrCreate`` returns the running one; a module that needs a setting sets it for its
+    own tests). Stopped at the end of the session, or by a module that needs the process to itself."""
+    from pyspark.sql import SparkSession
+
+    spark_worker_environment()
+    session = (SparkSession.builder.master("local[2]").appName("datamask-tests")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    return session
+
+
+def stop_local_spark() -> None:
+    """Stop the classic Spark session if one runs (a local Spark Connect server needs the process)."""
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_spark_at_the_end():
+    yield
+    stop_local_spark()
+
+
 @pytest.fixture(scope="session")
 def client():
     """A distributed Client on a LocalCluster of 2 worker processes with 1 thread each.

@@ -237,18 +237,11 @@ def test_an_iceberg_table_on_s3_to_s3_parquet(s3, local_corpus, local_run, tmp_p
 
 def test_the_spark_file_job_reads_and_writes_s3_without_a_hadoop_connector(s3, s3_corpus, local_run):
     pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
-    from conftest import spark_worker_environment
+    from conftest import local_spark
     from datamask_spark.files import write_file_selection
-    from pyspark.sql import SparkSession
 
-    spark_worker_environment()
-    spark = (SparkSession.builder.master("local[2]").appName("datamask-s3-test")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    try:
-        record = write_file_selection(spark, s3_corpus, "s3://lake/spark-out", storage_options=s3, **OPTIONS)
-    finally:
-        spark.stop()
+    record = write_file_selection(local_spark(), s3_corpus, "s3://lake/spark-out", storage_options=s3,
+                                  **OPTIONS)
     assert record["rows"] == 1800 and record["selected"] == 180
     assert _selected_ids("s3://lake/spark-out", s3) == _selected_ids(local_run)  # --engine dask's rows
     assert read_record(resolve("s3://lake/spark-out", s3))["engine"] == "spark"

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
 
-from conftest import FAST, read_files, spark_worker_environment  # noqa: E402
+from conftest import FAST, local_spark, read_files  # noqa: E402
 from datamask_spark import datamask_select, spark_errors  # noqa: E402
 
 import datamask_dask  # noqa: E402
@@ -22,15 +22,7 @@ from datamask_dask.errors import InputDataError, OptionError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def spark():
-    from pyspark.sql import SparkSession
-
-    spark_worker_environment()
-    session = (SparkSession.builder.master("local[2]").appName("datamask-tests")
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
+    return local_spark()  # the session the other Spark modules share
 
 
 @pytest.fixture(scope="module")
