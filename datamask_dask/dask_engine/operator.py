@@ -272,7 +272,9 @@ def plan_graph(ddf, spec: SelectSpec):
             scan, dask_key_name=_key("datamask-plan-signatures", scan)) for scan in scans]
         # the exact check reads the candidate rows' embeddings again, inside its own tasks: the
         # scans keep none, so the process never holds the table's embeddings
-        vectors = column_reads(ddf, [spec.embedding_column], name="datamask-plan-vectors")
+        reads = column_reads(ddf, [spec.embedding_column], name="datamask-plan-vectors")
+        vectors = [dask.delayed(adapters.embedding_rows, pure=True)(
+            read, i, dask_key_name=_key("datamask-plan-rows", read, i)) for i, read in enumerate(reads)]
         groups = table_groups(inputs, spec.duplicate_cosine, vectors)  # of the whole table
         summaries = [dask.delayed(summarise_scan, pure=True)(
             scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))

@@ -21,6 +21,7 @@ whatever order a shuffle delivers rows in.
 from __future__ import annotations
 
 import operator
+import sys
 
 import dask
 import numpy as np
@@ -219,11 +220,8 @@ def rereads(vectors: list) -> list:
     cannot be read inside another task)."""
     from dask.core import get_dependencies
 
-    try:
-        from distributed import futures_of
-    except ImportError:  # no distributed: nothing can be persisted
-        def futures_of(_):
-            return []
+    distributed = sys.modules.get("distributed")  # not imported: no future can be in the graph
+    futures_of = distributed.futures_of if distributed is not None else (lambda _: [])
     # the reads' layers merged once (they share most of them): culling each read's own graph
     # would walk the table's graph once a partition
     graph, seen = {}, {}

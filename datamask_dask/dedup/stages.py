@@ -43,6 +43,7 @@ import math
 
 import numpy as np
 
+from ..errors import InputDataError
 from .groups import DuplicateGroups
 from .simhash import (
     CANDIDATE_MARGIN,
@@ -370,14 +371,12 @@ def vector_block(refs: np.ndarray, per: int = PARTITIONS_PER_SHARD) -> np.ndarra
 def read_rows(part, number: int, positions: np.ndarray) -> tuple:
     """Partition ``number``'s unit embeddings of the rows at sorted ``positions``, ``(refs,
     vectors)`` float32. ``part``: the partition as read, a dict with ``"embeddings"`` (n, dim), or
-    its embedding column (a series, or a frame of that one column)."""
+    an embedding source whose ``rows(positions)`` converts rows of its column
+    (:func:`datamask_dask.partition.adapters.embedding_rows`, which the engines wrap their reads in)."""
     refs = (np.uint64(number) << np.uint64(32)) | positions.astype(np.uint64)
     if isinstance(part, dict):
         return refs, unit_vectors(np.asarray(part["embeddings"])[positions])
-    from ..partition import adapters
-
-    series = part.iloc[:, 0] if hasattr(part, "columns") else part
-    source = adapters.embedding_source(series, f"partition {number}")
+    source = part
     blocks = []
     for start in range(0, positions.size, _READ_ROWS):  # a batch of rows converted at a time
         block = source.rows(positions[start:start + _READ_ROWS])
@@ -428,6 +427,11 @@ def _vectors(pieces: list) -> tuple[np.ndarray, np.ndarray]:
     pieces = [p for p in pieces if p[0].size]
     if not pieces:
         return np.zeros(0, dtype=np.uint64), np.zeros((0, 0), dtype=np.float32)
+    for p in pieces[1:]:  # the plan's own check may not have run yet: say what is wrong, not numpy's error
+        if p[1].shape[1] != pieces[0][1].shape[1]:
+            raise InputDataError(f"partition {int(p[0][0] >> np.uint64(32))}: the embedding column has "
+                                 f"{p[1].shape[1]} dimensions but {pieces[0][1].shape[1]} elsewhere; every "
+                                 "row needs the same dimension")
     ref = np.concatenate([p[0] for p in pieces])
     vectors = np.concatenate([p[1] for p in pieces])
     order = np.argsort(ref)

@@ -313,3 +313,9 @@ class _CudfEmbeddings:
     def span(self, start: int, stop: int):
         """Rows ``start:stop`` (read-only use)."""
         return self.rows(np.arange(start, stop))
+
+
+def embedding_rows(part, number: int) -> EmbeddingSource:
+    """A partition's embedding column as read (a series, or a frame of that one column) as the source
+    the near-duplicate check reads its candidate rows from."""
+    return embedding_source(part.iloc[:, 0] if hasattr(part, "columns") else part, f"partition {number}")

@@ -58,6 +58,7 @@ from datamask_dask.dedup.stages import (
     shard_count,
     wanted_rows,
 )
+from datamask_dask.partition.adapters import embedding_rows
 from datamask_dask.partition.checks import duplicate_input, summarise_scan
 
 RECORD_SCHEMA = "round int, shard int, partition int, piece binary"  # a pickled band_records piece
@@ -257,9 +258,10 @@ class VectorRows:
             return
         series = to_pandas(pa.Table.from_batches(batches)).iloc[:, 0]
         positions = np.arange(len(series)) if positions is None else positions
+        source = embedding_rows(series, number)
         shard = pa.array([number // PARTITIONS_PER_SHARD], pa.int32())
         for start in range(0, positions.size, _PIECE_ROWS):  # pieces well under Arrow's 2 GiB a value
-            piece = pickle.dumps(read_rows(series, number, positions[start:start + _PIECE_ROWS]), protocol=5)
+            piece = pickle.dumps(read_rows(source, number, positions[start:start + _PIECE_ROWS]), protocol=5)
             yield pa.RecordBatch.from_pydict({"shard": shard, "piece": pa.array([piece], pa.binary())})
 
 

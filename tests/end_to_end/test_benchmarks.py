@@ -130,7 +130,7 @@ def test_every_way_of_bench_rounds_selects_exactly_k_rows_and_one_piece_is_score
     monkeypatch.setitem(bench_quality.CASES, "tiny", bench_quality.Case(1200, 8, 4, 6, "topics", 300))
     table = bench_rounds.prepare("tiny")
     results = bench_rounds.compare(table, "Pair_simi", 0.0, bench_rounds.ways([2, 3]))
-    assert table.k == 120 and len(results) == 9
+    assert table.k == 120 and len(results) == 12
     for name, (selection, _) in results.items():
         assert np.unique(selection.rows).size == table.k, name
         assert np.isin(selection.rows, table.eligible).all(), name  # near-duplicates set aside stay out
