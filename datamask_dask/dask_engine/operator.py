@@ -65,9 +65,9 @@ from ..partition.checks import (
     summarise_partition,
     summarise_scan,
 )
-from ..partition.select import learn_pack, pack_rows, select_partition
+from ..partition.select import learn_pack, pack_curve, pack_rows, select_partition
 from ..partition.spec import SelectSpec, spec_from_meta
-from ..plan.reduce import make_plan
+from ..plan.reduce import make_plan, share_regions
 from ..plan.types import Plan
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
@@ -187,6 +187,9 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     if isinstance(plan, Delayed):
         with worker_deaths_explained():
             plan = plan.compute(scheduler=scheduler or _holder(ddf))
+    if plan.unshared:
+        with worker_deaths_explained():
+            plan = share_graph(partitions(ddf), plan).compute(scheduler=scheduler or _holder(ddf))
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
     if spec.score_column:
@@ -239,6 +242,23 @@ def pack_graph(parts: list, plan: Plan, plan_node, todo) -> dict[int, object]:
     return {p: listed("datamask-pack-results", tasks) for p, tasks in learned.items()}
 
 
+def share_graph(parts: list, plan: Plan) -> Delayed:
+    """The regions' quotas, lazily: each region's marginal-gain curve from its members' rows
+    (:func:`~datamask_dask.partition.select.pack_curve`), shared by
+    :func:`~datamask_dask.plan.reduce.share_regions` into the plan the select pass follows."""
+    plan_node = dask.delayed(plan, traverse=False)
+    members = sorted({p for pack in plan.packs for p in pack.partitions})
+    rows = {p: dask.delayed(pack_rows, pure=True)(
+        parts[p], plan_node, {"number": p},
+        dask_key_name=_key("datamask-region-rows", parts[p], plan_node, p)) for p in members}
+    curves = [dask.delayed(pack_curve, pure=True)(
+        listed("datamask-region-members", [rows[p] for p in pack.partitions]), plan_node, index,
+        dask_key_name=_key("datamask-region-curve", plan_node, index))
+        for index, pack in enumerate(plan.packs)]
+    return dask.delayed(share_regions, pure=True)(plan_node, listed("datamask-region-curves", curves),
+                                                  dask_key_name=_key("datamask-region-quotas", plan_node))
+
+
 def partitions(ddf) -> list:
     """``ddf``'s partitions as the plan pass reads them: ``ddf.to_delayed()``, one Delayed each.
 
@@ -266,7 +286,7 @@ def plan_graph(ddf, spec: SelectSpec):
     parts = column_reads(ddf, spec.plan_columns)
     if spec.diversity_scope == "table":
         scans = [dask.delayed(scan_partition, pure=True)(
-            part, i, spec, dask_key_name=_key("datamask-plan-scan", part, i, spec))
+            part, i, spec, len(parts), dask_key_name=_key("datamask-plan-scan", part, i, spec, len(parts)))
             for i, part in enumerate(parts)]
         inputs = [dask.delayed(duplicate_input, pure=True)(
             scan, dask_key_name=_key("datamask-plan-signatures", scan)) for scan in scans]
@@ -306,7 +326,11 @@ def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None
     # on it even where it is not Dask's default
     with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
         plan = plan_graph(ddf, spec)
-    return progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
+    plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
+    if plan.unshared:
+        plan = progress_bars.compute(share_graph(partitions(ddf), plan), scheduler=scheduler,
+                                     progress=progress)[0]
+    return plan
 
 
 def column_reads(ddf, columns: list[str], name: str = "datamask-plan-read") -> list:

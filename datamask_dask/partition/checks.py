@@ -31,6 +31,7 @@ from .. import telemetry
 from ..dedup import simhash
 from ..dedup.groups import DuplicateGroups
 from ..errors import InputDataError, Problem, problems_error
+from ..plan import regions
 from ..plan.memory import check_memory, plan_memory
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
@@ -329,13 +330,16 @@ class Scan:
     check: PartitionCheck  # quality, codes, signatures...
     stages: dict  # seconds of the read and the checks
     ids: np.ndarray | None = None  # explain: the ids, to name the rows near-duplicates stand behind
+    sample: np.ndarray | None = None  # pieces="regions": evenly spaced unit rows, for the centroids
 
 
-def scan_partition(frame, number: int, spec: SelectSpec) -> Scan:
+def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) -> Scan:
     """Round 1 of the plan pass: one partition's checks (raising on bad data), kept for its summary.
 
     With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
-    :func:`duplicate_input` sends to :func:`datamask_dask.dedup.search.find_groups`.
+    :func:`duplicate_input` sends to :func:`datamask_dask.dedup.search.find_groups`. With
+    ``pieces="regions"`` it keeps evenly spaced unit rows for the regions' centroids, its share of the
+    table's sample (``partitions``: the table's partition count).
     """
     with telemetry.timed("check"):
         check = check_partition(frame, number, spec)
@@ -348,7 +352,21 @@ def scan_partition(frame, number: int, spec: SelectSpec) -> Scan:
     # this thread's stage seconds since the last take: the read of these columns and the checks
     stages = {f"plan {stage}": s for stage, s in telemetry.take().items()}
     named = spec.explain and spec.diversity_scope == "table"  # to name the rows near-duplicates stand behind
-    return Scan(check, stages, adapters.host_values(frame, spec.id_column).to_numpy() if named else None)
+    sample = region_sample(frame, number, spec, partitions, check.dim) if spec.pieces == "regions" else None
+    return Scan(check, stages, adapters.host_values(frame, spec.id_column).to_numpy() if named else None,
+                sample)
+
+
+def region_sample(frame, number: int, spec: SelectSpec, partitions: int, dim: int | None) -> np.ndarray:
+    """Evenly spaced rows of the partition's embeddings (:func:`~datamask_dask.plan.regions.sample_count`),
+    as unit float32 rows on the host."""
+    if not dim:
+        return np.zeros((0, 0), dtype=np.float32)
+    positions = regions.sample_positions(len(frame), regions.sample_count(partitions, dim))
+    rows = adapters.embedding_source(frame[spec.embedding_column], f"partition {number}").rows(positions)
+    rows = rows if isinstance(rows, np.ndarray) else rows.float().cpu().numpy()
+    rows = np.asarray(rows, dtype=np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
 def duplicate_input(scan: Scan) -> dict:
@@ -366,10 +384,10 @@ def summarise_scan(scan: Scan, groups: DuplicateGroups | None = None) -> Partiti
     shadowed rows, and its kept rows with the group sizes they stand for).
     """
     if groups is None:
-        return dataclasses.replace(summarise_check(scan.check), stages=scan.stages)
+        return dataclasses.replace(summarise_check(scan.check), stages=scan.stages, sample=scan.sample)
     summary = summarise_check(scan.check, groups.shadowed, groups.kept, groups.weights)
     links = duplicate_links(scan, groups) if scan.ids is not None else None
-    return dataclasses.replace(summary, stages=scan.stages, links=links)
+    return dataclasses.replace(summary, stages=scan.stages, links=links, sample=scan.sample)
 
 
 def duplicate_links(scan: Scan, groups: DuplicateGroups) -> dict:

@@ -25,6 +25,7 @@ import numpy as np
 from .. import telemetry
 from ..errors import InputDataError, OptionError
 from ..learn.engine import learn_mask
+from ..plan import regions
 from ..plan.memory import MemoryPlan, check_memory, plan_memory
 from ..plan.quotas import fit_budget, split_budget, split_quota
 from ..plan.types import Cell, Plan
@@ -50,6 +51,7 @@ class _Partition:
     selected: np.ndarray
     scores: np.ndarray | None
     reasons: np.ndarray | None  # explain: each row's reason code (explain.REASONS), set as steps decide
+    region: int | None = None  # a region's pack: the region (it seeds the chunks too)
 
     @property
     def spec(self) -> SelectSpec:
@@ -82,6 +84,7 @@ class PackRows:
 class PackResult:
     """A pack's outcome for one member's eligible rows (those of its :class:`PackRows`)."""
 
+    positions: np.ndarray  # int64: the rows' positions in the member partition
     selected: np.ndarray  # bool
     scores: np.ndarray | None  # float32 logits, with score_column
     reasons: np.ndarray | None  # int8 codes, with explain (selected rows are marked by the member)
@@ -94,7 +97,7 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
     """Add ``selected`` (and the score column) to one partition, following the plan.
 
     ``packs``: the outputs of :func:`learn_pack` for the packs this partition is in (any others are
-    ignored), as ``{(partition, group): PackResult}`` mappings."""
+    ignored), as ``{(partition, pack index): PackResult}`` mappings."""
     spec = plan.spec
     number = partition_info["number"] if partition_info is not None else 0
     n = len(frame)
@@ -104,23 +107,29 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
     reasons = np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None
     part = _open(frame, plan, number, selected, scores, reasons)
     if part is not None:
+        packed: list[int] = []
         for cell, rows, where in _cells(part):
             eligible = _eligible(part, cell, rows)
-            if plan.pack_of(number, cell.group) is None:
+            index = plan.pack_of(number, cell.group)
+            if plan.regional:
+                packed += plan.packs_of(number) if eligible.size else []
+            elif index is None:
                 _select_cell(part, cell, eligible, where)
-                continue
-            key = (number, cell.group)
+            else:
+                packed.append(index)
+        for index in packed:
+            key = (number, index)
             result = next((mapping[key] for mapping in packs if key in mapping), None)
             if result is None:
-                raise RuntimeError(f"{where}: the result of its pack is missing; please report this with "
-                                   "the run record")
+                raise RuntimeError(f"partition {number}: the result of pack {index} is missing; please "
+                                   "report this with the run record")
             telemetry.keep_curves(list(result.curves))
             telemetry.keep(result.stages)  # into this partition's marker
-            selected[eligible[result.selected]] = True
+            selected[result.positions[result.selected]] = True
             if scores is not None and result.scores is not None:  # both, with a score column
-                scores[eligible] = result.scores
+                scores[result.positions] = result.scores
             if reasons is not None:
-                reasons[eligible] = result.reasons
+                reasons[result.positions] = result.reasons
     columns = {spec.selected_column: selected}
     if spec.score_column and scores is not None:  # made above for the score column
         columns[spec.score_column] = scores
@@ -131,24 +140,43 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
 
 
 def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
-    """This partition's eligible rows of each packed cell, by group: its part of :func:`learn_pack`'s
-    input (checked as a select task checks them)."""
+    """This partition's eligible rows of each pack it is in, by pack index: its part of
+    :func:`learn_pack`'s input (checked as a select task checks them). In regions, each eligible row
+    goes to its region's pack (:func:`datamask_dask.plan.regions.assign`), and every region gets an
+    entry, empty where no row of the partition lies in it."""
     number = partition_info["number"] if partition_info is not None else 0
     part = _open(frame, plan, number)
     out: dict[int, PackRows] = {}
     if part is None:
         return out
     for cell, rows, where in _cells(part):
-        if plan.pack_of(number, cell.group) is None:
+        index = plan.pack_of(number, cell.group)
+        if index is None and not plan.regional:
             continue
         eligible = _eligible(part, cell, rows)
         with telemetry.timed("extract"):
             embeddings = _unit_rows(part, eligible, where)  # on the GPU it stays there: the pack learns there
-        out[cell.group] = PackRows(
-            partition=number, positions=eligible, quality=part.quality[eligible], embeddings=embeddings,
-            tokens=None if part.tokens is None else part.tokens[eligible],
-            weights=None if part.weights is None else part.weights[eligible], device=part.device)
+        if plan.regional and plan.centroids is not None:
+            if not eligible.size:
+                continue
+            pack_of_row = plan.pack_of_region()[regions.assign(_host(embeddings), plan.centroids)]
+            for index in plan.packs_of(number):
+                mine = np.flatnonzero(pack_of_row == index)
+                out[index] = _pack_part(part, number, eligible[mine], embeddings[mine])
+        elif index is not None:
+            out[index] = _pack_part(part, number, eligible, embeddings)
     return out
+
+
+def _pack_part(part: _Partition, number: int, positions: np.ndarray, embeddings) -> PackRows:
+    return PackRows(partition=number, positions=positions, quality=part.quality[positions],
+                    embeddings=embeddings, tokens=None if part.tokens is None else part.tokens[positions],
+                    weights=None if part.weights is None else part.weights[positions], device=part.device)
+
+
+def _host(embeddings) -> np.ndarray:
+    """Embeddings as a host float32 array (a GPU tensor copied)."""
+    return embeddings if isinstance(embeddings, np.ndarray) else embeddings.float().cpu().numpy()
 
 
 def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
@@ -162,11 +190,83 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
     selects, so that its marker counts them, on either engine."""
     pack = plan.packs[index]
     reporter = pack.reporter() if reporter is None else reporter
-    rows = [piece[pack.group] for piece in pieces if pack.group in piece]
-    if [r.partition for r in rows] != list(pack.partitions):
-        raise RuntimeError(f"pack {index} got the rows of partitions {[r.partition for r in rows]}, not of "
-                           f"{list(pack.partitions)}; please report this with the run record")
-    spec = plan.spec
+    rows = _members(pieces, plan, index)
+    telemetry.take_curves()  # curves left on this thread by other work are not this pack's
+    part = _pack_partition(rows, plan, index) if rows else None
+    if part is not None:
+        cell = Cell(pack.label, pack.group, part.selected.size, pack.quota, pack.budget)
+        _select_cell(part, cell, np.arange(part.selected.size), _pack_name(plan, index))
+    curves, stages = tuple(telemetry.take_curves()), telemetry.take()
+    spans, start = {}, 0
+    for r in rows:
+        spans[r.partition] = slice(start, start + r.positions.size)
+        start += r.positions.size
+    out = {}
+    for number in pack.partitions:  # a region's members without rows in it get an empty part
+        span, reports = spans.get(number), number == reporter
+        if span is None or part is None:
+            out[(number, index)] = PackResult(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), None,
+                                              None, curves if reports else (), stages if reports else {})
+            continue
+        out[(number, index)] = PackResult(
+            rows[list(spans).index(number)].positions, part.selected[span],
+            None if part.scores is None else part.scores[span],
+            None if part.reasons is None else part.reasons[span], curves if reports else (),
+            stages if reports else {})
+    return out
+
+
+def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> tuple[int, np.ndarray]:
+    """A region's rows and marginal-gain curve (:func:`datamask_dask.plan.regions.gain_curve`) from its
+    members' :func:`pack_rows`: what :func:`~datamask_dask.plan.reduce.share_regions` shares the quota
+    by."""
+    import torch
+
+    from ..learn.knn import top_neighbours
+
+    rows = _members(pieces, plan, index)
+    if not rows:
+        return 0, np.zeros(0)
+    part = _pack_partition(rows, plan, index)
+    n = part.selected.size
+    options = plan.spec.options
+    low, high = plan.ranges[0]
+    quality = (part.quality - low) / (high - low) if high > low else np.zeros(n)
+    embeddings = torch.as_tensor(_host(part.source.rows(np.arange(n))))
+    region = plan.packs[index].regions[0]
+    generator = torch.Generator().manual_seed(derive_seed(options.seed, 0, 0, 0, region))
+    with telemetry.timed("curve"):
+        similarities, neighbours = top_neighbours(embeddings, embeddings, options.neighbours,
+                                                  generator=generator, exact_max=options.exact_neighbours,
+                                                  probes=options.probes)
+        eligible = sum(c.eligible for cells in plan.cells.values() for c in cells)
+        weights = np.ones(n) if part.weights is None else part.weights
+        return n, regions.gain_curve(quality, np.asarray(neighbours), np.asarray(similarities), weights,
+                                     regions.curve_limit(n, eligible, plan.planned),
+                                     options.lamb / max(1, plan.planned),
+                                     (1 - options.lamb) / max(1, sum(plan.rows)))
+
+
+def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[PackRows]:
+    """Pack ``index``'s rows from its members' :func:`pack_rows`, in member order (a region's members
+    without rows in it left out)."""
+    pack = plan.packs[index]
+    rows = [piece[index] for piece in pieces if index in piece]
+    given = [r.partition for r in rows]
+    expected = list(pack.partitions)
+    if pack.regions:
+        rows = [r for r in rows if r.positions.size]
+        expected = [p for p in expected if p in {r.partition for r in rows}]
+        given = [r.partition for r in rows]
+    if given != expected:
+        raise RuntimeError(f"pack {index} got the rows of partitions {given}, not of {expected}; please "
+                           "report this with the run record")
+    return rows
+
+
+def _pack_partition(rows: list[PackRows], plan: Plan, index: int) -> _Partition:
+    """A pack's rows as one partition of them, in member order."""
+    pack, spec = plan.packs[index], plan.spec
     quality = np.concatenate([r.quality for r in rows])
     embeddings = _concatenate([r.embeddings for r in rows])
     n, dim = embeddings.shape
@@ -176,27 +276,24 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
         weights = np.concatenate([np.ones(r.positions.size) if r.weights is None else r.weights
                                   for r in rows])
     memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.chunk_rows(dim))
-    where = f"partitions {pack.partitions[0]}-{pack.partitions[-1]}"
-    check_memory(spec.memory_limit, n, dim, memory.options, min(memory.max_chunk_rows, n), where)
-    part = _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
+    check_memory(spec.memory_limit, n, dim, memory.options, min(memory.max_chunk_rows, n),
+                 _pack_name(plan, index))
+    return _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
                       quality=quality, tokens=tokens, device=rows[0].device, memory=memory,
                       weights=weights, selected=np.zeros(n, dtype=bool),
                       scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
-                      reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None)
-    cell = Cell(pack.label, pack.group, n, pack.quota, pack.budget)
-    telemetry.take_curves()  # curves left on this thread by other work are not this pack's
-    _select_cell(part, cell, np.arange(n), where if spec.by is None else f"{where}, group {pack.label!r}")
-    curves, stages = tuple(telemetry.take_curves()), telemetry.take()
-    out, start = {}, 0
-    for r in rows:
-        span = slice(start, start + r.positions.size)
-        reports = r.partition == reporter
-        out[(r.partition, pack.group)] = PackResult(
-            part.selected[span], None if part.scores is None else part.scores[span],
-            None if part.reasons is None else part.reasons[span], curves if reports else (),
-            stages if reports else {})
-        start = span.stop
-    return out
+                      reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None,
+                      region=pack.regions[0] if pack.regions else None)
+
+
+def _pack_name(plan: Plan, index: int) -> str:
+    """How messages and progress name a pack."""
+    pack = plan.packs[index]
+    if pack.regions:
+        more = len(pack.regions) - 1
+        return f"region {pack.regions[0]}" + (f" and {more} more" if more else "")
+    where = f"partitions {pack.partitions[0]}-{pack.partitions[-1]}"
+    return where if plan.spec.by is None else f"{where}, group {pack.label!r}"
 
 
 def _concatenate(blocks: list):
@@ -323,10 +420,12 @@ def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: st
                                              quality[eligible], cell.budget)
 
 
-def derive_seed(seed: int, partition: int, group: int, chunk: int) -> int:
-    """Seed of one learner run, from (seed, partition, group, chunk) only: where it runs never matters
-    (``partition``: :meth:`~datamask_dask.plan.types.Plan.seed_number`, empty partitions not counted)."""
-    sequence = np.random.SeedSequence([int(seed) % 2**64, partition, group, chunk])
+def derive_seed(seed: int, partition: int, group: int, chunk: int, region: int | None = None) -> int:
+    """Seed of one learner run, from (seed, partition, group, chunk, region) only: where it runs never
+    matters (``partition``: :meth:`~datamask_dask.plan.types.Plan.seed_number`, empty partitions not
+    counted; ``region``: a region's pack, else None)."""
+    sequence = np.random.SeedSequence([int(seed) % 2**64, partition, group, chunk]
+                                      + ([] if region is None else [region]))
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
@@ -351,7 +450,7 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
                                 seed=derive_seed(options.seed, part.plan.seed_number(part.number), cell.group,
-                                                 chunk_number))
+                                                 chunk_number, part.region))
         telemetry.note_curve(where, result.history)  # for the run summary's learning curves
         return result
     except InputDataError as exc:

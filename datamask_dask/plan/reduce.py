@@ -19,12 +19,14 @@ itself), so a ratio that the table can meet is always met exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
+from . import regions
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
@@ -77,8 +79,12 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
                 if cell.kept is not None and len(cell.kept):
                     weights.setdefault(partition, []).append((cell.kept, cell.weights))
     cells = {p: tuple(c) for p, c in cell_lists.items()}
-    packs = pack_cells(cells, spec.chunk_rows(dim)) if spec.diversity_scope == "table" else ()
-    return Plan(spec=spec, cells=cells, packs=packs,
+    centroids = None
+    if spec.pieces == "regions":
+        centroids, packs = region_packs(cells, [s.sample for s in summaries], spec, dim)
+    else:
+        packs = pack_cells(cells, spec.chunk_rows(dim)) if spec.diversity_scope == "table" else ()
+    return Plan(spec=spec, cells=cells, packs=packs, centroids=centroids,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
                 weights={p: _stack_weights(v) for p, v in weights.items()},
@@ -122,6 +128,40 @@ def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack,
         if run:
             close(run)
     return tuple(packs)
+
+
+def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: SelectSpec,
+                 dim: int | None) -> tuple[np.ndarray | None, tuple[Pack, ...]]:
+    """The regions' centroids, from the partitions' sample rows, and one pack per region whose members
+    are the partitions with eligible rows, its quota not yet shared (:func:`share_regions`)."""
+    members = tuple(p for p in sorted(cells) if any(c.eligible for c in cells[p]))
+    rows = [s for s in samples if s is not None and len(s)]
+    if not members or not rows:
+        return None, ()
+    sample = np.concatenate(rows)
+    eligible = sum(c.eligible for p in members for c in cells[p])
+    count = regions.region_count(eligible, spec.chunk_rows(dim), len(sample))
+    centroids = regions.find_centroids(sample, count, spec.options.seed)
+    label = cells[members[0]][0].label
+    return centroids, tuple(Pack(label, 0, members, -1, None, regions=(r,)) for r in range(len(centroids)))
+
+
+def share_regions(plan: Plan, curves: list[tuple[int, np.ndarray]]) -> Plan:
+    """``plan`` with each region's quota, its share of the table's quota by the regions' marginal-gain
+    curves (``(rows, gains)`` per region, :func:`datamask_dask.plan.regions.share_quotas`), and the
+    regions packed: neighbours learned together up to a chunk's worth of rows
+    (:func:`datamask_dask.plan.regions.pack_regions`)."""
+    if plan.centroids is None:
+        raise RuntimeError("share_regions: the plan has no regions; please report this with the run record")
+    sizes = np.array([rows for rows, _ in curves], dtype=np.int64)
+    quotas = regions.share_quotas([gains for _, gains in curves], plan.planned)
+    first = plan.packs[0]
+    packs = []
+    for members in regions.pack_regions(plan.centroids, sizes, plan.spec.chunk_rows(plan.dim)):
+        quota = int(quotas[members].sum())
+        if quota:
+            packs.append(dataclasses.replace(first, quota=quota, regions=tuple(int(r) for r in members)))
+    return dataclasses.replace(plan, packs=tuple(packs))
 
 
 def duplicate_links(summaries: list[PartitionSummary]) -> dict:

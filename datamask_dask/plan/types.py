@@ -44,6 +44,7 @@ class PartitionSummary:
     digest: str = ""  # the content digest of the columns read
     stages: Mapping[str, float] = field(default_factory=dict)  # seconds of the plan pass's stages
     links: dict | None = None  # explain: near-duplicates' parents (checks.duplicate_links)
+    sample: np.ndarray | None = None  # pieces="regions": evenly spaced unit rows, for the centroids
 
 
 EMPTY_SUMMARY = PartitionSummary(n=0, cells={}, dim=None)
@@ -63,13 +64,20 @@ class Cell:
 @dataclass(frozen=True)
 class Pack:
     """A group's cells in consecutive partitions whose eligible rows fit in one chunk together: they are
-    learned as one partition of those rows (``partition.select.learn_pack``), their quotas summed."""
+    learned as one partition of those rows (``partition.select.learn_pack``), their quotas summed.
+
+    Or, with ``pieces="regions"``, regions of the table (:mod:`datamask_dask.plan.regions`) learned as
+    one: its members are every partition with eligible rows, each giving its rows routed to these
+    regions. While the quotas are shared each region is a pack of its own, quota -1; then
+    :func:`~datamask_dask.plan.reduce.share_regions` sets them and packs neighbouring regions up to a
+    chunk's worth of rows."""
 
     label: object
     group: int
-    partitions: tuple[int, ...]  # two or more, ascending
+    partitions: tuple[int, ...]  # ascending: two or more (a region's: one or more)
     quota: int
     budget: int | None
+    regions: tuple[int, ...] = ()  # pieces="regions": the regions it learns
 
     def reporter(self, todo=None) -> int:
         """The member whose marker counts the pack's stage seconds and learning curves: the first of
@@ -95,18 +103,46 @@ class Plan:
     # explain=True: partition -> its near-duplicates' positions, the ids of the rows they stand
     # behind and the estimated cosine (reduce.duplicate_links)
     explain: Mapping[int, dict] = field(default_factory=dict)
-    packs: tuple[Pack, ...] = ()  # cells learned together (reduce.pack_cells)
+    packs: tuple[Pack, ...] = ()  # cells learned together (reduce.pack_cells), or the regions
+    centroids: np.ndarray | None = None  # pieces="regions": each region's unit centroid (float32)
 
     def cells_of(self, partition: int) -> tuple[Cell, ...]:
         return self.cells.get(partition, ())
 
     def pack_of(self, partition: int, group: int) -> int | None:
-        """The index of the pack that learns this partition's cell of ``group``, or None."""
+        """The index of the pack that learns this partition's cell of ``group``, or None (regions:
+        :meth:`packs_of`)."""
         return self._packed.get((partition, group))
+
+    def packs_of(self, partition: int) -> tuple[int, ...]:
+        """The indices of the packs this partition is a member of."""
+        return tuple(index for index, pack in enumerate(self.packs) if partition in pack.partitions)
+
+    @property
+    def unshared(self) -> bool:
+        """Whether the regions' quotas are still to be shared (``plan.reduce.share_regions``)."""
+        return any(pack.quota < 0 for pack in self.packs)
+
+    @property
+    def regional(self) -> bool:
+        """Whether the table is learned in regions (every eligible row in its region's pack)."""
+        return self.centroids is not None
 
     @cached_property
     def _packed(self) -> dict:
-        return {(p, pack.group): index for index, pack in enumerate(self.packs) for p in pack.partitions}
+        return {(p, pack.group): index for index, pack in enumerate(self.packs) if not pack.regions
+                for p in pack.partitions}
+
+    def pack_of_region(self) -> np.ndarray:
+        """Each region's pack index."""
+        return self._region_packs
+
+    @cached_property
+    def _region_packs(self) -> np.ndarray:
+        out = np.full(0 if self.centroids is None else len(self.centroids), -1, dtype=np.int64)
+        for index, pack in enumerate(self.packs):
+            out[list(pack.regions)] = index
+        return out
 
     def seed_number(self, partition: int) -> int:
         """The partition's place among the partitions with rows: what its learners' seeds derive from, so
@@ -124,5 +160,8 @@ class Plan:
 
     def identity(self) -> dict:
         """What decides the rows selected, as plain data: quotas, quality ranges and dimension."""
-        return {"cells": {p: [list(astuple(c)) for c in cells] for p, cells in self.cells.items()},
-                "ranges": dict(self.ranges), "dim": self.dim}
+        out = {"cells": {p: [list(astuple(c)) for c in cells] for p, cells in self.cells.items()},
+               "ranges": dict(self.ranges), "dim": self.dim}
+        if self.regional:  # the regions' quotas come from their curves, not from the cells
+            out["regions"] = [[list(pack.regions), pack.quota] for pack in self.packs]
+        return out

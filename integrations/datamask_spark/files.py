@@ -46,6 +46,7 @@ from .operator import (
     learn_packs,
     partition_number,
     plan_summaries,
+    spark_regions,
     transport,
 )
 from .shards import PIECE_SCHEMA
@@ -137,7 +138,7 @@ def plan_files(spark, files: Pieces, options: SelectOptions):
     tasks = piece_tasks(spark, files)
     columns = spec.plan_columns
     schema = pa.schema([files.schema.field(c) for c in columns])
-    summarise = _ReadPiece(SummaryTask(spec, schema), files, columns)
+    summarise = _ReadPiece(SummaryTask(spec, schema, len(files.items)), files, columns)
     with ThreadPoolExecutor(1) as pool:
         id_check = []
 
@@ -156,7 +157,12 @@ def plan_files(spark, files: Pieces, options: SelectOptions):
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
         dim = adapters.fixed_dimension(meta[spec.embedding_column].dtype)
         dim = dim if dim is not None else _probe_dimension(files, spec.embedding_column)
-    return spec, make_plan(summaries, ids, dim, spec)
+    plan = make_plan(summaries, ids, dim, spec)
+
+    def pack_rows(task):
+        return tasks.mapInArrow(_ReadPiece(task, files, task.columns, task.members), PACK_ROWS_SCHEMA)
+
+    return spec, spark_regions(plan, files.schema, pack_rows)
 
 
 def piece_tasks(spark, files: Pieces):

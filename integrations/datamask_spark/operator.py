@@ -73,9 +73,9 @@ from datamask_dask.partition.checks import (
     scan_partition,
     summarise_partition,
 )
-from datamask_dask.partition.select import PackRows, learn_pack, pack_rows, select_partition
+from datamask_dask.partition.select import PackRows, learn_pack, pack_curve, pack_rows, select_partition
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
-from datamask_dask.plan.reduce import make_plan
+from datamask_dask.plan.reduce import make_plan, share_regions
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
 
 from .shards import PIECE_SCHEMA, cached, searched_summaries, sharded_summaries
@@ -91,6 +91,8 @@ PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, emb
 PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
 # a learned pack: its pickled learn_pack result (the reporter's part with the stage seconds and curves)
 PACK_RESULT_SCHEMA = "pack int, payload binary"
+# a region's curve (pack_curve): its rows and its gains as float64 bytes
+CURVE_SCHEMA = "pack int, rows long, gains binary"
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -143,7 +145,12 @@ def plan_pass(sdf, options: SelectOptions):
     """The spec and the plan of resolved ``options`` (:func:`datamask_dask.config.resolve_options`) on
     ``sdf``."""
     spec = spec_from_spark(sdf, options)
-    return spec, make_plan(*plan_inputs(sdf, spec), spec)
+    plan = make_plan(*plan_inputs(sdf, spec), spec)
+
+    def read(task):
+        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, PACK_ROWS_SCHEMA)
+
+    return spec, spark_regions(plan, arrow_schema(sdf), read)
 
 
 def spec_from_spark(sdf, options: SelectOptions) -> SelectSpec:
@@ -175,7 +182,8 @@ def apply_plan(sdf, spec: SelectSpec, plan: Plan):
 def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | None]:
     """The plan pass: per-partition summaries, the duplicate-id report and the embedding dimension."""
     projected = sdf.select(*[_col(c) for c in spec.plan_columns])
-    task = SummaryTask(spec, arrow_schema(projected))
+    partitions = partition_count(sdf) if spec.pieces == "regions" else 1  # regions share out their sample
+    task = SummaryTask(spec, arrow_schema(projected), partitions)
     with ThreadPoolExecutor(1) as pool:
         # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
         # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
@@ -239,8 +247,8 @@ def gather_summaries(rows: list, spec: SelectSpec) -> list[PartitionSummary]:
 class SummaryTask:
     """The plan pass's ``mapInArrow`` function: one partition's checks and summary, as one row."""
 
-    def __init__(self, spec: SelectSpec, schema: pa.Schema):
-        self.spec, self.schema = spec, schema
+    def __init__(self, spec: SelectSpec, schema: pa.Schema, partitions: int = 1):
+        self.spec, self.schema, self.partitions = spec, schema, partitions
 
     def __call__(self, batches):
         number = partition_number()
@@ -249,7 +257,7 @@ class SummaryTask:
         frame = to_pandas(pa.Table.from_batches(batches)) if batches else empty_frame(self.schema)
         try:
             if self.spec.diversity_scope == "table":  # checks and signatures; summarised on the driver
-                payload = {"scan": scan_partition(frame, number, self.spec)}
+                payload = {"scan": scan_partition(frame, number, self.spec, self.partitions)}
             else:
                 payload = {"summary": summarise_partition(frame, number, self.spec)}
         except DataMaskError as exc:  # reported by the driver, not as a Spark task failure
@@ -304,6 +312,41 @@ def spark_packs(sdf, plan: Plan, todo=None) -> dict:
     return learn_packs(plan, arrow_schema(sdf), read, todo)
 
 
+def spark_regions(plan: Plan, schema: pa.Schema, read) -> Plan:
+    """``plan`` with its regions' quotas shared (``pieces="regions"``; any other plan as it is): each
+    region's curve from its members' rows, grouped by region, and
+    :func:`~datamask_dask.plan.reduce.share_regions` on the driver. ``read`` as for :func:`learn_packs`."""
+    if not plan.unshared:
+        return plan
+
+    def curve(rows):  # a plain function: Spark reads its arity to tell whether it takes the key
+        _limit_threads()
+        index = int(rows["pack"].iloc[0])
+        try:
+            count, gains = pack_curve(_pack_pieces(plan, rows, index), plan, index)
+        except DataMaskError as exc:
+            raise RuntimeError(transport(exc)) from None
+        return pd.DataFrame({"pack": np.array([index], dtype=np.int32), "rows": np.array([count]),
+                             "gains": [np.ascontiguousarray(gains, dtype=np.float64).tobytes()]})
+
+    rows = read(PackRowsTask(plan, schema, range(len(plan.packs))))
+    with spark_errors():
+        collected = rows.groupBy("pack").applyInPandas(curve, CURVE_SCHEMA).collect()
+    curves = {row["pack"]: (int(row["rows"]), np.frombuffer(row["gains"], dtype=np.float64))
+              for row in collected}
+    return share_regions(plan, [curves.get(index, (0, np.zeros(0))) for index in range(len(plan.packs))])
+
+
+def partition_count(sdf) -> int:
+    """``sdf``'s partitions (on Spark Connect, which has no RDD, by a small job)."""
+    try:
+        return sdf.rdd.getNumPartitions()
+    except Exception:  # Spark Connect
+        from pyspark.sql.functions import spark_partition_id
+
+        return sdf.select(spark_partition_id().alias("p")).distinct().count()
+
+
 def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> dict:
     """The pack pass (eager): learn the plan's packs that hold a partition of ``todo`` (None: all),
     each from all its members' rows, finished members included; their results, ``{(partition,
@@ -354,8 +397,7 @@ class PackRowsTask:
             pieces = pack_rows(frame, self.plan, {"number": number})
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
-        for group, rows in pieces.items():
-            index = self.plan.pack_of(number, group)
+        for index, rows in pieces.items():
             if index in self.packs:
                 for start in range(0, rows.positions.size, PACK_BLOCK):
                     yield _pack_batch(index, rows, slice(start, start + PACK_BLOCK))
@@ -381,16 +423,7 @@ def learn_group(plan: Plan, rows: pd.DataFrame, reporters: dict[int, int]) -> pd
     as one row of :data:`PACK_RESULT_SCHEMA`; ``reporters``: the member that reports each pack."""
     _limit_threads()
     index = int(rows["pack"].iloc[0])
-    group = plan.packs[index].group
-    rows = rows.sort_values(["partition", "position"])  # member order, rows in position order
-    pieces = [{group: PackRows(
-        partition=int(number), positions=member["position"].to_numpy(np.int64),
-        quality=member["quality"].to_numpy(np.float64),
-        embeddings=np.stack(member["embedding"].to_numpy()).astype(np.float32, copy=False),
-        tokens=None if plan.spec.budget is None else member["tokens"].to_numpy(np.float64),
-        weights=None if member["weight"].isna().all() else member["weight"].to_numpy(np.float64),
-        device=str(member["device"].iloc[0]))}
-        for number, member in rows.groupby("partition", sort=True)]
+    pieces = _pack_pieces(plan, rows, index)
     telemetry.take()  # what ran on this worker before is not this pack's
     try:
         out = learn_pack(pieces, plan, index, reporters[index])
@@ -398,6 +431,19 @@ def learn_group(plan: Plan, rows: pd.DataFrame, reporters: dict[int, int]) -> pd
         raise RuntimeError(transport(exc)) from None
     payload = pickle.dumps(out, protocol=5)
     return pd.DataFrame({"pack": np.array([index], dtype=np.int32), "payload": [payload]})
+
+
+def _pack_pieces(plan: Plan, rows: pd.DataFrame, index: int) -> list[dict[int, PackRows]]:
+    """Pack ``index``'s rows (:data:`PACK_ROWS_SCHEMA`) as its members' :func:`pack_rows` would give them."""
+    rows = rows.sort_values(["partition", "position"])  # member order, rows in position order
+    return [{index: PackRows(
+        partition=int(number), positions=member["position"].to_numpy(np.int64),
+        quality=member["quality"].to_numpy(np.float64),
+        embeddings=np.stack(member["embedding"].to_numpy()).astype(np.float32, copy=False),
+        tokens=None if plan.spec.budget is None else member["tokens"].to_numpy(np.float64),
+        weights=None if member["weight"].isna().all() else member["weight"].to_numpy(np.float64),
+        device=str(member["device"].iloc[0]))}
+        for number, member in rows.groupby("partition", sort=True)]
 
 
 # --------------------------------------------------------------------------- select pass

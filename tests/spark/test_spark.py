@@ -47,6 +47,22 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
     assert np.isfinite(got.loc[got["selected"], "score"]).all()
 
 
+def test_regions_select_dask_s_rows_on_both_spark_doors(spark, sdf, parquet_dir, tmp_path):
+    """``pieces="regions"``: the regions' curves run grouped by region on the executors, and the rows
+    are Dask's, on the DataFrame door and on the file job."""
+    import pyarrow.parquet as pq
+    from datamask_spark import write_file_selection
+
+    options = {"ratio": 0.1, "seed": 7, "algorithm": "Facility", "pieces": "regions", "max_chunk_rows": 200,
+               **FAST}
+    want = dask_selected(parquet_dir, **options)
+    got = sdf.transform(datamask_select, **options).toPandas()
+    assert got["selected"].sum() == 160 and set(got.loc[got["selected"], "chunk_id"]) == want
+    write_file_selection(spark, parquet_dir, tmp_path / "out", **options)
+    written = pq.read_table(tmp_path / "out", columns=["chunk_id", "selected"]).to_pandas()
+    assert set(written.loc[written["selected"], "chunk_id"]) == want
+
+
 @pytest.mark.slow
 def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corpus, tmp_path, monkeypatch):
     """Above ONE_TASK_PARTITIONS both engines run the sharded near-duplicate stages (Spark as DataFrame steps,

@@ -1,0 +1,236 @@
+"""Regions: the table cut into pieces by where its rows lie in the embedding space (``pieces="regions"``).
+
+A piece learned alone covers its own rows. Where the pieces are a table's files or partitions, each
+holds rows spread over the same ground, and their picks, each a good cover of their own piece, pile
+up on one another: Facility, a coverage objective, then loses to learning the table whole however
+well each piece is learned. A *region* holds one part of the space instead, so that its picks cover
+its own part and the parts meet only at their borders:
+
+1. **Centroids.** Each partition sends evenly spaced rows of its embeddings with its plan summary
+   (:func:`sample_positions`, :func:`sample_count`); spherical k-means of those rows
+   (:func:`find_centroids`) places ``REGIONS_PER_CHUNK`` regions per chunk's worth of eligible rows,
+   so most regions fit one chunk.
+2. **Routing.** Each eligible row belongs to the region of its most similar centroid
+   (:func:`assign`), whatever its partition: a region's rows reach the task that learns it as a pack's
+   members' rows do (its members are the partitions with eligible rows).
+3. **Quotas that follow the objective.** Each region's marginal-gain curve (:func:`gain_curve`: lazy
+   greedy on its rows' nearest-neighbour graph, the run's lamb weighing quality against coverage) is
+   computed first; the group's quota then goes to the largest gains across every region
+   (:func:`share_quotas`), so the regions' last picks gain about equally.
+4. **Learning.** Neighbouring regions are packed up to a chunk's worth of rows
+   (:func:`pack_regions`), and the learner selects each pack's summed quota.
+
+Every step is a pure function of the plan and the rows, so every engine and scheduler gets the same
+regions, quotas and rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+REGIONS_PER_CHUNK = 4  # regions per chunk's worth of rows: most fit a chunk, and few rows sit at a border
+SAMPLE_ROWS = 1 << 16  # rows of the table the k-means sees at most (spread over its partitions)
+SAMPLE_VALUES = 1 << 24  # and embedding values: what reaches the driver stays small at any dimension
+MIN_SAMPLE = 64  # rows each partition sends at least
+KMEANS_ITERATIONS = 20
+CURVE_SPAN = 4  # a region's curve reaches this many times its share of the quota (by its rows)
+_TIE = 1e-5  # products this close to the best centroid's are compared again in float64
+_BLOCK = 8192  # rows whose products are held at once
+
+
+def sample_count(partitions: int, dim: int) -> int:
+    """Rows each of ``partitions`` partitions sends for the centroids, at embedding dimension ``dim``."""
+    return max(MIN_SAMPLE, min(SAMPLE_ROWS, SAMPLE_VALUES // max(1, dim)) // max(1, partitions))
+
+
+def sample_positions(rows: int, count: int) -> np.ndarray:
+    """``count`` evenly spaced positions of a partition of ``rows`` rows (every row where it has fewer)."""
+    if rows <= count:
+        return np.arange(rows, dtype=np.int64)
+    return np.unique(np.linspace(0, rows - 1, count).round().astype(np.int64))
+
+
+def region_count(rows: int, chunk_rows: int, sample_rows: int) -> int:
+    """Regions for ``rows`` eligible rows: ``REGIONS_PER_CHUNK`` per chunk, at most one per 16 sample rows."""
+    wanted = math.ceil(rows * REGIONS_PER_CHUNK / max(1, chunk_rows))
+    return max(1, min(wanted, sample_rows // 16))
+
+
+def find_centroids(sample: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """``count`` unit centroids of the unit rows ``sample`` (float32): spherical k-means, seeded by
+    k-means++ from ``seed``; an empty region keeps its centroid (one of the rows)."""
+    rows = np.ascontiguousarray(sample, dtype=np.float32)
+    count = min(count, len(rows))
+    rng = np.random.default_rng(seed)
+    picks = [int(rng.integers(len(rows)))]
+    distance = np.maximum(1.0 - rows @ rows[picks[0]], 0).astype(np.float64)
+    for _ in range(count - 1):  # each next seed drawn in proportion to its distance from the nearest
+        total = distance.sum()
+        pick = int(rng.choice(len(rows), p=distance / total)) if total > 0 else int(rng.integers(len(rows)))
+        picks.append(pick)
+        distance = np.minimum(distance, np.maximum(1.0 - rows @ rows[pick], 0))
+    centroids = rows[picks].copy()
+    for _ in range(KMEANS_ITERATIONS):
+        nearest = (rows @ centroids.T).argmax(axis=1)
+        order = np.argsort(nearest, kind="stable")
+        present, starts = np.unique(nearest[order], return_index=True)
+        sums = np.add.reduceat(rows[order].astype(np.float64), starts, axis=0)
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        moved = norms[:, 0] > 0
+        centroids[present[moved]] = (sums[moved] / norms[moved]).astype(np.float32)
+    return centroids
+
+
+def assign(embeddings: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Each unit row's region: its most similar centroid (ties: the lower one).
+
+    A float32 product's last bits depend on the BLAS threads; rows whose best two centroids are
+    within ``_TIE`` are compared again by an exact float64 sum, so every worker routes a row alike.
+    """
+    out = np.empty(len(embeddings), dtype=np.int64)
+    for start in range(0, len(embeddings), _BLOCK):
+        block = np.asarray(embeddings[start:start + _BLOCK], dtype=np.float32)
+        products = block @ centroids.T
+        best = products.argmax(axis=1)
+        if centroids.shape[0] > 1:
+            top = np.partition(products, -2, axis=1)[:, -2:]
+            close = np.flatnonzero(top[:, 1] - top[:, 0] <= _TIE)
+            for row in close:
+                near = np.flatnonzero(products[row] >= top[row, 1] - _TIE)
+                exact = np.einsum("ij,j->i", centroids[near].astype(np.float64),
+                                  block[row].astype(np.float64))
+                best[row] = near[np.argmax(exact)]
+        out[start:start + len(block)] = best
+    return out
+
+
+def gain_curve(quality: np.ndarray, neighbours: np.ndarray, similarities: np.ndarray, weights: np.ndarray,
+               limit: int, quality_weight: float, coverage_weight: float) -> np.ndarray:
+    """The marginal gains of lazy greedy's first ``limit`` picks among a region's rows, non-increasing.
+
+    A pick's gain is ``quality_weight * quality[j]`` plus ``coverage_weight`` times the coverage it
+    adds: each row ``i`` is covered by its best similarity (clamped at 0) to a pick among its
+    nearest ``neighbours[i]`` (``similarities[i]``), counted ``weights[i]`` times.
+    """
+    n, t = neighbours.shape
+    flat = neighbours.ravel().astype(np.int64)
+    order = np.argsort(flat, kind="stable")
+    starts = np.searchsorted(flat[order], np.arange(n + 1))
+    covered_rows = (order // t).astype(np.int64)
+    values = np.maximum(similarities.ravel()[order], 0).astype(np.float64)
+    gains = _compiled()(starts, covered_rows, values, np.asarray(weights, dtype=np.float64),
+                         quality_weight * np.asarray(quality, dtype=np.float64), coverage_weight,
+                         min(limit, n))
+    return np.minimum.accumulate(gains)  # greedy's gains only fall; rounding aside
+
+
+@functools.cache
+def _compiled():
+    """:func:`_lazy_greedy` compiled (numba is imported on first use: a run without regions never pays)."""
+    import numba
+
+    global _sift_down  # _lazy_greedy calls the compiled one
+    _sift_down = numba.njit(cache=True, nogil=True)(_sift_down)
+    return numba.njit(cache=True, nogil=True)(_lazy_greedy)
+
+
+def _lazy_greedy(starts, covered_rows, values, weights, bonus, coverage_weight, limit):  # pragma: no cover
+    n = bonus.shape[0]
+    cover = np.zeros(n)
+    # a binary max-heap of (upper bound of the gain, row), the lower row first among equal bounds
+    heap_value = np.empty(n)
+    heap_row = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        total = 0.0
+        for e in range(starts[j], starts[j + 1]):
+            total += weights[covered_rows[e]] * values[e]
+        heap_value[j] = bonus[j] + coverage_weight * total
+        heap_row[j] = j
+    size = n
+    for root in range(n // 2 - 1, -1, -1):
+        _sift_down(heap_value, heap_row, root, size)
+    gains = np.empty(limit)
+    for step in range(limit):
+        while True:
+            j = heap_row[0]
+            total = 0.0
+            for e in range(starts[j], starts[j + 1]):
+                i = covered_rows[e]
+                if values[e] > cover[i]:
+                    total += weights[i] * (values[e] - cover[i])
+            exact = bonus[j] + coverage_weight * total
+            heap_value[0] = exact
+            _sift_down(heap_value, heap_row, 0, size)
+            if heap_row[0] == j:  # still on top once its gain is fresh: greedy's pick
+                break
+        gains[step] = exact
+        size -= 1  # the pick leaves the heap
+        heap_value[0], heap_row[0] = heap_value[size], heap_row[size]
+        _sift_down(heap_value, heap_row, 0, size)
+        for e in range(starts[j], starts[j + 1]):
+            i = covered_rows[e]
+            if values[e] > cover[i]:
+                cover[i] = values[e]
+    return gains
+
+
+def _sift_down(value, row, at, size):  # pragma: no cover (compiled)
+    while True:
+        best, left = at, 2 * at + 1
+        for child in (left, left + 1):
+            if child < size and (value[child] > value[best]
+                                 or (value[child] == value[best] and row[child] < row[best])):
+                best = child
+        if best == at:
+            return
+        value[at], value[best] = value[best], value[at]
+        row[at], row[best] = row[best], row[at]
+        at = best
+
+
+def curve_limit(rows: int, total_rows: int, quota: int) -> int:
+    """How far a region of ``rows`` of the group's ``total_rows`` eligible rows runs its curve."""
+    return min(rows, math.ceil(CURVE_SPAN * quota * rows / max(1, total_rows)) + 1)
+
+
+def pack_regions(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> list[np.ndarray]:
+    """Regions learned together: a chain that steps from each region to the most similar one not yet
+    visited, cut into runs of at most ``chunk_rows`` rows (a region larger than that alone), so that
+    neighbours share a learner and the learner runs on pieces about a chunk large."""
+    count = len(sizes)
+    similarity = centroids.astype(np.float64) @ centroids.T.astype(np.float64)
+    visited = np.zeros(count, dtype=bool)
+    chain = [0]
+    visited[0] = True
+    for _ in range(count - 1):
+        row = np.where(visited, -np.inf, similarity[chain[-1]])
+        chain.append(int(np.argmax(row)))
+        visited[chain[-1]] = True
+    runs: list[np.ndarray] = []
+    run: list[int] = []
+    rows = 0
+    for region in chain:
+        if run and rows + sizes[region] > chunk_rows:
+            runs.append(np.array(run, dtype=np.int64))
+            run, rows = [], 0
+        run.append(region)
+        rows += int(sizes[region])
+    if run:
+        runs.append(np.array(run, dtype=np.int64))
+    return [np.sort(r) for r in runs]
+
+
+def share_quotas(curves: list[np.ndarray], quota: int) -> np.ndarray:
+    """Each region's share of ``quota``: the regions' ``quota`` largest gains (ties: the lower region,
+    then the earlier pick), counted per region."""
+    region = np.concatenate([np.full(len(c), r, dtype=np.int64) for r, c in enumerate(curves)])
+    step = np.concatenate([np.arange(len(c), dtype=np.int64) for c in curves])
+    gains = np.concatenate(curves) if curves else np.zeros(0)
+    if quota > gains.size:
+        raise RuntimeError(f"the regions' curves hold {gains.size} picks, fewer than the quota {quota}; "
+                           "please report this with the run record")
+    taken = np.lexsort((step, region, -gains))[:quota]
+    return np.bincount(region[taken], minlength=len(curves))

@@ -1,0 +1,69 @@
+"""``pieces="regions"``: a table spread at random over its partitions, learned in regions of the embedding
+space, keeps Facility's coverage; the count stays exact and the rows the same on every scheduler."""
+
+from __future__ import annotations
+
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from conftest import FAST
+
+from datamask_dask import datamask_select
+from datamask_dask.errors import OptionError
+from datamask_dask.learn.yardstick import measure_all
+
+ROWS, DIM, PARTS, CLUSTERS = 3200, 16, 8, 40
+OPTIONS = {"ratio": 0.1, "algorithm": "Facility", "lamb": 0.0, "max_chunk_rows": 400, "seed": 0, **FAST}
+
+
+@pytest.fixture(scope="module")
+def spread():
+    """Clusters of skewed sizes, rows spread over the partitions at random: each partition covers the
+    same ground, as a random split of a table does."""
+    rng = np.random.default_rng(11)
+    centres = rng.standard_normal((CLUSTERS, DIM))
+    sizes = rng.dirichlet(np.full(CLUSTERS, 0.7))
+    emb = centres[rng.choice(CLUSTERS, ROWS, p=sizes)] + 0.45 * rng.standard_normal((ROWS, DIM))
+    emb = (emb / np.linalg.norm(emb, axis=1, keepdims=True)).astype(np.float32)
+    quality = rng.random(ROWS)
+    features = pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), DIM)
+    frame = pd.DataFrame({"chunk_id": np.arange(ROWS, dtype=np.int64), "quality_score": quality,
+                          "feature_arr": pd.Series(pd.arrays.ArrowExtensionArray(features))})
+    return frame, quality, emb
+
+
+def _ddf(frame):
+    return dd.from_pandas(frame, npartitions=PARTS, sort=False)
+
+
+def test_regions_cover_the_table_as_learning_it_whole_does(spread):
+    frame, quality, emb = spread
+    masks = []
+    for pieces, chunk in (("partitions", 400), ("regions", 400), ("partitions", ROWS)):
+        options = {**OPTIONS, "max_chunk_rows": chunk}
+        out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
+        masks.append(out["selected"].to_numpy())
+        assert masks[-1].sum() == round(0.1 * ROWS)
+    partitions, regions, whole = measure_all(quality, emb, masks, algorithm="Facility", lamb=0.0)
+    assert regions.share > partitions.share + 0.1  # the random split no longer costs the coverage
+    assert regions.share >= whole.share - 0.03
+
+
+def test_same_rows_on_threads_and_on_a_cluster(client, spread):
+    frame, _, _ = spread
+    lazy = _ddf(frame).pipe(datamask_select, pieces="regions", score_column="score", explain=True, **OPTIONS)
+    threads = lazy.compute(scheduler="threads")
+    pd.testing.assert_frame_equal(threads, lazy.compute(scheduler=client))
+    assert set(threads["reason"].astype(str)) >= {"selected", "not-chosen"}
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"algorithm": "Pair_simi"}, "algorithm='Pair_simi'"),
+    ({"diversity_scope": "partition"}, 'diversity_scope="partition"'),
+    ({"budget_tokens": 100, "ratio": None}, "budget_tokens"),
+])
+def test_options_regions_cannot_serve_are_refused_by_name(spread, options, named):
+    with pytest.raises(OptionError, match=f'pieces="regions" does not work with .*{named}'):
+        datamask_select(_ddf(spread[0]), **{**OPTIONS, "pieces": "regions", **options})

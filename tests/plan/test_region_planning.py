@@ -1,0 +1,87 @@
+"""Regions (``pieces="regions"``): centroids, routing, the gain curves and the quotas they share (pure)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datamask_dask.plan import regions
+
+
+def _unit(rows: int, dim: int, seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((rows, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_samples_are_evenly_spaced_and_every_row_of_a_small_partition():
+    assert regions.sample_positions(5, 8).tolist() == [0, 1, 2, 3, 4]
+    assert regions.sample_positions(101, 5).tolist() == [0, 25, 50, 75, 100]
+    assert regions.sample_count(1, 64) == regions.SAMPLE_ROWS
+    assert regions.sample_count(1, 1024) == regions.SAMPLE_VALUES // 1024  # the driver gets few values
+    assert regions.sample_count(10**6, 64) == regions.MIN_SAMPLE
+
+
+def test_a_row_goes_to_its_most_similar_centroid_and_a_tie_to_the_lower_one():
+    centroids = _unit(6, 8, seed=1)
+    rows = _unit(500, 8, seed=2)
+    assert regions.assign(rows, centroids).tolist() == (rows @ centroids.T).argmax(1).tolist()
+    twins = np.vstack([centroids[3], centroids[1], centroids[3]])
+    assert regions.assign(centroids[[3]], twins).tolist() == [0]
+
+
+def test_centroids_are_unit_rows_found_the_same_way_twice():
+    sample = _unit(2000, 8)
+    first, second = (regions.find_centroids(sample, 12, seed=5) for _ in range(2))
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_allclose(np.linalg.norm(first, axis=1), 1, atol=1e-5)
+    assert len(np.unique(regions.assign(sample, first))) == 12  # k-means++ seeds leave no region empty here
+
+
+def _greedy_by_brute_force(quality, neighbours, similarities, weights, picks, quality_weight,
+                           coverage_weight):
+    n = len(quality)
+    coverage = np.zeros((n, n))  # row i's coverage by a pick j among its neighbours
+    for i in range(n):
+        coverage[i, neighbours[i]] = np.maximum(similarities[i], 0)
+    covered, taken, gains = np.zeros(n), np.zeros(n, dtype=bool), []
+    for _ in range(picks):
+        gain = quality_weight * quality + coverage_weight * (
+            weights[:, None] * np.maximum(coverage - covered[:, None], 0)).sum(0)
+        gain[taken] = -np.inf
+        j = int(np.argmax(gain))
+        gains.append(gain[j])
+        taken[j] = True
+        covered = np.maximum(covered, coverage[:, j])
+    return np.array(gains)
+
+
+def test_the_gain_curve_is_greedy_s_marginal_gains():
+    rng = np.random.default_rng(3)
+    emb = _unit(200, 8, seed=3)
+    similarity = emb @ emb.T
+    neighbours = np.argsort(-similarity, axis=1)[:, :10]
+    similarities = np.take_along_axis(similarity, neighbours, 1)
+    quality, weights = rng.random(200), rng.integers(1, 4, 200).astype(np.float64)
+    got = regions.gain_curve(quality, neighbours, similarities, weights, 60, 0.02, 1 / 200)
+    want = _greedy_by_brute_force(quality, neighbours, similarities, weights, 60, 0.02, 1 / 200)
+    np.testing.assert_allclose(got, np.minimum.accumulate(want), rtol=1e-9)
+    assert (np.diff(got) <= 0).all()
+
+
+def test_quotas_go_to_the_largest_gains_and_add_up_exactly():
+    curves = [np.array([9.0, 5, 1]), np.array([8.0, 5, 4, 3]), np.array([2.0])]
+    assert regions.share_quotas(curves, 4).tolist() == [2, 2, 0]  # 9, 8, then the tie at 5: both
+    assert regions.share_quotas(curves, 3).tolist() == [2, 1, 0]  # the tie at 5 goes to the lower region
+    assert regions.share_quotas(curves, 8).sum() == 8
+    with pytest.raises(RuntimeError, match="fewer than the quota"):
+        regions.share_quotas(curves, 9)
+
+
+def test_neighbouring_regions_pack_up_to_a_chunk():
+    centroids = _unit(30, 8, seed=4)
+    sizes = np.random.default_rng(4).integers(10, 60, 30)
+    sizes[7] = 500  # larger than a chunk: alone
+    runs = regions.pack_regions(centroids, sizes, chunk_rows=120)
+    assert sorted(np.concatenate(runs).tolist()) == list(range(30))
+    assert all(sizes[run].sum() <= 120 or len(run) == 1 for run in runs)
+    assert [7] in [run.tolist() for run in runs]
