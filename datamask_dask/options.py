@@ -211,17 +211,19 @@ class SelectOptions:
         0.95, "near-duplicate threshold of the table scope",
         rule=(lambda v: is_number(v) and 0 < v < 1, "a cosine in (0, 1), e.g. 0.95"))
     pieces: str = option(
-        "partitions", "partitions: each partition (or pack of small ones) is learned as a piece; regions: "
-        "the table is cut into regions of the embedding space, quotas following Facility's gains "
-        "(Facility, table scope)", choices=("partitions", "regions"),
-        rule=(lambda v: v in ("partitions", "regions"), "one of ('partitions', 'regions')"),
+        "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
+        "following Facility's gains; partitions: by partition, quotas by quality mass; auto: regions where "
+        "they apply (Facility, table scope, a ratio, no by)", choices=("auto", "regions", "partitions"),
+        rule=(lambda v: v in ("auto", "regions", "partitions"), "one of ('auto', 'regions', 'partitions')"),
         doc='How a table larger than one chunk is cut into the pieces the learner runs on. ``"partitions"``: '
         "each partition, small consecutive ones packed together, with quotas by quality mass. "
         '``"regions"``: spherical k-means of a sample of the table cuts it into regions of the embedding '
         "space (about four per chunk), every eligible row is learned in its region whatever its partition, "
         "and the quota is shared between regions by their marginal gains (:mod:`datamask_dask.plan.regions`)"
         ": a random split of the table then no longer costs Facility its coverage. For Facility, in table "
-        "scope, with a ratio and without ``by``; one more read of the embeddings.")
+        'scope, with a ratio and without ``by``; one more read of the embeddings. ``"auto"`` (the default): '
+        '``"regions"`` wherever they apply, else ``"partitions"``. A table that fits one chunk is learned '
+        "whole either way.")
     explain: bool = option(
         False, "also write each row's reason (selected, near-duplicate, quality-pruned...) and, for a "
         "near-duplicate, the id of the row it stands behind (duplicate_of)",
@@ -250,19 +252,27 @@ class SelectOptions:
             if self.ratio_given:
                 raise OptionError("give either ratio (a share of rows) or budget_tokens (a token budget), "
                                   "not both")
-        if self.pieces == "regions":
-            metric = self.learner.algorithm
-            refused = [(metric != "Facility", f"algorithm={metric!r} (regions serve Facility's coverage)"),
-                       (self.diversity_scope != "table", 'diversity_scope="partition"'),
-                       (self.by is not None, "by="), (self.budget_tokens is not None, "budget_tokens")]
-            reasons = [what for bad, what in refused if bad]
-            if reasons:
-                raise OptionError(f'pieces="regions" does not work with {", ".join(reasons)}: use '
-                                  'pieces="partitions" (the default) there')
+        refused = self.regions_refused()
+        if self.pieces == "regions" and refused:
+            raise OptionError(f'pieces="regions" does not work with {", ".join(refused)}: use '
+                              'pieces="partitions" there')
         if self.max_chunk_rows is None and self.max_chunk_values is None:
             raise OptionError("options max_chunk_rows and max_chunk_values are both None: set max_chunk_rows "
                               "(the rows a chunk holds at most, e.g. 50000) or max_chunk_values (rows x "
                               "dimension)")
+
+    def regions_refused(self) -> list[str]:
+        """The settings that rule out ``pieces="regions"`` (none: regions apply)."""
+        metric = self.learner.algorithm
+        refused = [(metric != "Facility", f"algorithm={metric!r} (regions serve Facility's coverage)"),
+                   (self.diversity_scope != "table", 'diversity_scope="partition"'),
+                   (self.by is not None, "by="), (self.budget_tokens is not None, "budget_tokens")]
+        return [what for bad, what in refused if bad]
+
+    @property
+    def learns_regions(self) -> bool:
+        """Whether a table larger than a chunk is learned in regions (``pieces``, ``"auto"`` resolved)."""
+        return self.pieces != "partitions" and not self.regions_refused()
 
     @property
     def ratio_given(self) -> bool:

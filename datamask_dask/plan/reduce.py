@@ -79,11 +79,12 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
                 if cell.kept is not None and len(cell.kept):
                     weights.setdefault(partition, []).append((cell.kept, cell.weights))
     cells = {p: tuple(c) for p, c in cell_lists.items()}
-    centroids = None
-    if spec.pieces == "regions":
+    centroids, packs = None, ()
+    eligible = sum(c.eligible for cs in cells.values() for c in cs)
+    if spec.pieces == "regions" and eligible > spec.chunk_rows(dim):  # a table one chunk holds: learned whole
         centroids, packs = region_packs(cells, [s.sample for s in summaries], spec, dim)
-    else:
-        packs = pack_cells(cells, spec.chunk_rows(dim)) if spec.diversity_scope == "table" else ()
+    elif spec.diversity_scope == "table":
+        packs = pack_cells(cells, spec.chunk_rows(dim))
     return Plan(spec=spec, cells=cells, packs=packs, centroids=centroids,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},

@@ -11,6 +11,7 @@ import pytest
 from conftest import FAST
 
 from datamask_dask import datamask_select
+from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.errors import OptionError
 from datamask_dask.learn.yardstick import measure_all
 
@@ -41,7 +42,7 @@ def _ddf(frame):
 def test_regions_cover_the_table_as_learning_it_whole_does(spread):
     frame, quality, emb = spread
     masks = []
-    for pieces, chunk in (("partitions", 400), ("regions", 400), ("partitions", ROWS)):
+    for pieces, chunk in (("partitions", 400), ("auto", 400), ("partitions", ROWS)):  # auto: regions here
         options = {**OPTIONS, "max_chunk_rows": chunk}
         out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
         masks.append(out["selected"].to_numpy())
@@ -67,3 +68,13 @@ def test_same_rows_on_threads_and_on_a_cluster(client, spread):
 def test_options_regions_cannot_serve_are_refused_by_name(spread, options, named):
     with pytest.raises(OptionError, match=f'pieces="regions" does not work with .*{named}'):
         datamask_select(_ddf(spread[0]), **{**OPTIONS, "pieces": "regions", **options})
+    if "budget_tokens" not in options:  # (the table has no token column to plan with)
+        spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, **options})  # auto: partitions there
+        assert spec.pieces == "partitions"
+
+
+def test_a_table_one_chunk_holds_is_learned_whole(spread):
+    _, plan = plan_selection(_ddf(spread[0]), **{**OPTIONS, "max_chunk_rows": ROWS})
+    assert not plan.compute(scheduler="threads").regional
+    _, plan = plan_selection(_ddf(spread[0]), **OPTIONS)
+    assert plan.compute(scheduler="threads").regional
