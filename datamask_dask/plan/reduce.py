@@ -79,7 +79,8 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
                 if cell.kept is not None and len(cell.kept):
                     weights.setdefault(partition, []).append((cell.kept, cell.weights))
     cells = {p: tuple(c) for p, c in cell_lists.items()}
-    centroids, packs = None, ()
+    centroids: np.ndarray | None = None
+    packs: tuple[Pack, ...] = ()
     eligible = sum(c.eligible for cs in cells.values() for c in cs)
     if spec.pieces == "regions" and eligible > spec.chunk_rows(dim):  # a table one chunk holds: learned whole
         centroids, packs = region_packs(cells, [s.sample for s in summaries], spec, dim)
