@@ -90,8 +90,9 @@ def job_config(case: str, changes: list[str], profile: str) -> Path | None:
 
 
 def pieces(source: Path, config: Path | None, metric: str) -> int:
-    """The pieces the job learns apart, from its plan: each pack, and each chunk of an unpacked cell
-    with a quota, as ``partition.select`` cuts them (rows set aside as near-duplicates not counted)."""
+    """The pieces the job learns apart, from its plan: each pack (in regions: each pack of regions), and
+    each chunk of an unpacked cell with a quota, as ``partition.select`` cuts them (rows set aside as
+    near-duplicates not counted)."""
     from datamask_dask.config import resolve_options
     from datamask_dask.dask_engine.runs import DaskEngine
     from datamask_dask.io.parquet import read_parquet
@@ -99,6 +100,8 @@ def pieces(source: Path, config: Path | None, metric: str) -> int:
     plan = DaskEngine(read_parquet(source), resolve_options(config, algorithm=metric)).plan(progress=False)
     chunk = plan.spec.chunk_rows(plan.dim)
     count = sum(1 for pack in plan.packs if pack.quota)
+    if plan.regional:  # every eligible row is learned in its region's pack
+        return count
     for number, cells in plan.cells.items():
         visible = plan.rows[number] - len(plan.shadowed.get(number, ()))
         count += sum(math.ceil(min(cell.eligible, visible) / chunk) for cell in cells
