@@ -156,10 +156,11 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
         eligible = _eligible(part, cell, rows)
         with telemetry.timed("extract"):
             embeddings = _unit_rows(part, eligible, where)  # on the GPU it stays there: the pack learns there
-        if plan.regional and plan.centroids is not None:
+        if plan.centroids is not None and plan.areas is not None and plan.area_region is not None:
             if not eligible.size:
                 continue
-            pack_of_row = plan.pack_of_region()[regions.assign(_host(embeddings), plan.centroids)]
+            area = regions.locate(_host(embeddings), plan.centroids, plan.areas, plan.area_region)
+            pack_of_row = plan.pack_of_area()[area]
             for index in plan.packs_of(number):
                 mine = np.flatnonzero(pack_of_row == index)
                 out[index] = _pack_part(part, number, eligible[mine], embeddings[mine])
@@ -216,35 +217,44 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
     return out
 
 
-def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> tuple[int, np.ndarray]:
-    """A region's rows and marginal-gain curve (:func:`datamask_dask.plan.regions.gain_curve`) from its
-    members' :func:`pack_rows`: what :func:`~datamask_dask.plan.reduce.share_regions` shares the quota
-    by."""
+def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[tuple[int, np.ndarray]]:
+    """Each area's rows and marginal-gain curve (:func:`datamask_dask.plan.regions.gain_curve`) in a
+    region's pack, from its members' :func:`pack_rows`: what
+    :func:`~datamask_dask.plan.reduce.share_regions` shares the quota by."""
     import torch
 
     from ..learn.knn import top_neighbours
 
+    areas = plan.packs[index].areas
     rows = _members(pieces, plan, index)
-    if not rows:
-        return 0, np.zeros(0)
+    if not rows or plan.areas is None:
+        return [(0, np.zeros(0)) for _ in areas]
     part = _pack_partition(rows, plan, index)
     n = part.selected.size
     options = plan.spec.options
     low, high = plan.ranges[0]
     quality = (part.quality - low) / (high - low) if high > low else np.zeros(n)
-    embeddings = torch.as_tensor(_host(part.source.rows(np.arange(n))))
-    region = plan.packs[index].regions[0]
-    generator = torch.Generator().manual_seed(derive_seed(options.seed, 0, 0, 0, region))
+    weights = np.ones(n) if part.weights is None else part.weights
+    embeddings = _host(part.source.rows(np.arange(n)))
+    area_of_row = regions.assign(embeddings, plan.areas[list(areas)])  # the rows' region holds these areas
+    eligible = sum(c.eligible for cells in plan.cells.values() for c in cells)
+    curves = []
     with telemetry.timed("curve"):
-        similarities, neighbours = top_neighbours(embeddings, embeddings, options.neighbours,
-                                                  generator=generator, exact_max=options.exact_neighbours,
-                                                  probes=options.probes)
-        eligible = sum(c.eligible for cells in plan.cells.values() for c in cells)
-        weights = np.ones(n) if part.weights is None else part.weights
-        return n, regions.gain_curve(quality, np.asarray(neighbours), np.asarray(similarities), weights,
-                                     regions.curve_limit(n, eligible, plan.planned),
-                                     options.lamb / max(1, plan.planned),
-                                     (1 - options.lamb) / max(1, sum(plan.rows)))
+        for local, area in enumerate(areas):
+            at = np.flatnonzero(area_of_row == local)
+            if not at.size:
+                curves.append((0, np.zeros(0)))
+                continue
+            vectors = torch.as_tensor(embeddings[at])
+            generator = torch.Generator().manual_seed(derive_seed(options.seed, 0, 0, 0, area))
+            similarities, neighbours = top_neighbours(
+                vectors, vectors, options.neighbours, generator=generator, exact_max=options.exact_neighbours,
+                probes=options.probes)
+            limit = regions.curve_limit(at.size, eligible, plan.planned)
+            curves.append((at.size, regions.gain_curve(
+                quality[at], np.asarray(neighbours), np.asarray(similarities), weights[at], limit,
+                options.lamb / max(1, plan.planned), (1 - options.lamb) / max(1, sum(plan.rows)))))
+    return curves
 
 
 def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[PackRows]:
@@ -254,7 +264,7 @@ def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[
     rows = [piece[index] for piece in pieces if index in piece]
     given = [r.partition for r in rows]
     expected = list(pack.partitions)
-    if pack.regions:
+    if pack.areas:
         rows = [r for r in rows if r.positions.size]
         expected = [p for p in expected if p in {r.partition for r in rows}]
         given = [r.partition for r in rows]
@@ -283,15 +293,15 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int) -> _Partition:
                       weights=weights, selected=np.zeros(n, dtype=bool),
                       scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
                       reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None,
-                      region=pack.regions[0] if pack.regions else None)
+                      region=pack.areas[0] if pack.areas else None)
 
 
 def _pack_name(plan: Plan, index: int) -> str:
     """How messages and progress name a pack."""
     pack = plan.packs[index]
-    if pack.regions:
-        more = len(pack.regions) - 1
-        return f"region {pack.regions[0]}" + (f" and {more} more" if more else "")
+    if pack.areas:
+        more = len(pack.areas) - 1
+        return f"area {pack.areas[0]}" + (f" and {more} more" if more else "")
     where = f"partitions {pack.partitions[0]}-{pack.partitions[-1]}"
     return where if plan.spec.by is None else f"{where}, group {pack.label!r}"
 

@@ -79,14 +79,14 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
                 if cell.kept is not None and len(cell.kept):
                     weights.setdefault(partition, []).append((cell.kept, cell.weights))
     cells = {p: tuple(c) for p, c in cell_lists.items()}
-    centroids: np.ndarray | None = None
+    places: dict = {}  # pieces="regions": centroids, areas, area_region
     packs: tuple[Pack, ...] = ()
     eligible = sum(c.eligible for cs in cells.values() for c in cs)
     if spec.pieces == "regions" and eligible > spec.chunk_rows(dim):  # a table one chunk holds: learned whole
-        centroids, packs = region_packs(cells, [s.sample for s in summaries], spec, dim)
+        places, packs = region_packs(cells, [s.sample for s in summaries], spec, dim)
     elif spec.diversity_scope == "table":
         packs = pack_cells(cells, spec.chunk_rows(dim))
-    return Plan(spec=spec, cells=cells, packs=packs, centroids=centroids,
+    return Plan(spec=spec, cells=cells, packs=packs, **places,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
                 weights={p: _stack_weights(v) for p, v in weights.items()},
@@ -133,36 +133,44 @@ def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack,
 
 
 def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: SelectSpec,
-                 dim: int | None) -> tuple[np.ndarray | None, tuple[Pack, ...]]:
-    """The regions' centroids, from the partitions' sample rows, and one pack per region whose members
-    are the partitions with eligible rows, its quota not yet shared (:func:`share_regions`)."""
+                 dim: int | None) -> tuple[dict, tuple[Pack, ...]]:
+    """The regions' and their areas' centroids (the plan's ``centroids``, ``areas`` and
+    ``area_region``), from the partitions' sample rows, and one pack per region whose members are the
+    partitions with eligible rows, its quota not yet shared (:func:`share_regions`)."""
     members = tuple(p for p in sorted(cells) if any(c.eligible for c in cells[p]))
     rows = [s for s in samples if s is not None and len(s)]
     if not members or not rows:
-        return None, ()
+        return {}, ()
     sample = np.concatenate(rows)
     eligible = sum(c.eligible for p in members for c in cells[p])
     count = regions.region_count(eligible, spec.chunk_rows(dim), len(sample))
     centroids = regions.find_centroids(sample, count, spec.options.seed)
+    areas, area_region = regions.find_areas(sample, centroids, eligible, spec.options.seed)
     label = cells[members[0]][0].label
-    return centroids, tuple(Pack(label, 0, members, -1, None, regions=(r,)) for r in range(len(centroids)))
+    packs = tuple(Pack(label, 0, members, -1, None, areas=tuple(np.flatnonzero(area_region == r).tolist()))
+                  for r in range(len(centroids)) if (area_region == r).any())
+    return {"centroids": centroids, "areas": areas, "area_region": area_region}, packs
 
 
-def share_regions(plan: Plan, curves: list[tuple[int, np.ndarray]]) -> Plan:
-    """``plan`` with each region's quota, its share of the table's quota by the regions' marginal-gain
-    curves (``(rows, gains)`` per region, :func:`datamask_dask.plan.regions.share_quotas`), and the
-    regions packed: neighbours learned together up to a chunk's worth of rows
+def share_regions(plan: Plan, curves: list[list[tuple[int, np.ndarray]]]) -> Plan:
+    """``plan`` with the quota shared between the areas by their marginal-gain curves (per region's
+    pack, ``(rows, gains)`` of each of its areas, :func:`datamask_dask.plan.regions.share_quotas`), and
+    the areas packed: neighbours learned together up to a chunk's worth of rows
     (:func:`datamask_dask.plan.regions.pack_regions`)."""
-    if plan.centroids is None:
+    if plan.areas is None:
         raise RuntimeError("share_regions: the plan has no regions; please report this with the run record")
-    sizes = np.array([rows for rows, _ in curves], dtype=np.int64)
-    quotas = regions.share_quotas([gains for _, gains in curves], plan.planned)
+    sizes = np.zeros(len(plan.areas), dtype=np.int64)
+    gains = [np.zeros(0)] * len(plan.areas)
+    for pack, areas in zip(plan.packs, curves, strict=True):
+        for area, (rows, curve) in zip(pack.areas, areas, strict=True):
+            sizes[area], gains[area] = rows, curve
+    quotas = regions.share_quotas(gains, plan.planned)
     first = plan.packs[0]
     packs = []
-    for members in regions.pack_regions(plan.centroids, sizes, plan.spec.chunk_rows(plan.dim)):
+    for members in regions.pack_regions(plan.areas, sizes, plan.spec.chunk_rows(plan.dim)):
         quota = int(quotas[members].sum())
         if quota:
-            packs.append(dataclasses.replace(first, quota=quota, regions=tuple(int(r) for r in members)))
+            packs.append(dataclasses.replace(first, quota=quota, areas=tuple(int(a) for a in members)))
     return dataclasses.replace(plan, packs=tuple(packs))
 
 

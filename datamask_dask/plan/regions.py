@@ -9,16 +9,20 @@ its own part and the parts meet only at their borders:
 1. **Centroids.** Each partition sends evenly spaced rows of its embeddings with its plan summary
    (:func:`sample_positions`, :func:`sample_count`); spherical k-means of those rows
    (:func:`find_centroids`) places ``REGIONS_PER_CHUNK`` regions per chunk's worth of eligible rows,
-   so most regions fit one chunk.
-2. **Routing.** Each eligible row belongs to the region of its most similar centroid
-   (:func:`assign`), whatever its partition: a region's rows reach the task that learns it as a pack's
-   members' rows do (its members are the partitions with eligible rows).
-3. **Quotas that follow the objective.** Each region's marginal-gain curve (:func:`gain_curve`: lazy
-   greedy on its rows' nearest-neighbour graph, the run's lamb weighing quality against coverage) is
-   computed first; the group's quota then goes to the largest gains across every region
-   (:func:`share_quotas`), so the regions' last picks gain about equally.
-4. **Learning.** Neighbouring regions are packed up to a chunk's worth of rows
-   (:func:`pack_regions`), and the learner selects each pack's summed quota.
+   and k-means of each region's sample rows cuts it into *areas* of about ``AREA_ROWS`` rows
+   (:func:`find_areas`).
+2. **Routing.** Each eligible row belongs to its nearest area among those of its ``SEARCHED`` nearest
+   regions (:func:`locate`), whatever its partition: a pack's rows reach the task that learns it as
+   packed partitions' rows do (its members are the partitions with eligible rows). Only routing
+   to the true nearest area keeps a row with its neighbours: a row near a region's border often has
+   its nearest area across it.
+3. **Quotas that follow the objective.** Each area's marginal-gain curve (:func:`gain_curve`: lazy greedy on its rows' nearest-neighbour graph, the run's
+   lamb weighing quality against coverage) is computed first; the group's quota then goes to the
+   largest gains across every area (:func:`share_quotas`), so the areas' last picks gain about
+   equally.
+4. **Learning.** Neighbouring areas are packed up to a chunk's worth of rows (:func:`pack_regions`), and the learner selects each pack's
+   summed quota. Packs of areas, not of whole regions: a region can hold more rows than a chunk, and
+   a chunk cut from it would be a random split again.
 
 Every step is a pure function of the plan and the rows, so every engine and scheduler gets the same
 regions, quotas and rows.
@@ -32,6 +36,9 @@ import math
 import numpy as np
 
 REGIONS_PER_CHUNK = 4  # regions per chunk's worth of rows: most fit a chunk, and few rows sit at a border
+AREA_ROWS = 256  # rows of an area, the part of a region one gain curve covers (quotas are as fine as areas)
+AREA_SAMPLE = 8  # sample rows an area's centroid is placed by, at least
+SEARCHED = 8  # regions whose areas a row is compared with: its nearest ones
 SAMPLE_ROWS = 1 << 16  # rows of the table the k-means sees at most (spread over its partitions)
 SAMPLE_VALUES = 1 << 24  # and embedding values: what reaches the driver stays small at any dimension
 MIN_SAMPLE = 64  # rows each partition sends at least
@@ -59,7 +66,7 @@ def region_count(rows: int, chunk_rows: int, sample_rows: int) -> int:
     return max(1, min(wanted, sample_rows // 16))
 
 
-def find_centroids(sample: np.ndarray, count: int, seed: int) -> np.ndarray:
+def find_centroids(sample: np.ndarray, count: int, seed: int | list[int]) -> np.ndarray:
     """``count`` unit centroids of the unit rows ``sample`` (float32): spherical k-means, seeded by
     k-means++ from ``seed``; an empty region keeps its centroid (one of the rows)."""
     rows = np.ascontiguousarray(sample, dtype=np.float32)
@@ -82,6 +89,48 @@ def find_centroids(sample: np.ndarray, count: int, seed: int) -> np.ndarray:
         moved = norms[:, 0] > 0
         centroids[present[moved]] = (sums[moved] / norms[moved]).astype(np.float32)
     return centroids
+
+
+def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int,
+               seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each region's areas: centroids placed by k-means of the region's sample rows, about one per
+    ``AREA_ROWS`` of the ``rows`` the sample stands for (at least ``AREA_SAMPLE`` sample rows each);
+    returns the areas' centroids and each area's region."""
+    region = assign(sample, centroids)
+    found, owner = [], []
+    for r in range(len(centroids)):
+        mine = sample[region == r]
+        if not len(mine):
+            continue
+        wanted = round(len(mine) * rows / (len(sample) * AREA_ROWS))  # the rows its sample rows stand for
+        count = min(max(1, wanted), max(1, len(mine) // AREA_SAMPLE))
+        found.append(find_centroids(mine, count, [seed, r]))
+        owner.append(np.full(len(found[-1]), r, dtype=np.int64))
+    return np.concatenate(found), np.concatenate(owner)
+
+
+def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
+           area_region: np.ndarray) -> np.ndarray:
+    """Each unit row's area: the most similar of the areas of its ``SEARCHED`` most similar regions
+    (a row near a region's border often has its nearest area across it), compared in float64 so that
+    every worker routes a row alike (ties: the lower area)."""
+    rows = np.asarray(embeddings, dtype=np.float32)
+    searched = min(SEARCHED, len(centroids))
+    nearest = np.argsort(-(rows @ centroids.T), axis=1, kind="stable")[:, :searched]
+    best = np.full(len(rows), -np.inf)
+    out = np.zeros(len(rows), dtype=np.int64)
+    wide = rows.astype(np.float64)
+    for r in range(len(centroids)):
+        asking = np.flatnonzero((nearest == r).any(axis=1))
+        mine = np.flatnonzero(area_region == r)
+        if not asking.size or not mine.size:
+            continue
+        products = wide[asking] @ areas[mine].astype(np.float64).T
+        top = products.argmax(axis=1)
+        value = products[np.arange(asking.size), top]
+        better = (value > best[asking]) | ((value == best[asking]) & (mine[top] < out[asking]))
+        best[asking[better]], out[asking[better]] = value[better], mine[top][better]
+    return out
 
 
 def assign(embeddings: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -197,9 +246,10 @@ def curve_limit(rows: int, total_rows: int, quota: int) -> int:
 
 
 def pack_regions(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> list[np.ndarray]:
-    """Regions learned together: a chain that steps from each region to the most similar one not yet
-    visited, cut into runs of at most ``chunk_rows`` rows (a region larger than that alone), so that
-    neighbours share a learner and the learner runs on pieces about a chunk large."""
+    """Areas (or any places with ``centroids`` and ``sizes`` in rows) learned together: a chain that
+    steps from each to the most similar one not yet visited, cut into runs of at most ``chunk_rows``
+    rows (one larger than that alone), so that neighbours share a learner and the learner runs on
+    pieces about a chunk large."""
     count = len(sizes)
     similarity = centroids.astype(np.float64) @ centroids.T.astype(np.float64)
     visited = np.zeros(count, dtype=bool)

@@ -66,18 +66,18 @@ class Pack:
     """A group's cells in consecutive partitions whose eligible rows fit in one chunk together: they are
     learned as one partition of those rows (``partition.select.learn_pack``), their quotas summed.
 
-    Or, with ``pieces="regions"``, regions of the table (:mod:`datamask_dask.plan.regions`) learned as
+    Or, with ``pieces="regions"``, areas of the table (:mod:`datamask_dask.plan.regions`) learned as
     one: its members are every partition with eligible rows, each giving its rows routed to these
-    regions. While the quotas are shared each region is a pack of its own, quota -1; then
-    :func:`~datamask_dask.plan.reduce.share_regions` sets them and packs neighbouring regions up to a
-    chunk's worth of rows."""
+    areas. While the quotas are shared each region (its areas) is a pack, quota -1; then
+    :func:`~datamask_dask.plan.reduce.share_regions` shares the quota and packs neighbouring areas up
+    to a chunk's worth of rows."""
 
     label: object
     group: int
     partitions: tuple[int, ...]  # ascending: two or more (a region's: one or more)
     quota: int
     budget: int | None
-    regions: tuple[int, ...] = ()  # pieces="regions": the regions it learns
+    areas: tuple[int, ...] = ()  # pieces="regions": the areas it learns
 
     def reporter(self, todo=None) -> int:
         """The member whose marker counts the pack's stage seconds and learning curves: the first of
@@ -105,6 +105,8 @@ class Plan:
     explain: Mapping[int, dict] = field(default_factory=dict)
     packs: tuple[Pack, ...] = ()  # cells learned together (reduce.pack_cells), or the regions
     centroids: np.ndarray | None = None  # pieces="regions": each region's unit centroid (float32)
+    areas: np.ndarray | None = None  # and each area's (plan.regions.find_areas), for the quotas' curves
+    area_region: np.ndarray | None = None  # each area's region
 
     def cells_of(self, partition: int) -> tuple[Cell, ...]:
         return self.cells.get(partition, ())
@@ -130,18 +132,18 @@ class Plan:
 
     @cached_property
     def _packed(self) -> dict:
-        return {(p, pack.group): index for index, pack in enumerate(self.packs) if not pack.regions
+        return {(p, pack.group): index for index, pack in enumerate(self.packs) if not pack.areas
                 for p in pack.partitions}
 
-    def pack_of_region(self) -> np.ndarray:
-        """Each region's pack index."""
-        return self._region_packs
+    def pack_of_area(self) -> np.ndarray:
+        """Each area's pack index (-1: an area no pack learns, its quota 0)."""
+        return self._area_packs
 
     @cached_property
-    def _region_packs(self) -> np.ndarray:
-        out = np.full(0 if self.centroids is None else len(self.centroids), -1, dtype=np.int64)
+    def _area_packs(self) -> np.ndarray:
+        out = np.full(0 if self.areas is None else len(self.areas), -1, dtype=np.int64)
         for index, pack in enumerate(self.packs):
-            out[list(pack.regions)] = index
+            out[list(pack.areas)] = index
         return out
 
     def seed_number(self, partition: int) -> int:
@@ -163,5 +165,5 @@ class Plan:
         out = {"cells": {p: [list(astuple(c)) for c in cells] for p, cells in self.cells.items()},
                "ranges": dict(self.ranges), "dim": self.dim}
         if self.regional:  # the regions' quotas come from their curves, not from the cells
-            out["regions"] = [[list(pack.regions), pack.quota] for pack in self.packs]
+            out["areas"] = [[list(pack.areas), pack.quota] for pack in self.packs]
         return out

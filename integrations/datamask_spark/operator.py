@@ -91,8 +91,8 @@ PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, emb
 PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
 # a learned pack: its pickled learn_pack result (the reporter's part with the stage seconds and curves)
 PACK_RESULT_SCHEMA = "pack int, payload binary"
-# a region's curve (pack_curve): its rows and its gains as float64 bytes
-CURVE_SCHEMA = "pack int, rows long, gains binary"
+# a region's curves (pack_curve): its areas' rows and gains, pickled
+CURVE_SCHEMA = "pack int, curves binary"
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -323,18 +323,19 @@ def spark_regions(plan: Plan, schema: pa.Schema, read) -> Plan:
         _limit_threads()
         index = int(rows["pack"].iloc[0])
         try:
-            count, gains = pack_curve(_pack_pieces(plan, rows, index), plan, index)
+            curves = pack_curve(_pack_pieces(plan, rows, index), plan, index)
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
-        return pd.DataFrame({"pack": np.array([index], dtype=np.int32), "rows": np.array([count]),
-                             "gains": [np.ascontiguousarray(gains, dtype=np.float64).tobytes()]})
+        return pd.DataFrame({"pack": np.array([index], dtype=np.int32),
+                             "curves": [pickle.dumps(curves, protocol=5)]})
 
     rows = read(PackRowsTask(plan, schema, range(len(plan.packs))))
     with spark_errors():
         collected = rows.groupBy("pack").applyInPandas(curve, CURVE_SCHEMA).collect()
-    curves = {row["pack"]: (int(row["rows"]), np.frombuffer(row["gains"], dtype=np.float64))
-              for row in collected}
-    return share_regions(plan, [curves.get(index, (0, np.zeros(0))) for index in range(len(plan.packs))])
+    curves = {row["pack"]: pickle.loads(row["curves"]) for row in collected}  # noqa: S301 (this job's own task payloads)
+    none = [(0, np.zeros(0))]  # a region no row reached
+    return share_regions(plan, [curves.get(index, none * len(pack.areas))
+                                for index, pack in enumerate(plan.packs)])
 
 
 def partition_count(sdf) -> int:

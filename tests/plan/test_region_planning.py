@@ -85,3 +85,15 @@ def test_neighbouring_regions_pack_up_to_a_chunk():
     assert sorted(np.concatenate(runs).tolist()) == list(range(30))
     assert all(sizes[run].sum() <= 120 or len(run) == 1 for run in runs)
     assert [7] in [run.tolist() for run in runs]
+
+
+def test_areas_cut_each_region_and_a_row_goes_to_its_nearest_area():
+    sample = _unit(3000, 8, seed=6)
+    centroids = regions.find_centroids(sample, 5, seed=1)
+    areas, area_region = regions.find_areas(sample, centroids, rows=30_000, seed=1)
+    assert set(area_region.tolist()) == set(range(5))
+    assert len(areas) > 5 * 10  # about one area per AREA_ROWS of the rows the sample stands for
+    rows = _unit(400, 8, seed=7)
+    # with every region searched, a row's area is simply its most similar area
+    found = regions.locate(rows, centroids, areas, area_region)
+    np.testing.assert_array_equal(found, (rows.astype(np.float64) @ areas.T.astype(np.float64)).argmax(1))
