@@ -16,13 +16,13 @@ its own part and the parts meet only at their borders:
    packed partitions' rows do (its members are the partitions with eligible rows). Only routing
    to the true nearest area keeps a row with its neighbours: a row near a region's border often has
    its nearest area across it.
-3. **Quotas that follow the objective.** Each area's marginal-gain curve (:func:`gain_curve`: lazy greedy on its rows' nearest-neighbour graph, the run's
-   lamb weighing quality against coverage) is computed first; the group's quota then goes to the
-   largest gains across every area (:func:`share_quotas`), so the areas' last picks gain about
-   equally.
-4. **Learning.** Neighbouring areas are packed up to a chunk's worth of rows (:func:`pack_regions`), and the learner selects each pack's
-   summed quota. Packs of areas, not of whole regions: a region can hold more rows than a chunk, and
-   a chunk cut from it would be a random split again.
+3. **Quotas that follow the objective.** Each area's marginal-gain curve (:func:`gain_curve`: lazy
+   greedy on its rows' nearest-neighbour graph, the run's lamb weighing quality against coverage) is
+   computed first, in one task per region; the group's quota then goes to the largest gains across
+   every area (:func:`share_quotas`), so the areas' last picks gain about equally.
+4. **Learning.** Neighbouring areas are packed up to a chunk's worth of rows (:func:`pack_regions`),
+   and the learner selects each pack's summed quota. Packs of areas, not of whole regions: a region
+   can hold more rows than a chunk, and a chunk cut from it would be a random split again.
 
 Every step is a pure function of the plan and the rows, so every engine and scheduler gets the same
 regions, quotas and rows.
