@@ -51,7 +51,7 @@ class _Partition:
     selected: np.ndarray
     scores: np.ndarray | None
     reasons: np.ndarray | None  # explain: each row's reason code (explain.REASONS), set as steps decide
-    region: int | None = None  # a region's pack: the region (it seeds the chunks too)
+    area: int | None = None  # a pack of areas (pieces="regions"): its first area, which seeds its chunks
 
     @property
     def spec(self) -> SelectSpec:
@@ -142,8 +142,8 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
 def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
     """This partition's eligible rows of each pack it is in, by pack index: its part of
     :func:`learn_pack`'s input (checked as a select task checks them). In regions, each eligible row
-    goes to its region's pack (:func:`datamask_dask.plan.regions.assign`), and every region gets an
-    entry, empty where no row of the partition lies in it."""
+    goes to the pack of its area (:func:`datamask_dask.plan.regions.locate`), and every pack the
+    partition is a member of gets an entry, empty where none of its rows lies in the pack's areas."""
     number = partition_info["number"] if partition_info is not None else 0
     part = _open(frame, plan, number)
     out: dict[int, PackRows] = {}
@@ -200,17 +200,18 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
     curves, stages = tuple(telemetry.take_curves()), telemetry.take()
     spans, start = {}, 0
     for r in rows:
-        spans[r.partition] = slice(start, start + r.positions.size)
+        spans[r.partition] = (r, slice(start, start + r.positions.size))
         start += r.positions.size
     out = {}
-    for number in pack.partitions:  # a region's members without rows in it get an empty part
-        span, reports = spans.get(number), number == reporter
-        if span is None or part is None:
+    for number in pack.partitions:  # members without rows in a pack of areas get an empty part
+        reports = number == reporter
+        if number not in spans or part is None:
             out[(number, index)] = PackResult(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), None,
                                               None, curves if reports else (), stages if reports else {})
             continue
+        member, span = spans[number]
         out[(number, index)] = PackResult(
-            rows[list(spans).index(number)].positions, part.selected[span],
+            member.positions, part.selected[span],
             None if part.scores is None else part.scores[span],
             None if part.reasons is None else part.reasons[span], curves if reports else (),
             stages if reports else {})
@@ -224,6 +225,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
     import torch
 
     from ..learn.knn import top_neighbours
+    from ..threads import one_cpu_thread
 
     areas = plan.packs[index].areas
     rows = _members(pieces, plan, index)
@@ -239,7 +241,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
     area_of_row = regions.assign(embeddings, plan.areas[list(areas)])  # the rows' region holds these areas
     eligible = sum(c.eligible for cells in plan.cells.values() for c in cells)
     curves = []
-    with telemetry.timed("curve"):
+    with telemetry.timed("curve"), one_cpu_thread():  # one order of every float sum, on any worker
         for local, area in enumerate(areas):
             at = np.flatnonzero(area_of_row == local)
             if not at.size:
@@ -258,8 +260,8 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
 
 
 def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[PackRows]:
-    """Pack ``index``'s rows from its members' :func:`pack_rows`, in member order (a region's members
-    without rows in it left out)."""
+    """Pack ``index``'s rows from its members' :func:`pack_rows`, in member order (in a pack of areas,
+    members without rows in it left out)."""
     pack = plan.packs[index]
     rows = [piece[index] for piece in pieces if index in piece]
     given = [r.partition for r in rows]
@@ -293,7 +295,7 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int) -> _Partition:
                       weights=weights, selected=np.zeros(n, dtype=bool),
                       scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
                       reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None,
-                      region=pack.areas[0] if pack.areas else None)
+                      area=pack.areas[0] if pack.areas else None)
 
 
 def _pack_name(plan: Plan, index: int) -> str:
@@ -430,12 +432,12 @@ def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: st
                                              quality[eligible], cell.budget)
 
 
-def derive_seed(seed: int, partition: int, group: int, chunk: int, region: int | None = None) -> int:
-    """Seed of one learner run, from (seed, partition, group, chunk, region) only: where it runs never
+def derive_seed(seed: int, partition: int, group: int, chunk: int, area: int | None = None) -> int:
+    """Seed of one learner run, from (seed, partition, group, chunk, area) only: where it runs never
     matters (``partition``: :meth:`~datamask_dask.plan.types.Plan.seed_number`, empty partitions not
-    counted; ``region``: a region's pack, else None)."""
+    counted; ``area``: a pack of areas' first area, else None)."""
     sequence = np.random.SeedSequence([int(seed) % 2**64, partition, group, chunk]
-                                      + ([] if region is None else [region]))
+                                      + ([] if area is None else [area]))
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
@@ -460,7 +462,7 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
                                 seed=derive_seed(options.seed, part.plan.seed_number(part.number), cell.group,
-                                                 chunk_number, part.region))
+                                                 chunk_number, part.area))
         telemetry.note_curve(where, result.history)  # for the run summary's learning curves
         return result
     except InputDataError as exc:

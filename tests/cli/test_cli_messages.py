@@ -183,7 +183,7 @@ def _interrupted(source, target, when) -> tuple[int, str]:
     import time
 
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
-               str(target), "--n-workers", "2", "--n_epochs", "3000", "--n_rollout", "8"]
+               str(target), "--n-workers", "2", "--n_epochs", "30000", "--n_rollout", "8"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)

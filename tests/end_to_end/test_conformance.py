@@ -87,7 +87,11 @@ def spark():
     session = local_spark()
     shuffle = session.conf.get("spark.sql.shuffle.partitions")
     session.conf.unset("spark.sql.shuffle.partitions")
+    # a file a partition, as Dask reads them (Spark would split each file in two on local[2]): the
+    # regions' sample is drawn per partition, so the same partitions give the same rows
+    session.conf.set("spark.sql.files.minPartitionNum", "1")
     yield session
+    session.conf.unset("spark.sql.files.minPartitionNum")
     session.conf.set("spark.sql.shuffle.partitions", shuffle)
 
 
