@@ -218,9 +218,10 @@ class SelectOptions:
         doc='How a table larger than one chunk is cut into the pieces the learner runs on. ``"partitions"``: '
         "each partition, small consecutive ones packed together, with quotas by quality mass. "
         '``"regions"``: spherical k-means of a sample of the table cuts it into regions of the embedding '
-        "space (about four per chunk), every eligible row is learned in its region whatever its partition, "
-        "and the quota is shared between regions by their marginal gains (:mod:`datamask_dask.plan.regions`)"
-        ": a random split of the table then no longer costs Facility its coverage. For Facility, in table "
+        "space and their areas, the quota is shared between the areas by their marginal gains, and every "
+        "eligible row is learned with its area's neighbours whatever its partition "
+        "(:mod:`datamask_dask.plan.regions`): a random split of the table then no longer costs Facility "
+        "its coverage. For Facility, in table "
         'scope, with a ratio and without ``by``; one more read of the embeddings. ``"auto"`` (the default): '
         '``"regions"`` wherever they apply, else ``"partitions"``. A table that fits one chunk is learned '
         "whole either way.")
