@@ -229,7 +229,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
 
     areas = plan.packs[index].areas
     rows = _members(pieces, plan, index)
-    if not rows or plan.areas is None:
+    if not rows or plan.centroids is None or plan.areas is None or plan.area_region is None:
         return [(0, np.zeros(0)) for _ in areas]
     part = _pack_partition(rows, plan, index)
     n = part.selected.size
@@ -238,7 +238,9 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
     quality = (part.quality - low) / (high - low) if high > low else np.zeros(n)
     weights = np.ones(n) if part.weights is None else part.weights
     embeddings = _host(part.source.rows(np.arange(n)))
-    area_of_row = regions.assign(embeddings, plan.areas[list(areas)])  # the rows' region holds these areas
+    # each row's area as pack_rows routed it (every one is among this pack's areas, in ascending order)
+    located = regions.locate(embeddings, plan.centroids, plan.areas, plan.area_region)
+    area_of_row = np.searchsorted(areas, located)
     eligible = sum(c.eligible for cells in plan.cells.values() for c in cells)
     curves = []
     with telemetry.timed("curve"), one_cpu_thread():  # one order of every float sum, on any worker

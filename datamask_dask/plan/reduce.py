@@ -156,7 +156,7 @@ def share_regions(plan: Plan, curves: list[list[tuple[int, np.ndarray]]]) -> Pla
     """``plan`` with the quota shared between the areas by their marginal-gain curves (per region's
     pack, ``(rows, gains)`` of each of its areas, :func:`datamask_dask.plan.regions.share_quotas`), and
     the areas packed: neighbours learned together up to a chunk's worth of rows
-    (:func:`datamask_dask.plan.regions.pack_regions`)."""
+    (:func:`datamask_dask.plan.regions.pack_areas`)."""
     if plan.areas is None:
         raise RuntimeError("share_regions: the plan has no regions; please report this with the run record")
     sizes = np.zeros(len(plan.areas), dtype=np.int64)
@@ -167,7 +167,7 @@ def share_regions(plan: Plan, curves: list[list[tuple[int, np.ndarray]]]) -> Pla
     quotas = regions.share_quotas(gains, plan.planned)
     first = plan.packs[0]
     packs = []
-    for members in regions.pack_regions(plan.areas, sizes, plan.spec.chunk_rows(plan.dim)):
+    for members in regions.pack_areas(plan.areas, sizes, plan.spec.chunk_rows(plan.dim)):
         quota = int(quotas[members].sum())
         if quota:
             packs.append(dataclasses.replace(first, quota=quota, areas=tuple(int(a) for a in members)))

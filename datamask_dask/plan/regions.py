@@ -20,7 +20,7 @@ its own part and the parts meet only at their borders:
    greedy on its rows' nearest-neighbour graph, the run's lamb weighing quality against coverage) is
    computed first, in one task per region; the group's quota then goes to the largest gains across
    every area (:func:`share_quotas`), so the areas' last picks gain about equally.
-4. **Learning.** Neighbouring areas are packed up to a chunk's worth of rows (:func:`pack_regions`),
+4. **Learning.** Neighbouring areas are packed up to a chunk's worth of rows (:func:`pack_areas`),
    and the learner selects each pack's summed quota. Packs of areas, not of whole regions: a region
    can hold more rows than a chunk, and a chunk cut from it would be a random split again.
 
@@ -245,7 +245,7 @@ def curve_limit(rows: int, total_rows: int, quota: int) -> int:
     return min(rows, math.ceil(CURVE_SPAN * quota * rows / max(1, total_rows)) + 1)
 
 
-def pack_regions(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> list[np.ndarray]:
+def pack_areas(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> list[np.ndarray]:
     """Areas (or any places with ``centroids`` and ``sizes`` in rows) learned together: a chain that
     steps from each to the most similar one not yet visited, cut into runs of at most ``chunk_rows``
     rows (one larger than that alone), so that neighbours share a learner and the learner runs on
@@ -274,8 +274,8 @@ def pack_regions(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> l
 
 
 def share_quotas(curves: list[np.ndarray], quota: int) -> np.ndarray:
-    """Each region's share of ``quota``: the regions' ``quota`` largest gains (ties: the lower region,
-    then the earlier pick), counted per region."""
+    """Each curve's share of ``quota`` (a curve an area's): the ``quota`` largest gains of all the
+    curves (ties: the lower curve, then the earlier pick), counted per curve."""
     region = np.concatenate([np.full(len(c), r, dtype=np.int64) for r, c in enumerate(curves)])
     step = np.concatenate([np.arange(len(c), dtype=np.int64) for c in curves])
     gains = np.concatenate(curves) if curves else np.zeros(0)

@@ -81,7 +81,7 @@ def test_neighbouring_regions_pack_up_to_a_chunk():
     centroids = _unit(30, 8, seed=4)
     sizes = np.random.default_rng(4).integers(10, 60, 30)
     sizes[7] = 500  # larger than a chunk: alone
-    runs = regions.pack_regions(centroids, sizes, chunk_rows=120)
+    runs = regions.pack_areas(centroids, sizes, chunk_rows=120)
     assert sorted(np.concatenate(runs).tolist()) == list(range(30))
     assert all(sizes[run].sum() <= 120 or len(run) == 1 for run in runs)
     assert [7] in [run.tolist() for run in runs]
