@@ -30,12 +30,12 @@ shard; :func:`one_task` picks between them by the partitions alone, when the gra
 
 from __future__ import annotations
 
-import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..compiled import on_first_use
 from .groups import DuplicateGroups
 from .simhash import SIGNATURE_BYTES
 from .stages import (
@@ -246,7 +246,7 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     return {"candidates": candidates}
 
 
-@functools.cache
+@on_first_use
 def _kernels():
     """The compiled passes (:func:`_keys`, :func:`_buckets`), or None without numba."""
     try:

@@ -12,13 +12,13 @@ L2-normalised on the way in; nothing n x n is built unless it fits ``max_memory_
 
 from __future__ import annotations
 
-import functools
 import heapq
 import math
 
 import numpy as np
 import torch
 
+from ..compiled import on_first_use
 from ..errors import OptionError
 from .engine import _as_inputs, _check_quota, row_weights
 from .knn import top_neighbours
@@ -207,7 +207,7 @@ def graph_lazy_greedy(quality, embeddings, k: int, *, lamb: float = 0.5, seed: i
                                   values[order].astype(np.float64), k)
 
 
-@functools.cache
+@on_first_use
 def _graph_greedy_kernel():
     import numba  # compiled on first use, as the learner's Facility step (facility_cpu)
 

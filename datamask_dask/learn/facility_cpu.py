@@ -14,11 +14,12 @@ compare them.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 
 import numpy as np
 import torch
+
+from ..compiled import on_first_use
 
 # numba (and LLVM, ~0.1 GiB a process) is imported at the first Facility step, not with the learner
 _HAS_NUMBA = importlib.util.find_spec("numba") is not None
@@ -48,7 +49,7 @@ def best_and_gains(values: torch.Tensor, neighbours: torch.Tensor, member: torch
     return torch.from_numpy(best), torch.from_numpy(gain) if with_gains else None
 
 
-@functools.cache
+@on_first_use
 def _kernel():
     import numba
 

@@ -30,10 +30,11 @@ regions, quotas and rows.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
+
+from ..compiled import on_first_use
 
 REGIONS_PER_CHUNK = 4  # regions per chunk's worth of rows: most fit a chunk, and few rows sit at a border
 AREA_ROWS = 256  # rows of an area, the part of a region one gain curve covers (quotas are as fine as areas)
@@ -176,7 +177,7 @@ def gain_curve(quality: np.ndarray, neighbours: np.ndarray, similarities: np.nda
     return np.minimum.accumulate(gains)  # greedy's gains only fall; rounding aside
 
 
-@functools.cache
+@on_first_use
 def _compiled():
     """:func:`_lazy_greedy` compiled (numba is imported on first use: a run without regions never pays)."""
     import numba

@@ -3,11 +3,14 @@
 import itertools
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 
+from datamask_dask.compiled import on_first_use
 from datamask_dask.errors import DataMaskError, InputDataError, OptionError
 from datamask_dask.learn.engine import learn_mask
 from datamask_dask.learn.metrics import (
@@ -147,14 +150,15 @@ def test_aliases_are_case_insensitive():
 def test_memory_does_not_grow_with_n_squared():
     """100k rows: an n x n float matrix would need 40 GB; the learner must stay far below 2 GB."""
     code = (
-        "import resource, numpy as np\n"
+        "import numpy as np\n"
         "from datamask_dask.learn.engine import learn_mask\n"
         "rng = np.random.default_rng(0)\n"
         "e = rng.standard_normal((100_000, 16), dtype=np.float32); q = rng.random(100_000)\n"
         "for alg in ('Facility', 'Pair_simi', 'DiSF'):\n"
         "    assert learn_mask(q, e, 10_000, algorithm=alg, n_epochs=5, n_rollout=4,\n"
         "                      refine_epochs=5).mask.sum() == 10_000\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+        # VmHWM: this process's own peak (ru_maxrss keeps the forking pytest's peak across exec)
+        "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     peak_kib = int(out.stdout.strip().splitlines()[-1])
     assert peak_kib < 2 * 1024 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
@@ -281,3 +285,29 @@ def test_bad_row_weights(chunk, weights):
     q, e = chunk
     with pytest.raises(InputDataError, match="weights"):
         learn_mask(q, e, 5, weights=weights, **FAST)
+
+
+def test_a_kernel_asked_for_by_threads_at_once_is_compiled_once():
+    """A threaded scheduler's first tasks ask at the same moment; a compile that rebinds a module's
+    name to its compiled helper must not run twice (numba refuses to jit a jitted function)."""
+    made = []
+
+    @on_first_use
+    def kernel():
+        made.append(1)
+        time.sleep(0.05)  # a compile: long enough for every thread to arrive
+        return object()
+
+    start = threading.Barrier(8)
+    got = []
+
+    def ask():
+        start.wait()
+        got.append(kernel())
+
+    workers = [threading.Thread(target=ask) for _ in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len(made) == 1 and len({id(value) for value in got}) == 1 and len(got) == 8
