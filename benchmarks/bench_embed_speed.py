@@ -15,6 +15,8 @@ a shared machine weighs on every method alike. The methods, each in a fresh proc
   out.
 - ``datamask embed --precision float32`` and ``--precision bfloat16``: the whole command, its start-up,
   the model's load, reading the parquet and writing the output included.
+- ``score``: ``datamask score`` (the heuristic scorer), the whole command likewise: the cheap step a
+  text pipeline runs beside the embedding.
 
 docs/s is each method's documents over its summed seconds; the speed-up is over the pool. Recall@10:
 for each document, the share of its 10 nearest neighbours (exact cosine over the whole corpus)
@@ -44,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "examples"))
 import record  # noqa: E402
 
-METHODS = ("pool", "float32", "bfloat16")
+METHODS = ("pool", "float32", "bfloat16", "score")
+EMBEDDINGS = METHODS[:3]  # the methods that give vectors
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'integrations'}"}
 
 # Run in a fresh interpreter: the pool baseline as sentence-transformers' documentation shows it.
@@ -108,6 +111,16 @@ def run_embed(source: Path, scratch: Path, precision: str, batch: int) -> tuple[
     return seconds, np.asarray(column.flatten(), dtype=np.float32).reshape(len(column), -1)
 
 
+def run_score(source: Path, scratch: Path) -> float:
+    started = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "datamask_dask.cli", "score", "--input", str(source),
+                          "--output", str(scratch / "score"), "--overwrite", "--no-progress"],
+                         env=ENV, capture_output=True, text=True, cwd=ROOT)
+    if run.returncode:
+        raise SystemExit(f"datamask score failed:\n{run.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
 def neighbours(x: np.ndarray, k: int = 10, block: int = 2048) -> np.ndarray:
     """Each row's ``k`` nearest rows by cosine (exact; rows are unit length), itself left out."""
     out = np.empty((len(x), k), dtype=np.int64)
@@ -145,34 +158,42 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="documents per model pass, every method")
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="the pool's processes")
     parser.add_argument("--cache", type=Path, default=ROOT / ".benchmark-cache")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS),
+                        help="the methods to run; the pool always runs, as the yardstick")
     parser.add_argument("--json", help="append the results to this JSON file (results/embed-speed.json)")
     args = parser.parse_args(argv)
+    methods = tuple(name for name in METHODS if name == "pool" or name in args.methods)
 
     source = corpus(args.docs, args.cache)
     table = pq.read_table(source)
     chars = pc.utf8_length(table.column("text")).to_numpy(zero_copy_only=False)
     print(f"{len(table)} documents, {int(np.median(chars))} characters (median); {os.cpu_count()} cores; "
           f"{args.rounds} rounds", flush=True)
-    seconds = dict.fromkeys(METHODS, 0.0)
-    vectors = {name: [] for name in METHODS}
+    seconds = dict.fromkeys(methods, 0.0)
+    vectors: dict = {name: [] for name in methods}
     bounds = np.linspace(0, len(table), args.rounds + 1).astype(int)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         for r in range(args.rounds):
             piece = scratch / f"round-{r}.parquet"
             pq.write_table(table.slice(bounds[r], bounds[r + 1] - bounds[r]), piece)
-            for name in METHODS[r % len(METHODS):] + METHODS[:r % len(METHODS)]:  # turns each round
+            for name in methods[r % len(methods):] + methods[:r % len(methods)]:  # turns each round
+                found = None
                 if name == "pool":
                     took, found = run_pool(piece, scratch, args.processes, args.batch_size)
+                elif name == "score":
+                    took = run_score(piece, scratch)
                 else:
                     took, found = run_embed(piece, scratch, name, args.batch_size)
                 seconds[name] += took
-                vectors[name].append(found)
+                if found is not None:
+                    vectors[name].append(found)
                 print(f"round {r + 1}: {name}: {bounds[r + 1] - bounds[r]} docs in {took:.1f} s", flush=True)
-    vectors = {name: np.concatenate(parts) for name, parts in vectors.items()}
+    vectors = {name: np.concatenate(parts) for name, parts in vectors.items() if parts}
     reference = neighbours(vectors["pool"])
     labels = {"pool": f"sentence-transformers pool, {args.processes} processes, float32",
-              **{name: f"datamask embed --precision {name}" for name in METHODS[1:]}}
+              **{name: f"datamask embed --precision {name}" for name in EMBEDDINGS[1:]},
+              "score": "datamask score (heuristic)"}
     lines = ["# datamask embed on CPU beside sentence-transformers' multi-process pool", "",
              f"Command: `{record.command('bench_embed_speed.py', argv)}`", "",
              f"{len(table)} paragraphs of this machine's documentation and docstrings in {args.rounds} "
@@ -181,7 +202,11 @@ def main(argv=None) -> int:
              "",
              "| method | seconds | docs/s | speed-up over the pool | recall@10 | recall@10, ties counted | "
              "largest unit-norm error |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for name in METHODS:
+    for name in methods:
+        if name not in vectors:  # no vectors: only its speed
+            lines.append(f"| {labels[name]} | {seconds[name]:.1f} | {len(table) / seconds[name]:.1f} | "
+                         f"{seconds['pool'] / seconds[name]:.2f}x | | | |")
+            continue
         norms = np.abs(np.linalg.norm(vectors[name].astype(np.float64), axis=1) - 1).max()
         found = reference if name == "pool" else neighbours(vectors[name])
         lines.append(f"| {labels[name]} | {seconds[name]:.1f} | {len(table) / seconds[name]:.1f} | "
