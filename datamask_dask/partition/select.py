@@ -241,7 +241,6 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
     # each row's area as pack_rows routed it (every one is among this pack's areas, in ascending order)
     located = regions.locate(embeddings, plan.centroids, plan.areas, plan.area_region)
     area_of_row = np.searchsorted(areas, located)
-    eligible = sum(c.eligible for cells in plan.cells.values() for c in cells)
     curves = []
     with telemetry.timed("curve"), one_cpu_thread():  # one order of every float sum, on any worker
         for local, area in enumerate(areas):
@@ -254,7 +253,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
             similarities, neighbours = top_neighbours(
                 vectors, vectors, options.neighbours, generator=generator, exact_max=options.exact_neighbours,
                 probes=options.probes)
-            limit = regions.curve_limit(at.size, eligible, plan.planned)
+            limit = regions.curve_limit(at.size, plan.eligible, plan.planned)
             curves.append((at.size, regions.gain_curve(
                 quality[at], np.asarray(neighbours), np.asarray(similarities), weights[at], limit,
                 options.lamb / max(1, plan.planned), (1 - options.lamb) / max(1, sum(plan.rows)))))

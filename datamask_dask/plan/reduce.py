@@ -83,7 +83,7 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
     packs: tuple[Pack, ...] = ()
     eligible = sum(c.eligible for cs in cells.values() for c in cs)
     if spec.pieces == "regions" and eligible > spec.chunk_rows(dim):  # a table one chunk holds: learned whole
-        places, packs = region_packs(cells, [s.sample for s in summaries], spec, dim)
+        places, packs = region_packs(cells, [s.sample for s in summaries], spec, dim, eligible)
     elif spec.diversity_scope == "table":
         packs = pack_cells(cells, spec.chunk_rows(dim))
     return Plan(spec=spec, cells=cells, packs=packs, **places,
@@ -133,16 +133,15 @@ def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack,
 
 
 def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: SelectSpec,
-                 dim: int | None) -> tuple[dict, tuple[Pack, ...]]:
+                 dim: int | None, eligible: int) -> tuple[dict, tuple[Pack, ...]]:
     """The regions' and their areas' centroids (the plan's ``centroids``, ``areas`` and
     ``area_region``), from the partitions' sample rows, and one pack per region whose members are the
-    partitions with eligible rows, its quota not yet shared (:func:`share_regions`)."""
+    partitions with eligible rows (``eligible`` in all), its quota not yet shared (:func:`share_regions`)."""
     members = tuple(p for p in sorted(cells) if any(c.eligible for c in cells[p]))
     rows = [s for s in samples if s is not None and len(s)]
     if not members or not rows:
         return {}, ()
     sample = np.concatenate(rows)
-    eligible = sum(c.eligible for p in members for c in cells[p])
     count = regions.region_count(eligible, spec.chunk_rows(dim), len(sample))
     centroids = regions.find_centroids(sample, count, spec.options.seed)
     areas, area_region = regions.find_areas(sample, centroids, eligible, spec.options.seed)

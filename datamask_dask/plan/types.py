@@ -160,6 +160,11 @@ class Plan:
         """Rows the plan selects (with token budgets: the quotas the budgets were split by)."""
         return sum(max(cell.quota, 0) for cells in self.cells.values() for cell in cells)
 
+    @property
+    def eligible(self) -> int:
+        """Rows the plan may select: every cell's eligible rows."""
+        return sum(cell.eligible for cells in self.cells.values() for cell in cells)
+
     def identity(self) -> dict:
         """What decides the rows selected, as plain data: quotas, quality ranges and dimension."""
         out = {"cells": {p: [list(astuple(c)) for c in cells] for p, cells in self.cells.items()},
