@@ -127,6 +127,81 @@ def suite(runs: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+# The page's first table: per section, the newest run of a script (its title starting so) whose table has
+# the figure's columns and a row ``keep`` keeps (a test of the row, or "last": its last row); a row's case
+# is named by the ``case`` columns.
+HEADLINES = (
+    ("Speed on CPU", "pipeline", "", ("rows", "algorithm", "workers"), ("rows/s",), None),
+    ("Against the I/O ceiling", "ceiling", "A job against the I/O ceiling", ("job",),
+     ("share of ceiling: warm / fresh",), lambda row: not row["job"].startswith("before")),
+    ("On a GPU", "gpu", "datamask select on GPU", ("rows", "algorithm", "workers"), ("rows/s",),
+     lambda row: row["rows"] == "1,000,000" and "baseline" not in row["algorithm"]),
+    ("On a GPU: the same machine's CPU cores", "gpu", "datamask select, end to end",
+     ("rows", "algorithm", "workers"), ("rows/s",), None),
+    ("On a GPU", "gpu", "The cuDF I/O ceiling", ("pass", "rows"), ("rows/s",), None),
+    ("On a GPU", "gpu", "The -m gpu tests", ("tests",), ("passed", "failed"), None),
+    ("Spark", "spark", "Spark local[2] vs Dask", ("code",), ("spark / dask", "same rows"), "last"),
+    ("The table scope as the table grows", "table-scale", "", ("rows", "files"),
+     ("job s", "peak RSS, largest worker"), None),
+    ("Near-duplicates across the table", "duplicates", "One-task near-duplicate search", ("rows",),
+     ("search s (least / median)", "peak memory allocated by the search"), None),
+    ("Near-duplicates on real text", "near-duplicates-text", "", ("cosine",), ("precision", "recall"),
+     lambda row: row["checkout"] == "this"),
+    ("Embedding precision beside sentence-transformers' pool", "embed-speed", "", ("method",),
+     ("docs/s", "speed-up over the pool", "recall@10"), None),
+    ("Start-up of the command", "cli-start", "", ("command",), ("this checkout, median s",),
+     lambda row: "--version" in row["command"] or "first line" in row["command"]),
+)
+
+
+def _machine(run: dict) -> str:
+    return run["machine"].split(" (")[0]
+
+
+def current(results: Path) -> list[str]:
+    """One table of the current figure of each case: the newest quality rows of every case and setting
+    (the lowest and highest share over its metrics and lambs), then each :data:`HEADLINES` figure; every
+    row names its commit and machine, and its section below gives the command and data."""
+    lines = ["| section | case | current figure | commit | machine |", "|---|---|---|---|---|"]
+    if (results / "quality.json").exists():
+        by_case: dict = {}
+        for run in _newest(json.loads((results / "quality.json").read_text()),
+                           lambda row: (row["case"], row["metric"], row["lamb"], row["settings"])):
+            for row in run["results"]:
+                if "pieces=" not in row["settings"]:  # not a comparison with another way of cutting the table
+                    case = row["case"] + ("" if row["settings"] == "defaults" else f" ({row['settings']})")
+                    by_case.setdefault(case, []).append((row, run))
+        for case, rows in by_case.items():
+            low = min(rows, key=lambda pair: pair[0]["share"])
+            high = max(rows, key=lambda pair: pair[0]["share"])
+            pieces = {row.get("pieces") for row, _ in rows} - {None}
+            lines.append(
+                f"| Selection quality | {case}{f', pieces: {max(pieces)}' if pieces else ''} | share of the "
+                f"baseline's gain {low[0]['share']:.1%} ({low[0]['metric']}, lamb {low[0]['lamb']:g}) to "
+                f"{high[0]['share']:.1%} ({high[0]['metric']}, lamb {high[0]['lamb']:g}), "
+                f"{len(rows)} jobs | `{rows[-1][1]['commit']}` | {_machine(low[1])} |")
+    for section, name, title, case, figure, keep in HEADLINES:
+        path = results / f"{name}.json"
+        if not path.exists():
+            continue
+        found = []
+        for run in json.loads(path.read_text()):
+            for table in run.get("tables", []):
+                columns = table["columns"]
+                if (run.get("title") or "").startswith(title) and set(case + figure) <= set(columns):
+                    rows = [dict(zip(columns, map(str, cells), strict=True)) for cells in table["rows"]]
+                    rows = rows[-1:] if keep == "last" else [row for row in rows if keep is None or keep(row)]
+                    found += [(run, rows)] if rows else []
+        if not found:
+            continue
+        run, rows = found[-1]
+        for row in rows:
+            label = ", ".join(row[column] for column in case)
+            value = "; ".join(f"{column} {row[column]}" for column in figure)
+            lines.append(f"| {section} | {label} | {value} | `{run['commit']}` | {_machine(run)} |")
+    return [*lines, ""]
+
+
 SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suite,
             **{name: tables for name in ("pipeline", "gpu", "ceiling", "duplicates", "table-scale",
                                          "search-graph", "spark", "storage", "conformance", "text-speed",
@@ -135,16 +210,20 @@ SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suit
 
 
 def render(page: str) -> str:
+    page = _fill(page, "current", "\n".join(current(RESULTS)))
     for name, build in SECTIONS.items():
         path = RESULTS / f"{name}.json"
         if not path.exists():
             continue
-        body = "\n".join(build(json.loads(path.read_text())))
-        pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end: {name} -->)", re.S)
-        if not pattern.search(page):
-            raise SystemExit(f"docs/benchmarks.md has no '<!-- generated: {name} -->' section")
-        page = pattern.sub(lambda match, body=body: match.group(1) + body + "\n" + match.group(2), page)
+        page = _fill(page, name, "\n".join(build(json.loads(path.read_text()))))
     return page
+
+
+def _fill(page: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- generated: {name} -->\n).*?(<!-- end: {name} -->)", re.S)
+    if not pattern.search(page):
+        raise SystemExit(f"docs/benchmarks.md has no '<!-- generated: {name} -->' section")
+    return pattern.sub(lambda match: match.group(1) + body + "\n" + match.group(2), page)
 
 
 def main(argv=None) -> int:
