@@ -264,8 +264,9 @@ class SelectOptions:
 
     def regions_refused(self) -> list[str]:
         """The settings that rule out ``pieces="regions"`` (none: regions apply)."""
-        metric = self.learner.algorithm
-        refused = [(metric != "Facility", f"algorithm={metric!r} (regions serve Facility's coverage)"),
+        metric = self.learner.algorithm  # as the user spelled it; metric_weights holds the names resolved
+        refused = [([name for name, _ in self.learner.metric_weights] != ["facility"],
+                    f"algorithm={metric!r} (regions serve Facility's coverage)"),
                    (self.diversity_scope != "table", 'diversity_scope="partition"'),
                    (self.by is not None, "by="), (self.budget_tokens is not None, "budget_tokens")]
         return [what for bad, what in refused if bad]

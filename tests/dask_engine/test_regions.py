@@ -73,6 +73,11 @@ def test_options_regions_cannot_serve_are_refused_by_name(spread, options, named
         assert spec.pieces == "partitions"
 
 
+def test_facility_spelled_any_way_is_learned_in_regions(spread):
+    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "facility"})
+    assert spec.pieces == "regions"
+
+
 def test_a_table_one_chunk_holds_is_learned_whole(spread):
     _, plan = plan_selection(_ddf(spread[0]), **{**OPTIONS, "max_chunk_rows": ROWS})
     assert not plan.compute(scheduler="threads").regional
