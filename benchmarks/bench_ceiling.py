@@ -26,31 +26,27 @@ checkout of the package (``git worktree add``) beside this one. Each job's selec
 hash of the selected ids) shows whether two runs selected the same rows. The worker-seconds per
 stage come from the run record of the last repeat.
 
-    python benchmarks/bench_ceiling.py --rows 200000 --repeats 3 --json benchmarks/results/ceiling.json
+    python benchmarks/py --rows 200000 --repeats 3 --json benchmarks/results/ceiling.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import record
+from jobs import checkout_job
+from tables import cluster_model, ensure_dataset, make_partition, write_partition
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_pipeline as pipeline  # noqa: E402  (data generation)
-import record  # noqa: E402
-from bench_scope_cost import _selection_digest  # noqa: E402
 
 JOBS = {
     "default (table scope, Pair_simi)": [],
@@ -114,56 +110,18 @@ def ceiling(pool, files: list[Path], scratch: Path) -> float:
     return time.perf_counter() - started
 
 
-def run_job(tree: str, source: Path, target: Path, workers: int, flags: list[str]) -> dict:
-    shutil.rmtree(target, ignore_errors=True)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "integrations")])}
-    command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
-               str(target), "--n-workers", str(workers), *flags]
-    load = os.getloadavg()[0]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        started = time.perf_counter()
-        job = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=environment,
-                               cwd=tempfile.gettempdir())
-        peak = peak_rss(job)
-        wall = time.perf_counter() - started
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if job.returncode:
-        raise SystemExit(f"{' '.join(command)}:\n{stderr[-3000:]}")
-    seconds = float(re.search(r" in ([\d.]+) s", stdout).group(1))
-    record_path = target / "_datamask_run.json"
-    record = json.loads(record_path.read_text()) if record_path.exists() else {}
-    return {"seconds": seconds, "wall": wall, "load": load, "phases": record.get("phases", {}),
-            "peak_rss": peak, "stages": record.get("stages", {}), "summary": record.get("summary") or {},
-            "digest": _selection_digest(target)}
 
 
-def peak_rss(job: subprocess.Popen, every: float = 0.25) -> dict:
-    """Wait for ``job``; the peak resident memory (bytes) of its own process ("main") and of the
-    largest of its descendants (the cluster's workers), sampled every ``every`` seconds."""
-    import psutil
-
-    peak = {"main": 0, "largest worker": 0}
-    root = psutil.Process(job.pid)
-    while job.poll() is None:
-        try:
-            peak["main"] = max(peak["main"], root.memory_info().rss)
-            for child in root.children(recursive=True):
-                peak["largest worker"] = max(peak["largest worker"], child.memory_info().rss)
-        except psutil.Error:  # a process ended between the listing and the reading
-            pass
-        time.sleep(every)
-    return peak
 
 
 def ensure_tiny(folder: Path, d: int) -> Path:
     """``TINY_FILES`` files of ``TINY_ROWS`` rows: the fixed cost of a job."""
     if len(list(folder.glob("*.parquet"))) != TINY_FILES:
         folder.mkdir(parents=True, exist_ok=True)
-        model = pipeline._cluster_model(d, 2000)
+        model = cluster_model(d, 2000)
         for number in range(TINY_FILES):
-            quality, emb = pipeline.make_partition(number, TINY_ROWS, d, model)
-            pipeline.write_partition(folder / f"part.{number:05d}.parquet", number, quality, emb)
+            quality, emb = make_partition(number, TINY_ROWS, d, model)
+            write_partition(folder / f"part.{number:05d}.parquet", number, quality, emb)
     return folder
 
 
@@ -179,7 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", default=str(HERE.parent / ".benchmark-cache"))
     parser.add_argument("--json", help="append the results to this JSON file (results/ceiling.json)")
     args = parser.parse_args(argv)
-    source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
+    source = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
     tiny = ensure_tiny(Path(args.cache) / f"tiny-d{args.dim}", args.dim)
     files = sorted(source.glob("*.parquet"))
     trees = {"": str(HERE.parent)} if not args.before else {"before: ": args.before, "": str(HERE.parent)}
@@ -204,7 +162,7 @@ def main(argv=None) -> int:
                 names = list(jobs)[repeat % len(jobs):] + list(jobs)[:repeat % len(jobs)]
                 for name in names:
                     tree, data, flags = jobs[name]
-                    runs[name].append(run_job(tree, data, scratch / "out", args.workers, flags))
+                    runs[name].append(checkout_job(tree, data, scratch / "out", args.workers, flags))
                     print(name, runs[name][-1]["seconds"], file=sys.stderr, flush=True)
         touches.append(first_touch())
     finally:
@@ -213,7 +171,7 @@ def main(argv=None) -> int:
     print(text)
     if args.json:
         shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
-        record.append(args.json, command=record.command("bench_ceiling.py", argv), data={"table": shape},
+        record.append(args.json, command=record.command("py", argv), data={"table": shape},
                       markdown=text)
     return 0
 
@@ -223,7 +181,7 @@ def report(args, argv, source: Path, ceilings: dict, runs: dict, touches: list) 
     warm, fresh = (float(np.median(ceilings[kind])) for kind in ("warm", "fresh"))
     lines = [f"# A job against the I/O ceiling ({args.rows:,} rows, d = {args.dim}, "
              f"{args.rows // args.rows_per_partition} files, {args.workers} workers)", "",
-             f"Command: `python benchmarks/bench_ceiling.py {given}`", "",
+             f"Command: `python benchmarks/py {given}`", "",
              f"Data: `{source.name}` of bench_pipeline (clustered, 20% near-copies within each file). "
              f"Machine: {os.cpu_count()} CPU cores shared with other work; jobs and ceiling interleaved, "
              "medians compared.",

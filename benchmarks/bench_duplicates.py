@@ -1,7 +1,7 @@
 """The table scope's near-duplicate search alone, at scale: time, memory, recall and false merges.
 
 Signs ``--rows`` clustered d = ``--dim`` embeddings (the pipeline benchmark's generator,
-``bench_pipeline.make_partition``: 20% near-copies inside each partition) in partitions of
+``tables.make_partition``: 20% near-copies inside each partition) in partitions of
 ``--rows-per-partition``, with ``--copies`` of each partition's rows replaced by copies of rows of
 the previous partition at exact cosines (``PLANTED``, in turn: duplicates spread across files),
 then runs the one-task search (:func:`datamask_dask.dedup.search.find_groups`) on every signature
@@ -44,13 +44,12 @@ import tracemalloc
 from pathlib import Path
 
 import numpy as np
+import record
+from tables import cluster_model, make_partition
+
+import datamask_dask
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_pipeline as pipeline  # noqa: E402  (data generation)
-import record  # noqa: E402
-
-import datamask_dask  # noqa: E402
 
 # The package on PYTHONPATH may keep the near-duplicate code in plan/ (the other side of a
 # side-by-side run). Asked on disk: an editable install would hand a missing dedup/ over from
@@ -95,7 +94,7 @@ def _nbytes(value) -> int:
 
 def sharded(args) -> int:
     """The sharded step at each of ``args.sizes`` (see the module docstring)."""
-    model = pipeline._cluster_model(args.dim, 2000)
+    model = cluster_model(args.dim, 2000)
     planes = duplicates.hyperplanes(args.dim)
     given = " ".join(sys.argv[1:])
     lines = [f"# The sharded near-duplicate step, d = {args.dim}", "",
@@ -122,7 +121,7 @@ def sharded(args) -> int:
     for n_rows in args.sizes:
         parts, previous, planted, embeddings = [], None, [], []
         for number in range(n_rows // args.rows_per_partition):
-            quality, emb = pipeline.make_partition(number, args.rows_per_partition, args.dim, model)
+            quality, emb = make_partition(number, args.rows_per_partition, args.dim, model)
             if previous is not None and args.copies:
                 rng = np.random.default_rng(10_000 + number)
                 rows, sources, cosines = _planted_copies(emb, previous, rng, args.copies)
@@ -267,12 +266,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.sharded:
         return sharded(args)
-    model = pipeline._cluster_model(args.dim, 2000)
+    model = cluster_model(args.dim, 2000)
     planes = duplicates.hyperplanes(args.dim)
     parts, previous, planted = [], None, []
     started = time.perf_counter()
     for number in range(args.rows // args.rows_per_partition):
-        quality, emb = pipeline.make_partition(number, args.rows_per_partition, args.dim, model)
+        quality, emb = make_partition(number, args.rows_per_partition, args.dim, model)
         if previous is not None and args.copies:
             rng = np.random.default_rng(10_000 + number)
             rows, sources, cosines = _planted_copies(emb, previous, rng, args.copies)

@@ -27,7 +27,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 import record  # noqa: E402
 
 _SECONDS = re.compile(r"selected \([\d.]+%\) in ([\d.]+) s")

@@ -15,7 +15,7 @@ Same data, job and table as ``bench_pipeline.py`` (see its docstring), except:
 - one cluster runs every job; its first job, on one file, takes a fresh worker's first CUDA, cuDF
   and torch calls and is reported on its own row;
 - the first table is the wall account of each job, as in ``bench_pipeline.py``
-  (:func:`bench_pipeline.wall_account`: every second of the wall time once, among the task prefixes
+  (:func:`jobs.wall_account`: every second of the wall time once, among the task prefixes
   running then or the driver's phase); after the stage table, a table gives each job's
   worker-seconds per task prefix, from the same task stream: what the stage clocks leave in
   ``idle/other``;
@@ -42,12 +42,19 @@ import sys
 import time
 from pathlib import Path
 
+from jobs import (
+    GIB,
+    MemorySampler,
+    finish_report,
+    fmt_seconds,
+    stage_columns,
+    wall_account,
+    wall_account_lines,
+)
+from tables import ensure_dataset
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import bench_pipeline as pipeline  # noqa: E402  (data generation, timers, memory sampler, objective)
-
-GIB = pipeline.GIB
 STAGES = ("plan", "extract", "learn", "select other", "write")
 
 
@@ -110,7 +117,7 @@ def run_job(client, source: Path, target: Path, config: str, overrides: dict,
     """One job on ``client``'s GPU workers: every column written from cuDF partitions
     (``write_selection``), or the selection table only (``select_table``, partitions read by cuDF).
     With its worker-seconds per task prefix and its
-    :func:`~bench_pipeline.wall_account`, from Dask's task stream."""
+    :func:`~jobs.wall_account`, from Dask's task stream."""
     import shutil
 
     from distributed import get_task_stream
@@ -121,7 +128,7 @@ def run_job(client, source: Path, target: Path, config: str, overrides: dict,
 
     client.run(gpu_peak_and_reset)
     pids = list(client.run(os.getpid).values())
-    with pipeline.MemorySampler(pids) as sampler, get_task_stream(client) as stream:
+    with MemorySampler(pids) as sampler, get_task_stream(client) as stream:
         shutil.rmtree(target, ignore_errors=True)  # not timed: a previous run's output
         started = time.time()  # the task stream's clock
         if output_columns == "selection":
@@ -150,10 +157,10 @@ def run_job(client, source: Path, target: Path, config: str, overrides: dict,
         "rows": report.rows,
         "workers": len(pids),
         "threads": max(client.nthreads().values()),
-        "stages": pipeline.stage_columns(stages),
+        "stages": stage_columns(stages),
         "raw stages": stages,
         "tasks": tasks,
-        "account": pipeline.wall_account(stream.data, started, stopped, phases),
+        "account": wall_account(stream.data, started, stopped, phases),
         "peak_rss": max(sampler.peaks.values()),
         "gpu_peak": max(client.run(gpu_peak_and_reset).values()),
     }
@@ -238,7 +245,7 @@ def main(argv=None) -> int:
             f"| {size:,} | {label} | {team} | {r['wall']:.1f} | "
             f"{size / r['wall']:,.0f} | {r['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
             f"{r['gpu_peak'] / GIB:.2f} GiB | "
-            + " | ".join(pipeline._fmt_seconds(r["stages"], s, busy) for s in STAGES)
+            + " | ".join(fmt_seconds(r["stages"], s, busy) for s in STAGES)
             + f" | {idle:.1f} ({idle / busy:.0%}) |"
         )
         print(lines[-1], file=sys.stderr, flush=True)
@@ -254,13 +261,13 @@ def main(argv=None) -> int:
         try:
             client.run(enable_rmm_statistics)
             # a fresh worker's first CUDA, cuDF and torch calls, on one file: reported apart
-            first = pipeline.ensure_dataset(cache, args.rows_per_partition, args.dim, args.rows_per_partition,
+            first = ensure_dataset(cache, args.rows_per_partition, args.dim, args.rows_per_partition,
                                             args.clusters)
             warm = {"algorithm": args.algorithms[0], **overrides}
             report(args.rows_per_partition, f"{args.algorithms[0]}, a fresh worker's first job",
                    run_job(client, first, out_root / "warm-up", args.config, warm, args.output_columns))
             for size in args.sizes:
-                source = pipeline.ensure_dataset(cache, size, args.dim, args.rows_per_partition,
+                source = ensure_dataset(cache, size, args.dim, args.rows_per_partition,
                                                  args.clusters)
                 for algorithm in args.algorithms:
                     print(f"running {size} rows, {algorithm}, {workers or 'all'} GPU worker(s)...",
@@ -272,11 +279,11 @@ def main(argv=None) -> int:
                     report(size, algorithm, r)
         finally:
             client.shutdown()
-    lines = head + pipeline.wall_account_lines(accounts) + lines
+    lines = head + wall_account_lines(accounts) + lines
     lines += ["", "Workers: GPU workers x threads each. Stage columns: worker-seconds summed over the "
               "threads (share of workers x threads x wall).", "",
               "Worker-seconds by task (Dask's task stream; tasks of at least 0.05 s):", "", *task_lines, ""]
-    return pipeline.finish_report(args, lines, cache, out_root, overrides)
+    return finish_report(args, lines, cache, out_root, overrides)
 
 
 if __name__ == "__main__":

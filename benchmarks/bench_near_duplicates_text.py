@@ -55,7 +55,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "examples"))
 import record  # noqa: E402
 import text_pipeline  # noqa: E402  (the corpus sources)

@@ -28,9 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
-from bench_pipeline import ensure_dataset  # noqa: E402
+from tables import ensure_dataset
 
 FLAGS = ["--n_epochs", "100", "--select_ratio", "0.1", "--seed", "0", "--n-workers", "2"]
 

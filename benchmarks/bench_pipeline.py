@@ -3,7 +3,7 @@
 One command prints markdown tables (and appends them to ``--json``, see ``record.py``)::
 
     python benchmarks/bench_pipeline.py --sizes 100000 1000000 --workers 1 2 \
-        --algorithms Pair_simi Facility --config conf/cpu.yaml --json benchmarks/results/pipeline.json
+        --algorithms Pair_simi Facility --config conf/cpu.yaml --json benchmarks/results/json
 
 What runs, for every (size, algorithm, workers):
 
@@ -57,402 +57,72 @@ from __future__ import annotations
 
 import argparse
 import ast
-import itertools
 import os
 import platform
-import shutil
 import sys
-import threading
-import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+from jobs import (
+    GIB,
+    STAGES,
+    cluster_job,
+    finish_report,
+    fmt_seconds,
+    same_selection,
+    wall_account_lines,
+)
+from tables import ensure_dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import record  # noqa: E402
-
-GIB = 2**30
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("read", "plan", "extract", "learn", "select other", "write")
 
 
 # --------------------------------------------------------------------------- data
 
 
-def _cluster_model(d: int, n_clusters: int, seed: int = 12345):
-    rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((n_clusters, d), dtype=np.float32)
-    sizes = 1.0 / np.arange(1, n_clusters + 1) ** 0.8
-    spread = rng.uniform(0.5, 1.2, n_clusters).astype(np.float32)
-    bias = rng.standard_normal(n_clusters).astype(np.float32)
-    return centres, sizes / sizes.sum(), spread, bias
 
 
-def make_partition(number: int, rows: int, d: int, model, duplicate_share: float = 0.2):
-    """Quality and unit embeddings of partition ``number`` (seeded by it; shared cluster centres)."""
-    centres, probabilities, spread, bias = model
-    rng = np.random.default_rng(number)
-    cluster = rng.choice(len(centres), size=rows, p=probabilities)
-    emb = rng.standard_normal((rows, d), dtype=np.float32)
-    emb *= spread[cluster, None]
-    emb += centres[cluster]
-    n_dup = int(duplicate_share * rows)
-    if n_dup:
-        dup, src = rng.choice(rows, n_dup, replace=False), rng.integers(0, rows, n_dup)
-        emb[dup] = emb[src] + 0.05 * rng.standard_normal((n_dup, d), dtype=np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    quality = np.exp(0.6 * bias[cluster] + 0.5 * rng.standard_normal(rows).astype(np.float32))
-    return quality.astype(np.float64), emb
 
 
-def write_partition(path: Path, number: int, quality: np.ndarray, emb: np.ndarray) -> None:
-    """Write partition ``number`` (ids from ``number * rows``) to ``path`` atomically."""
-    rows, d = emb.shape
-    ids = np.arange(number * rows, (number + 1) * rows, dtype=np.int64)
-    table = pa.table(
-        {
-            "chunk_id": ids,
-            "quality_score": quality,
-            "feature_arr": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), d),
-            "text": pa.array([f"document {j} of the benchmark corpus" for j in ids.tolist()]),
-        }
-    )
-    temporary = path.with_suffix(".tmp")
-    pq.write_table(table, temporary, row_group_size=25_000)
-    os.replace(temporary, path)
 
 
-def _draw_file(job: tuple[Path, int, int, int, int]) -> str:
-    """Generate partition file ``number`` of a table; a line saying so."""
-    path, number, rows, d, n_clusters = job
-    started = time.perf_counter()
-    quality, emb = make_partition(number, rows, d, _cluster_model(d, n_clusters))
-    write_partition(path, number, quality, emb)
-    return f"  generated {path.name} ({rows} rows) in {time.perf_counter() - started:.1f} s"
 
 
-def ensure_dataset(cache: Path, n_rows: int, d: int, rows_per_partition: int, n_clusters: int,
-                   processes: int = 1) -> Path:
-    """The folder of an ``n_rows`` table (generated once, missing files in ``processes`` processes;
-    partitions shared between sizes)."""
-    if n_rows % rows_per_partition:
-        raise SystemExit(f"--sizes: {n_rows} is not a multiple of --rows-per-partition {rows_per_partition}")
-    base = cache / f"pipeline-d{d}-p{rows_per_partition}-c{n_clusters}"
-    parts = base / "parts"
-    parts.mkdir(parents=True, exist_ok=True)
-    n_parts = n_rows // rows_per_partition
-    missing = [(parts / f"part.{i:05d}.parquet", i, rows_per_partition, d, n_clusters) for i in range(n_parts)
-               if not (parts / f"part.{i:05d}.parquet").exists()]
-    if processes > 1 and len(missing) > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(min(processes, len(missing))) as pool:
-            lines = pool.map(_draw_file, missing)
-            for line in lines:
-                print(line, file=sys.stderr, flush=True)
-    else:
-        for job in missing:
-            print(_draw_file(job), file=sys.stderr, flush=True)
-    folder = base / f"n{n_rows}"
-    if not folder.exists() or len(list(folder.glob("*.parquet"))) != n_parts:
-        shutil.rmtree(folder, ignore_errors=True)
-        staging = base / f".n{n_rows}.tmp"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        for i in range(n_parts):
-            os.link(parts / f"part.{i:05d}.parquet", staging / f"part.{i:05d}.parquet")
-        os.replace(staging, folder)
-    return folder
 
 
 # --------------------------------------------------------------------------- memory
 
 
-class MemorySampler:
-    """Peak RSS of a set of processes, sampled in a background thread."""
-
-    def __init__(self, pids, interval: float = 0.05):
-        import psutil
-
-        self.processes = {pid: psutil.Process(pid) for pid in pids}
-        self.peaks = dict.fromkeys(pids, 0)
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            for pid, process in self.processes.items():
-                try:
-                    self.peaks[pid] = max(self.peaks[pid], process.memory_info().rss)
-                except Exception:  # a worker restarted: keep what was seen
-                    pass
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 # --------------------------------------------------------------------------- wall account
 
-# Task-stream actions other than a task's compute, as the account names them.
-ACTIVITIES = {"transfer": "transfer", "disk-read": "spill to disk", "disk-write": "spill to disk"}
 
 
-def wall_account(tasks, started: float, stopped: float, phases: dict) -> dict[str, float]:
-    """Where each second of a job's wall time ``[started, stopped]`` (``time.time()``) went.
-
-    ``tasks`` are Dask's task-stream records (``distributed.get_task_stream``): an instant when tasks
-    run is shared equally among the activities running then (a compute is named by its task prefix,
-    ``key_split``; transfers and spills by their action). An instant when none runs is the driver's,
-    named by its phase (``phases``, the report's wall seconds): ``plan`` from the start, ``summary``
-    and ``commit`` at the end, and between them the driver's scheduling and bookkeeping. The values
-    add up to ``stopped - started``.
-    """
-    from distributed.utils import key_split
-
-    wall = stopped - started
-    events = []  # (offset from started, +1 starts / -1 stops, activity)
-    for task in tasks:
-        for span in task["startstops"]:
-            action = span["action"]
-            activity = key_split(task["key"]) if action == "compute" else ACTIVITIES.get(action, action)
-            start, stop = max(span["start"] - started, 0.0), min(span["stop"] - started, wall)
-            if start < stop:
-                events += [(start, 1, activity), (stop, -1, activity)]
-    plan_end = min(max(phases.get("plan", 0.0), 0.0), wall)
-    commit_start = max(plan_end, wall - phases.get("commit", 0.0))
-    summary_start = max(plan_end, commit_start - phases.get("summary", 0.0))
-    windows = [(plan_end, "driver: plan"), (summary_start, "driver: between passes / scheduling"),
-               (commit_start, "driver: summary"), (wall, "driver: commit")]  # each window's end
-    events.sort(key=lambda event: event[0])
-    cuts = sorted({0.0, wall, *(event[0] for event in events), *(end for end, _ in windows)})
-    account: dict[str, float] = {}
-    running: dict[str, int] = {}
-    next_event = 0
-    for start, stop in itertools.pairwise(cuts):
-        while next_event < len(events) and events[next_event][0] <= start:
-            _, step, activity = events[next_event]
-            running[activity] = running.get(activity, 0) + step
-            next_event += 1
-        active = [activity for activity, count in running.items() if count > 0]
-        if active:
-            for activity in active:
-                account[activity] = account.get(activity, 0.0) + (stop - start) / len(active)
-        else:
-            driver = next(label for end, label in windows if start < end)
-            account[driver] = account.get(driver, 0.0) + stop - start
-    return account
 
 
-def wall_account_lines(jobs: list[tuple[dict, dict, float]], least_share: float = 0.005) -> list[str]:
-    """The account table (markdown lines): for each job (its columns, its :func:`wall_account`, its
-    wall seconds), the account's rows biggest first, those under ``least_share`` of the wall as one
-    row, and a total row of the wall."""
-    if not jobs:
-        return []
-    columns = list(jobs[0][0])
-    lines = [
-        "Where the wall time went (each instant shared equally among the task prefixes, transfers and "
-        "spills running then, from Dask's task stream; an instant with none running is the driver's, "
-        "by its phase):",
-        "",
-        "| " + " | ".join(columns) + " | activity | s | share of wall |",
-        "|" + "---|" * len(columns) + "---|---:|---:|",
-    ]
-    for cells, account, wall in jobs:
-        job = "| " + " | ".join(str(cells[column]) for column in columns) + " | "
-        rows = sorted(account.items(), key=lambda item: -item[1])
-        small = [seconds for _, seconds in rows if seconds < least_share * wall]
-        rows = [row for row in rows if row[1] >= least_share * wall]
-        if small:  # many small prefixes: one row keeps the table readable and the total whole
-            rows.append((f"{len(small)} others, each under {least_share:.1%}", sum(small)))
-        for activity, seconds in rows:
-            lines.append(job + f"{activity} | {seconds:.2f} | {seconds / wall:.1%} |")
-        lines.append(job + f"total (wall) | {wall:.2f} | 100% |")
-    return lines + [""]
 
 
 # --------------------------------------------------------------------------- one job
 
 
-def run_job(source: Path, target: Path, n_workers: int, config: str, overrides: dict,
-            threads: int = 1) -> dict:
-    """``datamask select`` on ``source`` with ``n_workers`` workers of ``threads`` threads; timings
-    (with the :func:`wall_account` of the job, from Dask's task stream) and memory."""
-    from distributed import get_task_stream
-
-    from datamask_dask import get_client, read_parquet, write_selection
-    from datamask_dask.io.storage import input_fingerprint
-
-    client = get_client("cpu", n_workers=n_workers, threads_per_worker=threads, dashboard_address=":0")
-    try:
-        pids = list(client.run(os.getpid).values())
-        shutil.rmtree(target, ignore_errors=True)  # not timed: replacing a previous run's output
-        import dask.dataframe  # noqa: F401  (not timed: a one-off import, ~2 s on a cold process)
-
-        with MemorySampler(pids) as sampler, get_task_stream(client) as stream:
-            started = time.time()  # the task stream's clock
-            report = write_selection(
-                read_parquet(source),
-                target,
-                config=config,
-                overwrite=True,
-                resume=False,
-                input_fingerprint=input_fingerprint(source),
-                **overrides,
-            )
-            stopped = time.time()
-    finally:
-        client.shutdown()
-    return {
-        "wall": stopped - started,
-        "rows": report.rows,
-        "selected": report.selected,
-        "workers": n_workers,
-        "threads": threads,
-        "stages": stage_columns(report.stages),
-        "account": wall_account(stream.data, started, stopped, report.phases),
-        "peak_rss": max(sampler.peaks.values()),
-    }
 
 
-def stage_columns(seconds: dict) -> dict:
-    """The report's worker seconds per stage, in the table's columns (``plan`` = its read and checks)."""
-    out = {"read": seconds.get("read", 0.0),
-           "plan": seconds.get("plan read", 0.0) + seconds.get("plan check", 0.0),
-           "extract": seconds.get("extract", 0.0), "learn": seconds.get("learn", 0.0),
-           "write": seconds.get("write", 0.0)}
-    out["select other"] = max(0.0, seconds.get("select", 0.0) - out["learn"] - out["extract"])
-    return out
 
 
 # --------------------------------------------------------------------------- objective
 
 
-def objective_block(
-    source: Path,
-    output: Path,
-    algorithm: str,
-    lamb: float,
-    greedy_max_n: int,
-    greedy_reference: int,
-    seed: int = 0,
-) -> list[dict]:
-    """Scores of the job's selection on partition 0 and of the baselines with the same k there."""
-    from datamask_dask import (
-        embedding_matrix,
-        evaluate_selection,
-        quality_topk,
-        random_selection,
-        read_parquet,
-        stochastic_greedy,
-    )
-
-    quality_all = read_parquet(source, columns=["quality_score"]).compute()["quality_score"]
-    quality_range = (float(quality_all.min()), float(quality_all.max()))
-    first_input = sorted(source.glob("*.parquet"))[0]
-    frame = pq.read_table(first_input, columns=["quality_score", "feature_arr"]).to_pandas(
-        types_mapper=__import__("pandas").ArrowDtype
-    )
-    quality = frame["quality_score"].to_numpy(dtype=np.float64)
-    emb = embedding_matrix(frame["feature_arr"])
-    out_file = output / "part.0.parquet"
-    selected = pq.read_table(out_file, columns=["selected"]).column(0).to_numpy(zero_copy_only=False)
-    k = int(selected.sum())
-    rows = []
-
-    def score(method, pick, seconds):
-        result = evaluate_selection(
-            quality, emb, pick, algorithm=algorithm, lamb=lamb, quality_range=quality_range
-        )
-        rows.append({"method": method, "k": k, "n": len(quality), "seconds": seconds, **result})
-
-    score("datamask (the job)", selected, None)
-    common = dict(algorithm=algorithm, lamb=lamb, quality_range=quality_range)
-    for draw in range(3):  # random: the mean of 3 seeds is what the share is measured from
-        started = time.perf_counter()
-        score(f"random (seed {draw})", random_selection(quality, emb, k, seed=draw, **common),
-              time.perf_counter() - started)
-    started = time.perf_counter()
-    score("quality top-k", quality_topk(quality, emb, k, **common), time.perf_counter() - started)
-    common["seed"] = seed
-    if len(quality) <= greedy_max_n:
-        extra = {"reference_size": greedy_reference} if algorithm.lower() == "facility" else {}
-        started = time.perf_counter()
-        pick = stochastic_greedy(quality, emb, k, eps=0.1, **common, **extra)
-        label = "stochastic greedy" + (f" (ref {greedy_reference})" if extra else "")
-        score(label, pick, time.perf_counter() - started)
-    drawn = np.mean([r["objective"] for r in rows if r["method"].startswith("random")])
-    best = max(r["objective"] for r in rows if r["method"].startswith(("quality top-k", "stochastic greedy")))
-    for r in rows:  # the yardstick: the share of the best baseline's gain over random
-        r["share"] = (r["objective"] - drawn) / (best - drawn) if best != drawn else float("nan")
-    return rows
 
 
-def same_selection(a: Path, b: Path) -> bool:
-    def column(path):
-        return pq.read_table(path, columns=["selected"]).column(0).to_numpy(zero_copy_only=False)
-
-    return all(np.array_equal(column(a / f.name), column(b / f.name)) for f in sorted(a.glob("*.parquet")))
 
 
 # --------------------------------------------------------------------------- report
 
 
-def _fmt_seconds(stages: dict, name: str, total: float) -> str:
-    seconds = stages.get(name, 0.0)
-    return f"{seconds:.1f} ({seconds / total:.0%})" if total > 0 else f"{seconds:.1f}"
 
 
-def objective_lines(args, cache: Path, out_root: Path, overrides: dict) -> list[str]:
-    """The objective table (markdown lines): the job's selection on partition 0 against the baselines."""
-    from datamask_dask.config import load_config
-
-    size, workers = min(args.sizes), max(args.workers)
-    lines = [
-        f"## Objective on partition 0 ({args.rows_per_partition:,} rows of the {size:,}-row run)",
-        "",
-        "Every selection is scored with `evaluate_selection` on all rows of partition 0 "
-        "(quality normalised by the table's range); the baselines select the same k there.",
-        "",
-        "| algorithm | lamb | method | k | share of the best baseline's gain over random | objective "
-        "| quality | diversity | selection s |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for algorithm in args.algorithms:
-        settings = load_config(args.config, algorithm=algorithm, **overrides)
-        source = ensure_dataset(cache, size, args.dim, args.rows_per_partition, args.clusters)
-        for r in objective_block(source, out_root / f"n{size}-{algorithm}-w{workers}", algorithm,
-                                 float(settings["lamb"]), args.greedy_max_n, args.greedy_reference):
-            seconds = "" if r["seconds"] is None else f"{r['seconds']:.1f}"
-            lines.append(f"| {algorithm} | {settings['lamb']} | {r['method']} | {r['k']:,} "
-                         f"| {r['share']:.1%} | {r['objective']:.4f} | {r['quality']:.4f} "
-                         f"| {r['diversity']:.4f} | {seconds} |")
-            print(lines[-1], file=sys.stderr, flush=True)
-    return lines + [""]
 
 
-def finish_report(args, lines: list[str], cache: Path, out_root: Path, overrides: dict) -> int:
-    """Add the objective table (unless ``--no-objective``), remove the outputs, print and save the report."""
-    if args.objective:
-        lines = lines + objective_lines(args, cache, out_root, overrides)
-    if not args.keep_output:
-        shutil.rmtree(out_root, ignore_errors=True)
-    text = "\n".join(lines)
-    print(text)
-    if args.json:
-        shape = {"rows": max(args.sizes), "dim": args.dim, "rows a file": args.rows_per_partition}
-        record.append(args.json, command=record.command(Path(sys.argv[0]).name), data={"tables": shape},
-                      markdown=text)
-    return 0
 
 
 def main(argv=None) -> int:
@@ -479,7 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--greedy-max-n", type=int, default=100_000)
     parser.add_argument("--greedy-reference", type=int, default=8192)
     parser.add_argument("--keep-output", action="store_true", help="keep the selection outputs")
-    parser.add_argument("--json", help="append the results to this JSON file (results/pipeline.json)")
+    parser.add_argument("--json", help="append the results to this JSON file (results/json)")
     args = parser.parse_args(argv)
 
     overrides = {}
@@ -520,8 +190,8 @@ def main(argv=None) -> int:
                 print(
                     f"running {size} rows, {algorithm}, {workers} worker(s)...", file=sys.stderr, flush=True
                 )
-                result = run_job(source, target, workers, args.config, {"algorithm": algorithm, **overrides},
-                                 args.threads)
+                result = cluster_job(source, target, workers, args.config,
+                                     {"algorithm": algorithm, **overrides}, args.threads)
                 results[size, algorithm, workers] = result
                 stages, wall = result["stages"], result["wall"]
                 busy = workers * args.threads * wall
@@ -532,7 +202,7 @@ def main(argv=None) -> int:
                 row = (
                     f"| {size:,} | {algorithm} | {team} | {wall:.1f} | {size / wall:,.0f} | "
                     f"{result['peak_rss'] / GIB:.2f} GiB ({memory_target / GIB:.2f}) | "
-                    + " | ".join(_fmt_seconds(stages, s, busy) for s in STAGES)
+                    + " | ".join(fmt_seconds(stages, s, busy) for s in STAGES)
                     + f" | {idle:.1f} ({idle / busy:.0%}) |"
                 )
                 lines.append(row)

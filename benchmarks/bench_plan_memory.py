@@ -23,7 +23,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 SCRIPT = r"""

@@ -12,10 +12,10 @@ apart: in id order (rows of every cluster in every file) and sorted by topic (ea
 clusters). The pieces the job learns apart are counted from its plan and shown beside each result;
 ``--try max_chunk_rows=24000`` learns the same table as one piece (the ceiling).
 
-    python benchmarks/bench_quality.py --case 20k-d768 --json benchmarks/results/quality.json
-    python benchmarks/bench_quality.py --case 20k-d768 --metrics Pair_simi --lambs 0 --try refine_epochs=5
-    python benchmarks/bench_quality.py --case 20k-d768 --sweep --json benchmarks/results/lamb.json
-    python benchmarks/bench_quality.py --case 24k-d64-spread 24k-d64-topics --try max_chunk_rows=24000
+    python benchmarks/py --case 20k-d768 --json benchmarks/results/quality.json
+    python benchmarks/py --case 20k-d768 --metrics Pair_simi --lambs 0 --try refine_epochs=5
+    python benchmarks/py --case 20k-d768 --sweep --json benchmarks/results/lamb.json
+    python benchmarks/py --case 24k-d64-spread 24k-d64-topics --try max_chunk_rows=24000
 
 ``--sweep`` runs lamb 0, 0.1, 0.25, 0.5, 0.75 and 1 with both ``--lamb-scale`` choices and reports
 the share of quality top-k's quality gain over random and of the diversity optimum's (greedy at
@@ -25,62 +25,22 @@ lamb 0) diversity gain that each selection reaches.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import shutil
-import subprocess
-import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
 import record
 import yaml
-from suite.data import layout_order, write_parts
+from jobs import cli_selection
+from tables import CASES, dataset
 
 from datamask_dask.config import PROFILES
 from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all, term_shares
-from datamask_dask.sample_data import make_embeddings
 
-
-@dataclass(frozen=True)
-class Case:
-    """A table of ``make_embeddings`` (seed 0) as ``files`` parquet files, and what its jobs start from."""
-
-    rows: int
-    dim: int
-    files: int
-    clusters: int
-    layout: str = "spread"  # suite.data.LAYOUTS: rows in id order, or files by topic
-    max_chunk_rows: int | None = None  # every job of the case starts from it: the table in pieces
-
-    def changes(self) -> list[str]:
-        return [] if self.max_chunk_rows is None else [f"max_chunk_rows={self.max_chunk_rows}"]
-
-
-CASES = {
-    "20k-d768": Case(20_000, 768, 1, 200),
-    "200k-d768": Case(200_000, 768, 4, 500),
-    "200k-d64": Case(200_000, 64, 4, 500),
-    "1m-d64": Case(1_000_000, 64, 20, 2000),
-    # a file a piece: a pack of two files would be larger than a chunk
-    "24k-d64-spread": Case(24_000, 64, 12, 48, max_chunk_rows=2000),
-    "24k-d64-topics": Case(24_000, 64, 12, 48, "topics", max_chunk_rows=2000),
-}
 SWEEP = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
-CACHE = Path(__file__).resolve().parent.parent / ".benchmark-cache"
 
 
-def dataset(case: str) -> tuple[Path, np.ndarray, np.ndarray]:
-    """The case's parquet directory (written once into the cache), its quality and embeddings."""
-    shape = CASES[case]
-    quality, emb = make_embeddings(shape.rows, shape.dim, n_clusters=shape.clusters, seed=0)
-    folder = CACHE / f"quality-{case}"
-    write_parts(folder, quality, emb, shape.files, layout_order(emb, shape.layout, shape.clusters))
-    return folder, quality, emb
 
 
 def job_config(case: str, changes: list[str], profile: str) -> Path | None:
@@ -122,23 +82,6 @@ def profile_with(changes: list[str], profile: str = "cpu") -> Path:
     return path
 
 
-def run_job(source: Path, flags: list[str]) -> tuple[np.ndarray, dict]:
-    """``datamask select`` on ``source``: the ``selected`` column in id order, and the job's seconds (its
-    wall time with start-up, its own phases' and the learner's worker-seconds from its run record)."""
-    target = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "out"
-    command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
-               str(target), "--no-progress", *flags]
-    started = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if run.returncode:
-        raise SystemExit(f"{' '.join(command)} failed:\n{run.stderr[-3000:]}")
-    table = pq.read_table(target, columns=["chunk_id", "selected"]).sort_by("chunk_id")
-    record = json.loads((target / "_datamask_run.json").read_text())
-    shutil.rmtree(target.parent, ignore_errors=True)
-    times = {"wall_seconds": seconds, "job_seconds": sum(record["phases"].values()),
-             "learn_seconds": record["stages"].get("learn", 0.0)}
-    return table["selected"].to_numpy(), times
 
 
 def config_flags(config: Path | None) -> list[str]:
@@ -155,8 +98,8 @@ def yardstick_rows(args) -> list[dict]:
         for metric in args.metrics:
             counts = {name: pieces(source, config, metric) for name, config in configs.items()}
             for lamb in args.lambs:
-                runs = [run_job(source, [*config_flags(config), "--algorithm", metric, "--lamb", str(lamb)])
-                        for config in configs.values()]
+                runs = [cli_selection(source, [*config_flags(config), "--algorithm", metric, "--lamb",
+                                               str(lamb)]) for config in configs.values()]
                 scores = measure_all(quality, emb, [selected for selected, _ in runs], algorithm=metric,
                                      lamb=lamb, greedy_max_work=args.greedy_max_work)
                 for name, (_, seconds), score in zip(args.settings, runs, scores, strict=True):
@@ -179,8 +122,8 @@ def sweep_rows(args) -> list[dict]:
         flags = config_flags(job_config(case, changes, args.profile))
         for metric in args.metrics:
             runs = [(lamb, scale) for lamb in SWEEP for scale in ("paper", "gain")]
-            masks = [run_job(source, [*flags, "--algorithm", metric, "--lamb", str(lamb), "--lamb-scale",
-                                      scale])[0] for lamb, scale in runs]
+            masks = [cli_selection(source, [*flags, "--algorithm", metric, "--lamb", str(lamb),
+                                            "--lamb-scale", scale])[0] for lamb, scale in runs]
             for (lamb, scale), shares in zip(runs, term_shares(quality, emb, masks, algorithm=metric),
                                              strict=True):
                 results.append({"case": case, "metric": metric, "lamb": lamb, "lamb_scale": scale,
@@ -215,7 +158,7 @@ def main(argv=None) -> int:
     results = sweep_rows(args) if args.sweep else yardstick_rows(args)
     if args.json:
         record.append_run(args.json, {
-            "command": record.command("bench_quality.py", argv),
+            "command": record.command("py", argv),
             "data": {case: {key: value for key, value in asdict(CASES[case]).items() if value is not None}
                      for case in args.case},
             "machine": record.machine(), "commit": record.commit(), "results": results})

@@ -2,7 +2,7 @@
 each way simulated on one process with the package's learner (``learn_mask``, CPU, the CLI's
 options for the metric), scored with the yardstick over every row of the table.
 
-The tables are ``bench_quality.py``'s cases; each file is a piece, its rows in file order. As the
+The tables are ``py``'s cases; each file is a piece, its rows in file order. As the
 CLI does by default, near-duplicates are set aside first (``diversity_scope="table"``: the package's
 own search) and a kept row stands for its group; ``k = round(ratio * rows)``; every piece holds at
 most the case's ``max_chunk_rows`` rows (a larger group is cut into contiguous chunks whose quotas
@@ -41,19 +41,14 @@ sample, the candidates' weights); the near-duplicate search and the scoring are 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_quality  # noqa: E402
 import record  # noqa: E402
+import torch
 from suite.data import layout_order, topic_labels  # noqa: E402
+from tables import CASES, dataset
 
 from datamask_dask.config import resolve_options  # noqa: E402
 from datamask_dask.dedup.search import find_groups  # noqa: E402
@@ -99,9 +94,9 @@ class Selection:
 
 
 def prepare(case: str) -> Table:
-    """The case's table as ``bench_quality.dataset`` writes it, its files and near-duplicate groups."""
-    shape = bench_quality.CASES[case]
-    _, quality, emb = bench_quality.dataset(case)
+    """The case's table as ``dataset`` writes it, its files and near-duplicate groups."""
+    shape = CASES[case]
+    _, quality, emb = dataset(case)
     emb = emb / np.linalg.norm(emb, axis=1, keepdims=True)
     order = layout_order(emb, shape.layout, shape.clusters)
     order = np.arange(len(quality)) if order is None else order
@@ -376,7 +371,7 @@ def compare(table: Table, metric: str, lamb: float, chosen: dict,
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=sorted(bench_quality.CASES), nargs="+",
+    parser.add_argument("--case", choices=sorted(CASES), nargs="+",
                         default=["24k-d64-spread", "24k-d64-topics"])
     parser.add_argument("--metrics", nargs="+", default=["Facility", "Pair_simi", "DiSF"])
     parser.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
@@ -406,7 +401,7 @@ def main(argv=None) -> int:
                 print(lines[-1], flush=True)
     print(f"\n{time.perf_counter() - started:.0f} s in all", flush=True)
     if args.json:
-        data = {case: {key: value for key, value in asdict(bench_quality.CASES[case]).items()
+        data = {case: {key: value for key, value in asdict(CASES[case]).items()
                        if value is not None} for case in args.case}
         record.append(args.json, command=record.command("bench_rounds.py", argv), data=data,
                       markdown="\n".join(lines))

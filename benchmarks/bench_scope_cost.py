@@ -1,6 +1,6 @@
 """What the table scope costs: ``datamask select`` with ``--diversity-scope table`` vs ``partition``.
 
-The pipeline benchmark's parquet data (``bench_pipeline.ensure_dataset``: d = 768, 50,000 rows per
+The pipeline benchmark's parquet data (``tables.ensure_dataset``: d = 768, 50,000 rows per
 file), the CLI's defaults (cpu profile, threaded scheduler), ``--algorithm``; each job a fresh
 process, the jobs interleaved ``--repeats`` times so that load from other work falls on all of
 them alike. ``--copies F`` replaces F of each file's rows by near-copies (cosine ~0.99) of rows of
@@ -12,8 +12,8 @@ N worker processes. ``--before PATH`` adds a table-scope job run with another ch
 Reported per job: the job's own seconds (start-up excluded), its plan phase, and the load
 average when it started; then the median over repeats and the ratio to the per-partition job.
 
-    python benchmarks/bench_scope_cost.py --rows 200000 --repeats 3 --json benchmarks/results/scope-cost.json
-    python benchmarks/bench_scope_cost.py --rows 1000000 --repeats 1 --copies 0.2 --n-workers 2 \
+    python benchmarks/py --rows 200000 --repeats 3 --json benchmarks/results/scope-cost.json
+    python benchmarks/py --rows 1000000 --repeats 1 --copies 0.2 --n-workers 2 \
         --data /work/data-1m --json benchmarks/results/scope-cost.json
 """
 
@@ -30,71 +30,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
+from jobs import random_pairs, selection_digest
+from tables import ensure_dataset, ensure_spread_dataset
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_pipeline as pipeline  # noqa: E402  (data generation)
 
-from datamask_dask.dedup import simhash as duplicates  # noqa: E402
 from datamask_dask.run import summary as summary_module  # noqa: E402
-
-
-def ensure_spread_dataset(folder: Path, n_rows: int, d: int, rows_per_partition: int, copies: float) -> Path:
-    """The pipeline data with ``copies`` of each file's rows near-copies of the previous file's rows."""
-    folder.mkdir(parents=True, exist_ok=True)
-    model, previous = pipeline._cluster_model(d, 2000), None
-    for number in range(n_rows // rows_per_partition):
-        path = folder / f"part.{number:05d}.parquet"
-        if path.exists():
-            previous = None
-            continue
-        quality, emb = pipeline.make_partition(number, rows_per_partition, d, model)
-        if number and previous is None:  # resumed: the previous file's rows, regenerated the same way
-            regenerated = pipeline.make_partition(number - 1, rows_per_partition, d, model)[1]
-            previous = _spread(number - 1, regenerated, None, copies)
-        emb = _spread(number, emb, previous, copies)
-        pipeline.write_partition(path, number, quality, emb)
-        previous = emb
-        print(f"  generated {path.name}", file=sys.stderr, flush=True)
-    return folder
-
-
-def planted_copies(number: int, n_rows: int, copies: float) -> tuple:
-    """Which rows of file ``number`` (of ``n_rows`` rows, as the previous file) ``_spread`` makes
-    near-copies, and of which rows of the previous file: ``(rng, rows, sources)``, the generator
-    left where ``_spread`` goes on to draw the noise."""
-    rng = np.random.default_rng(10_000 + number)
-    n_copy = int(copies * n_rows)
-    rows = rng.choice(n_rows, n_copy, replace=False)
-    return rng, rows, rng.integers(0, n_rows, n_copy)
-
-
-def _spread(number: int, emb: np.ndarray, previous: np.ndarray | None, copies: float) -> np.ndarray:
-    """``emb`` with ``copies`` of its rows near-copies of rows of ``previous`` (cosine ~0.99)."""
-    if previous is None or not copies:
-        return emb
-    rng, rows, sources = planted_copies(number, len(emb), copies)
-    noise = 0.15 / np.sqrt(emb.shape[1])  # cosine about 0.99 to the source row, whatever the dimension
-    emb[rows] = previous[sources] + noise * rng.standard_normal((rows.size, emb.shape[1]), dtype=np.float32)
-    emb[rows] /= np.linalg.norm(emb[rows], axis=1, keepdims=True)
-    return emb
-
-
-def random_pairs(source: Path, k: int, seed: int = 0) -> dict:
-    """The run summary's pair estimate (SimHash LSH) on ``k`` rows of the table drawn at random."""
-    files = sorted(source.glob("*.parquet"))
-    sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
-    pick = np.sort(np.random.default_rng(seed).choice(sum(sizes), k, replace=False))
-    blocks, start = [], 0
-    for path, size in zip(files, sizes, strict=True):
-        rows = pick[(pick >= start) & (pick < start + size)] - start
-        column = pq.read_table(path, columns=["feature_arr"]).column(0).combine_chunks()
-        emb = column.values.to_numpy().reshape(size, -1)[rows]
-        blocks.append(duplicates.signatures(emb, duplicates.hyperplanes(emb.shape[1])).reshape(-1))
-        start += size
-    within, across = duplicates.count_pairs(blocks, summary_module.DUPLICATE_COSINE)
-    return {"rows": k, "within": within, "across": across}
 
 
 def main(argv=None) -> int:
@@ -116,7 +57,7 @@ def main(argv=None) -> int:
         source = ensure_spread_dataset(Path(args.data), args.rows, args.dim, args.rows_per_partition,
                                        args.copies)
     else:
-        source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
+        source = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition, 2000)
     here = str(HERE.parent)
     jobs = {"table scope": (here, "table"), "partition scope": (here, "partition")}
     if args.before:
@@ -144,7 +85,7 @@ def main(argv=None) -> int:
                 record = json.loads((target / "_datamask_run.json").read_text())
                 phases, summaries[name] = record["phases"], record.get("summary") or {}
                 runs[name].append((seconds, phases["plan"], load, phases["select and write"]))
-                picks[name] = _selection_digest(target)
+                picks[name] = selection_digest(target)
                 print(name, runs[name][-1], file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -152,7 +93,7 @@ def main(argv=None) -> int:
     base = float(np.median([r[0] for r in runs["partition scope"]]))
     lines = [f"# The table scope's cost ({args.rows:,} rows, d = {args.dim}, {args.algorithm}, cpu profile)",
              "",
-             f"Command: `python benchmarks/bench_scope_cost.py {given}`", "",
+             f"Command: `python benchmarks/py {given}`", "",
              f"{os.cpu_count()} CPU cores shared with other work: jobs interleaved, medians compared.", "",
              "| job | job s per repeat | plan s per repeat | select and write s | load at start | "
              "median job s | ratio to partition | selection digest |",
@@ -170,18 +111,11 @@ def main(argv=None) -> int:
     print(text)
     if args.json:
         shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
-        record.append(args.json, command=record.command("bench_scope_cost.py", argv), data={"table": shape},
+        record.append(args.json, command=record.command("py", argv), data={"table": shape},
                       markdown=text)
     return 0
 
 
-def _selection_digest(target: Path) -> str:
-    """A hash of the ids of the rows a job selected (its output's ``chunk_id`` where ``selected``)."""
-    import hashlib
-
-    frame = pq.read_table(target, columns=["chunk_id", "selected"]).to_pandas()
-    ids = np.sort(frame["chunk_id"].to_numpy()[frame["selected"].to_numpy(dtype=bool)]).astype(np.int64)
-    return hashlib.blake2b(ids.tobytes(), digest_size=6).hexdigest()
 
 
 def _pairs_lines(summaries: dict, source: Path, copies: float) -> list[str]:

@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
     PYSPARK_PYTHON=$(which python) python benchmarks/bench_spark.py --rows 200000 --dim 768
 
-Data: the pipeline benchmark's synthetic table (:func:`bench_pipeline.ensure_dataset`, cached in
+Data: the pipeline benchmark's synthetic table (:func:`tables.ensure_dataset`, cached in
 ``--cache``), ``--rows-per-partition`` rows per parquet file. Both engines see the same partitions
 in the same order (one per file: the Dask reader's pieces; for the Spark DataFrame engines a union
 of one read per file), the same config (``conf/cpu.yaml`` by default) and seed, so they must select
@@ -43,7 +43,6 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
 
 

@@ -9,7 +9,7 @@ thread each), and reports the driver's peak resident set (``ru_maxrss`` of that 
 workers are other processes), the wall time and the rows selected. ``--code DIR`` runs the same
 job with the package imported from DIR instead (a checkout of another commit), side by side.
 
-Data: :func:`bench_pipeline.ensure_dataset` (clustered embeddings, 20% near-copies, quality
+Data: :func:`tables.ensure_dataset` (clustered embeddings, 20% near-copies, quality
 correlated with the cluster), ``--rows-per-partition`` rows per file. Learner steps are few
 (``--n-epochs``): what is measured is the write, not the learning.
 """
@@ -26,9 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import record  # noqa: E402
-from bench_pipeline import ensure_dataset  # noqa: E402
+from tables import ensure_dataset
 
 JOB = r"""
 import json, resource, sys, time

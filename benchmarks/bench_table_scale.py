@@ -2,7 +2,7 @@
 
 The data has issue 27's shape: d = ``--dim`` (32), ``--rows-per-partition`` rows a file (100,000),
 ``--copies`` (10%) of each file's rows near-copies (cosine ~0.99) of rows of the previous file
-(``bench_scope_cost.ensure_spread_dataset``), generated once under ``--data`` at the largest size;
+(``ensure_spread_dataset``), generated once under ``--data`` at the largest size;
 each smaller size is the first files of it (a folder of links). Each size is one fresh ``datamask
 select --n-workers W`` process with the CLI's defaults (table scope, Pair_simi). Reported: the
 job's own seconds (start-up excluded) and plan phase, the peak resident memory of the job's
@@ -26,12 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import record
+from jobs import checkout_job, random_pairs
+from tables import ensure_spread_dataset, planted_copies
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import record  # noqa: E402
-from bench_ceiling import run_job  # noqa: E402
-from bench_scope_cost import ensure_spread_dataset, planted_copies, random_pairs  # noqa: E402
 
 
 def first_files(source: Path, n_files: int, folder: Path) -> Path:
@@ -80,7 +79,7 @@ def main(argv=None) -> int:
             n_files = size // args.rows_per_partition
             folder = first_files(source, n_files, source.with_name(f"{source.name}-first{n_files}"))
             load = os.getloadavg()[0]
-            job = run_job(str(HERE.parent), folder, scratch / "out", args.workers, [])
+            job = checkout_job(str(HERE.parent), folder, scratch / "out", args.workers, [])
             pairs = job["summary"].get("selected_pairs") or {}
             rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
             planted = planted_pairs_selected(scratch / "out", n_files, args.rows_per_partition, args.copies)

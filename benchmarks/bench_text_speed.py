@@ -28,7 +28,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT / "examples"))
 import record  # noqa: E402
 from text_pipeline import build_corpus  # noqa: E402

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench_pipeline as pipeline
 import record
+from tables import ensure_dataset
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         sample = Path(scratch) / "sample"
         subprocess.run([sys.executable, "-m", "datamask_dask.cli", "sample", "--output", str(sample),
                         "--rows", "4000", "--partitions", "4"], check=True, capture_output=True)
-        large = pipeline.ensure_dataset(Path(args.cache), args.rows, 768, 100_000, 2000)
+        large = ensure_dataset(Path(args.cache), args.rows, 768, 100_000, 2000)
         tables = {"README sample (4,000 rows, 4 files)": sample, f"{args.rows:,} rows, d = 768": large}
         settings = {"threads (default)": None, f"--n-workers {args.workers}": args.workers}
         seconds = {(t, s): [] for t in tables for s in settings}

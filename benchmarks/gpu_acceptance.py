@@ -6,8 +6,8 @@
     python benchmarks/gpu_acceptance.py score selections.npz
     python benchmarks/gpu_acceptance.py compare .benchmark-cache/pipeline-gpu-out this baseline
 
-- ``data``: the pipeline benchmark's table (``bench_pipeline.ensure_dataset``), its files drawn in
-  parallel processes, and the quality benchmark's case table (``bench_quality.dataset``).
+- ``data``: the pipeline benchmark's table (``tables.ensure_dataset``), its files drawn in
+  parallel processes, and the quality benchmark's case table (``dataset``).
 - ``ceiling``: the cuDF I/O ceiling over the same files: ``cudf.read_parquet``, a boolean column,
   ``to_parquet``, one file after another on one GPU (what a selection job cannot beat); then the
   reads alone, and the writes through a Python file handle (fsynced) instead of a path.
@@ -31,24 +31,22 @@ import time
 from pathlib import Path
 
 import numpy as np
+import record
+from jobs import cli_selection
+from tables import CASES, dataset, ensure_dataset
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import bench_pipeline as pipeline  # noqa: E402
-import bench_quality as quality_bench  # noqa: E402
-import record  # noqa: E402
 
 CACHE = HERE.parent / ".benchmark-cache"
 
 
 def data(args) -> int:
     started = time.perf_counter()
-    folder = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition,
+    folder = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition,
                                      args.clusters, processes=os.cpu_count() or 1)
     print(f"pipeline table {folder} in {time.perf_counter() - started:.1f} s", flush=True)
     if args.quality_case:
-        source, _, _ = quality_bench.dataset(args.quality_case)
+        source, _, _ = dataset(args.quality_case)
         print(f"quality table {source} at {time.perf_counter() - started:.1f} s", flush=True)
     return 0
 
@@ -56,7 +54,7 @@ def data(args) -> int:
 def ceiling(args) -> int:
     import cudf
 
-    source = pipeline.ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition,
+    source = ensure_dataset(Path(args.cache), args.rows, args.dim, args.rows_per_partition,
                                      args.clusters)
     files = sorted(source.glob("*.parquet"))
     scratch = Path(args.cache) / "ceiling-out"
@@ -102,7 +100,7 @@ def _record(args, markdown: str, data) -> None:
 def selections(args) -> int:
     from datamask_dask import get_client
 
-    source, _, _ = quality_bench.dataset(args.case)
+    source, _, _ = dataset(args.case)
     out = Path(args.out)
     masks, runs = {}, []
     lines = ["| metric | lamb | selected | job s (wall) | learn s |", "|---|---:|---:|---:|---:|"]
@@ -116,7 +114,7 @@ def selections(args) -> int:
                 flags = ["--config", "gpu", "--device", args.device, "--scheduler", client.scheduler.address,
                          "--algorithm", metric, "--lamb", str(lamb)]
                 try:
-                    selected, seconds = quality_bench.run_job(source, flags)
+                    selected, seconds = cli_selection(source, flags)
                 except SystemExit as failure:  # keep the other runs: a failure is reported, the next goes on
                     print(f"| {metric} | {lamb} | failed | | |\n{failure}", flush=True)
                     continue
@@ -129,7 +127,7 @@ def selections(args) -> int:
     finally:
         client.shutdown()
     _record(args, "\n".join([f"# The {args.case} table learned as one chunk on the GPU", "", *lines]),
-            f"the {args.case} table of bench_quality.py (make_embeddings)")
+            f"the {args.case} table of py (make_embeddings)")
     return 0
 
 
@@ -138,7 +136,7 @@ def score(args) -> int:
 
     saved = np.load(args.selections)
     meta = json.loads(str(saved["runs"]))
-    _, quality, emb = quality_bench.dataset(meta["case"])
+    _, quality, emb = dataset(meta["case"])
     print("| case | metric | lamb | share of baseline's gain | objective | random | baseline | top-k share | "
           "learn s |\n|---|---|---:|---:|---:|---:|---|---:|---:|", flush=True)
     rows = []
@@ -196,11 +194,11 @@ def main(argv=None) -> int:
         step.add_argument("--clusters", type=int, default=2000)
         step.add_argument("--cache", default=str(CACHE))
         if name == "data":
-            step.add_argument("--quality-case", choices=sorted(quality_bench.CASES))
+            step.add_argument("--quality-case", choices=sorted(CASES))
         else:
             step.add_argument("--json", help="append the table to this JSON file (record.py)")
     step = steps.add_parser("selections")
-    step.add_argument("--case", default="1m-d64", choices=sorted(quality_bench.CASES))
+    step.add_argument("--case", default="1m-d64", choices=sorted(CASES))
     step.add_argument("--metrics", nargs="+", default=["Pair_simi", "Facility", "DiSF"])
     step.add_argument("--lambs", type=float, nargs="+", default=[0.0, 0.5])
     step.add_argument("--device", default="cuda", help="cpu checks the step on a machine without a GPU")

@@ -135,8 +135,7 @@ def record_suite(args, argv) -> int:
 
 def save_record(args, argv, figures: dict) -> None:
     """Append ``figures`` (:func:`load`'s) with the command, the suites' data, machine and commit."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import record
+    import record  # beside this script
     from suite.data import SHAPES
 
     results = [{"benchmark": name, "params": list(params), "value": value, "unit": unit}

@@ -19,11 +19,18 @@ import regression_gate  # noqa: E402
 LIMITS = Namespace(points=0.5, factor=1.3)
 
 
+SHARED = ("record", "tables", "jobs")  # what the scripts share: they import these, never one another
+
+
 @pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("*.py")))
 def test_a_benchmark_script_imports(script):
     """They run by hand, not in CI: an import the package no longer offers must fail here."""
     module = importlib.import_module(script)
-    assert callable(getattr(module, "main", None)) or script == "record", script  # record: shared writer
+    assert callable(getattr(module, "main", None)) or script in SHARED, script
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - set(SHARED)
+    imported = {getattr(value, "__module__", None) or getattr(value, "__name__", None)
+                for value in vars(module).values()} & (scripts - {script})  # modules, and names from them
+    assert not imported, f"{script} imports the scripts {imported}: move what they share to {SHARED}"
 
 
 def result(value, unit, low=None, high=None):
@@ -102,14 +109,15 @@ def test_the_quality_layouts_hold_the_same_rows_and_count_the_pieces_their_jobs_
                                                                                           monkeypatch):
     import bench_quality
     import pyarrow.parquet as pq
+    import tables
     from suite.data import topic_labels
 
-    monkeypatch.setattr(bench_quality, "CACHE", tmp_path)
+    monkeypatch.setattr(tables, "CACHE", tmp_path)
     for layout in ("spread", "topics"):
-        monkeypatch.setitem(bench_quality.CASES, layout, bench_quality.Case(1200, 8, 4, 6, layout, 300))
+        monkeypatch.setitem(tables.CASES, layout, tables.Case(1200, 8, 4, 6, layout, 300))
     files = {}
     for layout in ("spread", "topics"):
-        source, _, emb = bench_quality.dataset(layout)
+        source, _, emb = tables.dataset(layout)
         files[layout] = [pq.read_table(source / f"part.{n}.parquet")["chunk_id"].to_numpy() for n in range(4)]
         assert bench_quality.pieces(source, bench_quality.job_config(layout, [], "cpu"), "Pair_simi") == 4
         assert bench_quality.pieces(source, bench_quality.job_config(layout, ["max_chunk_rows=1200"], "cpu"),
@@ -123,11 +131,11 @@ def test_the_quality_layouts_hold_the_same_rows_and_count_the_pieces_their_jobs_
 def test_every_way_of_bench_rounds_selects_exactly_k_rows_and_one_piece_is_scored(tmp_path, monkeypatch):
     import math
 
-    import bench_quality
     import bench_rounds
+    import tables
 
-    monkeypatch.setattr(bench_quality, "CACHE", tmp_path)
-    monkeypatch.setitem(bench_quality.CASES, "tiny", bench_quality.Case(1200, 8, 4, 6, "topics", 300))
+    monkeypatch.setattr(tables, "CACHE", tmp_path)
+    monkeypatch.setitem(tables.CASES, "tiny", tables.Case(1200, 8, 4, 6, "topics", 300))
     table = bench_rounds.prepare("tiny")
     results = bench_rounds.compare(table, "Pair_simi", 0.0, bench_rounds.ways([2, 3]))
     assert table.k == 120 and len(results) == 12
@@ -141,11 +149,11 @@ def test_every_way_of_bench_rounds_selects_exactly_k_rows_and_one_piece_is_score
 def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tmp_path, monkeypatch, capsys):
     """gpu_acceptance.py's round trip, on CPU: the rows a job selected are packed into a file, and the
     score step reads them back and measures them against the same table."""
-    import bench_quality
     import gpu_acceptance
+    import tables
 
-    monkeypatch.setattr(bench_quality, "CACHE", tmp_path / "cache")
-    monkeypatch.setitem(bench_quality.CASES, "tiny", bench_quality.Case(3000, 16, 2, 30))
+    monkeypatch.setattr(tables, "CACHE", tmp_path / "cache")
+    monkeypatch.setitem(tables.CASES, "tiny", tables.Case(3000, 16, 2, 30))
     selections, scores = tmp_path / "selections.npz", tmp_path / "scores.json"
     assert gpu_acceptance.main(["selections", "--case", "tiny", "--metrics", "Pair_simi", "--lambs", "0",
                                 "--device", "cpu", "--out", str(selections)]) == 0
@@ -156,7 +164,7 @@ def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tm
 
 
 def test_the_wall_account_counts_every_second_once_shares_overlaps_and_names_the_drivers_gaps():
-    import bench_pipeline
+    import jobs
 
     # offsets in quarters of a second: exact at an epoch time's precision
     started, token = 1_700_000_000.0, "5b0e2c9a6f1d4e3b8a7c6d5e4f3a2b1c"
@@ -174,7 +182,7 @@ def test_the_wall_account_counts_every_second_once_shares_overlaps_and_names_the
         task((f"datamask-select-write-{token}", 1), 2, ("transfer", 5.0, 5.5), ("compute", 5.5, 8.5)),
     ]
     phases = {"plan": 1.0, "select and write": 7.5, "summary": 0.5, "commit": 0.5}
-    account = bench_pipeline.wall_account(tasks, started, started + 10.0, phases)
+    account = jobs.wall_account(tasks, started, started + 10.0, phases)
     assert account == pytest.approx({
         "datamask-plan": 0.5,
         "driver: plan": 0.5,  # the gaps around the plan task, inside the plan's window
@@ -186,7 +194,7 @@ def test_the_wall_account_counts_every_second_once_shares_overlaps_and_names_the
         "driver: commit": 0.5,
     }, abs=1e-9)
     assert abs(sum(account.values()) - 10.0) < 1e-9
-    lines = bench_pipeline.wall_account_lines([({"rows": "1,000", "workers": "1 x 2"}, account, 10.0)])
+    lines = jobs.wall_account_lines([({"rows": "1,000", "workers": "1 x 2"}, account, 10.0)])
     _, (table,) = record.tables_of("\n".join(lines))
     assert table["caption"].endswith(":") and table["columns"][-3:] == ["activity", "s", "share of wall"]
     assert table["rows"][0][2] == "datamask-select-write"  # biggest first
@@ -194,10 +202,11 @@ def test_the_wall_account_counts_every_second_once_shares_overlaps_and_names_the
 
 
 def test_a_pipeline_jobs_wall_account_adds_up_to_its_wall_time(tmp_path):
-    import bench_pipeline
+    import jobs
+    import tables
 
-    source = bench_pipeline.ensure_dataset(tmp_path / "cache", 4000, 16, 2000, 20)
-    result = bench_pipeline.run_job(source, tmp_path / "out", 1, str(BENCHMARKS.parent / "conf" / "cpu.yaml"),
-                                    {"algorithm": "Pair_simi"})
+    source = tables.ensure_dataset(tmp_path / "cache", 4000, 16, 2000, 20)
+    result = jobs.cluster_job(source, tmp_path / "out", 1, str(BENCHMARKS.parent / "conf" / "cpu.yaml"),
+                              {"algorithm": "Pair_simi"})
     assert abs(sum(result["account"].values()) - result["wall"]) < 1e-6
     assert result["account"]["datamask-select-write"] > 0 and result["rows"] == 4000
