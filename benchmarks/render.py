@@ -197,7 +197,7 @@ def current(results: Path) -> list[str]:
         run, rows = found[-1]
         for row in rows:
             label = ", ".join(row[column] for column in case)
-            value = "; ".join(f"{column} {row[column]}" for column in figure)
+            value = "; ".join(f"{column} {row[column]}" for column in figure if row[column])
             lines.append(f"| {section} | {label} | {value} | `{run['commit']}` | {_machine(run)} |")
     return [*lines, ""]
 
