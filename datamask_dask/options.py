@@ -212,16 +212,19 @@ class SelectOptions:
         rule=(lambda v: is_number(v) and 0 < v < 1, "a cosine in (0, 1), e.g. 0.95"))
     pieces: str = option(
         "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
-        "following Facility's gains; partitions: by partition, quotas by quality mass; auto: regions where "
-        "they apply (Facility, table scope, a ratio, no by)", choices=("auto", "regions", "partitions"),
+        "following the objective (Facility, Pair_simi); partitions: by partition, quotas by quality mass; "
+        "auto: regions where they apply (Facility or Pair_simi, table scope, a ratio, no by)",
+        choices=("auto", "regions", "partitions"),
         rule=(lambda v: v in ("auto", "regions", "partitions"), "one of ('auto', 'regions', 'partitions')"),
         doc='How a table larger than one chunk is cut into the pieces the learner runs on. ``"partitions"``: '
         "each partition, small consecutive ones packed together, with quotas by quality mass. "
         '``"regions"``: spherical k-means of a sample of the table cuts it into regions of the embedding '
-        "space and their areas, the quota is shared between the areas by their marginal gains, and every "
+        "space and their areas, the quota is shared between the areas by the objective (Facility: their "
+        "marginal gains; Pair_simi: the shares that cancel the picks' sum, quality weighed in), and every "
         "eligible row is learned with its area's neighbours whatever its partition "
-        "(:mod:`datamask_dask.plan.regions`): a random split of the table then no longer costs Facility "
-        "its coverage. For Facility, in table "
+        "(:mod:`datamask_dask.plan.regions`); a Pair_simi piece learns against the other pieces' "
+        "planned picks. A random split of the table then no longer costs Facility its coverage, nor "
+        "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone, in table "
         'scope, with a ratio and without ``by``; one more read of the embeddings. ``"auto"`` (the default): '
         '``"regions"`` wherever they apply, else ``"partitions"``. A table that fits one chunk is learned '
         "whole either way.")
@@ -264,9 +267,9 @@ class SelectOptions:
 
     def regions_refused(self) -> list[str]:
         """The settings that rule out ``pieces="regions"`` (none: regions apply)."""
-        metric = self.learner.algorithm  # as the user spelled it; metric_weights holds the names resolved
-        refused = [([name for name, _ in self.learner.metric_weights] != ["facility"],
-                    f"algorithm={metric!r} (regions serve Facility's coverage)"),
+        metrics = [name for name, _ in self.learner.metric_weights]
+        refused = [(metrics not in (["facility"], ["pair_simi"]),
+                    f"algorithm={self.learner.algorithm!r} (regions serve Facility or Pair_simi alone)"),
                    (self.diversity_scope != "table", 'diversity_scope="partition"'),
                    (self.by is not None, "by="), (self.budget_tokens is not None, "budget_tokens")]
         return [what for bad, what in refused if bad]

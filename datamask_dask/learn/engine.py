@@ -58,7 +58,7 @@ class MaskResult:
 
 def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = None, *,
                device: str | torch.device = "cpu", quality_range: tuple[float, float] | None = None,
-               weights=None, **overrides) -> MaskResult:
+               weights=None, others=None, **overrides) -> MaskResult:
     """Select exactly ``k`` rows of one chunk jointly for quality and diversity (DATAMASK).
 
     Parameters
@@ -83,6 +83,10 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         (``diversity_scope="table"``) stands for the whole group. Metrics where coverage counts
         rows (Facility) weigh each represented row by it, so the objective over every row of the
         table is what is optimised; quality and the other metrics are unchanged. Default: 1 each.
+    others : (array (d,), int), optional
+        Where the chunk is one piece of a table learned apart: the sum of the unit rows the rest of the
+        table is planned to select, and how many. Pair_simi then learns the table's pairwise
+        similarity with them (the rest held fixed), not the chunk's own. Default: the chunk is the table.
 
     Returns
     -------
@@ -93,15 +97,18 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         opts = opts.replace(**overrides)
     device = torch.device(device)
     with one_cpu_thread(device), one_learner_per_gpu(device):
-        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights)
+        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights, others)
 
 
 def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torch.device, quality_range,
-                weights) -> MaskResult:
+                weights, others=None) -> MaskResult:
     q, emb = _as_inputs(quality, embeddings, device)
     n = q.shape[0]
     k = _check_quota(k, n, opts.prune)
     weights = row_weights(weights, n, device)
+    if others is not None:  # per pick of the chunk: a batch of it scales them to its own picks
+        others = (torch.as_tensor(np.asarray(others[0]) / k, dtype=torch.float32, device=device),
+                  float(others[1]) / k)
     qn = normalise_quality(q, quality_range)
 
     # Quality pruning: the worst `prune` share never takes part (ties broken by position).
@@ -134,7 +141,7 @@ def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torc
     if first_stage:
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
-                                  max_batch=opts.max_batch, weights=w_e, tick=tick)
+                                  max_batch=opts.max_batch, weights=w_e, tick=tick, others=others)
     if opts.refine and pool_size > k and best is None:  # best is set when one batch held every row
         # Refine: learn again, every step over the whole pool of the best candidates, with the
         # reference rows drawn from the whole chunk. Rows learned in different batches never met
@@ -159,7 +166,8 @@ def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torc
 
         refined, best = _optimise(pool_logits, q_pool, emb_pool, k, opts, gen, n_steps=opts.refine_epochs,
                                   partial=1.0, max_batch=pool_size, lr=(opts.refine_lr, opts.refine_lr / 10),
-                                  reference=reference, weights=w_e if whole else None, tick=tick)
+                                  reference=reference, weights=w_e if whole else None, tick=tick,
+                                  others=others)
         history = torch.cat([history.to(refined.device), refined])
         if not whole:
             best = None if best is None else pool[best]
@@ -184,7 +192,7 @@ def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torc
 
 
 def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr, max_batch,
-              tick, reference=None, weights=None):
+              tick, reference=None, weights=None, others=None):
     """Run policy-gradient steps in place on ``logits``.
 
     ``reference`` (a callable, called at most once) gives the rows the selection should
@@ -202,6 +210,9 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     metrics = build_metrics(opts.metric_weights, _metric_settings(opts, logits.device))
     batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), max_batch)
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
+    for metric, _ in metrics:
+        if others is not None and hasattr(metric, "others"):  # Pair_simi: the rest of the table's picks
+            metric.others = (others[0] * k_batch, others[1] * k_batch)
     order = torch.empty(0, dtype=torch.long, device=logits.device)
     states, best, best_reward = None, None, torch.tensor(-math.inf, device=logits.device)
     sampled = False  # whether the metrics represent a fixed sample of the chunk (no polishing then)

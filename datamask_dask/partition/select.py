@@ -52,6 +52,7 @@ class _Partition:
     scores: np.ndarray | None
     reasons: np.ndarray | None  # explain: each row's reason code (explain.REASONS), set as steps decide
     area: int | None = None  # a pack of areas (pieces="regions"): its first area, which seeds its chunks
+    others: tuple | None = None  # and for Pair_simi, the other packs' planned picks (Plan.others)
 
     @property
     def spec(self) -> SelectSpec:
@@ -218,10 +219,11 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
     return out
 
 
-def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[tuple[int, np.ndarray]]:
-    """Each area's rows and marginal-gain curve (:func:`datamask_dask.plan.regions.gain_curve`) in a
-    region's pack, from its members' :func:`pack_rows`: what
-    :func:`~datamask_dask.plan.reduce.share_regions` shares the quota by."""
+def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[tuple]:
+    """What :func:`~datamask_dask.plan.reduce.share_regions` shares the quota by, for each area of a
+    region's pack, from its members' :func:`pack_rows`: Facility's rows and marginal-gain curve
+    (:func:`datamask_dask.plan.regions.gain_curve`); Pair_simi's normalised qualities, best first, and
+    the sum of its unit rows (:func:`datamask_dask.plan.regions.share_pairs`)."""
     import torch
 
     from ..learn.knn import top_neighbours
@@ -229,8 +231,9 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
 
     areas = plan.packs[index].areas
     rows = _members(pieces, plan, index)
+    pairs = plan.spec.options.metric_weights[0][0] == "pair_simi"
     if not rows or plan.centroids is None or plan.areas is None or plan.area_region is None:
-        return [(0, np.zeros(0)) for _ in areas]
+        return [(0, np.zeros(0), np.zeros(plan.dim or 0)) if pairs else (0, np.zeros(0)) for _ in areas]
     part = _pack_partition(rows, plan, index)
     n = part.selected.size
     options = plan.spec.options
@@ -241,10 +244,13 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
     # each row's area as pack_rows routed it (every one is among this pack's areas, in ascending order)
     located = regions.locate(embeddings, plan.centroids, plan.areas, plan.area_region)
     area_of_row = np.searchsorted(areas, located)
-    curves = []
+    curves: list[tuple] = []
     with telemetry.timed("curve"), one_cpu_thread():  # one order of every float sum, on any worker
         for local, area in enumerate(areas):
             at = np.flatnonzero(area_of_row == local)
+            if pairs:
+                curves.append((at.size, -np.sort(-quality[at]), embeddings[at].sum(axis=0, dtype=np.float64)))
+                continue
             if not at.size:
                 curves.append((0, np.zeros(0)))
                 continue
@@ -296,7 +302,8 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int) -> _Partition:
                       weights=weights, selected=np.zeros(n, dtype=bool),
                       scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
                       reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None,
-                      area=pack.areas[0] if pack.areas else None)
+                      area=pack.areas[0] if pack.areas else None,
+                      others=plan.others[index] if plan.others else None)
 
 
 def _pack_name(plan: Plan, index: int) -> str:
@@ -462,6 +469,7 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
             result = learn_mask(part.quality[chunk], embeddings, k, options, device=part.device,
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
+                                others=part.others,
                                 seed=derive_seed(options.seed, part.plan.seed_number(part.number), cell.group,
                                                  chunk_number, part.area))
         telemetry.note_curve(where, result.history)  # for the run summary's learning curves

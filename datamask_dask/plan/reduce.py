@@ -151,26 +151,40 @@ def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: Select
     return {"centroids": centroids, "areas": areas, "area_region": area_region}, packs
 
 
-def share_regions(plan: Plan, curves: list[list[tuple[int, np.ndarray]]]) -> Plan:
-    """``plan`` with the quota shared between the areas by their marginal-gain curves (per region's
-    pack, ``(rows, gains)`` of each of its areas, :func:`datamask_dask.plan.regions.share_quotas`), and
-    the areas packed: neighbours learned together up to a chunk's worth of rows
+def share_regions(plan: Plan, curves: list[list[tuple]]) -> Plan:
+    """``plan`` with the quota shared between the areas by what each region's pack found of its areas
+    (:func:`datamask_dask.partition.select.pack_curve`): Facility's by their marginal-gain curves
+    (:func:`datamask_dask.plan.regions.share_quotas`), Pair_simi's by its objective over the areas'
+    qualities and mean rows (:func:`datamask_dask.plan.regions.share_pairs`); and the areas packed:
+    neighbours learned together up to a chunk's worth of rows
     (:func:`datamask_dask.plan.regions.pack_areas`)."""
     if plan.areas is None:
         raise RuntimeError("share_regions: the plan has no regions; please report this with the run record")
-    sizes = np.zeros(len(plan.areas), dtype=np.int64)
-    gains = [np.zeros(0)] * len(plan.areas)
+    found: list = [None] * len(plan.areas)
     for pack, areas in zip(plan.packs, curves, strict=True):
-        for area, (rows, curve) in zip(pack.areas, areas, strict=True):
-            sizes[area], gains[area] = rows, curve
-    quotas = regions.share_quotas(gains, plan.planned)
+        for area, summary in zip(pack.areas, areas, strict=True):
+            found[area] = summary
+    sizes = np.array([summary[0] for summary in found], dtype=np.int64)
+    pairs = plan.spec.options.metric_weights[0][0] == "pair_simi"
+    if pairs:
+        sums = np.stack([summary[2] for summary in found])
+        quotas = regions.share_pairs([summary[1] for summary in found], sums, plan.planned,
+                                     plan.spec.options.lamb)
+        planned = quotas[:, None] * sums / np.maximum(sizes, 1)[:, None]  # each area's picks' planned sum
+    else:
+        quotas = regions.share_quotas([summary[1] for summary in found], plan.planned)
     first = plan.packs[0]
     packs = []
     for members in regions.pack_areas(plan.areas, sizes, plan.spec.chunk_rows(plan.dim)):
         quota = int(quotas[members].sum())
         if quota:
             packs.append(dataclasses.replace(first, quota=quota, areas=tuple(int(a) for a in members)))
-    return dataclasses.replace(plan, packs=tuple(packs))
+    others: tuple = ()
+    if pairs:  # each pack learns its rows against the others' planned picks
+        table = planned.sum(axis=0)
+        others = tuple((table - planned[list(pack.areas)].sum(axis=0), plan.planned - pack.quota)
+                       for pack in packs)
+    return dataclasses.replace(plan, packs=tuple(packs), others=others)
 
 
 def duplicate_links(summaries: list[PartitionSummary]) -> dict:

@@ -16,13 +16,18 @@ its own part and the parts meet only at their borders:
    packed partitions' rows do (its members are the partitions with eligible rows). Only routing
    to the true nearest area keeps a row with its neighbours: a row near a region's border often has
    its nearest area across it.
-3. **Quotas that follow the objective.** Each area's marginal-gain curve (:func:`gain_curve`: lazy
-   greedy on its rows' nearest-neighbour graph, the run's lamb weighing quality against coverage) is
-   computed first, in one task per region; the group's quota then goes to the largest gains across
-   every area (:func:`share_quotas`), so the areas' last picks gain about equally.
+3. **Quotas that follow the objective.** One task per region first summarises each of its areas.
+   Facility: the area's marginal-gain curve (:func:`gain_curve`: lazy greedy on its rows'
+   nearest-neighbour graph, the run's lamb weighing quality against coverage); the group's quota
+   then goes to the largest gains across every area (:func:`share_quotas`), so the areas' last picks
+   gain about equally. Pair_simi: the area's qualities and the sum of its unit rows; the shares then
+   maximise the objective of picks that spread like their areas' rows (:func:`share_pairs`): its
+   pairwise similarity is the square of the picks' sum, so areas that pull apart balance.
 4. **Learning.** Neighbouring areas are packed up to a chunk's worth of rows (:func:`pack_areas`),
    and the learner selects each pack's summed quota. Packs of areas, not of whole regions: a region
-   can hold more rows than a chunk, and a chunk cut from it would be a random split again.
+   can hold more rows than a chunk, and a chunk cut from it would be a random split again. A
+   Pair_simi pack learns against the sum the other packs are planned to pick (``learn_mask``'s
+   ``others``): alone, it would cancel its own sum and undo the balance the shares struck.
 
 Every step is a pure function of the plan and the rows, so every engine and scheduler gets the same
 regions, quotas and rows.
@@ -45,6 +50,8 @@ SAMPLE_VALUES = 1 << 24  # and embedding values: what reaches the driver stays s
 MIN_SAMPLE = 64  # rows each partition sends at least
 KMEANS_ITERATIONS = 20
 CURVE_SPAN = 4  # a region's curve reaches this many times its share of the quota (by its rows)
+PAIR_ITERATIONS = 200  # Frank-Wolfe steps of the Pair_simi shares (share_pairs)
+STEP_SEARCH, GOLDEN = 40, (5 ** 0.5 - 1) / 2  # golden-section steps of each Frank-Wolfe step's length
 _TIE = 1e-5  # products this close to the best centroid's are compared again in float64
 _BLOCK = 8192  # rows whose products are held at once
 
@@ -285,3 +292,82 @@ def share_quotas(curves: list[np.ndarray], quota: int) -> np.ndarray:
                            "please report this with the run record")
     taken = np.lexsort((step, region, -gains))[:quota]
     return np.bincount(region[taken], minlength=len(curves))
+
+
+def share_pairs(quality: list[np.ndarray], sums: np.ndarray, quota: int, lamb: float,
+                iterations: int = PAIR_ITERATIONS) -> np.ndarray:
+    """Each area's share of ``quota`` for Pair_simi: the share that maximises the objective of a
+    selection that takes each area's best rows by quality and spreads like the area's rows.
+
+    ``quality[a]``: area ``a``'s normalised quality, best first; ``sums[a]``: the sum of its unit
+    rows. Pair_simi's sum of pairwise similarities is ``|w|^2 - k``, ``w`` the sum of the picks, so a
+    share ``x`` (``x_a`` rows of area ``a``) scores ``lamb / k * sum_a Q_a(x_a) - (1 - lamb) / (k (k -
+    1)) * |sum_a x_a m_a|^2`` (``Q_a`` the area's best ``x_a`` qualities, ``m_a`` its mean unit row):
+    concave, and maximised over ``0 <= x_a <= rows``, ``sum x = quota`` by Frank-Wolfe from the
+    rows' own shares (a random pick's), then rounded by largest remainder (ties: the lower area).
+    """
+    rows = np.array([len(q) for q in quality], dtype=np.int64)
+    if quota > rows.sum():
+        raise RuntimeError(f"the areas hold {rows.sum()} rows, fewer than the quota {quota}; please report "
+                           "this with the run record")
+    means = np.asarray(sums, dtype=np.float64) / np.maximum(rows, 1)[:, None]
+    padded = np.zeros((len(rows), int(rows.max(initial=0)) + 1))  # a zero past each area's last row
+    for area, values in enumerate(quality):
+        padded[area, :len(values)] = values
+    best = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(padded, axis=1)], axis=1)  # Q_a(0..)
+    areas = np.arange(len(rows))
+    scale = (1 - lamb) / max(1, quota * (quota - 1))
+
+    def quality_of(x):  # sum_a Q_a(x_a), linear between whole rows
+        whole = np.minimum(np.floor(x).astype(np.int64), rows)
+        return float(np.sum(best[areas, whole] + (x - whole) * padded[areas, whole]))
+
+    def objective(x, w):
+        return lamb / max(1, quota) * quality_of(x) - scale * float(np.einsum("d,d->", w, w))
+
+    # einsum, not BLAS: one order of every sum on any machine, so that every driver shares alike
+    x = quota * rows / max(1, rows.sum())
+    for _ in range(iterations):
+        w = np.einsum("ad,a->d", means, x)
+        whole = np.minimum(np.floor(x).astype(np.int64), rows)
+        gradient = lamb / max(1, quota) * padded[areas, whole] - 2 * scale * np.einsum("ad,d->a", means, w)
+        direction = _fill(gradient, rows, quota) - x
+        if float(np.einsum("a,a->", gradient, direction)) <= 1e-15:  # no vertex is better: the best share
+            break
+        moved = np.einsum("ad,a->d", means, direction)  # how w moves
+        low, high = 0.0, 1.0  # the objective is concave along the step: a golden-section search
+        for _ in range(STEP_SEARCH):
+            left, right = high - GOLDEN * (high - low), low + GOLDEN * (high - low)
+            if objective(x + left * direction, w + left * moved) < objective(x + right * direction,
+                                                                             w + right * moved):
+                low = left
+            else:
+                high = right
+        x = x + (low + high) / 2 * direction
+    return _round_shares(x, rows, quota)
+
+
+def _fill(gradient: np.ndarray, rows: np.ndarray, quota: int) -> np.ndarray:
+    """The vertex of ``{0 <= x <= rows, sum x = quota}`` furthest along ``gradient``: areas filled in
+    descending order (ties: the lower area)."""
+    order = np.lexsort((np.arange(len(rows)), -gradient))
+    before = np.concatenate([[0], np.cumsum(rows[order])[:-1]])  # rows of the areas filled before each
+    filled = np.minimum(rows[order], np.maximum(0, quota - before))
+    out = np.zeros(len(rows))
+    out[order] = filled
+    return out
+
+
+def _round_shares(x: np.ndarray, rows: np.ndarray, quota: int) -> np.ndarray:
+    """``x`` in whole rows adding up to ``quota``: floors, then the largest remainders (ties: the lower
+    area), capped by each area's rows."""
+    whole = np.minimum(np.floor(x + 1e-9).astype(np.int64), rows)
+    left = quota - int(whole.sum())
+    room = whole < rows
+    order = np.lexsort((np.arange(len(rows)), -(x - whole)))
+    order = order[room[order]][:left]
+    if len(order) < left:
+        raise RuntimeError(f"the areas' shares add up to {int(whole.sum()) + len(order)}, not {quota}; "
+                           "please report this with the run record")
+    whole[order] += 1
+    return whole

@@ -107,6 +107,9 @@ class Plan:
     centroids: np.ndarray | None = None  # pieces="regions": each region's unit centroid (float32)
     areas: np.ndarray | None = None  # and each area's (plan.regions.find_areas), for the quotas' curves
     area_region: np.ndarray | None = None  # each area's region
+    # Pair_simi in regions, per pack: the sum of the unit rows the other packs are planned to select,
+    # and how many (reduce.share_regions), which its learner learns the table's similarity with
+    others: tuple[tuple[np.ndarray, int], ...] = ()
 
     def cells_of(self, partition: int) -> tuple[Cell, ...]:
         return self.cells.get(partition, ())

@@ -1,5 +1,6 @@
 """``pieces="regions"``: a table spread at random over its partitions, learned in regions of the embedding
-space, keeps Facility's coverage; the count stays exact and the rows the same on every scheduler."""
+space, keeps Facility's coverage; one whose partitions each hold a few topics keeps Pair_simi's spread;
+the count stays exact and the rows the same on every scheduler."""
 
 from __future__ import annotations
 
@@ -35,6 +36,18 @@ def spread():
     return frame, quality, emb
 
 
+@pytest.fixture(scope="module")
+def topics(spread):
+    """The same rows sorted by topic, quality rising with the topic: each partition holds a few."""
+    frame, _, emb = spread
+    rng = np.random.default_rng(12)
+    topic = np.argmax(emb @ rng.standard_normal((DIM, 12)), axis=1)
+    order = np.argsort(topic, kind="stable")
+    frame = frame.iloc[order].reset_index(drop=True).assign(chunk_id=np.arange(ROWS, dtype=np.int64))
+    frame["quality_score"] = rng.random(ROWS) * (0.5 + topic[order] / 12)
+    return frame, frame["quality_score"].to_numpy(), emb[order]
+
+
 def _ddf(frame):
     return dd.from_pandas(frame, npartitions=PARTS, sort=False)
 
@@ -52,16 +65,33 @@ def test_regions_cover_the_table_as_learning_it_whole_does(spread):
     assert regions.share >= whole.share - 0.03
 
 
-def test_same_rows_on_threads_and_on_a_cluster(client, spread):
+def test_pair_simi_s_regions_learn_against_each_other_s_picks(topics):
+    """Partitions of a few topics each, learned apart, each take their quality's share and pile up
+    their topics; in regions, each pack learns against what the others are planned to pick."""
+    frame, quality, emb = topics
+    masks = []
+    for pieces, chunk in (("partitions", 400), ("auto", 400), ("partitions", ROWS)):  # auto: regions here
+        options = {**OPTIONS, "algorithm": "Pair_simi", "lamb": 0.5, "max_chunk_rows": chunk}
+        out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
+        masks.append(out["selected"].to_numpy())
+        assert masks[-1].sum() == round(0.1 * ROWS)
+    partitions, regions, whole = measure_all(quality, emb, masks, algorithm="Pair_simi", lamb=0.5)
+    assert regions.share > partitions.share + 0.05
+    assert regions.share >= whole.share - 0.03
+
+
+@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi"])
+def test_same_rows_on_threads_and_on_a_cluster(client, spread, algorithm):
     frame, _, _ = spread
-    lazy = _ddf(frame).pipe(datamask_select, pieces="regions", score_column="score", explain=True, **OPTIONS)
+    lazy = _ddf(frame).pipe(datamask_select, pieces="regions", score_column="score", explain=True,
+                            **{**OPTIONS, "algorithm": algorithm})
     threads = lazy.compute(scheduler="threads")
     pd.testing.assert_frame_equal(threads, lazy.compute(scheduler=client))
     assert set(threads["reason"].astype(str)) >= {"selected", "not-chosen"}
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"algorithm": "Pair_simi"}, "algorithm='Pair_simi'"),
+    ({"algorithm": "DiSF"}, "algorithm='DiSF'"),
     ({"diversity_scope": "partition"}, 'diversity_scope="partition"'),
     ({"budget_tokens": 100, "ratio": None}, "budget_tokens"),
 ])

@@ -40,6 +40,26 @@ def test_pair_simi_gains_are_exact(batch):
     np.testing.assert_allclose(got, _direct_gains(metric, emb, idx, None), atol=1e-5)
 
 
+def test_pair_simi_gains_are_exact_with_the_rest_of_the_tables_picks(batch):
+    emb, idx, member = batch
+    metric = PairSimi()
+    metric.others = (emb[40:50].sum(0), 10)
+    got = metric.gains(emb, idx, None, member)[0].numpy()
+    np.testing.assert_allclose(got, _direct_gains(metric, emb, idx, None), atol=1e-5)
+
+
+def test_a_piece_with_the_rest_of_the_tables_picks_learns_the_tables_pairwise_similarity(batch):
+    """A piece of k picks told the other picks (their sum and count) scores the table's Pair_simi, the
+    points it loses scaled by K / k: a pick of the piece weighs what a pick of the table weighs."""
+    emb, idx, _ = batch
+    others = torch.arange(40, 50)[None]
+    piece = PairSimi()
+    piece.others = (emb[40:50].sum(0), 10)
+    whole = PairSimi().rewards(emb, torch.cat([idx, others], 1), None)
+    k, total = idx.shape[1], idx.shape[1] + 10
+    np.testing.assert_allclose(1 - piece.rewards(emb, idx, None), (1 - whole) * total / k, rtol=1e-5)
+
+
 def test_facility_gains_are_exact_when_every_neighbour_is_kept(batch):
     emb, idx, member = batch
     metric = Facility(reference_size=60, neighbours=60)

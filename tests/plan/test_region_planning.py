@@ -97,3 +97,28 @@ def test_areas_cut_each_region_and_a_row_goes_to_its_nearest_area():
     # with every region searched, a row's area is simply its most similar area
     found = regions.locate(rows, centroids, areas, area_region)
     np.testing.assert_array_equal(found, (rows.astype(np.float64) @ areas.T.astype(np.float64)).argmax(1))
+
+
+def test_pair_simi_shares_cancel_the_picks_sum_at_lamb_0_and_follow_quality_at_lamb_1():
+    """Two opposite topics of unequal size and one apart: Pair_simi's pairwise similarity is
+    ``|sum of the picks|^2`` less a constant, so at lamb 0 the shares pull the sum towards zero, where a
+    random pick's shares (by rows) leave the larger topic's pull; at lamb 1 they are quality top-k's."""
+    rng = np.random.default_rng(0)
+    directions, sizes, quality, sums = np.eye(8)[[0, 0, 1]] * [[1], [-1], [1]], (300, 100, 200), [], []
+    for topic, (direction, rows) in enumerate(zip(directions, sizes, strict=True)):
+        for _ in range(3):  # three areas a topic
+            emb = direction + 0.3 * rng.standard_normal((rows, 8))
+            emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+            sums.append(emb.sum(0))
+            quality.append(-np.sort(-rng.random(rows) * (0.5 + 0.25 * topic)))
+    sums, rows = np.array(sums), np.array([len(q) for q in quality])
+    means = sums / rows[:, None]
+    cancelled = regions.share_pairs(quality, sums, 120, 0.0)
+    assert cancelled.sum() == 120 and (cancelled <= rows).all()
+    by_rows = 120 * rows / rows.sum()
+    assert np.linalg.norm(cancelled @ means) < 0.2 * np.linalg.norm(by_rows @ means)
+    top = np.argsort(-np.concatenate(quality), kind="stable")[:120]
+    wanted = np.bincount(np.repeat(np.arange(len(rows)), rows)[top], minlength=len(rows))
+    assert np.abs(regions.share_pairs(quality, sums, 120, 1.0) - wanted).sum() <= 2  # rounding
+    np.testing.assert_array_equal(regions.share_pairs(quality, sums, 120, 0.5),
+                                  regions.share_pairs(quality, sums, 120, 0.5))
