@@ -213,7 +213,7 @@ class SelectOptions:
     pieces: str = option(
         "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
         "following the objective (Facility, Pair_simi); partitions: by partition, quotas by quality mass; "
-        "auto: regions where they apply (Facility or Pair_simi, table scope, a ratio, no by)",
+        "auto: regions for Facility (table scope, a ratio, no by), else partitions",
         choices=("auto", "regions", "partitions"),
         rule=(lambda v: v in ("auto", "regions", "partitions"), "one of ('auto', 'regions', 'partitions')"),
         doc='How a table larger than one chunk is cut into the pieces the learner runs on. ``"partitions"``: '
@@ -226,8 +226,9 @@ class SelectOptions:
         "planned picks. A random split of the table then no longer costs Facility its coverage, nor "
         "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone, in table "
         'scope, with a ratio and without ``by``; one more read of the embeddings. ``"auto"`` (the default): '
-        '``"regions"`` wherever they apply, else ``"partitions"``. A table that fits one chunk is learned '
-        "whole either way.")
+        '``"regions"`` for Facility wherever they apply, else ``"partitions"`` (Pair_simi asks for regions '
+        "by name: on a table split at random, its partitions already cancel their picks' sum, and at "
+        "lamb 0 they do so better than regions). A table that fits one chunk is learned whole either way.")
     explain: bool = option(
         False, "also write each row's reason (selected, near-duplicate, quality-pruned...) and, for a "
         "near-duplicate, the id of the row it stands behind (duplicate_of)",
@@ -276,8 +277,11 @@ class SelectOptions:
 
     @property
     def learns_regions(self) -> bool:
-        """Whether a table larger than a chunk is learned in regions (``pieces``, ``"auto"`` resolved)."""
-        return self.pieces != "partitions" and not self.regions_refused()
+        """Whether a table larger than a chunk is learned in regions (``pieces``, ``"auto"`` resolved:
+        regions for Facility)."""
+        if self.pieces == "partitions" or self.regions_refused():
+            return False
+        return self.pieces == "regions" or [name for name, _ in self.learner.metric_weights] == ["facility"]
 
     @property
     def ratio_given(self) -> bool:

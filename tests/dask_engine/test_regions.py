@@ -70,7 +70,7 @@ def test_pair_simi_s_regions_learn_against_each_other_s_picks(topics):
     their topics; in regions, each pack learns against what the others are planned to pick."""
     frame, quality, emb = topics
     masks = []
-    for pieces, chunk in (("partitions", 400), ("auto", 400), ("partitions", ROWS)):  # auto: regions here
+    for pieces, chunk in (("partitions", 400), ("regions", 400), ("partitions", ROWS)):
         options = {**OPTIONS, "algorithm": "Pair_simi", "lamb": 0.5, "max_chunk_rows": chunk}
         out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
         masks.append(out["selected"].to_numpy())
@@ -103,8 +103,12 @@ def test_options_regions_cannot_serve_are_refused_by_name(spread, options, named
         assert spec.pieces == "partitions"
 
 
-def test_facility_spelled_any_way_is_learned_in_regions(spread):
+def test_facility_spelled_any_way_is_learned_in_regions_and_pair_simi_when_asked(spread):
     spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "facility"})
+    assert spec.pieces == "regions"
+    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "Pair_simi"})
+    assert spec.pieces == "partitions"
+    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "Pair_simi", "pieces": "regions"})
     assert spec.pieces == "regions"
 
 
