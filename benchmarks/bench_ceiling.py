@@ -26,7 +26,7 @@ checkout of the package (``git worktree add``) beside this one. Each job's selec
 hash of the selected ids) shows whether two runs selected the same rows. The worker-seconds per
 stage come from the run record of the last repeat.
 
-    python benchmarks/py --rows 200000 --repeats 3 --json benchmarks/results/ceiling.json
+    python benchmarks/bench_ceiling.py --rows 200000 --repeats 3 --json benchmarks/results/ceiling.json
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     print(text)
     if args.json:
         shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
-        record.append(args.json, command=record.command("py", argv), data={"table": shape},
+        record.append(args.json, command=record.command("bench_ceiling.py", argv), data={"table": shape},
                       markdown=text)
     return 0
 
@@ -181,7 +181,7 @@ def report(args, argv, source: Path, ceilings: dict, runs: dict, touches: list) 
     warm, fresh = (float(np.median(ceilings[kind])) for kind in ("warm", "fresh"))
     lines = [f"# A job against the I/O ceiling ({args.rows:,} rows, d = {args.dim}, "
              f"{args.rows // args.rows_per_partition} files, {args.workers} workers)", "",
-             f"Command: `python benchmarks/py {given}`", "",
+             f"Command: `python benchmarks/bench_ceiling.py {given}`", "",
              f"Data: `{source.name}` of bench_pipeline (clustered, 20% near-copies within each file). "
              f"Machine: {os.cpu_count()} CPU cores shared with other work; jobs and ceiling interleaved, "
              "medians compared.",

@@ -3,7 +3,7 @@
 One command prints markdown tables (and appends them to ``--json``, see ``record.py``)::
 
     python benchmarks/bench_pipeline.py --sizes 100000 1000000 --workers 1 2 \
-        --algorithms Pair_simi Facility --config conf/cpu.yaml --json benchmarks/results/json
+        --algorithms Pair_simi Facility --config conf/cpu.yaml --json benchmarks/results/pipeline.json
 
 What runs, for every (size, algorithm, workers):
 
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     parser.add_argument("--greedy-max-n", type=int, default=100_000)
     parser.add_argument("--greedy-reference", type=int, default=8192)
     parser.add_argument("--keep-output", action="store_true", help="keep the selection outputs")
-    parser.add_argument("--json", help="append the results to this JSON file (results/json)")
+    parser.add_argument("--json", help="append the results to this JSON file (results/pipeline.json)")
     args = parser.parse_args(argv)
 
     overrides = {}

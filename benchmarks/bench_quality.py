@@ -12,10 +12,10 @@ apart: in id order (rows of every cluster in every file) and sorted by topic (ea
 clusters). The pieces the job learns apart are counted from its plan and shown beside each result;
 ``--try max_chunk_rows=24000`` learns the same table as one piece (the ceiling).
 
-    python benchmarks/py --case 20k-d768 --json benchmarks/results/quality.json
-    python benchmarks/py --case 20k-d768 --metrics Pair_simi --lambs 0 --try refine_epochs=5
-    python benchmarks/py --case 20k-d768 --sweep --json benchmarks/results/lamb.json
-    python benchmarks/py --case 24k-d64-spread 24k-d64-topics --try max_chunk_rows=24000
+    python benchmarks/bench_quality.py --case 20k-d768 --json benchmarks/results/quality.json
+    python benchmarks/bench_quality.py --case 20k-d768 --metrics Pair_simi --lambs 0 --try refine_epochs=5
+    python benchmarks/bench_quality.py --case 20k-d768 --sweep --json benchmarks/results/lamb.json
+    python benchmarks/bench_quality.py --case 24k-d64-spread 24k-d64-topics --try max_chunk_rows=24000
 
 ``--sweep`` runs lamb 0, 0.1, 0.25, 0.5, 0.75 and 1 with both ``--lamb-scale`` choices and reports
 the share of quality top-k's quality gain over random and of the diversity optimum's (greedy at
@@ -158,7 +158,7 @@ def main(argv=None) -> int:
     results = sweep_rows(args) if args.sweep else yardstick_rows(args)
     if args.json:
         record.append_run(args.json, {
-            "command": record.command("py", argv),
+            "command": record.command("bench_quality.py", argv),
             "data": {case: {key: value for key, value in asdict(CASES[case]).items() if value is not None}
                      for case in args.case},
             "machine": record.machine(), "commit": record.commit(), "results": results})

@@ -2,7 +2,7 @@
 each way simulated on one process with the package's learner (``learn_mask``, CPU, the CLI's
 options for the metric), scored with the yardstick over every row of the table.
 
-The tables are ``py``'s cases; each file is a piece, its rows in file order. As the
+The tables are the quality cases (``tables.CASES``); each file is a piece, its rows in file order. As the
 CLI does by default, near-duplicates are set aside first (``diversity_scope="table"``: the package's
 own search) and a kept row stands for its group; ``k = round(ratio * rows)``; every piece holds at
 most the case's ``max_chunk_rows`` rows (a larger group is cut into contiguous chunks whose quotas

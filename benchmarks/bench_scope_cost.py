@@ -12,8 +12,8 @@ N worker processes. ``--before PATH`` adds a table-scope job run with another ch
 Reported per job: the job's own seconds (start-up excluded), its plan phase, and the load
 average when it started; then the median over repeats and the ratio to the per-partition job.
 
-    python benchmarks/py --rows 200000 --repeats 3 --json benchmarks/results/scope-cost.json
-    python benchmarks/py --rows 1000000 --repeats 1 --copies 0.2 --n-workers 2 \
+    python benchmarks/bench_scope_cost.py --rows 200000 --repeats 3 --json benchmarks/results/scope-cost.json
+    python benchmarks/bench_scope_cost.py --rows 1000000 --repeats 1 --copies 0.2 --n-workers 2 \
         --data /work/data-1m --json benchmarks/results/scope-cost.json
 """
 
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     base = float(np.median([r[0] for r in runs["partition scope"]]))
     lines = [f"# The table scope's cost ({args.rows:,} rows, d = {args.dim}, {args.algorithm}, cpu profile)",
              "",
-             f"Command: `python benchmarks/py {given}`", "",
+             f"Command: `python benchmarks/bench_scope_cost.py {given}`", "",
              f"{os.cpu_count()} CPU cores shared with other work: jobs interleaved, medians compared.", "",
              "| job | job s per repeat | plan s per repeat | select and write s | load at start | "
              "median job s | ratio to partition | selection digest |",
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     print(text)
     if args.json:
         shape = {"rows": args.rows, "dim": args.dim, "rows a file": args.rows_per_partition}
-        record.append(args.json, command=record.command("py", argv), data={"table": shape},
+        record.append(args.json, command=record.command("bench_scope_cost.py", argv), data={"table": shape},
                       markdown=text)
     return 0
 

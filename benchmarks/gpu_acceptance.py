@@ -127,7 +127,7 @@ def selections(args) -> int:
     finally:
         client.shutdown()
     _record(args, "\n".join([f"# The {args.case} table learned as one chunk on the GPU", "", *lines]),
-            f"the {args.case} table of py (make_embeddings)")
+            f"the {args.case} table of bench_quality.py (make_embeddings)")
     return 0
 
 
