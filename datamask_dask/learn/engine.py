@@ -24,6 +24,7 @@ from ..threads import one_cpu_thread, one_learner_per_gpu
 from .metrics import (
     EVERY_ROW,
     MetricSettings,
+    PairSimi,
     Represented,
     build_metrics,
     normalise_quality,
@@ -211,7 +212,7 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     batch = min(n, max(math.ceil(partial * n), min(n, MIN_BATCH)), max_batch)
     k_batch = min(batch - 1, max(1, round(k * batch / n)))
     for metric, _ in metrics:
-        if others is not None and hasattr(metric, "others"):  # Pair_simi: the rest of the table's picks
+        if others is not None and isinstance(metric, PairSimi):  # the rest of the table's picks
             metric.others = (others[0] * k_batch, others[1] * k_batch)
     order = torch.empty(0, dtype=torch.long, device=logits.device)
     states, best, best_reward = None, None, torch.tensor(-math.inf, device=logits.device)
