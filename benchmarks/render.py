@@ -175,11 +175,12 @@ def current(results: Path) -> list[str]:
             low = min(rows, key=lambda pair: pair[0]["share"])
             high = max(rows, key=lambda pair: pair[0]["share"])
             pieces = {row.get("pieces") for row, _ in rows} - {None}
+            commits = ", ".join(dict.fromkeys(f"`{run['commit']}`" for _, run in rows))  # run order
             lines.append(
                 f"| Selection quality | {case}{f', pieces: {max(pieces)}' if pieces else ''} | share of the "
                 f"baseline's gain {low[0]['share']:.1%} ({low[0]['metric']}, lamb {low[0]['lamb']:g}) to "
                 f"{high[0]['share']:.1%} ({high[0]['metric']}, lamb {high[0]['lamb']:g}), "
-                f"{len(rows)} jobs | `{rows[-1][1]['commit']}` | {_machine(low[1])} |")
+                f"{len(rows)} jobs | {commits} | {_machine(low[1])} |")
     for section, name, title, case, figure, keep in HEADLINES:
         path = results / f"{name}.json"
         if not path.exists():
