@@ -268,8 +268,7 @@ class SelectOptions:
 
     def regions_refused(self) -> list[str]:
         """The settings that rule out ``pieces="regions"`` (none: regions apply)."""
-        metrics = [name for name, _ in self.learner.metric_weights]
-        refused = [(metrics not in (["facility"], ["pair_simi"]),
+        refused = [(self.learner.metric not in ("facility", "pair_simi"),
                     f"algorithm={self.learner.algorithm!r} (regions serve Facility or Pair_simi alone)"),
                    (self.diversity_scope != "table", 'diversity_scope="partition"'),
                    (self.by is not None, "by="), (self.budget_tokens is not None, "budget_tokens")]
@@ -281,7 +280,7 @@ class SelectOptions:
         regions for Facility)."""
         if self.pieces == "partitions" or self.regions_refused():
             return False
-        return self.pieces == "regions" or [name for name, _ in self.learner.metric_weights] == ["facility"]
+        return self.pieces == "regions" or self.learner.metric == "facility"
 
     @property
     def ratio_given(self) -> bool:

@@ -177,6 +177,12 @@ class DataMaskOptions:
         # Resolve metric names now so a typo fails before any compute.
         object.__setattr__(self, "metric_weights", tuple(resolve_metrics(self.algorithm)))
 
+    @property
+    def metric(self) -> str | None:
+        """The one metric learned, by its resolved name (``"facility"``, ``"pair_simi"``...), or None
+        for a weighted mix of metrics."""
+        return self.metric_weights[0][0] if len(self.metric_weights) == 1 else None
+
     @classmethod
     def from_mapping(cls, values: Mapping) -> DataMaskOptions:
         """Build options from a mapping, rejecting unknown keys with the list of known ones."""

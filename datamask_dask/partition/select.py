@@ -231,7 +231,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
 
     areas = plan.packs[index].areas
     rows = _members(pieces, plan, index)
-    pairs = plan.spec.options.metric_weights[0][0] == "pair_simi"
+    pairs = plan.spec.options.metric == "pair_simi"
     if not rows or plan.centroids is None or plan.areas is None or plan.area_region is None:
         return [(0, np.zeros(0), np.zeros(plan.dim or 0)) if pairs else (0, np.zeros(0)) for _ in areas]
     part = _pack_partition(rows, plan, index)

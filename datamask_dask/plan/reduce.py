@@ -165,7 +165,7 @@ def share_regions(plan: Plan, curves: list[list[tuple]]) -> Plan:
         for area, summary in zip(pack.areas, areas, strict=True):
             found[area] = summary
     sizes = np.array([summary[0] for summary in found], dtype=np.int64)
-    pairs = plan.spec.options.metric_weights[0][0] == "pair_simi"
+    pairs = plan.spec.options.metric == "pair_simi"
     if pairs:
         sums = np.stack([summary[2] for summary in found])
         quotas = regions.share_pairs([summary[1] for summary in found], sums, plan.planned,
