@@ -1,12 +1,13 @@
-"""Per worker thread: the seconds a selection spends in each stage (reading, checking, extracting,
-learning, writing) and the learning curves of a few chunks, for the run summary; and the steps of
-the learner runs in flight, for progress bars.
+"""What a selection measures: the seconds each task spends in each stage (reading, checking,
+extracting, learning, writing) and the learning curves of a few chunks, for the run summary; and the
+steps of the learner runs in flight, for progress bars.
 
-The code of a stage adds to its thread's totals (:func:`timed`); the task that ends a unit of work
-takes them (:func:`take`), so a partition's plan summary and completion marker carry the stages
-that ran on that thread since the last take, the parquet read Dask fused in front of the task
-included. The writer sums them into :attr:`datamask_dask.SelectionReport.stages`: benchmarks and
-run summaries see where the time went without patching the package.
+Measurements are values. A task makes a :class:`Measures`, its stages add to it (:meth:`Measures.timed`,
+:meth:`Measures.curve`), and it returns it with its result: a partition's scan in its plan summary, a
+learned pack with the pack, a selected partition in its marker. The writer sums them into
+:attr:`datamask_dask.SelectionReport.stages`, each pack's once. The package's readers leave their
+seconds on the frame they make (``frame.attrs[READ]``), which the first task to take the frame counts
+(:meth:`Measures.took`): a read Dask runs as a task of its own is counted where its rows are used.
 """
 
 from __future__ import annotations
@@ -19,80 +20,69 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
+
+#: The ``attrs`` key under which the package's readers leave the seconds a frame took to read.
+READ = "datamask.read_seconds"
+#: Curves a task keeps (later ones are dropped), and points per curve.
+MAX_CURVES, CURVE_POINTS = 4, 64
 
 
-class _ThreadState(threading.local):
-    def __init__(self):
-        self.totals: dict[str, float] = {}  # stage -> seconds since the last take
-        self.curves: list[dict] = []
-        self.where: str | None = None  # the learner runs' name in step events
+@dataclass
+class Measures:
+    """One task's stage seconds and learning curves (each thinned to ``CURVE_POINTS``, at most
+    ``MAX_CURVES``)."""
+
+    stages: dict[str, float] = field(default_factory=dict)
+    curves: list[dict] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def timed(self, stage: str):
+        """Add the wall time of the ``with`` block to ``stage``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add({stage: time.perf_counter() - started})
+
+    def add(self, stages: dict[str, float]) -> None:
+        for stage, seconds in stages.items():
+            self.stages[stage] = self.stages.get(stage, 0.0) + seconds
+
+    def took(self, frame) -> None:
+        """Count the seconds the package's reader took to make ``frame`` (once: they leave the frame)."""
+        attrs = getattr(frame, "attrs", None)  # pandas, and cuDF from 24.08
+        seconds = attrs.pop(READ, None) if attrs is not None else None
+        if seconds is not None:
+            self.add({"read": float(seconds)})
+
+    def curve(self, label: str, history) -> None:
+        """Keep a learner run's per-step objective (``MaskResult.history``), thinned to ``CURVE_POINTS``."""
+        values = [float(v) for v in history]
+        if not values or len(self.curves) >= MAX_CURVES:
+            return
+        if len(values) > CURVE_POINTS:
+            steps = [round(i * (len(values) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)]
+        else:
+            steps = list(range(len(values)))
+        self.curves.append({"chunk": label, "steps": len(values), "step": steps,
+                            "objective": [round(values[s], 6) for s in steps]})
 
 
-_local = _ThreadState()
-
-
-@contextlib.contextmanager
-def timed(stage: str):
-    """Add the wall time of the ``with`` block to ``stage`` on this thread."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        _local.totals[stage] = _local.totals.get(stage, 0.0) + time.perf_counter() - started
-
-
-def take() -> dict[str, float]:
-    """This thread's stage seconds since the last take (and reset them)."""
-    totals, _local.totals = _local.totals, {}
-    return totals
-
-
-def keep(totals: dict[str, float]) -> None:
-    """Add stage seconds taken on another worker (a pack's, learned apart from its members' tasks)."""
-    for stage, seconds in totals.items():
-        _local.totals[stage] = _local.totals.get(stage, 0.0) + seconds
+def read_seconds(frame, seconds: float):
+    """``frame`` with the seconds its read took in ``attrs`` (a reader's last step); the frame returned."""
+    attrs = getattr(frame, "attrs", None)
+    if attrs is not None:
+        attrs[READ] = seconds
+    return frame
 
 
 def add_up(parts) -> dict[str, float]:
-    """Sum stage seconds over several takes."""
+    """Sum stage seconds over several tasks' stages."""
     out: Counter = Counter()
     for part in parts:
         out.update(part or {})
     return dict(out)
-
-
-# --------------------------------------------------------------------------- learning curves
-
-#: Curves a thread keeps until they are taken (later ones are dropped), and points per curve.
-MAX_CURVES, CURVE_POINTS = 4, 64
-
-
-def note_curve(label: str, history) -> None:
-    """Keep a learner run's per-step objective (``MaskResult.history``), thinned to ``CURVE_POINTS``.
-
-    Cheap and bounded: at most ``MAX_CURVES`` curves wait on a thread, so a caller that never
-    takes them (``datamask_select`` outside the writer) holds a few hundred floats at most.
-    """
-    values = [float(v) for v in history]
-    if not values or len(_local.curves) >= MAX_CURVES:
-        return
-    if len(values) > CURVE_POINTS:
-        steps = [round(i * (len(values) - 1) / (CURVE_POINTS - 1)) for i in range(CURVE_POINTS)]
-    else:
-        steps = list(range(len(values)))
-    _local.curves.append({"chunk": label, "steps": len(values), "step": steps,
-                          "objective": [round(values[s], 6) for s in steps]})
-
-
-def keep_curves(curves: list[dict]) -> None:
-    """Keep curves taken on another thread (a pack's, learned apart from its members' tasks)."""
-    _local.curves.extend(curves[:max(0, MAX_CURVES - len(_local.curves))])
-
-
-def take_curves() -> list[dict]:
-    """This thread's learning curves since the last take (and forget them)."""
-    curves, _local.curves = _local.curves, []
-    return curves
 
 
 # --------------------------------------------------------------------------- learning steps in flight
@@ -103,18 +93,9 @@ _step_sinks: list = []  # callables of this process that take step events (local
 _run_numbers = itertools.count()
 
 
-@contextlib.contextmanager
-def learning(where: str):
-    """Name the learner runs of the ``with`` block (``"partition 5, chunk 2"``) in step events."""
-    previous, _local.where = _local.where, where
-    try:
-        yield
-    finally:
-        _local.where = previous
-
-
 class StepCounter:
-    """Counts one learner run's steps and publishes ``{"run", "where", "step", "steps"}`` events.
+    """Counts one learner run's steps (``where``: its name, ``"partition 5, chunk 2"``) and publishes
+    ``{"run", "where", "step", "steps"}`` events.
 
     An event goes out at the first step, then at most every ``STEP_INTERVAL`` seconds, and at the
     last step (``step == steps``: the run is over): to this process's sinks (the local schedulers'
@@ -122,10 +103,9 @@ class StepCounter:
     check per step is a clock read, nothing a learner step notices.
     """
 
-    def __init__(self, steps: int):
-        self.steps, self.step, self._sent = int(steps), 0, -math.inf
+    def __init__(self, steps: int, where: str = "chunk"):
+        self.steps, self.step, self._sent, self.where = int(steps), 0, -math.inf, where
         self.run = f"{os.getpid()}-{threading.get_ident()}-{next(_run_numbers)}"
-        self.where = _local.where or "chunk"
 
     def __call__(self, count: int = 1) -> None:
         self.step = min(self.step + count, self.steps)

@@ -199,7 +199,7 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     meta = ddf._meta.assign(**out_columns)
     key = _key("datamask-select", ddf, plan_node)
     parts = partitions(ddf)
-    packs = pack_graph(parts, plan, plan_node, range(len(parts)))
+    packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)))
     tasks = [dask.delayed(select_partition, pure=True)(part, plan_node, {"number": i}, packs.get(i, ()),
                                                        dask_key_name=(key, i))
              for i, part in enumerate(parts)]
@@ -221,25 +221,25 @@ def _holder(ddf):
     return futures[0].client if futures else None
 
 
-def pack_graph(parts: list, plan: Plan, plan_node, todo) -> dict[int, object]:
+def pack_graph(parts: list, plan: Plan, plan_node, todo) -> tuple[dict[int, object], dict[int, Delayed]]:
     """The tasks that learn the plan's packs holding a partition of ``todo``, from their members'
-    ``parts`` (one Delayed each); for each such partition, one Delayed list of its packs' results,
-    which its select task takes."""
+    ``parts`` (one Delayed each): for each such partition, one Delayed list of its packs' results,
+    which its select task takes; and each pack's task, by pack index."""
     wanted = set(todo)
     packs = [(index, pack) for index, pack in enumerate(plan.packs) if wanted.intersection(pack.partitions)]
     rows = {p: dask.delayed(pack_rows, pure=True)(
         parts[p], plan_node, {"number": p}, dask_key_name=_key("datamask-pack-rows", parts[p], plan_node, p))
         for p in sorted({p for _, pack in packs for p in pack.partitions})}
     learned: dict[int, list] = {}
+    tasks: dict[int, Delayed] = {}
     for index, pack in packs:
         members = [rows[p] for p in pack.partitions]
-        reporter = pack.reporter(wanted)
-        key = _key("datamask-pack", members, index, reporter)
-        task = dask.delayed(learn_pack, pure=True)(listed("datamask-pack-members", members), plan_node, index,
-                                                   reporter, dask_key_name=key)
+        tasks[index] = dask.delayed(learn_pack, pure=True)(
+            listed("datamask-pack-members", members), plan_node, index,
+            dask_key_name=_key("datamask-pack", members, index))
         for p in pack.partitions:
-            learned.setdefault(p, []).append(task)
-    return {p: listed("datamask-pack-results", tasks) for p, tasks in learned.items()}
+            learned.setdefault(p, []).append(tasks[index])
+    return {p: listed("datamask-pack-results", taken) for p, taken in learned.items()}, tasks
 
 
 def share_graph(parts: list, plan: Plan) -> Delayed:

@@ -11,10 +11,10 @@ import dask
 import pyarrow as pa
 
 from .. import progress as progress_bars
-from .. import telemetry
 from ..options import SelectOptions
-from ..partition.select import select_partition
+from ..partition.select import PackResult, select_partition
 from ..plan.types import Plan
+from ..telemetry import Measures
 from .operator import apply_plan, column_reads, compute_plan, make_spec, pack_graph, partitions
 
 
@@ -38,7 +38,8 @@ class DaskEngine:
         meta = apply_plan(self.frame, plan.spec, plan)._meta
         return to_arrow(meta if self.project is None else self.project(meta, "")).schema
 
-    def run(self, plan: Plan, todo: list[int], task, progress: bool | None = None) -> list[dict]:
+    def run(self, plan: Plan, todo: list[int], task,
+            progress: bool | None = None) -> tuple[list[dict], dict[int, Measures]]:
         run_id = task.work.run_id
         plan_node = dask.delayed(plan, traverse=False, name=f"datamask-plan-{run_id}")
         spec = plan.spec
@@ -49,17 +50,26 @@ class DaskEngine:
             used += [spec.token_column] if spec.token_column in self.frame.columns else []
             parts = column_reads(self.frame, list(dict.fromkeys(used)), "datamask-read")
         key = f"datamask-select-write-{run_id}"
-        packs = pack_graph(parts, plan, plan_node, todo)
+        packs, learned = pack_graph(parts, plan, plan_node, todo)
         tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, task,
                                                        packs.get(number, ()), dask_key_name=(key, number))
                  for number in todo]
-        return list(progress_bars.compute(*tasks, scheduler=self.scheduler, progress=progress))
+        # only the packs' measures travel back, not their rows
+        measured = [dask.delayed(_measures, pure=True)(pack, dask_key_name=f"datamask-measures-{pack.key}")
+                    for pack in learned.values()]
+        out = progress_bars.compute(*tasks, *measured, scheduler=self.scheduler, progress=progress)
+        return list(out[:len(tasks)]), dict(zip(learned, out[len(tasks):], strict=True))
 
 
 def _select_part(frame, plan: Plan, number: int, task, packs=()) -> dict:
     """Select partition ``number`` of the table (``packs``: the results of the packs it is in) and hand
-    it to ``task``; its marker, with this task's stage seconds (the read fused in front of it included)."""
-    telemetry.take_curves()  # curves left on this thread by other work are not this partition's
-    with telemetry.timed("select"):
-        selected = select_partition(frame, plan, {"number": number}, packs)
-    return task(selected, number)
+    it to ``task``, with what it measured (its read included); its marker."""
+    measures = Measures()
+    measures.took(frame)  # before the select's clock starts: the read is a stage of its own
+    with measures.timed("select"):
+        selected = select_partition(frame, plan, {"number": number}, packs, measures)
+    return task(selected, number, measures)
+
+
+def _measures(result: PackResult) -> Measures:
+    return result.measures

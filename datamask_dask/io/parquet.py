@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -177,19 +178,19 @@ def _read_piece_cudf(piece, schema: pa.Schema, partition_names: list[str], files
     """Row groups of one file as a cuDF frame (``columns``: Dask's projection)."""
     import cudf
 
-    with telemetry.timed("read"):
-        columns = list(schema.names) if columns is None else list(columns)
-        path, groups, keys = piece[:3]
-        file_columns = [c for c in columns if c not in partition_names]
-        source = path if filesystem is None else filesystem.open(path, "rb")
-        frame = cudf.read_parquet(source, columns=file_columns, row_groups=[list(groups)])
-        if len(piece) > 3:  # a row range of one row group
-            frame = frame.iloc[piece[3][0]:piece[3][1]].reset_index(drop=True)
-        for name in columns:
-            if name in partition_names:
-                value = pa.repeat(pa.scalar(keys.get(name), type=schema.field(name).type), len(frame))
-                frame[name] = cudf.Series.from_arrow(value)
-        return frame[columns]
+    started = time.perf_counter()
+    columns = list(schema.names) if columns is None else list(columns)
+    path, groups, keys = piece[:3]
+    file_columns = [c for c in columns if c not in partition_names]
+    source = path if filesystem is None else filesystem.open(path, "rb")
+    frame = cudf.read_parquet(source, columns=file_columns, row_groups=[list(groups)])
+    if len(piece) > 3:  # a row range of one row group
+        frame = frame.iloc[piece[3][0]:piece[3][1]].reset_index(drop=True)
+    for name in columns:
+        if name in partition_names:
+            value = pa.repeat(pa.scalar(keys.get(name), type=schema.field(name).type), len(frame))
+            frame[name] = cudf.Series.from_arrow(value)
+    return telemetry.read_seconds(frame[columns], time.perf_counter() - started)
 
 
 def variable_lists(schema: pa.Schema) -> pa.Schema:

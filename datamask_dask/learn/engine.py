@@ -59,7 +59,7 @@ class MaskResult:
 
 def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = None, *,
                device: str | torch.device = "cpu", quality_range: tuple[float, float] | None = None,
-               weights=None, others=None, **overrides) -> MaskResult:
+               weights=None, others=None, where: str = "chunk", **overrides) -> MaskResult:
     """Select exactly ``k`` rows of one chunk jointly for quality and diversity (DATAMASK).
 
     Parameters
@@ -88,6 +88,8 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         Where the chunk is one piece of a table learned apart: the sum of the unit rows the rest of the
         table is planned to select, and how many. Pair_simi then learns the table's pairwise
         similarity with them (the rest held fixed), not the chunk's own. Default: the chunk is the table.
+    where : str
+        How progress events name this run (``"partition 5, chunk 2"``).
 
     Returns
     -------
@@ -98,11 +100,11 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         opts = opts.replace(**overrides)
     device = torch.device(device)
     with one_cpu_thread(device), one_learner_per_gpu(device):
-        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights, others)
+        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights, others, where)
 
 
 def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torch.device, quality_range,
-                weights, others=None) -> MaskResult:
+                weights, others=None, where: str = "chunk") -> MaskResult:
     q, emb = _as_inputs(quality, embeddings, device)
     n = q.shape[0]
     k = _check_quota(k, n, opts.prune)
@@ -138,7 +140,7 @@ def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torc
         pool_size = n_keep
     history, best, reference_rows = torch.zeros(0), None, None
     first_stage = not (opts.refine and pool_size == n_keep)
-    tick = telemetry.StepCounter(opts.n_epochs * first_stage + opts.refine_epochs * bool(opts.refine))
+    tick = telemetry.StepCounter(opts.n_epochs * first_stage + opts.refine_epochs * bool(opts.refine), where)
     if first_stage:
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .. import telemetry
 from ..dedup import simhash
 from ..dedup.groups import DuplicateGroups
 from ..errors import InputDataError, Problem, problems_error
@@ -35,6 +34,7 @@ from ..plan import regions
 from ..plan.memory import check_memory, plan_memory
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
+from ..telemetry import Measures
 from . import adapters
 from .adapters import SHOW
 from .spec import SelectSpec
@@ -69,11 +69,12 @@ class PartitionCheck:
 
 
 def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | None = None,
-                    expected_dim: int | None = None) -> PartitionCheck:
+                    expected_dim: int | None = None, measures: Measures | None = None) -> PartitionCheck:
     """Run every per-partition check on ``frame`` (partition ``number``); never raises for bad data.
 
     ``embeddings``: also check the embedding column (default: with ``validate="full"`` or table
-    scope); ``expected_dim``: the embedding dimension the rest of the table has.
+    scope); ``expected_dim``: the embedding dimension the rest of the table has; ``measures``: where
+    the signatures' seconds go.
     """
     where = f"partition {number}"
     if embeddings is None:  # table scope reads the embeddings in the plan pass anyway: check them there
@@ -98,7 +99,7 @@ def check_partition(frame, number: int, spec: SelectSpec, *, embeddings: bool | 
     vectors = None
     if embeddings:
         check.dim, found, vectors, check.signatures = embedding_problems(frame, number, spec, expected_dim,
-                                                                         sign=sign)
+                                                                         sign=sign, measures=measures)
         problems.extend(found)
     if not problems:
         check.digest = _digest(frame, spec, check, vectors)
@@ -183,7 +184,7 @@ def id_problems(frame, number: int, id_column: str) -> list[Problem]:
 
 
 def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int | None = None,
-                       block_bytes: int | None = None, sign: bool = False):
+                       block_bytes: int | None = None, sign: bool = False, measures: Measures | None = None):
     """Structure and values of one partition's embeddings.
 
     Returns
@@ -225,7 +226,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         summary[start:stop, 0] = row_norms(block)
         summary[start:stop, 1] = _projection(block, direction)
         if signed is not None:  # with sign
-            with telemetry.timed("sign"):
+            with (measures or Measures()).timed("sign"):
                 signed[start:stop] = simhash.signatures(block, planes)
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed
@@ -341,16 +342,17 @@ def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) ->
     ``pieces="regions"`` it keeps evenly spaced unit rows for the regions' centroids, its share of the
     table's sample (``partitions``: the table's partition count).
     """
-    with telemetry.timed("check"):
-        check = check_partition(frame, number, spec)
+    measures = Measures()
+    measures.took(frame)
+    with measures.timed("check"):
+        check = check_partition(frame, number, spec, measures=measures)
         check.raise_if_failed()
     if check.rows and check.dim:  # the select pass's memory check, made where the job can still stop early
         dim = check.dim
         memory = plan_memory(spec.memory_budget, check.rows, dim, spec.options, spec.chunk_rows(dim))
         check_memory(spec.memory_limit, check.rows, dim, memory.options,
                      min(memory.max_chunk_rows, check.rows), f"partition {number}")
-    # this thread's stage seconds since the last take: the read of these columns and the checks
-    stages = {f"plan {stage}": s for stage, s in telemetry.take().items()}
+    stages = {f"plan {stage}": s for stage, s in measures.stages.items()}
     named = spec.explain and spec.diversity_scope == "table"  # to name the rows near-duplicates stand behind
     sample = region_sample(frame, number, spec, partitions, check.dim) if spec.pieces == "regions" else None
     return Scan(check, stages, adapters.host_values(frame, spec.id_column).to_numpy() if named else None,

@@ -12,23 +12,28 @@ neighbourhoods twice, so small partitions would select worse than the table they
 member's :func:`pack_rows` hands its eligible rows to :func:`learn_pack`, which learns them exactly
 as one partition of those rows (the first member's seed, their quotas summed), and each member's
 :func:`select_partition` takes its part of the result.
+
+Every step adds what it measures to the :class:`~datamask_dask.telemetry.Measures` its task passes
+in: a pack's go with the pack, a partition's with its selection.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .. import telemetry
 from ..errors import InputDataError, OptionError
 from ..learn.engine import learn_mask
 from ..plan import regions
 from ..plan.memory import MemoryPlan, check_memory, plan_memory
 from ..plan.quotas import fit_budget, split_budget, split_quota
 from ..plan.types import Cell, Plan
+from ..telemetry import Measures
 from . import adapters, explain
 from .checks import check_vectors, group_codes, quality_values, token_values
 from .spec import SelectSpec
@@ -51,6 +56,7 @@ class _Partition:
     selected: np.ndarray
     scores: np.ndarray | None
     reasons: np.ndarray | None  # explain: each row's reason code (explain.REASONS), set as steps decide
+    measures: Measures  # what its steps measure, for its task's result
     area: int | None = None  # a pack of areas (pieces="regions"): its first area, which seeds its chunks
     others: tuple | None = None  # and for Pair_simi, the other packs' planned picks (Plan.others)
 
@@ -79,26 +85,37 @@ class PackRows:
     tokens: np.ndarray | None
     weights: np.ndarray | None
     device: str
+    seconds: float = 0.0  # extracting them: the pack that learns them counts it
 
 
 @dataclass(frozen=True)
-class PackResult:
+class PackPart:
     """A pack's outcome for one member's eligible rows (those of its :class:`PackRows`)."""
 
     positions: np.ndarray  # int64: the rows' positions in the member partition
     selected: np.ndarray  # bool
     scores: np.ndarray | None  # float32 logits, with score_column
     reasons: np.ndarray | None  # int8 codes, with explain (selected rows are marked by the member)
-    # the pack's learning curves and stage seconds (telemetry), with its reporter's part only
-    curves: tuple = ()
-    stages: dict = field(default_factory=dict)
 
 
-def select_partition(frame, plan: Plan, partition_info=None, packs=()):
+@dataclass(frozen=True)
+class PackResult:
+    """A learned pack (:func:`learn_pack`): each member's part, and what learning it measured."""
+
+    index: int  # in the plan's packs
+    parts: Mapping[int, PackPart]  # member partition -> its part
+    measures: Measures
+
+
+def select_partition(frame, plan: Plan, partition_info=None, packs: Iterable[PackResult] = (),
+                     measures: Measures | None = None):
     """Add ``selected`` (and the score column) to one partition, following the plan.
 
-    ``packs``: the outputs of :func:`learn_pack` for the packs this partition is in (any others are
-    ignored), as ``{(partition, pack index): PackResult}`` mappings."""
+    ``packs``: the :func:`learn_pack` results of the packs this partition is in (any others are
+    ignored; what learning them measured is theirs). ``measures``: where its stage seconds and learning
+    curves go."""
+    measures = Measures() if measures is None else measures
+    measures.took(frame)
     spec = plan.spec
     number = partition_info["number"] if partition_info is not None else 0
     n = len(frame)
@@ -106,8 +123,9 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
     scores = np.full(n, np.nan, dtype=np.float32) if spec.score_column else None
     # explain: rows of no cell (a group whose quota is 0 everywhere) had no quota
     reasons = np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None
-    part = _open(frame, plan, number, selected, scores, reasons)
+    part = _open(frame, plan, number, measures, selected, scores, reasons)
     if part is not None:
+        learned = {result.index: result for result in packs}
         packed: list[int] = []
         for cell, rows, where in _cells(part):
             eligible = _eligible(part, cell, rows)
@@ -119,17 +137,14 @@ def select_partition(frame, plan: Plan, partition_info=None, packs=()):
             else:
                 packed.append(index)
         for index in packed:
-            key = (number, index)
-            result = next((mapping[key] for mapping in packs if key in mapping), None)
-            if result is None:
+            if index not in learned or number not in learned[index].parts:
                 raise RuntimeError(f"partition {number}: the result of pack {index} is missing; please "
                                    "report this with the run record")
-            telemetry.keep_curves(list(result.curves))
-            telemetry.keep(result.stages)  # into this partition's marker
+            result = learned[index].parts[number]
             selected[result.positions[result.selected]] = True
             if scores is not None and result.scores is not None:  # both, with a score column
                 scores[result.positions] = result.scores
-            if reasons is not None:
+            if reasons is not None and result.reasons is not None:  # both, with explain
                 reasons[result.positions] = result.reasons
     columns = {spec.selected_column: selected}
     if spec.score_column and scores is not None:  # made above for the score column
@@ -144,9 +159,10 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
     """This partition's eligible rows of each pack it is in, by pack index: its part of
     :func:`learn_pack`'s input (checked as a select task checks them). In regions, each eligible row
     goes to the pack of its area (:func:`datamask_dask.plan.regions.locate`), and every pack the
-    partition is a member of gets an entry, empty where none of its rows lies in the pack's areas."""
+    partition is a member of gets an entry, empty where none of its rows lies in the pack's areas.
+    The frame's read is left to its select task to count."""
     number = partition_info["number"] if partition_info is not None else 0
-    part = _open(frame, plan, number)
+    part = _open(frame, plan, number, Measures())
     out: dict[int, PackRows] = {}
     if part is None:
         return out
@@ -155,25 +171,28 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
         if index is None and not plan.regional:
             continue
         eligible = _eligible(part, cell, rows)
-        with telemetry.timed("extract"):
-            embeddings = _unit_rows(part, eligible, where)  # on the GPU it stays there: the pack learns there
+        started = time.perf_counter()
+        embeddings = _unit_rows(part, eligible, where)  # on the GPU it stays there: the pack learns there
         if plan.centroids is not None and plan.areas is not None and plan.area_region is not None:
             if not eligible.size:
                 continue
             area = regions.locate(_host(embeddings), plan.centroids, plan.areas, plan.area_region)
             pack_of_row = plan.pack_of_area()[area]
+            seconds = time.perf_counter() - started  # the packs share it by their rows
             for index in plan.packs_of(number):
                 mine = np.flatnonzero(pack_of_row == index)
-                out[index] = _pack_part(part, number, eligible[mine], embeddings[mine])
+                out[index] = _pack_part(part, number, eligible[mine], embeddings[mine],
+                                        seconds * mine.size / eligible.size)
         elif index is not None:
-            out[index] = _pack_part(part, number, eligible, embeddings)
+            out[index] = _pack_part(part, number, eligible, embeddings, time.perf_counter() - started)
     return out
 
 
-def _pack_part(part: _Partition, number: int, positions: np.ndarray, embeddings) -> PackRows:
+def _pack_part(part: _Partition, number: int, positions: np.ndarray, embeddings, seconds: float) -> PackRows:
     return PackRows(partition=number, positions=positions, quality=part.quality[positions],
                     embeddings=embeddings, tokens=None if part.tokens is None else part.tokens[positions],
-                    weights=None if part.weights is None else part.weights[positions], device=part.device)
+                    weights=None if part.weights is None else part.weights[positions], device=part.device,
+                    seconds=seconds)
 
 
 def _host(embeddings) -> np.ndarray:
@@ -181,49 +200,45 @@ def _host(embeddings) -> np.ndarray:
     return embeddings if isinstance(embeddings, np.ndarray) else embeddings.float().cpu().numpy()
 
 
-def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int,
-               reporter: int | None = None) -> dict[tuple, PackResult]:
+def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> PackResult:
     """Learn pack ``index`` of the plan from its members' :func:`pack_rows`, as one partition of their
-    rows in table order; each member's part of the outcome, keyed ``(partition, group)``.
-
-    The learning curves and the stage seconds this thread holds (the pack's, and whatever else ran on
-    it since its last take) ride with member ``reporter``'s part (by default the pack's
-    :meth:`~datamask_dask.plan.types.Pack.reporter` when every partition is selected): a member the run
-    selects, so that its marker counts them, on either engine."""
-    pack = plan.packs[index]
-    reporter = pack.reporter() if reporter is None else reporter
+    rows in table order: each member's part of the outcome, and what learning it measured."""
+    pack, measures = plan.packs[index], Measures()
     rows = _members(pieces, plan, index)
-    telemetry.take_curves()  # curves left on this thread by other work are not this pack's
-    part = _pack_partition(rows, plan, index) if rows else None
+    measures.add({"extract": sum(r.seconds for r in rows)})
+    part = _pack_partition(rows, plan, index, measures) if rows else None
     if part is not None:
         cell = Cell(pack.label, pack.group, part.selected.size, pack.quota, pack.budget)
         _select_cell(part, cell, np.arange(part.selected.size), _pack_name(plan, index))
-    curves, stages = tuple(telemetry.take_curves()), telemetry.take()
     spans, start = {}, 0
     for r in rows:
         spans[r.partition] = (r, slice(start, start + r.positions.size))
         start += r.positions.size
-    out = {}
+    parts = {}
     for number in pack.partitions:  # members without rows in a pack of areas get an empty part
-        reports = number == reporter
         if number not in spans or part is None:
-            out[(number, index)] = PackResult(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), None,
-                                              None, curves if reports else (), stages if reports else {})
+            parts[number] = PackPart(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), None, None)
             continue
         member, span = spans[number]
-        out[(number, index)] = PackResult(
-            member.positions, part.selected[span],
-            None if part.scores is None else part.scores[span],
-            None if part.reasons is None else part.reasons[span], curves if reports else (),
-            stages if reports else {})
-    return out
+        parts[number] = PackPart(member.positions, part.selected[span],
+                                 None if part.scores is None else part.scores[span],
+                                 None if part.reasons is None else part.reasons[span])
+    return PackResult(index, parts, measures)
 
 
-def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[tuple]:
+@dataclass(frozen=True)
+class RegionCurves:
+    """What a region's pack found of each of its areas (:func:`pack_curve`), and the seconds it took."""
+
+    areas: list[tuple]
+    stages: Mapping[str, float]
+
+
+def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> RegionCurves:
     """What :func:`~datamask_dask.plan.reduce.share_regions` shares the quota by, for each area of a
-    region's pack, from its members' :func:`pack_rows`: Facility's rows and marginal-gain curve
-    (:func:`datamask_dask.plan.regions.gain_curve`); Pair_simi's normalised qualities, best first, and
-    the sum of its unit rows (:func:`datamask_dask.plan.regions.share_pairs`)."""
+    region's pack, from its members' :func:`pack_rows` (none: a region no row reached): Facility's rows
+    and marginal-gain curve (:func:`datamask_dask.plan.regions.gain_curve`); Pair_simi's normalised
+    qualities, best first, and the sum of its unit rows (:func:`datamask_dask.plan.regions.share_pairs`)."""
     import torch
 
     from ..learn.knn import top_neighbours
@@ -233,8 +248,10 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
     rows = _members(pieces, plan, index)
     pairs = plan.spec.options.metric == "pair_simi"
     if not rows or plan.centroids is None or plan.areas is None or plan.area_region is None:
-        return [(0, np.zeros(0), np.zeros(plan.dim or 0)) if pairs else (0, np.zeros(0)) for _ in areas]
-    part = _pack_partition(rows, plan, index)
+        none = [(0, np.zeros(0), np.zeros(plan.dim or 0)) if pairs else (0, np.zeros(0)) for _ in areas]
+        return RegionCurves(none, {})
+    started = time.perf_counter()
+    part = _pack_partition(rows, plan, index, Measures())
     n = part.selected.size
     options = plan.spec.options
     low, high = plan.ranges[0]
@@ -245,7 +262,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
     located = regions.locate(embeddings, plan.centroids, plan.areas, plan.area_region)
     area_of_row = np.searchsorted(areas, located)
     curves: list[tuple] = []
-    with telemetry.timed("curve"), one_cpu_thread():  # one order of every float sum, on any worker
+    with one_cpu_thread():  # one order of every float sum, on any worker
         for local, area in enumerate(areas):
             at = np.flatnonzero(area_of_row == local)
             if pairs:
@@ -263,7 +280,8 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> lis
             curves.append((at.size, regions.gain_curve(
                 quality[at], np.asarray(neighbours), np.asarray(similarities), weights[at], limit,
                 options.lamb / max(1, plan.planned), (1 - options.lamb) / max(1, sum(plan.rows)))))
-    return curves
+    # the plan pass's: its members' extraction, and the curves
+    return RegionCurves(curves, {"plan curve": sum(r.seconds for r in rows) + time.perf_counter() - started})
 
 
 def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[PackRows]:
@@ -283,7 +301,7 @@ def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[
     return rows
 
 
-def _pack_partition(rows: list[PackRows], plan: Plan, index: int) -> _Partition:
+def _pack_partition(rows: list[PackRows], plan: Plan, index: int, measures: Measures) -> _Partition:
     """A pack's rows as one partition of them, in member order."""
     pack, spec = plan.packs[index], plan.spec
     quality = np.concatenate([r.quality for r in rows])
@@ -299,7 +317,7 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int) -> _Partition:
                  _pack_name(plan, index))
     return _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
                       quality=quality, tokens=tokens, device=rows[0].device, memory=memory,
-                      weights=weights, selected=np.zeros(n, dtype=bool),
+                      weights=weights, measures=measures, selected=np.zeros(n, dtype=bool),
                       scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
                       reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None,
                       area=pack.areas[0] if pack.areas else None,
@@ -340,7 +358,8 @@ class _Rows:
         return self.embeddings[positions]
 
 
-def _open(frame, plan: Plan, number: int, selected=None, scores=None, reasons=None) -> _Partition | None:
+def _open(frame, plan: Plan, number: int, measures: Measures, selected=None, scores=None,
+          reasons=None) -> _Partition | None:
     """Check one partition against its plan and gather what its cells need (None: nothing to learn)."""
     spec = plan.spec
     where = f"partition {number}"
@@ -366,6 +385,7 @@ def _open(frame, plan: Plan, number: int, selected=None, scores=None, reasons=No
                       quality=quality_values(frame, spec, where),
                       tokens=token_values(frame, spec, where) if spec.budget is not None else None,
                       device=_resolve_device(spec.device, frame, where), memory=memory, weights=weights,
+                      measures=measures,
                       selected=np.zeros(n, dtype=bool) if selected is None else selected,
                       scores=scores, reasons=reasons)
 
@@ -462,17 +482,17 @@ def _unit_rows(part: _Partition, rows: np.ndarray, where: str):
 
 def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number: int, where: str):
     options = part.memory.options
-    with telemetry.timed("extract"):
+    with part.measures.timed("extract"):
         embeddings = _unit_rows(part, chunk, where)
     try:
-        with telemetry.timed("learn"), telemetry.learning(where):
+        with part.measures.timed("learn"):
             result = learn_mask(part.quality[chunk], embeddings, k, options, device=part.device,
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
-                                others=part.others,
+                                others=part.others, where=where,
                                 seed=derive_seed(options.seed, part.plan.seed_number(part.number), cell.group,
                                                  chunk_number, part.area))
-        telemetry.note_curve(where, result.history)  # for the run summary's learning curves
+        part.measures.curve(where, result.history)  # for the run summary's learning curves
         return result
     except InputDataError as exc:
         raise InputDataError(f"{where}: {exc}") from exc

@@ -30,7 +30,8 @@ from . import regions
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
-if TYPE_CHECKING:  # the spec is the partition room's; the plan only reads it
+if TYPE_CHECKING:  # the spec and the regions' curves are the partition room's; the plan only reads them
+    from ..partition.select import RegionCurves
     from ..partition.spec import SelectSpec
 
 SHOW = 5  # values quoted in a message
@@ -151,7 +152,7 @@ def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: Select
     return {"centroids": centroids, "areas": areas, "area_region": area_region}, packs
 
 
-def share_regions(plan: Plan, curves: list[list[tuple]]) -> Plan:
+def share_regions(plan: Plan, curves: list[RegionCurves]) -> Plan:
     """``plan`` with the quota shared between the areas by what each region's pack found of its areas
     (:func:`datamask_dask.partition.select.pack_curve`): Facility's by their marginal-gain curves
     (:func:`datamask_dask.plan.regions.share_quotas`), Pair_simi's by its objective over the areas'
@@ -161,8 +162,8 @@ def share_regions(plan: Plan, curves: list[list[tuple]]) -> Plan:
     if plan.areas is None:
         raise RuntimeError("share_regions: the plan has no regions; please report this with the run record")
     found: list = [None] * len(plan.areas)
-    for pack, areas in zip(plan.packs, curves, strict=True):
-        for area, summary in zip(pack.areas, areas, strict=True):
+    for pack, region in zip(plan.packs, curves, strict=True):
+        for area, summary in zip(pack.areas, region.areas, strict=True):
             found[area] = summary
     sizes = np.array([summary[0] for summary in found], dtype=np.int64)
     pairs = plan.spec.options.metric == "pair_simi"
@@ -184,7 +185,8 @@ def share_regions(plan: Plan, curves: list[list[tuple]]) -> Plan:
         table = planned.sum(axis=0)
         others = tuple((table - planned[list(pack.areas)].sum(axis=0), plan.planned - pack.quota)
                        for pack in packs)
-    return dataclasses.replace(plan, packs=tuple(packs), others=others)
+    stages = telemetry.add_up([plan.stages, *(region.stages for region in curves)])
+    return dataclasses.replace(plan, packs=tuple(packs), others=others, stages=stages)
 
 
 def duplicate_links(summaries: list[PartitionSummary]) -> dict:

@@ -79,11 +79,6 @@ class Pack:
     budget: int | None
     areas: tuple[int, ...] = ()  # pieces="regions": the areas it learns
 
-    def reporter(self, todo=None) -> int:
-        """The member whose marker counts the pack's stage seconds and learning curves: the first of
-        those a run selects (``todo``; None: every partition), so a resumed run counts them too."""
-        return min(p for p in self.partitions if todo is None or p in todo)
-
 
 @dataclass(frozen=True)
 class Plan:

@@ -37,6 +37,7 @@ from ..io.output import library_versions, output_lock
 from ..io.records import as_json, dumps
 from ..options import SelectOptions
 from ..plan.types import Plan
+from ..telemetry import Measures
 from .summary import SAMPLE_ROWS, part_summary, sample_columns, signature_share, summarise_run
 from .work import FORMAT, WorkArea, now, open_work
 
@@ -63,8 +64,10 @@ class Engine(Protocol):
     def schema(self, plan: Plan) -> pa.Schema:
         """The output's Arrow schema."""
 
-    def run(self, plan: Plan, todo: list[int], task: PartTask, progress: bool | None) -> list[dict]:
-        """Select partitions ``todo`` and hand each to ``task``; the markers it returned."""
+    def run(self, plan: Plan, todo: list[int], task: PartTask,
+            progress: bool | None) -> tuple[list[dict], dict[int, Measures]]:
+        """Select partitions ``todo`` and hand each to ``task`` with its measures: the markers ``task``
+        returned, and what learning each pack it learned measured (pack index -> measures), once each."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,24 +85,25 @@ class PartTask:
     project: Callable[[Any, str], Any] | None = None
     token_column: str | None = None  # counted in the summary where the table has it
 
-    def __call__(self, frame, number: int) -> dict:
-        """``frame``: the partition with the selection's columns (pandas, cuDF or Arrow)."""
+    def __call__(self, frame, number: int, measures: Measures) -> dict:
+        """``frame``: the partition with the selection's columns (pandas, cuDF or Arrow); ``measures``:
+        what selecting it measured, which the marker returned carries with the write's seconds."""
         rows = frame
         if isinstance(frame, pa.Table):  # the summary reads a few columns as pandas
             names = [n for n in (*sample_columns(self.spec), self.spec.by, self.token_column)
                      if n is not None and n in frame.column_names]
             rows = frame.select(list(dict.fromkeys(names))).to_pandas(types_mapper=pd.ArrowDtype)
         part = part_summary(rows, number, self.spec, self.sample_rows, self.seed, self.share,
-                            self.token_column)
+                            self.token_column, measures.curves)
         sample = part.pop("sample")
-        with telemetry.timed("write"):
+        with measures.timed("write"):
             if self.project is not None:
                 frame = self.project(frame, self.work.run_id)
             written = self.write(frame, number)
             marker = {"partition": number, "rows": part.pop("rows"), "selected": part.pop("selected"),
                       "written": written, "summary": part}
             self.work.mark(number, marker, sample)
-        return {**marker, "sample": sample, "stages": telemetry.take()}
+        return {**marker, "sample": sample, "stages": measures.stages}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,18 +176,24 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
                         math.ceil(summary_rows / max(len(plan.rows), 1)), seed, project, options.token_column)
         started = time.perf_counter()
         try:
-            markers = {m["partition"]: m for m in engine.run(plan, todo, task, progress)} if todo else {}
+            returned, packs = engine.run(plan, todo, task, progress) if todo else ([], {})
         except BaseException:
             if not work.any_finished():  # nothing to resume: leave nothing behind
                 sink.abort(work)
                 work.remove()
             raise
         phases["select and write"] = time.perf_counter() - started
-        markers.update(done)
+        markers = {**{m["partition"]: m for m in returned}, **done}
         parts = [markers[number] for number in range(len(plan.rows))]
+        # a pack's curves with its first member's (as a partition's own: at most MAX_CURVES)
+        pack_curves: dict[int, list] = {}
+        for index, measures in sorted(packs.items()):
+            pack_curves.setdefault(plan.packs[index].partitions[0], []).extend(measures.curves)
 
         started = time.perf_counter()
-        summary = summarise_run([{**p["summary"], "partition": p["partition"], "sample": p["sample"]}
+        summary = summarise_run([{**p["summary"], "partition": p["partition"], "sample": p["sample"],
+                                  "curves": [*p["summary"].get("curves", []),
+                                             *pack_curves.get(p["partition"], [])][:telemetry.MAX_CURVES]}
                                  for p in parts], settings, spec, sample_rows=summary_rows, seed=seed)
         phases["summary"] = time.perf_counter() - started
         libraries = [_LIBRARIES[name] for name in (engine.name, sink.format) if name in _LIBRARIES]
@@ -197,7 +207,8 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
             "partitions": [{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
             "computed": todo, "reused": sorted(done),  # reused: finished by an interrupted run
             "phases": phases,  # the driver's wall seconds; the workers', summed over tasks:
-            "stages": telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo)]),
+            "stages": telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo),
+                                        *(measures.stages for measures in packs.values())]),
             "summary": summary, "versions": library_versions(*libraries), "finished": now(),
             "incremental": incremental,  # the version an incremental table run continued from, the run before
             "memory_budget": spec.memory_budget,  # as the user set it (it sizes chunks)

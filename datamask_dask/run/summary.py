@@ -88,19 +88,18 @@ def _json_label(label):
 
 
 def part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, share: float = 1.0,
-                 token_column: str | None = None) -> dict:
+                 token_column: str | None = None, curves: list | tuple = ()) -> dict:
     """One selected partition's part of the run summary, made by the task that selected it.
 
-    Its rows and selected rows, the learning curves its task noted, and where the frame has the
+    Its rows and selected rows, the learning curves its task noted (``curves``), and where the frame has the
     columns: rows and selected rows per group, tokens in and selected, the SimHash signatures of its
     selected rows (base64, row order; of a uniform sample of them where ``share`` < 1). Also
     ``sample_rows`` of its rows drawn at random (the columns the objective needs), which
     :func:`summarise_run` compares with the baselines.
     """
-    from .. import telemetry
     from ..partition import adapters
 
-    out: dict = {"curves": telemetry.take_curves()}
+    out: dict = {"curves": list(curves)}
     n = len(frame)
     selected = np.asarray(adapters.host_values(frame, spec.selected_column), dtype=bool)
     embedding, by, token_column = spec.embedding_column, spec.by, token_column or spec.token_column

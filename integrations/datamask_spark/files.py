@@ -113,9 +113,10 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
                                                     PACK_ROWS_SCHEMA)
 
     def tasks(plan, write):
-        select = SelectTask(plan, files.schema, learn_packs(plan, files.schema, pack_rows, write.todo))
-        read = _ReadPiece(write.bind(select), files, files.schema.names, write.todo)
-        return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA)
+        packs = learn_packs(plan, files.schema, pack_rows, write.todo)
+        select = write.bind(SelectTask(plan, files.schema, packs))
+        read = _ReadPiece(select, files, files.schema.names, write.todo)
+        return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), packs
 
     source = {**files.source, "location": os.fspath(source), "read_by": "workers"}
     engine = SparkEngine(plan, tasks, files.schema)

@@ -61,7 +61,6 @@ import pandas as pd
 import pyarrow as pa
 
 from datamask_dask import errors as _errors
-from datamask_dask import telemetry
 from datamask_dask.config import resolve_options
 from datamask_dask.dedup.search import one_task
 from datamask_dask.errors import DataMaskError
@@ -73,10 +72,18 @@ from datamask_dask.partition.checks import (
     scan_partition,
     summarise_partition,
 )
-from datamask_dask.partition.select import PackRows, learn_pack, pack_curve, pack_rows, select_partition
+from datamask_dask.partition.select import (
+    PackResult,
+    PackRows,
+    learn_pack,
+    pack_curve,
+    pack_rows,
+    select_partition,
+)
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan, share_regions
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
+from datamask_dask.telemetry import Measures
 
 from .shards import PIECE_SCHEMA, cached, searched_summaries, sharded_summaries
 
@@ -89,7 +96,7 @@ PLAN_SCHEMA = "partition int, rows long, failed boolean, payload binary"
 PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, embedding array<float>, "
                     "tokens double, weight double, device string")
 PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
-# a learned pack: its pickled learn_pack result (the reporter's part with the stage seconds and curves)
+# a learned pack: its pickled learn_pack result (each member's part, and what learning it measured)
 PACK_RESULT_SCHEMA = "pack int, payload binary"
 # a region's curves (pack_curve): its areas' rows and gains, pickled
 CURVE_SCHEMA = "pack int, curves binary"
@@ -333,9 +340,9 @@ def spark_regions(plan: Plan, schema: pa.Schema, read) -> Plan:
     with spark_errors():
         collected = rows.groupBy("pack").applyInPandas(curve, CURVE_SCHEMA).collect()
     curves = {row["pack"]: pickle.loads(row["curves"]) for row in collected}  # noqa: S301 (this job's own task payloads)
-    none = [(0, np.zeros(0))]  # a region no row reached
-    return share_regions(plan, [curves.get(index, none * len(pack.areas))
-                                for index, pack in enumerate(plan.packs)])
+    # a region no row reached has no group: its curves from no rows
+    return share_regions(plan, [curves[index] if index in curves else pack_curve([], plan, index)
+                                for index in range(len(plan.packs))])
 
 
 def partition_count(sdf) -> int:
@@ -350,8 +357,8 @@ def partition_count(sdf) -> int:
 
 def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> dict:
     """The pack pass (eager): learn the plan's packs that hold a partition of ``todo`` (None: all),
-    each from all its members' rows, finished members included; their results, ``{(partition,
-    group): PackResult}``, which the select tasks take.
+    each from all its members' rows, finished members included; their results, ``{pack index:
+    PackResult}``, which the select tasks take.
 
     ``read(task)``: the DataFrame of :data:`PACK_ROWS_SCHEMA` that ``task`` (a :class:`PackRowsTask`)
     makes when mapped over the input's partitions (``task.columns`` of ``schema``).
@@ -360,19 +367,14 @@ def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> dict:
               if todo is None or not set(todo).isdisjoint(pack.partitions)]
     if not wanted:
         return {}
-    reporters = {index: plan.packs[index].reporter(todo) for index in wanted}
-
     def learn(rows):  # a plain function: Spark reads its arity to tell whether it takes the key
-        return learn_group(plan, rows, reporters)
+        return learn_group(plan, rows)
 
     rows = read(PackRowsTask(plan, schema, wanted))
     learned = rows.groupBy("pack").applyInPandas(learn, PACK_RESULT_SCHEMA)
     with spark_errors():
         collected = learned.collect()
-    results = {}
-    for row in collected:
-        results.update(pickle.loads(row["payload"]))  # noqa: S301 (this job's own task payloads)
-    return results
+    return {row["pack"]: pickle.loads(row["payload"]) for row in collected}  # noqa: S301 (this job's own task payloads)
 
 
 class PackRowsTask:
@@ -419,15 +421,14 @@ def _pack_batch(index: int, rows: PackRows, span: slice) -> pa.RecordBatch:
         "device": pa.array([rows.device] * n, pa.string())})
 
 
-def learn_group(plan: Plan, rows: pd.DataFrame, reporters: dict[int, int]) -> pd.DataFrame:
+def learn_group(plan: Plan, rows: pd.DataFrame) -> pd.DataFrame:
     """The pack pass's ``applyInPandas`` step: one pack learned from its rows (:data:`PACK_ROWS_SCHEMA`),
-    as one row of :data:`PACK_RESULT_SCHEMA`; ``reporters``: the member that reports each pack."""
+    as one row of :data:`PACK_RESULT_SCHEMA`."""
     _limit_threads()
     index = int(rows["pack"].iloc[0])
     pieces = _pack_pieces(plan, rows, index)
-    telemetry.take()  # what ran on this worker before is not this pack's
     try:
-        out = learn_pack(pieces, plan, index, reporters[index])
+        out = learn_pack(pieces, plan, index)
     except DataMaskError as exc:
         raise RuntimeError(transport(exc)) from None
     payload = pickle.dumps(out, protocol=5)
@@ -455,7 +456,7 @@ class SelectTask:
     it reads only the columns the learner needs. ``packs``: the pack pass's results
     (:func:`learn_packs`), where the plan has packs."""
 
-    def __init__(self, plan: Plan, schema: pa.Schema, packs: dict | None = None):
+    def __init__(self, plan: Plan, schema: pa.Schema, packs: dict[int, PackResult] | None = None):
         self.plan, self.schema, self.packs = plan, schema, packs or {}
         wanted = dict.fromkeys(plan.spec.select_columns + [plan.spec.id_column])
         self.columns = [c for c in wanted if c in schema.names]
@@ -472,8 +473,10 @@ class SelectTask:
             yield pa.RecordBatch.from_arrays(arrays, schema=schema)
             start = stop
 
-    def select(self, batches) -> tuple[list[pa.RecordBatch], list[tuple[pa.Field, pa.Array]]]:
-        """Run :func:`~datamask_dask.partition.select.select_partition` on one partition.
+    def select(self, batches, measures: Measures | None = None
+               ) -> tuple[list[pa.RecordBatch], list[tuple[pa.Field, pa.Array]]]:
+        """Run :func:`~datamask_dask.partition.select.select_partition` on one partition (``measures``:
+        where its stage seconds and curves go).
 
         Returns
         -------
@@ -486,13 +489,14 @@ class SelectTask:
         number = partition_number()
         _limit_threads()
         batches = [b for b in batches if b.num_rows]
-        packs = (self.packs,)
+        packs = self.packs.values()
         try:
             if not batches:  # still checked against the plan (a partition that lost its rows fails)
-                select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number}, packs)
+                select_partition(empty_frame(self.schema)[self.columns], self.plan, {"number": number}, packs,
+                                 measures)
                 return [], []
             table = pa.Table.from_batches(batches).select(self.columns)
-            out = select_partition(to_pandas(table), self.plan, {"number": number}, packs)
+            out = select_partition(to_pandas(table), self.plan, {"number": number}, packs, measures)
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
         added = [(pa.field(spec.selected_column, pa.bool_()),

@@ -21,7 +21,6 @@ import logging
 
 import pyarrow as pa
 
-from datamask_dask import telemetry
 from datamask_dask.config import resolve_options
 from datamask_dask.io.records import plain
 from datamask_dask.io.sinks import ParquetSink
@@ -29,6 +28,7 @@ from datamask_dask.io.storage import resolve
 from datamask_dask.options import SelectOptions
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
+from datamask_dask.telemetry import Measures
 
 from .operator import SelectTask, arrow_schema, partition_number, plan_pass, spark_errors, spark_packs
 
@@ -83,8 +83,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         return plan_pass(sdf, resolved)[1]
 
     def tasks(plan, write):
-        select = SelectTask(plan, arrow_schema(sdf), spark_packs(sdf, plan, write.todo))
-        return sdf.mapInArrow(write.bind(select), RESULT_SCHEMA)
+        packs = spark_packs(sdf, plan, write.todo)
+        return sdf.mapInArrow(write.bind(SelectTask(plan, arrow_schema(sdf), packs)), RESULT_SCHEMA), packs
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
     return write_run(engine, path, resolved, overwrite=overwrite,
@@ -105,7 +105,7 @@ class SparkEngine:
     ``plan()`` runs the plan pass and returns the plan; ``tasks(plan, write)`` runs the pack pass for
     the packs holding a partition of ``write.todo`` (:func:`datamask_spark.operator.learn_packs`) and
     returns the DataFrame of :class:`WriteTask` rows whose collection selects and writes the
-    partitions; ``schema`` is the input's Arrow schema.
+    partitions, and the learned packs; ``schema`` is the input's Arrow schema.
     """
 
     name = "spark"
@@ -120,16 +120,17 @@ class SparkEngine:
     def schema(self, plan) -> pa.Schema:
         return with_selection(self.input_schema, plan.spec)
 
-    def run(self, plan, todo: list[int], task: PartTask, progress=None) -> list[dict]:
+    def run(self, plan, todo: list[int], task: PartTask, progress=None) -> tuple[list[dict], dict]:
         write = WriteTask(task, frozenset(todo), self.schema(plan))
         with spark_errors():
-            rows = self._tasks(plan, write).collect()
+            frame, packs = self._tasks(plan, write)
+            rows = frame.collect()
         markers = []
         for row in rows:
             marker = json.loads(row["marker"])
             marker["sample"] = task.work.sample(marker["partition"])  # written by the task, read back here
             markers.append(marker)
-        return markers
+        return markers, {index: result.measures for index, result in packs.items()}
 
 
 class WriteTask:
@@ -151,19 +152,18 @@ class WriteTask:
             for _ in batches:  # Spark scanned them already; nothing to select or write
                 pass
             return
-        telemetry.take()  # what ran on this worker before is not this partition's
-        telemetry.take_curves()
-        with telemetry.timed("read"):  # Spark's scan and the Arrow transfer into this worker
+        measures = Measures()
+        with measures.timed("read"):  # Spark's scan and the Arrow transfer into this worker
             batches = list(batches)
-        with telemetry.timed("select"):
-            batches, added = self.select.select(batches)
+        with measures.timed("select"):
+            batches, added = self.select.select(batches, measures)
         if batches:
             table = pa.Table.from_batches(batches)
             for field, values in added:
                 table = table.append_column(field, values)
         else:
             table = self.schema.empty_table()
-        marker = self.task(table, number)
+        marker = self.task(table, number, measures)
         marker.pop("sample")
         text = json.dumps(marker, default=plain)
         yield pa.RecordBatch.from_pydict({"partition": pa.array([number], pa.int32()),

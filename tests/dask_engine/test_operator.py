@@ -183,12 +183,13 @@ def test_a_pack_of_partitions_with_and_without_near_duplicates():
     assert np.flatnonzero(np.isneginf(two["score"].to_numpy())).tolist() in ([600], [700])
 
 
-def test_a_packs_seconds_and_curves_go_to_the_member_that_reports_it(corpus):
-    """learn_pack hands what its thread measured (the learning included) and the learning curves to one
-    member's result, the reporter: a member the run selects, whose select keeps them for its marker."""
-    from datamask_dask import telemetry
+def test_a_packs_seconds_and_curves_are_its_own_and_counted_once(corpus, tmp_path):
+    """learn_pack returns what learning the pack measured with the pack, not with a member: a member's
+    selection does not count it, and the run record counts it once however many members took it."""
     from datamask_dask.dask_engine.operator import partitions, plan_selection
     from datamask_dask.partition.select import learn_pack, pack_rows, select_partition
+    from datamask_dask.run.selection import write_selection
+    from datamask_dask.telemetry import Measures
 
     ddf = _from_pandas(corpus, 4)
     spec, plan = plan_selection(ddf, ratio=0.1, **FAST)
@@ -196,16 +197,33 @@ def test_a_packs_seconds_and_curves_go_to_the_member_that_reports_it(corpus):
     assert [pack.partitions for pack in plan.packs] == [(0, 1, 2, 3)]
     frames = [part.compute(scheduler="sync") for part in partitions(ddf)]
     pieces = [pack_rows(frame, plan, {"number": number}) for number, frame in enumerate(frames)]
-    telemetry.take()
-    out = learn_pack(pieces, plan, 0, reporter=2)
-    reported = {partition: result for (partition, _), result in out.items() if result.stages or result.curves}
-    assert list(reported) == [2] and reported[2].stages["learn"] > 0 and reported[2].curves
-    assert telemetry.take() == {}  # nothing is left on the thread to be counted twice
-    select_partition(frames[0], plan, {"number": 0}, [out])
-    assert "learn" not in telemetry.take()
-    select_partition(frames[2], plan, {"number": 2}, [out])
-    assert telemetry.take()["learn"] == reported[2].stages["learn"]
-    assert next(iter(learn_pack(pieces, plan, 0).values())).stages  # by default the first member reports
+    learned = learn_pack(pieces, plan, 0)
+    assert learned.index == 0 and sorted(learned.parts) == [0, 1, 2, 3]
+    assert learned.measures.stages["learn"] > 0 and learned.measures.curves
+    measures = Measures()
+    select_partition(frames[2], plan, {"number": 2}, [learned], measures)
+    assert "learn" not in measures.stages and not measures.curves  # the pack's are not the member's
+    record = write_selection(ddf, tmp_path / "out", 0.1, scheduler="threads", **FAST).record
+    chunks = [curve["chunk"] for curve in record["summary"]["curves"]]
+    assert chunks.count("partitions 0-3") == 1 and record["stages"]["learn"] > 0
+
+
+def test_the_readers_seconds_ride_with_the_frame_and_are_counted_where_it_is_used(tmp_path):
+    """The package's reader leaves each partition's read seconds on the frame; the selection counts them
+    into its stages and takes them off, so the rows it returns carry nothing of it."""
+    from datamask_dask import read_parquet
+    from datamask_dask.io.sinks import write_parquet
+    from datamask_dask.run.selection import write_selection
+    from datamask_dask.telemetry import READ
+
+    write_parquet(dd.from_pandas(make_corpus(2000, 16, seed=1), npartitions=2, sort=False), tmp_path / "in")
+    frame = read_parquet(tmp_path / "in").partitions[0].compute(scheduler="sync")
+    assert frame.attrs[READ] > 0
+    out = datamask_select(read_parquet(tmp_path / "in"), ratio=0.1, **FAST).partitions[0].compute(scheduler="sync")
+    assert READ not in out.attrs and out["selected"].sum() > 0
+    record = write_selection(read_parquet(tmp_path / "in"), tmp_path / "out", 0.1, scheduler="threads",
+                             **FAST).record
+    assert record["stages"]["read"] > 0 and record["stages"]["plan read"] > 0
 
 
 def test_a_pack_learns_its_members_tensors_where_they_are(corpus):
@@ -224,11 +242,11 @@ def test_a_pack_learns_its_members_tensors_where_they_are(corpus):
               for number, part in enumerate(partitions(ddf))]
     tensors = [{group: dataclasses.replace(rows, embeddings=torch.from_numpy(rows.embeddings))
                 for group, rows in piece.items()} for piece in pieces]
-    on_host, as_tensors = learn_pack(pieces, plan, 0), learn_pack(tensors, plan, 0)
-    assert list(on_host) == list(as_tensors) == [(0, 0), (1, 0), (2, 0)]
-    for key, result in on_host.items():
-        np.testing.assert_array_equal(result.selected, as_tensors[key].selected)
-        np.testing.assert_array_equal(result.scores, as_tensors[key].scores)
+    on_host, as_tensors = learn_pack(pieces, plan, 0).parts, learn_pack(tensors, plan, 0).parts
+    assert list(on_host) == list(as_tensors) == [0, 1, 2]
+    for member, part in on_host.items():
+        np.testing.assert_array_equal(part.selected, as_tensors[member].selected)
+        np.testing.assert_array_equal(part.scores, as_tensors[member].scores)
 
 
 def test_facility_chunks_hold_a_number_of_embedding_values(corpus):

@@ -40,10 +40,3 @@ def test_groups_pack_apart():
     cells = {p: (Cell("a", 0, 10, 1, None), Cell("b", 1, 40, 4, None)) for p in range(3)}
     packs = pack_cells(cells, max_rows=100)
     assert [(p.label, p.partitions, p.quota) for p in packs] == [("a", (0, 1, 2), 3), ("b", (0, 1), 8)]
-
-
-def test_a_pack_is_reported_by_the_first_member_a_run_selects():
-    pack = Pack(None, 0, (2, 3, 5), 3, None)
-    assert pack.reporter() == 2
-    assert pack.reporter({3, 5}) == 3  # a resumed run: partition 2 finished earlier
-    assert pack.reporter([5]) == 5
