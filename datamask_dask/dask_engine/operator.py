@@ -45,7 +45,6 @@ import contextlib
 from collections.abc import Mapping
 
 import dask
-import numpy as np
 from dask.delayed import Delayed
 
 from .. import progress as progress_bars
@@ -55,7 +54,7 @@ from ..errors import worker_deaths_explained
 from ..graph_keys import listed, named
 from ..learn.options import parameters
 from ..options import FIELDS, OPERATOR_KEYS, SelectOptions
-from ..partition import adapters, explain
+from ..partition import adapters
 from ..partition.checks import (
     duplicate_input,
     id_report,
@@ -65,7 +64,7 @@ from ..partition.checks import (
     summarise_partition,
     summarise_scan,
 )
-from ..partition.select import learn_pack, pack_curve, pack_rows, select_partition
+from ..partition.select import learn_pack, pack_curve, pack_rows, select_partition, selection_meta
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.reduce import make_plan, share_regions
 from ..plan.types import Plan
@@ -191,12 +190,7 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
         with worker_deaths_explained():
             plan = share_graph(partitions(ddf), plan).compute(scheduler=scheduler or _holder(ddf))
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
-    out_columns = {spec.selected_column: np.zeros(0, dtype=bool)}
-    if spec.score_column:
-        out_columns[spec.score_column] = np.zeros(0, dtype=np.float32)
-    if spec.explain:
-        out_columns.update(explain.meta_columns(ddf._meta, spec.id_column))
-    meta = ddf._meta.assign(**out_columns)
+    meta = selection_meta(ddf._meta, spec)
     key = _key("datamask-select", ddf, plan_node)
     parts = partitions(ddf)
     packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)))

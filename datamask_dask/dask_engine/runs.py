@@ -12,10 +12,10 @@ import pyarrow as pa
 
 from .. import progress as progress_bars
 from ..options import SelectOptions
-from ..partition.select import PackResult, select_partition
+from ..partition.select import PackResult, select_partition, selection_meta
 from ..plan.types import Plan
 from ..telemetry import Measures
-from .operator import apply_plan, column_reads, compute_plan, make_spec, pack_graph, partitions
+from .operator import column_reads, compute_plan, make_spec, pack_graph, partitions
 
 
 class DaskEngine:
@@ -35,7 +35,7 @@ class DaskEngine:
     def schema(self, plan: Plan) -> pa.Schema:
         from ..io.parquet import to_arrow
 
-        meta = apply_plan(self.frame, plan.spec, plan)._meta
+        meta = selection_meta(self.frame._meta, plan.spec)
         return to_arrow(meta if self.project is None else self.project(meta, "")).schema
 
     def run(self, plan: Plan, todo: list[int], task,

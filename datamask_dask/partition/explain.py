@@ -50,11 +50,6 @@ def duplicate_type(id_dtype) -> pa.DataType:
     return pa.string()
 
 
-def meta_columns(meta, id_column: str) -> dict:
-    """The explain columns of the empty frame ``meta`` (a Dask ``meta``), in its library."""
-    return explain_columns(meta, id_column, np.zeros(0, dtype=np.int8), None)
-
-
 def explain_columns(frame, id_column: str, reasons: np.ndarray, links: dict | None) -> dict:
     """The ``reason``, ``duplicate_of`` and ``similarity`` columns of one partition.
 
@@ -94,13 +89,3 @@ def arrow_fields(id_type: pa.DataType) -> list[pa.Field]:
     return [pa.field(REASON_COLUMN, pa.string(), nullable=False),
             pa.field(DUPLICATE_COLUMN, duplicate_type(pd.ArrowDtype(id_type))),
             pa.field(SIMILARITY_COLUMN, pa.float32())]
-
-
-def arrow_columns(out, id_type: pa.DataType) -> list[tuple[pa.Field, pa.Array]]:
-    """The explain columns of a selected pandas partition as ``(field, array)`` pairs (Spark)."""
-    pairs = []
-    for field in arrow_fields(id_type):
-        values = pa.array(out[field.name])
-        values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-        pairs.append((field, values.cast(field.type)))
-    return pairs

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
 from ..learn.engine import learn_mask
@@ -146,13 +147,52 @@ def select_partition(frame, plan: Plan, partition_info=None, packs: Iterable[Pac
                 scores[result.positions] = result.scores
             if reasons is not None and result.reasons is not None:  # both, with explain
                 reasons[result.positions] = result.reasons
-    columns = {spec.selected_column: selected}
-    if spec.score_column and scores is not None:  # made above for the score column
-        columns[spec.score_column] = scores
     if reasons is not None:
         reasons[selected] = explain.SELECTED
-        columns.update(explain.explain_columns(frame, spec.id_column, reasons, plan.explain.get(number)))
-    return frame.assign(**columns)
+    return frame.assign(**selection_columns(frame, spec, selected, scores, reasons, plan.explain.get(number)))
+
+
+# --------------------------------------------------------------------------- the columns a selection adds
+
+
+def selection_columns(frame, spec: SelectSpec, selected: np.ndarray, scores: np.ndarray | None,
+                      reasons: np.ndarray | None, links: dict | None = None) -> dict:
+    """The columns a selection adds to ``frame`` (a partition, pandas or cuDF), by name: ``selected``,
+    the score column, the explain columns (``reasons``: their codes; ``links``: the plan's ``explain``
+    entry of the partition)."""
+    columns = {spec.selected_column: selected}
+    if spec.score_column and scores is not None:  # made for the score column
+        columns[spec.score_column] = scores
+    if spec.explain and reasons is not None:  # made with explain
+        columns.update(explain.explain_columns(frame, spec.id_column, reasons, links))
+    return columns
+
+
+def selection_meta(meta, spec: SelectSpec):
+    """The select pass's output as an empty frame (Dask's ``meta``), from the input's ``meta``."""
+    return meta.assign(**selection_columns(meta, spec, np.zeros(0, dtype=bool), np.zeros(0, dtype=np.float32),
+                                           np.zeros(0, dtype=np.int8)))
+
+
+def selection_fields(spec: SelectSpec, schema: pa.Schema) -> list[pa.Field]:
+    """The Arrow fields of the columns a selection adds to an input of Arrow ``schema``, in order."""
+    fields = [pa.field(spec.selected_column, pa.bool_())]
+    if spec.score_column:
+        fields.append(pa.field(spec.score_column, pa.float32()))
+    if spec.explain:
+        fields += explain.arrow_fields(schema.field(spec.id_column).type)
+    return fields
+
+
+def selection_arrays(out, spec: SelectSpec, schema: pa.Schema) -> list[tuple[pa.Field, pa.Array]]:
+    """The added columns of ``out`` (a selected pandas partition) as Arrow arrays of
+    :func:`selection_fields`' types."""
+    pairs = []
+    for field in selection_fields(spec, schema):
+        values = pa.array(out[field.name])
+        values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        pairs.append((field, values.cast(field.type)))
+    return pairs
 
 
 def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:

@@ -66,7 +66,6 @@ from datamask_dask.dedup.search import one_task
 from datamask_dask.errors import DataMaskError
 from datamask_dask.io.pieces import to_pandas
 from datamask_dask.options import SelectOptions
-from datamask_dask.partition import explain
 from datamask_dask.partition.checks import (
     SHOW,
     scan_partition,
@@ -79,6 +78,8 @@ from datamask_dask.partition.select import (
     pack_curve,
     pack_rows,
     select_partition,
+    selection_arrays,
+    selection_fields,
 )
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
 from datamask_dask.plan.reduce import make_plan, share_regions
@@ -169,17 +170,11 @@ def spec_from_spark(sdf, options: SelectOptions) -> SelectSpec:
 
 def apply_plan(sdf, spec: SelectSpec, plan: Plan):
     """The select pass: ``sdf`` plus the ``selected`` column (lazy), following ``plan``."""
-    from pyspark.sql.types import BooleanType, FloatType, StructField, StructType
+    from pyspark.sql.pandas.types import from_arrow_type
+    from pyspark.sql.types import StructField, StructType
 
-    fields = list(sdf.schema.fields) + [StructField(spec.selected_column, BooleanType(), False)]
-    if spec.score_column:
-        fields.append(StructField(spec.score_column, FloatType(), True))
-    if spec.explain:
-        from pyspark.sql.pandas.types import from_arrow_type
-
-        id_type = arrow_schema(sdf).field(spec.id_column).type
-        fields += [StructField(f.name, from_arrow_type(f.type), f.nullable)
-                   for f in explain.arrow_fields(id_type)]
+    fields = list(sdf.schema.fields) + [StructField(f.name, from_arrow_type(f.type), f.nullable)
+                                        for f in selection_fields(spec, arrow_schema(sdf))]
     return sdf.mapInArrow(SelectTask(plan, arrow_schema(sdf), spark_packs(sdf, plan)), StructType(fields))
 
 
@@ -499,14 +494,7 @@ class SelectTask:
             out = select_partition(to_pandas(table), self.plan, {"number": number}, packs, measures)
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
-        added = [(pa.field(spec.selected_column, pa.bool_()),
-                  pa.array(out[spec.selected_column].to_numpy(dtype=bool), pa.bool_()))]
-        if spec.score_column:
-            added.append((pa.field(spec.score_column, pa.float32()),
-                          pa.array(out[spec.score_column].to_numpy(dtype=np.float32), pa.float32())))
-        if spec.explain:
-            added += explain.arrow_columns(out, self.schema.field(spec.id_column).type)
-        return batches, added
+        return batches, selection_arrays(out, spec, self.schema)
 
 
 def _limit_threads() -> None:

@@ -26,6 +26,7 @@ from datamask_dask.io.records import plain
 from datamask_dask.io.sinks import ParquetSink
 from datamask_dask.io.storage import resolve
 from datamask_dask.options import SelectOptions
+from datamask_dask.partition.select import selection_fields
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
 from datamask_dask.telemetry import Measures
@@ -118,7 +119,8 @@ class SparkEngine:
             return self._plan()
 
     def schema(self, plan) -> pa.Schema:
-        return with_selection(self.input_schema, plan.spec)
+        schema = self.input_schema
+        return pa.schema([*schema, *selection_fields(plan.spec, schema)], metadata=schema.metadata)
 
     def run(self, plan, todo: list[int], task: PartTask, progress=None) -> tuple[list[dict], dict]:
         write = WriteTask(task, frozenset(todo), self.schema(plan))
@@ -168,15 +170,3 @@ class WriteTask:
         text = json.dumps(marker, default=plain)
         yield pa.RecordBatch.from_pydict({"partition": pa.array([number], pa.int32()),
                                           "marker": pa.array([text], pa.string())})
-
-
-def with_selection(schema: pa.Schema, spec) -> pa.Schema:
-    """``schema`` with the columns a selection adds (``selected``, the score, the explain columns)."""
-    added = [pa.field(spec.selected_column, pa.bool_())]
-    if spec.score_column:
-        added.append(pa.field(spec.score_column, pa.float32()))
-    if spec.explain:
-        from datamask_dask.partition.explain import arrow_fields
-
-        added += arrow_fields(schema.field(spec.id_column).type)
-    return pa.schema([*schema, *added], metadata=schema.metadata)
