@@ -219,7 +219,8 @@ def test_the_readers_seconds_ride_with_the_frame_and_are_counted_where_it_is_use
     write_parquet(dd.from_pandas(make_corpus(2000, 16, seed=1), npartitions=2, sort=False), tmp_path / "in")
     frame = read_parquet(tmp_path / "in").partitions[0].compute(scheduler="sync")
     assert frame.attrs[READ] > 0
-    out = datamask_select(read_parquet(tmp_path / "in"), ratio=0.1, **FAST).partitions[0].compute(scheduler="sync")
+    selection = datamask_select(read_parquet(tmp_path / "in"), ratio=0.1, **FAST)
+    out = selection.partitions[0].compute(scheduler="sync")
     assert READ not in out.attrs and out["selected"].sum() > 0
     record = write_selection(read_parquet(tmp_path / "in"), tmp_path / "out", 0.1, scheduler="threads",
                              **FAST).record
