@@ -283,6 +283,11 @@ class SelectOptions:
         return self.pieces == "regions" or self.learner.metric == "facility"
 
     @property
+    def quality(self) -> tuple:
+        """``quality_column`` resolved: ``((column, weight), ...)``, the weights summing to 1."""
+        return quality_weights(self.quality_column)
+
+    @property
     def ratio_given(self) -> bool:
         """Whether the caller named a ratio (the default ratio gives way to a token budget)."""
         return "ratio" in self.given

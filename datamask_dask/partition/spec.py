@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
-from ..options import SelectOptions, parse_budget, quality_weights
+from ..options import SelectOptions, parse_budget
 from ..plan.memory import resolve_budget
 from . import adapters
 
@@ -105,7 +105,7 @@ def _spec(options: SelectOptions, meta, scheduler) -> SelectSpec:
     memory = resolve_budget(options.memory_budget, device=str(options.device), meta=meta, scheduler=scheduler)
     given = parse_budget(options.memory_budget) is not None
     return SelectSpec(
-        id_column=str(options.id_column), quality=quality_weights(options.quality_column),
+        id_column=str(options.id_column), quality=options.quality,
         embedding_column=str(options.embedding_column), selected_column=str(options.selected_column),
         score_column=None if options.score_column is None else str(options.score_column),
         by=None if options.by is None else str(options.by), ratio=_plain(ratio, float),

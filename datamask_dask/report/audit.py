@@ -20,8 +20,10 @@ import pandas as pd
 from ..io.parquet import parquet_file
 from ..io.storage import resolve
 from ..io.tables import parse_table_uri, read_table, table_record
+from ..options import SelectOptions
 from ..partition.adapters import is_numeric_dtype, plain
 from ..partition.explain import DUPLICATE_COLUMN, REASON_COLUMN, REASONS, SIMILARITY_COLUMN
+from ..run.record import RunRecord
 from ..run.summary import RunSummary, sample_files
 
 SNIPPET = 160  # characters of text shown per row
@@ -29,7 +31,8 @@ MAX_DEPTH = 64  # links followed from a near-duplicate to its kept row
 
 
 def output_record(output) -> dict:
-    """The run record of a datamask output (FileNotFoundError or ValueError where it has none)."""
+    """The run record of a datamask selection's output (FileNotFoundError or ValueError where it has
+    none, or another kind of run's)."""
     table = parse_table_uri(output)
     if table.format == "parquet":
         record = RunSummary.read(resolve(table.location)).record
@@ -38,10 +41,10 @@ def output_record(output) -> dict:
         if record is None:
             raise ValueError(f"{table.uri} has no datamask run record: it was not written by "
                              "`datamask select`")
-    kind = record.get("kind", "selection")
-    if kind != "selection":
-        raise ValueError(f"{table.uri} is not a selection: its run record is of a {kind!r} run, not of "
-                         "`datamask select` (kind 'selection'); give the output of `datamask select`")
+    try:
+        RunRecord.from_dict(record)
+    except ValueError as exc:
+        raise ValueError(f"{table.uri} is not a selection this version reads: {exc}") from None
     return record
 
 
@@ -87,10 +90,8 @@ def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
 
     from ..run.summary import unit_rows
 
-    settings = record.get("settings") or {}
-    id_column = settings.get("id_column") or "chunk_id"
-    embedding = settings.get("embedding_column") or "feature_arr"
-    selected = settings.get("selected_column") or "selected"
+    options = RunRecord.from_dict(record).options
+    id_column, embedding, selected = options.id_column, options.embedding_column, options.selected_column
     table = parse_table_uri(output)
     if table.format == "parquet":
         files = data_files(resolve(table.location), record)
@@ -130,28 +131,17 @@ def _file_partitions(files, frame, columns) -> np.ndarray:
     return out if out.size == len(frame) else np.full(len(frame), -1)
 
 
-def quality_weights(settings: dict) -> dict:
-    """``{quality column: weight}`` of a run's settings, the weights summing to 1."""
-    quality = settings.get("quality_column") or "quality_score"
-    weights = ({quality: 1.0} if isinstance(quality, str) else dict(quality) if isinstance(quality, dict)
-               else {c: 1.0 for c in quality})
-    total = sum(weights.values()) or 1.0
-    return {c: w / total for c, w in weights.items()}
-
-
-def quality_of(frame: pd.DataFrame, settings: dict) -> np.ndarray:
+def quality_of(frame: pd.DataFrame, options: SelectOptions) -> np.ndarray:
     """The combined quality of each row, as the selection weighed the quality columns."""
-    weights = quality_weights(settings)
-    return sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64) for c, w in weights.items())
+    return sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64) for c, w in options.quality)
 
 
 def explained_columns(record: dict) -> list[str]:
-    """The columns the audit reads from an output of ``record``'s settings."""
-    settings = record.get("settings") or {}
-    names = [*quality_weights(settings)]
-    names += [settings.get("id_column") or "chunk_id", settings.get("selected_column") or "selected",
-              REASON_COLUMN, DUPLICATE_COLUMN, SIMILARITY_COLUMN]
-    names += [settings["by"]] if settings.get("by") else []
+    """The columns the audit reads from an output of ``record``'s options."""
+    options = RunRecord.from_dict(record).options
+    names = [c for c, _ in options.quality]
+    names += [options.id_column, options.selected_column, REASON_COLUMN, DUPLICATE_COLUMN, SIMILARITY_COLUMN]
+    names += [options.by] if options.by else []
     return list(dict.fromkeys(names))
 
 
@@ -180,11 +170,11 @@ def audit(frame: pd.DataFrame, record: dict, *, groups: int = 8, seed: int = 0,
     """
     if REASON_COLUMN not in frame.columns:
         return None
-    settings = record.get("settings") or {}
-    id_column = settings.get("id_column") or "chunk_id"
+    options = RunRecord.from_dict(record).options
+    id_column = options.id_column
     reason = frame[REASON_COLUMN].astype(str).to_numpy()
     counts = pd.Series(reason).value_counts().reindex(list(REASONS), fill_value=0)
-    quality = quality_of(frame, settings)
+    quality = quality_of(frame, options)
     root = kept_rows(frame[id_column].to_numpy(), _links(frame))
     near = np.flatnonzero(reason == "near-duplicate")
     members = pd.DataFrame({"root": root[near], "row": near}).query("root >= 0")
@@ -245,8 +235,8 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     ``explain``, or an id it does not hold.
     """
     record = output_record(output)
-    settings = record.get("settings") or {}
-    id_column = settings.get("id_column") or "chunk_id"
+    options = RunRecord.from_dict(record).options
+    id_column = options.id_column
     frame, record = read_output(output, explained_columns(record) + [text_column])
     if REASON_COLUMN not in frame.columns:
         raise ValueError(f"{output} has no {REASON_COLUMN!r} column: it was written without explain; run "
@@ -261,11 +251,11 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
                          f"(e.g. {', '.join(repr(plain(v)) for v in ids[:3])})")
     at = int(where[0])
     reason = frame[REASON_COLUMN].astype(str).to_numpy()
-    quality = quality_of(frame, settings)
+    quality = quality_of(frame, options)
     root = kept_rows(ids, _links(frame))
     text = text_column if text_column in frame.columns else None
     story = {"id": plain(value), "row": _row(frame, at, id_column, quality, reason, text),
-             "threshold": settings.get("duplicate_cosine"), "prune": settings.get("prune")}
+             "threshold": options.duplicate_cosine, "prune": options.learner.prune}
     kept = int(root[at])
     in_group = np.flatnonzero((root == kept) & (reason == "near-duplicate") & (kept >= 0))
     if in_group.size:
@@ -274,7 +264,7 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     part = int(frame["_partition"].iloc[at]) if "_partition" in frame.columns else -1
     if part >= 0:
         mine = frame["_partition"].to_numpy() == part
-        by = settings.get("by")
+        by = options.by
         if by:
             mine &= frame[by].to_numpy() == frame[by].iloc[at]
         eligible = mine & ~np.isin(reason, ["near-duplicate", "quality-pruned"])

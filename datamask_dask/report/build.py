@@ -25,7 +25,7 @@ import pandas as pd
 from ..io.storage import Location, resolve
 from ..io.tables import parse_table_uri, read_table
 from ..run.summary import RunSummary, sample_files, unit_rows
-from .audit import data_files, output_record, quality_of, quality_weights
+from .audit import data_files, output_record, quality_of
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
 MAX_TABLE_ROWS = 200  # rows shown of the per-partition table
@@ -67,7 +67,7 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     page = target.child("index.html")
     name = posixpath.basename(table.location.rstrip("/"))
     audited = None
-    if (summary.record.get("settings") or {}).get("explain"):  # its small columns and text, read whole
+    if summary.run.options.explain:  # its small columns and text, read whole
         from .audit import audit, explained_columns, read_output
 
         frame, record = read_output(output_path, explained_columns(summary.record) + ["text"])
@@ -93,10 +93,9 @@ def _table_sample(table, columns: list[str], n: int, seed: int) -> pd.DataFrame:
 
 def _sample(source, summary: RunSummary, n: int, seed: int) -> dict:
     """The sample's quality, unit embeddings and selection mask (empty arrays when unreadable)."""
-    settings = summary.record.get("settings") or {}
-    embedding = settings.get("embedding_column") or "feature_arr"
-    selected = settings.get("selected_column") or "selected"
-    wanted = [*quality_weights(settings), embedding, selected]
+    options = summary.run.options
+    embedding, selected = options.embedding_column, options.selected_column
+    wanted = [*(c for c, _ in options.quality), embedding, selected]
     if n <= 0:
         frame = pd.DataFrame()
     elif isinstance(source, Location):
@@ -107,7 +106,7 @@ def _sample(source, summary: RunSummary, n: int, seed: int) -> dict:
            "embeddings": None}
     if not len(frame) or any(c not in frame.columns for c in wanted):
         return out
-    out["quality"] = quality_of(frame, settings)
+    out["quality"] = quality_of(frame, options)
     out["selected"] = frame[selected].to_numpy(dtype=bool)
     out["embeddings"] = unit_rows(frame[embedding])
     return out
@@ -291,15 +290,15 @@ def _audit_html(audited: dict) -> list[str]:
 
 def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: str,
           audited: dict | None = None) -> str:
-    record = summary.record
-    rows, selected = record.get("rows", 0), record.get("selected", 0)
+    run = summary.run
+    rows, selected = run.rows, run.selected
     title = f"datamask selection report: {name}"
     parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
              f"<title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",
              f"<p>{rows} rows, <b>{selected}</b> selected ({selected / max(rows, 1):.1%}), "
-             f"{len(record.get('partitions', []))} partitions; run {html.escape(str(record.get('run_id')))} "
-             f"finished {html.escape(str(record.get('finished')))}.</p>"]
+             f"{len(run.partitions)} partitions; run {html.escape(run.run_id)} "
+             f"finished {html.escape(run.finished)}.</p>"]
 
     def figure(name):
         inline = "data:image/png;base64," + base64.b64encode(figures[name]).decode()

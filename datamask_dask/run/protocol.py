@@ -38,8 +38,9 @@ from ..io.records import as_json, dumps
 from ..options import SelectOptions
 from ..plan.types import Plan
 from ..telemetry import Measures
+from .record import RunRecord
 from .summary import SAMPLE_ROWS, part_summary, sample_columns, signature_share, summarise_run
-from .work import FORMAT, WorkArea, now, open_work
+from .work import WorkArea, now, open_work
 
 if TYPE_CHECKING:  # the spec travels inside the plan; the run only reads it
     from ..partition.spec import SelectSpec
@@ -197,22 +198,16 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
                                  for p in parts], settings, spec, sample_rows=summary_rows, seed=seed)
         phases["summary"] = time.perf_counter() - started
         libraries = [_LIBRARIES[name] for name in (engine.name, sink.format) if name in _LIBRARIES]
-        record = as_json({
-            "format": FORMAT, "tool": "datamask-dask", "kind": "selection", "run_id": work.run_id,
-            "engine": engine.name, "seed": options.learner.seed, "profile": options.profile,
-            "settings": settings,  # after profile and config
-            "input": {**(source or {}), **identity["input"]},  # with its partitions' rows and digest
-            "output": {**(output or {}), "uri": sink.uri, "format": sink.format},
-            "rows": sum(p["rows"] for p in parts), "selected": sum(p["selected"] for p in parts),
-            "partitions": [{k: p[k] for k in ("partition", "rows", "selected")} for p in parts],
-            "computed": todo, "reused": sorted(done),  # reused: finished by an interrupted run
-            "phases": phases,  # the driver's wall seconds; the workers', summed over tasks:
-            "stages": telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo),
-                                        *(measures.stages for measures in packs.values())]),
-            "summary": summary, "versions": library_versions(*libraries), "finished": now(),
-            "incremental": incremental,  # the version an incremental table run continued from, the run before
-            "memory_budget": spec.memory_budget,  # as the user set it (it sizes chunks)
-        })
+        record = RunRecord(
+            run_id=work.run_id, engine=engine.name, options=options,
+            input={**(source or {}), **identity["input"]},  # with its partitions' rows and digest
+            output={**(output or {}), "uri": sink.uri, "format": sink.format},
+            partitions=tuple({k: p[k] for k in ("partition", "rows", "selected")} for p in parts),
+            computed=tuple(todo), reused=tuple(sorted(done)), phases=phases,
+            stages=telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo),
+                                     *(measures.stages for measures in packs.values())]),
+            summary=summary, versions=library_versions(*libraries), finished=now(), incremental=incremental,
+            memory_budget=spec.memory_budget).to_dict()
         started = time.perf_counter()
         written = sink.commit(work, manifest, [p["written"] for p in parts], schema, record)
         work.remove()

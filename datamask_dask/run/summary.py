@@ -16,6 +16,7 @@ into every run record, whatever the engine and the sink.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -24,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..io.parquet import parquet_file
+from .record import RunRecord
 
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
 YARDSTICK_ROWS = 4_000  # of those, the rows greedy runs on for the yardstick (its cost grows as rows^2)
@@ -291,6 +293,11 @@ class RunSummary:
     def __init__(self, record: dict):
         self.record = record
 
+    @functools.cached_property
+    def run(self) -> RunRecord:
+        """The record, typed: :class:`~datamask_dask.run.record.RunRecord`, its settings as the options."""
+        return RunRecord.from_dict(self.record)
+
     @classmethod
     def read(cls, path: str | os.PathLike) -> RunSummary:
         """The run summary of the datamask output at ``path`` (directory or single parquet file)."""
@@ -306,8 +313,7 @@ class RunSummary:
         return self.record[key]
 
     def __repr__(self) -> str:
-        rows, selected = self.record.get("rows"), self.record.get("selected")
-        return f"RunSummary({rows} rows, {selected} selected, run {self.record.get('run_id')})"
+        return f"RunSummary({self.run.rows} rows, {self.run.selected} selected, run {self.run.run_id})"
 
     @property
     def summary(self) -> dict:
@@ -338,7 +344,7 @@ class RunSummary:
             frame.index.name = "selection"
             return frame
         if table == "partitions":
-            frame = pd.DataFrame(record.get("partitions", []), columns=["partition", "rows", "selected"])
+            frame = pd.DataFrame(list(self.run.partitions), columns=["partition", "rows", "selected"])
             tokens = (summary.get("tokens") or {}).get("per_partition")
             if tokens:
                 frame = frame.merge(pd.DataFrame(tokens).rename(columns={"total": "tokens",
@@ -362,16 +368,15 @@ class RunSummary:
         raise ValueError(f"unknown table {table!r}; one of {', '.join(self.TABLES)}")
 
     def _overview(self):
-        record, summary = self.record, self.summary
-        rows, selected = record.get("rows"), record.get("selected")
-        yield "run_id", record.get("run_id")
-        yield "finished", record.get("finished")
-        yield "input", (record.get("input") or {}).get("location")
-        yield "rows", rows
-        yield "selected", selected
-        yield "share", selected / rows if rows else None
-        yield "partitions", len(record.get("partitions", []))
-        yield "seed", record.get("seed")
+        run, summary = self.run, self.summary
+        yield "run_id", run.run_id
+        yield "finished", run.finished
+        yield "input", run.input.get("location")
+        yield "rows", run.rows
+        yield "selected", run.selected
+        yield "share", run.selected / run.rows if run.rows else None
+        yield "partitions", len(run.partitions)
+        yield "seed", run.options.learner.seed
         yield "algorithm", _cell(summary.get("algorithm"))
         yield "lamb", summary.get("lamb")
         if summary.get("by"):
@@ -392,11 +397,11 @@ class RunSummary:
             for key in ("objective", "quality", "diversity", "near_duplicate_pairs"):
                 yield f"{name}.{key}", values.get(key)
         yield "summary_seconds", summary.get("seconds")
-        for name, seconds in (record.get("phases") or {}).items():
+        for name, seconds in run.phases.items():
             yield f"phase.{name}", seconds
-        for name, seconds in (record.get("stages") or {}).items():
+        for name, seconds in run.stages.items():
             yield f"stage.{name}", seconds
-        yield "datamask-dask", (record.get("versions") or {}).get("datamask-dask")
+        yield "datamask-dask", run.versions.get("datamask-dask")
 
 
 def _cell(value):

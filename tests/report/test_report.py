@@ -48,6 +48,29 @@ def run(client, tmp_path_factory):
 # --------------------------------------------------------------------------- run summary
 
 
+def test_the_run_record_reads_back_typed_and_writes_the_same_json(run):
+    """The record an output keeps reads back as a RunRecord whose options are the run's (the report and
+    explain read them, not the raw settings), and writes back to the same JSON; an older record with
+    keys missing still reads, a newer format or another kind of run is refused by name."""
+    from datamask_dask.config import resolve_options
+    from datamask_dask.run.record import RunRecord
+
+    report, out = run
+    record = RunSummary.read(out).run
+    assert record.to_dict() == report.record
+    expected = resolve_options(ratio=0.1, by="lang", explain=True, prune=0.2, **FAST)
+    assert record.options.to_dict() == expected.to_dict()
+    assert record.options.quality == (("quality_score", 1.0),)
+    assert (record.rows, record.selected) == (1600, 160)
+    older = {k: v for k, v in report.record.items() if k not in ("versions", "incremental", "memory_budget")}
+    assert RunRecord.from_dict({**older, "format": 1}).options == record.options
+    with pytest.raises(ValueError, match="format 3, newer than this version"):
+        RunRecord.from_dict({**report.record, "format": 3})
+    with pytest.raises(ValueError, match="'write_parquet' run"):
+        RunRecord.from_dict({"kind": "write_parquet"})
+
+
+
 def test_summary_has_every_field_after_local_cluster_run(run):
     report, out = run
     summary = RunSummary.read(out)
