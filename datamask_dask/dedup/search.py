@@ -89,7 +89,7 @@ def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups
     rows and their order.
     """
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
-    if n_rows < COMPILED_ROWS or _kernels() is None:  # the same groups, from the stages in this process
+    if n_rows < COMPILED_ROWS:  # the same groups, from the stages in this process
         return find_groups_sharded(parts, cosine, shards=1)[0]
     table = stack_parts(parts)
     if not is_exact(parts):
@@ -131,7 +131,7 @@ def candidate_edges(parts: list[dict], cosine: float, shards: int, table: dict |
     sharded stages merge). Compiled where the table is large enough, else the stages in this
     process; the same edges either way."""
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
-    if n_rows < COMPILED_ROWS or _kernels() is None:
+    if n_rows < COMPILED_ROWS:
         edges = sharded_candidates(parts, cosine, 1, exact=True)[0][0]  # the one row shard's pieces
         worse, better, quality = merge_edges(edges, exact=True)
     else:
@@ -149,12 +149,6 @@ def _refs(offsets: np.ndarray) -> np.ndarray:
     n = int(offsets[-1])
     part = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     return (part.astype(np.uint64) << np.uint64(32)) | (np.arange(n) - offsets[part]).astype(np.uint64)
-
-
-def _rows_of_refs(refs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Row numbers in the stacked table of row references."""
-    part = (refs >> np.uint64(32)).astype(np.int64)
-    return offsets[part] + (refs & np.uint64(0xFFFFFFFF)).astype(np.int64)
 
 
 def stack_parts(parts: list[dict]) -> dict:
@@ -248,11 +242,9 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
 
 @on_first_use
 def _kernels():
-    """The compiled passes (:func:`_keys`, :func:`_buckets`), or None without numba."""
-    try:
-        import numba
-    except ImportError:
-        return None
+    """The compiled passes (:func:`_keys`, :func:`_buckets`)."""
+    import numba
+
     global _insert  # _buckets calls the compiled one
     _insert = numba.njit(cache=True, nogil=True)(_insert)
     return numba.njit(cache=True, nogil=True)(_keys), numba.njit(cache=True, nogil=True)(_buckets)
