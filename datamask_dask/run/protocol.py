@@ -195,7 +195,8 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
         summary = summarise_run([{**p["summary"], "partition": p["partition"], "sample": p["sample"],
                                   "curves": [*p["summary"].get("curves", []),
                                              *pack_curves.get(p["partition"], [])][:telemetry.MAX_CURVES]}
-                                 for p in parts], settings, spec, sample_rows=summary_rows, seed=seed)
+                                 for p in parts], spec, token_column=options.token_column,
+                                sample_rows=summary_rows, seed=seed)
         phases["summary"] = time.perf_counter() - started
         libraries = [_LIBRARIES[name] for name in (engine.name, sink.format) if name in _LIBRARIES]
         record = RunRecord(

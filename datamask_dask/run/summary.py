@@ -129,11 +129,12 @@ def part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, shar
             "sample": sample.reset_index(drop=True)}
 
 
-def summarise_run(parts: list[dict], settings: dict, spec, *, sample_rows: int = SAMPLE_ROWS,
+def summarise_run(parts: list[dict], spec, *, token_column: str | None = None, sample_rows: int = SAMPLE_ROWS,
                   seed: int = 0) -> dict:
     """The ``summary`` of a run record from its partitions' :func:`part_summary`: their groups,
-    tokens and curves, and the selection against the baselines on their samples together
-    (stratified: each gave up to ``sample_rows / partitions`` rows)."""
+    tokens (counted in ``token_column`` where no budget names one) and curves, and the selection
+    against the baselines on their samples together (stratified: each gave up to ``sample_rows /
+    partitions`` rows)."""
     started = time.perf_counter()
     samples = [part["sample"] for part in parts if len(part["sample"])]
     frame = pd.concat(samples, ignore_index=True) if samples else pd.DataFrame(columns=sample_columns(spec))
@@ -142,14 +143,14 @@ def summarise_run(parts: list[dict], settings: dict, spec, *, sample_rows: int =
     token_parts = [(part["partition"], part["tokens"]) for part in parts if "tokens" in part]
     tokens = None
     if token_parts:
-        tokens = {"column": spec.token_column or settings.get("token_column"),
+        tokens = {"column": spec.token_column or token_column,
                   "total": sum(t[0] for _, t in token_parts), "selected": sum(t[1] for _, t in token_parts),
                   "per_partition": [{"partition": i, "total": t[0], "selected": t[1]}
                                     for i, t in token_parts]}
     curves = [{"partition": part["partition"], **curve} for part in parts for curve in part.get("curves", [])]
     summary = {"by": spec.by, "groups": groups, "tokens": tokens, "curves": curves,
                "duplicate_cosine": DUPLICATE_COSINE, "selected_pairs": selected_pairs(parts)}
-    comparison = compare_on_sample(frame, spec, settings, seed=seed)
+    comparison = compare_on_sample(frame, spec, seed=seed)
     summary["sample"] = {"rows": len(frame), "requested": sample_rows, "seed": seed,
                          **comparison.pop("sample", {}), "stratified": "by partition"}
     summary.update(comparison)
@@ -205,13 +206,14 @@ def _list_as_arrow(pa_type):
     return None
 
 
-def compare_on_sample(frame: pd.DataFrame, spec, settings: dict, *, seed: int = 0) -> dict:
-    """Objective and near-duplicate pairs of the selection, quality top-k and random on ``frame``."""
+def compare_on_sample(frame: pd.DataFrame, spec, *, seed: int = 0) -> dict:
+    """Objective and near-duplicate pairs of the selection, quality top-k and random on ``frame``, with
+    the run's metric and lamb (``spec.options``)."""
     from ..learn.baselines import quality_topk, random_selection
     from ..learn.metrics import evaluate_selection
     from ..partition.checks import quality_values
 
-    algorithm, lamb = settings.get("algorithm", "Pair_simi"), float(settings.get("lamb", 0.5))
+    algorithm, lamb = spec.options.algorithm, float(spec.options.lamb)
     out = {"algorithm": algorithm, "lamb": lamb, "objective": None}
     if not len(frame):
         return out

@@ -176,9 +176,9 @@ def test_facility_coverage_on_the_sample_is_measured_on_reference_rows(monkeypat
     frame["selected"] = np.zeros(len(frame), dtype=bool)
     frame.loc[np.random.default_rng(0).choice(len(frame), 300, replace=False), "selected"] = True
     spec = SimpleNamespace(selected_column="selected", embedding_column="feature_arr",
-                           quality=(("quality_score", 1.0),), by=None)
-    settings = {"algorithm": "Facility", "lamb": 0.0}
-    whole = summary.compare_on_sample(frame, spec, settings)
+                           quality=(("quality_score", 1.0),), by=None,
+                           options=SimpleNamespace(algorithm="Facility", lamb=0.0))
+    whole = summary.compare_on_sample(frame, spec)
     assert "reference_rows" not in whole["sample"]
     unit = summary.unit_rows(frame["feature_arr"])
     exact = evaluate_selection(frame["quality_score"], unit, frame["selected"].to_numpy(),
@@ -186,7 +186,7 @@ def test_facility_coverage_on_the_sample_is_measured_on_reference_rows(monkeypat
     assert whole["objective"]["datamask"]["diversity"] == pytest.approx(exact["diversity"], rel=1e-6)
 
     monkeypatch.setattr(summary, "REFERENCE_ROWS", 1000)
-    sampled = summary.compare_on_sample(frame, spec, settings)
+    sampled = summary.compare_on_sample(frame, spec)
     assert sampled["sample"]["reference_rows"] == 1000
     for pick, values in sampled["objective"].items():
         value = whole["objective"][pick]["diversity"]
