@@ -13,6 +13,7 @@ from ..errors import OptionError
 from ..io.tables import open_sink, parse_table_uri, read_table, selection_columns, table_record
 from ..partition import adapters
 from .protocol import execute
+from .record import RunRecord
 from .summary import SAMPLE_ROWS
 
 OUTPUT_COLUMNS = ("all", "selection")
@@ -94,10 +95,11 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         if source_uri.format == "parquet":
             raise OptionError("an incremental run needs a Delta or Iceberg input (it is keyed on their "
                               "versions)")
-        previous = table_record(target, catalog_properties=catalog_properties,
+        recorded = table_record(target, catalog_properties=catalog_properties,
                                 storage_options=storage_options)
+        previous = None if recorded is None else RunRecord.from_dict(recorded)
         if previous is not None:
-            seen = previous.get("input", {})
+            seen = previous.input
             if seen.get("table") != list(source_uri.key):
                 raise OptionError(f"the output {target.uri} was made from {seen.get('uri')}, not "
                                   f"{source_uri.uri}: an incremental run continues the runs of the same "
@@ -109,7 +111,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
             since = seen.get("version")
             mode = "append"
             if ratio is None and not options and config is None:
-                ratio = previous.get("settings", {}).get("ratio")
+                ratio = previous.options.ratio
     sink = open_sink(target, mode=mode, inputs=[source_uri], catalog_properties=catalog_properties,
                      storage_options=storage_options)
     source = read_table(source_uri, row_filter=row_filter, since=since, catalog_properties=catalog_properties,
@@ -128,7 +130,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                       source={**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
                       output={"columns": output_columns, "mode": mode},
                       incremental=None if previous is None else {"since": since,
-                                                                 "previous_run": previous.get("run_id")},
+                                                                 "previous_run": previous.run_id},
                       progress=progress)
     record = outcome.record
     return TableRunReport(target.uri, record["rows"], record["selected"], record["run_id"], source.describe(),
