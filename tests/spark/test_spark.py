@@ -620,3 +620,29 @@ def test_a_resumed_run_learns_a_pack_with_its_finished_members(spark, packed_dir
     assert all((ours / n).read_bytes() == (theirs / n).read_bytes() for n in names)
     table = pq.read_table(tmp_path / "out", columns=["chunk_id", "selected"]).to_pandas()
     assert set(table.loc[table["selected"], "chunk_id"]) == dask_selected(packed_dir, **options)
+
+
+def test_pack_rows_cross_to_the_pack_pass_whole():
+    """A member's pack rows, sent as Arrow rows to the task that learns the pack, arrive as pack_rows made
+    them: positions, quality, embeddings, weights and the seconds their extraction took."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    from datamask_spark.operator import PACK_BLOCK, _pack_batch, _pack_pieces
+
+    from datamask_dask.partition.select import PackRows
+
+    rng = np.random.default_rng(0)
+    n = PACK_BLOCK + 5  # two batches
+    rows = PackRows(partition=3, positions=np.arange(n, dtype=np.int64) * 2, quality=rng.random(n),
+                    embeddings=rng.standard_normal((n, 8)).astype(np.float32), tokens=None,
+                    weights=rng.random(n) + 1, device="cpu", seconds=0.25)
+    batches = [_pack_batch(7, rows, slice(start, start + PACK_BLOCK)) for start in range(0, n, PACK_BLOCK)]
+    frame = pa.Table.from_batches(batches).to_pandas()
+    plan = SimpleNamespace(spec=SimpleNamespace(budget=None))
+    [piece] = _pack_pieces(plan, frame, 7)
+    back = piece[7]
+    for field in dataclasses.fields(PackRows):
+        name = field.name
+        np.testing.assert_array_equal(getattr(back, name), getattr(rows, name), err_msg=name)
