@@ -36,6 +36,7 @@ def dask_selected(parquet_dir, **options) -> set:
     return set(out.loc[out["selected"], "chunk_id"].tolist())
 
 
+@pytest.mark.slow
 def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
     out = sdf.transform(datamask_select, ratio=0.1, seed=7, score_column="score", **FAST)
     assert out.columns == sdf.columns + ["selected", "score"]
@@ -47,6 +48,7 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
     assert np.isfinite(got.loc[got["selected"], "score"]).all()
 
 
+@pytest.mark.slow
 def test_regions_select_dask_s_rows_on_both_spark_doors(spark, sdf, parquet_dir, tmp_path):
     """``pieces="regions"``: the regions' curves run grouped by region on the executors, and the rows
     are Dask's, on the DataFrame door and on the file job."""
@@ -176,6 +178,7 @@ def test_write_selection_writes_the_same_rows_from_the_workers(sdf, corpus, parq
     assert set(got.loc[got["selected"], "chunk_id"]) == dask_selected(parquet_dir, ratio=0.1, seed=7, **FAST)
 
 
+@pytest.mark.slow
 def test_spark_doors_take_the_options_the_dask_door_resolves(sdf, parquet_dir, tmp_path):
     """Settings given by keyword, config file, a config's metric section and dask.config resolve alike on
     the Spark operator, the Spark writer and the Dask operator (Spark names no backend)."""
