@@ -13,6 +13,7 @@ seconds on the frame they make (``frame.attrs[READ]``), which the first task to 
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -69,12 +70,19 @@ class Measures:
                             "objective": [round(values[s], 6) for s in steps]})
 
 
-def read_seconds(frame, seconds: float):
-    """``frame`` with the seconds its read took in ``attrs`` (a reader's last step); the frame returned."""
-    attrs = getattr(frame, "attrs", None)
-    if attrs is not None:
-        attrs[READ] = seconds
-    return frame
+def timed_read(read):
+    """``read`` (a reader of one partition) leaving the seconds it took in its frame's ``attrs``."""
+
+    @functools.wraps(read)
+    def timed(*args, **kwargs):
+        started = time.perf_counter()
+        frame = read(*args, **kwargs)
+        attrs = getattr(frame, "attrs", None)  # pandas, and cuDF from 24.08
+        if attrs is not None:
+            attrs[READ] = time.perf_counter() - started
+        return frame
+
+    return timed
 
 
 def add_up(parts) -> dict[str, float]:

@@ -8,7 +8,6 @@ in the same order, hence select the same rows.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -66,10 +65,9 @@ def to_dask(pieces: Pieces, label: str):
                        label=label, enforce_metadata=False)
 
 
+@telemetry.timed_read
 def _read(item, reader: Callable, schema: pa.Schema, columns: list[str] | None = None) -> pd.DataFrame:
-    started = time.perf_counter()
-    frame = to_pandas(reader(item, list(schema.names) if columns is None else list(columns)))
-    return telemetry.read_seconds(frame, time.perf_counter() - started)
+    return to_pandas(reader(item, list(schema.names) if columns is None else list(columns)))
 
 
 def to_pandas(table: pa.Table) -> pd.DataFrame:

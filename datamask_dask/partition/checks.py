@@ -208,6 +208,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
     n = len(series)
     if n == 0:
         return None, [], None, (np.zeros((0, simhash.SIGNATURE_BYTES), dtype=np.uint8) if sign else None)
+    measures = Measures() if measures is None else measures
     memory = spec.memory_budget or spec.memory_limit or _BLOCK_BYTES
     block_bytes = block_bytes or min(_BLOCK_BYTES, memory // 4)
     # A block: its float32 rows (a copy where Arrow chunks or dtypes need one; counted twice for
@@ -226,7 +227,7 @@ def embedding_problems(frame, number: int, spec: SelectSpec, expected_dim: int |
         summary[start:stop, 0] = row_norms(block)
         summary[start:stop, 1] = _projection(block, direction)
         if signed is not None:  # with sign
-            with (measures or Measures()).timed("sign"):
+            with measures.timed("sign"):
                 signed[start:stop] = simhash.signatures(block, planes)
     problems = vector_problems(summary[:, 0], np.arange(n), frame, spec, where, number)
     return source.dim, problems, summary, signed

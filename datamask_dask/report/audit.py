@@ -1,7 +1,7 @@
 """The audit of an explained selection (``explain=True``), read from its output: never rerun.
 
-- :func:`read_output`: some columns of a finished output (parquet file or directory, Delta or
-  Iceberg table; local or object storage) and its run record.
+- :func:`output_record`, :func:`read_output`: a finished output's run record, and some of its
+  columns (parquet file or directory, Delta or Iceberg table; local or object storage).
 - :func:`audit`: counts per reason, the near-duplicate groups (each kept row with the rows set aside
   behind it) and the share of groups whose kept row is the best by quality (the report's section).
 - :func:`row_story`: one row's reason, quality, group, partition quota and rank (``datamask explain``).
@@ -48,19 +48,18 @@ def output_record(output) -> dict:
     return record
 
 
-def read_output(output, columns: list[str]) -> tuple[pd.DataFrame, dict]:
-    """``columns`` (those present) of every row of a datamask output, and its run record
-    (:func:`output_record`)."""
+def read_output(output, columns: list[str], record: dict) -> pd.DataFrame:
+    """``columns`` (those present) of every row of a datamask output whose run record
+    (:func:`output_record`) is ``record``."""
     table = parse_table_uri(output)
-    record = output_record(output)
     if table.format == "parquet":
         files = data_files(resolve(table.location), record)
         frame = sample_files(files, columns, sys.maxsize)
         frame["_partition"] = _file_partitions(files, frame, columns)
-        return _integral_links(frame), record
+        return _integral_links(frame)
     ddf = read_table(table).frame
     frame = ddf[[c for c in columns if c in ddf.columns]].compute(scheduler="threads")
-    return _integral_links(frame.reset_index(drop=True)), record
+    return _integral_links(frame.reset_index(drop=True))
 
 
 def _integral_links(frame: pd.DataFrame) -> pd.DataFrame:
@@ -82,15 +81,14 @@ def data_files(source, record: dict) -> list:
     return files or [source.child(name) for name in sorted(present) if name.endswith(".parquet")]
 
 
-def nearest_selected(output, record: dict, value, k: int = 3) -> list[dict]:
+def nearest_selected(output, record: dict, options: SelectOptions, value, k: int = 3) -> list[dict]:
     """The ``k`` selected rows whose embeddings are nearest the row of id ``value`` (cosine), read
     file by file (parquet: only the selected rows' part of each file is kept, and the row's own file
-    is found by its id's statistics)."""
+    is found by its id's statistics). ``record``: its run record; ``options``: the run's."""
     import pyarrow.parquet as pq
 
     from ..run.summary import unit_rows
 
-    options = RunRecord.from_dict(record).options
     id_column, embedding, selected = options.id_column, options.embedding_column, options.selected_column
     table = parse_table_uri(output)
     if table.format == "parquet":
@@ -136,9 +134,8 @@ def quality_of(frame: pd.DataFrame, options: SelectOptions) -> np.ndarray:
     return sum(w * pd.to_numeric(frame[c]).to_numpy(dtype=np.float64) for c, w in options.quality)
 
 
-def explained_columns(record: dict) -> list[str]:
-    """The columns the audit reads from an output of ``record``'s options."""
-    options = RunRecord.from_dict(record).options
+def explained_columns(options: SelectOptions) -> list[str]:
+    """The columns the audit reads from an output selected with ``options``."""
     names = [c for c, _ in options.quality]
     names += [options.id_column, options.selected_column, REASON_COLUMN, DUPLICATE_COLUMN, SIMILARITY_COLUMN]
     names += [options.by] if options.by else []
@@ -162,7 +159,7 @@ def kept_rows(ids: np.ndarray, duplicate_of: np.ndarray) -> np.ndarray:
     return root
 
 
-def audit(frame: pd.DataFrame, record: dict, *, groups: int = 8, seed: int = 0,
+def audit(frame: pd.DataFrame, options: SelectOptions, *, groups: int = 8, seed: int = 0,
           text_column: str = "text") -> dict | None:
     """Counts per reason, a sample of near-duplicate groups and how often the kept row is the best.
 
@@ -170,7 +167,6 @@ def audit(frame: pd.DataFrame, record: dict, *, groups: int = 8, seed: int = 0,
     """
     if REASON_COLUMN not in frame.columns:
         return None
-    options = RunRecord.from_dict(record).options
     id_column = options.id_column
     reason = frame[REASON_COLUMN].astype(str).to_numpy()
     counts = pd.Series(reason).value_counts().reindex(list(REASONS), fill_value=0)
@@ -237,7 +233,7 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     record = output_record(output)
     options = RunRecord.from_dict(record).options
     id_column = options.id_column
-    frame, record = read_output(output, explained_columns(record) + [text_column])
+    frame = read_output(output, explained_columns(options) + [text_column], record)
     if REASON_COLUMN not in frame.columns:
         raise ValueError(f"{output} has no {REASON_COLUMN!r} column: it was written without explain; run "
                          "`datamask select --explain` (or explain=True) to record reasons")
@@ -273,7 +269,7 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
                               "eligible": int(eligible.sum()), "group": frame[by].iloc[at] if by else None,
                               "quality_rank": int((quality[mine] > quality[at]).sum()) + 1}
     if neighbours > 0:
-        story["nearest_selected"] = nearest_selected(output, record, plain(value), neighbours)
+        story["nearest_selected"] = nearest_selected(output, record, options, plain(value), neighbours)
     return story
 
 

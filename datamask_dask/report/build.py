@@ -70,8 +70,9 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     if summary.run.options.explain:  # its small columns and text, read whole
         from .audit import audit, explained_columns, read_output
 
-        frame, record = read_output(output_path, explained_columns(summary.record) + ["text"])
-        audited = audit(frame, record, seed=seed)
+        options = summary.run.options
+        frame = read_output(output_path, explained_columns(options) + ["text"], summary.record)
+        audited = audit(frame, options, seed=seed)
     page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
     return Path(page.path) if page.local else page.uri
 
