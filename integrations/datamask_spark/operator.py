@@ -174,9 +174,10 @@ def apply_plan(sdf, spec: SelectSpec, plan: Plan):
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
+    schema = arrow_schema(sdf)
     fields = list(sdf.schema.fields) + [StructField(f.name, from_arrow_type(f.type), f.nullable)
-                                        for f in selection_fields(spec, arrow_schema(sdf))]
-    return sdf.mapInArrow(SelectTask(plan, arrow_schema(sdf), spark_packs(sdf, plan)), StructType(fields))
+                                        for f in selection_fields(spec, schema)]
+    return sdf.mapInArrow(SelectTask(plan, schema, spark_packs(sdf, plan)), StructType(fields))
 
 
 # --------------------------------------------------------------------------- plan pass
