@@ -182,9 +182,12 @@ def share_regions(plan: Plan, curves: list[RegionCurves]) -> Plan:
             packs.append(dataclasses.replace(first, quota=quota, areas=tuple(int(a) for a in members)))
     others: tuple = ()
     if pairs:  # each pack learns its rows against the others' planned picks
-        table = planned.sum(axis=0)
-        others = tuple((table - planned[list(pack.areas)].sum(axis=0), plan.planned - pack.quota)
-                       for pack in packs)
+        residual, lamb = planned.sum(axis=0), plan.spec.options.lamb
+        # The plan's residual sum is partly the quality it buys (weight lamb), partly what areas' means
+        # cannot cancel but their rows can: a pack that saw all of it would cancel it, as would every
+        # other, overshooting; each sees the others cancel their shares of the part not bought.
+        others = tuple((residual * (lamb + (1 - lamb) * pack.quota / plan.planned)
+                        - planned[list(pack.areas)].sum(axis=0), plan.planned - pack.quota) for pack in packs)
     stages = telemetry.add_up([plan.stages, *(region.stages for region in curves)])
     return dataclasses.replace(plan, packs=tuple(packs), others=others, stages=stages)
 
