@@ -20,6 +20,7 @@ itself), so a ratio that the table can meet is always met exactly.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -182,11 +183,12 @@ def share_regions(plan: Plan, curves: list[RegionCurves]) -> Plan:
             packs.append(dataclasses.replace(first, quota=quota, areas=tuple(int(a) for a in members)))
     others: tuple = ()
     if pairs:  # each pack learns its rows against the others' planned picks
-        residual, lamb = planned.sum(axis=0), plan.spec.options.lamb
-        # The plan's residual sum is partly the quality it buys (weight lamb), partly what areas' means
-        # cannot cancel but their rows can: a pack that saw all of it would cancel it, as would every
-        # other, overshooting; each sees the others cancel their shares of the part not bought.
-        others = tuple((residual * (lamb + (1 - lamb) * pack.quota / plan.planned)
+        residual, bought = planned.sum(axis=0), math.sqrt(plan.spec.options.lamb)
+        # The plan's residual sum is partly bought with quality, partly what the areas' means cannot
+        # cancel but their rows can. A pack that saw all of the second part would cancel it, as would
+        # every other, overshooting: each sees the others cancel their shares of it. The bought part
+        # grows with lamb; its square root was chosen by measurement (docs/benchmarks.md).
+        others = tuple((residual * (bought + (1 - bought) * pack.quota / plan.planned)
                         - planned[list(pack.areas)].sum(axis=0), plan.planned - pack.quota) for pack in packs)
     stages = telemetry.add_up([plan.stages, *(region.stages for region in curves)])
     return dataclasses.replace(plan, packs=tuple(packs), others=others, stages=stages)

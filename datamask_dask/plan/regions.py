@@ -28,9 +28,9 @@ its own part and the parts meet only at their borders:
    can hold more rows than a chunk, and a chunk cut from it would be a random split again. A
    Pair_simi pack learns against the sum the other packs are planned to pick (``learn_mask``'s
    ``others``): alone, it would cancel its own sum and undo the balance the shares struck. The
-   plan's own residual sum is partly the quality it buys (weight lamb), partly what the areas' means
-   cannot cancel and their rows can: a pack is told the others cancel their shares of that part,
-   since one that cancelled all of it, as every other would, would overshoot.
+   plan's own residual sum is partly bought with quality (a part that grows with lamb), partly what
+   the areas' means cannot cancel and their rows can: a pack is told the others cancel their shares
+   of that part, since one that cancelled all of it, as every other would, would overshoot.
 
 Every step is a pure function of the plan and the rows, so every engine and scheduler gets the same
 regions, quotas and rows.
