@@ -87,6 +87,7 @@ class PackRows:
     weights: np.ndarray | None
     device: str
     seconds: float = 0.0  # extracting them: the pack that learns them counts it
+    areas: np.ndarray | None = None  # int64, in regions: each row's area, as routed (regions.locate)
 
 
 @dataclass(frozen=True)
@@ -222,17 +223,18 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
             for index in plan.packs_of(number):
                 mine = np.flatnonzero(pack_of_row == index)
                 out[index] = _pack_part(part, number, eligible[mine], embeddings[mine],
-                                        seconds * mine.size / eligible.size)
+                                        seconds * mine.size / eligible.size, area[mine])
         elif index is not None:
             out[index] = _pack_part(part, number, eligible, embeddings, time.perf_counter() - started)
     return out
 
 
-def _pack_part(part: _Partition, number: int, positions: np.ndarray, embeddings, seconds: float) -> PackRows:
+def _pack_part(part: _Partition, number: int, positions: np.ndarray, embeddings, seconds: float,
+               areas: np.ndarray | None = None) -> PackRows:
     return PackRows(partition=number, positions=positions, quality=part.quality[positions],
                     embeddings=embeddings, tokens=None if part.tokens is None else part.tokens[positions],
                     weights=None if part.weights is None else part.weights[positions], device=part.device,
-                    seconds=seconds)
+                    seconds=seconds, areas=areas)
 
 
 def _host(embeddings) -> np.ndarray:
@@ -299,8 +301,11 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Reg
     weights = np.ones(n) if part.weights is None else part.weights
     embeddings = _host(part.source.rows(np.arange(n)))
     # each row's area as pack_rows routed it (every one is among this pack's areas, in ascending order)
-    located = regions.locate(embeddings, plan.centroids, plan.areas, plan.area_region)
-    area_of_row = np.searchsorted(areas, located)
+    routed = [r.areas for r in rows if r.areas is not None]
+    if len(routed) < len(rows):
+        raise RuntimeError(f"pack {index}'s rows came without their areas; please report this with the run "
+                           "record")
+    area_of_row = np.searchsorted(areas, np.concatenate(routed))
     curves: list[tuple] = []
     with one_cpu_thread():  # one order of every float sum, on any worker
         for local, area in enumerate(areas):

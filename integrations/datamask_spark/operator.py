@@ -96,7 +96,7 @@ PLAN_SCHEMA = "partition int, rows long, failed boolean, payload binary"
 # a pack pass row: one eligible row of a packed cell (pack_rows), its pack and member partition
 # seconds: the member's extraction of its rows (PackRows.seconds), the same on each of them
 PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, embedding array<float>, "
-                    "tokens double, weight double, device string, seconds double")
+                    "tokens double, weight double, device string, seconds double, area long")
 PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
 # a learned pack: its pickled learn_pack result (each member's part, and what learning it measured)
 PACK_RESULT_SCHEMA = "pack int, payload binary"
@@ -416,7 +416,8 @@ def _pack_batch(index: int, rows: PackRows, span: slice) -> pa.RecordBatch:
         "position": pa.array(rows.positions[span], pa.int64()),
         "quality": pa.array(rows.quality[span], pa.float64()), "embedding": embeddings, **optional,
         "device": pa.array([rows.device] * n, pa.string()),
-        "seconds": pa.array(np.full(n, rows.seconds, dtype=np.float64))})
+        "seconds": pa.array(np.full(n, rows.seconds, dtype=np.float64)),
+        "area": pa.nulls(n, pa.int64()) if rows.areas is None else pa.array(rows.areas[span], pa.int64())})
 
 
 def learn_group(plan: Plan, rows: pd.DataFrame) -> pd.DataFrame:
@@ -442,7 +443,8 @@ def _pack_pieces(plan: Plan, rows: pd.DataFrame, index: int) -> list[dict[int, P
         embeddings=np.stack(member["embedding"].to_numpy()).astype(np.float32, copy=False),
         tokens=None if plan.spec.budget is None else member["tokens"].to_numpy(np.float64),
         weights=None if member["weight"].isna().all() else member["weight"].to_numpy(np.float64),
-        device=str(member["device"].iloc[0]), seconds=float(member["seconds"].iloc[0]))}
+        device=str(member["device"].iloc[0]), seconds=float(member["seconds"].iloc[0]),
+        areas=None if member["area"].isna().all() else member["area"].to_numpy(np.int64))}
         for number, member in rows.groupby("partition", sort=True)]
 
 
