@@ -227,8 +227,9 @@ class SelectOptions:
         "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone, in table "
         'scope, with a ratio and without ``by``; one more read of the embeddings. ``"auto"`` (the default): '
         '``"regions"`` for Facility wherever they apply, else ``"partitions"`` (Pair_simi asks for regions '
-        "by name: on a table split at random, its partitions already cancel their picks' sum, as well as "
-        "regions or better). A table that fits one chunk is learned whole either way.")
+        "by name: they cost a read of the embeddings and the routing, and on a table split at random its "
+        "partitions already cancel their picks' sum). A table that fits one chunk is learned whole either "
+        "way.")
     explain: bool = option(
         False, "also write each row's reason (selected, near-duplicate, quality-pruned...) and, for a "
         "near-duplicate, the id of the row it stands behind (duplicate_of)",
