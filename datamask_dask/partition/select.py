@@ -289,7 +289,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Reg
     areas = plan.packs[index].areas
     rows = _members(pieces, plan, index)
     pairs = plan.spec.options.metric == "pair_simi"
-    if not rows or plan.centroids is None or plan.areas is None or plan.area_region is None:
+    if not rows:
         none = [(0, np.zeros(0), np.zeros(plan.dim or 0)) if pairs else (0, np.zeros(0)) for _ in areas]
         return RegionCurves(none, {})
     started = time.perf_counter()

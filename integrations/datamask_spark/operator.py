@@ -94,7 +94,8 @@ _MARK = re.compile(r"DATAMASK-ERROR (\w+) ([A-Za-z0-9+/=]+) END")
 # a plan task's row: partition, its rows, whether its checks failed, pickled summary, scan or error
 PLAN_SCHEMA = "partition int, rows long, failed boolean, payload binary"
 # a pack pass row: one eligible row of a packed cell (pack_rows), its pack and member partition
-# seconds: the member's extraction of its rows (PackRows.seconds), the same on each of them
+# seconds: the member's extraction of its rows (PackRows.seconds), the same on each of them; area: in
+# regions, the area the row was routed to (PackRows.areas), null otherwise
 PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, embedding array<float>, "
                     "tokens double, weight double, device string, seconds double, area long")
 PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
