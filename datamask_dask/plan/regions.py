@@ -123,24 +123,47 @@ def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int,
 def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
            area_region: np.ndarray) -> np.ndarray:
     """Each unit row's area: the most similar of the areas of its ``SEARCHED`` most similar regions
-    (a row near a region's border often has its nearest area across it), compared in float64 so that
-    every worker routes a row alike (ties: the lower area)."""
+    (a row near a region's border often has its nearest area across it). Compared in float32; areas
+    within ``_TIE`` of a row's best are compared again by an exact float64 sum, so that every worker
+    routes a row alike (ties: the lower area)."""
     rows = np.asarray(embeddings, dtype=np.float32)
-    searched = min(SEARCHED, len(centroids))
-    nearest = np.argsort(-(rows @ centroids.T), axis=1, kind="stable")[:, :searched]
-    best = np.full(len(rows), -np.inf)
-    out = np.zeros(len(rows), dtype=np.int64)
-    wide = rows.astype(np.float64)
-    for r in range(len(centroids)):
-        asking = np.flatnonzero((nearest == r).any(axis=1))
-        mine = np.flatnonzero(area_region == r)
+    n, count = len(rows), len(centroids)
+    searched = min(SEARCHED, count)
+    nearest = (np.argpartition(-(rows @ centroids.T), searched - 1, axis=1)[:, :searched] if searched < count
+               else np.broadcast_to(np.arange(count), (n, count)))
+    # each region's askers and areas by one sort each, not a scan per region
+    order = np.argsort(nearest.ravel(), kind="stable")
+    askers = order // searched
+    asked = np.searchsorted(nearest.ravel()[order], np.arange(count + 1))
+    by_region = np.argsort(area_region, kind="stable")
+    owned = np.searchsorted(area_region[by_region], np.arange(count + 1))
+    best = np.full(n, -np.inf, dtype=np.float32)
+    out = np.zeros(n, dtype=np.int64)
+    tied = np.zeros(n, dtype=bool)  # another area within _TIE of the row's best (or may be)
+    for r in range(count):
+        asking, mine = askers[asked[r]:asked[r + 1]], by_region[owned[r]:owned[r + 1]]
         if not asking.size or not mine.size:
             continue
-        products = wide[asking] @ areas[mine].astype(np.float64).T
+        products = rows[asking] @ areas[mine].T
         top = products.argmax(axis=1)
         value = products[np.arange(asking.size), top]
-        better = (value > best[asking]) | ((value == best[asking]) & (mine[top] < out[asking]))
+        held = best[asking]
+        tied[asking] |= (np.abs(value - held) <= _TIE) | (
+            np.count_nonzero(products >= (value - _TIE)[:, None], axis=1) > 1)
+        better = (value > held) | ((value == held) & (mine[top] < out[asking]))
         best[asking[better]], out[asking[better]] = value[better], mine[top][better]
+    exact_best = np.full(n, -np.inf)
+    for r in range(count):  # the tied rows again, over every area they searched, by exact float64 sums
+        asking = askers[asked[r]:asked[r + 1]]
+        asking, mine = asking[tied[asking]], by_region[owned[r]:owned[r + 1]]
+        if not asking.size or not mine.size:
+            continue
+        exact = np.einsum("ik,jk->ij", rows[asking].astype(np.float64), areas[mine].astype(np.float64))
+        top = exact.argmax(axis=1)
+        value = exact[np.arange(asking.size), top]
+        held = exact_best[asking]
+        better = (value > held) | ((value == held) & (mine[top] < out[asking]))
+        exact_best[asking[better]], out[asking[better]] = value[better], mine[top][better]
     return out
 
 

@@ -99,6 +99,25 @@ def test_areas_cut_each_region_and_a_row_goes_to_its_nearest_area():
     np.testing.assert_array_equal(found, (rows.astype(np.float64) @ areas.T.astype(np.float64)).argmax(1))
 
 
+def test_a_row_equally_near_two_areas_goes_to_the_lower_one_on_any_region_order():
+    """Routing compares in float32 and settles near-ties by an exact float64 sum: a row that is an
+    area's copy, where the same area is also listed later in another region, goes to the lower area,
+    and rows with a clear best area get the one an exhaustive float64 search finds."""
+    sample = _unit(3000, 16, seed=8)
+    centroids = regions.find_centroids(sample, 12, seed=2)
+    areas, area_region = regions.find_areas(sample, centroids, rows=30_000, seed=2)
+    copied = 3
+    twin = int(np.flatnonzero(area_region != area_region[copied])[-1])
+    areas[twin] = areas[copied]  # the same centroid in another region, as a later area
+    rows = np.concatenate([np.repeat(areas[[copied]], 4, axis=0), _unit(500, 16, seed=9)])
+    found = regions.locate(rows, centroids, areas, area_region)
+    assert found[:4].tolist() == [copied] * 4
+    searched = np.argsort(-(rows[4:] @ centroids.T), axis=1)[:, :regions.SEARCHED]
+    exact = rows[4:].astype(np.float64) @ areas.T.astype(np.float64)
+    exact[~(area_region[None, None, :] == searched[:, :, None]).any(axis=1)] = -np.inf  # unsearched
+    np.testing.assert_array_equal(found[4:], exact.argmax(axis=1))
+
+
 def test_pair_simi_shares_cancel_the_picks_sum_at_lamb_0_and_follow_quality_at_lamb_1():
     """Two opposite topics of unequal size and one apart: Pair_simi's pairwise similarity is
     ``|sum of the picks|^2`` less a constant, so at lamb 0 the shares pull the sum towards zero, where a
