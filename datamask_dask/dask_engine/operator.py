@@ -64,7 +64,7 @@ from ..partition.checks import (
     summarise_partition,
     summarise_scan,
 )
-from ..partition.select import learn_pack, pack_curve, pack_rows, select_partition, selection_meta
+from ..partition.select import area_sums, learn_pack, pack_curve, pack_rows, select_partition, selection_meta
 from ..partition.spec import SelectSpec, spec_from_meta
 from ..plan.reduce import make_plan, share_regions
 from ..plan.types import Plan
@@ -237,19 +237,26 @@ def pack_graph(parts: list, plan: Plan, plan_node, todo) -> tuple[dict[int, obje
 
 
 def share_graph(parts: list, plan: Plan) -> Delayed:
-    """The regions' quotas, lazily: each region's marginal-gain curve from its members' rows
-    (:func:`~datamask_dask.partition.select.pack_curve`), shared by
-    :func:`~datamask_dask.plan.reduce.share_regions` into the plan the select pass follows."""
+    """The regions' quotas, lazily: what the plan pass finds of the areas, shared by
+    :func:`~datamask_dask.plan.reduce.share_regions` into the plan the select pass follows. Facility:
+    each region's marginal-gain curves from its members' rows
+    (:func:`~datamask_dask.partition.select.pack_curve`); Pair_simi: each partition's sums by area
+    (:func:`~datamask_dask.partition.select.area_sums`), which move no rows."""
     plan_node = dask.delayed(plan, traverse=False)
     members = sorted({p for pack in plan.packs for p in pack.partitions})
-    rows = {p: dask.delayed(pack_rows, pure=True)(
-        parts[p], plan_node, {"number": p},
-        dask_key_name=_key("datamask-region-rows", parts[p], plan_node, p)) for p in members}
-    curves = [dask.delayed(pack_curve, pure=True)(
-        listed("datamask-region-members", [rows[p] for p in pack.partitions]), plan_node, index,
-        dask_key_name=_key("datamask-region-curve", plan_node, index))
-        for index, pack in enumerate(plan.packs)]
-    return dask.delayed(share_regions, pure=True)(plan_node, listed("datamask-region-curves", curves),
+    if plan.spec.options.metric == "pair_simi":
+        found = [dask.delayed(area_sums, pure=True)(
+            parts[p], plan_node, {"number": p},
+            dask_key_name=_key("datamask-region-sums", parts[p], plan_node, p)) for p in members]
+    else:
+        rows = {p: dask.delayed(pack_rows, pure=True)(
+            parts[p], plan_node, {"number": p},
+            dask_key_name=_key("datamask-region-rows", parts[p], plan_node, p)) for p in members}
+        found = [dask.delayed(pack_curve, pure=True)(
+            listed("datamask-region-members", [rows[p] for p in pack.partitions]), plan_node, index,
+            dask_key_name=_key("datamask-region-curve", plan_node, index))
+            for index, pack in enumerate(plan.packs)]
+    return dask.delayed(share_regions, pure=True)(plan_node, listed("datamask-region-found", found),
                                                   dask_key_name=_key("datamask-region-quotas", plan_node))
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,18 +269,43 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Pac
 
 
 @dataclass(frozen=True)
-class RegionCurves:
-    """What a region's pack found of each of its areas (:func:`pack_curve`), and the seconds it took."""
+class AreaSummaries:
+    """What a pass found of some of the plan's areas (:func:`pack_curve`, :func:`area_sums`), for
+    :func:`~datamask_dask.plan.reduce.share_regions`, in flat arrays (a few arrays move between workers
+    far faster than thousands of small ones): ``areas`` their indices, ``rows`` their rows, ``values``
+    their values one area after another (``lengths`` each): Facility's marginal-gain curves, Pair_simi's
+    normalised qualities; ``sums`` Pair_simi's sums of unit rows, one row an area."""
 
-    areas: list[tuple]
+    areas: np.ndarray
+    rows: np.ndarray
+    lengths: np.ndarray
+    values: np.ndarray
+    sums: np.ndarray | None
     stages: Mapping[str, float]
 
+    @classmethod
+    def of(cls, found: Mapping[int, tuple], stages: Mapping[str, float]) -> AreaSummaries:
+        """From ``{area: (rows, values)}`` or ``{area: (rows, values, sums)}``."""
+        areas = sorted(found)
+        tuples = [found[a] for a in areas]
+        return cls(np.array(areas, dtype=np.int64), np.array([t[0] for t in tuples], dtype=np.int64),
+                   np.array([len(t[1]) for t in tuples], dtype=np.int64),
+                   np.concatenate([np.zeros(0), *(t[1] for t in tuples)]),
+                   np.stack([t[2] for t in tuples]) if tuples and len(tuples[0]) > 2 else None, stages)
 
-def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> RegionCurves:
-    """What :func:`~datamask_dask.plan.reduce.share_regions` shares the quota by, for each area of a
-    region's pack, from its members' :func:`pack_rows` (none: a region no row reached): Facility's rows
-    and marginal-gain curve (:func:`datamask_dask.plan.regions.gain_curve`); Pair_simi's normalised
-    qualities, best first, and the sum of its unit rows (:func:`datamask_dask.plan.regions.share_pairs`)."""
+    def items(self) -> Iterator[tuple[int, tuple]]:
+        """``(area, (rows, values))`` or ``(area, (rows, values, sums))``, by area."""
+        ends = np.cumsum(self.lengths)
+        for k, area in enumerate(self.areas.tolist()):
+            values = self.values[ends[k] - self.lengths[k]:ends[k]]
+            rows = int(self.rows[k])
+            yield area, (rows, values) if self.sums is None else (rows, values, self.sums[k])
+
+
+def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> AreaSummaries:
+    """Facility's summary of each area of a region's pack, from its members' :func:`pack_rows` (none: a
+    region no row reached): the area's rows and marginal-gain curve
+    (:func:`datamask_dask.plan.regions.gain_curve`), which needs the area's rows in one task."""
     import torch
 
     from ..learn.knn import top_neighbours
@@ -288,33 +313,21 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Reg
 
     areas = plan.packs[index].areas
     rows = _members(pieces, plan, index)
-    pairs = plan.spec.options.metric == "pair_simi"
     if not rows:
-        none = [(0, np.zeros(0), np.zeros(plan.dim or 0)) if pairs else (0, np.zeros(0)) for _ in areas]
-        return RegionCurves(none, {})
+        return AreaSummaries.of({}, {})
     started = time.perf_counter()
     part = _pack_partition(rows, plan, index, Measures())
     n = part.selected.size
     options = plan.spec.options
-    low, high = plan.ranges[0]
-    quality = (part.quality - low) / (high - low) if high > low else np.zeros(n)
+    quality = _normalised(plan, part.quality)
     weights = np.ones(n) if part.weights is None else part.weights
     embeddings = _host(part.source.rows(np.arange(n)))
-    # each row's area as pack_rows routed it (every one is among this pack's areas, in ascending order)
-    routed = [r.areas for r in rows if r.areas is not None]
-    if len(routed) < len(rows):
-        raise RuntimeError(f"pack {index}'s rows came without their areas; please report this with the run "
-                           "record")
-    area_of_row = np.searchsorted(areas, np.concatenate(routed))
-    curves: list[tuple] = []
+    area_of_row = np.concatenate([_routed(r, index) for r in rows])
+    curves: dict[int, tuple] = {}
     with one_cpu_thread():  # one order of every float sum, on any worker
-        for local, area in enumerate(areas):
-            at = np.flatnonzero(area_of_row == local)
-            if pairs:
-                curves.append((at.size, -np.sort(-quality[at]), embeddings[at].sum(axis=0, dtype=np.float64)))
-                continue
+        for area in areas:
+            at = np.flatnonzero(area_of_row == area)
             if not at.size:
-                curves.append((0, np.zeros(0)))
                 continue
             vectors = torch.as_tensor(embeddings[at])
             generator = torch.Generator().manual_seed(derive_seed(options.seed, 0, 0, 0, area))
@@ -322,11 +335,46 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Reg
                 vectors, vectors, options.neighbours, generator=generator, exact_max=options.exact_neighbours,
                 probes=options.probes)
             limit = regions.curve_limit(at.size, plan.eligible, plan.planned)
-            curves.append((at.size, regions.gain_curve(
+            curves[area] = (at.size, regions.gain_curve(
                 quality[at], np.asarray(neighbours), np.asarray(similarities), weights[at], limit,
-                options.lamb / max(1, plan.planned), (1 - options.lamb) / max(1, sum(plan.rows)))))
+                options.lamb / max(1, plan.planned), (1 - options.lamb) / max(1, sum(plan.rows))))
     # the plan pass's: its members' extraction, and the curves
-    return RegionCurves(curves, {"plan curve": sum(r.seconds for r in rows) + time.perf_counter() - started})
+    seconds = sum(r.seconds for r in rows) + time.perf_counter() - started
+    return AreaSummaries.of(curves, {"plan curve": seconds})
+
+
+def area_sums(frame, plan: Plan, partition_info=None) -> AreaSummaries:
+    """Pair_simi's summary of the areas one partition's eligible rows lie in: their count, normalised
+    qualities and the float64 sum of their unit rows (:func:`datamask_dask.plan.regions.share_pairs`).
+    Counts, qualities and sums add up across partitions, so no area's rows need to meet in one task."""
+    started = time.perf_counter()
+    routed = sorted(pack_rows(frame, plan, partition_info).items())
+    pieces = {index: rows for index, rows in routed if rows.positions.size}
+    if not pieces:
+        return AreaSummaries.of({}, {"plan curve": time.perf_counter() - started})
+    area = np.concatenate([_routed(rows, index) for index, rows in pieces.items()])
+    order = np.argsort(area, kind="stable")
+    areas, starts, counts = np.unique(area[order], return_index=True, return_counts=True)
+    embeddings = np.concatenate([_host(rows.embeddings) for rows in pieces.values()])[order]
+    quality = _normalised(plan, np.concatenate([rows.quality for rows in pieces.values()]))[order]
+    sums = np.add.reduceat(embeddings.astype(np.float64), starts, axis=0)  # in row order, on any worker
+    counts = counts.astype(np.int64)
+    return AreaSummaries(areas.astype(np.int64), counts, counts, quality, sums,
+                         {"plan curve": time.perf_counter() - started})
+
+
+def _normalised(plan: Plan, quality: np.ndarray) -> np.ndarray:
+    """Qualities scaled by the plan's range to [0, 1], as the learner sees them."""
+    low, high = plan.ranges[0]
+    return (quality - low) / (high - low) if high > low else np.zeros(quality.size)
+
+
+def _routed(rows: PackRows, index: int) -> np.ndarray:
+    """Each of a member's pack rows' area, as :func:`pack_rows` routed it."""
+    if rows.areas is None:
+        raise RuntimeError(f"partition {rows.partition}'s rows of pack {index} came without their areas; "
+                           "please report this with the run record")
+    return rows.areas
 
 
 def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[PackRows]:

@@ -32,7 +32,7 @@ from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
 if TYPE_CHECKING:  # the spec and the regions' curves are the partition room's; the plan only reads them
-    from ..partition.select import RegionCurves
+    from ..partition.select import AreaSummaries
     from ..partition.spec import SelectSpec
 
 SHOW = 5  # values quoted in a message
@@ -153,21 +153,19 @@ def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: Select
     return {"centroids": centroids, "areas": areas, "area_region": area_region}, packs
 
 
-def share_regions(plan: Plan, curves: list[RegionCurves]) -> Plan:
-    """``plan`` with the quota shared between the areas by what each region's pack found of its areas
-    (:func:`datamask_dask.partition.select.pack_curve`): Facility's by their marginal-gain curves
-    (:func:`datamask_dask.plan.regions.share_quotas`), Pair_simi's by its objective over the areas'
-    qualities and mean rows (:func:`datamask_dask.plan.regions.share_pairs`); and the areas packed:
+def share_regions(plan: Plan, summaries: list[AreaSummaries]) -> Plan:
+    """``plan`` with the quota shared between the areas by what the plan pass found of them: Facility's
+    by their marginal-gain curves (each region's pack's, :func:`datamask_dask.partition.select.pack_curve`;
+    :func:`datamask_dask.plan.regions.share_quotas`), Pair_simi's by its objective over the areas'
+    qualities and mean rows (each partition's, :func:`datamask_dask.partition.select.area_sums`, added
+    up in partition order; :func:`datamask_dask.plan.regions.share_pairs`); and the areas packed:
     neighbours learned together up to a chunk's worth of rows
     (:func:`datamask_dask.plan.regions.pack_areas`)."""
     if plan.areas is None:
         raise RuntimeError("share_regions: the plan has no regions; please report this with the run record")
-    found: list = [None] * len(plan.areas)
-    for pack, region in zip(plan.packs, curves, strict=True):
-        for area, summary in zip(pack.areas, region.areas, strict=True):
-            found[area] = summary
-    sizes = np.array([summary[0] for summary in found], dtype=np.int64)
     pairs = plan.spec.options.metric == "pair_simi"
+    found = _areas_found(summaries, len(plan.areas), pairs, plan.dim or 0)
+    sizes = np.array([summary[0] for summary in found], dtype=np.int64)
     if pairs:
         sums = np.stack([summary[2] for summary in found])
         quotas = regions.share_pairs([summary[1] for summary in found], sums, plan.planned,
@@ -190,8 +188,31 @@ def share_regions(plan: Plan, curves: list[RegionCurves]) -> Plan:
         # grows with lamb; its square root was chosen by measurement (docs/benchmarks.md).
         others = tuple((residual * (bought + (1 - bought) * pack.quota / plan.planned)
                         - planned[list(pack.areas)].sum(axis=0), plan.planned - pack.quota) for pack in packs)
-    stages = telemetry.add_up([plan.stages, *(region.stages for region in curves)])
+    stages = telemetry.add_up([plan.stages, *(summary.stages for summary in summaries)])
     return dataclasses.replace(plan, packs=tuple(packs), others=others, stages=stages)
+
+
+def _areas_found(summaries: list[AreaSummaries], areas: int, pairs: bool, dim: int) -> list[tuple]:
+    """Each of ``areas`` areas' summary from the passes' (an area no row reached: none of its rows): a
+    Facility area's from its region's pack alone; a Pair_simi area's counts, qualities (best first) and
+    sums of ``dim`` values added up over the partitions in their order."""
+    parts: list[list[tuple]] = [[] for _ in range(areas)]
+    for summary in summaries:
+        for area, found in summary.items():
+            parts[area].append(found)
+    out = []
+    for area, held in enumerate(parts):
+        if pairs:
+            sums = np.zeros(dim)
+            for part in held:  # in partition order: one sum on any engine
+                sums = sums + part[2]
+            quality = np.concatenate([np.zeros(0), *(part[1] for part in held)])
+            out.append((sum(part[0] for part in held), -np.sort(-quality), sums))
+        elif len(held) > 1:
+            raise RuntimeError(f"area {area} has {len(held)} curves; please report this with the run record")
+        else:
+            out.append(held[0] if held else (0, np.zeros(0)))
+    return out
 
 
 def duplicate_links(summaries: list[PartitionSummary]) -> dict:

@@ -16,11 +16,12 @@ its own part and the parts meet only at their borders:
    packed partitions' rows do (its members are the partitions with eligible rows). Only routing
    to the true nearest area keeps a row with its neighbours: a row near a region's border often has
    its nearest area across it.
-3. **Quotas that follow the objective.** One task per region first summarises each of its areas.
-   Facility: the area's marginal-gain curve (:func:`gain_curve`: lazy greedy on its rows'
-   nearest-neighbour graph, the run's lamb weighing quality against coverage); the group's quota
-   then goes to the largest gains across every area (:func:`share_quotas`), so the areas' last picks
-   gain about equally. Pair_simi: the area's qualities and the sum of its unit rows; the shares then
+3. **Quotas that follow the objective.** Each area is summarised first. Facility: the area's
+   marginal-gain curve (:func:`gain_curve`: lazy greedy on its rows' nearest-neighbour graph, the
+   run's lamb weighing quality against coverage), in one task per region, which gathers its rows; the
+   group's quota then goes to the largest gains across every area (:func:`share_quotas`), so the
+   areas' last picks gain about equally. Pair_simi: the area's qualities and the sum of its unit rows,
+   which add up across partitions, so each partition summarises its own rows; the shares then
    maximise the objective of picks that spread like their areas' rows (:func:`share_pairs`): its
    pairwise similarity is the square of the picks' sum, so areas that pull apart balance.
 4. **Learning.** Neighbouring areas are packed up to a chunk's worth of rows (:func:`pack_areas`),
@@ -361,14 +362,21 @@ def share_pairs(quality: list[np.ndarray], sums: np.ndarray, quota: int, lamb: f
         if float(np.einsum("a,a->", gradient, direction)) <= 1e-15:  # no vertex is better: the best share
             break
         moved = np.einsum("ad,a->d", means, direction)  # how w moves
-        low, high = 0.0, 1.0  # the objective is concave along the step: a golden-section search
+
+        # the objective is concave along the step: a golden-section search, one new point a step
+        low, high = 0.0, 1.0
+        left, right = high - GOLDEN * (high - low), low + GOLDEN * (high - low)
+        at_left = objective(x + left * direction, w + left * moved)
+        at_right = objective(x + right * direction, w + right * moved)
         for _ in range(STEP_SEARCH):
-            left, right = high - GOLDEN * (high - low), low + GOLDEN * (high - low)
-            if objective(x + left * direction, w + left * moved) < objective(x + right * direction,
-                                                                             w + right * moved):
-                low = left
+            if at_left < at_right:
+                low, left, at_left = left, right, at_right
+                right = low + GOLDEN * (high - low)
+                at_right = objective(x + right * direction, w + right * moved)
             else:
-                high = right
+                high, right, at_right = right, left, at_left
+                left = high - GOLDEN * (high - low)
+                at_left = objective(x + left * direction, w + left * moved)
         x = x + (low + high) / 2 * direction
     return _round_shares(x, rows, quota)
 

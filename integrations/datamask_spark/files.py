@@ -37,7 +37,6 @@ from datamask_dask.plan.reduce import make_plan
 from datamask_dask.run.summary import SAMPLE_ROWS
 
 from .operator import (
-    PACK_ROWS_SCHEMA,
     PLAN_SCHEMA,
     SelectTask,
     SummaryTask,
@@ -110,7 +109,7 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
 
     def pack_rows(task):  # a pack's members are read even where an earlier run finished them
         return piece_tasks(spark, files).mapInArrow(_ReadPiece(task, files, task.columns, task.members),
-                                                    PACK_ROWS_SCHEMA)
+                                                    task.output)
 
     def tasks(plan, write):
         packs = learn_packs(plan, files.schema, pack_rows, write.todo)
@@ -161,7 +160,7 @@ def plan_files(spark, files: Pieces, options: SelectOptions):
     plan = make_plan(summaries, ids, dim, spec)
 
     def pack_rows(task):
-        return tasks.mapInArrow(_ReadPiece(task, files, task.columns, task.members), PACK_ROWS_SCHEMA)
+        return tasks.mapInArrow(_ReadPiece(task, files, task.columns, task.members), task.output)
 
     return spec, spark_regions(plan, files.schema, pack_rows)
 

@@ -74,6 +74,7 @@ from datamask_dask.partition.checks import (
 from datamask_dask.partition.select import (
     PackResult,
     PackRows,
+    area_sums,
     learn_pack,
     pack_curve,
     pack_rows,
@@ -101,8 +102,9 @@ PACK_ROWS_SCHEMA = ("pack int, partition int, position long, quality double, emb
 PACK_BLOCK = 4096  # pack rows per Arrow batch: a batch stays small whatever the dimension
 # a learned pack: its pickled learn_pack result (each member's part, and what learning it measured)
 PACK_RESULT_SCHEMA = "pack int, payload binary"
-# a region's curves (pack_curve): its areas' rows and gains, pickled
-CURVE_SCHEMA = "pack int, curves binary"
+# what the plan pass found of the areas, pickled: a region's curves (pack_curve) or a partition's
+# sums by area (area_sums)
+AREAS_SCHEMA = "pack int, partition int, found binary"
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -158,7 +160,7 @@ def plan_pass(sdf, options: SelectOptions):
     plan = make_plan(*plan_inputs(sdf, spec), spec)
 
     def read(task):
-        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, PACK_ROWS_SCHEMA)
+        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, task.output)
 
     return spec, spark_regions(plan, arrow_schema(sdf), read)
 
@@ -312,35 +314,40 @@ def probe_dimension(sdf, column: str) -> int | None:
 def spark_packs(sdf, plan: Plan, todo=None) -> dict:
     """:func:`learn_packs` over the Spark partitions of ``sdf``."""
     def read(task):
-        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, PACK_ROWS_SCHEMA)
+        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, task.output)
 
     return learn_packs(plan, arrow_schema(sdf), read, todo)
 
 
 def spark_regions(plan: Plan, schema: pa.Schema, read) -> Plan:
-    """``plan`` with its regions' quotas shared (``pieces="regions"``; any other plan as it is): each
-    region's curve from its members' rows, grouped by region, and
-    :func:`~datamask_dask.plan.reduce.share_regions` on the driver. ``read`` as for :func:`learn_packs`."""
+    """``plan`` with its regions' quotas shared (``pieces="regions"``; any other plan as it is) by
+    :func:`~datamask_dask.plan.reduce.share_regions` on the driver, from what the plan pass finds of
+    the areas: Facility's curves, each region's from its members' rows grouped by region; Pair_simi's
+    sums by area, each partition's (which move no rows). ``read`` as for :func:`learn_packs`."""
     if not plan.unshared:
         return plan
+    if plan.spec.options.metric == "pair_simi":
+        found = read(AreaSumsTask(plan, schema))
+    else:
+        def curve(rows):  # a plain function: Spark reads its arity to tell whether it takes the key
+            _limit_threads()
+            index = int(rows["pack"].iloc[0])
+            try:
+                curves = pack_curve(_pack_pieces(plan, rows, index), plan, index)
+            except DataMaskError as exc:
+                raise RuntimeError(transport(exc)) from None
+            return pd.DataFrame({"pack": np.array([index], dtype=np.int32),
+                                 "partition": np.array([-1], dtype=np.int32),
+                                 "found": [pickle.dumps(curves, protocol=5)]})
 
-    def curve(rows):  # a plain function: Spark reads its arity to tell whether it takes the key
-        _limit_threads()
-        index = int(rows["pack"].iloc[0])
-        try:
-            curves = pack_curve(_pack_pieces(plan, rows, index), plan, index)
-        except DataMaskError as exc:
-            raise RuntimeError(transport(exc)) from None
-        return pd.DataFrame({"pack": np.array([index], dtype=np.int32),
-                             "curves": [pickle.dumps(curves, protocol=5)]})
-
-    rows = read(PackRowsTask(plan, schema, range(len(plan.packs))))
+        found = read(PackRowsTask(plan, schema, range(len(plan.packs)))).groupBy("pack").applyInPandas(
+            curve, AREAS_SCHEMA)
     with spark_errors():
-        collected = rows.groupBy("pack").applyInPandas(curve, CURVE_SCHEMA).collect()
-    curves = {row["pack"]: pickle.loads(row["curves"]) for row in collected}  # noqa: S301 (this job's own task payloads)
-    # a region no row reached has no group: its curves from no rows
-    return share_regions(plan, [curves[index] if index in curves else pack_curve([], plan, index)
-                                for index in range(len(plan.packs))])
+        collected = found.collect()
+    # in pack, then partition order: Pair_simi's sums are added up in the order of every engine
+    summaries = [pickle.loads(row["found"])  # noqa: S301 (this job's own task payloads)
+                 for row in sorted(collected, key=lambda row: (row["pack"], row["partition"]))]
+    return share_regions(plan, summaries)
 
 
 def partition_count(sdf) -> int:
@@ -358,8 +365,8 @@ def learn_packs(plan: Plan, schema: pa.Schema, read, todo=None) -> dict:
     each from all its members' rows, finished members included; their results, ``{pack index:
     PackResult}``, which the select tasks take.
 
-    ``read(task)``: the DataFrame of :data:`PACK_ROWS_SCHEMA` that ``task`` (a :class:`PackRowsTask`)
-    makes when mapped over the input's partitions (``task.columns`` of ``schema``).
+    ``read(task)``: the DataFrame (of ``task.output``, :data:`PACK_ROWS_SCHEMA` here) that ``task`` (a
+    :class:`PackRowsTask`) makes when mapped over the input's partitions (``task.columns`` of ``schema``).
     """
     wanted = [index for index, pack in enumerate(plan.packs)
               if todo is None or not set(todo).isdisjoint(pack.partitions)]
@@ -379,6 +386,8 @@ class PackRowsTask:
     """The pack pass's ``mapInArrow`` function: a member partition's eligible rows of the ``packs``
     (plan indices) it is in, one row each (:data:`PACK_ROWS_SCHEMA`); other partitions emit nothing."""
 
+    output = PACK_ROWS_SCHEMA
+
     def __init__(self, plan: Plan, schema: pa.Schema, packs):
         self.plan, self.schema, self.packs = plan, schema, frozenset(packs)
         self.members = frozenset(p for index in self.packs for p in plan.packs[index].partitions)
@@ -386,14 +395,9 @@ class PackRowsTask:
 
     def __call__(self, batches):
         number = partition_number()
-        if number not in self.members:
-            for _ in batches:  # Spark scanned them already; not in a pack to learn
-                pass
+        frame = self._frame(number, batches)
+        if frame is None:
             return
-        _limit_threads()
-        batches = [b for b in batches if b.num_rows]
-        table = pa.Table.from_batches(batches).select(self.columns) if batches else None
-        frame = to_pandas(table) if table is not None else empty_frame(self.schema)[self.columns]
         try:
             pieces = pack_rows(frame, self.plan, {"number": number})
         except DataMaskError as exc:
@@ -402,6 +406,40 @@ class PackRowsTask:
             if index in self.packs:
                 for start in range(0, rows.positions.size, PACK_BLOCK):
                     yield _pack_batch(index, rows, slice(start, start + PACK_BLOCK))
+
+    def _frame(self, number: int, batches) -> pd.DataFrame | None:
+        """Partition ``number``'s rows as the pass reads them (None: not a member of the packs)."""
+        if number not in self.members:
+            for _ in batches:  # Spark scanned them already; not in a pack to learn
+                pass
+            return None
+        _limit_threads()
+        batches = [b for b in batches if b.num_rows]
+        table = pa.Table.from_batches(batches).select(self.columns) if batches else None
+        return to_pandas(table) if table is not None else empty_frame(self.schema)[self.columns]
+
+
+class AreaSumsTask(PackRowsTask):
+    """The regions' Pair_simi pass's ``mapInArrow`` function: a member partition's sums by area
+    (:func:`~datamask_dask.partition.select.area_sums`), one row (:data:`AREAS_SCHEMA`)."""
+
+    output = AREAS_SCHEMA
+
+    def __init__(self, plan: Plan, schema: pa.Schema):
+        super().__init__(plan, schema, range(len(plan.packs)))
+
+    def __call__(self, batches):
+        number = partition_number()
+        frame = self._frame(number, batches)
+        if frame is None:
+            return
+        try:
+            found = area_sums(frame, self.plan, {"number": number})
+        except DataMaskError as exc:
+            raise RuntimeError(transport(exc)) from None
+        yield pa.RecordBatch.from_pydict({"pack": pa.array([-1], pa.int32()),
+                                          "partition": pa.array([number], pa.int32()),
+                                          "found": pa.array([pickle.dumps(found, protocol=5)], pa.binary())})
 
 
 def _pack_batch(index: int, rows: PackRows, span: slice) -> pa.RecordBatch:
