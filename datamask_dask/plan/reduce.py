@@ -31,7 +31,7 @@ from . import regions
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
-if TYPE_CHECKING:  # the spec and the regions' curves are the partition room's; the plan only reads them
+if TYPE_CHECKING:  # the spec and the areas' summaries are the partition room's; the plan only reads them
     from ..partition.select import AreaSummaries
     from ..partition.spec import SelectSpec
 

@@ -140,7 +140,7 @@ def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
     owned = np.searchsorted(area_region[by_region], np.arange(count + 1))
     best = np.full(n, -np.inf, dtype=np.float32)
     out = np.zeros(n, dtype=np.int64)
-    tied = np.zeros(n, dtype=bool)  # another area within _TIE of the row's best (or may be)
+    tied = np.zeros(n, dtype=bool)  # another area may be within _TIE of the row's best: settled below
     for r in range(count):
         asking, mine = askers[asked[r]:asked[r + 1]], by_region[owned[r]:owned[r + 1]]
         if not asking.size or not mine.size:
@@ -362,7 +362,6 @@ def share_pairs(quality: list[np.ndarray], sums: np.ndarray, quota: int, lamb: f
         if float(np.einsum("a,a->", gradient, direction)) <= 1e-15:  # no vertex is better: the best share
             break
         moved = np.einsum("ad,a->d", means, direction)  # how w moves
-
         # the objective is concave along the step: a golden-section search, one new point a step
         low, high = 0.0, 1.0
         left, right = high - GOLDEN * (high - low), low + GOLDEN * (high - low)
