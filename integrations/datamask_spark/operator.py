@@ -399,13 +399,10 @@ class PackRowsTask:
         if frame is None:
             return
         try:
-            pieces = pack_rows(frame, self.plan, {"number": number})
+            found = self._found(frame, number)
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
-        for index, rows in pieces.items():
-            if index in self.packs:
-                for start in range(0, rows.positions.size, PACK_BLOCK):
-                    yield _pack_batch(index, rows, slice(start, start + PACK_BLOCK))
+        yield from self._batches(found)
 
     def _frame(self, number: int, batches) -> pd.DataFrame | None:
         """Partition ``number``'s rows as the pass reads them (None: not a member of the packs)."""
@@ -418,6 +415,15 @@ class PackRowsTask:
         table = pa.Table.from_batches(batches).select(self.columns) if batches else None
         return to_pandas(table) if table is not None else empty_frame(self.schema)[self.columns]
 
+    def _found(self, frame: pd.DataFrame, number: int):
+        return pack_rows(frame, self.plan, {"number": number})
+
+    def _batches(self, pieces: dict[int, PackRows]):
+        for index, rows in pieces.items():
+            if index in self.packs:
+                for start in range(0, rows.positions.size, PACK_BLOCK):
+                    yield _pack_batch(index, rows, slice(start, start + PACK_BLOCK))
+
 
 class AreaSumsTask(PackRowsTask):
     """The regions' Pair_simi pass's ``mapInArrow`` function: a member partition's sums by area
@@ -428,18 +434,15 @@ class AreaSumsTask(PackRowsTask):
     def __init__(self, plan: Plan, schema: pa.Schema):
         super().__init__(plan, schema, range(len(plan.packs)))
 
-    def __call__(self, batches):
-        number = partition_number()
-        frame = self._frame(number, batches)
-        if frame is None:
-            return
-        try:
-            found = area_sums(frame, self.plan, {"number": number})
-        except DataMaskError as exc:
-            raise RuntimeError(transport(exc)) from None
+    def _found(self, frame: pd.DataFrame, number: int):
+        return number, area_sums(frame, self.plan, {"number": number})
+
+    def _batches(self, found):
+        number, summaries = found
+        payload = pickle.dumps(summaries, protocol=5)
         yield pa.RecordBatch.from_pydict({"pack": pa.array([-1], pa.int32()),
                                           "partition": pa.array([number], pa.int32()),
-                                          "found": pa.array([pickle.dumps(found, protocol=5)], pa.binary())})
+                                          "found": pa.array([payload], pa.binary())})
 
 
 def _pack_batch(index: int, rows: PackRows, span: slice) -> pa.RecordBatch:
