@@ -49,13 +49,15 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
 
 
 @pytest.mark.slow
-def test_regions_select_dask_s_rows_on_both_spark_doors(spark, sdf, parquet_dir, tmp_path):
-    """``pieces="regions"``: the regions' curves run grouped by region on the executors, and the rows
-    are Dask's, on the DataFrame door and on the file job."""
+@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi"])
+def test_regions_select_dask_s_rows_on_both_spark_doors(spark, sdf, parquet_dir, tmp_path, algorithm):
+    """``pieces="regions"``: the areas' summaries run on the executors (Facility's curves grouped by
+    region, Pair_simi's sums by partition), and the rows are Dask's, on the DataFrame door and on the
+    file job."""
     import pyarrow.parquet as pq
     from datamask_spark import write_file_selection
 
-    options = {"ratio": 0.1, "seed": 7, "algorithm": "Facility", "pieces": "regions", "max_chunk_rows": 200,
+    options = {"ratio": 0.1, "seed": 7, "algorithm": algorithm, "pieces": "regions", "max_chunk_rows": 200,
                **FAST}
     want = dask_selected(parquet_dir, **options)
     got = sdf.transform(datamask_select, **options).toPandas()
