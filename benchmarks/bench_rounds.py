@@ -26,7 +26,17 @@ most the case's ``max_chunk_rows`` rows (a larger group is cut into contiguous c
   others' picks already give the table, in two phases (half the pieces, then the other half, so that
   no two neighbours re-learn against each other's old picks at once). Facility's rows start from
   their best similarity to the others' picks (a floor, exact here); Pair_simi's sum of unit vectors
-  and count start from theirs. DiSF has no such form and is left out.
+  and count start from theirs. DiSF standardises every piece's features by the table's mean and std
+  (its own would hide what sets the piece apart), and in the second phase adds the others' picks'
+  second moment to its own, its rewards and gains scaled by the union's rows over the piece's, so
+  that they weigh against the quality term as the union's objective does.
+- ``table moments``: DiSF's first round of ``context`` alone (each piece apart, the table's mean and
+  std), one pass.
+- ``context, shares``: DiSF's ``context`` with quotas that follow the objective. After the first
+  round, each piece's picks give its second moment per row; the quotas are then the shares that
+  maximise the union's objective if each piece's picks kept that moment (``plan.regions.share_pairs``:
+  DiSF's squared off-diagonal mass is Pair_simi's ``|w|^2`` over the moments' off-diagonal entries),
+  and each piece re-learns its share against the others' moments at their shares.
 - ``greedy per piece``: each file picks its quota by lazy greedy, not the learner: what splitting the
   table costs whatever learns the pieces.
 - ``one piece``: the whole table learned at once (the ceiling).
@@ -57,11 +67,13 @@ from datamask_dask.learn.baselines import lazy_greedy  # noqa: E402
 from datamask_dask.learn.engine import learn_mask  # noqa: E402
 from datamask_dask.learn.knn import top_neighbours  # noqa: E402
 from datamask_dask.learn.metrics.base import EVERY_ROW, mean_one, weighted_mean  # noqa: E402
+from datamask_dask.learn.metrics.disf import DiSF  # noqa: E402
 from datamask_dask.learn.metrics.facility import Facility, FacilityState  # noqa: E402
 from datamask_dask.learn.metrics.pair_simi import PairSimi, selection_sums  # noqa: E402
 from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all  # noqa: E402
 from datamask_dask.partition.select import derive_seed  # noqa: E402
 from datamask_dask.plan.quotas import allocate, split_quota  # noqa: E402
+from datamask_dask.plan.regions import share_pairs  # noqa: E402
 
 RATIO = 0.1
 OVERSAMPLE = 2.0  # the CLI's default candidate pool of the quality-mass quotas
@@ -294,28 +306,109 @@ class OutsidePairSimi(PairSimi):
         return 1.0 - mean_with[:, 0], torch.where(member, mean_without - mean_with, mean_with - mean_plus)
 
 
-def context(table: Table, options, metric: str, lamb: float, phases: int = 2) -> Selection:
+class OutsideDiSF(DiSF):
+    """DiSF of the piece's picks together with ``count`` rows picked outside it whose standardised second
+    moment is ``outside``; features standardised by the table's ``mean`` and ``std``. Rewards and gains
+    are the union's, scaled by its rows over the piece's."""
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor, outside: torch.Tensor, count: int):
+        super().__init__("float32")
+        self.mean, self.std, self.outside, self.count = mean, std, outside, count
+
+    def _terms(self, emb, idx):
+        z = (emb[idx] - self.mean) / self.std
+        moment = z.transpose(1, 2) @ z + self.outside  # (G, d, d)
+        diagonal = torch.diagonal(moment, dim1=1, dim2=2)
+        off = moment.pow(2).sum((1, 2)) - diagonal.pow(2).sum(1)  # sum of squared off-diagonal entries
+        k, d = idx.shape[1] + self.count, emb.shape[1]
+        return moment, diagonal, off, k, d * (d - 1) * k * idx.shape[1]
+
+    def rewards(self, emb, idx, state):
+        _, _, off, k, norm = self._terms(emb, idx)
+        return 1.0 - off / norm
+
+    def rewards_and_gains(self, emb, idx, state, member):
+        moment, diagonal, off, k, norm = self._terms(emb, idx)
+        z = (emb - self.mean) / self.std  # (b, d)
+        cross = torch.einsum("bd,gde,be->gb", z, moment, z) - (z.pow(2)[None] * diagonal[:, None]).sum(-1)
+        own = (z.pow(2).sum(1).pow(2) - z.pow(4).sum(1))[None]  # the row's own off-diagonal mass
+        joined = (off[:, None] + 2 * cross + own) * k / (k + 1) ** 2
+        left = (off[:, None] - 2 * cross + own) * k / (k - 1) ** 2
+        gains = torch.where(member, left - off[:, None] / k, off[:, None] / k - joined) / (norm / k)
+        return 1.0 - off / norm, gains
+
+    def evaluate(self, emb, selected, represented=EVERY_ROW):
+        return DiSF().evaluate(emb, selected)
+
+
+def context(table: Table, options, metric: str, lamb: float, phases: int = 2, rounds: int = 2) -> Selection:
     """The pieces learn apart, then each re-learns its quota against the others' picks (``phases``
     groups of pieces in turn)."""
-    if metric not in ("Facility", "Pair_simi"):
-        return pieces(table, options, metric, lamb)
     file_of = table.file_of[table.eligible]
     quotas = quality_mass_quotas(table, file_of, table.files, table.k)
+    rows = torch.as_tensor(table.emb[table.eligible])
+    mean, std = rows.mean(0), rows.std(0)
+    first = options.replace(algorithm=OutsideDiSF(mean, std, rows.new_zeros(rows.shape[1], rows.shape[1]), 0)
+                            ) if metric == "DiSF" else options
     picked, seconds = {}, 0.0
     for file, quota in enumerate(quotas):
-        rows = table.eligible[file_of == file]
-        selection = learn(table, rows, int(quota), options, file, table.quality_range)
+        selection = learn(table, table.eligible[file_of == file], int(quota), first, file,
+                          table.quality_range)
         picked[file], seconds = selection.rows, seconds + selection.seconds
-    for phase in range(phases):
+    for phase in range(phases if rounds > 1 else 0):
         for file in range(phase, table.files, phases):
             others = torch.as_tensor(table.emb[np.concatenate([picked[f] for f in picked if f != file])])
-            metric_object = (OutsideFacility(others, options) if metric == "Facility"
-                             else OutsidePairSimi(others.sum(0), others.shape[0]))
+            if metric == "Facility":
+                metric_object = OutsideFacility(others, options)
+            elif metric == "Pair_simi":
+                metric_object = OutsidePairSimi(others.sum(0), others.shape[0])
+            else:
+                standard = (others - mean) / std
+                metric_object = OutsideDiSF(mean, std, standard.T @ standard, others.shape[0])
             selection = learn(table, table.eligible[file_of == file], int(quotas[file]),
                               options.replace(algorithm=metric_object), table.files + file,
                               table.quality_range)
             picked[file], seconds = selection.rows, seconds + selection.seconds
     return Selection(np.concatenate(list(picked.values())), seconds)
+
+
+def context_shares(table: Table, options, metric: str, lamb: float) -> Selection:
+    """DiSF: the pieces learn apart on the table's moments, share the quota by their picks' moments, and
+    re-learn their shares against the others'."""
+    if metric != "DiSF":
+        return context(table, options, metric, lamb)
+    file_of = table.file_of[table.eligible]
+    quotas = quality_mass_quotas(table, file_of, table.files, table.k)
+    rows = torch.as_tensor(table.emb[table.eligible])
+    mean, std, d = rows.mean(0), rows.std(0), rows.shape[1]
+    first = options.replace(algorithm=OutsideDiSF(mean, std, rows.new_zeros(d, d), 0))
+    moments, seconds = [], 0.0
+    for file, quota in enumerate(quotas):
+        selection = learn(table, table.eligible[file_of == file], int(quota), first, file,
+                          table.quality_range)
+        standard = (torch.as_tensor(table.emb[selection.rows]) - mean) / std
+        moments.append((standard.T @ standard).double().numpy() / max(1, selection.rows.size))
+        seconds += selection.seconds
+    started = time.perf_counter()
+    low, high = table.quality_range
+    quality = [np.sort((table.quality[table.eligible[file_of == f]] - low) / (high - low))[::-1]
+               for f in range(table.files)]
+    sizes = np.array([q.size for q in quality])
+    # scaled so that share_pairs' 1 / (k (k - 1)) gives DiSF's 1 / (k^2 d (d - 1))
+    off = ~np.eye(d, dtype=bool)
+    sums = np.stack([m[off] for m in moments]) * np.sqrt((table.k - 1) / (table.k * d * (d - 1)))
+    shares = share_pairs(quality, sums * sizes[:, None], table.k, lamb)
+    seconds += time.perf_counter() - started
+    picked = []
+    for file, share in enumerate(shares):
+        outside = sum(moments[f] * float(shares[f]) for f in range(table.files) if f != file)
+        outside = torch.as_tensor(outside, dtype=rows.dtype)
+        metric_object = OutsideDiSF(mean, std, outside, table.k - int(share))
+        selection = learn(table, table.eligible[file_of == file], int(share), options.replace(
+            algorithm=metric_object), table.files + file, table.quality_range)
+        picked.append(selection.rows)
+        seconds += selection.seconds
+    return Selection(np.concatenate(picked), seconds)
 
 
 def greedy_per_piece(table: Table, options, metric: str, lamb: float) -> Selection:
@@ -345,6 +438,8 @@ def ways(candidates: list[int]) -> dict:
     named["clusters, greedy quotas"] = lambda *a: clusters(*a, rule="greedy")
     named["cells x 4, greedy quotas"] = lambda *a: clusters(*a, rule="greedy", per_file=4)
     named["context"] = context
+    named["table moments"] = lambda *a: context(*a, rounds=1) if a[2] == "DiSF" else pieces(*a)
+    named["context, shares"] = context_shares
     named["greedy per piece"] = greedy_per_piece
     named["one piece"] = one_piece
     return named

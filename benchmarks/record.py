@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import platform
 import subprocess
 import sys
@@ -47,7 +48,8 @@ def commit(tree: Path = ROOT) -> str:
 
 
 def command(script: str, argv=None) -> str:
-    return f"python benchmarks/{script} " + " ".join(sys.argv[1:] if argv is None else argv)
+    """The command line that reruns the script, quoted as a shell reads it."""
+    return f"python benchmarks/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def tables_of(markdown: str) -> tuple[str, list[dict]]:
