@@ -331,7 +331,7 @@ def test_bfloat16_keeps_each_documents_nearest_neighbours():
     nearly all, those of the float32 model."""
     from datamask_dask.text.embedding import encode
 
-    texts = _corpus(300)["text"].tolist()
+    texts = _corpus(100)["text"].tolist()
     full = encode(texts, device="cpu", precision="float32")
     fast = encode(texts, device="cpu", precision="bfloat16")
     assert fast.dtype == np.float32 and fast.shape == full.shape
