@@ -68,6 +68,10 @@ ROUND_BANDS = 2
 EDGE_SCHEMA = "worse long, better long, quality double"
 PIECE_SCHEMA = "shard int, piece binary"  # a pickled piece for a vector block: embeddings or edges
 PARENT_SCHEMA = "child long, parent long"
+# a partition's groups: its shadowed rows and their parents' refs, its kept rows and their weights,
+# the positions of its rows that are some row's parent
+GROUPS_SCHEMA = ("partition int, shadowed array<struct<position: long, parent: long>>, "
+                 "kept array<struct<position: long, weight: long>>, parents array<long>")
 _POSITION = 0xFFFFFFFF  # a row reference is partition << 32 | position
 _PIECE_ROWS = 1 << 14  # rows of unit embeddings a VectorRows piece holds
 
@@ -76,23 +80,41 @@ def searched_summaries(scans, cosine: float, n_rows: int, n_parts: int, vectors)
     """The plan pass's summaries with near-duplicates across the table set aside (collected rows),
     for a table whose candidates one task finds (:func:`~datamask_dask.dedup.search.one_task`):
     each partition's search inputs (signatures, ~44 bytes a row, never the embeddings) collected,
-    the candidates found on the driver (:func:`~datamask_dask.dedup.search.candidate_edges`), then
-    confirmed and grouped on the executors as by :func:`sharded_summaries`, which read the
-    embeddings of the candidates' rows alone (the driver knows them)."""
-    from datamask_dask.dedup.search import candidate_edges
+    the candidates found on the driver (:func:`~datamask_dask.dedup.search.candidate_edges`) and
+    confirmed on the executors, which read the embeddings of the candidates' rows alone (the driver
+    knows them). The confirmed edges (at most a few a row) come back to the driver, which groups them
+    as the Dask operator's one task does (:func:`~datamask_dask.dedup.search.split_groups`); each
+    partition's groups are joined to its scan and summarised on the executors."""
+    from datamask_dask.dedup.search import candidate_edges, split_groups
 
     blocks = shard_count(n_parts, PARTITIONS_PER_SHARD)
     inputs = {row["partition"]: pickle.loads(row["piece"])  # noqa: S301 (this job's own task payloads)
               for row in scans.mapInArrow(SearchInputs(), "partition int, piece binary").collect()}
     empty = {"quality": np.zeros(0), "codes": np.zeros(0, dtype=np.int64), "labels": [],
              "signatures": np.zeros((0, SIGNATURE_BYTES), dtype=np.uint8)}
-    (edges,) = candidate_edges([inputs.get(p, empty) for p in range(n_parts)], cosine, 1)
+    parts = [inputs.get(p, empty) for p in range(n_parts)]
+    (edges,) = candidate_edges(parts, cosine, 1)
     requests = request_vectors([edges], blocks)
     wanted = [{p: wanted_rows(requests, p, side) for p in range(n_parts)} for side in (1, 0)]
     session = scans.sparkSession
     asked = session.createDataFrame([(t, pickle.dumps(piece, protocol=5)) for t, piece in
                                      enumerate(requests)], PIECE_SCHEMA)
-    return _confirmed_summaries(scans, asked, cosine, blocks, vectors, wanted)
+    confirmed = _confirmed_edges(scans, asked, cosine, blocks, vectors, wanted).collect()
+    found = best_parents([tuple(np.array([row[c] for row in confirmed], dtype=dtype) for c, dtype in
+                                (("worse", np.int64), ("better", np.int64), ("quality", np.float64)))], 1)
+    offsets = np.concatenate([[0], np.cumsum([len(part["quality"]) for part in parts])])
+    parent = np.full(int(offsets[-1]), -1, dtype=np.int64)
+    parent[_table_rows(found["child"], offsets)] = _table_rows(found["parent"], offsets)
+    groups = [(p, [(int(c), int(r)) for c, r in zip(g.shadowed, g.parent, strict=True)],
+               [(int(k), int(w)) for k, w in zip(g.kept, g.weights, strict=True)], g.parents.tolist())
+              for p, g in enumerate(split_groups(offsets, parent))]
+    return _summarised(scans, session.createDataFrame(groups, GROUPS_SCHEMA))
+
+
+def _table_rows(refs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Row references ``partition << 32 | position`` as rows of the table."""
+    refs = refs.astype(np.uint64)
+    return offsets[(refs >> np.uint64(32)).astype(np.int64)] + (refs & np.uint64(_POSITION)).astype(np.int64)
 
 
 def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int, vectors):
@@ -111,27 +133,27 @@ def sharded_summaries(scans, cosine: float, n_rows: int, n_parts: int, vectors):
     buckets = records.repartition(len(band_rounds(rounds_of=ROUND_BANDS)) * shards, "round", "shard")
     edges = buckets.mapInArrow(BucketEdges(cosine), EDGE_SCHEMA)
     asked = edges.repartition(shards, "worse").mapInArrow(RequestVectors(shards), PIECE_SCHEMA)
-    return _confirmed_summaries(scans, asked, cosine, shards, vectors)
+    confirmed = _confirmed_edges(scans, asked, cosine, shards, vectors)
+    return _summaries(scans, confirmed.repartition(shards, "worse").mapInArrow(BestParents(), PARENT_SCHEMA))
 
 
-def _confirmed_summaries(scans, asked, cosine: float, blocks: int, vectors, wanted=(None, None)):
-    """Stage 3 from the candidates' requests (``asked``: piece rows for the vector blocks), then 4-5.
-    ``wanted``: the rows each partition's better and worse reads keep (None: every row)."""
+def _confirmed_edges(scans, asked, cosine: float, blocks: int, vectors, wanted=(None, None)):
+    """Stage 3 from the candidates' requests (``asked``: piece rows for the vector blocks): the edges
+    confirmed on exact cosine (``EDGE_SCHEMA``). ``wanted``: the rows each partition's better and
+    worse reads keep (None: every row)."""
     better = vectors(VectorRows(wanted[0]))
     # cogrouped, not a union repartitioned: a union would run the reads inside its own tasks, whose
     # partition numbers are the union's
     attached = (asked.groupBy("shard").cogroup(better.groupBy("shard"))
                 .applyInPandas(functools.partial(attach_frame, blocks), PIECE_SCHEMA))
     worse = vectors(VectorRows(wanted[1]))  # read again, not persisted: no step holds the embeddings
-    confirmed = (attached.groupBy("shard").cogroup(worse.groupBy("shard"))
-                 .applyInPandas(functools.partial(confirm_frame, cosine), EDGE_SCHEMA))
-    return _summaries(scans, confirmed.repartition(blocks, "worse").mapInArrow(BestParents(), PARENT_SCHEMA))
+    return (attached.groupBy("shard").cogroup(worse.groupBy("shard"))
+            .applyInPandas(functools.partial(confirm_frame, cosine), EDGE_SCHEMA))
 
 
 def _summaries(scans, parents):
     """Stages 4-5: the weights forwarded along the parent links, the groups joined to their scans."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     with cached(parents, "the near-duplicate search's parent links") as parents:  # read by every round
         roots = forwarded_counts(parents)
@@ -145,9 +167,16 @@ def _summaries(scans, parents):
         # the rows that are some row's parent, in their own partitions (explain names them by id)
         named = (parents.select(F.col("parent").alias("ref")).distinct().select(partition, position)
                  .groupBy("partition").agg(F.collect_list("position").alias("parents")))
-        joined = (scans.join(shadowed, "partition", "left").join(kept, "partition", "left")
-                  .join(named, "partition", "left"))
-        return joined.mapInArrow(Summarise(to_arrow_schema(scans.schema)), scans.schema).collect()
+        return _summarised(scans, shadowed, kept, named)
+
+
+def _summarised(scans, *groups):
+    """Stage 5: each partition's groups (the columns of ``GROUPS_SCHEMA``, in one or more frames of a
+    row per partition that has any) joined to its scan and summarised there, collected."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    joined = reduce(lambda frame, group: frame.join(group, "partition", "left"), groups, scans)
+    return joined.mapInArrow(Summarise(to_arrow_schema(scans.schema)), scans.schema).collect()
 
 
 @contextmanager
