@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path

@@ -216,7 +216,8 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None, vectors=None) -> list
     driver for a few partitions (each partition's signatures collected, ~44 bytes a row,
     :func:`datamask_spark.shards.searched_summaries`), else by the sharded stages on the executors
     (:func:`datamask_spark.shards.sharded_summaries`); the candidates are confirmed on exact cosine
-    on the executors, and only the summaries reach the driver. The scans are persisted meanwhile
+    on the executors, and only the summaries reach the driver (and, for a few partitions, the
+    confirmed edges, which the driver groups). The scans are persisted meanwhile
     (:func:`datamask_spark.shards.cached`), without their embeddings, which the exact check reads
     again: ``vectors(function)`` runs a ``mapInArrow`` function over the input's embedding column
     (task ``k`` on partition ``k``). ``then``: called once every partition is scanned.

@@ -137,12 +137,45 @@ def test_every_way_of_bench_rounds_selects_exactly_k_rows_and_one_piece_is_score
     monkeypatch.setattr(tables, "CACHE", tmp_path)
     monkeypatch.setitem(tables.CASES, "tiny", tables.Case(1200, 8, 4, 6, "topics", 300))
     table = bench_rounds.prepare("tiny")
-    results = bench_rounds.compare(table, "Pair_simi", 0.0, bench_rounds.ways([2, 3]))
-    assert table.k == 120 and len(results) == 12
-    for name, (selection, _) in results.items():
-        assert np.unique(selection.rows).size == table.k, name
-        assert np.isin(selection.rows, table.eligible).all(), name  # near-duplicates set aside stay out
-    assert math.isfinite(results["one piece"][1].share)
+    ways = bench_rounds.ways([2, 3])
+    disf = {name: ways[name] for name in ("pieces", "table moments", "context", "context, shares",
+                                          "one piece")}
+    for metric, chosen in (("Pair_simi", ways), ("DiSF", disf)):
+        results = bench_rounds.compare(table, metric, 0.0, chosen)
+        assert table.k == 120 and len(results) == len(chosen)
+        for name, (selection, _) in results.items():
+            assert np.unique(selection.rows).size == table.k, (metric, name)
+            # near-duplicates set aside stay out
+            assert np.isin(selection.rows, table.eligible).all(), (metric, name)
+        assert math.isfinite(results["one piece"][1].share)
+
+
+def test_disf_in_context_gains_are_the_unions_reward_differences():
+    """bench_rounds' OutsideDiSF: a newcomer's gain is f(U + j) - f(U), a member's f(U) - f(U - j), f
+    the union's DiSF (the piece's picks with the rows outside it), scaled by the union's rows over
+    the piece's."""
+    import bench_rounds
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(40, 5, generator=gen, dtype=torch.float64)
+    outside = torch.randn(30, 5, generator=gen, dtype=torch.float64)
+    mean, std = emb.mean(0), emb.std(0)
+    standard = (outside - mean) / std
+    metric = bench_rounds.OutsideDiSF(mean, std, standard.T @ standard, 30)
+
+    def union(picks: list) -> torch.Tensor:  # the union's DiSF: rewards() without the scale
+        return 1 - (1 - metric.rewards(emb, torch.tensor([picks]), None)[0]) * len(picks) / (len(picks) + 30)
+
+    picks = list(range(0, 20, 2))
+    member = torch.zeros(1, 40, dtype=torch.bool)
+    member[0, picks] = True
+    _, gains = metric.rewards_and_gains(emb, torch.tensor([picks]), None, member)
+    scale = (len(picks) + 30) / len(picks)
+    for row in range(40):
+        want = (union(picks) - union([p for p in picks if p != row]) if row in picks
+                else union(picks + [row]) - union(picks))
+        assert torch.isclose(gains[0, row], want * scale, rtol=1e-6, atol=1e-12), row
 
 
 @pytest.mark.slow
