@@ -341,21 +341,38 @@ class OutsideDiSF(DiSF):
         return DiSF().evaluate(emb, selected)
 
 
-def context(table: Table, options, metric: str, lamb: float, phases: int = 2, rounds: int = 2) -> Selection:
-    """The pieces learn apart, then each re-learns its quota against the others' picks (``phases``
-    groups of pieces in turn)."""
+def first_round(table: Table, options, metric: str) -> tuple[dict, float, torch.Tensor, torch.Tensor]:
+    """Each file learns its quality-mass quota apart (DiSF standardised by the table's moments): the
+    picks by file, their seconds, and the table's mean and std."""
     file_of = table.file_of[table.eligible]
     quotas = quality_mass_quotas(table, file_of, table.files, table.k)
     rows = torch.as_tensor(table.emb[table.eligible])
-    mean, std = rows.mean(0), rows.std(0)
-    first = options.replace(algorithm=OutsideDiSF(mean, std, rows.new_zeros(rows.shape[1], rows.shape[1]), 0)
-                            ) if metric == "DiSF" else options
+    mean, std, d = rows.mean(0), rows.std(0), rows.shape[1]
+    first = options.replace(algorithm=OutsideDiSF(mean, std, rows.new_zeros(d, d), 0)) if metric == "DiSF" \
+        else options
     picked, seconds = {}, 0.0
     for file, quota in enumerate(quotas):
         selection = learn(table, table.eligible[file_of == file], int(quota), first, file,
                           table.quality_range)
         picked[file], seconds = selection.rows, seconds + selection.seconds
-    for phase in range(phases if rounds > 1 else 0):
+    return picked, seconds, mean, std
+
+
+def table_moments(table: Table, options, metric: str, lamb: float) -> Selection:
+    """DiSF: the first round of :func:`context` alone."""
+    if metric != "DiSF":
+        return pieces(table, options, metric, lamb)
+    picked, seconds, _, _ = first_round(table, options, metric)
+    return Selection(np.concatenate(list(picked.values())), seconds)
+
+
+def context(table: Table, options, metric: str, lamb: float, phases: int = 2) -> Selection:
+    """The pieces learn apart, then each re-learns its quota against the others' picks (``phases``
+    groups of pieces in turn)."""
+    file_of = table.file_of[table.eligible]
+    quotas = quality_mass_quotas(table, file_of, table.files, table.k)
+    picked, seconds, mean, std = first_round(table, options, metric)
+    for phase in range(phases):
         for file in range(phase, table.files, phases):
             others = torch.as_tensor(table.emb[np.concatenate([picked[f] for f in picked if f != file])])
             if metric == "Facility":
@@ -378,37 +395,32 @@ def context_shares(table: Table, options, metric: str, lamb: float) -> Selection
     if metric != "DiSF":
         return context(table, options, metric, lamb)
     file_of = table.file_of[table.eligible]
-    quotas = quality_mass_quotas(table, file_of, table.files, table.k)
-    rows = torch.as_tensor(table.emb[table.eligible])
-    mean, std, d = rows.mean(0), rows.std(0), rows.shape[1]
-    first = options.replace(algorithm=OutsideDiSF(mean, std, rows.new_zeros(d, d), 0))
-    moments, seconds = [], 0.0
-    for file, quota in enumerate(quotas):
-        selection = learn(table, table.eligible[file_of == file], int(quota), first, file,
-                          table.quality_range)
-        standard = (torch.as_tensor(table.emb[selection.rows]) - mean) / std
-        moments.append((standard.T @ standard).double().numpy() / max(1, selection.rows.size))
-        seconds += selection.seconds
+    picked, seconds, mean, std = first_round(table, options, metric)
+    moments = []
+    for rows in picked.values():
+        standard = (torch.as_tensor(table.emb[rows]) - mean) / std
+        moments.append((standard.T @ standard).double().numpy() / max(1, rows.size))
     started = time.perf_counter()
     low, high = table.quality_range
     quality = [np.sort((table.quality[table.eligible[file_of == f]] - low) / (high - low))[::-1]
                for f in range(table.files)]
     sizes = np.array([q.size for q in quality])
+    d = mean.shape[0]
     # scaled so that share_pairs' 1 / (k (k - 1)) gives DiSF's 1 / (k^2 d (d - 1))
     off = ~np.eye(d, dtype=bool)
     sums = np.stack([m[off] for m in moments]) * np.sqrt((table.k - 1) / (table.k * d * (d - 1)))
     shares = share_pairs(quality, sums * sizes[:, None], table.k, lamb)
     seconds += time.perf_counter() - started
-    picked = []
+    chosen = []
     for file, share in enumerate(shares):
         outside = sum(moments[f] * float(shares[f]) for f in range(table.files) if f != file)
-        outside = torch.as_tensor(outside, dtype=rows.dtype)
+        outside = torch.as_tensor(outside, dtype=mean.dtype)
         metric_object = OutsideDiSF(mean, std, outside, table.k - int(share))
         selection = learn(table, table.eligible[file_of == file], int(share), options.replace(
             algorithm=metric_object), table.files + file, table.quality_range)
-        picked.append(selection.rows)
+        chosen.append(selection.rows)
         seconds += selection.seconds
-    return Selection(np.concatenate(picked), seconds)
+    return Selection(np.concatenate(chosen), seconds)
 
 
 def greedy_per_piece(table: Table, options, metric: str, lamb: float) -> Selection:
@@ -438,7 +450,7 @@ def ways(candidates: list[int]) -> dict:
     named["clusters, greedy quotas"] = lambda *a: clusters(*a, rule="greedy")
     named["cells x 4, greedy quotas"] = lambda *a: clusters(*a, rule="greedy", per_file=4)
     named["context"] = context
-    named["table moments"] = lambda *a: context(*a, rounds=1) if a[2] == "DiSF" else pieces(*a)
+    named["table moments"] = table_moments
     named["context, shares"] = context_shares
     named["greedy per piece"] = greedy_per_piece
     named["one piece"] = one_piece
