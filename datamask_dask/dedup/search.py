@@ -370,8 +370,7 @@ def split_groups(offsets: np.ndarray, parent: np.ndarray) -> list[DuplicateGroup
         np.add.at(count, at[arrived], 1)
         at = parent[at[~arrived]]
     kept = np.flatnonzero(count)
-    part = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    ref = (part.astype(np.uint64) << np.uint64(32)) | (np.arange(n) - offsets[part]).astype(np.uint64)
+    ref = _refs(offsets)
     links = {"child": ref[shadowed], "parent": ref[parent[shadowed]]}
     delivered = deliver(links, [(ref[kept], count[kept])], [], len(offsets) - 1)
     return [partition_groups([piece]) for piece in delivered["pieces"]]
