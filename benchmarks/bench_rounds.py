@@ -67,7 +67,7 @@ from datamask_dask.learn.baselines import lazy_greedy  # noqa: E402
 from datamask_dask.learn.engine import learn_mask  # noqa: E402
 from datamask_dask.learn.knn import top_neighbours  # noqa: E402
 from datamask_dask.learn.metrics.base import EVERY_ROW, mean_one, weighted_mean  # noqa: E402
-from datamask_dask.learn.metrics.disf import DiSF  # noqa: E402
+from datamask_dask.learn.metrics.disf import TableMoments  # noqa: E402
 from datamask_dask.learn.metrics.facility import Facility, FacilityState  # noqa: E402
 from datamask_dask.learn.metrics.pair_simi import PairSimi, selection_sums  # noqa: E402
 from datamask_dask.learn.yardstick import GREEDY_MAX_WORK, measure_all  # noqa: E402
@@ -133,7 +133,7 @@ def options_for(metric: str, lamb: float):
 
 
 def learn(table: Table, rows: np.ndarray, k: int, options, seed_number: int, quality_range=None,
-          weights=None) -> Selection:
+          weights=None, moments: TableMoments | None = None) -> Selection:
     """``k`` of ``rows`` chosen by the learner (all of them where ``k`` reaches their count)."""
     if k <= 0:
         return Selection(rows[:0], 0.0)
@@ -141,7 +141,7 @@ def learn(table: Table, rows: np.ndarray, k: int, options, seed_number: int, qua
         return Selection(rows, 0.0)
     started = time.perf_counter()
     result = learn_mask(table.quality[rows], table.emb[rows], k, options, quality_range=quality_range,
-                        weights=table.weights[rows] if weights is None else weights,
+                        weights=table.weights[rows] if weights is None else weights, moments=moments,
                         seed=derive_seed(options.seed, seed_number, 0, 0))
     return Selection(rows[result.mask], time.perf_counter() - started)
 
@@ -306,54 +306,18 @@ class OutsidePairSimi(PairSimi):
         return 1.0 - mean_with[:, 0], torch.where(member, mean_without - mean_with, mean_with - mean_plus)
 
 
-class OutsideDiSF(DiSF):
-    """DiSF of the piece's picks together with ``count`` rows picked outside it whose standardised second
-    moment is ``outside``; features standardised by the table's ``mean`` and ``std``. Rewards and gains
-    are the union's, scaled by its rows over the piece's."""
-
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor, outside: torch.Tensor, count: int):
-        super().__init__("float32")
-        self.mean, self.std, self.outside, self.count = mean, std, outside, count
-
-    def _terms(self, emb, idx):
-        z = (emb[idx] - self.mean) / self.std
-        moment = z.transpose(1, 2) @ z + self.outside  # (G, d, d)
-        diagonal = torch.diagonal(moment, dim1=1, dim2=2)
-        off = moment.pow(2).sum((1, 2)) - diagonal.pow(2).sum(1)  # sum of squared off-diagonal entries
-        k, d = idx.shape[1] + self.count, emb.shape[1]
-        return moment, diagonal, off, k, d * (d - 1) * k * idx.shape[1]
-
-    def rewards(self, emb, idx, state):
-        _, _, off, k, norm = self._terms(emb, idx)
-        return 1.0 - off / norm
-
-    def rewards_and_gains(self, emb, idx, state, member):
-        moment, diagonal, off, k, norm = self._terms(emb, idx)
-        z = (emb - self.mean) / self.std  # (b, d)
-        cross = torch.einsum("bd,gde,be->gb", z, moment, z) - (z.pow(2)[None] * diagonal[:, None]).sum(-1)
-        own = (z.pow(2).sum(1).pow(2) - z.pow(4).sum(1))[None]  # the row's own off-diagonal mass
-        joined = (off[:, None] + 2 * cross + own) * k / (k + 1) ** 2
-        left = (off[:, None] - 2 * cross + own) * k / (k - 1) ** 2
-        gains = torch.where(member, left - off[:, None] / k, off[:, None] / k - joined) / (norm / k)
-        return 1.0 - off / norm, gains
-
-    def evaluate(self, emb, selected, represented=EVERY_ROW):
-        return DiSF().evaluate(emb, selected)
-
-
 def first_round(table: Table, options, metric: str) -> tuple[dict, float, torch.Tensor, torch.Tensor]:
     """Each file learns its quality-mass quota apart (DiSF standardised by the table's moments): the
     picks by file, their seconds, and the table's mean and std."""
     file_of = table.file_of[table.eligible]
     quotas = quality_mass_quotas(table, file_of, table.files, table.k)
     rows = torch.as_tensor(table.emb[table.eligible])
-    mean, std, d = rows.mean(0), rows.std(0), rows.shape[1]
-    first = options.replace(algorithm=OutsideDiSF(mean, std, rows.new_zeros(d, d), 0)) if metric == "DiSF" \
-        else options
+    mean, std = rows.mean(0), rows.std(0)
+    moments = TableMoments(mean.numpy(), std.numpy()) if metric == "DiSF" else None
     picked, seconds = {}, 0.0
     for file, quota in enumerate(quotas):
-        selection = learn(table, table.eligible[file_of == file], int(quota), first, file,
-                          table.quality_range)
+        selection = learn(table, table.eligible[file_of == file], int(quota), options, file,
+                          table.quality_range, moments=moments)
         picked[file], seconds = selection.rows, seconds + selection.seconds
     return picked, seconds, mean, std
 
@@ -375,16 +339,17 @@ def context(table: Table, options, metric: str, lamb: float, phases: int = 2) ->
     for phase in range(phases):
         for file in range(phase, table.files, phases):
             others = torch.as_tensor(table.emb[np.concatenate([picked[f] for f in picked if f != file])])
+            moments, learned = None, options
             if metric == "Facility":
-                metric_object = OutsideFacility(others, options)
+                learned = options.replace(algorithm=OutsideFacility(others, options))
             elif metric == "Pair_simi":
-                metric_object = OutsidePairSimi(others.sum(0), others.shape[0])
+                learned = options.replace(algorithm=OutsidePairSimi(others.sum(0), others.shape[0]))
             else:
                 standard = (others - mean) / std
-                metric_object = OutsideDiSF(mean, std, standard.T @ standard, others.shape[0])
-            selection = learn(table, table.eligible[file_of == file], int(quotas[file]),
-                              options.replace(algorithm=metric_object), table.files + file,
-                              table.quality_range)
+                moments = TableMoments(mean.numpy(), std.numpy(), (standard.T @ standard).double().numpy(),
+                                       others.shape[0])
+            selection = learn(table, table.eligible[file_of == file], int(quotas[file]), learned,
+                              table.files + file, table.quality_range, moments=moments)
             picked[file], seconds = selection.rows, seconds + selection.seconds
     return Selection(np.concatenate(list(picked.values())), seconds)
 
@@ -414,10 +379,9 @@ def context_shares(table: Table, options, metric: str, lamb: float) -> Selection
     chosen = []
     for file, share in enumerate(shares):
         outside = sum(moments[f] * float(shares[f]) for f in range(table.files) if f != file)
-        outside = torch.as_tensor(outside, dtype=mean.dtype)
-        metric_object = OutsideDiSF(mean, std, outside, table.k - int(share))
-        selection = learn(table, table.eligible[file_of == file], int(share), options.replace(
-            algorithm=metric_object), table.files + file, table.quality_range)
+        selection = learn(table, table.eligible[file_of == file], int(share), options, table.files + file,
+                          table.quality_range, moments=TableMoments(mean.numpy(), std.numpy(), outside,
+                                                                    table.k - int(share)))
         chosen.append(selection.rows)
         seconds += selection.seconds
     return Selection(np.concatenate(chosen), seconds)

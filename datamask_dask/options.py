@@ -212,10 +212,13 @@ class SelectOptions:
         rule=(lambda v: is_number(v) and 0 < v < 1, "a cosine in (0, 1), e.g. 0.95"))
     pieces: str = option(
         "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
-        "following the objective (Facility, Pair_simi); partitions: by partition, quotas by quality mass; "
-        "auto: regions for Facility (table scope, a ratio, no by), else partitions",
-        choices=("auto", "regions", "partitions"),
-        rule=(lambda v: v in ("auto", "regions", "partitions"), "one of ('auto', 'regions', 'partitions')"),
+        "following the objective (Facility, Pair_simi); context: by partition, each piece learned twice, the "
+        "second time against what the rest of the table picked the first (DiSF); partitions: by "
+        "partition, quotas by quality mass; auto: regions for Facility and context for DiSF (table scope, "
+        "a ratio, no by), else partitions",
+        choices=("auto", "regions", "context", "partitions"),
+        rule=(lambda v: v in ("auto", "regions", "context", "partitions"),
+              "one of ('auto', 'regions', 'context', 'partitions')"),
         doc='How a table larger than one chunk is cut into the pieces the learner runs on. ``"partitions"``: '
         "each partition, small consecutive ones packed together, with quotas by quality mass. "
         '``"regions"``: spherical k-means of a sample of the table cuts it into regions of the embedding '
@@ -224,12 +227,17 @@ class SelectOptions:
         "eligible row is learned with its area's neighbours whatever its partition "
         "(:mod:`datamask_dask.plan.regions`); a Pair_simi piece learns against the other pieces' "
         "planned picks. A random split of the table then no longer costs Facility its coverage, nor "
-        "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone, in table "
-        'scope, with a ratio and without ``by``; one more read of the embeddings. ``"auto"`` (the default): '
-        '``"regions"`` for Facility wherever they apply, else ``"partitions"`` (Pair_simi asks for regions '
-        "by name: they cost a read of the embeddings and the routing, and on a table split at random its "
-        "partitions already cancel their picks' sum). A table that fits one chunk is learned whole either "
-        "way.")
+        "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone. "
+        '``"context"``: DiSF\'s pieces are the partitions\' chunks, as with ``"partitions"``, but every '
+        "piece standardises its features by the table's mean and std (read in the plan pass), and is "
+        "learned twice: first apart, then against the second moment of what the rest of the table picked "
+        "the first time (:mod:`datamask_dask.plan.context`). A piece then decorrelates the table's "
+        "features, not only its own, which on a table partitioned by topic is what DiSF measures. One "
+        'more learning pass. For DiSF alone. Both need table scope, a ratio and no ``by``. ``"auto"`` '
+        '(the default): ``"regions"`` for Facility and ``"context"`` for DiSF wherever they apply, else '
+        '``"partitions"`` (Pair_simi asks for regions by name: they cost a read of the embeddings and '
+        "the routing, and on a table split at random its partitions already cancel their picks' sum). A "
+        "table that fits one chunk is learned whole either way.")
     explain: bool = option(
         False, "also write each row's reason (selected, near-duplicate, quality-pruned...) and, for a "
         "near-duplicate, the id of the row it stands behind (duplicate_of)",
@@ -258,30 +266,35 @@ class SelectOptions:
             if self.ratio_given:
                 raise OptionError("give either ratio (a share of rows) or budget_tokens (a token budget), "
                                   "not both")
-        refused = self.regions_refused()
-        if self.pieces == "regions" and refused:
-            raise OptionError(f'pieces="regions" does not work with {", ".join(refused)}: use '
+        refused = self.pieces_refused(self.pieces) if self.pieces in ("regions", "context") else []
+        if refused:
+            raise OptionError(f'pieces="{self.pieces}" does not work with {", ".join(refused)}: use '
                               'pieces="partitions" there')
         if self.max_chunk_rows is None and self.max_chunk_values is None:
             raise OptionError("options max_chunk_rows and max_chunk_values are both None: set max_chunk_rows "
                               "(the rows a chunk holds at most, e.g. 50000) or max_chunk_values (rows x "
                               "dimension)")
 
-    def regions_refused(self) -> list[str]:
-        """The settings that rule out ``pieces="regions"`` (none: regions apply)."""
-        refused = [(self.learner.metric not in ("facility", "pair_simi"),
-                    f"algorithm={self.learner.algorithm!r} (regions serve Facility or Pair_simi alone)"),
-                   (self.diversity_scope != "table", 'diversity_scope="partition"'),
+    def pieces_refused(self, pieces: str) -> list[str]:
+        """The settings that rule out ``pieces`` (``"regions"`` or ``"context"``; none: it applies)."""
+        if pieces == "regions":
+            metric = (self.learner.metric not in ("facility", "pair_simi"),
+                      f"algorithm={self.learner.algorithm!r} (regions serve Facility or Pair_simi alone)")
+        else:
+            metric = (self.learner.metric != "disf",
+                      f"algorithm={self.learner.algorithm!r} (context serves DiSF alone)")
+        refused = [metric, (self.diversity_scope != "table", 'diversity_scope="partition"'),
                    (self.by is not None, "by="), (self.budget_tokens is not None, "budget_tokens")]
         return [what for bad, what in refused if bad]
 
     @property
-    def learns_regions(self) -> bool:
-        """Whether a table larger than a chunk is learned in regions (``pieces``, ``"auto"`` resolved:
-        regions for Facility)."""
-        if self.pieces == "partitions" or self.regions_refused():
-            return False
-        return self.pieces == "regions" or self.learner.metric == "facility"
+    def learned_pieces(self) -> str:
+        """How a table larger than a chunk is learned (``pieces``, ``"auto"`` resolved: regions for
+        Facility, context for DiSF, where they apply)."""
+        if self.pieces != "auto":
+            return self.pieces
+        wanted = {"facility": "regions", "disf": "context"}.get(self.learner.metric or "", "partitions")
+        return "partitions" if wanted == "partitions" or self.pieces_refused(wanted) else wanted
 
     @property
     def quality(self) -> tuple:

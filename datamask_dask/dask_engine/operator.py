@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from operator import add
 
 import dask
 from dask.delayed import Delayed
@@ -64,8 +65,17 @@ from ..partition.checks import (
     summarise_partition,
     summarise_scan,
 )
-from ..partition.select import area_sums, learn_pack, pack_curve, pack_rows, select_partition, selection_meta
+from ..partition.select import (
+    area_sums,
+    first_round,
+    learn_pack,
+    pack_curve,
+    pack_rows,
+    select_partition,
+    selection_meta,
+)
 from ..partition.spec import SelectSpec, spec_from_meta
+from ..plan.context import with_first_round
 from ..plan.reduce import make_plan, share_regions
 from ..plan.types import Plan
 
@@ -186,9 +196,9 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     if isinstance(plan, Delayed):
         with worker_deaths_explained():
             plan = plan.compute(scheduler=scheduler or _holder(ddf))
-    if plan.unshared:
+    if plan.pending:
         with worker_deaths_explained():
-            plan = share_graph(partitions(ddf), plan).compute(scheduler=scheduler or _holder(ddf))
+            plan = pending_graph(partitions(ddf), plan).compute(scheduler=scheduler or _holder(ddf))
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     meta = selection_meta(ddf._meta, spec)
     key = _key("datamask-select", ddf, plan_node)
@@ -234,6 +244,31 @@ def pack_graph(parts: list, plan: Plan, plan_node, todo) -> tuple[dict[int, obje
         for p in pack.partitions:
             learned.setdefault(p, []).append(tasks[index])
     return {p: listed("datamask-pack-results", taken) for p, taken in learned.items()}, tasks
+
+
+def pending_graph(parts: list, plan: Plan) -> Delayed:
+    """The plan the select pass follows, lazily, from a :attr:`~datamask_dask.plan.types.Plan.pending`
+    one: its regions' quotas shared (:func:`share_graph`), or its context's first round learned
+    (:func:`first_round_graph`)."""
+    return first_round_graph(parts, plan) if plan.context is not None else share_graph(parts, plan)
+
+
+def first_round_graph(parts: list, plan: Plan) -> Delayed:
+    """The context's first round, lazily (``pieces="context"``): every piece learned apart, as the
+    select pass would learn it (:func:`~datamask_dask.partition.select.first_round`), each partition's
+    picks added to the sum of those before it, one task after another, and the total put in the plan
+    (:func:`~datamask_dask.plan.context.with_first_round`)."""
+    plan_node = dask.delayed(plan, traverse=False)
+    packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)))
+    total = None
+    for i, part in enumerate(parts):
+        picks = dask.delayed(first_round, pure=True)(
+            part, plan_node, {"number": i}, packs.get(i, ()),
+            dask_key_name=_key("datamask-first-round", part, plan_node, i))
+        total = picks if total is None else dask.delayed(add, pure=True)(
+            total, picks, dask_key_name=_key("datamask-first-round-sum", total, picks))
+    return dask.delayed(with_first_round, pure=True)(plan_node, total,
+                                                     dask_key_name=_key("datamask-first-round-plan", total))
 
 
 def share_graph(parts: list, plan: Plan) -> Delayed:
@@ -328,8 +363,8 @@ def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None
     with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
         plan = plan_graph(ddf, spec)
     plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
-    if plan.unshared:
-        plan = progress_bars.compute(share_graph(partitions(ddf), plan), scheduler=scheduler,
+    if plan.pending:
+        plan = progress_bars.compute(pending_graph(partitions(ddf), plan), scheduler=scheduler,
                                      progress=progress)[0]
     return plan
 

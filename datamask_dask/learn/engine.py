@@ -23,9 +23,11 @@ from ..errors import InputDataError, OptionError
 from ..threads import one_cpu_thread, one_learner_per_gpu
 from .metrics import (
     EVERY_ROW,
+    DiSF,
     MetricSettings,
     PairSimi,
     Represented,
+    TableMoments,
     build_metrics,
     normalise_quality,
     weighted_diversity,
@@ -59,7 +61,8 @@ class MaskResult:
 
 def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = None, *,
                device: str | torch.device = "cpu", quality_range: tuple[float, float] | None = None,
-               weights=None, others=None, where: str = "chunk", **overrides) -> MaskResult:
+               weights=None, others=None, moments: TableMoments | None = None, where: str = "chunk",
+               **overrides) -> MaskResult:
     """Select exactly ``k`` rows of one chunk jointly for quality and diversity (DATAMASK).
 
     Parameters
@@ -88,6 +91,11 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         Where the chunk is one piece of a table learned apart: the sum of the unit rows the rest of the
         table is planned to select, and how many. Pair_simi then learns the table's pairwise
         similarity with them (the rest held fixed), not the chunk's own. Default: the chunk is the table.
+    moments : TableMoments, optional
+        Where a DiSF chunk is one piece of a table learned apart: the table's mean and std, and the
+        second moment of what the rest of the table picks. DiSF then standardises by the table's
+        moments and learns the union's correlations (the rest held fixed). Default: the chunk is the
+        table, standardised by its picks' own moments.
     where : str
         How progress events name this run (``"partition 5, chunk 2"``).
 
@@ -100,11 +108,13 @@ def learn_mask(quality, embeddings, k: int, options: DataMaskOptions | None = No
         opts = opts.replace(**overrides)
     device = torch.device(device)
     with one_cpu_thread(device), one_learner_per_gpu(device):
-        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights, others, where)
+        return _learn_mask(quality, embeddings, k, opts, device, quality_range, weights, others, moments,
+                           where)
 
 
 def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torch.device, quality_range,
-                weights, others=None, where: str = "chunk") -> MaskResult:
+                weights, others=None, moments: TableMoments | None = None,
+                where: str = "chunk") -> MaskResult:
     q, emb = _as_inputs(quality, embeddings, device)
     n = q.shape[0]
     k = _check_quota(k, n, opts.prune)
@@ -144,7 +154,8 @@ def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torc
     if first_stage:
         history, best = _optimise(logits, q_e, emb_e, k, opts, gen, n_steps=opts.n_epochs,
                                   partial=opts.partial, lr=(opts.max_lr, opts.min_lr),
-                                  max_batch=opts.max_batch, weights=w_e, tick=tick, others=others)
+                                  max_batch=opts.max_batch, weights=w_e, tick=tick, others=others,
+                                  moments=moments)
     if opts.refine and pool_size > k and best is None:  # best is set when one batch held every row
         # Refine: learn again, every step over the whole pool of the best candidates, with the
         # reference rows drawn from the whole chunk. Rows learned in different batches never met
@@ -170,7 +181,7 @@ def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torc
         refined, best = _optimise(pool_logits, q_pool, emb_pool, k, opts, gen, n_steps=opts.refine_epochs,
                                   partial=1.0, max_batch=pool_size, lr=(opts.refine_lr, opts.refine_lr / 10),
                                   reference=reference, weights=w_e if whole else None, tick=tick,
-                                  others=others)
+                                  others=others, moments=moments)
         history = torch.cat([history.to(refined.device), refined])
         if not whole:
             best = None if best is None else pool[best]
@@ -195,7 +206,7 @@ def _learn_mask(quality, embeddings, k: int, opts: DataMaskOptions, device: torc
 
 
 def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partial, lr, max_batch,
-              tick, reference=None, weights=None, others=None):
+              tick, reference=None, weights=None, others=None, moments: TableMoments | None = None):
     """Run policy-gradient steps in place on ``logits``.
 
     ``reference`` (a callable, called at most once) gives the rows the selection should
@@ -216,6 +227,8 @@ def _optimise(logits, qn, emb, k, opts: DataMaskOptions, gen, *, n_steps, partia
     for metric, _ in metrics:
         if others is not None and isinstance(metric, PairSimi):  # the rest of the table's picks
             metric.others = (others[0] * k_batch, others[1] * k_batch)
+        if moments is not None and isinstance(metric, DiSF):  # the table's moments and the rest's picks
+            metric.table = moments.on(logits.device, k_batch / k)
     order = torch.empty(0, dtype=torch.long, device=logits.device)
     states, best, best_reward = None, None, torch.tensor(-math.inf, device=logits.device)
     sampled = False  # whether the metrics represent a fixed sample of the chunk (no polishing then)

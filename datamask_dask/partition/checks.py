@@ -30,7 +30,7 @@ import pandas as pd
 from ..dedup import simhash
 from ..dedup.groups import DuplicateGroups
 from ..errors import InputDataError, Problem, problems_error
-from ..plan import regions
+from ..plan import context, regions
 from ..plan.memory import check_memory, plan_memory
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
@@ -333,6 +333,7 @@ class Scan:
     stages: dict  # seconds of the read and the checks
     ids: np.ndarray | None = None  # explain: the ids, to name the rows near-duplicates stand behind
     sample: np.ndarray | None = None  # pieces="regions": evenly spaced unit rows, for the centroids
+    moments: np.ndarray | None = None  # pieces="context": sums of the unit rows and their squares
 
 
 def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) -> Scan:
@@ -341,7 +342,8 @@ def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) ->
     With ``diversity_scope="table"`` the check also holds each row's SimHash signature, which
     :func:`duplicate_input` sends to :func:`datamask_dask.dedup.search.find_groups`. With
     ``pieces="regions"`` it keeps evenly spaced unit rows for the regions' centroids, its share of the
-    table's sample (``partitions``: the table's partition count).
+    table's sample (``partitions``: the table's partition count); with ``pieces="context"``, the sums
+    of its unit rows and of their squares (:func:`datamask_dask.plan.context.row_moments`).
     """
     measures = Measures()
     measures.took(frame)
@@ -353,11 +355,16 @@ def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) ->
         memory = plan_memory(spec.memory_budget, check.rows, dim, spec.options, spec.chunk_rows(dim))
         check_memory(spec.memory_limit, check.rows, dim, memory.options,
                      min(memory.max_chunk_rows, check.rows), f"partition {number}")
+    moments = None
+    if spec.pieces == "context" and check.rows and check.dim:
+        with measures.timed("moments"):
+            source = adapters.embedding_source(frame[spec.embedding_column], f"partition {number}")
+            moments = context.row_moments(source, check.rows)
     stages = {f"plan {stage}": s for stage, s in measures.stages.items()}
     named = spec.explain and spec.diversity_scope == "table"  # to name the rows near-duplicates stand behind
     sample = region_sample(frame, number, spec, partitions, check.dim) if spec.pieces == "regions" else None
     return Scan(check, stages, adapters.host_values(frame, spec.id_column).to_numpy() if named else None,
-                sample)
+                sample, moments)
 
 
 def region_sample(frame, number: int, spec: SelectSpec, partitions: int, dim: int | None) -> np.ndarray:
@@ -387,10 +394,12 @@ def summarise_scan(scan: Scan, groups: DuplicateGroups | None = None) -> Partiti
     shadowed rows, and its kept rows with the group sizes they stand for).
     """
     if groups is None:
-        return dataclasses.replace(summarise_check(scan.check), stages=scan.stages, sample=scan.sample)
+        return dataclasses.replace(summarise_check(scan.check), stages=scan.stages, sample=scan.sample,
+                                   moments=scan.moments)
     summary = summarise_check(scan.check, groups.shadowed, groups.kept, groups.weights)
     links = duplicate_links(scan, groups) if scan.ids is not None else None
-    return dataclasses.replace(summary, stages=scan.stages, links=links, sample=scan.sample)
+    return dataclasses.replace(summary, stages=scan.stages, links=links, sample=scan.sample,
+                               moments=scan.moments)
 
 
 def duplicate_links(scan: Scan, groups: DuplicateGroups) -> dict:

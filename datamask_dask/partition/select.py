@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from ..errors import InputDataError, OptionError
 from ..learn.engine import learn_mask
-from ..plan import regions
+from ..plan import context, regions
 from ..plan.memory import MemoryPlan, check_memory, plan_memory
 from ..plan.quotas import fit_budget, split_budget, split_quota
 from ..plan.types import Cell, Plan
@@ -363,6 +363,30 @@ def area_sums(frame, plan: Plan, partition_info=None) -> AreaSummaries:
                          {"plan curve": time.perf_counter() - started})
 
 
+def first_round(frame, plan: Plan, partition_info=None,
+                packs: Iterable[PackResult] = ()) -> context.FirstPicks:
+    """One partition's part of the context's first round (``pieces="context"``,
+    :mod:`datamask_dask.plan.context`): its rows the plan selects, every piece learned apart on the
+    table's moments, and their second moment. ``packs``: as for :func:`select_partition`."""
+    started = time.perf_counter()
+    number = partition_info["number"] if partition_info is not None else 0
+    if plan.context is None:
+        raise RuntimeError(f"partition {number}: a first round without a context; please report this with "
+                           "the run record")
+    packs = list(packs)
+    out = select_partition(frame, plan, partition_info, packs)
+    picked = np.flatnonzero(adapters.host_values(out, plan.spec.selected_column).to_numpy())
+    dim = plan.context.mean.size
+    moment = np.zeros((dim, dim), dtype=np.float64)
+    if picked.size:
+        source = adapters.embedding_source(frame[plan.spec.embedding_column], f"partition {number}", plan.dim)
+        rows = _host(source.rows(picked)).astype(np.float64)
+        moment = context.picks_moment(rows / np.linalg.norm(rows, axis=1, keepdims=True), plan.context)
+    learned = sum(sum(result.measures.stages.values()) for result in packs  # a pack's, by its first member
+                  if plan.packs[result.index].partitions[0] == number)
+    return context.FirstPicks(int(picked.size), moment, time.perf_counter() - started + learned)
+
+
 def _normalised(plan: Plan, quality: np.ndarray) -> np.ndarray:
     """Qualities scaled by the plan's range to [0, 1], as the learner sees them."""
     low, high = plan.ranges[0]
@@ -516,7 +540,7 @@ def _eligible(part: _Partition, cell: Cell, rows: np.ndarray) -> np.ndarray:
     return eligible
 
 
-def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: str) -> None:
+def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, name: str) -> None:
     """Select among one cell's eligible rows: chunks, learner, budget."""
     quality, scores, reasons = part.quality, part.scores, part.reasons
     if eligible.size == 0 or (cell.quota == 0 if cell.budget is None else cell.budget == 0):
@@ -534,7 +558,7 @@ def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, context: st
         k = int(quotas[chunk_number])
         mask = np.zeros(chunk.size, dtype=bool)
         preference = quality[chunk]
-        where = context if n_chunks == 1 else f"{context}, chunk {chunk_number}"
+        where = name if n_chunks == 1 else f"{name}, chunk {chunk_number}"
         if 0 < k < chunk.size:
             result = _learn(part, cell, chunk, k, chunk_number, where)
             mask, preference = result.mask, result.scores.astype(np.float64)
@@ -583,6 +607,8 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
                                 others=part.others, where=where,
+                                moments=None if part.plan.context is None else context.rest_of(
+                                    part.plan.context, k),
                                 seed=derive_seed(options.seed, part.plan.seed_number(part.number), cell.group,
                                                  chunk_number, part.area))
         part.measures.curve(where, result.history)  # for the run summary's learning curves

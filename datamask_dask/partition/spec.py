@@ -43,7 +43,9 @@ class SelectSpec:
     diversity_scope: str  # "table": near-duplicates across partitions are shadowed first
     duplicate_cosine: float  # rows at least this similar are near-duplicates (table scope)
     explain: bool  # also output each row's reason, and the row a near-duplicate stands behind
-    pieces: str = "partitions"  # "regions": a table larger than a chunk learned in regions (plan.regions)
+    # how a table larger than a chunk is learned: "partitions", "regions" (plan.regions) or "context"
+    # (plan.context)
+    pieces: str = "partitions"
 
     @property
     def plan_columns(self) -> list[str]:
@@ -117,7 +119,7 @@ def _spec(options: SelectOptions, meta, scheduler) -> SelectSpec:
         options=options.learner.replace(prune=0.0), validate=options.validate,
         memory_budget=memory if given else None, memory_limit=None if given else memory,
         diversity_scope=options.diversity_scope, duplicate_cosine=float(options.duplicate_cosine),
-        explain=bool(options.explain), pieces="regions" if options.learns_regions else "partitions")
+        explain=bool(options.explain), pieces=options.learned_pieces)
 
 
 def _plain(value, kind):

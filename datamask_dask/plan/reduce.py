@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
-from . import regions
+from . import context, regions
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
@@ -84,11 +84,14 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
     places: dict = {}  # pieces="regions": centroids, areas, area_region
     packs: tuple[Pack, ...] = ()
     eligible = sum(c.eligible for cs in cells.values() for c in cs)
+    table_context = None  # pieces="context": the table's moments, which every piece standardises by
     if spec.pieces == "regions" and eligible > spec.chunk_rows(dim):  # a table one chunk holds: learned whole
         places, packs = region_packs(cells, [s.sample for s in summaries], spec, dim, eligible)
     elif spec.diversity_scope == "table":
         packs = pack_cells(cells, spec.chunk_rows(dim))
-    return Plan(spec=spec, cells=cells, packs=packs, **places,
+        if spec.pieces == "context" and eligible > spec.chunk_rows(dim):
+            table_context = context.table_moments([s.moments for s in summaries], [s.n for s in summaries])
+    return Plan(spec=spec, cells=cells, packs=packs, **places, context=table_context,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
                 weights={p: _stack_weights(v) for p, v in weights.items()},

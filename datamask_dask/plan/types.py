@@ -6,12 +6,15 @@ set aside) and read-only: one copy travels to every task.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from ..learn.metrics.disf import TableMoments
 
 if TYPE_CHECKING:  # the spec is the partition room's; the plan only carries it
     from ..partition.spec import SelectSpec
@@ -45,6 +48,7 @@ class PartitionSummary:
     stages: Mapping[str, float] = field(default_factory=dict)  # seconds of the plan pass's stages
     links: dict | None = None  # explain: near-duplicates' parents (checks.duplicate_links)
     sample: np.ndarray | None = None  # pieces="regions": evenly spaced unit rows, for the centroids
+    moments: np.ndarray | None = None  # pieces="context": sums of the unit rows and their squares (2, d)
 
 
 EMPTY_SUMMARY = PartitionSummary(n=0, cells={}, dim=None)
@@ -105,6 +109,9 @@ class Plan:
     # Pair_simi in regions, per pack: the sum of the unit rows the other packs are planned to select,
     # and how many (reduce.share_regions), which its learner learns the table's similarity with
     others: tuple[tuple[np.ndarray, int], ...] = ()
+    # pieces="context" (DiSF): the table's moments and, once its first round is learned, its picks'
+    # second moment (plan.context), which every piece learns against
+    context: TableMoments | None = None
 
     def cells_of(self, partition: int) -> tuple[Cell, ...]:
         return self.cells.get(partition, ())
@@ -119,9 +126,12 @@ class Plan:
         return tuple(index for index, pack in enumerate(self.packs) if partition in pack.partitions)
 
     @property
-    def unshared(self) -> bool:
-        """Whether the regions' quotas are still to be shared (``plan.reduce.share_regions``)."""
-        return any(pack.quota < 0 for pack in self.packs)
+    def pending(self) -> bool:
+        """Whether a pass over the rows must run before the select pass: the regions' quotas are still
+        to be shared (``plan.reduce.share_regions``), or the context's first round to be learned
+        (``plan.context.with_first_round``)."""
+        return any(pack.quota < 0 for pack in self.packs) or (self.context is not None
+                                                              and self.context.moment is None)
 
     @property
     def regional(self) -> bool:
@@ -169,4 +179,6 @@ class Plan:
                "ranges": dict(self.ranges), "dim": self.dim}
         if self.regional:  # the regions' quotas come from their curves, not from the cells
             out["areas"] = [[list(pack.areas), pack.quota] for pack in self.packs]
+        if self.context is not None and self.context.moment is not None:  # and what the pieces learn against
+            out["context"] = [self.context.count, hashlib.sha256(self.context.moment.tobytes()).hexdigest()]
         return out

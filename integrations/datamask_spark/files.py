@@ -45,7 +45,7 @@ from .operator import (
     learn_packs,
     partition_number,
     plan_summaries,
-    spark_regions,
+    spark_pending,
     transport,
 )
 from .shards import PIECE_SCHEMA
@@ -162,7 +162,7 @@ def plan_files(spark, files: Pieces, options: SelectOptions):
     def pack_rows(task):
         return tasks.mapInArrow(_ReadPiece(task, files, task.columns, task.members), task.output)
 
-    return spec, spark_regions(plan, files.schema, pack_rows)
+    return spec, spark_pending(plan, files.schema, pack_rows)
 
 
 def piece_tasks(spark, files: Pieces):

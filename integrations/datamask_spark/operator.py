@@ -75,6 +75,7 @@ from datamask_dask.partition.select import (
     PackResult,
     PackRows,
     area_sums,
+    first_round,
     learn_pack,
     pack_curve,
     pack_rows,
@@ -83,6 +84,7 @@ from datamask_dask.partition.select import (
     selection_fields,
 )
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
+from datamask_dask.plan.context import with_first_round
 from datamask_dask.plan.reduce import make_plan, share_regions
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
 from datamask_dask.telemetry import Measures
@@ -105,6 +107,8 @@ PACK_RESULT_SCHEMA = "pack int, payload binary"
 # what the plan pass found of the areas, pickled: a region's curves (pack_curve) or a partition's
 # sums by area (area_sums)
 AREAS_SCHEMA = "pack int, partition int, found binary"
+# a partition's part of the context's first round, pickled (first_round)
+FIRST_ROUND_SCHEMA = "partition int, payload binary"
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -162,7 +166,7 @@ def plan_pass(sdf, options: SelectOptions):
     def read(task):
         return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, task.output)
 
-    return spec, spark_regions(plan, arrow_schema(sdf), read)
+    return spec, spark_pending(plan, arrow_schema(sdf), read)
 
 
 def spec_from_spark(sdf, options: SelectOptions) -> SelectSpec:
@@ -320,13 +324,37 @@ def spark_packs(sdf, plan: Plan, todo=None) -> dict:
     return learn_packs(plan, arrow_schema(sdf), read, todo)
 
 
+def spark_pending(plan: Plan, schema: pa.Schema, read) -> Plan:
+    """The plan the select pass follows, from a :attr:`~datamask_dask.plan.types.Plan.pending` one (any
+    other as it is): its regions' quotas shared (:func:`spark_regions`), or its context's first round
+    learned (:func:`spark_first_round`). ``read`` as for :func:`learn_packs`."""
+    if not plan.pending:
+        return plan
+    if plan.context is not None:
+        return spark_first_round(plan, schema, read)
+    return spark_regions(plan, schema, read)
+
+
+def spark_first_round(plan: Plan, schema: pa.Schema, read) -> Plan:
+    """The context's first round (``pieces="context"``): every piece learned apart, as the select pass
+    would learn it (its packs by :func:`learn_packs`, each partition's picks by
+    :func:`~datamask_dask.partition.select.first_round`), added up on the driver in partition order,
+    as every engine adds them (:func:`~datamask_dask.plan.context.with_first_round`)."""
+    found = read(FirstRoundTask(plan, schema, learn_packs(plan, schema, read)))
+    with spark_errors():
+        collected = found.collect()
+    total = None
+    for row in sorted(collected, key=lambda row: row["partition"]):
+        picks = pickle.loads(row["payload"])  # noqa: S301 (this job's own task payloads)
+        total = picks if total is None else total + picks
+    return with_first_round(plan, total)
+
+
 def spark_regions(plan: Plan, schema: pa.Schema, read) -> Plan:
-    """``plan`` with its regions' quotas shared (``pieces="regions"``; any other plan as it is) by
+    """``plan`` with its regions' quotas shared (``pieces="regions"``) by
     :func:`~datamask_dask.plan.reduce.share_regions` on the driver, from what the plan pass finds of
     the areas: Facility's curves, each region's from its members' rows grouped by region; Pair_simi's
     sums by area, each partition's (which move no rows). ``read`` as for :func:`learn_packs`."""
-    if not plan.unshared:
-        return plan
     if plan.spec.options.metric == "pair_simi":
         found = read(AreaSumsTask(plan, schema))
     else:
@@ -543,6 +571,28 @@ class SelectTask:
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
         return batches, selection_arrays(out, spec, self.schema)
+
+
+class FirstRoundTask(SelectTask):
+    """The context's first round's ``mapInArrow`` function: one partition's
+    :func:`~datamask_dask.partition.select.first_round`, pickled in one row (:data:`FIRST_ROUND_SCHEMA`)."""
+
+    output = FIRST_ROUND_SCHEMA
+    members = None  # every partition is read
+
+    def __call__(self, batches):
+        number = partition_number()
+        _limit_threads()
+        batches = [b for b in batches if b.num_rows]
+        table = pa.Table.from_batches(batches).select(self.columns) if batches else None
+        frame = to_pandas(table) if table is not None else empty_frame(self.schema)[self.columns]
+        try:
+            picks = first_round(frame, self.plan, {"number": number}, self.packs.values())
+        except DataMaskError as exc:
+            raise RuntimeError(transport(exc)) from None
+        payload = pickle.dumps(picks, protocol=5)
+        yield pa.RecordBatch.from_pydict({"partition": pa.array([number], pa.int32()),
+                                          "payload": pa.array([payload], pa.binary())})
 
 
 def _limit_threads() -> None:

@@ -1,6 +1,7 @@
 """``pieces="regions"``: a table spread at random over its partitions, learned in regions of the embedding
-space, keeps Facility's coverage; one whose partitions each hold a few topics keeps Pair_simi's spread;
-the count stays exact and the rows the same on every scheduler."""
+space, keeps Facility's coverage; one whose partitions each hold a few topics keeps Pair_simi's spread.
+``pieces="context"``: DiSF's pieces, learned against the rest of the table, decorrelate the table's
+features. The count stays exact and the rows the same on every scheduler."""
 
 from __future__ import annotations
 
@@ -84,27 +85,49 @@ def test_pair_simi_s_regions_learn_against_each_other_s_picks(request, layout, l
     assert regions.share >= whole.share - 0.03
 
 
-@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi"])
-def test_same_rows_on_threads_and_on_a_cluster(client, spread, algorithm):
+@pytest.mark.parametrize("layout, lamb", [("topics", 0.0), ("topics", 0.5), ("spread", 0.0)])
+def test_disf_s_pieces_in_context_decorrelate_the_table_s_features(request, layout, lamb):
+    """Partitions of a few topics each, learned apart, each decorrelate what varies inside their topics;
+    in context, each piece standardises by the table's moments and learns again against the rest's
+    first picks, and the table's correlations between topics are what it cancels."""
+    frame, quality, emb = request.getfixturevalue(layout)
+    masks = []
+    for pieces, chunk in (("partitions", 400), ("auto", 400), ("partitions", ROWS)):  # auto: context here
+        options = {**OPTIONS, "algorithm": "DiSF", "lamb": lamb, "max_chunk_rows": chunk}
+        out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
+        masks.append(out["selected"].to_numpy())
+        assert masks[-1].sum() == round(0.1 * ROWS)
+    partitions, in_context, whole = measure_all(quality, emb, masks, algorithm="DiSF", lamb=lamb)
+    # apart, the topics' pieces score below random at lamb 0
+    assert in_context.share > partitions.share + (0.5 if (layout, lamb) == ("topics", 0.0) else 0.0)
+    assert in_context.share > 0.9
+
+
+@pytest.mark.parametrize("algorithm, pieces", [("Facility", "regions"), ("Pair_simi", "regions"),
+                                               ("DiSF", "context")])
+def test_same_rows_on_threads_and_on_a_cluster(client, spread, algorithm, pieces):
     frame, _, _ = spread
-    lazy = _ddf(frame).pipe(datamask_select, pieces="regions", score_column="score", explain=True,
+    lazy = _ddf(frame).pipe(datamask_select, pieces=pieces, score_column="score", explain=True,
                             **{**OPTIONS, "algorithm": algorithm})
     threads = lazy.compute(scheduler="threads")
     pd.testing.assert_frame_equal(threads, lazy.compute(scheduler=client))
     assert set(threads["reason"].astype(str)) >= {"selected", "not-chosen"}
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"algorithm": "DiSF"}, "algorithm='DiSF'"),
-    ({"diversity_scope": "partition"}, 'diversity_scope="partition"'),
-    ({"budget_tokens": 100, "ratio": None}, "budget_tokens"),
+@pytest.mark.parametrize("pieces, options, named, auto", [
+    ("regions", {"algorithm": "DiSF"}, "algorithm='DiSF'", "context"),
+    ("regions", {"diversity_scope": "partition"}, 'diversity_scope="partition"', "partitions"),
+    ("regions", {"budget_tokens": 100, "ratio": None}, "budget_tokens", None),
+    ("context", {}, "algorithm='Facility'", "regions"),
+    ("context", {"algorithm": "DiSF", "diversity_scope": "partition"}, 'diversity_scope="partition"',
+     "partitions"),
 ])
-def test_options_regions_cannot_serve_are_refused_by_name(spread, options, named):
-    with pytest.raises(OptionError, match=f'pieces="regions" does not work with .*{named}'):
-        datamask_select(_ddf(spread[0]), **{**OPTIONS, "pieces": "regions", **options})
-    if "budget_tokens" not in options:  # (the table has no token column to plan with)
-        spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, **options})  # auto: partitions there
-        assert spec.pieces == "partitions"
+def test_options_the_pieces_cannot_serve_are_refused_by_name(spread, pieces, options, named, auto):
+    with pytest.raises(OptionError, match=f'pieces="{pieces}" does not work with .*{named}'):
+        datamask_select(_ddf(spread[0]), **{**OPTIONS, "pieces": pieces, **options})
+    if auto is not None:  # (the table has no token column to plan with)
+        spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, **options})
+        assert spec.pieces == auto
 
 
 def test_facility_spelled_any_way_is_learned_in_regions_and_pair_simi_when_asked(spread):

@@ -150,34 +150,6 @@ def test_every_way_of_bench_rounds_selects_exactly_k_rows_and_one_piece_is_score
         assert math.isfinite(results["one piece"][1].share)
 
 
-def test_disf_in_context_gains_are_the_unions_reward_differences():
-    """bench_rounds' OutsideDiSF: a newcomer's gain is f(U + j) - f(U), a member's f(U) - f(U - j), f
-    the union's DiSF (the piece's picks with the rows outside it), scaled by the union's rows over
-    the piece's."""
-    import bench_rounds
-    import torch
-
-    gen = torch.Generator().manual_seed(0)
-    emb = torch.randn(40, 5, generator=gen, dtype=torch.float64)
-    outside = torch.randn(30, 5, generator=gen, dtype=torch.float64)
-    mean, std = emb.mean(0), emb.std(0)
-    standard = (outside - mean) / std
-    metric = bench_rounds.OutsideDiSF(mean, std, standard.T @ standard, 30)
-
-    def union(picks: list) -> torch.Tensor:  # the union's DiSF: rewards() without the scale
-        return 1 - (1 - metric.rewards(emb, torch.tensor([picks]), None)[0]) * len(picks) / (len(picks) + 30)
-
-    picks = list(range(0, 20, 2))
-    member = torch.zeros(1, 40, dtype=torch.bool)
-    member[0, picks] = True
-    _, gains = metric.rewards_and_gains(emb, torch.tensor([picks]), None, member)
-    scale = (len(picks) + 30) / len(picks)
-    for row in range(40):
-        want = (union(picks) - union([p for p in picks if p != row]) if row in picks
-                else union(picks + [row]) - union(picks))
-        assert torch.isclose(gains[0, row], want * scale, rtol=1e-6, atol=1e-12), row
-
-
 @pytest.mark.slow
 def test_selections_brought_back_from_a_gpu_run_are_scored_with_the_yardstick(tmp_path, monkeypatch, capsys):
     """gpu_acceptance.py's round trip, on CPU: the rows a job selected are packed into a file, and the

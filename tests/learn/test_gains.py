@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamask_dask.learn.metrics import DiSF, Facility, PairSimi, Represented
+from datamask_dask.learn.metrics import DiSF, Facility, PairSimi, Represented, TableMoments
 from datamask_dask.sample_data import make_embeddings
 
 
@@ -93,6 +93,65 @@ def test_disf_first_order_gains_rank_like_the_exact_ones(rank):
     for rows in (member[0].numpy(), ~member[0].numpy()):
         rho = np.corrcoef(np.argsort(np.argsort(got[rows])), np.argsort(np.argsort(exact[rows])))[0, 1]
         assert rho > 0.95
+
+
+def _disf_in_a_table(rank: int, dim: int = 12):
+    """DiSF of a piece standardised by a table's moments, 30 rows picked outside it."""
+    _, e = make_embeddings(120, dim, n_clusters=4, seed=7)
+    table = torch.tensor(e, dtype=torch.float64)
+    mean, std = table.mean(0), table.std(0)
+    outside = (table[60:90] - mean) / std
+    metric = DiSF(rank=rank)
+    metric.table = (mean, std, outside.T @ outside, 30.0)
+    emb = table[:60]
+    idx = torch.arange(0, 20, 2)[None]
+    member = torch.zeros(1, 60, dtype=torch.bool).scatter_(1, idx, True)
+    return metric, emb, idx, member
+
+
+def test_disf_in_a_table_scores_the_unions_correlations_scaled_by_its_rows_over_the_pieces():
+    """A piece of k picks told the rest's second moment scores the union's DiSF (standardised by the
+    table's moments), the points it loses scaled by K / k, as Pair_simi's piece does."""
+    metric, emb, idx, _ = _disf_in_a_table(rank=64)
+    mean, std, _, _ = metric.table
+    z = (torch.cat([emb[idx[0]], torch.tensor(make_embeddings(120, 12, n_clusters=4, seed=7)[1],
+                                               dtype=torch.float64)[60:90]]) - mean) / std
+    corr = z.T @ z / z.shape[0]
+    union = 1 - (corr.pow(2).sum() - torch.diagonal(corr).pow(2).sum()) / (12 * 11)
+    k, total = idx.shape[1], idx.shape[1] + 30
+    np.testing.assert_allclose(1 - metric.rewards(emb, idx, None), (1 - union) * total / k, rtol=1e-9)
+
+
+def test_disf_in_a_table_gains_are_the_unions_reward_differences():
+    """A newcomer's gain is f(U + j) - f(U), a member's f(U) - f(U - j), f the union's DiSF, scaled
+    by the union's rows over the piece's (at the piece's picks, so a step weighs alike in any piece)."""
+    metric, emb, idx, member = _disf_in_a_table(rank=64)
+
+    def union(picks: list) -> float:  # the union's DiSF: rewards() without the scale
+        scaled = 1 - float(metric.rewards(emb, torch.tensor([picks]), None)[0])
+        return 1 - scaled * len(picks) / (len(picks) + 30)
+
+    picks = idx[0].tolist()
+    got = metric.gains(emb, idx, None, member)[0].numpy()
+    want = [union(picks) - union([p for p in picks if p != row]) if row in picks
+            else union(picks + [row]) - union(picks) for row in range(60)]
+    np.testing.assert_allclose(got, np.array(want) * (len(picks) + 30) / len(picks), rtol=1e-6, atol=1e-12)
+
+
+def test_disf_in_a_table_low_rank_gains_rank_like_the_exact_ones():
+    metric, emb, idx, member = _disf_in_a_table(rank=6)
+    got = metric.gains(emb, idx, None, member)[0].numpy()
+    exact = _disf_in_a_table(rank=64)[0].gains(emb, idx, None, member)[0].numpy()
+    for rows in (member[0].numpy(), ~member[0].numpy()):
+        rho = np.corrcoef(np.argsort(np.argsort(got[rows])), np.argsort(np.argsort(exact[rows])))[0, 1]
+        assert rho > 0.95
+
+
+def test_table_moments_scale_the_rest_to_a_batchs_picks():
+    moments = TableMoments(np.zeros(3), np.ones(3), np.eye(3) * 8, 8.0)
+    mean, std, outside, count = moments.on("cpu", 0.25)
+    assert count == 2.0 and torch.equal(outside, torch.eye(3) * 2) and outside.dtype == torch.float32
+    assert TableMoments(np.zeros(3), np.ones(3)).on("cpu", 0.5)[2] is None
 
 
 @pytest.mark.parametrize("neighbours", [1, 8])

@@ -6,7 +6,7 @@ with :func:`register_metric`, and ``algorithm={"Facility": 0.7, "DiSF": 0.3}`` c
 """
 
 from .base import EVERY_ROW, DiversityMetric, MetricSettings, Represented
-from .disf import DiSF
+from .disf import DiSF, TableMoments
 from .evaluate import (
     evaluate_selection,
     normalise_quality,
@@ -18,5 +18,6 @@ from .pair_simi import PairSimi
 from .registry import build_metrics, register_metric, registered_metric, resolve_metrics
 
 __all__ = ["EVERY_ROW", "DiSF", "DiversityMetric", "Facility", "FacilityState", "MetricSettings", "PairSimi",
-           "Represented", "build_metrics", "evaluate_selection", "normalise_quality", "register_metric",
-           "registered_metric", "resolve_metrics", "weighted_diversity", "weighted_diversity_both"]
+           "Represented", "TableMoments", "build_metrics", "evaluate_selection", "normalise_quality",
+           "register_metric", "registered_metric", "resolve_metrics", "weighted_diversity",
+           "weighted_diversity_both"]

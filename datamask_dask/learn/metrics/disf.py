@@ -3,11 +3,37 @@ of U's standardised features."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from .base import EVERY_ROW, DiversityMetric, MetricSettings
 
 Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class TableMoments:
+    """Where a DiSF chunk is one piece of a table learned apart (``pieces="context"``): the table's
+    per-dimension ``mean`` and ``std`` of its unit rows, by which every piece standardises its
+    features (a piece's own would hide what sets it apart from the rest), and the second moment
+    ``sum z z^T`` of the standardised rows the rest of the table picks, with their ``count`` (none
+    before the first round)."""
+
+    mean: np.ndarray  # (d,) float64
+    std: np.ndarray  # (d,) float64, zeros replaced by 1
+    moment: np.ndarray | None = None  # (d, d) float64
+    count: float = 0.0
+
+    def on(self, device, scale: float) -> tuple[Tensor, Tensor, Tensor | None, float]:
+        """As float32 tensors on ``device``, the rest's moment and count times ``scale`` (a batch's
+        share of the chunk's picks)."""
+        def tensor(values):
+            return torch.as_tensor(np.asarray(values, dtype=np.float32), device=device)
+
+        outside = None if self.moment is None or not self.count else tensor(self.moment * scale)
+        return tensor(self.mean), tensor(self.std), outside, float(self.count) * scale
 
 
 class DiSF(DiversityMetric):
@@ -28,6 +54,10 @@ class DiSF(DiversityMetric):
         self.precision = precision
         self.rank = rank
         self._basis = None  # leading eigenvectors of the last step (see _top_eigen_factor)
+        # A piece of a table learned apart (learn_mask's ``moments``, the rest's moment and count scaled
+        # to the batch's picks): rewards and gains are then the union's with the rest, standardised by
+        # the table's moments. None: the chunk is the table, standardised by U's own.
+        self.table: tuple[Tensor, Tensor, Tensor | None, float] | None = None
 
     @classmethod
     def from_settings(cls, settings: MetricSettings) -> DiSF:
@@ -58,6 +88,8 @@ class DiSF(DiversityMetric):
         return 1.0 - (total - diag) / (d * (d - 1))
 
     def rewards(self, emb, idx, state):
+        if self.table is not None:
+            return self._in_table(emb, idx)[0]
         z = self._standardise(emb[idx])
         return self._reward(z, self._second_moment(z))
 
@@ -65,6 +97,8 @@ class DiSF(DiversityMetric):
         return self.rewards_and_gains(emb, idx, state, member)[1]
 
     def rewards_and_gains(self, emb, idx, state, member):
+        if self.table is not None:
+            return self._in_table(emb, idx, member)
         k, d = idx.shape[1], emb.shape[1]
         mean, std = self._moments(emb[idx])
         z = (emb[idx] - mean) / std  # (G, k, d)
@@ -91,6 +125,35 @@ class DiSF(DiversityMetric):
         change = torch.where(member, 2 * row - self_sq, 2 * row + self_sq) / (k * k * d * (d - 1))
         # Both a member's stay and a newcomer's arrival add correlation mass.
         return self._reward(z, moment), -change
+
+    def _in_table(self, emb, idx, member=None) -> tuple[Tensor, Tensor | None]:
+        """Rewards (and, given ``member``, exact gains) of DiSF over the union of each rollout with the rest's
+        picks, features standardised by the table's moments, scaled by the union's rows over the piece's:
+        unscaled, a piece's diversity term would shrink against its quality term as the table grows."""
+        mean, std, outside, count = self.table
+        k, d = idx.shape[1], emb.shape[1]
+        z = (emb[idx] - mean) / std  # (G, k, d)
+        moment = z.transpose(1, 2) @ z if outside is None else z.transpose(1, 2) @ z + outside  # (G, d, d)
+        diagonal = torch.diagonal(moment, dim1=1, dim2=2)
+        off = moment.pow(2).sum((1, 2)) - diagonal.pow(2).sum(1)  # squared off-diagonal mass
+        union = k + count
+        norm = d * (d - 1) * union * k
+        reward = 1.0 - off / norm
+        if member is None:
+            return reward, None
+        rows = (emb - mean) / std  # (b, d)
+        if d <= self.rank:  # z_j^T M z_j, exactly
+            cross = torch.einsum("bd,gde,be->gb", rows, moment, rows)
+        else:  # |F z_j|^2 with F^T F the top eigenpairs of M
+            factor = self._top_eigen_factor(moment)  # (G, s, d)
+            low = torch.bfloat16 if self.precision == "bfloat16" else rows.dtype
+            cross = (rows.to(low) @ factor.to(low).transpose(1, 2)).float().pow(2).sum(-1)
+        cross = cross - (rows.pow(2)[None] * diagonal[:, None]).sum(-1)  # (G, b)
+        own = (rows.pow(2).sum(1).pow(2) - rows.pow(4).sum(1))[None]  # the row's own off-diagonal mass
+        joined = (off[:, None] + 2 * cross + own) * union / (union + 1) ** 2
+        left = (off[:, None] - 2 * cross + own) * union / max(union - 1, 1) ** 2
+        gains = torch.where(member, left - off[:, None] / union, off[:, None] / union - joined)
+        return reward, gains * union / norm
 
     def _top_eigen_factor(self, m: Tensor) -> Tensor:
         """sqrt(lambda) V^T for the top ``rank`` eigenpairs of the PSD matrices ``m`` (G, d, d).
