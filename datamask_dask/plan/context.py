@@ -84,7 +84,7 @@ def with_first_round(plan: Plan, picks: FirstPicks) -> Plan:
     if plan.context is None:
         raise RuntimeError("with_first_round: the plan has no context; please report this with the run "
                            "record")
-    stages = {**plan.stages, "first round": plan.stages.get("first round", 0.0) + picks.seconds}
+    stages = {**plan.stages, "plan first round": plan.stages.get("plan first round", 0.0) + picks.seconds}
     return dataclasses.replace(plan, context=dataclasses.replace(plan.context, moment=picks.moment,
                                                                  count=picks.count), stages=stages)
 
