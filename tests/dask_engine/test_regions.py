@@ -92,7 +92,7 @@ def test_disf_s_pieces_in_context_decorrelate_the_table_s_features(request, layo
     first picks, and the table's correlations between topics are what it cancels."""
     frame, quality, emb = request.getfixturevalue(layout)
     masks = []
-    for pieces, chunk in (("partitions", 400), ("auto", 400), ("partitions", ROWS)):  # auto: context here
+    for pieces, chunk in (("partitions", 400), ("context", 400), ("partitions", ROWS)):
         options = {**OPTIONS, "algorithm": "DiSF", "lamb": lamb, "max_chunk_rows": chunk}
         out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
         masks.append(out["selected"].to_numpy())
@@ -115,7 +115,7 @@ def test_same_rows_on_threads_and_on_a_cluster(client, spread, algorithm, pieces
 
 
 @pytest.mark.parametrize("pieces, options, named, auto", [
-    ("regions", {"algorithm": "DiSF"}, "algorithm='DiSF'", "context"),
+    ("regions", {"algorithm": "DiSF"}, "algorithm='DiSF'", "partitions"),
     ("regions", {"diversity_scope": "partition"}, 'diversity_scope="partition"', "partitions"),
     ("regions", {"budget_tokens": 100, "ratio": None}, "budget_tokens", None),
     ("context", {}, "algorithm='Facility'", "regions"),

@@ -49,15 +49,17 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi"])
-def test_regions_select_dask_s_rows_on_both_spark_doors(spark, sdf, parquet_dir, tmp_path, algorithm):
+@pytest.mark.parametrize("algorithm, pieces", [("Facility", "regions"), ("Pair_simi", "regions"),
+                                               ("DiSF", "context")])
+def test_regions_select_dask_s_rows_on_both_spark_doors(spark, sdf, parquet_dir, tmp_path, algorithm, pieces):
     """``pieces="regions"``: the areas' summaries run on the executors (Facility's curves grouped by
-    region, Pair_simi's sums by partition), and the rows are Dask's, on the DataFrame door and on the
+    region, Pair_simi's sums by partition); ``pieces="context"``: DiSF's first round, its moments
+    added up on the driver in partition order. The rows are Dask's, on the DataFrame door and on the
     file job."""
     import pyarrow.parquet as pq
     from datamask_spark import write_file_selection
 
-    options = {"ratio": 0.1, "seed": 7, "algorithm": algorithm, "pieces": "regions", "max_chunk_rows": 200,
+    options = {"ratio": 0.1, "seed": 7, "algorithm": algorithm, "pieces": pieces, "max_chunk_rows": 200,
                **FAST}
     want = dask_selected(parquet_dir, **options)
     got = sdf.transform(datamask_select, **options).toPandas()
