@@ -53,15 +53,22 @@ def _ddf(frame):
     return dd.from_pandas(frame, npartitions=PARTS, sort=False)
 
 
-def test_regions_cover_the_table_as_learning_it_whole_does(spread):
-    frame, quality, emb = spread
+def _scores(table, ways, **options) -> list:
+    """The yardstick's scores of ``table``'s selections, one a ``(pieces, max_chunk_rows)`` way, each
+    checked to select exactly the quota."""
+    frame, quality, emb = table
+    options = {**OPTIONS, **options}
     masks = []
-    for pieces, chunk in (("partitions", 400), ("auto", 400), ("partitions", ROWS)):  # auto: regions here
-        options = {**OPTIONS, "max_chunk_rows": chunk}
-        out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
-        masks.append(out["selected"].to_numpy())
+    for pieces, chunk in ways:
+        job = _ddf(frame).pipe(datamask_select, **{**options, "pieces": pieces, "max_chunk_rows": chunk})
+        masks.append(job.compute(scheduler="threads")["selected"].to_numpy())
         assert masks[-1].sum() == round(0.1 * ROWS)
-    partitions, regions, whole = measure_all(quality, emb, masks, algorithm="Facility", lamb=0.0)
+    return measure_all(quality, emb, masks, algorithm=options["algorithm"], lamb=options["lamb"])
+
+
+def test_regions_cover_the_table_as_learning_it_whole_does(spread):
+    # auto: regions here
+    partitions, regions, whole = _scores(spread, [("partitions", 400), ("auto", 400), ("partitions", ROWS)])
     assert regions.share > partitions.share + 0.1  # the random split no longer costs the coverage
     assert regions.share >= whole.share - 0.03
 
@@ -72,14 +79,9 @@ def test_pair_simi_s_regions_learn_against_each_other_s_picks(request, layout, l
     their topics; in regions, each pack learns against what the others are planned to pick. At lamb 0
     the areas' means cannot cancel the picks' sum, their rows can: every pack cancels its share of it
     (one that cancelled all of it, as every other would, would overshoot)."""
-    frame, quality, emb = request.getfixturevalue(layout)
-    masks = []
-    for pieces, chunk in (("partitions", 400), ("regions", 400), ("partitions", ROWS)):
-        options = {**OPTIONS, "algorithm": "Pair_simi", "lamb": lamb, "max_chunk_rows": chunk}
-        out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
-        masks.append(out["selected"].to_numpy())
-        assert masks[-1].sum() == round(0.1 * ROWS)
-    partitions, regions, whole = measure_all(quality, emb, masks, algorithm="Pair_simi", lamb=lamb)
+    partitions, regions, whole = _scores(request.getfixturevalue(layout),
+                                         [("partitions", 400), ("regions", 400), ("partitions", ROWS)],
+                                         algorithm="Pair_simi", lamb=lamb)
     if layout == "topics":
         assert regions.share > partitions.share + 0.05
     assert regions.share >= whole.share - 0.03
@@ -90,14 +92,8 @@ def test_disf_s_pieces_in_context_decorrelate_the_table_s_features(request, layo
     """Partitions of a few topics each, learned apart, each decorrelate what varies inside their topics;
     in context, each piece standardises by the table's moments and learns again against the rest's
     first picks, and the table's correlations between topics are what it cancels."""
-    frame, quality, emb = request.getfixturevalue(layout)
-    masks = []
-    for pieces, chunk in (("partitions", 400), ("context", 400), ("partitions", ROWS)):
-        options = {**OPTIONS, "algorithm": "DiSF", "lamb": lamb, "max_chunk_rows": chunk}
-        out = _ddf(frame).pipe(datamask_select, pieces=pieces, **options).compute(scheduler="threads")
-        masks.append(out["selected"].to_numpy())
-        assert masks[-1].sum() == round(0.1 * ROWS)
-    partitions, in_context, whole = measure_all(quality, emb, masks, algorithm="DiSF", lamb=lamb)
+    partitions, in_context = _scores(request.getfixturevalue(layout), [("partitions", 400), ("context", 400)],
+                                     algorithm="DiSF", lamb=lamb)
     # apart, the topics' pieces score below random at lamb 0
     assert in_context.share > partitions.share + (0.5 if (layout, lamb) == ("topics", 0.0) else 0.0)
     assert in_context.share > 0.9
