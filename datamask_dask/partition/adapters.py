@@ -49,6 +49,11 @@ class EmbeddingSource(EmbeddingRows, Protocol):
         ...
 
 
+def host_rows(rows) -> np.ndarray:
+    """Embedding rows as a host array: a numpy array as it is, a (GPU) torch tensor copied as float32."""
+    return rows if isinstance(rows, np.ndarray) else rows.float().cpu().numpy()
+
+
 def is_cudf(obj) -> bool:
     """Whether ``obj`` is a cuDF object (checked by module name, so cuDF is never imported)."""
     return type(obj).__module__.split(".", 1)[0] == "cudf"

@@ -359,7 +359,9 @@ def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) ->
     if spec.pieces == "context" and check.rows and check.dim:
         with measures.timed("moments"):
             source = adapters.embedding_source(frame[spec.embedding_column], f"partition {number}")
-            moments = context.row_moments(source, check.rows)
+            moments = context.row_moments(
+                adapters.host_rows(source.rows(np.arange(start, min(check.rows, start + context.BLOCK))))
+                for start in range(0, check.rows, context.BLOCK))
     stages = {f"plan {stage}": s for stage, s in measures.stages.items()}
     named = spec.explain and spec.diversity_scope == "table"  # to name the rows near-duplicates stand behind
     sample = region_sample(frame, number, spec, partitions, check.dim) if spec.pieces == "regions" else None
@@ -374,8 +376,7 @@ def region_sample(frame, number: int, spec: SelectSpec, partitions: int, dim: in
         return np.zeros((0, 0), dtype=np.float32)
     positions = regions.sample_positions(len(frame), regions.sample_count(partitions, dim))
     rows = adapters.embedding_source(frame[spec.embedding_column], f"partition {number}").rows(positions)
-    rows = rows if isinstance(rows, np.ndarray) else rows.float().cpu().numpy()
-    rows = np.asarray(rows, dtype=np.float32)
+    rows = np.asarray(adapters.host_rows(rows), dtype=np.float32)
     return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 

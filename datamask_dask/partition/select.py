@@ -217,7 +217,8 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
         if plan.centroids is not None and plan.areas is not None and plan.area_region is not None:
             if not eligible.size:
                 continue
-            area = regions.locate(_host(embeddings), plan.centroids, plan.areas, plan.area_region)
+            area = regions.locate(adapters.host_rows(embeddings), plan.centroids, plan.areas,
+                                  plan.area_region)
             pack_of_row = plan.pack_of_area()[area]
             seconds = time.perf_counter() - started  # the packs share it by their rows
             for index in plan.packs_of(number):
@@ -235,11 +236,6 @@ def _pack_part(part: _Partition, number: int, positions: np.ndarray, embeddings,
                     embeddings=embeddings, tokens=None if part.tokens is None else part.tokens[positions],
                     weights=None if part.weights is None else part.weights[positions], device=part.device,
                     seconds=seconds, areas=areas)
-
-
-def _host(embeddings) -> np.ndarray:
-    """Embeddings as a host float32 array (a GPU tensor copied)."""
-    return embeddings if isinstance(embeddings, np.ndarray) else embeddings.float().cpu().numpy()
 
 
 def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> PackResult:
@@ -321,7 +317,7 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Are
     options = plan.spec.options
     quality = _normalised(plan, part.quality)
     weights = np.ones(n) if part.weights is None else part.weights
-    embeddings = _host(part.source.rows(np.arange(n)))
+    embeddings = adapters.host_rows(part.source.rows(np.arange(n)))
     area_of_row = np.concatenate([_routed(r, index) for r in rows])
     curves: dict[int, tuple] = {}
     with one_cpu_thread():  # one order of every float sum, on any worker
@@ -355,7 +351,7 @@ def area_sums(frame, plan: Plan, partition_info=None) -> AreaSummaries:
     area = np.concatenate([_routed(rows, index) for index, rows in pieces.items()])
     order = np.argsort(area, kind="stable")
     areas, starts, counts = np.unique(area[order], return_index=True, return_counts=True)
-    embeddings = np.concatenate([_host(rows.embeddings) for rows in pieces.values()])[order]
+    embeddings = np.concatenate([adapters.host_rows(rows.embeddings) for rows in pieces.values()])[order]
     quality = _normalised(plan, np.concatenate([rows.quality for rows in pieces.values()]))[order]
     sums = np.add.reduceat(embeddings.astype(np.float64), starts, axis=0)  # in row order, on any worker
     counts = counts.astype(np.int64)
@@ -380,7 +376,7 @@ def first_round(frame, plan: Plan, partition_info=None,
     moment = np.zeros((dim, dim), dtype=np.float64)
     if picked.size:
         source = adapters.embedding_source(frame[plan.spec.embedding_column], f"partition {number}", plan.dim)
-        rows = _host(source.rows(picked)).astype(np.float64)
+        rows = adapters.host_rows(source.rows(picked)).astype(np.float64)
         moment = context.picks_moment(rows / np.linalg.norm(rows, axis=1, keepdims=True), plan.context)
     learned = sum(sum(result.measures.stages.values()) for result in packs  # a pack's, by its first member
                   if plan.packs[result.index].partitions[0] == number)

@@ -29,6 +29,7 @@ pushes against at once: together they overshoot. ``pieces="auto"`` therefore kee
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,18 +37,20 @@ import numpy as np
 from ..learn.metrics.disf import TableMoments
 from .types import Plan
 
-_BLOCK = 8192  # rows whose moments are taken at once
+BLOCK = 8192  # rows whose moments are taken at once
 
 
-def row_moments(embeddings, rows: int) -> np.ndarray:
-    """The sums of a partition's unit rows and of their squares, ``(2, d)`` float64, ``embeddings`` an
-    :class:`~datamask_dask.partition.adapters.EmbeddingRows` of ``rows`` rows."""
-    out = np.zeros((2, embeddings.dim), dtype=np.float64)
-    for start in range(0, rows, _BLOCK):
-        block = _host(embeddings.rows(np.arange(start, min(rows, start + _BLOCK)))).astype(np.float64)
+def row_moments(blocks: Iterable[np.ndarray]) -> np.ndarray:
+    """The sums of a partition's unit rows and of their squares, ``(2, d)`` float64, from its embedding
+    rows in ``blocks`` of at most :data:`BLOCK` rows, in order."""
+    out = None
+    for rows in blocks:
+        block = np.asarray(rows, dtype=np.float64)
         block /= np.linalg.norm(block, axis=1, keepdims=True)
-        out[0] += block.sum(axis=0)
-        out[1] += (block * block).sum(axis=0)
+        sums = np.stack([block.sum(axis=0), (block * block).sum(axis=0)])
+        out = sums if out is None else out + sums
+    if out is None:
+        raise RuntimeError("row_moments: no rows; please report this with the run record")
     return out
 
 
@@ -100,8 +103,3 @@ def rest_of(context: TableMoments, quota: int) -> TableMoments:
     share = rest / context.count if context.count else 0.0
     return dataclasses.replace(context, moment=None if context.moment is None else context.moment * share,
                                count=rest)
-
-
-def _host(rows) -> np.ndarray:
-    """Rows as a host array (a GPU tensor copied)."""
-    return rows if isinstance(rows, np.ndarray) else rows.float().cpu().numpy()

@@ -133,7 +133,9 @@ class DiSF(DiversityMetric):
         mean, std, outside, count = self.table
         k, d = idx.shape[1], emb.shape[1]
         z = (emb[idx] - mean) / std  # (G, k, d)
-        moment = z.transpose(1, 2) @ z if outside is None else z.transpose(1, 2) @ z + outside  # (G, d, d)
+        moment = z.transpose(1, 2) @ z  # (G, d, d): the union's, once the rest's is added
+        if outside is not None:
+            moment = moment + outside
         diagonal = torch.diagonal(moment, dim1=1, dim2=2)
         off = moment.pow(2).sum((1, 2)) - diagonal.pow(2).sum(1)  # squared off-diagonal mass
         union = k + count
