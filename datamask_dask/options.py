@@ -214,8 +214,8 @@ class SelectOptions:
         "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
         "following the objective (Facility, Pair_simi); context: by partition, each piece learned twice, the "
         "second time against what the rest of the table picked the first (DiSF); partitions: by "
-        "partition, quotas by quality mass; auto: regions for Facility (table scope, a ratio, no by), else "
-        "partitions",
+        "partition, quotas by quality mass; auto: regions for Facility and context for DiSF (table scope, "
+        "a ratio, no by), else partitions",
         choices=("auto", "regions", "context", "partitions"),
         rule=(lambda v: v in ("auto", "regions", "context", "partitions"),
               "one of ('auto', 'regions', 'context', 'partitions')"),
@@ -229,17 +229,18 @@ class SelectOptions:
         "planned picks. A random split of the table then no longer costs Facility its coverage, nor "
         "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone. "
         '``"context"``: DiSF\'s pieces are the partitions\' chunks, as with ``"partitions"``, but every '
-        "piece standardises its features by the table's mean and std (read in the plan pass), and is "
-        "learned twice: first apart, then against the second moment of what the rest of the table picked "
-        "the first time (:mod:`datamask_dask.plan.context`). A piece then decorrelates the table's "
-        "features, not only its own, which on a table partitioned by topic is what DiSF measures; on a "
-        "table split at random into many pieces, every piece pushes against the same small correlations "
-        "and together they overshoot (the benchmarks page has both). One more learning pass. For DiSF "
-        'alone. Both need table scope, a ratio and no ``by``. ``"auto"`` (the default): ``"regions"`` '
-        'for Facility wherever they apply, else ``"partitions"`` (Pair_simi asks for regions by name: they '
-        "cost a read of the embeddings and the routing, and on a table split at random its partitions "
-        "already cancel their picks' sum; DiSF asks for context by name). A table that fits one chunk is "
-        "learned whole either way.")
+        "piece standardises its features by the table's mean and std (read in the plan pass) and is "
+        "learned in two rounds: first apart, then against the second moment of what the rest of the "
+        "table picked in the first. A piece then decorrelates the table's features, not only its own, "
+        "which on a table partitioned by topic is what DiSF measures. Every piece moves at once, so "
+        "the plan keeps the share of pieces in context whose expected union scores best, from both "
+        "rounds' sums, and the others keep their first picks (:mod:`datamask_dask.plan.context`): on a "
+        "table split at random into many pieces that share is small. Two more learning passes. For "
+        'DiSF alone. Both need table scope, a ratio and no ``by``. ``"auto"`` (the default): '
+        '``"regions"`` for Facility and ``"context"`` for DiSF wherever they apply, else '
+        '``"partitions"`` (Pair_simi asks for regions by name: they cost a read of the embeddings and '
+        "the routing, and on a table split at random its partitions already cancel their picks' sum). "
+        "A table that fits one chunk is learned whole either way.")
     explain: bool = option(
         False, "also write each row's reason (selected, near-duplicate, quality-pruned...) and, for a "
         "near-duplicate, the id of the row it stands behind (duplicate_of)",
@@ -292,11 +293,13 @@ class SelectOptions:
     @property
     def learned_pieces(self) -> str:
         """How a table larger than a chunk is learned (``pieces``, ``"auto"`` resolved: regions for
-        Facility where they apply)."""
+        Facility and context for DiSF where they apply)."""
         if self.pieces != "auto":
             return self.pieces
-        regions = self.learner.metric == "facility" and not self.pieces_refused("regions")
-        return "regions" if regions else "partitions"
+        if self.learner.metric == "facility" and not self.pieces_refused("regions"):
+            return "regions"
+        context = self.learner.metric == "disf" and not self.pieces_refused("context")
+        return "context" if context else "partitions"
 
     @property
     def quality(self) -> tuple:

@@ -67,7 +67,7 @@ from ..partition.checks import (
 )
 from ..partition.select import (
     area_sums,
-    first_round,
+    context_round,
     learn_pack,
     pack_curve,
     pack_rows,
@@ -75,7 +75,6 @@ from ..partition.select import (
     selection_meta,
 )
 from ..partition.spec import SelectSpec, spec_from_meta
-from ..plan.context import with_first_round
 from ..plan.reduce import make_plan, share_regions
 from ..plan.types import Plan
 
@@ -196,7 +195,7 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     if isinstance(plan, Delayed):
         with worker_deaths_explained():
             plan = plan.compute(scheduler=scheduler or _holder(ddf))
-    if plan.pending:
+    while plan.pending:
         with worker_deaths_explained():
             plan = pending_graph(partitions(ddf), plan).compute(scheduler=scheduler or _holder(ddf))
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
@@ -248,27 +247,27 @@ def pack_graph(parts: list, plan: Plan, plan_node, todo) -> tuple[dict[int, obje
 
 def pending_graph(parts: list, plan: Plan) -> Delayed:
     """The plan the select pass follows, lazily, from a :attr:`~datamask_dask.plan.types.Plan.pending`
-    one: its regions' quotas shared (:func:`share_graph`), or its context's first round learned
-    (:func:`first_round_graph`)."""
-    return first_round_graph(parts, plan) if plan.context is not None else share_graph(parts, plan)
+    one: its regions' quotas shared (:func:`share_graph`), or its context's next round learned
+    (:func:`context_round_graph`)."""
+    return context_round_graph(parts, plan) if plan.context is not None else share_graph(parts, plan)
 
 
-def first_round_graph(parts: list, plan: Plan) -> Delayed:
-    """The context's first round, lazily (``pieces="context"``): every piece learned apart, as the
-    select pass would learn it (:func:`~datamask_dask.partition.select.first_round`), each partition's
-    picks added to the sum of those before it, one task after another, and the total put in the plan
-    (:func:`~datamask_dask.plan.context.with_first_round`)."""
+def context_round_graph(parts: list, plan: Plan) -> Delayed:
+    """The context's next round, lazily (``pieces="context"``): every piece learned as the round learns
+    it (:func:`~datamask_dask.partition.select.context_round`), each partition's picks added to the sum
+    of those before it, one task after another, and the total put in the plan
+    (:meth:`~datamask_dask.plan.types.Plan.with_round`)."""
     plan_node = dask.delayed(plan, traverse=False)
     packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)))
     total = None
     for i, part in enumerate(parts):
-        picks = dask.delayed(first_round, pure=True)(
+        picks = dask.delayed(context_round, pure=True)(
             part, plan_node, {"number": i}, packs.get(i, ()),
-            dask_key_name=_key("datamask-first-round", part, plan_node, i))
+            dask_key_name=_key("datamask-context-round", part, plan_node, i))
         total = picks if total is None else dask.delayed(add, pure=True)(
-            total, picks, dask_key_name=_key("datamask-first-round-sum", total, picks))
-    return dask.delayed(with_first_round, pure=True)(plan_node, total,
-                                                     dask_key_name=_key("datamask-first-round-plan", total))
+            total, picks, dask_key_name=_key("datamask-context-round-sum", total, picks))
+    return dask.delayed(Plan.with_round, pure=True)(plan_node, total,
+                                               dask_key_name=_key("datamask-context-round-plan", total))
 
 
 def share_graph(parts: list, plan: Plan) -> Delayed:
@@ -363,7 +362,7 @@ def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None
     with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
         plan = plan_graph(ddf, spec)
     plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
-    if plan.pending:
+    while plan.pending:
         plan = progress_bars.compute(pending_graph(partitions(ddf), plan), scheduler=scheduler,
                                      progress=progress)[0]
     return plan

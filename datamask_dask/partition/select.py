@@ -359,28 +359,29 @@ def area_sums(frame, plan: Plan, partition_info=None) -> AreaSummaries:
                          {"plan curve": time.perf_counter() - started})
 
 
-def first_round(frame, plan: Plan, partition_info=None,
-                packs: Iterable[PackResult] = ()) -> context.FirstPicks:
-    """One partition's part of the context's first round (``pieces="context"``,
-    :mod:`datamask_dask.plan.context`): its rows the plan selects, every piece learned apart on the
-    table's moments, and their second moment. ``packs``: as for :func:`select_partition`."""
+def context_round(frame, plan: Plan, partition_info=None, packs: Iterable[PackResult] = ()) -> context.Picks:
+    """One partition's part of the context's next round (``pieces="context"``,
+    :mod:`datamask_dask.plan.context`): its rows the plan selects, every piece learned as the round
+    learns it, and their :class:`~datamask_dask.plan.context.Picks`. ``packs``: as for
+    :func:`select_partition`."""
     started = time.perf_counter()
     number = partition_info["number"] if partition_info is not None else 0
     if plan.context is None:
-        raise RuntimeError(f"partition {number}: a first round without a context; please report this with "
-                           "the run record")
+        raise RuntimeError(f"partition {number}: a round of the context without one; please report this "
+                           "with the run record")
     packs = list(packs)
     out = select_partition(frame, plan, partition_info, packs)
     picked = np.flatnonzero(adapters.host_values(out, plan.spec.selected_column).to_numpy())
-    dim = plan.context.mean.size
-    moment = np.zeros((dim, dim), dtype=np.float64)
+    dim = plan.context.table.mean.size
+    rows, quality = np.zeros((0, dim)), np.zeros(0)
     if picked.size:
         source = adapters.embedding_source(frame[plan.spec.embedding_column], f"partition {number}", plan.dim)
         rows = adapters.host_rows(source.rows(picked)).astype(np.float64)
-        moment = context.picks_moment(rows / np.linalg.norm(rows, axis=1, keepdims=True), plan.context)
+        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+        quality = _normalised(plan, quality_values(frame, plan.spec, f"partition {number}")[picked])
     learned = sum(sum(result.measures.stages.values()) for result in packs  # a pack's, by its first member
                   if plan.packs[result.index].partitions[0] == number)
-    return context.FirstPicks(int(picked.size), moment, time.perf_counter() - started + learned)
+    return context.picked(rows, quality, plan.context.table, time.perf_counter() - started + learned)
 
 
 def _normalised(plan: Plan, quality: np.ndarray) -> np.ndarray:
@@ -597,16 +598,15 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
     options = part.memory.options
     with part.measures.timed("extract"):
         embeddings = _unit_rows(part, chunk, where)
+    seed = derive_seed(options.seed, part.plan.seed_number(part.number), cell.group, chunk_number, part.area)
+    against = None if part.plan.context is None else part.plan.context.against(k, seed)
     try:
         with part.measures.timed("learn"):
             result = learn_mask(part.quality[chunk], embeddings, k, options, device=part.device,
                                 quality_range=part.plan.ranges[cell.group],
                                 weights=None if part.weights is None else part.weights[chunk],
-                                others=part.others, where=where,
-                                moments=None if part.plan.context is None else context.rest_of(
-                                    part.plan.context, k),
-                                seed=derive_seed(options.seed, part.plan.seed_number(part.number), cell.group,
-                                                 chunk_number, part.area))
+                                others=part.others, where=where, seed=seed,
+                                moments=against)
         part.measures.curve(where, result.history)  # for the run summary's learning curves
         return result
     except InputDataError as exc:

@@ -10,32 +10,34 @@ sees; its picks can then score below random ones. So:
    squares (:func:`row_moments`), and every piece standardises by the table's mean and std
    (:func:`table_moments`).
 2. **A first round.** Every piece learns its quota apart, as with ``pieces="partitions"``, and each
-   partition returns the second moment ``sum z z^T`` of its picks' standardised rows
-   (:func:`picks_moment`), added up one partition after another (:class:`FirstPicks`,
-   :func:`with_first_round`).
-3. **The second round** is the select pass: each piece learns again against the rest of the table's
-   first picks, the whole first round's moment scaled to the rows the rest picks (the table's picks
-   less its own quota, :func:`rest_of`). A piece's own first picks are not subtracted: that would
-   take a matrix per piece to every task, and the scaled sum comes close to it in the benchmarks.
+   partition returns its picks' sums ``sum z``, ``sum z z^T`` of their standardised rows and of their
+   qualities (:class:`Picks`), added up one partition after another (:meth:`Context.then`).
+3. **A second round.** Every piece learns again against the rest of the table's first picks: the
+   whole first round's moment scaled to the rows the rest picks (:func:`rest_of`). A piece's own
+   first picks are not subtracted: that would take a matrix per piece to every task.
+4. **The share that learns in context** (:func:`best_share`). Every piece moves at once against the
+   same correlations. Where the partitions hold a few topics each, a piece can cancel little of them
+   and the moves add up to what the table needs; on a table split at random into many pieces, each
+   can cancel nearly all of the first round's small random correlations, and together they
+   overshoot. Both rounds' sums give, for a share ``s`` of the pieces keeping their second picks and
+   the others their first, the union's objective in expectation (the sums mix linearly), so the plan
+   takes the best ``s`` and the select pass learns each piece as its round did: in context where the
+   piece's seed falls in the share (:meth:`Context.against`).
 
 Every step is a pure function of the plan and the rows, added up in partition order, so every engine
-and scheduler gets the same moments and rows.
-
-It pays where the partitions hold a few topics each. On a table split at random into many pieces the
-first round's union is decorrelated but for small random correlations, which every piece then
-pushes against at once: together they overshoot. ``pieces="auto"`` therefore keeps DiSF's partitions.
+and scheduler gets the same sums, share and rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..learn.metrics.disf import TableMoments
-from .types import Plan
 
 BLOCK = 8192  # rows whose moments are taken at once
 
@@ -65,41 +67,106 @@ def table_moments(moments: list[np.ndarray | None], rows: list[int]) -> TableMom
     return TableMoments(mean, np.where(std > 1e-12, std, 1.0))
 
 
-def picks_moment(embeddings: np.ndarray, context: TableMoments) -> np.ndarray:
-    """``sum z z^T`` (float64, ``(d, d)``) of picked unit rows, standardised by the table's moments."""
-    z = (np.asarray(embeddings, dtype=np.float64) - context.mean) / context.std
-    return z.T @ z
+def picked(rows: np.ndarray, quality: np.ndarray, table: TableMoments, seconds: float) -> Picks:
+    """The :class:`Picks` of picked unit ``rows`` with their qualities (scaled as the learner sees them),
+    standardised by the table's moments."""
+    z = (np.asarray(rows, dtype=np.float64) - table.mean) / table.std
+    return Picks(len(z), z.sum(axis=0), z.T @ z, float(np.sum(quality)), seconds)
+
+
+SHARES = np.linspace(0.0, 1.0, 21)  # the shares of pieces in context the plan weighs
 
 
 @dataclass(frozen=True)
-class FirstPicks:
-    """The first round's picks of some partitions (:func:`datamask_dask.partition.select.first_round`):
-    how many, the second moment ``sum z z^T`` of their standardised rows, and the seconds it took."""
+class Picks:
+    """One round's picks of some partitions (:func:`datamask_dask.partition.select.context_round`): how
+    many, the sums of their standardised rows ``sum z`` and of their outer products ``sum z z^T``, the
+    sum of their qualities scaled as the learner sees them, and the seconds it took."""
 
     count: int
+    sums: np.ndarray  # (d,) float64
     moment: np.ndarray  # (d, d) float64
+    quality: float
     seconds: float
 
-    def __add__(self, other: FirstPicks) -> FirstPicks:
+    def __add__(self, other: Picks) -> Picks:
         """Both partitions' picks: added up one partition after another, in partition order, on any engine,
         so that no task holds more than two moments."""
-        return FirstPicks(self.count + other.count, self.moment + other.moment, self.seconds + other.seconds)
+        return Picks(self.count + other.count, self.sums + other.sums, self.moment + other.moment,
+                     self.quality + other.quality, self.seconds + other.seconds)
+
+    def objective(self, lamb: float) -> float:
+        """The union's objective, as the yardstick scores it: ``lamb`` times its mean quality plus
+        ``1 - lamb`` times DiSF of its correlation matrix (standardised by its own mean and std)."""
+        mean = self.sums / self.count
+        covariance = self.moment / self.count - np.outer(mean, mean)
+        scale = np.sqrt(np.maximum(np.diagonal(covariance), 1e-300))
+        correlation = covariance / np.outer(scale, scale)
+        d = correlation.shape[0]
+        off = (correlation**2).sum() - (np.diagonal(correlation) ** 2).sum()
+        return lamb * self.quality / self.count + (1 - lamb) * (1.0 - off / (d * (d - 1)))
 
 
-def with_first_round(plan: Plan, picks: FirstPicks) -> Plan:
-    """``plan`` with its context's first round: every partition's :class:`FirstPicks` added up."""
-    if plan.context is None:
-        raise RuntimeError("with_first_round: the plan has no context; please report this with the run "
-                           "record")
-    stages = {**plan.stages, "plan first round": plan.stages.get("plan first round", 0.0) + picks.seconds}
-    return dataclasses.replace(plan, context=dataclasses.replace(plan.context, moment=picks.moment,
-                                                                 count=picks.count), stages=stages)
+def mixed(first: Picks, second: Picks, share: float) -> Picks:
+    """The expected sums when a ``share`` of the pieces keep their second round's picks."""
+    return Picks(first.count, (1 - share) * first.sums + share * second.sums,
+                 (1 - share) * first.moment + share * second.moment,
+                 (1 - share) * first.quality + share * second.quality, 0.0)
 
 
-def rest_of(context: TableMoments, quota: int) -> TableMoments:
+def best_share(first: Picks, second: Picks, lamb: float) -> float:
+    """The share of pieces in context (one of :data:`SHARES`) whose expected union scores best; of
+    equals, the smallest (the fewest pieces moved)."""
+    scores = [mixed(first, second, share).objective(lamb) for share in SHARES]
+    return float(SHARES[int(np.argmax(scores))])
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the pieces of a DiSF table learn against: the table's moments (``table``), each round's
+    picks once learned, and the share of pieces that learns in context, once both are."""
+
+    table: TableMoments
+    first: Picks | None = None
+    second: Picks | None = None
+    share: float | None = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether a round is still to be learned before the select pass."""
+        return self.share is None
+
+    def against(self, quota: int, seed: int) -> TableMoments:
+        """What a piece that selects ``quota`` rows, learned with ``seed`` (uint32), learns against in the
+        round to come: in the first, the table's moments alone; in the second, the rest of the
+        first round's picks too (:func:`rest_of`); in the select pass, whichever its round chose, in
+        context where its seed falls in the :attr:`share`."""
+        if self.first is None or (self.share is not None and (seed + 0.5) / 2**32 >= self.share):
+            return self.table
+        return rest_of(self.table, self.first, quota)
+
+    def then(self, picks: Picks, lamb: float) -> tuple[Context, str]:
+        """This context with its next round's picks (every partition's :class:`Picks` added up); after the
+        second, the share that learns in context (:func:`best_share`, for ``lamb``). And the round's
+        stage name."""
+        if not self.pending:
+            raise RuntimeError("Context.then: both rounds are learned; please report this with the run "
+                               "record")
+        if self.first is None:
+            return dataclasses.replace(self, first=picks), "plan first round"
+        share = best_share(self.first, picks, lamb)
+        return dataclasses.replace(self, second=picks, share=share), "plan second round"
+
+    def identity(self) -> list:
+        """What decides the rows selected, as plain data."""
+        rounds = [hashlib.sha256(picks.moment.tobytes()).hexdigest() for picks in (self.first, self.second)
+                  if picks is not None]
+        return [None if self.first is None else self.first.count, *rounds, self.share]
+
+
+def rest_of(table: TableMoments, first: Picks, quota: int) -> TableMoments:
     """What a piece that selects ``quota`` rows learns against: the first round's moment scaled to the
     rows the rest of the table picks."""
-    rest = max(context.count - quota, 0)
-    share = rest / context.count if context.count else 0.0
-    return dataclasses.replace(context, moment=None if context.moment is None else context.moment * share,
-                               count=rest)
+    rest = max(first.count - quota, 0)
+    share = rest / first.count if first.count else 0.0
+    return dataclasses.replace(table, moment=first.moment * share, count=rest)

@@ -90,7 +90,8 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
     elif spec.diversity_scope == "table":
         packs = pack_cells(cells, spec.chunk_rows(dim))
         if spec.pieces == "context" and eligible > spec.chunk_rows(dim):
-            table_context = context.table_moments([s.moments for s in summaries], [s.n for s in summaries])
+            moments = context.table_moments([s.moments for s in summaries], [s.n for s in summaries])
+            table_context = context.Context(moments)
     return Plan(spec=spec, cells=cells, packs=packs, **places, context=table_context,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},

@@ -6,7 +6,7 @@ set aside) and read-only: one copy travels to every task.
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass, field
 from functools import cached_property
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..learn.metrics.disf import TableMoments
+from .context import Context, Picks
 
 if TYPE_CHECKING:  # the spec is the partition room's; the plan only carries it
     from ..partition.spec import SelectSpec
@@ -109,9 +109,9 @@ class Plan:
     # Pair_simi in regions, per pack: the sum of the unit rows the other packs are planned to select,
     # and how many (reduce.share_regions), which its learner learns the table's similarity with
     others: tuple[tuple[np.ndarray, int], ...] = ()
-    # pieces="context" (DiSF): the table's moments and, once its first round is learned, its picks'
-    # second moment (plan.context), which every piece learns against
-    context: TableMoments | None = None
+    # pieces="context" (DiSF): the table's moments, its rounds' picks and the share of pieces learned in
+    # context (plan.context)
+    context: Context | None = None
 
     def cells_of(self, partition: int) -> tuple[Cell, ...]:
         return self.cells.get(partition, ())
@@ -128,10 +128,19 @@ class Plan:
     @property
     def pending(self) -> bool:
         """Whether a pass over the rows must run before the select pass: the regions' quotas are still
-        to be shared (``plan.reduce.share_regions``), or the context's first round to be learned
-        (``plan.context.with_first_round``)."""
-        return any(pack.quota < 0 for pack in self.packs) or (self.context is not None
-                                                              and self.context.moment is None)
+        to be shared (``plan.reduce.share_regions``), or a round of the context to be learned
+        (:meth:`with_round`)."""
+        regions = any(pack.quota < 0 for pack in self.packs)
+        return regions or (self.context is not None and self.context.pending)
+
+    def with_round(self, picks: Picks) -> Plan:
+        """This plan with its context's next round (:meth:`~datamask_dask.plan.context.Context.then`)."""
+        if self.context is None:
+            raise RuntimeError("Plan.with_round: the plan has no context; please report this with the run "
+                               "record")
+        found, stage = self.context.then(picks, self.spec.options.lamb)
+        stages = {**self.stages, stage: self.stages.get(stage, 0.0) + picks.seconds}
+        return dataclasses.replace(self, context=found, stages=stages)
 
     @property
     def regional(self) -> bool:
@@ -179,6 +188,6 @@ class Plan:
                "ranges": dict(self.ranges), "dim": self.dim}
         if self.regional:  # the regions' quotas come from their curves, not from the cells
             out["areas"] = [[list(pack.areas), pack.quota] for pack in self.packs]
-        if self.context is not None and self.context.moment is not None:  # and what the pieces learn against
-            out["context"] = [self.context.count, hashlib.sha256(self.context.moment.tobytes()).hexdigest()]
+        if self.context is not None:  # and what the pieces learn against
+            out["context"] = self.context.identity()
         return out

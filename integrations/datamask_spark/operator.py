@@ -75,7 +75,7 @@ from datamask_dask.partition.select import (
     PackResult,
     PackRows,
     area_sums,
-    first_round,
+    context_round,
     learn_pack,
     pack_curve,
     pack_rows,
@@ -84,7 +84,6 @@ from datamask_dask.partition.select import (
     selection_fields,
 )
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
-from datamask_dask.plan.context import with_first_round
 from datamask_dask.plan.reduce import make_plan, share_regions
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
 from datamask_dask.telemetry import Measures
@@ -107,8 +106,8 @@ PACK_RESULT_SCHEMA = "pack int, payload binary"
 # what the plan pass found of the areas, pickled: a region's curves (pack_curve) or a partition's
 # sums by area (area_sums)
 AREAS_SCHEMA = "pack int, partition int, found binary"
-# a partition's part of the context's first round, pickled (first_round)
-FIRST_ROUND_SCHEMA = "partition int, payload binary"
+# a partition's part of a round of the context, pickled (context_round)
+CONTEXT_ROUND_SCHEMA = "partition int, payload binary"
 
 
 def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, **options):
@@ -326,28 +325,27 @@ def spark_packs(sdf, plan: Plan, todo=None) -> dict:
 
 def spark_pending(plan: Plan, schema: pa.Schema, read) -> Plan:
     """The plan the select pass follows, from a :attr:`~datamask_dask.plan.types.Plan.pending` one (any
-    other as it is): its regions' quotas shared (:func:`spark_regions`), or its context's first round
-    learned (:func:`spark_first_round`). ``read`` as for :func:`learn_packs`."""
-    if not plan.pending:
-        return plan
-    if plan.context is not None:
-        return spark_first_round(plan, schema, read)
-    return spark_regions(plan, schema, read)
+    other as it is): its regions' quotas shared (:func:`spark_regions`), or its context's rounds
+    learned (:func:`spark_context_round`). ``read`` as for :func:`learn_packs`."""
+    while plan.pending:
+        plan = spark_context_round(plan, schema, read) if plan.context is not None else \
+            spark_regions(plan, schema, read)
+    return plan
 
 
-def spark_first_round(plan: Plan, schema: pa.Schema, read) -> Plan:
-    """The context's first round (``pieces="context"``): every piece learned apart, as the select pass
-    would learn it (its packs by :func:`learn_packs`, each partition's picks by
-    :func:`~datamask_dask.partition.select.first_round`), added up on the driver in partition order,
-    as every engine adds them (:func:`~datamask_dask.plan.context.with_first_round`)."""
-    found = read(FirstRoundTask(plan, schema, learn_packs(plan, schema, read)))
+def spark_context_round(plan: Plan, schema: pa.Schema, read) -> Plan:
+    """The context's next round (``pieces="context"``): every piece learned as the round learns it (its
+    packs by :func:`learn_packs`, each partition's picks by
+    :func:`~datamask_dask.partition.select.context_round`), added up on the driver in partition order,
+    as every engine adds them (:meth:`~datamask_dask.plan.types.Plan.with_round`)."""
+    found = read(ContextRoundTask(plan, schema, learn_packs(plan, schema, read)))
     with spark_errors():
         collected = found.collect()
     total = None
     for row in sorted(collected, key=lambda row: row["partition"]):
         picks = pickle.loads(row["payload"])  # noqa: S301 (this job's own task payloads)
         total = picks if total is None else total + picks
-    return with_first_round(plan, total)
+    return plan.with_round(total)
 
 
 def spark_regions(plan: Plan, schema: pa.Schema, read) -> Plan:
@@ -573,11 +571,12 @@ class SelectTask:
         return batches, selection_arrays(out, spec, self.schema)
 
 
-class FirstRoundTask(SelectTask):
-    """The context's first round's ``mapInArrow`` function: one partition's
-    :func:`~datamask_dask.partition.select.first_round`, pickled in one row (:data:`FIRST_ROUND_SCHEMA`)."""
+class ContextRoundTask(SelectTask):
+    """A round of the context's ``mapInArrow`` function: one partition's
+    :func:`~datamask_dask.partition.select.context_round`, pickled in one row
+    (:data:`CONTEXT_ROUND_SCHEMA`)."""
 
-    output = FIRST_ROUND_SCHEMA
+    output = CONTEXT_ROUND_SCHEMA
     members = None  # every partition is read
 
     def __call__(self, batches):
@@ -587,7 +586,7 @@ class FirstRoundTask(SelectTask):
         table = pa.Table.from_batches(batches).select(self.columns) if batches else None
         frame = to_pandas(table) if table is not None else empty_frame(self.schema)[self.columns]
         try:
-            picks = first_round(frame, self.plan, {"number": number}, self.packs.values())
+            picks = context_round(frame, self.plan, {"number": number}, self.packs.values())
         except DataMaskError as exc:
             raise RuntimeError(transport(exc)) from None
         payload = pickle.dumps(picks, protocol=5)

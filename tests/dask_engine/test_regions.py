@@ -111,7 +111,7 @@ def test_same_rows_on_threads_and_on_a_cluster(client, spread, algorithm, pieces
 
 
 @pytest.mark.parametrize("pieces, options, named, auto", [
-    ("regions", {"algorithm": "DiSF"}, "algorithm='DiSF'", "partitions"),
+    ("regions", {"algorithm": "DiSF"}, "algorithm='DiSF'", "context"),
     ("regions", {"diversity_scope": "partition"}, 'diversity_scope="partition"', "partitions"),
     ("regions", {"budget_tokens": 100, "ratio": None}, "budget_tokens", None),
     ("context", {}, "algorithm='Facility'", "regions"),

@@ -1,0 +1,68 @@
+"""The context's sums (pure numpy): a union's objective from its picks' sums is the yardstick's, and the
+plan keeps the share of pieces in context whose expected union scores best."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datamask_dask.learn.metrics.disf import TableMoments
+from datamask_dask.learn.metrics.evaluate import evaluate_selection
+from datamask_dask.plan.context import Context, Picks, best_share, mixed, picked, table_moments
+
+DIM = 8
+
+
+def _table(rows=2000, seed=0):
+    rng = np.random.default_rng(seed)
+    emb = rng.standard_normal((rows, DIM)) + np.linspace(0, 1, DIM) * rng.standard_normal((rows, 1))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    quality = rng.random(rows)
+    sums = np.stack([emb.sum(axis=0), (emb * emb).sum(axis=0)])
+    return emb, quality, table_moments([sums], [rows])
+
+
+@pytest.mark.parametrize("lamb", [0.0, 0.5])
+def test_a_unions_objective_from_its_picks_sums_is_the_yardsticks(lamb):
+    emb, quality, table = _table()
+    mask = np.zeros(len(emb), dtype=bool)
+    mask[np.random.default_rng(1).choice(len(emb), 300, replace=False)] = True
+    halves = np.flatnonzero(mask)[:120], np.flatnonzero(mask)[120:]  # two partitions' picks, added up
+    union = sum((picked(emb[rows], quality[rows], table, 0.0) for rows in halves[1:]),
+                picked(emb[halves[0]], quality[halves[0]], table, 0.0))
+    expected = evaluate_selection(quality, emb.astype(np.float32), mask, algorithm="DiSF", lamb=lamb,
+                                  quality_range=(0.0, 1.0))["objective"]
+    assert union.count == 300
+    assert union.objective(lamb) == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_share_in_context_is_the_better_round_and_the_fewest_pieces_moved_of_equals():
+    emb, quality, table = _table()
+    correlated = np.argsort(np.abs(emb @ np.linspace(0, 1, DIM)))[-300:]  # both tails of the shared direction
+    spread = np.random.default_rng(2).choice(len(emb), 300, replace=False)
+    worse, better = (picked(emb[rows], quality[rows], table, 0.0) for rows in (correlated, spread))
+    assert better.objective(0.0) > worse.objective(0.0)
+    assert best_share(worse, better, 0.0) > 0.5
+    assert best_share(better, worse, 0.0) < 0.5
+    assert best_share(better, better, 0.0) == 0.0
+    half = mixed(worse, better, 0.5)
+    np.testing.assert_allclose(half.moment, (worse.moment + better.moment) / 2)
+    assert half.count == 300 and half.quality == pytest.approx((worse.quality + better.quality) / 2)
+
+
+def test_each_round_learns_against_what_it_should():
+    table = TableMoments(np.zeros(DIM), np.ones(DIM))
+    first = Picks(100, np.zeros(DIM), np.eye(DIM) * 100, 50.0, 1.0)
+    context = Context(table)
+    assert context.pending and context.against(10, 0) is table  # the first round: apart
+    context, stage = context.then(first, 0.0)
+    rest = context.against(10, 0)  # the second: against the rest of the first picks
+    assert stage == "plan first round" and rest.count == 90
+    np.testing.assert_allclose(rest.moment, np.eye(DIM) * 90)
+    context, stage = context.then(first, 0.0)  # rounds alike: none moved
+    assert stage == "plan second round" and not context.pending and context.share == 0.0
+    assert context.against(10, 0) is table
+    split = Context(table, first, first, 0.5)  # the select pass: in context where the seed falls in the share
+    assert split.against(10, 2**31 - 1).count == 90 and split.against(10, 2**31) is table
+    with pytest.raises(RuntimeError, match="both rounds"):
+        split.then(first, 0.0)
