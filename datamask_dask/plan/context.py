@@ -67,13 +67,6 @@ def table_moments(moments: list[np.ndarray | None], rows: list[int]) -> TableMom
     return TableMoments(mean, np.where(std > 1e-12, std, 1.0))
 
 
-def picked(rows: np.ndarray, quality: np.ndarray, table: TableMoments, seconds: float) -> Picks:
-    """The :class:`Picks` of picked unit ``rows`` with their qualities (scaled as the learner sees them),
-    standardised by the table's moments."""
-    z = (np.asarray(rows, dtype=np.float64) - table.mean) / table.std
-    return Picks(len(z), z.sum(axis=0), z.T @ z, float(np.sum(quality)), seconds)
-
-
 SHARES = np.linspace(0.0, 1.0, 21)  # the shares of pieces in context the plan weighs
 
 
@@ -100,11 +93,20 @@ class Picks:
         ``1 - lamb`` times DiSF of its correlation matrix (standardised by its own mean and std)."""
         mean = self.sums / self.count
         covariance = self.moment / self.count - np.outer(mean, mean)
-        scale = np.sqrt(np.maximum(np.diagonal(covariance), 1e-300))
+        variance = np.diagonal(covariance)
+        # a dimension constant over the picks carries nothing (its variance is rounding)
+        scale = np.where(variance > 1e-12 * variance.max(), np.sqrt(np.abs(variance)), np.inf)
         correlation = covariance / np.outer(scale, scale)
         d = correlation.shape[0]
         off = (correlation**2).sum() - (np.diagonal(correlation) ** 2).sum()
         return lamb * self.quality / self.count + (1 - lamb) * (1.0 - off / (d * (d - 1)))
+
+
+def picked(rows: np.ndarray, quality: np.ndarray, table: TableMoments, seconds: float) -> Picks:
+    """The :class:`Picks` of picked unit ``rows`` with their qualities (scaled as the learner sees them),
+    standardised by the table's moments."""
+    z = (np.asarray(rows, dtype=np.float64) - table.mean) / table.std
+    return Picks(len(z), z.sum(axis=0), z.T @ z, float(np.sum(quality)), seconds)
 
 
 def mixed(first: Picks, second: Picks, share: float) -> Picks:

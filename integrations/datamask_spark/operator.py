@@ -337,14 +337,22 @@ def spark_context_round(plan: Plan, schema: pa.Schema, read) -> Plan:
     """The context's next round (``pieces="context"``): every piece learned as the round learns it (its
     packs by :func:`learn_packs`, each partition's picks by
     :func:`~datamask_dask.partition.select.context_round`), added up on the driver in partition order,
-    as every engine adds them (:meth:`~datamask_dask.plan.types.Plan.with_round`)."""
-    found = read(ContextRoundTask(plan, schema, learn_packs(plan, schema, read)))
-    with spark_errors():
-        collected = found.collect()
-    total = None
-    for row in sorted(collected, key=lambda row: row["partition"]):
-        picks = pickle.loads(row["payload"])  # noqa: S301 (this job's own task payloads)
-        total = picks if total is None else total + picks
+    as every engine adds them, one partition's d x d sums at a time
+    (:meth:`~datamask_dask.plan.types.Plan.with_round`)."""
+    found = read(ContextRoundTask(plan, schema, learn_packs(plan, schema, read))).persist()
+    total, last = None, -1
+    try:
+        with spark_errors():
+            found.count()  # every partition learned at once; their picks reach the driver one at a time
+            for row in found.toLocalIterator(prefetchPartitions=True):
+                if row["partition"] <= last:
+                    raise RuntimeError(f"spark_context_round: partition {row['partition']} came after "
+                                       f"{last}; please report this with the run record")
+                last = row["partition"]
+                picks = pickle.loads(row["payload"])  # noqa: S301 (this job's own task payloads)
+                total = picks if total is None else total + picks
+    finally:
+        found.unpersist()
     return plan.with_round(total)
 
 

@@ -53,9 +53,9 @@ def test_same_rows_as_dask_exact_count_columns_kept(sdf, parquet_dir, corpus):
                                                ("DiSF", "context")])
 def test_regions_select_dask_s_rows_on_both_spark_doors(spark, sdf, parquet_dir, tmp_path, algorithm, pieces):
     """``pieces="regions"``: the areas' summaries run on the executors (Facility's curves grouped by
-    region, Pair_simi's sums by partition); ``pieces="context"``: DiSF's first round, its moments
-    added up on the driver in partition order. The rows are Dask's, on the DataFrame door and on the
-    file job."""
+    region, Pair_simi's sums by partition); ``pieces="context"``: DiSF's two rounds, their sums added
+    up on the driver in partition order. The rows are Dask's, on the DataFrame door and on the file
+    job."""
     import pyarrow.parquet as pq
     from datamask_spark import write_file_selection
 
