@@ -180,13 +180,73 @@ def _add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus.add_argument("--partitions", type=int, default=4)
 
 
+_TEXT_MODEL = ("scorer", "model", "embed_batch_size", "max_tokens", "long_documents", "embed_precision")
+_DASK_CLUSTER = ("scheduler", "n_workers", "threads_per_worker", "progress")
+_DASK_WRITE = ("output_columns", "mode", "incremental", "row_filter", "text_column", *_TEXT_MODEL)
+#: Where a flag applies, when not everywhere: (what it needs, whether the command has it, the flags).
+#: A flag given without what it needs is refused at once, in one line naming it; every other flag
+#: applies to every input, output and engine of its command (tests/cli/test_flag_matrix.py).
+_NEEDS = (
+    ("an --input (--demo runs the sample corpus on Dask)", lambda a: not a.demo,
+     ("engine", "spark_master", "resume", "progress", *_DASK_WRITE)),
+    ("--output", lambda a: a.output is not None, ("overwrite",)),
+    ("no --demo (it runs on the sample corpus)", lambda a: not a.demo, ("input",)),
+    ("--demo (the sample corpus's size)", lambda a: a.demo, ("rows", "dim", "partitions")),
+    ("--engine dask (Spark runs its own executors: --spark-master names them)",
+     lambda a: a.engine == "dask", _DASK_CLUSTER),
+    ("--engine dask (Spark writes every row plus `selected` to a parquet directory)",
+     lambda a: a.engine == "dask", _DASK_WRITE),
+    ("--engine spark", lambda a: a.engine == "spark", ("spark_master",)),
+    ("--text-column", lambda a: a.text_column is not None, _TEXT_MODEL),
+    ("--n-workers (the workers it starts)", lambda a: a.n_workers is not None, ("threads_per_worker",)),
+    ("no --scheduler (a running scheduler's workers are its own)", lambda a: a.scheduler is None,
+     ("n_workers",)),
+    ("no --overwrite (--mode overwrite replaces the table)", lambda a: not a.overwrite, ("mode",)),
+)
+_DEFAULTS = {"demo": False, "engine": "dask", "text_column": None, "n_workers": None, "scheduler": None,
+             "overwrite": False, "output": None}
+
+
+def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """The flags the command line gave, by destination, each as its first spelling: those whose value is
+    not its command's default."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    flags = [action for action in commands[args.command]._actions if action.option_strings]
+    return {action.dest: action.option_strings[0] for action in flags
+            if getattr(args, action.dest, action.default) != action.default}
+
+
+def refused_flags(args: argparse.Namespace, given: dict[str, str]) -> str | None:
+    """The first rule of :data:`_NEEDS` that ``given`` flags break, as one line naming them; None: every
+    given flag applies."""
+    values = argparse.Namespace(**{**_DEFAULTS, **vars(args)})
+    values.demo = values.demo or args.command == "demo"
+    for need, holds, dests in _NEEDS:
+        named = [given[dest] for dest in dests if dest in given]
+        if named and not holds(values):
+            return f"{' and '.join(named)} {'needs' if len(named) == 1 else 'need'} {need}"
+    return None
+
+
+def parse_command(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The command line, parsed: no command runs the demo, and so does ``select`` without ``--input``."""
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["demo", *argv])
+    if args.command == "select" and not args.demo and args.input is None:
+        if args.output is not None:
+            parser.error("select: --output needs --input (or run the demo with --demo)")
+        args.demo = True
+    if args.command == "select" and args.input is not None and args.output is None:
+        parser.error("select: --input needs --output")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``datamask`` command; returns the exit status."""
     started = time.perf_counter()
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        args = parser.parse_args(["demo", *(argv if argv is not None else sys.argv[1:])])
+    args = parse_command(parser, list(argv if argv is not None else sys.argv[1:]))
     if args.command == "report":
         from .report.cli import run_report
 
@@ -199,13 +259,11 @@ def main(argv: list[str] | None = None) -> int:
         from .text.cli import run_text
 
         return run_text(args)
-    if args.command == "select" and not args.demo and args.input is None:
-        if args.output is not None:
-            parser.error("select: --output needs --input (or run the demo with --demo)")
-        args.demo = True
-    if args.command == "select" and args.input is not None and args.output is None:
-        parser.error("select: --input needs --output")
     options = {key: getattr(args, key) for key in FIELDS if getattr(args, key, None) is not None}
+    refused = refused_flags(args, given_flags(parser, args))
+    if refused is not None:
+        print(f"datamask: error: {refused}", file=sys.stderr)
+        return 1
     try:
         _check_given(options)
     except OptionError as exc:
@@ -407,15 +465,10 @@ def _run_select_spark(args, options: dict) -> int:
     from .errors import OptionError
     from .io.tables import parse_table_uri
 
-    table_flags = {"--output-columns": args.output_columns != "all", "--incremental": args.incremental,
-                   "--mode": args.mode is not None, "--row-filter": args.row_filter is not None,
-                   "--text-column": getattr(args, "text_column", None) is not None}
-    used = [flag for flag, given in table_flags.items() if given]
-    output_format = parse_table_uri(args.output).format
-    if used or output_format != "parquet":
-        what = " and ".join(used) if used else f"a {output_format} --output"
-        raise OptionError(f"--engine spark writes every row plus `selected` to a parquet directory; {what} "
-                          "need --engine dask")
+    for flag, uri in (("--input", args.input), ("--output", args.output)):  # the other flags: _NEEDS
+        kind = parse_table_uri(uri).format
+        if kind != "parquet":
+            raise OptionError(f"--engine spark reads and writes parquet; a {kind} {flag} needs --engine dask")
     try:
         from datamask_spark.job import select_parquet
     except ImportError as exc:
