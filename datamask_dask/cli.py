@@ -465,10 +465,10 @@ def _run_select_spark(args, options: dict) -> int:
     from .errors import OptionError
     from .io.tables import parse_table_uri
 
-    for flag, uri in (("--input", args.input), ("--output", args.output)):  # the other flags: _NEEDS
-        kind = parse_table_uri(uri).format
-        if kind != "parquet":
-            raise OptionError(f"--engine spark reads and writes parquet; a {kind} {flag} needs --engine dask")
+    kind = parse_table_uri(args.output).format  # (the other flags: _NEEDS)
+    if kind != "parquet":
+        raise OptionError(f"--engine spark writes every row plus `selected` to a parquet directory; a {kind} "
+                          "--output needs --engine dask")
     try:
         from datamask_spark.job import select_parquet
     except ImportError as exc:
