@@ -4,12 +4,14 @@ The data has issue 27's shape: d = ``--dim`` (32), ``--rows-per-partition`` rows
 ``--copies`` (10%) of each file's rows near-copies (cosine ~0.99) of rows of the previous file
 (``ensure_spread_dataset``), generated once under ``--data`` at the largest size;
 each smaller size is the first files of it (a folder of links). Each size is one fresh ``datamask
-select --n-workers W`` process with the CLI's defaults (table scope, Pair_simi). Reported: the
-job's own seconds (start-up excluded) and plan phase, the peak resident memory of the job's
-process and of its largest worker (sampled every 0.25 s), the planted cross-file copy pairs whose
-rows were both selected (counted exactly from the output's ``selected`` column) and the
-near-duplicate pairs among the selected rows (the run summary's SimHash LSH estimate on its sample
-of the selection, which also counts natural neighbours), each against a random pick of as many rows.
+select --n-workers W`` process with the CLI's defaults (table scope, Pair_simi; ``--algorithm``
+names other metrics, each run at every size with its own defaults: Facility in regions, DiSF in
+context). Reported: the job's own seconds (start-up excluded) and plan phase, the peak resident
+memory of the job's process and of its largest worker (sampled every 0.25 s), the planted
+cross-file copy pairs whose rows were both selected (counted exactly from the output's ``selected``
+column) and the near-duplicate pairs among the selected rows (the run summary's SimHash LSH estimate
+on its sample of the selection, which also counts natural neighbours), each against a random pick of
+as many rows.
 
     python benchmarks/bench_table_scale.py --sizes 1000000 6000000 --data /work/data-e2e/n6000000 \\
         --json benchmarks/results/table-scale.json
@@ -67,6 +69,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows-per-partition", type=int, default=100_000)
     parser.add_argument("--copies", type=float, default=0.1)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--algorithm", nargs="+", default=["Pair_simi"],
+                        help="the metrics, each a job per size")
     parser.add_argument("--data", default="/tmp/datamask-scale", help="where the largest size is generated")
     parser.add_argument("--json", help="append the results to this JSON file (results/table-scale.json)")
     args = parser.parse_args(argv)
@@ -75,34 +79,40 @@ def main(argv=None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     rows = []
     try:
-        for size in sorted(args.sizes):
-            n_files = size // args.rows_per_partition
-            folder = first_files(source, n_files, source.with_name(f"{source.name}-first{n_files}"))
-            load = os.getloadavg()[0]
-            job = checkout_job(str(HERE.parent), folder, scratch / "out", args.workers, [])
-            pairs = job["summary"].get("selected_pairs") or {}
-            rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
-            planted = planted_pairs_selected(scratch / "out", n_files, args.rows_per_partition, args.copies)
-            rows.append((size, n_files, job, pairs, rand, planted, load))
-            print(size, job["seconds"], job["peak_rss"], pairs, rand, planted, file=sys.stderr, flush=True)
+        for algorithm in args.algorithm:
+            for size in sorted(args.sizes):
+                n_files = size // args.rows_per_partition
+                folder = first_files(source, n_files, source.with_name(f"{source.name}-first{n_files}"))
+                load = os.getloadavg()[0]
+                job = checkout_job(str(HERE.parent), folder, scratch / "out", args.workers,
+                                   ["--algorithm", algorithm])
+                pairs = job["summary"].get("selected_pairs") or {}
+                rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
+                planted = planted_pairs_selected(scratch / "out", n_files, args.rows_per_partition,
+                                                 args.copies)
+                rows.append((algorithm, size, n_files, job, pairs, rand, planted, load))
+                print(algorithm, size, job["seconds"], job["peak_rss"], pairs, rand, planted, file=sys.stderr,
+                      flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    first = rows[0][2]
     given = " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"# The table scope as the table grows (d = {args.dim}, {args.rows_per_partition:,} rows a "
              f"file, {args.copies:.0%} cross-file near-copies)", "",
              f"Command: `python benchmarks/bench_table_scale.py {given}`", "",
-             f"`datamask select --n-workers {args.workers}`, CLI defaults (table scope, Pair_simi); "
-             f"{os.cpu_count()} CPU cores shared with other work; one run per size.", "",
-             "| rows | files | load at start | job s | plan s | time / smallest's | peak RSS, job process | "
-             "peak RSS, largest worker | largest / smallest's | selected pairs within / across (of rows) | "
+             f"`datamask select --n-workers {args.workers} --algorithm A`, CLI defaults otherwise (table "
+             f"scope, each metric's pieces); {os.cpu_count()} CPU cores shared with other work; one run per "
+             "size.", "",
+             "| metric | rows | files | load at start | job s | plan s | time / smallest's | "
+             "peak RSS, job process | peak RSS, largest worker | largest / smallest's | "
+             "selected pairs within / across (of rows) | "
              "random pick within / across | planted copy pairs: both selected, job / random pick |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
-    base = max(first["peak_rss"].values())
-    for size, n_files, job, pairs, rand, planted, load in rows:
-        peak = job["peak_rss"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    smallest = {algorithm: job for algorithm, size, _, job, *_ in rows if size == min(args.sizes)}
+    for algorithm, size, n_files, job, pairs, rand, planted, load in rows:
+        peak, first = job["peak_rss"], smallest[algorithm]
+        base = max(first["peak_rss"].values())
         plan = job["phases"].get("plan", 0)
-        lines.append(f"| {size:,} | {n_files} | {load:.1f} | {job['seconds']:.1f} | {plan:.1f} "
+        lines.append(f"| {algorithm} | {size:,} | {n_files} | {load:.1f} | {job['seconds']:.1f} | {plan:.1f} "
                      f"| {job['seconds'] / first['seconds']:.2f}x | {peak['main'] / 2**30:.2f} GiB | "
                      f"{peak['largest worker'] / 2**30:.2f} GiB | {max(peak.values()) / base:.2f}x | "
                      f"{pairs.get('within')} / {pairs.get('across')} ({pairs.get('rows', 0):,}) | "

@@ -141,7 +141,7 @@ HEADLINES = (
     ("On a GPU", "gpu", "The cuDF I/O ceiling", ("pass", "rows"), ("rows/s",), None),
     ("On a GPU", "gpu", "The -m gpu tests", ("tests",), ("passed", "failed"), None),
     ("Spark", "spark", "Spark local[2] vs Dask", ("code",), ("spark / dask", "same rows"), "last"),
-    ("The table scope as the table grows", "table-scale", "", ("rows", "files"),
+    ("The table scope as the table grows", "table-scale", "", ("metric", "rows", "files"),
      ("job s", "peak RSS, largest worker"), None),
     ("Near-duplicates across the table", "duplicates", "One-task near-duplicate search", ("rows",),
      ("search s (least / median)", "peak memory allocated by the search"), None),
