@@ -125,12 +125,12 @@ def best_share(first: Picks, second: Picks, lamb: float) -> float:
 
 @dataclass(frozen=True)
 class Context:
-    """What the pieces of a DiSF table learn against: the table's moments (``table``), each round's
-    picks once learned, and the share of pieces that learns in context, once both are."""
+    """What the pieces of a DiSF table learn against: the table's moments (``table``), the first round's
+    picks once learned, and the share of pieces that learns in context once the second is (its picks
+    decide nothing else, so the plan does not carry them)."""
 
     table: TableMoments
     first: Picks | None = None
-    second: Picks | None = None
     share: float | None = None
 
     @property
@@ -148,22 +148,21 @@ class Context:
         return rest_of(self.table, self.first, quota)
 
     def then(self, picks: Picks, lamb: float) -> tuple[Context, str]:
-        """This context with its next round's picks (every partition's :class:`Picks` added up); after the
-        second, the share that learns in context (:func:`best_share`, for ``lamb``). And the round's
-        stage name."""
+        """This context after its next round (``picks``: every partition's :class:`Picks` added up): the
+        first round's picks, or after the second, the share that learns in context (:func:`best_share`,
+        for ``lamb``). And the round's stage name."""
         if not self.pending:
             raise RuntimeError("Context.then: both rounds are learned; please report this with the run "
                                "record")
         if self.first is None:
             return dataclasses.replace(self, first=picks), "plan first round"
-        share = best_share(self.first, picks, lamb)
-        return dataclasses.replace(self, second=picks, share=share), "plan second round"
+        return dataclasses.replace(self, share=best_share(self.first, picks, lamb)), "plan second round"
 
     def identity(self) -> list:
         """What decides the rows selected, as plain data."""
-        rounds = [hashlib.sha256(picks.moment.tobytes()).hexdigest() for picks in (self.first, self.second)
-                  if picks is not None]
-        return [None if self.first is None else self.first.count, *rounds, self.share]
+        if self.first is None:
+            return [None, None, self.share]
+        return [self.first.count, hashlib.sha256(self.first.moment.tobytes()).hexdigest(), self.share]
 
 
 def rest_of(table: TableMoments, first: Picks, quota: int) -> TableMoments:

@@ -109,7 +109,7 @@ class Plan:
     # Pair_simi in regions, per pack: the sum of the unit rows the other packs are planned to select,
     # and how many (reduce.share_regions), which its learner learns the table's similarity with
     others: tuple[tuple[np.ndarray, int], ...] = ()
-    # pieces="context" (DiSF): the table's moments, its rounds' picks and the share of pieces learned in
+    # pieces="context" (DiSF): the table's moments, its first round's picks and the share of pieces learned in
     # context (plan.context)
     context: Context | None = None
 

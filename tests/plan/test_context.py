@@ -62,7 +62,7 @@ def test_each_round_learns_against_what_it_should():
     context, stage = context.then(first, 0.0)  # rounds alike: none moved
     assert stage == "plan second round" and not context.pending and context.share == 0.0
     assert context.against(10, 0) is table
-    split = Context(table, first, first, 0.5)  # the select pass: in context where the seed falls in the share
+    split = Context(table, first, 0.5)  # the select pass: in context where the seed falls in the share
     assert split.against(10, 2**31 - 1).count == 90 and split.against(10, 2**31) is table
     with pytest.raises(RuntimeError, match="both rounds"):
         split.then(first, 0.0)
