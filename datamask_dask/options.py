@@ -212,8 +212,9 @@ class SelectOptions:
         rule=(lambda v: is_number(v) and 0 < v < 1, "a cosine in (0, 1), e.g. 0.95"))
     pieces: str = option(
         "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
-        "following the objective (Facility, Pair_simi); context: by partition, each piece learned twice, the "
-        "second time against what the rest of the table picked the first (DiSF); partitions: by "
+        "following the objective (Facility, Pair_simi); context: by partition, in two rounds, the share of "
+        "pieces that serves the table best learned again against what the rest picked in the first (DiSF); "
+        "partitions: by "
         "partition, quotas by quality mass; auto: regions for Facility and context for DiSF (table scope, "
         "a ratio, no by), else partitions",
         choices=("auto", "regions", "context", "partitions"),

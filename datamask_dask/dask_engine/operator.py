@@ -267,7 +267,7 @@ def context_round_graph(parts: list, plan: Plan) -> Delayed:
         total = picks if total is None else dask.delayed(add, pure=True)(
             total, picks, dask_key_name=_key("datamask-context-round-sum", total, picks))
     return dask.delayed(Plan.with_round, pure=True)(plan_node, total,
-                                               dask_key_name=_key("datamask-context-round-plan", total))
+                                                    dask_key_name=_key("datamask-context-round-plan", total))
 
 
 def share_graph(parts: list, plan: Plan) -> Delayed:
