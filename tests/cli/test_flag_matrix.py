@@ -79,6 +79,11 @@ def test_a_flag_without_what_it_needs_is_refused_by_name(argv, named):
     assert refusal is not None and refusal.startswith(named)
 
 
+def test_the_sample_corpus_s_size_applies_to_the_demo_and_the_sample_command():
+    assert _refusal(["sample", "--rows", "10", "--dim", "4", "--partitions", "2", "--output", "x"]) is None
+    assert _refusal(["demo", "--rows", "10"]) is None and _refusal(["select", "--rows", "10"]) is None
+
+
 def test_the_demo_refuses_an_input_and_spark():
     assert _refusal(["select", "--demo", *JOB]).startswith("--input needs no --demo")
     assert _refusal(["select", "--engine", "spark"]).startswith("--engine needs an --input")
