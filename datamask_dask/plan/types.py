@@ -143,6 +143,17 @@ class Plan:
         return dataclasses.replace(self, context=found, stages=stages)
 
     @property
+    def pieces(self) -> dict:
+        """How the table was cut for the learner, for the run record: ``"regions"`` (and how many),
+        ``"context"`` (and the share of pieces learned in it), or ``"partitions"`` (each partition's
+        chunks, small consecutive partitions packed together; a table one chunk holds is one)."""
+        if self.centroids is not None:
+            return {"cut": "regions", "regions": int(self.centroids.shape[0])}
+        if self.context is not None:
+            return {"cut": "context", "share in context": self.context.share}
+        return {"cut": "partitions"}
+
+    @property
     def regional(self) -> bool:
         """Whether the table is learned in regions (every eligible row in its region's pack)."""
         return self.centroids is not None

@@ -208,7 +208,7 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
             stages=telemetry.add_up([plan.stages, *(markers[n].get("stages", {}) for n in todo),
                                      *(measures.stages for measures in packs.values())]),
             summary=summary, versions=library_versions(*libraries), finished=now(), incremental=incremental,
-            memory_budget=spec.memory_budget).to_dict()
+            memory_budget=spec.memory_budget, pieces=plan.pieces).to_dict()
         started = time.perf_counter()
         written = sink.commit(work, manifest, [p["written"] for p in parts], schema, record)
         work.remove()

@@ -38,6 +38,7 @@ class RunRecord:
     finished: str
     incremental: Mapping[str, Any] | None = None  # the table version an incremental run continued from
     memory_budget: Any = None  # as the user set it (it sizes chunks)
+    pieces: Mapping[str, Any] | None = None  # how the table was cut for the learner (Plan.pieces)
 
     @property
     def rows(self) -> int:
@@ -57,6 +58,7 @@ class RunRecord:
             "computed": list(self.computed), "reused": list(self.reused), "phases": self.phases,
             "stages": self.stages, "summary": self.summary, "versions": self.versions,
             "finished": self.finished, "incremental": self.incremental, "memory_budget": self.memory_budget,
+            "pieces": self.pieces,
         })
 
     @classmethod
@@ -78,4 +80,5 @@ class RunRecord:
                    phases=record.get("phases") or {},
                    stages=record.get("stages") or {}, summary=record.get("summary") or {},
                    versions=record.get("versions") or {}, finished=str(record.get("finished")),
-                   incremental=record.get("incremental"), memory_budget=record.get("memory_budget"))
+                   incremental=record.get("incremental"), memory_budget=record.get("memory_budget"),
+                   pieces=record.get("pieces"))

@@ -126,6 +126,19 @@ def test_options_the_pieces_cannot_serve_are_refused_by_name(spread, pieces, opt
         assert spec.pieces == auto
 
 
+@pytest.mark.parametrize("algorithm, cut", [("Facility", "regions"), ("DiSF", "context"),
+                                            ("Pair_simi", "partitions")])
+def test_the_run_record_says_how_the_table_was_cut(spread, tmp_path, algorithm, cut):
+    from datamask_dask import write_selection
+
+    record = write_selection(_ddf(spread[0]), tmp_path / "out", **{**OPTIONS, "algorithm": algorithm}).record
+    assert record["pieces"]["cut"] == cut
+    if cut == "context":  # the share of pieces the plan chose to learn in context
+        assert 0.0 <= record["pieces"]["share in context"] <= 1.0
+    if cut == "regions":
+        assert record["pieces"]["regions"] >= 2
+
+
 def test_facility_spelled_any_way_is_learned_in_regions_and_pair_simi_when_asked(spread):
     spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "facility"})
     assert spec.pieces == "regions"
