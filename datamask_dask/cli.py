@@ -181,14 +181,17 @@ def _add_corpus_options(parser: argparse.ArgumentParser) -> None:
 
 
 _TEXT_MODEL = ("scorer", "model", "embed_batch_size", "max_tokens", "long_documents", "embed_precision")
-_DASK_CLUSTER = ("scheduler", "n_workers", "threads_per_worker", "progress")
+_DASK_CLUSTER = ("scheduler", "n_workers", "threads_per_worker")
 _DASK_WRITE = ("output_columns", "mode", "incremental", "row_filter", "text_column", *_TEXT_MODEL)
 #: Where a flag applies, when not everywhere: (what it needs, whether the command has it, the flags).
 #: A flag given without what it needs is refused at once, in one line naming it; every other flag
 #: applies to every input, output and engine of its command (tests/cli/test_flag_matrix.py).
 _NEEDS = (
     ("an --input (--demo runs the sample corpus on Dask)", lambda a: not a.demo,
-     ("engine", "spark_master", "resume", "progress", *_DASK_WRITE)),
+     ("engine", "spark_master", "resume", *_DASK_WRITE)),
+    # a bar of the partitions written: --no-progress (log lines instead) applies everywhere
+    ("a select job on Dask (the one that draws the bar)",
+     lambda a: a.progress is not True or (a.engine == "dask" and not a.demo), ("progress",)),
     ("--output", lambda a: a.output is not None, ("overwrite",)),
     ("no --demo (it runs on the sample corpus)", lambda a: not a.demo, ("input",)),
     ("--demo (the sample corpus's size)", lambda a: a.demo or a.command == "sample",
@@ -205,7 +208,7 @@ _NEEDS = (
     ("no --overwrite (--mode overwrite replaces the table)", lambda a: not a.overwrite, ("mode",)),
 )
 _DEFAULTS = {"demo": False, "engine": "dask", "text_column": None, "n_workers": None, "scheduler": None,
-             "overwrite": False, "output": None}
+             "overwrite": False, "output": None, "progress": None}
 
 
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:

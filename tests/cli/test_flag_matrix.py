@@ -84,6 +84,11 @@ def test_the_sample_corpus_s_size_applies_to_the_demo_and_the_sample_command():
     assert _refusal(["demo", "--rows", "10"]) is None and _refusal(["select", "--rows", "10"]) is None
 
 
+@pytest.mark.parametrize("way", list(WAYS))
+def test_no_progress_bar_applies_everywhere(way):
+    assert _refusal(["select", *WAYS[way], "--no-progress"]) is None
+
+
 def test_the_demo_refuses_an_input_and_spark():
     assert _refusal(["select", "--demo", *JOB]).startswith("--input needs no --demo")
     assert _refusal(["select", "--engine", "spark"]).startswith("--engine needs an --input")
