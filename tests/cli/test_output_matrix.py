@@ -123,12 +123,16 @@ def _killed_then_rerun(source: str, target: str, *more) -> tuple[int, str]:
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", source, "--output", target,
                "--n_epochs", "400", "--n_rollout", "8", "--select_ratio", "0.1", *more]
     work = work_location(resolve(target))
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # one partition after another: once the first is marked finished, the second's learning leaves time
+    # to kill the job before it commits, however busy the machine
+    environment = {**os.environ, "DASK_SCHEDULER": "synchronous"}
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment)
     deadline = time.monotonic() + 120
     while process.poll() is None and time.monotonic() < deadline:
         if any(name.startswith("part-") and name.endswith(".json") for name in work.list()):
             break
         time.sleep(0.02)
+    assert process.poll() is None, "the job ended before its first partition was marked finished"
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     assert any(name.startswith("part-") for name in work.list())  # it died part-way, with work to resume
