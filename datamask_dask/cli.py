@@ -211,11 +211,15 @@ _DEFAULTS = {"demo": False, "engine": "dask", "text_column": None, "n_workers": 
              "overwrite": False, "output": None, "progress": None}
 
 
+def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of the command ``name`` (``select``, ``demo``...)."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
 def given_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
     """The flags the command line gave, by destination, each as its first spelling: those whose value is
     not its command's default."""
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    flags = [action for action in commands[args.command]._actions if action.option_strings]
+    flags = [action for action in subcommand(parser, args.command)._actions if action.option_strings]
     return {action.dest: action.option_strings[0] for action in flags
             if getattr(args, action.dest, action.default) != action.default}
 

@@ -328,8 +328,10 @@ def spark_pending(plan: Plan, schema: pa.Schema, read) -> Plan:
     other as it is): its regions' quotas shared (:func:`spark_regions`), or its context's rounds
     learned (:func:`spark_context_round`). ``read`` as for :func:`learn_packs`."""
     while plan.pending:
-        plan = spark_context_round(plan, schema, read) if plan.context is not None else \
-            spark_regions(plan, schema, read)
+        if plan.context is not None:
+            plan = spark_context_round(plan, schema, read)
+        else:
+            plan = spark_regions(plan, schema, read)
     return plan
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import FAST
 
 from datamask_dask import write_parquet
-from datamask_dask.cli import build_parser, given_flags, main, parse_command, refused_flags
+from datamask_dask.cli import build_parser, given_flags, main, parse_command, refused_flags, subcommand
 from datamask_dask.options import FIELDS
 
 # What each way of running reads of the CLI's own flags (the options' flags, FIELDS, go to every job as
@@ -33,9 +33,8 @@ RUN = {"help", "input", "output", "demo", "engine"}  # what picks the way itself
 
 
 def _select_flags() -> list[argparse.Action]:
-    parser = build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    return [a for a in commands["select"]._actions if a.option_strings and a.dest not in RUN]
+    actions = subcommand(build_parser(), "select")._actions
+    return [a for a in actions if a.option_strings and a.dest not in RUN]
 
 
 def _value(action: argparse.Action) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 
 from datamask_dask.learn.metrics.disf import TableMoments
 from datamask_dask.learn.metrics.evaluate import evaluate_selection
-from datamask_dask.plan.context import Context, Picks, best_share, mixed, picked, table_moments
+from datamask_dask.plan.context import Context, Picks, best_share, mixed, picked, row_moments, table_moments
 
 DIM = 8
 
@@ -18,8 +18,7 @@ def _table(rows=2000, seed=0):
     emb = rng.standard_normal((rows, DIM)) + np.linspace(0, 1, DIM) * rng.standard_normal((rows, 1))
     emb /= np.linalg.norm(emb, axis=1, keepdims=True)
     quality = rng.random(rows)
-    sums = np.stack([emb.sum(axis=0), (emb * emb).sum(axis=0)])
-    return emb, quality, table_moments([sums], [rows])
+    return emb, quality, table_moments([row_moments([emb])], [rows])
 
 
 @pytest.mark.parametrize("lamb", [0.0, 0.5])
@@ -27,9 +26,8 @@ def test_a_unions_objective_from_its_picks_sums_is_the_yardsticks(lamb):
     emb, quality, table = _table()
     mask = np.zeros(len(emb), dtype=bool)
     mask[np.random.default_rng(1).choice(len(emb), 300, replace=False)] = True
-    halves = np.flatnonzero(mask)[:120], np.flatnonzero(mask)[120:]  # two partitions' picks, added up
-    union = sum((picked(emb[rows], quality[rows], table, 0.0) for rows in halves[1:]),
-                picked(emb[halves[0]], quality[halves[0]], table, 0.0))
+    first, second = np.flatnonzero(mask)[:120], np.flatnonzero(mask)[120:]  # two partitions' picks
+    union = picked(emb[first], quality[first], table, 0.0) + picked(emb[second], quality[second], table, 0.0)
     expected = evaluate_selection(quality, emb.astype(np.float32), mask, algorithm="DiSF", lamb=lamb,
                                   quality_range=(0.0, 1.0))["objective"]
     assert union.count == 300
