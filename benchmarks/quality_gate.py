@@ -33,7 +33,7 @@ METRICS = ("Pair_simi", "Facility", "DiSF")
 #: Facility k-NN graph's exact size. The second: the same table in 8 partitions of rows spread at random
 #: that one chunk cannot hold together (a table of many pieces, as a production table is).
 TABLES = {"8k-d32": (8_000, 32, 80, 2, METRICS, {}),
-          "8k-d32 in 8 pieces": (8_000, 32, 80, 8, ("Facility", "DiSF"), {"max_chunk_rows": 1000})}
+          "8k-d32 in 8 pieces": (8_000, 32, 80, 8, METRICS, {"max_chunk_rows": 1000})}
 LAMBS = (0.0, 0.5)
 
 

@@ -214,9 +214,8 @@ class SelectOptions:
         "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
         "following the objective (Facility, Pair_simi); context: by partition, in two rounds, the share of "
         "pieces that serves the table best learned again against what the rest picked in the first (DiSF); "
-        "partitions: by "
-        "partition, quotas by quality mass; auto: regions for Facility and context for DiSF (table scope, "
-        "a ratio, no by), else partitions",
+        "partitions: by partition, quotas by quality mass; auto: regions for Facility and Pair_simi, "
+        "context for DiSF (table scope, a ratio, no by), else partitions",
         choices=("auto", "regions", "context", "partitions"),
         rule=(lambda v: v in ("auto", "regions", "context", "partitions"),
               "one of ('auto', 'regions', 'context', 'partitions')"),
@@ -238,10 +237,10 @@ class SelectOptions:
         "rounds' sums, and the others keep their first picks (:mod:`datamask_dask.plan.context`): on a "
         "table split at random into many pieces that share is small. Two more learning passes. For "
         'DiSF alone. Both need table scope, a ratio and no ``by``. ``"auto"`` (the default): '
-        '``"regions"`` for Facility and ``"context"`` for DiSF wherever they apply, else '
-        '``"partitions"`` (Pair_simi asks for regions by name: they cost a read of the embeddings and '
-        "the routing, and on a table split at random its partitions already cancel their picks' sum). "
-        "A table that fits one chunk is learned whole either way.")
+        '``"regions"`` for Facility and Pair_simi and ``"context"`` for DiSF wherever they apply, else '
+        '``"partitions"``, the cheapest (regions cost another read of the embeddings and routing every '
+        "row twice; context, two more learning passes). A table that fits one chunk is learned whole "
+        "either way.")
     explain: bool = option(
         False, "also write each row's reason (selected, near-duplicate, quality-pruned...) and, for a "
         "near-duplicate, the id of the row it stands behind (duplicate_of)",
@@ -294,10 +293,10 @@ class SelectOptions:
     @property
     def learned_pieces(self) -> str:
         """How a table larger than a chunk is learned (``pieces``, ``"auto"`` resolved: regions for
-        Facility and context for DiSF where they apply)."""
+        Facility and Pair_simi, context for DiSF, where they apply)."""
         if self.pieces != "auto":
             return self.pieces
-        if self.learner.metric == "facility" and not self.pieces_refused("regions"):
+        if self.learner.metric in ("facility", "pair_simi") and not self.pieces_refused("regions"):
             return "regions"
         context = self.learner.metric == "disf" and not self.pieces_refused("context")
         return "context" if context else "partitions"

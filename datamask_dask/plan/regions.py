@@ -9,10 +9,10 @@ its own part and the parts meet only at their borders:
 1. **Centroids.** Each partition sends evenly spaced rows of its embeddings with its plan summary
    (:func:`sample_positions`, :func:`sample_count`); spherical k-means of those rows
    (:func:`find_centroids`) places ``REGIONS_PER_CHUNK`` regions per chunk's worth of eligible rows,
-   and k-means of each region's sample rows cuts it into *areas* of about ``AREA_ROWS`` rows
-   (:func:`find_areas`).
-2. **Routing.** Each eligible row belongs to its nearest area among those of its ``SEARCHED`` nearest
-   regions (:func:`locate`), whatever its partition: a pack's rows reach the task that learns it as
+   and k-means of each region's sample rows cuts it into *areas* of about the metric's
+   ``Grain.area_rows`` rows (:func:`find_areas`, :data:`GRAINS`).
+2. **Routing.** Each eligible row belongs to its nearest area among those of its ``Grain.searched``
+   nearest regions (:func:`locate`), whatever its partition: a pack's rows reach the task that learns it as
    packed partitions' rows do (its members are the partitions with eligible rows). Only routing
    to the true nearest area keeps a row with its neighbours: a row near a region's border often has
    its nearest area across it.
@@ -39,6 +39,7 @@ regions, quotas and rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -46,9 +47,7 @@ import numpy as np
 from ..compiled import on_first_use
 
 REGIONS_PER_CHUNK = 4  # regions per chunk's worth of rows: most fit a chunk, and few rows sit at a border
-AREA_ROWS = 256  # rows of an area, the part of a region one gain curve covers (quotas are as fine as areas)
 AREA_SAMPLE = 8  # sample rows an area's centroid is placed by, at least
-SEARCHED = 8  # regions whose areas a row is compared with: its nearest ones
 SAMPLE_ROWS = 1 << 16  # rows of the table the k-means sees at most (spread over its partitions)
 SAMPLE_VALUES = 1 << 24  # and embedding values: what reaches the driver stays small at any dimension
 MIN_SAMPLE = 64  # rows each partition sends at least
@@ -58,6 +57,21 @@ PAIR_ITERATIONS = 200  # Frank-Wolfe steps of the Pair_simi shares (share_pairs)
 STEP_SEARCH, GOLDEN = 40, (5 ** 0.5 - 1) / 2  # golden-section steps of each Frank-Wolfe step's length
 _TIE = 1e-5  # products this close to the best centroid's are compared again in float64
 _BLOCK = 8192  # rows whose products are held at once
+
+
+@dataclasses.dataclass(frozen=True)
+class Grain:
+    """How finely a metric's regions are cut: the rows of an area, and how many of a row's nearest
+    regions have their areas compared with it."""
+
+    area_rows: int
+    searched: int
+
+
+# A Facility area is what one gain curve covers, so its quotas are only as fine as its areas. A Pair_simi
+# area only adds up its rows for the shares (share_pairs), so coarser areas, each row comparing fewer,
+# route the table for less.
+GRAINS = {"facility": Grain(area_rows=256, searched=8), "pair_simi": Grain(area_rows=1024, searched=4)}
 
 
 def sample_count(partitions: int, dim: int) -> int:
@@ -103,10 +117,10 @@ def find_centroids(sample: np.ndarray, count: int, seed: int | list[int]) -> np.
     return centroids
 
 
-def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int,
-               seed: int) -> tuple[np.ndarray, np.ndarray]:
+def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int, seed: int,
+               area_rows: int) -> tuple[np.ndarray, np.ndarray]:
     """Each region's areas: centroids placed by k-means of the region's sample rows, about one per
-    ``AREA_ROWS`` of the ``rows`` the sample stands for (at least ``AREA_SAMPLE`` sample rows each);
+    ``area_rows`` of the ``rows`` the sample stands for (at least ``AREA_SAMPLE`` sample rows each);
     returns the areas' centroids and each area's region."""
     region = assign(sample, centroids)
     found, owner = [], []
@@ -114,22 +128,22 @@ def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int,
         mine = sample[region == r]
         if not len(mine):
             continue
-        wanted = round(len(mine) * rows / (len(sample) * AREA_ROWS))  # the rows its sample rows stand for
+        wanted = round(len(mine) * rows / (len(sample) * area_rows))  # the rows its sample rows stand for
         count = min(max(1, wanted), max(1, len(mine) // AREA_SAMPLE))
         found.append(find_centroids(mine, count, [seed, r]))
         owner.append(np.full(len(found[-1]), r, dtype=np.int64))
     return np.concatenate(found), np.concatenate(owner)
 
 
-def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray,
-           area_region: np.ndarray) -> np.ndarray:
-    """Each unit row's area: the most similar of the areas of its ``SEARCHED`` most similar regions
+def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray, area_region: np.ndarray,
+           searched: int) -> np.ndarray:
+    """Each unit row's area: the most similar of the areas of its ``searched`` most similar regions
     (a row near a region's border often has its nearest area across it). Compared in float32; areas
     within ``_TIE`` of a row's best are compared again by an exact float64 sum, so that every worker
     routes a row alike (ties: the lower area)."""
     rows = np.asarray(embeddings, dtype=np.float32)
     n, count = len(rows), len(centroids)
-    searched = min(SEARCHED, count)
+    searched = min(searched, count)
     nearest = (np.argpartition(-(rows @ centroids.T), searched - 1, axis=1)[:, :searched] if searched < count
                else np.broadcast_to(np.arange(count), (n, count)))
     # each region's askers and areas by one sort each, not a scan per region

@@ -79,8 +79,8 @@ def test_pair_simi_s_regions_learn_against_each_other_s_picks(request, layout, l
     their topics; in regions, each pack learns against what the others are planned to pick. At lamb 0
     the areas' means cannot cancel the picks' sum, their rows can: every pack cancels its share of it
     (one that cancelled all of it, as every other would, would overshoot)."""
-    partitions, regions, whole = _scores(request.getfixturevalue(layout),
-                                         [("partitions", 400), ("regions", 400), ("partitions", ROWS)],
+    partitions, regions, whole = _scores(request.getfixturevalue(layout),  # auto: regions here
+                                         [("partitions", 400), ("auto", 400), ("partitions", ROWS)],
                                          algorithm="Pair_simi", lamb=lamb)
     if layout == "topics":
         assert regions.share > partitions.share + 0.05
@@ -127,7 +127,7 @@ def test_options_the_pieces_cannot_serve_are_refused_by_name(spread, pieces, opt
 
 
 @pytest.mark.parametrize("algorithm, cut", [("Facility", "regions"), ("DiSF", "context"),
-                                            ("Pair_simi", "partitions")])
+                                            ("Pair_simi", "regions")])
 def test_the_run_record_says_how_the_table_was_cut(spread, tmp_path, algorithm, cut):
     from datamask_dask import write_selection
 
@@ -139,13 +139,13 @@ def test_the_run_record_says_how_the_table_was_cut(spread, tmp_path, algorithm, 
         assert record["pieces"]["regions"] >= 2
 
 
-def test_facility_spelled_any_way_is_learned_in_regions_and_pair_simi_when_asked(spread):
-    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "facility"})
+@pytest.mark.parametrize("algorithm", ["facility", "Facility", "pair_simi", "Pair_simi"])
+def test_facility_and_pair_simi_spelled_any_way_are_learned_in_regions_and_by_partition_when_asked(
+        spread, algorithm):
+    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": algorithm})
     assert spec.pieces == "regions"
-    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "Pair_simi"})
+    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": algorithm, "pieces": "partitions"})
     assert spec.pieces == "partitions"
-    spec, _ = plan_selection(_ddf(spread[0]), **{**OPTIONS, "algorithm": "Pair_simi", "pieces": "regions"})
-    assert spec.pieces == "regions"
 
 
 def test_a_table_one_chunk_holds_is_learned_whole(spread):

@@ -32,8 +32,7 @@ SEED = 7
 ROWS, DIM = 100_000, 64
 METRICS = ("Facility", "Pair_simi", "DiSF")
 # the table in chunks of 30,000 rows: more than one, so Facility and Pair_simi learn it in regions
-CHANGES = {"Facility": {"max_chunk_rows": 30_000},
-           "Pair_simi": {"max_chunk_rows": 30_000, "pieces": "regions"}}
+CHANGES = {"Facility": {"max_chunk_rows": 30_000}, "Pair_simi": {"max_chunk_rows": 30_000}}
 
 
 def digest(frame) -> str:

@@ -90,12 +90,14 @@ def test_neighbouring_regions_pack_up_to_a_chunk():
 def test_areas_cut_each_region_and_a_row_goes_to_its_nearest_area():
     sample = _unit(3000, 8, seed=6)
     centroids = regions.find_centroids(sample, 5, seed=1)
-    areas, area_region = regions.find_areas(sample, centroids, rows=30_000, seed=1)
+    areas, area_region = regions.find_areas(sample, centroids, rows=30_000, seed=1, area_rows=256)
     assert set(area_region.tolist()) == set(range(5))
-    assert len(areas) > 5 * 10  # about one area per AREA_ROWS of the rows the sample stands for
+    assert len(areas) > 5 * 10  # about one area per area_rows of the rows the sample stands for
+    coarser, _ = regions.find_areas(sample, centroids, rows=30_000, seed=1, area_rows=1024)
+    assert len(coarser) < len(areas) / 2
     rows = _unit(400, 8, seed=7)
     # with every region searched, a row's area is simply its most similar area
-    found = regions.locate(rows, centroids, areas, area_region)
+    found = regions.locate(rows, centroids, areas, area_region, searched=8)
     np.testing.assert_array_equal(found, (rows.astype(np.float64) @ areas.T.astype(np.float64)).argmax(1))
 
 
@@ -105,14 +107,14 @@ def test_a_row_equally_near_two_areas_goes_to_the_lower_one_on_any_region_order(
     and rows with a clear best area get the one an exhaustive float64 search finds."""
     sample = _unit(3000, 16, seed=8)
     centroids = regions.find_centroids(sample, 12, seed=2)
-    areas, area_region = regions.find_areas(sample, centroids, rows=30_000, seed=2)
+    areas, area_region = regions.find_areas(sample, centroids, rows=30_000, seed=2, area_rows=256)
     copied = 3
     twin = int(np.flatnonzero(area_region != area_region[copied])[-1])
     areas[twin] = areas[copied]  # the same centroid in another region, as a later area
     rows = np.concatenate([np.repeat(areas[[copied]], 4, axis=0), _unit(500, 16, seed=9)])
-    found = regions.locate(rows, centroids, areas, area_region)
+    found = regions.locate(rows, centroids, areas, area_region, searched=4)
     assert found[:4].tolist() == [copied] * 4
-    searched = np.argsort(-(rows[4:] @ centroids.T), axis=1)[:, :regions.SEARCHED]
+    searched = np.argsort(-(rows[4:] @ centroids.T), axis=1)[:, :4]
     exact = rows[4:].astype(np.float64) @ areas.T.astype(np.float64)
     exact[~(area_region[None, None, :] == searched[:, :, None]).any(axis=1)] = -np.inf  # unsearched
     np.testing.assert_array_equal(found[4:], exact.argmax(axis=1))
