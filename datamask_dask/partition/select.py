@@ -218,7 +218,7 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
             if not eligible.size:
                 continue
             area = regions.locate(adapters.host_rows(embeddings), plan.centroids, plan.areas,
-                                  plan.area_region, regions.GRAINS[plan.spec.options.metric].searched)
+                                  plan.area_region, regions.grain(plan.spec.options.metric).searched)
             pack_of_row = plan.pack_of_area()[area]
             seconds = time.perf_counter() - started  # the packs share it by their rows
             for index in plan.packs_of(number):

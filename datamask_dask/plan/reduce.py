@@ -151,7 +151,7 @@ def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: Select
     count = regions.region_count(eligible, spec.chunk_rows(dim), len(sample))
     centroids = regions.find_centroids(sample, count, spec.options.seed)
     areas, area_region = regions.find_areas(sample, centroids, eligible, spec.options.seed,
-                                            regions.GRAINS[spec.options.metric].area_rows)
+                                            regions.grain(spec.options.metric).area_rows)
     label = cells[members[0]][0].label
     packs = tuple(Pack(label, 0, members, -1, None, areas=tuple(np.flatnonzero(area_region == r).tolist()))
                   for r in range(len(centroids)) if (area_region == r).any())

@@ -10,7 +10,7 @@ its own part and the parts meet only at their borders:
    (:func:`sample_positions`, :func:`sample_count`); spherical k-means of those rows
    (:func:`find_centroids`) places ``REGIONS_PER_CHUNK`` regions per chunk's worth of eligible rows,
    and k-means of each region's sample rows cuts it into *areas* of about the metric's
-   ``Grain.area_rows`` rows (:func:`find_areas`, :data:`GRAINS`).
+   ``Grain.area_rows`` rows (:func:`find_areas`, :func:`grain`).
 2. **Routing.** Each eligible row belongs to its nearest area among those of its ``Grain.searched``
    nearest regions (:func:`locate`), whatever its partition: a pack's rows reach the task that learns it as
    packed partitions' rows do (its members are the partitions with eligible rows). Only routing
@@ -72,6 +72,14 @@ class Grain:
 # area only adds up its rows for the shares (share_pairs), so coarser areas, each row comparing fewer,
 # route the table for less.
 GRAINS = {"facility": Grain(area_rows=256, searched=8), "pair_simi": Grain(area_rows=1024, searched=4)}
+
+
+def grain(metric: str | None) -> Grain:
+    """The grain of ``metric``'s regions (``"facility"`` or ``"pair_simi"``)."""
+    if metric not in GRAINS:
+        raise RuntimeError(f"regions serve Facility and Pair_simi, not {metric!r}; please report this with "
+                           "the run record")
+    return GRAINS[metric]
 
 
 def sample_count(partitions: int, dim: int) -> int:
