@@ -34,7 +34,9 @@ def _files(folder, n_parts: int, rows: int, dim: int) -> int:
 
 def _plan(folder):
     ddf = dd.read_parquet(folder)
-    spec, _ = plan_selection(ddf, ratio=0.1, diversity_scope="table")
+    # by partition: regions would also send the k-means its sample, which is bounded on its own
+    # (plan.regions.SAMPLE_VALUES) and here, the table being small, every row
+    spec, _ = plan_selection(ddf, ratio=0.1, diversity_scope="table", pieces="partitions")
     return compute_plan(ddf, spec, scheduler="threads", progress=False)
 
 

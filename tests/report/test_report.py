@@ -228,8 +228,10 @@ def test_progress_on_distributed_client(client, capsys):
     assert "100%" in capsys.readouterr().err
 
 
-# about a second per chunk; each partition learned on its own (max_chunk_rows: no pack of the two)
-LONG_LEARNING = {"n_epochs": 300, "refine_epochs": 200, "summary_rows": 0, "max_chunk_rows": 2000}
+# about a second per chunk; each partition learned on its own (max_chunk_rows: no pack of the two;
+# by partition, not in regions)
+LONG_LEARNING = {"n_epochs": 300, "refine_epochs": 200, "summary_rows": 0, "max_chunk_rows": 2000,
+                 "pieces": "partitions"}
 
 
 def test_progress_shows_learning_steps_locally(tmp_path, capsys):

@@ -29,9 +29,11 @@ from datamask_dask.sample_data import make_corpus
 N_PARTS = 8
 # Each partition (300 rows) is learned on its own, so a partition that cannot be read leaves the others
 # finished (packed partitions are learned, and so fail, together).
+# by partition: each partition learns in its own task, so a run that fails on one has finished others
 FLAGS = ["--n_epochs", "20", "--n_rollout", "8", "--select_ratio", "0.1", "--seed", "5",
-         "--max-chunk-rows", "300"]
-OPTIONS = {"n_epochs": 20, "n_rollout": 8, "ratio": 0.1, "seed": 5, "max_chunk_rows": 300}
+         "--max-chunk-rows", "300", "--pieces", "partitions"]
+OPTIONS = {"n_epochs": 20, "n_rollout": 8, "ratio": 0.1, "seed": 5, "max_chunk_rows": 300,
+           "pieces": "partitions"}
 
 
 @pytest.fixture(scope="module")

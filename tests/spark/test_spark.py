@@ -542,7 +542,7 @@ def test_packs_select_dask_s_rows_scores_and_reasons(spark, packed_dir):
     from datamask_spark import apply_plan, plan_selection
 
     options = {"ratio": 0.1, "seed": 7, "prune": 0.3, "max_chunk_rows": 400, "score_column": "score",
-               "explain": True, **FAST}
+               "explain": True, "pieces": "partitions", **FAST}
     sdf = read_files(spark, packed_dir)
     spec, plan = plan_selection(sdf, **options)
     assert [pack.partitions for pack in plan.packs] == [(0, 1, 2), (4, 5)]  # partition 3 in chunks alone
