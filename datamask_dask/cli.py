@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     client = None
     try:
         if args.command == "select" and args.engine == "spark" and not args.demo:
-            return _run_select_spark(args, options)  # Spark runs its own executors: no Dask client
+            return _run_select(args, options, started)  # Spark runs its own executors: no Dask client
         if args.command == "sample":
             return _run_sample(args)
         # Every job reads through dask.dataframe: it is imported while the cluster's workers start.
@@ -446,78 +446,43 @@ def _start_client(args):
                       dashboard_address=":0")
 
 
-def _is_table_job(args) -> bool:
+def _run_select(args, options: dict, started: float) -> int:
+    """``datamask select``: one call of the one door (:func:`datamask_dask.run.tables.select_table`)
+    whatever the input, output and engine."""
+    from .io.storage import reach, resolve
     from .io.tables import parse_table_uri
-
-    return (args.output_columns != "all" or args.incremental or args.mode is not None
-            or args.row_filter is not None
-            or any(parse_table_uri(uri).format != "parquet" for uri in (args.input, args.output)))
-
-
-def _run_table_select(args, options: dict) -> None:
     from .run.tables import select_table
 
-    mode = args.mode or ("overwrite" if args.overwrite else "error")
-    report = select_table(args.input, args.output, config=args.config, output_columns=args.output_columns,
-                          mode=mode, incremental=args.incremental, row_filter=args.row_filter,
-                          progress=args.progress, resume=args.resume, prepare=_text_columns(args),
-                          backend=_backend(args), **options)
+    source, target = parse_table_uri(args.input), parse_table_uri(args.output)
+    if source.format == "parquet" and not reach(resolve(source.location)):
+        raise FileNotFoundError(f"--input {args.input} does not exist")
+    both_parquet = source.format == target.format == "parquet"
+    spark = None
+    if args.engine == "spark":
+        try:
+            from datamask_spark.job import get_spark
+        except ImportError as exc:
+            raise OptionError("--engine spark needs pyspark: pip install 'datamask-dask[spark]'") from exc
+        spark = get_spark(args.spark_master)
+    report = select_table(
+        args.input, args.output, engine=args.engine, spark=spark, config=args.config,
+        output_columns=args.output_columns, mode=args.mode or ("overwrite" if args.overwrite else "error"),
+        incremental=args.incremental, row_filter=args.row_filter, resume=args.resume,
+        single_file=both_parquet and args.engine == "dask" and _file_output(
+            resolve(source.location), args.output, resolve(target.location)),
+        progress=args.progress, prepare=_text_columns(args), backend=_backend(args), **options)
     read = report.source
     since = f" (rows added since {read['since']})" if read.get("since") is not None else ""
     at = f" at {read['version']}" if read.get("version") is not None else ""
-    print(f"datamask: {report.rows} rows{since} of {read['uri']}{at}, {report.selected} selected "
-          f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s -> {report.output}")
-
-
-def _run_select_spark(args, options: dict) -> int:
-    from .errors import OptionError
-    from .io.tables import parse_table_uri
-
-    kind = parse_table_uri(args.output).format  # (the other flags: _NEEDS)
-    if kind != "parquet":
-        raise OptionError(f"--engine spark writes every row plus `selected` to a parquet directory; a {kind} "
-                          "--output needs --engine dask")
-    try:
-        from datamask_spark.job import select_parquet
-    except ImportError as exc:
-        raise OptionError("--engine spark needs pyspark: pip install 'datamask-dask[spark]'") from exc
-    rows, selected, seconds = select_parquet(args.input, args.output, master=args.spark_master,
-                                             config=args.config, overwrite=args.overwrite, resume=args.resume,
-                                             **options)
-    print(f"datamask: {rows} rows, {selected} selected ({selected / max(rows, 1):.1%}) in {seconds:.1f} s "
-          f"-> {args.output} (spark)")
-    return 0
-
-
-def _run_select(args, options: dict, started: float) -> None:
-    from .io.output import check_target
-    from .io.parquet import read_parquet
-    from .run.selection import write_selection
-
-    if _is_table_job(args):
-        _run_table_select(args, options)
-        return
-    from .io.storage import input_fingerprint, reach, resolve
-
-    # URIs (s3://...) resolve through fsspec; credentials and endpoints come from the environment.
-    source, target = resolve(args.input), resolve(args.output)
-    if not reach(source):
-        raise FileNotFoundError(f"--input {source} does not exist")
-    check_target(target, overwrite=args.overwrite, inputs=[source])  # before reading anything
-    ddf = read_parquet(source.uri, backend=_backend(args))
-    prepare = _text_columns(args)
-    if prepare is not None:
-        ddf = prepare(ddf)
-    report = write_selection(ddf, target, config=args.config, overwrite=args.overwrite,
-                             resume=args.resume, single_file=_file_output(source, args.output, target),
-                             input_fingerprint=input_fingerprint(source), input_location=source,
-                             progress=args.progress, **options)
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
               "reused from the interrupted run" if report.reused else ""
     profile = report.record.get("profile") if report.record else None
-    print(f"datamask: {report.rows} rows, {report.selected} selected "
-          f"({report.selected / max(report.rows, 1):.1%}) in {report.seconds:.1f} s "
-          f"({time.perf_counter() - started:.1f} s with start-up){resumed}, profile {profile} -> {target}")
+    on = " (spark)" if args.engine == "spark" else ""
+    share, whole = report.selected / max(report.rows, 1), time.perf_counter() - started
+    print(f"datamask: {report.rows} rows, {report.selected} selected ({share:.1%}) of {args.input}{at}"
+          f"{since} in {report.seconds:.1f} s ({whole:.1f} s with start-up){resumed}, profile {profile} -> "
+          f"{report.output}{on}")
+    return 0
 
 
 def _text_columns(args):

@@ -155,8 +155,9 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
             "input": {"partitions": len(plan.rows), "columns": {f.name: str(f.type) for f in schema},
                       "rows": list(plan.rows), "content": _hash(list(plan.digests)),
                       "fingerprint": fingerprint},
-            # An append continues the output's state; a whole output is replaced whatever it holds.
-            "output": {**(output or {}), "format": sink.format,
+            # An append continues the output's state; a whole output is replaced whatever it holds (so
+            # whether it may be replaced is not the job's identity: a rerun with --overwrite resumes).
+            "output": {**{k: v for k, v in (output or {}).items() if k != "mode"}, "format": sink.format,
                        "after": newest if (output or {}).get("mode") == "append" else None},
             "plan": _hash(plan.identity()),
         })

@@ -132,7 +132,8 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     engine = DaskEngine(ddf, resolved, scheduler=scheduler)
     outcome = execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,
                       source={"location": None if input_location is None else str(input_location)},
-                      output={"single_file": single_file}, fingerprint=input_fingerprint, progress=progress)
+                      output={"columns": "all", "single_file": single_file},  # as select_table's
+                      fingerprint=input_fingerprint, progress=progress)
     record = outcome.record
     return SelectionReport(sink.uri, record["rows"], record["selected"], outcome.computed, outcome.reused,
                            outcome.seconds, outcome.phases, record["stages"], record, RunSummary(record))

@@ -1,15 +1,19 @@
-""":func:`select_table`: read a table URI, select, write to a table URI (parquet, Delta, Iceberg), with
-incremental runs. The run itself is :func:`datamask_dask.run.protocol.execute`."""
+""":func:`select_table`: the one door from a table URI to a table URI (parquet, Delta, Iceberg), with
+incremental runs, on Dask or on Spark (what ``datamask select`` runs). The run itself is
+:func:`datamask_dask.run.protocol.execute`; a Dask frame already in hand goes through
+:func:`datamask_dask.run.selection.write_selection`."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import time
 
 from ..config import resolve_options
 from ..dask_engine.runs import DaskEngine
 from ..errors import OptionError
+from ..io.storage import input_fingerprint, resolve
 from ..io.tables import open_sink, parse_table_uri, read_table, selection_columns, table_record
 from ..partition import adapters
 from .protocol import execute
@@ -17,11 +21,13 @@ from .record import RunRecord
 from .summary import SAMPLE_ROWS
 
 OUTPUT_COLUMNS = ("all", "selection")
+ENGINES = ("dask", "spark")
 
 
 @dataclasses.dataclass(frozen=True)
 class TableRunReport:
-    """Outcome of :func:`select_table`: the output written, what was read, the run record."""
+    """Outcome of :func:`select_table`: the output written, what was read, the run record, and the
+    partitions computed and those taken from an interrupted run."""
 
     output: str
     rows: int
@@ -31,13 +37,15 @@ class TableRunReport:
     written: dict
     record: dict
     seconds: float
+    computed: tuple = ()
+    reused: tuple = ()
 
 
 def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "all", mode: str = "error",
-                 incremental: bool = False, config=None, scheduler=None, row_filter=None,
-                 catalog_properties=None, storage_options=None, progress: bool | None = None,
-                 summary_rows: int = SAMPLE_ROWS, resume: bool = True, prepare=None, backend: str = "pandas",
-                 **options) -> TableRunReport:
+                 incremental: bool = False, config=None, engine: str = "dask", scheduler=None, spark=None,
+                 row_filter=None, single_file: bool = False, catalog_properties=None, storage_options=None,
+                 progress: bool | None = None, summary_rows: int = SAMPLE_ROWS, resume: bool = True,
+                 prepare=None, backend: str = "pandas", **options) -> TableRunReport:
     """Read a table URI, select (:func:`~datamask_dask.datamask_select`), write to a table URI.
 
     The run record, with its summary (see :mod:`datamask_dask.run.summary`), goes into the
@@ -53,6 +61,13 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     output_columns : {"all", "selection"}
         Every column plus ``selected`` (and the score), or the selection table only: id,
         ``selected``, the score column if asked, ``run_id``.
+    engine : {"dask", "spark"}
+        ``"dask"``: the input is read into a Dask DataFrame and run on ``scheduler`` (Dask's default:
+        the current client, or threads). ``"spark"``: each piece of the input is read by the Python
+        worker of its Spark task, on the session ``spark`` (None: the active one, or a local one;
+        ``datamask_spark.files``); its output is every row plus ``selected``, as parquet.
+    single_file : bool
+        A parquet output written as one file rather than a directory (Dask).
     mode : {"error", "append", "overwrite"}
         ``"error"``: the output may not exist. ``"append"`` (Delta and Iceberg) and ``"overwrite"``
         write into an output only when datamask wrote it (:mod:`datamask_dask.io.output`).
@@ -89,7 +104,11 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     start = time.perf_counter()
     if output_columns not in OUTPUT_COLUMNS:
         raise OptionError(f"output_columns must be one of {OUTPUT_COLUMNS}, not {output_columns!r}")
+    if engine not in ENGINES:
+        raise OptionError(f"engine must be one of {ENGINES}, not {engine!r}")
     source_uri, target = parse_table_uri(input_uri), parse_table_uri(output_uri)
+    if engine == "spark":
+        _spark_can_run(target.format, output_columns, incremental, row_filter, single_file, prepare, backend)
     since, previous = None, None
     if incremental:
         if source_uri.format == "parquet":
@@ -113,25 +132,65 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
             if ratio is None and not options and config is None:
                 ratio = previous.options.ratio
     sink = open_sink(target, mode=mode, inputs=[source_uri], catalog_properties=catalog_properties,
-                     storage_options=storage_options)
-    source = read_table(source_uri, row_filter=row_filter, since=since, catalog_properties=catalog_properties,
-                        storage_options=storage_options, backend=backend)
-    if since is not None and not source.files:  # nothing added since the last run: nothing to write
-        return TableRunReport(target.uri, 0, 0, "", source.describe(), {}, {}, time.perf_counter() - start)
-    frame = source.frame if prepare is None else prepare(source.frame)
-    resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
+                     storage_options=storage_options, single_file=single_file)
+    sink.check()  # before the input is read, or its text embedded
+    # a parquet input's files, as a resume must find them (Delta and Iceberg inputs name their version)
+    fingerprint = input_fingerprint(resolve(source_uri.location, storage_options)) \
+        if source_uri.format == "parquet" else None
+    output = {"columns": output_columns, "mode": mode, "single_file": single_file}  # as write_selection's
     project = None
-    if output_columns == "selection":
-        project = functools.partial(selection_columns, id_column=resolved.id_column,
-                                    selected_column=resolved.selected_column,
-                                    score_column=resolved.score_column, explain=bool(resolved.explain))
-    engine = DaskEngine(frame, resolved, scheduler=scheduler, project=project)
-    outcome = execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows, project=project,
-                      source={**source.describe(), "table": list(source_uri.key), "row_filter": row_filter},
-                      output={"columns": output_columns, "mode": mode},
+    if engine == "spark":
+        resolved = resolve_options(config, ratio=ratio, **options)
+        run, described = _spark_engine(spark, input_uri, resolved, catalog_properties=catalog_properties,
+                                       storage_options=storage_options)
+    else:
+        source = read_table(source_uri, row_filter=row_filter, since=since,
+                            catalog_properties=catalog_properties, storage_options=storage_options,
+                            backend=backend)
+        described = {**source.describe(), "location": str(input_uri), "table": list(source_uri.key),
+                     "row_filter": row_filter}
+        if since is not None and not source.files:  # nothing added since the last run: nothing to write
+            return TableRunReport(target.uri, 0, 0, "", described, {}, {}, time.perf_counter() - start)
+        frame = source.frame if prepare is None else prepare(source.frame)
+        resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
+        if output_columns == "selection":
+            project = functools.partial(selection_columns, id_column=resolved.id_column,
+                                        selected_column=resolved.selected_column,
+                                        score_column=resolved.score_column, explain=bool(resolved.explain))
+        run = DaskEngine(frame, resolved, scheduler=scheduler, project=project)
+    outcome = execute(run, sink, resolved, resume=resume, summary_rows=summary_rows, project=project,
+                      source=described, output=output, fingerprint=fingerprint,
                       incremental=None if previous is None else {"since": since,
                                                                  "previous_run": previous.run_id},
                       progress=progress)
     record = outcome.record
-    return TableRunReport(target.uri, record["rows"], record["selected"], record["run_id"], source.describe(),
-                          outcome.written, record, time.perf_counter() - start)
+    return TableRunReport(target.uri, record["rows"], record["selected"], record["run_id"], described,
+                          outcome.written, record, time.perf_counter() - start, outcome.computed,
+                          outcome.reused)
+
+
+def _spark_can_run(output_format: str, output_columns: str, incremental: bool, row_filter, single_file: bool,
+                   prepare, backend: str) -> None:
+    """Refuse, by name, what the Spark engine does not do (it writes every row plus ``selected`` as a
+    parquet directory, from the input as it is)."""
+    refused = [what for bad, what in [
+        (output_format != "parquet", f"a {output_format} output"), (output_columns != "all",
+                                                                      f"output_columns={output_columns!r}"),
+        (incremental, "incremental=True"), (row_filter is not None, "row_filter"),
+        (single_file, "single_file=True"), (prepare is not None, "prepare (text columns)"),
+        (backend != "pandas", f"backend={backend!r}")] if bad]
+    if refused:
+        raise OptionError(f"the Spark engine writes every row plus `selected` to a parquet directory from "
+                          f"the input as it is: {', '.join(refused)} needs the Dask engine")
+
+
+def _spark_engine(spark, input_uri, options, **storage):
+    """Spark as the run's engine (``datamask_spark.files.files_engine``), on ``spark`` or else the
+    active Spark session or a local one; the engine is found by name, as the Spark integration
+    builds on this package."""
+    try:
+        files = importlib.import_module("datamask_spark.files")
+        job = importlib.import_module("datamask_spark.job")
+    except ImportError as exc:
+        raise OptionError("engine='spark' needs pyspark: pip install 'datamask-dask[spark]'") from exc
+    return files.files_engine(spark or job.get_spark(), input_uri, options, **storage)

@@ -51,7 +51,7 @@ from .operator import (
 from .shards import PIECE_SCHEMA
 from .writer import RESULT_SCHEMA, SparkEngine, write_run
 
-__all__ = ["plan_files", "write_file_selection"]
+__all__ = ["files_engine", "plan_files", "write_file_selection"]
 
 
 def write_file_selection(spark, source, path, ratio=None, *, config=None, overwrite: bool = False,
@@ -97,15 +97,26 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         For an output that overlaps ``source``, or that exists and datamask did not write.
     """
     table = parse_table_uri(source)
+    inputs = [table.location] if table.format != "iceberg" else []
+    resolved = resolve_options(config, ratio=ratio, **options)
+    engine, described = files_engine(spark, source, resolved, catalog_properties=catalog_properties,
+                                     storage_options=storage_options)
+    return write_run(engine, path, resolved, overwrite=overwrite, resume=resume, inputs=inputs,
+                     summary_rows=summary_rows, source=described, storage_options=storage_options)
+
+
+def files_engine(spark, source, options: SelectOptions, *, catalog_properties: dict | None = None,
+                 storage_options: dict | None = None) -> tuple[SparkEngine, dict]:
+    """Spark as the engine of a run over the table URI ``source``'s pieces, each read by the Python
+    worker of its task (see the module notes), and what the run record says of the input."""
+    table = parse_table_uri(source)
     try:
         files = table_pieces(table, catalog_properties=catalog_properties, storage_options=storage_options)
     except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
         raise InputDataError(f"cannot read the input {source}: {exc}") from None
-    inputs = [table.location] if table.format != "iceberg" else []
-    resolved = resolve_options(config, ratio=ratio, **options)
 
     def plan():
-        return plan_files(spark, files, resolved)[1]
+        return plan_files(spark, files, options)[1]
 
     def pack_rows(task):  # a pack's members are read even where an earlier run finished them
         return piece_tasks(spark, files).mapInArrow(_ReadPiece(task, files, task.columns, task.members),
@@ -117,11 +128,8 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         read = _ReadPiece(select, files, files.schema.names, write.todo)
         return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), packs
 
-    source = {**files.source, "location": os.fspath(source), "read_by": "workers"}
-    engine = SparkEngine(plan, tasks, files.schema)
-    return write_run(engine, path, resolved,
-                     overwrite=overwrite, resume=resume, inputs=inputs, summary_rows=summary_rows,
-                     source=source, storage_options=storage_options)
+    return SparkEngine(plan, tasks, files.schema), {**files.source, "location": os.fspath(source),
+                                                    "read_by": "workers"}
 
 
 def plan_files(spark, files: Pieces, options: SelectOptions):

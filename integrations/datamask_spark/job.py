@@ -8,13 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-
-from datamask_dask.io.output import check_target
-from datamask_dask.io.storage import reach, resolve
-from datamask_dask.io.tables import parse_table_uri
-
-from .files import write_file_selection
 
 __all__ = ["get_spark", "select_parquet"]
 
@@ -36,29 +29,26 @@ def get_spark(master: str | None = None, app_name: str = "datamask-select"):
 
 def select_parquet(source, target, *, spark=None, master: str | None = None, config=None,
                    overwrite: bool = False, resume: bool = True, **options) -> tuple[int, int, float]:
-    """Select rows of ``source`` on Spark and write every row plus ``selected`` as parquet to ``target``.
+    """Select rows of ``source`` on Spark and write every row plus ``selected`` as parquet to ``target``:
+    :func:`datamask_dask.select_table` with ``engine="spark"``, on ``spark`` (None: a session of
+    ``master``, see :func:`get_spark`).
 
     ``source`` is a table URI (:mod:`datamask_dask.io.tables`: a parquet path or URI, ``delta://...``,
     ``iceberg://CATALOG/ns.table``) and ``target`` a local path or an object-store URI
-    (``s3://``...): :func:`datamask_spark.files.write_file_selection`, Spark scheduling one task per
-    piece of the Dask readers and its Python worker reading and writing with pyarrow through
-    fsspec (the same partitions, hence the same rows, as ``--engine dask``; no Hadoop connector).
-    It follows the package's output rules (no overlap with ``source``, ``overwrite`` replaces only
-    an output of an earlier datamask run, one run at a time, complete or absent, with a run record),
-    and an interrupted job resumes (``resume=False`` starts over).
+    (``s3://``...): Spark schedules one task per piece of the Dask readers and its Python worker
+    reads and writes with pyarrow through fsspec (:mod:`datamask_spark.files`: the same partitions,
+    hence the same rows, as ``engine="dask"``; no Hadoop connector). It follows the package's output
+    rules (no overlap with ``source``, ``overwrite`` replaces only an output of an earlier datamask
+    run, one run at a time, complete or absent, with a run record), and an interrupted job resumes
+    (``resume=False`` starts over).
 
     Returns
     -------
     (rows, selected, seconds) : tuple
         Rows written, rows selected, and the job's wall time (plan, select and write).
     """
-    source, target = str(source), str(target)
-    table = parse_table_uri(source)
-    if table.format == "parquet" and not reach(resolve(table.location)):
-        raise FileNotFoundError(f"--input {source} does not exist")
-    check_target(target, overwrite=overwrite, inputs=[table.location] if table.format == "parquet" else [])
-    spark = spark or get_spark(master)
-    started = time.perf_counter()
-    record = write_file_selection(spark, source, target, config=config, overwrite=overwrite, resume=resume,
-                                  **options)
-    return record["rows"], record["selected"], time.perf_counter() - started
+    from datamask_dask.run.tables import select_table
+
+    report = select_table(source, target, engine="spark", spark=spark or get_spark(master), config=config,
+                          mode="overwrite" if overwrite else "error", resume=resume, **options)
+    return report.rows, report.selected, report.seconds
