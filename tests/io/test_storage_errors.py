@@ -213,12 +213,12 @@ def test_a_late_storage_failure_is_one_line_too(store, environment, tmp_path, mo
 
     from botocore.exceptions import EndpointConnectionError
 
-    from datamask_dask.io import storage
+    from datamask_dask.run import tables
 
     def lost(source):
         raise EndpointConnectionError(endpoint_url=f"{NO_ENDPOINT}/lake/errors-corpus/part.0.parquet")
 
-    monkeypatch.setattr(storage, "input_fingerprint", lost)
+    monkeypatch.setattr(tables, "input_fingerprint", lost)  # the input's files listed once the checks passed
     environment("ok")
     assert main(["select", "--input", store["uri"], "--output", str(tmp_path / "out"), *FLAGS]) == 1
     line = _one_line(capsys, store["uri"], "endpoint")
