@@ -8,8 +8,8 @@ its own part and the parts meet only at their borders:
 
 1. **Centroids.** Each partition sends evenly spaced rows of its embeddings with its plan summary
    (:func:`sample_positions`, :func:`sample_count`); spherical k-means of those rows
-   (:func:`find_centroids`) places ``REGIONS_PER_CHUNK`` regions per chunk's worth of eligible rows,
-   and k-means of each region's sample rows cuts it into *areas* of about the metric's
+   (:func:`find_centroids`) places the metric's ``Grain.regions_per_chunk`` regions per chunk's worth
+   of eligible rows, and k-means of each region's sample rows cuts it into *areas* of about its
    ``Grain.area_rows`` rows (:func:`find_areas`, :func:`grain`).
 2. **Routing.** Each eligible row belongs to its nearest area among those of its ``Grain.searched``
    nearest regions (:func:`locate`), whatever its partition: a pack's rows reach the task that learns it as
@@ -46,7 +46,6 @@ import numpy as np
 
 from ..compiled import on_first_use
 
-REGIONS_PER_CHUNK = 4  # regions per chunk's worth of rows: most fit a chunk, and few rows sit at a border
 AREA_SAMPLE = 8  # sample rows an area's centroid is placed by, at least
 SAMPLE_ROWS = 1 << 16  # rows of the table the k-means sees at most (spread over its partitions)
 SAMPLE_VALUES = 1 << 24  # and embedding values: what reaches the driver stays small at any dimension
@@ -61,17 +60,21 @@ _BLOCK = 8192  # rows whose products are held at once
 
 @dataclasses.dataclass(frozen=True)
 class Grain:
-    """How finely a metric's regions are cut: the rows of an area, and how many of a row's nearest
-    regions have their areas compared with it."""
+    """How finely a metric's regions are cut: regions per chunk's worth of rows, the rows of an area,
+    and how many of a row's nearest regions have their areas compared with it."""
 
+    regions_per_chunk: int
     area_rows: int
     searched: int
 
 
-# A Facility area is what one gain curve covers, so its quotas are only as fine as its areas. A Pair_simi
-# area only adds up its rows for the shares (share_pairs), so coarser areas, each row comparing fewer,
-# route the table for less.
-GRAINS = {"facility": Grain(area_rows=256, searched=8), "pair_simi": Grain(area_rows=1024, searched=4)}
+# A Facility area is what one gain curve covers, so its quotas are only as fine as its areas, and a row
+# learned away from its nearest area is covered twice: small areas in few regions, each row searching
+# most of them at a chunk's size. A Pair_simi area only adds up its rows for the shares (share_pairs),
+# so coarser areas, each row comparing fewer, route the table for less. (Chosen by measurement:
+# docs/benchmarks.md.)
+GRAINS = {"facility": Grain(regions_per_chunk=1, area_rows=128, searched=8),
+          "pair_simi": Grain(regions_per_chunk=4, area_rows=1024, searched=4)}
 
 
 def grain(metric: str | None) -> Grain:
@@ -94,9 +97,9 @@ def sample_positions(rows: int, count: int) -> np.ndarray:
     return np.unique(np.linspace(0, rows - 1, count).round().astype(np.int64))
 
 
-def region_count(rows: int, chunk_rows: int, sample_rows: int) -> int:
-    """Regions for ``rows`` eligible rows: ``REGIONS_PER_CHUNK`` per chunk, at most one per 16 sample rows."""
-    wanted = math.ceil(rows * REGIONS_PER_CHUNK / max(1, chunk_rows))
+def region_count(rows: int, chunk_rows: int, sample_rows: int, per_chunk: int) -> int:
+    """Regions for ``rows`` eligible rows: ``per_chunk`` per chunk, at most one per 16 sample rows."""
+    wanted = math.ceil(rows * per_chunk / max(1, chunk_rows))
     return max(1, min(wanted, sample_rows // 16))
 
 
