@@ -105,20 +105,23 @@ def region_count(rows: int, chunk_rows: int, sample_rows: int, per_chunk: int) -
 
 def find_centroids(sample: np.ndarray, count: int, seed: int | list[int]) -> np.ndarray:
     """``count`` unit centroids of the unit rows ``sample`` (float32): spherical k-means, seeded by
-    k-means++ from ``seed``; an empty region keeps its centroid (one of the rows)."""
+    k-means++ from ``seed``; an empty region keeps its centroid (one of the rows).
+
+    The same on any machine's threads (the plan may be made in the driver or in a worker): the seeds'
+    distances are einsum's sums, in one order, and each row's nearest centroid is :func:`assign`'s."""
     rows = np.ascontiguousarray(sample, dtype=np.float32)
     count = min(count, len(rows))
     rng = np.random.default_rng(seed)
     picks = [int(rng.integers(len(rows)))]
-    distance = np.maximum(1.0 - rows @ rows[picks[0]], 0).astype(np.float64)
+    distance = np.maximum(1.0 - np.einsum("ij,j->i", rows, rows[picks[0]]), 0).astype(np.float64)
     for _ in range(count - 1):  # each next seed drawn in proportion to its distance from the nearest
         total = distance.sum()
         pick = int(rng.choice(len(rows), p=distance / total)) if total > 0 else int(rng.integers(len(rows)))
         picks.append(pick)
-        distance = np.minimum(distance, np.maximum(1.0 - rows @ rows[pick], 0))
+        distance = np.minimum(distance, np.maximum(1.0 - np.einsum("ij,j->i", rows, rows[pick]), 0))
     centroids = rows[picks].copy()
     for _ in range(KMEANS_ITERATIONS):
-        nearest = (rows @ centroids.T).argmax(axis=1)
+        nearest = assign(rows, centroids)
         order = np.argsort(nearest, kind="stable")
         present, starts = np.unique(nearest[order], return_index=True)
         sums = np.add.reduceat(rows[order].astype(np.float64), starts, axis=0)
