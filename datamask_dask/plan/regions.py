@@ -158,8 +158,8 @@ def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray, are
     rows = np.asarray(embeddings, dtype=np.float32)
     n, count = len(rows), len(centroids)
     searched = min(searched, count)
-    nearest = (np.argpartition(-(rows @ centroids.T), searched - 1, axis=1)[:, :searched] if searched < count
-               else np.broadcast_to(np.arange(count), (n, count)))
+    nearest = _nearest_regions(rows, centroids, searched) if searched < count \
+        else np.broadcast_to(np.arange(count), (n, count))
     # each region's askers and areas by one sort each, not a scan per region
     order = np.argsort(nearest.ravel(), kind="stable")
     askers = order // searched
@@ -194,6 +194,22 @@ def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray, are
         better = (value > held) | ((value == held) & (mine[top] < out[asking]))
         exact_best[asking[better]], out[asking[better]] = value[better], mine[top][better]
     return out
+
+
+def _nearest_regions(rows: np.ndarray, centroids: np.ndarray, searched: int) -> np.ndarray:
+    """Each float32 unit row's ``searched`` most similar centroids (fewer than all), in no order.
+
+    As in :func:`assign`: rows whose ``searched``-th and next centroid are within ``_TIE`` are ranked
+    again by exact float64 sums (ties: the lower centroid), so that every worker searches a row's same
+    regions whatever its BLAS threads."""
+    products = rows @ centroids.T
+    nearest = np.argpartition(-products, searched - 1, axis=1)[:, :searched]
+    edge = -np.partition(-products, [searched - 1, searched], axis=1)[:, [searched - 1, searched]]
+    close = np.flatnonzero(edge[:, 0] - edge[:, 1] <= _TIE)
+    if close.size:
+        exact = np.einsum("ik,jk->ij", rows[close].astype(np.float64), centroids.astype(np.float64))
+        nearest[close] = np.argsort(-exact, axis=1, kind="stable")[:, :searched]
+    return nearest
 
 
 def assign(embeddings: np.ndarray, centroids: np.ndarray) -> np.ndarray:

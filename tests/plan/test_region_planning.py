@@ -143,3 +143,18 @@ def test_pair_simi_shares_cancel_the_picks_sum_at_lamb_0_and_follow_quality_at_l
     assert np.abs(regions.share_pairs(quality, sums, 120, 1.0) - wanted).sum() <= 2  # rounding
     np.testing.assert_array_equal(regions.share_pairs(quality, sums, 120, 0.5),
                                   regions.share_pairs(quality, sums, 120, 0.5))
+
+
+def test_a_row_equally_near_two_regions_searches_the_lower_one_whatever_the_order():
+    """The regions a row searches are chosen in float32; a row whose last searched region and the next
+    one are within the tie margin has them ranked again by exact float64 sums, so the lower of two equal
+    centroids is searched on any worker (a threaded product's last bits would decide otherwise)."""
+    centroids = _unit(6, 16, seed=12)
+    centroids[4] = centroids[1]  # the same centroid twice: the row's first and second regions tie
+    row = (centroids[1] + 0.3 * centroids[0]).astype(np.float32)
+    row = (row / np.linalg.norm(row))[None, :]
+    areas = np.concatenate([centroids, centroids[[1]]]).astype(np.float32)
+    area_region = np.array([0, 1, 2, 3, 4, 5, 4])  # a last area in region 4, a copy of region 1's
+    assert regions._nearest_regions(row, centroids, 1)[0].tolist() == [1]
+    assert sorted(regions._nearest_regions(row, centroids, 2)[0].tolist()) == [1, 4]
+    assert regions.locate(row, centroids, areas, area_region, searched=1)[0] == 1
