@@ -227,7 +227,7 @@ def open_sink(uri, *, mode: str = "error", inputs=(), catalog_properties=None, s
     from .sinks import ParquetSink
 
     return ParquetSink(resolve(target.location, storage_options), overwrite=mode == "overwrite",
-                       single_file=single_file, inputs=[s.location for s in sources if s.format == "parquet"])
+                       single_file=single_file, inputs=[s.location for s in sources if s.format != "iceberg"])
 
 
 def write_table_output(data, uri, *, mode: str = "error", record: dict | None = None, inputs=(),

@@ -156,6 +156,8 @@ def test_delta_selection_only_and_modes(delta_source, tmp_path):
     with pytest.raises(UnsafeOutputError):  # the input is never the output
         select_table(f"delta://{delta_source}", f"delta://{delta_source}", RATIO, mode="overwrite",
                      **OPTIONS)
+    with pytest.raises(UnsafeOutputError, match="inside"):  # nor a parquet output inside the input table
+        select_table(f"delta://{delta_source}", delta_source / "selected", RATIO, **OPTIONS)
     with pytest.raises(UnsafeOutputError):  # a table datamask did not write is never written into
         write_delta(table, delta_source, mode="append", record={})
     assert deltalake.DeltaTable(delta_source).version() == 1
