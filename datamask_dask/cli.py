@@ -454,9 +454,12 @@ def _run_select(args, options: dict, started: float) -> int:
     from .run.tables import select_table
 
     source, target = parse_table_uri(args.input), parse_table_uri(args.output)
-    if source.format == "parquet" and not reach(resolve(source.location)):
+    where = resolve(source.location) if source.format == "parquet" else None
+    if where is not None and not reach(where):
         raise FileNotFoundError(f"--input {args.input} does not exist")
-    both_parquet = source.format == target.format == "parquet"
+    # a file input gives a file output (parquet in and out, on Dask)
+    single_file = where is not None and target.format == "parquet" and args.engine == "dask" and _file_output(
+        where, args.output, resolve(target.location))
     spark = None
     if args.engine == "spark":
         try:
@@ -467,9 +470,7 @@ def _run_select(args, options: dict, started: float) -> int:
     report = select_table(
         args.input, args.output, engine=args.engine, spark=spark, config=args.config,
         output_columns=args.output_columns, mode=args.mode or ("overwrite" if args.overwrite else "error"),
-        incremental=args.incremental, row_filter=args.row_filter, resume=args.resume,
-        single_file=both_parquet and args.engine == "dask" and _file_output(
-            resolve(source.location), args.output, resolve(target.location)),
+        incremental=args.incremental, row_filter=args.row_filter, resume=args.resume, single_file=single_file,
         progress=args.progress, prepare=_text_columns(args), backend=_backend(args), **options)
     read = report.source
     since = f" (rows added since {read['since']})" if read.get("since") is not None else ""
