@@ -20,7 +20,7 @@ from .sums import add_at_rows
 
 Tensor = torch.Tensor
 _BLOCK_ROWS = 4096  # rows compared at once (bounds the similarity block's memory)
-_BLOCK_PRODUCTS = 1 << 24  # similarities held at once in the search (bounds their memory)
+SEARCH_PRODUCTS = 1 << 24  # similarities held at once in the search (bounds their memory)
 _TRAIN_ROWS = 64  # k-means sample rows per centroid (FAISS trains IVF on 39 to 256)
 _TRAIN_MIN = 1 << 14  # and at least this many: small samples place few centroids worse
 _ALIGN = 64  # matrix products run on row counts rounded up to a multiple of this (see _similarities)
@@ -68,7 +68,7 @@ def top_neighbours(reference: Tensor, candidates: Tensor, t: int, *, dtype: torc
         if members.numel() and count:
             found = min(t, members.numel())
             aligned = aligned_rows(low_candidates, members)
-            step = max(_ALIGN, _BLOCK_PRODUCTS // aligned.shape[0] // _ALIGN * _ALIGN)  # rows at once
+            step = max(_ALIGN, SEARCH_PRODUCTS // aligned.shape[0] // _ALIGN * _ALIGN)  # rows at once
             for block in range(first, first + count, step):
                 rows = asking[block:min(block + step, first + count)]
                 products = _similarities(aligned_rows(low_reference, rows // p), aligned, rows.numel(),

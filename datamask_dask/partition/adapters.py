@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..errors import InputDataError
+from ..errors import InputDataError, OptionError
 
 if TYPE_CHECKING:
     import torch
@@ -57,6 +57,19 @@ def host_rows(rows) -> np.ndarray:
 def is_cudf(obj) -> bool:
     """Whether ``obj`` is a cuDF object (checked by module name, so cuDF is never imported)."""
     return type(obj).__module__.split(".", 1)[0] == "cudf"
+
+
+def learner_device(device: str, frame, where: str) -> str:
+    """The torch device a partition is learned on: ``device`` (the option), where ``"auto"`` is the
+    GPU for cuDF partitions on a worker that has one."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if is_cudf(frame) and torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise OptionError(f"{where}: device={device!r} but torch on this worker sees no CUDA device; use "
+                          "device='auto' or 'cpu'")
+    return device
 
 
 def is_numeric_dtype(dtype) -> bool:

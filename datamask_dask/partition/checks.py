@@ -351,10 +351,11 @@ def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) ->
         check = check_partition(frame, number, spec, measures=measures)
         check.raise_if_failed()
     if check.rows and check.dim:  # the select pass's memory check, made where the job can still stop early
-        dim = check.dim
-        memory = plan_memory(spec.memory_budget, check.rows, dim, spec.options, spec.chunk_rows(dim))
+        dim, where = check.dim, f"partition {number}"
+        device = adapters.learner_device(spec.device, frame, where)
+        memory = plan_memory(spec.memory_budget, check.rows, dim, spec.options, spec.chunk_rows(dim), device)
         check_memory(spec.memory_limit, check.rows, dim, memory.options,
-                     min(memory.max_chunk_rows, check.rows), f"partition {number}")
+                     min(memory.max_chunk_rows, check.rows), where, device)
     moments = None
     if spec.pieces == "context" and check.rows and check.dim:
         with measures.timed("moments"):

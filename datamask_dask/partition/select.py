@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import InputDataError, OptionError
+from ..errors import InputDataError
 from ..learn.engine import learn_mask
 from ..plan import context, regions
 from ..plan.memory import MemoryPlan, check_memory, plan_memory
@@ -426,11 +426,12 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int, measures: Meas
     if any(r.weights is not None for r in rows):
         weights = np.concatenate([np.ones(r.positions.size) if r.weights is None else r.weights
                                   for r in rows])
-    memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.chunk_rows(dim))
+    device = rows[0].device
+    memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.chunk_rows(dim), device)
     check_memory(spec.memory_limit, n, dim, memory.options, min(memory.max_chunk_rows, n),
-                 _pack_name(plan, index))
+                 _pack_name(plan, index), device)
     return _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
-                      quality=quality, tokens=tokens, device=rows[0].device, memory=memory,
+                      quality=quality, tokens=tokens, device=device, memory=memory,
                       weights=weights, measures=measures, selected=np.zeros(n, dtype=bool),
                       scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
                       reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None,
@@ -488,8 +489,10 @@ def _open(frame, plan: Plan, number: int, measures: Measures, selected=None, sco
         return None
     adapters.require_columns(frame, spec.select_columns, where)
     source = adapters.embedding_source(frame[spec.embedding_column], where, plan.dim)
-    memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.chunk_rows(source.dim))
-    check_memory(spec.memory_limit, n, source.dim, memory.options, min(memory.max_chunk_rows, n), where)
+    device = adapters.learner_device(spec.device, frame, where)
+    memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.chunk_rows(source.dim), device)
+    check_memory(spec.memory_limit, n, source.dim, memory.options, min(memory.max_chunk_rows, n), where,
+                 device)
     weights = None
     if number in plan.weights:
         kept, counts = plan.weights[number]
@@ -498,7 +501,7 @@ def _open(frame, plan: Plan, number: int, measures: Measures, selected=None, sco
     return _Partition(frame=frame, number=number, plan=plan, source=source,
                       quality=quality_values(frame, spec, where),
                       tokens=token_values(frame, spec, where) if spec.budget is not None else None,
-                      device=_resolve_device(spec.device, frame, where), memory=memory, weights=weights,
+                      device=device, memory=memory, weights=weights,
                       measures=measures,
                       selected=np.zeros(n, dtype=bool) if selected is None else selected,
                       scores=scores, reasons=reasons)
@@ -612,13 +615,3 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
     except InputDataError as exc:
         raise InputDataError(f"{where}: {exc}") from exc
 
-
-def _resolve_device(device: str, frame, where: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if adapters.is_cudf(frame) and torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise OptionError(f"{where}: device={device!r} but torch on this worker sees no CUDA device; use "
-                          "device='auto' or 'cpu'")
-    return device

@@ -13,9 +13,12 @@ the partition itself is modelled as (float32 values, ``d`` the embedding dimensi
   rewards and gains of ``rollout_chunk`` rollouts are evaluated at once,
   ``rollout_chunk * b * d * 4 * STEP_COPIES`` bytes for DiSF (its standardised batch, centring
   and products) and user metrics, ``PAIR_COPIES`` instead of ``STEP_COPIES`` for Pair_simi, and
-  for Facility the similarity block of ``min(reference, EVAL_BLOCK) x b`` values and the
-  neighbour lists of its reference rows. ``b`` is the whole chunk when the refinement stage is on
-  (it learns its whole candidate pool, up to the chunk, in every step), else ``max_batch``.
+  for Facility the neighbour lists of its reference rows (``m`` of them: the chunk, or a sample
+  of it, which is then a copy) and the largest of the phases that follow one another: the
+  search's lists and block of products (``knn.SEARCH_PRODUCTS``), ``rollout_chunk`` rollouts'
+  gathered neighbour values, and an evaluation's block (``metrics.facility.EVAL_PRODUCTS``).
+  ``b`` is the whole chunk when the refinement stage is on (it learns its whole candidate pool,
+  up to the chunk, in every step), else ``max_batch``.
 
 Embeddings are validated in blocks of at most a quarter of the budget. The factors are
 conservative: ``tests/plan/test_memory.py`` measures the peak resident memory of a partition
@@ -49,10 +52,9 @@ CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while i
 STEP_COPIES = 6  # (rollout_chunk x batch x d) float32 temporaries of a DiSF (or unknown) evaluation
 PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
 GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
-EVAL_BLOCK = 4096  # reference rows compared with a batch at once (metrics.facility._EVAL_BLOCK)
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
 GPU_SHARE = 0.8  # of a GPU's free memory when learning on it (one learner at a time)
-TASK_ROOM = 128 * 2**20  # the least room a worker must leave a task for any partition to be read and learned
+TASK_ROOM = 256 * 2**20  # the least room a worker must leave a task for a partition to be read and learned
 
 
 def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) -> int | None:
@@ -158,8 +160,9 @@ class MemoryPlan:
 
 
 def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOptions,
-                max_chunk_rows: int) -> MemoryPlan:
-    """Size chunks and learner batches for a partition of ``n_rows`` rows of ``dim``-d embeddings.
+                max_chunk_rows: int, device: str = "cpu") -> MemoryPlan:
+    """Size chunks and learner batches for a partition of ``n_rows`` rows of ``dim``-d embeddings,
+    learned on ``device``.
 
     ``budget``: bytes of working memory allowed beyond the partition itself (None: no bound, the
     values given are returned unchanged). The largest chunk up to ``max_chunk_rows`` that fits is
@@ -178,7 +181,7 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
     wanted = min(int(max_chunk_rows), GOOD_CHUNK)
     while True:
         rows = _largest_chunk(work, int(max_chunk_rows), dim, options, rollouts, reference, refine_reference,
-                              metrics)
+                              metrics, device)
         if rows >= wanted:
             break
         if rollouts > 1:
@@ -197,7 +200,7 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
 
 
 def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int,
-                 where: str = "a partition") -> None:
+                 where: str = "a partition", device: str = "cpu") -> None:
     """Raise ``OptionError`` when a chunk of ``chunk_rows`` rows, learned with ``options``, does not
     fit in the workers' ``limit``, naming ``max_chunk_rows`` (the largest chunk that fits) and
     ``memory_budget``: the limit never changes the chunks, so the job stops before learning."""
@@ -206,7 +209,7 @@ def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOpti
     dim = max(int(dim), 1)
     metrics = metric_kinds(options)
     rollouts = min(options.rollout_chunk, options.n_rollout)
-    args = (dim, options, rollouts, options.reference_size, options.refine_reference, metrics)
+    args = (dim, options, rollouts, options.reference_size, options.refine_reference, metrics, device)
     need = chunk_bytes(chunk_rows, *args) + n_rows * ROW_BYTES
     if need <= limit:
         return
@@ -221,14 +224,18 @@ def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOpti
 
 
 def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, reference: int,
-                refine_reference: int, metrics: tuple) -> int:
-    """Modelled peak bytes of learning one chunk of ``rows`` rows (see the module notes).
+                refine_reference: int, metrics: tuple, device: str = "cpu") -> int:
+    """Modelled peak bytes of learning one chunk of ``rows`` rows on ``device`` (see the module notes).
 
     A step's batch is at most ``max_batch`` rows, but the refinement stage takes its whole
     candidate pool (up to ``refine x k`` rows, i.e. up to the chunk) in every step: with
     ``refine`` on, the batch is modelled as the whole chunk. ``metrics`` holds the kinds of the
     diversity metrics (:func:`metric_kinds`); they run one after the other, so the largest counts.
     """
+    from ..learn.engine import HOLDOUT_ROWS
+    from ..learn.knn import SEARCH_PRODUCTS  # (torch: imported when a chunk is sized, not with the package)
+    from ..learn.metrics.facility import EVAL_PRODUCTS
+
     batch = rows if options.refine else min(rows, options.max_batch)
     need = rows * (CHUNK_COPIES * 4 * dim + 64) + options.n_rollout * batch * 24
     step = 0
@@ -236,8 +243,19 @@ def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, re
         if kind == "facility":
             t = options.neighbours
             m = min(rows, max(reference, refine_reference if options.refine else 0))
-            cost = min(m, EVAL_BLOCK) * batch * 8 + m * (t * 12 + 4 * dim)
-            cost += rollouts * (m * t * 16 + batch * 16)
+            graph = m * t * 12 + (m * 4 * dim if m < rows else 0)  # the graph; a sampled reference copied
+            # then the largest of its phases: the search (its lists twice while they are reordered, a block of
+            # products, the graph converted from them), the steps (each rollout's gathered values), and an
+            # evaluation (a sampled reference is checked on rows apart from it, copied, each meeting 2k rows)
+            search = m * options.probes * t * 16 + min(SEARCH_PRODUCTS, m * rows) * 4 + m * t * 12
+            if device == "cpu" and m == rows:  # facility_cpu's compiled step: no (rollouts, m, t) temporaries
+                steps = rollouts * (m * 4 + batch * 16) + m * 12
+            else:
+                steps = rollouts * (m * t * 16 + batch * 16)
+            held = min(rows, HOLDOUT_ROWS)
+            evaluation = held * 4 * dim + min(EVAL_PRODUCTS, held * rows) * 4 \
+                if m < rows or options.lamb_scale == "gain" else 0
+            cost = graph + max(search, steps, evaluation)
         else:  # Pair_simi gathers the selected rows (at most the batch); DiSF and unknown metrics more
             copies = PAIR_COPIES if kind == "pair" else STEP_COPIES
             cost = rollouts * batch * (copies * 4 * dim + 64)

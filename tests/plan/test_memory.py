@@ -12,10 +12,13 @@ import numpy as np
 import pytest
 
 from datamask_dask import OptionError, datamask_select
+from datamask_dask.config import resolve_options
 from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.learn.options import DataMaskOptions
 from datamask_dask.plan.memory import (
     ROW_BYTES,
+    WORKER_SHARE,
+    check_memory,
     chunk_bytes,
     metric_kinds,
     parse_budget,
@@ -36,12 +39,12 @@ from datamask_dask import datamask_select
 from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.plan.memory import plan_memory
 
-n, d, budget = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+n, d, budget, algorithm = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 # 200k-row chunks (the built-in default; the cpu profile's 10k-row chunks would bound memory anyway).
 # memory_budget bounds the select tasks; the partition scope keeps the plan pass's table-wide
 # near-duplicate step (its own tasks, sized by the table, not the budget) out of this measure.
 options = dict(ratio=0.1, n_epochs=3, refine_epochs=3, n_rollout=4, max_chunk_rows=200_000,
-               diversity_scope="partition")
+               diversity_scope="partition", algorithm=algorithm)
 rng = np.random.default_rng(0)
 vectors = pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(n * d, dtype=np.float32)), d)
 frame = pd.DataFrame({"chunk_id": np.arange(n), "quality_score": rng.random(n),
@@ -92,10 +95,11 @@ print(json.dumps({"partition_bytes": int(frame.memory_usage(deep=True).sum()),
 
 
 @pytest.mark.slow
-def test_a_partition_larger_than_the_budget_stays_under_it():
+@pytest.mark.parametrize("algorithm", ["Pair_simi", "Facility"])
+def test_a_partition_larger_than_the_budget_stays_under_it(algorithm):
     n, d = 40_000, 192
-    run = subprocess.run([sys.executable, "-c", SCRIPT, str(n), str(d), str(BUDGET)], capture_output=True,
-                         text=True, timeout=600)
+    run = subprocess.run([sys.executable, "-c", SCRIPT, str(n), str(d), str(BUDGET), algorithm],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["partition_bytes"] > BUDGET  # the partition alone is larger than the budget
@@ -103,6 +107,7 @@ def test_a_partition_larger_than_the_budget_stays_under_it():
     extra, selected = result["bounded"]
     assert selected == round(0.1 * n)
     assert extra <= BUDGET, f"peak {extra / 2**20:.1f} MiB above the baseline, budget {BUDGET / 2**20} MiB"
+    print(f"{algorithm}: chunks of {result['chunk_rows']} rows, peak {extra / 2**20:.1f} MiB")
     # ...and that is what keeps it down: the same selection without a budget goes far above it.
     extra_unbounded, selected = result["unbounded"]
     assert selected == round(0.1 * n) and extra_unbounded > 2 * BUDGET
@@ -141,6 +146,16 @@ def test_sizes_follow_the_budget(algorithm):
 def test_too_small_a_budget_says_what_to_do():
     with pytest.raises(OptionError, match=r"too small for a partition of 1000000 rows.*repartition"):
         plan_memory(2**20, 10**6, 768, DataMaskOptions(), 200_000)
+
+
+@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi", "DiSF"])
+def test_a_default_chunk_fits_a_worker_thread_of_4_gib(algorithm):
+    """Dask's share of a 16-core, 64 GiB machine (4 workers of 4 threads: 4 GiB a thread), at d = 768."""
+    options, dim = resolve_options(algorithm=algorithm), 768
+    rows = options.max_chunk_rows or options.max_chunk_values // dim  # a partition of one default chunk
+    check_memory(int(WORKER_SHARE * 4 * 2**30), rows, dim, options.learner, rows)
+    with pytest.raises(OptionError, match="max_chunk_rows="):  # and a worker with less is still refused
+        check_memory(int(WORKER_SHARE * 2**30 / 4), rows, dim, options.learner, rows)
 
 
 def test_default_budget_comes_from_the_workers(client, corpus):

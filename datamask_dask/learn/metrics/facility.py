@@ -13,7 +13,7 @@ from ..sums import add_at_columns
 from .base import EVERY_ROW, DiversityMetric, MetricSettings, mean_one, weighted_mean
 
 Tensor = torch.Tensor
-_EVAL_BLOCK = 4096  # rows of the chunk compared with the selection at once when evaluating
+EVAL_PRODUCTS = 1 << 24  # similarities held at once when evaluating (rows of the chunk x selected rows)
 
 
 @dataclass(frozen=True)
@@ -172,13 +172,14 @@ class Facility(DiversityMetric):
         column count padded as :func:`~datamask_dask.learn.knn.top_neighbours` pads it (a count
         that is no multiple of 16 runs slower on CPU); the padding is in no span."""
         selected = aligned_rows(emb, columns)
+        block = max(1, EVAL_PRODUCTS // selected.shape[0])
         totals = [0.0] * len(spans)
-        for start in range(0, rows.shape[0], _EVAL_BLOCK):
-            similarity = rows[start:start + _EVAL_BLOCK] @ selected.T
+        for start in range(0, rows.shape[0], block):
+            similarity = rows[start:start + block] @ selected.T
             for i, (low, high) in enumerate(spans):
                 best = similarity[:, low:high].amax(1).clamp(min=0)
                 if weights is not None:
-                    best = best.double() * weights[start:start + _EVAL_BLOCK].double()
+                    best = best.double() * weights[start:start + block].double()
                 totals[i] += float(best.sum())
         mass = rows.shape[0] if weights is None else float(weights.double().sum())
         return [total / mass for total in totals]
