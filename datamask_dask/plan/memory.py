@@ -28,7 +28,8 @@ Only a budget the user gives sizes chunks: chunk and batch sizes change the resu
 cluster happens to have must not. Without an explicit ``memory_budget`` the workers' memory is
 a limit that is checked, never obeyed (:func:`check_memory`): ``WORKER_SHARE`` of the smallest
 per-thread memory limit of the current distributed cluster's workers (``memory_limit /
-nthreads``), or, when learning on a GPU, ``GPU_SHARE`` of its free memory (a GPU's learners take
+nthreads``), or, where less, a thread's share of what a worker's process leaves below Dask's
+pause threshold, or, when learning on a GPU, ``GPU_SHARE`` of its free memory (a GPU's learners take
 turns: :func:`datamask_dask.threads.one_learner_per_gpu`); on the
 local schedulers with no GPU there is no limit. A partition whose chunk does not fit in it fails
 in the plan pass, with the chunk size that would fit, instead of running its workers out of memory;
@@ -54,7 +55,7 @@ PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
 GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
 WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
 GPU_SHARE = 0.8  # of a GPU's free memory when learning on it (one learner at a time)
-TASK_ROOM = 256 * 2**20  # the least room a worker must leave a task for a partition to be read and learned
+TASK_ROOM = 128 * 2**20  # the least room a worker must leave a task for any partition to be read and learned
 
 
 def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) -> int | None:
@@ -107,9 +108,28 @@ def _cluster_budget(client, on_gpu: bool) -> int | None:
     limits = {address: w["memory_limit"] for address, w in workers.items() if w.get("memory_limit")}
     if not limits:
         return None
-    _check_room(limits, client.run(_process_memory))
-    return int(min(limit / max(1, workers[address].get("nthreads", 1)) * WORKER_SHARE
-                   for address, limit in limits.items()))
+    least = _least_held(client.run(_process_memory))
+    _check_room(limits, least)
+    pause = _pause_fraction()
+    # a task's share of the worker, and never more than its thread's share of what the process leaves
+    # below the pause: past it the worker would pause (or be killed) instead of the job failing
+    return int(min(min(limit * WORKER_SHARE, pause * limit - least.get(address, 0))
+                   / max(1, workers[address].get("nthreads", 1)) for address, limit in limits.items()))
+
+
+# The least resident memory seen of each worker process, by (address, pid): memory a finished job
+# freed may stay resident, yet free for the next task, so a job rerun on the same workers (with the
+# max_chunk_rows a refusal named) is checked against the room the first run found.
+_LEAST_HELD: dict[tuple[str, int], int] = {}
+
+
+def _least_held(held: dict) -> dict:
+    """``{address: (pid, resident bytes)}`` as ``{address: the least resident bytes seen of its process}``."""
+    least = {}
+    for address, (pid, rss) in held.items():
+        key = (address, pid)
+        _LEAST_HELD[key] = least[address] = min(rss, _LEAST_HELD.get(key, rss))
+    return least
 
 
 def _check_room(limits: dict, held: dict) -> None:
@@ -139,10 +159,13 @@ def _pause_fraction() -> float:
     return min((float(f) for f in fractions if f), default=1.0)
 
 
-def _process_memory() -> int:
+def _process_memory() -> tuple[int, int]:
+    """A worker process's id and resident memory."""
+    import os
+
     import psutil
 
-    return int(psutil.Process().memory_info().rss)
+    return os.getpid(), int(psutil.Process().memory_info().rss)
 
 
 def _free_gpu_memory() -> int:

@@ -28,6 +28,7 @@ import numpy as np
 from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
 from . import context, regions
+from .memory import check_memory
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
@@ -92,6 +93,7 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
         if spec.pieces == "context" and eligible > spec.chunk_rows(dim):
             moments = context.table_moments([s.moments for s in summaries], [s.n for s in summaries])
             table_context = context.Context(moments)
+    _check_packs(packs, cells, spec, dim, regional=bool(places))
     return Plan(spec=spec, cells=cells, packs=packs, **places, context=table_context,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
@@ -99,6 +101,23 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
                 digests=tuple(s.digest for s in summaries),
                 stages=telemetry.add_up(s.stages for s in summaries),
                 explain=duplicate_links(summaries) if spec.explain else {})
+
+
+def _check_packs(packs: tuple[Pack, ...], cells: dict[int, tuple[Cell, ...]], spec: SelectSpec,
+                 dim: int | None, regional: bool) -> None:
+    """Raise ``OptionError`` where the largest pack's chunk does not fit in the workers' memory: a pack
+    gathers several partitions' rows, more than the plan pass checked in any one of them. Modelled as
+    on CPU, the least a pack needs anywhere; its own task checks again where it learns."""
+    if not packs or not spec.memory_limit or not dim:
+        return
+    if regional:  # areas are packed up to a chunk's worth of rows
+        largest, where = spec.chunk_rows(dim), "a pack of areas"
+    else:
+        rows = [sum(c.eligible for p in pack.partitions for c in cells[p] if c.group == pack.group)
+                for pack in packs]
+        pack = packs[int(np.argmax(rows))]
+        largest, where = max(rows), f"the pack of partitions {pack.partitions[0]}-{pack.partitions[-1]}"
+    check_memory(spec.memory_limit, largest, dim, spec.options, min(spec.chunk_rows(dim), largest), where)
 
 
 def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack, ...]:
