@@ -149,6 +149,8 @@ HEADLINES = (
      lambda row: row["checkout"] == "this"),
     ("Embedding precision beside sentence-transformers' pool", "embed-speed", "", ("method",),
      ("docs/s", "speed-up over the pool", "recall@10"), None),
+    ("A selection task's memory", "task-memory", "", ("metric", "rows", "dim"),
+     ("model MiB", "peak MiB", "fits 4 GiB thread"), None),
     ("Start-up of the command", "cli-start", "", ("command",), ("this checkout, median s",),
      lambda row: "--version" in row["command"] or "first line" in row["command"]),
 )
@@ -207,7 +209,7 @@ SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suit
             **{name: tables for name in ("pipeline", "gpu", "ceiling", "duplicates", "table-scale",
                                          "search-graph", "spark", "storage", "conformance", "text-speed",
                                          "embed-speed", "rounds", "workers", "cli-start",
-                                         "near-duplicates-text", "plan-memory")}}
+                                         "near-duplicates-text", "plan-memory", "task-memory")}}
 
 
 def render(page: str) -> str:

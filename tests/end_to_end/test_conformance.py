@@ -149,16 +149,21 @@ def test_workers_too_small_for_the_chunks_fail_at_once_naming_what_fits(small_wo
     assert out["selected"].sum() == 3000
 
 
-def test_a_pack_larger_than_the_workers_allow_fails_in_the_plan_naming_it(small_workers, tmp_path):
-    """Four partitions that each fit a 1 GiB worker, packed into one chunk that does not: the plan stops
-    before any select task, naming the pack and the max_chunk_rows that fits."""
+def test_a_pack_larger_than_the_workers_allow_fails_in_the_plan_naming_it(tmp_path):
+    """Four partitions that each fit a fresh 1 GiB worker, packed into one chunk that does not: the plan
+    stops before any select task, naming the pack and the max_chunk_rows that fits."""
     path = tmp_path / "table"
     write_parquet(dd.from_pandas(make_corpus(32_000, 768, seed=6), npartitions=4, sort=False), path)
-    start = time.perf_counter()
-    message = r"the pack of partitions 0-3: the workers' memory is too small.*max_chunk_rows=\d+"
-    with small_workers.as_current(), pytest.raises(OptionError, match=message):
-        datamask_select(read_parquet(path), ratio=0.1, algorithm="Facility").compute()
-    assert time.perf_counter() - start < 60
+    local, client = cluster("1GiB")
+    try:
+        start = time.perf_counter()
+        message = r"the pack of partitions 0-3: the workers' memory is too small.*max_chunk_rows=\d+"
+        with client.as_current(), pytest.raises(OptionError, match=message):
+            datamask_select(read_parquet(path), ratio=0.1, algorithm="Facility").compute()
+        assert time.perf_counter() - start < 60
+    finally:
+        client.close()
+        local.close()
 
 
 def test_workers_with_no_room_for_a_task_fail_at_once(table):
