@@ -198,7 +198,7 @@ _NEEDS = (
      ("rows", "dim", "partitions")),
     ("--engine dask (Spark runs its own executors: --spark-master names them)",
      lambda a: a.engine == "dask", _DASK_CLUSTER),
-    ("--engine dask (Spark writes every row plus `selected` to a parquet directory)",
+    ("--engine dask (Spark writes every row plus `selected` of the input as it is)",
      lambda a: a.engine == "dask", _DASK_WRITE),
     ("--engine spark", lambda a: a.engine == "spark", ("spark_master",)),
     ("--text-column", lambda a: a.text_column is not None, _TEXT_MODEL),

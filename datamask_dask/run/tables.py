@@ -65,7 +65,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         ``"dask"``: the input is read into a Dask DataFrame and run on ``scheduler`` (Dask's default:
         the current client, or threads). ``"spark"``: each piece of the input is read by the Python
         worker of its Spark task, on the session ``spark`` (None: the active one, or a local one;
-        ``datamask_spark.files``); its output is every row plus ``selected``, as parquet.
+        ``datamask_spark.files``); its output is every row plus ``selected``, in any output format.
     single_file : bool
         A parquet output written as one file rather than a directory (Dask).
     mode : {"error", "append", "overwrite"}
@@ -108,7 +108,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         raise OptionError(f"engine must be one of {ENGINES}, not {engine!r}")
     source_uri, target = parse_table_uri(input_uri), parse_table_uri(output_uri)
     if engine == "spark":
-        _spark_can_run(target.format, output_columns, incremental, row_filter, single_file, prepare, backend)
+        _spark_can_run(output_columns, incremental, row_filter, single_file, prepare, backend)
     since, previous = None, None
     if incremental:
         if source_uri.format == "parquet":
@@ -169,19 +169,18 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                           outcome.reused)
 
 
-def _spark_can_run(output_format: str, output_columns: str, incremental: bool, row_filter, single_file: bool,
-                   prepare, backend: str) -> None:
-    """Refuse, by name, what the Spark engine does not do (it writes every row plus ``selected`` as a
-    parquet directory, from the input as it is)."""
+def _spark_can_run(output_columns: str, incremental: bool, row_filter, single_file: bool, prepare,
+                   backend: str) -> None:
+    """Refuse, by name, what the Spark engine does not do (it writes every row plus ``selected``, from
+    the input as it is, through the same sinks: a parquet directory, a Delta or an Iceberg table)."""
     refused = [what for bad, what in [
-        (output_format != "parquet", f"a {output_format} output"), (output_columns != "all",
-                                                                      f"output_columns={output_columns!r}"),
+        (output_columns != "all", f"output_columns={output_columns!r}"),
         (incremental, "incremental=True"), (row_filter is not None, "row_filter"),
         (single_file, "single_file=True"), (prepare is not None, "prepare (text columns)"),
         (backend != "pandas", f"backend={backend!r}")] if bad]
     if refused:
-        raise OptionError(f"the Spark engine writes every row plus `selected` to a parquet directory from "
-                          f"the input as it is: {', '.join(refused)} needs the Dask engine")
+        raise OptionError(f"the Spark engine writes every row plus `selected` from the input as it is: "
+                          f"{', '.join(refused)} needs the Dask engine")
 
 
 def _spark_engine(spark, input_uri, options, **storage):

@@ -353,6 +353,34 @@ def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tm
 
 
 @pytest.mark.slow
+def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, parquet_dir, tmp_path):
+    """``select_table(engine="spark")`` into a Delta and an Iceberg table, through the sinks the Dask
+    engine writes them with: Dask's rows, and the run record in the table's commit."""
+    import json
+
+    import deltalake
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    (tmp_path / "wh").mkdir()
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
+    SqlCatalog("local", uri=catalog["uri"], warehouse=catalog["warehouse"]).create_namespace("out")
+    options = dict(ratio=0.1, seed=7, **FAST)
+    delta = datamask_dask.select_table(parquet_dir, f"delta://{tmp_path}/delta", engine="spark", spark=spark,
+                                       **options)
+    iceberg = datamask_dask.select_table(parquet_dir, "iceberg://local/out.selected", engine="spark",
+                                         spark=spark, catalog_properties=catalog, **options)
+    table = deltalake.DeltaTable(str(tmp_path / "delta"))
+    written = {"delta": table.to_pyarrow_table().to_pandas(),
+               "iceberg": SqlCatalog("local", **{k: catalog[k] for k in ("uri", "warehouse")}).load_table(
+                   "out.selected").scan().to_arrow().to_pandas()}
+    assert json.loads(table.history()[0]["datamask.run"])["run_id"] == delta.run_id
+    assert (delta.selected, iceberg.selected) == (160, 160)
+    for rows in written.values():
+        assert len(rows) == 1600 and set(rows.loc[rows["selected"], "chunk_id"]) == dask_selected(parquet_dir,
+                                                                                                  **options)
+
+
+@pytest.mark.slow
 def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tmp_path, capsys):
     """``datamask select --engine spark`` on a parquet directory: the file job, Dask's rows."""
     import pyarrow.parquet as pq
