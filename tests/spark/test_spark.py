@@ -355,7 +355,8 @@ def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tm
 @pytest.mark.slow
 def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, parquet_dir, tmp_path):
     """``select_table(engine="spark")`` into a Delta and an Iceberg table, through the sinks the Dask
-    engine writes them with: Dask's rows, and the run record in the table's commit."""
+    engine writes them with: Dask's rows, and the run record in the table's commit; the CLI's
+    ``--mode append`` on Spark adds a second commit."""
     import json
 
     import deltalake
@@ -378,6 +379,13 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
     for rows in written.values():
         assert len(rows) == 1600 and set(rows.loc[rows["selected"], "chunk_id"]) == dask_selected(parquet_dir,
                                                                                                   **options)
+    from datamask_dask.cli import main
+
+    assert main(["select", "--engine", "spark", "--input", str(parquet_dir), "--output", f"delta://{tmp_path}/delta",
+                 "--mode", "append", "--ratio", "0.1", "--seed", "7", "--n-epochs", str(FAST["n_epochs"]),
+                 "--n-rollout", str(FAST["n_rollout"])]) == 0
+    table = deltalake.DeltaTable(str(tmp_path / "delta"))
+    assert table.version() == 1 and len(table.to_pyarrow_table()) == 3200
 
 
 @pytest.mark.slow
