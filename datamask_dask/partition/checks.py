@@ -31,7 +31,6 @@ from ..dedup import simhash
 from ..dedup.groups import DuplicateGroups
 from ..errors import InputDataError, Problem, problems_error
 from ..plan import context, regions
-from ..plan.memory import check_memory, plan_memory
 from ..plan.quotas import make_sketch
 from ..plan.types import CellSummary, PartitionSummary
 from ..telemetry import Measures
@@ -352,10 +351,7 @@ def scan_partition(frame, number: int, spec: SelectSpec, partitions: int = 1) ->
         check.raise_if_failed()
     if check.rows and check.dim:  # the select pass's memory check, made where the job can still stop early
         dim, where = check.dim, f"partition {number}"
-        device = adapters.learner_device(spec.device, frame, where)
-        memory = plan_memory(spec.memory_budget, check.rows, dim, spec.options, spec.chunk_rows(dim), device)
-        check_memory(spec.memory_limit, check.rows, dim, memory.options,
-                     min(memory.max_chunk_rows, check.rows), where, device)
+        spec.memory_plan(check.rows, dim, where, adapters.learner_device(spec.device, frame, where))
     moments = None
     if spec.pieces == "context" and check.rows and check.dim:
         with measures.timed("moments"):

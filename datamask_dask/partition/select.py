@@ -31,7 +31,7 @@ import pyarrow as pa
 from ..errors import InputDataError
 from ..learn.engine import learn_mask
 from ..plan import context, regions
-from ..plan.memory import MemoryPlan, check_memory, plan_memory
+from ..plan.memory import MemoryPlan
 from ..plan.quotas import fit_budget, split_budget, split_quota
 from ..plan.types import Cell, Plan
 from ..telemetry import Measures
@@ -427,9 +427,7 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int, measures: Meas
         weights = np.concatenate([np.ones(r.positions.size) if r.weights is None else r.weights
                                   for r in rows])
     device = rows[0].device
-    memory = plan_memory(spec.memory_budget, n, dim, spec.options, spec.chunk_rows(dim), device)
-    check_memory(spec.memory_limit, n, dim, memory.options, min(memory.max_chunk_rows, n),
-                 _pack_name(plan, index), device)
+    memory = spec.memory_plan(n, dim, _pack_name(plan, index), device)
     return _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
                       quality=quality, tokens=tokens, device=device, memory=memory,
                       weights=weights, measures=measures, selected=np.zeros(n, dtype=bool),
@@ -490,9 +488,7 @@ def _open(frame, plan: Plan, number: int, measures: Measures, selected=None, sco
     adapters.require_columns(frame, spec.select_columns, where)
     source = adapters.embedding_source(frame[spec.embedding_column], where, plan.dim)
     device = adapters.learner_device(spec.device, frame, where)
-    memory = plan_memory(spec.memory_budget, n, source.dim, spec.options, spec.chunk_rows(source.dim), device)
-    check_memory(spec.memory_limit, n, source.dim, memory.options, min(memory.max_chunk_rows, n), where,
-                 device)
+    memory = spec.memory_plan(n, source.dim, where, device)
     weights = None
     if number in plan.weights:
         kept, counts = plan.weights[number]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
 from ..options import SelectOptions, parse_budget
-from ..plan.memory import resolve_budget
+from ..plan.memory import MemoryPlan, check_memory, plan_memory, resolve_budget
 from . import adapters
 
 
@@ -65,6 +65,15 @@ class SelectSpec:
         if self.max_chunk_values is None:  # SelectOptions refuses this; a spec built by hand may not
             raise OptionError("max_chunk_rows and max_chunk_values are both None: set one of them")
         return max(2, self.max_chunk_values // max(1, dim or 1))
+
+    def memory_plan(self, n_rows: int, dim: int, where: str, device: str = "cpu") -> MemoryPlan:
+        """The chunk and learner sizes of ``n_rows`` rows of ``dim``-d embeddings learned on ``device``
+        (sized by ``memory_budget``), checked against the workers' memory (``memory_limit``): raises
+        ``OptionError`` naming ``where`` and the ``max_chunk_rows`` that fits."""
+        memory = plan_memory(self.memory_budget, n_rows, dim, self.options, self.chunk_rows(dim), device)
+        check_memory(self.memory_limit, n_rows, dim, memory.options, min(memory.max_chunk_rows, n_rows),
+                     where, device)
+        return memory
 
     @property
     def select_columns(self) -> list[str]:

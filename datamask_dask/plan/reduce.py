@@ -28,7 +28,6 @@ import numpy as np
 from .. import telemetry
 from ..errors import OptionError, Problem, problems_error
 from . import context, regions
-from .memory import check_memory
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
 
@@ -117,7 +116,7 @@ def _check_packs(packs: tuple[Pack, ...], cells: dict[int, tuple[Cell, ...]], sp
                 for pack in packs]
         pack = packs[int(np.argmax(rows))]
         largest, where = max(rows), f"the pack of partitions {pack.partitions[0]}-{pack.partitions[-1]}"
-    check_memory(spec.memory_limit, largest, dim, spec.options, min(spec.chunk_rows(dim), largest), where)
+    spec.memory_plan(largest, dim, where)
 
 
 def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack, ...]:

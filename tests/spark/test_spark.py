@@ -364,7 +364,8 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
 
     (tmp_path / "wh").mkdir()
     catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
-    SqlCatalog("local", uri=catalog["uri"], warehouse=catalog["warehouse"]).create_namespace("out")
+    tables = SqlCatalog("local", uri=catalog["uri"], warehouse=catalog["warehouse"])
+    tables.create_namespace("out")
     options = dict(ratio=0.1, seed=7, **FAST)
     delta = datamask_dask.select_table(parquet_dir, f"delta://{tmp_path}/delta", engine="spark", spark=spark,
                                        **options)
@@ -372,8 +373,7 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
                                          spark=spark, catalog_properties=catalog, **options)
     table = deltalake.DeltaTable(str(tmp_path / "delta"))
     written = {"delta": table.to_pyarrow_table().to_pandas(),
-               "iceberg": SqlCatalog("local", **{k: catalog[k] for k in ("uri", "warehouse")}).load_table(
-                   "out.selected").scan().to_arrow().to_pandas()}
+               "iceberg": tables.load_table("out.selected").scan().to_arrow().to_pandas()}
     assert json.loads(table.history()[0]["datamask.run"])["run_id"] == delta.run_id
     assert (delta.selected, iceberg.selected) == (160, 160)
     for rows in written.values():
