@@ -31,7 +31,9 @@ per-thread memory limit of the current distributed cluster's workers (``memory_l
 nthreads``), or, where less, a thread's share of what a worker's process leaves below Dask's
 pause threshold, or, when learning on a GPU, ``GPU_SHARE`` of its free memory (a GPU's learners take
 turns: :func:`datamask_dask.threads.one_learner_per_gpu`); on the
-local schedulers with no GPU there is no limit. A partition whose chunk does not fit in it fails
+local schedulers with no GPU there is no limit. The check counts, beside the chunk, what a worker holds
+of the partition itself while it is learned (``PARTITION_COPIES`` of its embeddings: as read, and
+routed to its packs). A partition whose chunk does not fit in it fails
 in the plan pass, with the chunk size that would fit, instead of running its workers out of memory;
 and where a worker's own process leaves less than ``TASK_ROOM`` below Dask's pause threshold, the
 job stops before its first task (a paused worker would leave it waiting for ever).
@@ -53,7 +55,8 @@ CHUNK_COPIES = 6  # float32 copies of a chunk's embeddings alive at once while i
 STEP_COPIES = 6  # (rollout_chunk x batch x d) float32 temporaries of a DiSF (or unknown) evaluation
 PAIR_COPIES = 2  # the same for Pair_simi, which only gathers the selected rows
 GOOD_CHUNK = 8192  # rows of a chunk worth lowering rollout_chunk and reference sizes for
-WORKER_SHARE = 0.5  # of a worker thread's memory: the rest holds partitions and Dask's own data
+PARTITION_COPIES = 2  # float32 copies of a partition's embeddings a worker holds: as read, and routed
+WORKER_SHARE = 0.75  # of a worker thread's memory for its task (partition and chunk): the rest is Dask's own
 GPU_SHARE = 0.8  # of a GPU's free memory when learning on it (one learner at a time)
 TASK_ROOM = 128 * 2**20  # the least room a worker must leave a task for any partition to be read and learned
 
@@ -160,10 +163,13 @@ def _pause_fraction() -> float:
 
 
 def _process_memory() -> tuple[int, int]:
-    """A worker process's id and resident memory."""
+    """A worker process's id and resident memory, with the libraries a selection task imports loaded:
+    a fresh worker holds a fraction of what it holds once its first task has imported them."""
     import os
 
     import psutil
+
+    from ..partition import select  # noqa: F401  (torch, numba, pyarrow and the learner)
 
     return os.getpid(), int(psutil.Process().memory_info().rss)
 
@@ -224,26 +230,29 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
 
 def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int,
                  where: str = "a partition", device: str = "cpu") -> None:
-    """Raise ``OptionError`` when a chunk of ``chunk_rows`` rows, learned with ``options``, does not
-    fit in the workers' ``limit``, naming ``max_chunk_rows`` (the largest chunk that fits) and
-    ``memory_budget``: the limit never changes the chunks, so the job stops before learning."""
+    """Raise ``OptionError`` when ``n_rows`` rows (``PARTITION_COPIES`` of their embeddings, held while
+    they are learned) and a chunk of ``chunk_rows`` of them, learned with ``options``, do not fit in
+    the workers' ``limit``, naming ``max_chunk_rows`` (the largest chunk that fits; where none does,
+    smaller partitions) and ``memory_budget``: the limit never changes the chunks, so the job stops
+    before learning."""
     if not limit:
         return
     dim = max(int(dim), 1)
     metrics = metric_kinds(options)
     rollouts = min(options.rollout_chunk, options.n_rollout)
     args = (dim, options, rollouts, options.reference_size, options.refine_reference, metrics, device)
-    need = chunk_bytes(chunk_rows, *args) + n_rows * ROW_BYTES
+    held = n_rows * (ROW_BYTES + PARTITION_COPIES * 4 * dim)  # the rows themselves, whatever the chunks
+    need = chunk_bytes(chunk_rows, *args) + held
     if need <= limit:
         return
-    fits = _largest_chunk(limit - n_rows * ROW_BYTES, chunk_rows, *args)
+    fits = _largest_chunk(limit - held, chunk_rows, *args)
+    remedy = (f"set max_chunk_rows={fits} (a different chunking selects different rows)" if fits >= 2 else
+              "split the input into smaller partitions (ddf.repartition(npartitions=...))")
     raise OptionError(
         f"{where}: the workers' memory is too small for this selection: {n_rows} rows learned in chunks "
         f"of {chunk_rows} rows of {dim}-d embeddings need about {need} bytes per task, and the workers "
-        f"leave each task {limit} bytes. Give the workers more memory (or fewer threads each), set "
-        f"max_chunk_rows={fits if fits >= 2 else 'a smaller value'} (a different chunking selects "
-        "different rows), or "
-        "set memory_budget= to let a budget of your choice size the chunks")
+        f"leave each task {limit} bytes. Give the workers more memory (or fewer threads each), {remedy}, "
+        "or set memory_budget= to let a budget of your choice size the chunks")
 
 
 def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, reference: int,

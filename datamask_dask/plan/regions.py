@@ -154,8 +154,16 @@ def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray, are
     """Each unit row's area: the most similar of the areas of its ``searched`` most similar regions
     (a row near a region's border often has its nearest area across it). Compared in float32; areas
     within ``_TIE`` of a row's best are compared again by an exact float64 sum, so that every worker
-    routes a row alike (ties: the lower area)."""
-    rows = np.asarray(embeddings, dtype=np.float32)
+    routes a row alike (ties: the lower area). Rows are routed ``_BLOCK`` at a time: a region's
+    products with all of a partition's rows would be gigabytes."""
+    return np.concatenate([np.zeros(0, dtype=np.int64)] + [
+        _locate_block(np.asarray(embeddings[start:start + _BLOCK], dtype=np.float32), centroids, areas,
+                      area_region, searched) for start in range(0, len(embeddings), _BLOCK)])
+
+
+def _locate_block(rows: np.ndarray, centroids: np.ndarray, areas: np.ndarray, area_region: np.ndarray,
+                  searched: int) -> np.ndarray:
+    """:func:`locate` of float32 unit ``rows``."""
     n, count = len(rows), len(centroids)
     searched = min(searched, count)
     nearest = _nearest_regions(rows, centroids, searched) if searched < count \
