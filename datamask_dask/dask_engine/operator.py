@@ -47,6 +47,7 @@ from operator import add
 
 import dask
 from dask.delayed import Delayed
+from dask.sizeof import sizeof
 
 from .. import progress as progress_bars
 from ..config import resolve_options
@@ -66,6 +67,7 @@ from ..partition.checks import (
     summarise_scan,
 )
 from ..partition.select import (
+    PackRows,
     area_sums,
     context_round,
     learn_pack,
@@ -82,6 +84,14 @@ __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
 
 _PROBE_PARTITIONS = 4  # partitions read to learn the embedding dimension when nothing else says it
 _SPLIT_EVERY = 8  # fan-in of the duplicate-id tree reduction
+
+
+@sizeof.register(PackRows)
+def _pack_rows_bytes(rows: PackRows) -> int:
+    """A partition's rows routed to a pack wait in a worker's memory until the pack runs: Dask's memory
+    manager counts them (and spills them under pressure) by their arrays, not the object's own bytes."""
+    arrays = (rows.positions, rows.quality, rows.embeddings, rows.tokens, rows.weights, rows.areas)
+    return sum(int(getattr(array, "nbytes", 0)) for array in arrays if array is not None)
 
 
 def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, **options):

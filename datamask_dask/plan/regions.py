@@ -56,6 +56,7 @@ PAIR_ITERATIONS = 200  # Frank-Wolfe steps of the Pair_simi shares (share_pairs)
 STEP_SEARCH, GOLDEN = 40, (5 ** 0.5 - 1) / 2  # golden-section steps of each Frank-Wolfe step's length
 _TIE = 1e-5  # products this close to the best centroid's are compared again in float64
 _BLOCK = 8192  # rows whose products are held at once
+_PRODUCTS = 1 << 24  # and at most this many products of rows with one region's areas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,11 +155,13 @@ def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray, are
     """Each unit row's area: the most similar of the areas of its ``searched`` most similar regions
     (a row near a region's border often has its nearest area across it). Compared in float32; areas
     within ``_TIE`` of a row's best are compared again by an exact float64 sum, so that every worker
-    routes a row alike (ties: the lower area). Rows are routed ``_BLOCK`` at a time: a region's
-    products with all of a partition's rows would be gigabytes."""
+    routes a row alike (ties: the lower area). Rows are routed a block at a time, so that a block's
+    products with a region's areas stay under ``_PRODUCTS`` (with all of a partition's rows at once,
+    they would be gigabytes)."""
+    step = max(1, min(_BLOCK, _PRODUCTS // max(1, int(np.bincount(area_region).max(initial=1)))))
     return np.concatenate([np.zeros(0, dtype=np.int64)] + [
-        _locate_block(np.asarray(embeddings[start:start + _BLOCK], dtype=np.float32), centroids, areas,
-                      area_region, searched) for start in range(0, len(embeddings), _BLOCK)])
+        _locate_block(np.asarray(embeddings[start:start + step], dtype=np.float32), centroids, areas,
+                      area_region, searched) for start in range(0, len(embeddings), step)])
 
 
 def _locate_block(rows: np.ndarray, centroids: np.ndarray, areas: np.ndarray, area_region: np.ndarray,

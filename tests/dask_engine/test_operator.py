@@ -208,6 +208,23 @@ def test_a_packs_seconds_and_curves_are_its_own_and_counted_once(corpus, tmp_pat
     assert chunks.count("partitions 0-3") == 1 and record["stages"]["learn"] > 0
 
 
+def test_dask_counts_the_rows_waiting_for_their_pack_by_their_arrays(corpus):
+    """A partition's routed rows wait in a worker's memory until their pack runs: Dask's memory manager
+    sees their embeddings' bytes (and can spill them), not a dataclass of a few hundred bytes."""
+    from dask.sizeof import sizeof
+
+    from datamask_dask.dask_engine.operator import partitions, plan_selection
+    from datamask_dask.partition.select import pack_rows
+
+    ddf = _from_pandas(corpus, 4)
+    plan = plan_selection(ddf, ratio=0.1, **FAST)[1].compute(scheduler="sync")
+    piece = pack_rows(partitions(ddf)[1].compute(scheduler="sync"), plan, {"number": 1})
+    rows = piece[0]
+    assert rows.embeddings.nbytes > 10_000
+    assert sizeof(rows) >= rows.embeddings.nbytes + rows.positions.nbytes
+    assert sizeof(piece) >= rows.embeddings.nbytes
+
+
 def test_the_readers_seconds_ride_with_the_frame_and_are_counted_where_it_is_used(tmp_path):
     """The package's reader leaves each partition's read seconds on the frame; the selection counts them
     into its stages and takes them off, so the rows it returns carry nothing of it."""

@@ -114,6 +114,9 @@ def test_a_row_equally_near_two_areas_goes_to_the_lower_one_on_any_region_order(
     rows = np.concatenate([np.repeat(areas[[copied]], 4, axis=0), _unit(500, 16, seed=9)])
     found = regions.locate(rows, centroids, areas, area_region, searched=4)
     assert found[:4].tolist() == [copied] * 4
+    with pytest.MonkeyPatch.context() as patch:  # routed a few rows at a time: the same areas
+        patch.setattr(regions, "_PRODUCTS", 7 * int(np.bincount(area_region).max()))
+        np.testing.assert_array_equal(regions.locate(rows, centroids, areas, area_region, searched=4), found)
     searched = np.argsort(-(rows[4:] @ centroids.T), axis=1)[:, :4]
     exact = rows[4:].astype(np.float64) @ areas.T.astype(np.float64)
     exact[~(area_region[None, None, :] == searched[:, :, None]).any(axis=1)] = -np.inf  # unsearched
