@@ -6,9 +6,10 @@ Each case is a fresh process: a parquet file of ``ROWS`` clustered rows of ``DIM
 table, then ``datamask select`` with the CLI's defaults for the metric on Dask's synchronous
 scheduler, so that the plan, the task and the write all run in the measured process. The peak is
 its resident memory above the process's before the job (Linux's VmHWM, reset through
-/proc/self/clear_refs): the partition read and the driver's work included, which the model leaves
-out. "fits 4 GiB thread" says whether the check passes on a worker thread of 4 GiB (Dask's share of
-a 16-core, 64 GiB machine: 4 workers of 4 threads).
+/proc/self/clear_refs): the partition read and the driver's work included. The model is the
+check's (``plan.memory.task_bytes``: the partition's rows a worker holds, and the chunk learned).
+"fits 4 GiB thread" says whether the check passes on a worker thread of 4 GiB (Dask's share of a
+16-core, 64 GiB machine: 4 workers of 4 threads).
 
     python benchmarks/bench_task_memory.py --cases Facility:100000:768 Facility:300000:256 \\
         Facility:778605:32 Pair_simi:50000:768 DiSF:10000:768 --json benchmarks/results/task-memory.json
@@ -33,7 +34,7 @@ metric, rows, dim, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys
 os.environ["DASK_SCHEDULER"] = "synchronous"
 from datamask_dask import cli
 from datamask_dask.config import resolve_options
-from datamask_dask.plan.memory import ROW_BYTES, WORKER_SHARE, chunk_bytes, metric_kinds
+from datamask_dask.plan.memory import WORKER_SHARE, task_bytes
 from datamask_dask.sample_data import make_embeddings
 
 def table(n, name):
@@ -56,11 +57,8 @@ def status(key):
 big = table(rows, f"{rows}-{dim}.parquet")
 select(table(2000, f"2000-{dim}.parquet"))  # libraries loaded, kernels compiled
 options = resolve_options(algorithm=metric)
-learner = options.learner
 chunk = min(rows, options.max_chunk_rows or options.max_chunk_values // dim)
-rollouts = min(learner.rollout_chunk, learner.n_rollout)
-model = chunk_bytes(chunk, dim, learner, rollouts, learner.reference_size, learner.refine_reference,
-                    metric_kinds(learner)) + rows * ROW_BYTES
+model = task_bytes(rows, dim, options.learner, chunk)
 with open("/proc/self/clear_refs", "w") as handle:
     handle.write("5")
 base, started = status("VmRSS"), time.perf_counter()
@@ -83,8 +81,8 @@ def main(argv=None) -> int:
     Path(args.data).mkdir(parents=True, exist_ok=True)
     lines = ["#### A selection task's memory beside its model", "",
              "One partition of one chunk, `datamask select` with the CLI's defaults on the synchronous "
-             "scheduler; peak resident memory above the process's before the job, beside the model's need "
-             "(which leaves the partition itself out):", "",
+             "scheduler; peak resident memory above the process's before the job, beside the check's "
+             "model of the task (the partition's rows held, and the chunk learned):", "",
              "| metric | rows | dim | chunk rows | embeddings MiB | model MiB | peak MiB | model / peak "
              "| fits 4 GiB thread | job s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]

@@ -11,6 +11,7 @@ import dask
 import pyarrow as pa
 
 from .. import progress as progress_bars
+from ..io.tables import SelectionOnly
 from ..options import SelectOptions
 from ..partition.select import PackResult, select_partition, selection_meta
 from ..plan.types import Plan
@@ -20,12 +21,13 @@ from .operator import column_reads, compute_plan, make_spec, pack_graph, partiti
 
 class DaskEngine:
     """Select ``frame`` (a Dask DataFrame) on ``scheduler`` with resolved ``options``
-    (:func:`datamask_dask.config.resolve_options`). ``project``: ``(frame, run_id) -> frame``, the columns the
-    output keeps where it keeps only the selection's (:func:`datamask_dask.io.tables.selection_columns`)."""
+    (:func:`datamask_dask.config.resolve_options`). ``project``: the columns the output keeps where it
+    keeps only the selection's (:class:`datamask_dask.io.tables.SelectionOnly`)."""
 
     name = "dask"
 
-    def __init__(self, frame, options: SelectOptions, *, scheduler=None, project=None):
+    def __init__(self, frame, options: SelectOptions, *, scheduler=None,
+                 project: SelectionOnly | None = None):
         self.frame, self.options, self.scheduler, self.project = frame, options, scheduler, project
 
     def plan(self, progress: bool | None = None) -> Plan:
@@ -45,10 +47,8 @@ class DaskEngine:
         spec = plan.spec
         if self.project is None:
             parts = partitions(self.frame)
-        else:  # read what the selection and the summary use: no text column decoded for nothing
-            used = [spec.id_column, *spec.select_columns]
-            used += [spec.token_column] if spec.token_column in self.frame.columns else []
-            parts = column_reads(self.frame, list(dict.fromkeys(used)), "datamask-read")
+        else:
+            parts = column_reads(self.frame, self.project.reads(spec, self.frame.columns), "datamask-read")
         key = f"datamask-select-write-{run_id}"
         packs, learned = pack_graph(parts, plan, plan_node, todo)
         tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, task,

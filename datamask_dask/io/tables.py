@@ -11,8 +11,8 @@ URIs (a query string picks a snapshot: time travel)::
 - :func:`write_table_output`: a result as a parquet directory, Delta commit or Iceberg snapshot,
   each with the run record (``_datamask_run.json``, the commit's custom metadata, the snapshot's
   summary); the Delta and Iceberg writes are one transaction.
-- :func:`selection_columns`: the selection-only output (id, selected, optional score, run id),
-  which joins back to the source on the id.
+- :class:`SelectionOnly`: the selection-only output (id, selected, optional score, run id),
+  which joins back to the source on the id, on either engine.
 
 A selection run over them is :func:`datamask_dask.run.tables.select_table`.
 """
@@ -34,7 +34,7 @@ from .storage import resolve
 if TYPE_CHECKING:
     import dask.dataframe as dd
 
-__all__ = ["TableInput", "TableURI", "parse_table_uri", "read_table", "selection_columns", "table_pieces",
+__all__ = ["TableInput", "TableURI", "parse_table_uri", "read_table", "SelectionOnly", "table_pieces",
            "open_sink", "table_record", "write_table_output"]
 
 RUN_ID_COLUMN = "run_id"
@@ -168,18 +168,47 @@ def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_prop
     return pieces if columns is None else pieces.select(columns)
 
 
-def selection_columns(ddf, run_id: str, *, id_column="chunk_id", selected_column="selected",
-                      score_column=None, explain=False):
-    """The selection-only result: id, selected, the score if there is one, the explain columns if
-    asked, and the run id."""
-    from ..partition.explain import COLUMNS
+@dataclasses.dataclass(frozen=True)
+class SelectionOnly:
+    """The selection-only output, ``(frame, run_id) -> frame``: the id, ``selected``, the score if there
+    is one, the explain columns if asked, and the run id, which join back to the source on the id.
+    ``frame``: a partition (pandas or cuDF), a Dask DataFrame, or an Arrow table (Spark's tasks)."""
 
-    names = [id_column, selected_column] + ([score_column] if score_column else [])
-    names += list(COLUMNS) if explain else []
-    frame = ddf[names]
-    meta = getattr(ddf, "_meta", ddf)
-    return frame.assign(**{RUN_ID_COLUMN: run_id}).astype({RUN_ID_COLUMN: "str" if is_cudf(meta) else
-                                                           "string[pyarrow]"})
+    id_column: str = "chunk_id"
+    selected_column: str = "selected"
+    score_column: str | None = None
+    explain: bool = False
+
+    @classmethod
+    def of(cls, options) -> SelectionOnly:
+        """As resolved ``options`` (:class:`~datamask_dask.options.SelectOptions`) name the columns."""
+        return cls(options.id_column, options.selected_column, options.score_column, bool(options.explain))
+
+    @property
+    def names(self) -> list[str]:
+        from ..partition.explain import COLUMNS
+
+        names = [self.id_column, self.selected_column] + ([self.score_column] if self.score_column else [])
+        return names + (list(COLUMNS) if self.explain else [])
+
+    @staticmethod
+    def reads(spec, available) -> list[str]:
+        """The input columns a selection-only run reads (of ``available``): what the selection and the
+        run summary use, no text decoded for nothing."""
+        used = [spec.id_column, *spec.select_columns]
+        used += [spec.token_column] if spec.token_column in available else []
+        return list(dict.fromkeys(used))
+
+    def __call__(self, frame, run_id: str):
+        import pyarrow as pa
+
+        if isinstance(frame, pa.Table):
+            table = frame.select(self.names)
+            return table.append_column(pa.field(RUN_ID_COLUMN, pa.large_string()),
+                                       pa.array([run_id] * table.num_rows, pa.large_string()))
+        meta = getattr(frame, "_meta", frame)
+        return frame[self.names].assign(**{RUN_ID_COLUMN: run_id}).astype(
+            {RUN_ID_COLUMN: "str" if is_cudf(meta) else "string[pyarrow]"})
 
 
 def table_record(uri, *, catalog_properties=None, storage_options=None) -> dict | None:

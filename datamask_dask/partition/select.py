@@ -438,13 +438,7 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int, measures: Meas
 
 
 def _pack_name(plan: Plan, index: int) -> str:
-    """How messages and progress name a pack."""
-    pack = plan.packs[index]
-    if pack.areas:
-        more = len(pack.areas) - 1
-        return f"area {pack.areas[0]}" + (f" and {more} more" if more else "")
-    where = f"partitions {pack.partitions[0]}-{pack.partitions[-1]}"
-    return where if plan.spec.by is None else f"{where}, group {pack.label!r}"
+    return plan.packs[index].name(plan.spec.by is not None)
 
 
 def _concatenate(blocks: list):

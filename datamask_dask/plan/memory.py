@@ -167,9 +167,10 @@ def _process_memory() -> tuple[int, int]:
     a fresh worker holds a fraction of what it holds once its first task has imported them."""
     import os
 
+    import numba  # noqa: F401
     import psutil
-
-    from ..partition import select  # noqa: F401  (torch, numba, pyarrow and the learner)
+    import pyarrow.parquet  # noqa: F401
+    import torch  # noqa: F401
 
     return os.getpid(), int(psutil.Process().memory_info().rss)
 
@@ -237,14 +238,13 @@ def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOpti
     before learning."""
     if not limit:
         return
-    dim = max(int(dim), 1)
-    metrics = metric_kinds(options)
-    rollouts = min(options.rollout_chunk, options.n_rollout)
-    args = (dim, options, rollouts, options.reference_size, options.refine_reference, metrics, device)
-    held = n_rows * (ROW_BYTES + PARTITION_COPIES * 4 * dim)  # the rows themselves, whatever the chunks
-    need = chunk_bytes(chunk_rows, *args) + held
+    need = task_bytes(n_rows, dim, options, chunk_rows, device)
     if need <= limit:
         return
+    dim = max(int(dim), 1)
+    held = _held_bytes(n_rows, dim)
+    args = (dim, options, min(options.rollout_chunk, options.n_rollout), options.reference_size,
+            options.refine_reference, metric_kinds(options), device)
     fits = _largest_chunk(limit - held, chunk_rows, *args)
     remedy = (f"set max_chunk_rows={fits} (a different chunking selects different rows)" if fits >= 2 else
               "split the input into smaller partitions (ddf.repartition(npartitions=...))")
@@ -253,6 +253,20 @@ def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOpti
         f"of {chunk_rows} rows of {dim}-d embeddings need about {need} bytes per task, and the workers "
         f"leave each task {limit} bytes. Give the workers more memory (or fewer threads each), {remedy}, "
         "or set memory_budget= to let a budget of your choice size the chunks")
+
+
+def task_bytes(n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int, device: str = "cpu") -> int:
+    """Modelled peak bytes of a task learning ``n_rows`` rows of ``dim``-d embeddings in chunks of
+    ``chunk_rows`` with ``options`` on ``device``: the rows it holds, and the chunk learned."""
+    dim = max(int(dim), 1)
+    return _held_bytes(n_rows, dim) + chunk_bytes(
+        chunk_rows, dim, options, min(options.rollout_chunk, options.n_rollout), options.reference_size,
+        options.refine_reference, metric_kinds(options), device)
+
+
+def _held_bytes(n_rows: int, dim: int) -> int:
+    """What a worker holds of a partition's rows while they are learned, whatever the chunks."""
+    return n_rows * (ROW_BYTES + PARTITION_COPIES * 4 * dim)
 
 
 def chunk_bytes(rows: int, dim: int, options: DataMaskOptions, rollouts: int, reference: int,

@@ -115,7 +115,7 @@ def _check_packs(packs: tuple[Pack, ...], cells: dict[int, tuple[Cell, ...]], sp
         rows = [sum(c.eligible for p in pack.partitions for c in cells[p] if c.group == pack.group)
                 for pack in packs]
         pack = packs[int(np.argmax(rows))]
-        largest, where = max(rows), f"the pack of partitions {pack.partitions[0]}-{pack.partitions[-1]}"
+        largest, where = max(rows), f"the pack of {pack.name(spec.by is not None)}"
     spec.memory_plan(largest, dim, where)
 
 

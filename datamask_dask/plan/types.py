@@ -83,6 +83,14 @@ class Pack:
     budget: int | None
     areas: tuple[int, ...] = ()  # pieces="regions": the areas it learns
 
+    def name(self, grouped: bool) -> str:
+        """How messages, progress and curves name the pack (``grouped``: the selection has ``by``)."""
+        if self.areas:
+            more = len(self.areas) - 1
+            return f"area {self.areas[0]}" + (f" and {more} more" if more else "")
+        where = f"partitions {self.partitions[0]}-{self.partitions[-1]}"
+        return f"{where}, group {self.label!r}" if grouped else where
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -6,7 +6,6 @@ incremental runs, on Dask or on Spark (what ``datamask select`` runs). The run i
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import time
 
@@ -14,7 +13,7 @@ from ..config import resolve_options
 from ..dask_engine.runs import DaskEngine
 from ..errors import OptionError
 from ..io.storage import input_fingerprint, resolve
-from ..io.tables import open_sink, parse_table_uri, read_table, selection_columns, table_record
+from ..io.tables import SelectionOnly, open_sink, parse_table_uri, read_table, table_record
 from ..partition import adapters
 from .protocol import execute
 from .record import RunRecord
@@ -65,7 +64,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         ``"dask"``: the input is read into a Dask DataFrame and run on ``scheduler`` (Dask's default:
         the current client, or threads). ``"spark"``: each piece of the input is read by the Python
         worker of its Spark task, on the session ``spark`` (None: the active one, or a local one;
-        ``datamask_spark.files``); its output is every row plus ``selected``, in any output format.
+        ``datamask_spark.files``), and writes the same output in any output format.
     single_file : bool
         A parquet output written as one file rather than a directory (Dask).
     mode : {"error", "append", "overwrite"}
@@ -108,7 +107,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         raise OptionError(f"engine must be one of {ENGINES}, not {engine!r}")
     source_uri, target = parse_table_uri(input_uri), parse_table_uri(output_uri)
     if engine == "spark":
-        _spark_can_run(output_columns, incremental, row_filter, single_file, prepare, backend)
+        _spark_can_run(incremental, row_filter, single_file, prepare, backend)
     since, previous = None, None
     if incremental:
         if source_uri.format == "parquet":
@@ -141,8 +140,9 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     project = None
     if engine == "spark":
         resolved = resolve_options(config, ratio=ratio, **options)
-        run, described = _spark_engine(spark, input_uri, resolved, catalog_properties=catalog_properties,
-                                       storage_options=storage_options)
+        project = SelectionOnly.of(resolved) if output_columns == "selection" else None
+        run, described = _spark_engine(spark, input_uri, resolved, project,
+                                       catalog_properties=catalog_properties, storage_options=storage_options)
     else:
         source = read_table(source_uri, row_filter=row_filter, since=since,
                             catalog_properties=catalog_properties, storage_options=storage_options,
@@ -153,10 +153,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
             return TableRunReport(target.uri, 0, 0, "", described, {}, {}, time.perf_counter() - start)
         frame = source.frame if prepare is None else prepare(source.frame)
         resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
-        if output_columns == "selection":
-            project = functools.partial(selection_columns, id_column=resolved.id_column,
-                                        selected_column=resolved.selected_column,
-                                        score_column=resolved.score_column, explain=bool(resolved.explain))
+        project = SelectionOnly.of(resolved) if output_columns == "selection" else None
         run = DaskEngine(frame, resolved, scheduler=scheduler, project=project)
     outcome = execute(run, sink, resolved, resume=resume, summary_rows=summary_rows, project=project,
                       source=described, output=output, fingerprint=fingerprint,
@@ -169,21 +166,19 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                           outcome.reused)
 
 
-def _spark_can_run(output_columns: str, incremental: bool, row_filter, single_file: bool, prepare,
-                   backend: str) -> None:
-    """Refuse, by name, what the Spark engine does not do (it writes every row plus ``selected``, from
-    the input as it is, through the same sinks: a parquet directory, a Delta or an Iceberg table)."""
+def _spark_can_run(incremental: bool, row_filter, single_file: bool, prepare, backend: str) -> None:
+    """Refuse, by name, what the Spark engine does not do (it selects from the input as it is, and
+    writes through the same sinks: a parquet directory, a Delta or an Iceberg table)."""
     refused = [what for bad, what in [
-        (output_columns != "all", f"output_columns={output_columns!r}"),
         (incremental, "incremental=True"), (row_filter is not None, "row_filter"),
         (single_file, "single_file=True"), (prepare is not None, "prepare (text columns)"),
         (backend != "pandas", f"backend={backend!r}")] if bad]
     if refused:
-        raise OptionError(f"the Spark engine writes every row plus `selected` from the input as it is: "
-                          f"{', '.join(refused)} needs the Dask engine")
+        raise OptionError(f"the Spark engine selects from the input as it is: {', '.join(refused)} needs "
+                          "the Dask engine")
 
 
-def _spark_engine(spark, input_uri, options, **storage):
+def _spark_engine(spark, input_uri, options, project, **storage):
     """Spark as the run's engine (``datamask_spark.files.files_engine``), on ``spark`` or else the
     active Spark session or a local one; the engine is found by name, as the Spark integration
     builds on this package."""
@@ -192,4 +187,4 @@ def _spark_engine(spark, input_uri, options, **storage):
         job = importlib.import_module("datamask_spark.job")
     except ImportError as exc:
         raise OptionError("engine='spark' needs pyspark: pip install 'datamask-dask[spark]'") from exc
-    return files.files_engine(spark or job.get_spark(), input_uri, options, **storage)
+    return files.files_engine(spark or job.get_spark(), input_uri, options, project=project, **storage)

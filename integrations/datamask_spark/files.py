@@ -29,7 +29,7 @@ import pyarrow as pa
 from datamask_dask.config import resolve_options
 from datamask_dask.errors import InputDataError
 from datamask_dask.io.pieces import Pieces
-from datamask_dask.io.tables import parse_table_uri, table_pieces
+from datamask_dask.io.tables import SelectionOnly, parse_table_uri, table_pieces
 from datamask_dask.options import SelectOptions
 from datamask_dask.partition import adapters
 from datamask_dask.partition.spec import spec_from_meta
@@ -106,9 +106,11 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
 
 
 def files_engine(spark, source, options: SelectOptions, *, catalog_properties: dict | None = None,
-                 storage_options: dict | None = None) -> tuple[SparkEngine, dict]:
+                 storage_options: dict | None = None,
+                 project: SelectionOnly | None = None) -> tuple[SparkEngine, dict]:
     """Spark as the engine of a run over the table URI ``source``'s pieces, each read by the Python
-    worker of its task (see the module notes), and what the run record says of the input."""
+    worker of its task (see the module notes), and what the run record says of the input.
+    ``project``: the columns written where only the selection's are (read: only what it uses)."""
     table = parse_table_uri(source)
     try:
         files = table_pieces(table, catalog_properties=catalog_properties, storage_options=storage_options)
@@ -125,11 +127,11 @@ def files_engine(spark, source, options: SelectOptions, *, catalog_properties: d
     def tasks(plan, write):
         packs = learn_packs(plan, files.schema, pack_rows, write.todo)
         select = write.bind(SelectTask(plan, files.schema, packs))
-        read = _ReadPiece(select, files, files.schema.names, write.todo)
+        read = _ReadPiece(select, files, write.reads, write.todo)
         return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), packs
 
-    return SparkEngine(plan, tasks, files.schema), {**files.source, "location": os.fspath(source),
-                                                    "read_by": "workers"}
+    return SparkEngine(plan, tasks, files.schema, project), {**files.source, "location": os.fspath(source),
+                                                             "read_by": "workers"}
 
 
 def plan_files(spark, files: Pieces, options: SelectOptions):

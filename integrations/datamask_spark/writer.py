@@ -25,6 +25,7 @@ from datamask_dask.config import resolve_options
 from datamask_dask.io.records import plain
 from datamask_dask.io.sinks import ParquetSink
 from datamask_dask.io.storage import resolve
+from datamask_dask.io.tables import SelectionOnly
 from datamask_dask.options import SelectOptions
 from datamask_dask.partition.select import selection_fields
 from datamask_dask.run.protocol import PartTask, execute
@@ -106,24 +107,36 @@ class SparkEngine:
     ``plan()`` runs the plan pass and returns the plan; ``tasks(plan, write)`` runs the pack pass for
     the packs holding a partition of ``write.todo`` (:func:`datamask_spark.operator.learn_packs`) and
     returns the DataFrame of :class:`WriteTask` rows whose collection selects and writes the
-    partitions, and the learned packs; ``schema`` is the input's Arrow schema.
+    partitions, reading ``write.reads``, and the learned packs; ``schema`` is the input's Arrow schema;
+    ``project`` the selection-only output's columns (:class:`datamask_dask.io.tables.SelectionOnly`).
     """
 
     name = "spark"
 
-    def __init__(self, plan, tasks, schema: pa.Schema):
-        self._plan, self._tasks, self.input_schema = plan, tasks, schema
+    def __init__(self, plan, tasks, schema: pa.Schema, project: SelectionOnly | None = None):
+        self._plan, self._tasks, self.input_schema, self.project = plan, tasks, schema, project
 
     def plan(self, progress=None):
         with spark_errors():
             return self._plan()
 
-    def schema(self, plan) -> pa.Schema:
+    def reads(self, plan) -> list[str]:
+        """The input columns the select pass reads: all, or those a selection-only output uses."""
+        names = self.input_schema.names
+        return names if self.project is None else self.project.reads(plan.spec, names)
+
+    def selected_schema(self, plan) -> pa.Schema:
+        """A selected partition's: the columns read, then the selection's."""
         schema = self.input_schema
-        return pa.schema([*schema, *selection_fields(plan.spec, schema)], metadata=schema.metadata)
+        read = [schema.field(name) for name in self.reads(plan)]
+        return pa.schema([*read, *selection_fields(plan.spec, schema)], metadata=schema.metadata)
+
+    def schema(self, plan) -> pa.Schema:
+        selected = self.selected_schema(plan)
+        return selected if self.project is None else self.project(selected.empty_table(), "").schema
 
     def run(self, plan, todo: list[int], task: PartTask, progress=None) -> tuple[list[dict], dict]:
-        write = WriteTask(task, frozenset(todo), self.schema(plan))
+        write = WriteTask(task, frozenset(todo), self.selected_schema(plan), self.reads(plan))
         with spark_errors():
             frame, packs = self._tasks(plan, write)
             rows = frame.collect()
@@ -136,14 +149,16 @@ class SparkEngine:
 
 
 class WriteTask:
-    """The ``mapInArrow`` function: one partition selected and handed to the run's part task (summary,
-    write, marker), one row about it. Partitions an earlier run finished are skipped."""
+    """The ``mapInArrow`` function: one partition (its columns ``reads``) selected and handed to the
+    run's part task (summary, write, marker), one row about it. Partitions an earlier run finished are
+    skipped."""
 
-    def __init__(self, task: PartTask, todo: frozenset, schema: pa.Schema, select: SelectTask | None = None):
-        self.task, self.todo, self.schema, self.select = task, todo, schema, select
+    def __init__(self, task: PartTask, todo: frozenset, schema: pa.Schema, reads: list[str],
+                 select: SelectTask | None = None):
+        self.task, self.todo, self.schema, self.reads, self.select = task, todo, schema, reads, select
 
     def bind(self, select: SelectTask) -> WriteTask:
-        return WriteTask(self.task, self.todo, self.schema, select)
+        return WriteTask(self.task, self.todo, self.schema, self.reads, select)
 
     def finished(self, number: int) -> bool:
         return number not in self.todo

@@ -388,6 +388,26 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
     assert table.version() == 1 and len(table.to_pyarrow_table()) == 3200
 
 
+def test_the_selection_only_output_is_dask_s_on_spark(spark, parquet_dir, tmp_path):
+    """``output_columns="selection"`` on the Spark engine: the columns Dask writes (id, ``selected``, the
+    score, the run id), of the same types, with Dask's rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    options = dict(ratio=0.1, seed=7, output_columns="selection", score_column="score", **FAST)
+    sessions = {"dask": {}, "spark": {"spark": spark}}
+    reports = {engine: datamask_dask.select_table(parquet_dir, tmp_path / engine, engine=engine, **session,
+                                                  **options) for engine, session in sessions.items()}
+    tables = {engine: pq.read_table(tmp_path / engine) for engine in reports}
+    for engine, table in tables.items():
+        assert [(f.name, f.type) for f in table.schema] == [
+            ("chunk_id", pa.int64()), ("selected", pa.bool_()), ("score", pa.float32()),
+            ("run_id", pa.large_string())], engine
+        assert set(table.column("run_id").to_pylist()) == {reports[engine].run_id}
+    rows = {engine: table.drop_columns(["run_id"]).sort_by("chunk_id") for engine, table in tables.items()}
+    assert rows["spark"].equals(rows["dask"]) and reports["spark"].selected == 160
+
+
 @pytest.mark.slow
 def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tmp_path, capsys):
     """``datamask select --engine spark`` on a parquet directory: the file job, Dask's rows."""
@@ -408,8 +428,8 @@ def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tm
         chosen[engine] = set(table.loc[table["selected"], "chunk_id"])
     assert len(chosen["spark"]) == 160 and chosen["spark"] == chosen["dask"]
     assert main(["select", "--engine", "spark", "--input", str(parquet_dir), "--output", str(tmp_path / "x"),
-                 "--output-columns", "selection", "--incremental"]) == 1
-    assert "--output-columns and --incremental need --engine dask" in capsys.readouterr().err
+                 "--row-filter", "x > 1", "--incremental"]) == 1
+    assert "--incremental and --row-filter need --engine dask" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
