@@ -182,13 +182,14 @@ def _add_corpus_options(parser: argparse.ArgumentParser) -> None:
 
 _TEXT_MODEL = ("scorer", "model", "embed_batch_size", "max_tokens", "long_documents", "embed_precision")
 _DASK_CLUSTER = ("scheduler", "n_workers", "threads_per_worker")
-_DASK_WRITE = ("incremental", "row_filter", "text_column", *_TEXT_MODEL)
+_DASK_WRITE = ("text_column", *_TEXT_MODEL)
 #: Where a flag applies, when not everywhere: (what it needs, whether the command has it, the flags).
 #: A flag given without what it needs is refused at once, in one line naming it; every other flag
 #: applies to every input, output and engine of its command (tests/cli/test_flag_matrix.py).
 _NEEDS = (
     ("an --input (--demo runs the sample corpus on Dask)", lambda a: not a.demo,
-     ("engine", "spark_master", "resume", "mode", "output_columns", *_DASK_WRITE)),
+     ("engine", "spark_master", "resume", "mode", "output_columns", "incremental", "row_filter",
+      *_DASK_WRITE)),
     # a bar of the partitions written: --no-progress (log lines instead) applies everywhere
     ("a select job on Dask (the one that draws the bar)",
      lambda a: a.progress is not True or (a.engine == "dask" and not a.demo), ("progress",)),
@@ -198,7 +199,7 @@ _NEEDS = (
      ("rows", "dim", "partitions")),
     ("--engine dask (Spark runs its own executors: --spark-master names them)",
      lambda a: a.engine == "dask", _DASK_CLUSTER),
-    ("--engine dask (Spark selects from the input as it is)",
+    ("--engine dask (Spark selects from the input's files as they are)",
      lambda a: a.engine == "dask", _DASK_WRITE),
     ("--engine spark", lambda a: a.engine == "spark", ("spark_master",)),
     ("--text-column", lambda a: a.text_column is not None, _TEXT_MODEL),

@@ -135,14 +135,22 @@ def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_proper
     table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
     pieces = table_pieces(table, columns=columns, row_filter=row_filter, since=since,
                           catalog_properties=catalog_properties, storage_options=storage_options)
+    return TableInput(pieces_frame(pieces, table, backend), table, pieces_version(pieces), since, len(pieces))
+
+
+def pieces_frame(pieces: Pieces, table: TableURI, backend: str = "pandas") -> dd.DataFrame:
+    """``table``'s ``pieces`` as a Dask DataFrame, a partition a piece (``backend="cudf"``: a parquet
+    table read by cuDF's GPU reader)."""
     if backend == "cudf" and table.format == "parquet":
         from .parquet import to_cudf_dask
 
-        frame = to_cudf_dask(pieces)
-    else:
-        frame = to_dask(pieces, f"datamask-read-{table.format}")
-    version = pieces.source.get("version", pieces.source.get("snapshot_id"))
-    return TableInput(frame, table, version, since, len(pieces))
+        return to_cudf_dask(pieces)
+    return to_dask(pieces, f"datamask-read-{table.format}")
+
+
+def pieces_version(pieces: Pieces) -> int | None:
+    """The Delta version or Iceberg snapshot id the pieces were listed at (None: parquet)."""
+    return pieces.source.get("version", pieces.source.get("snapshot_id"))
 
 
 def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_properties=None,

@@ -13,7 +13,15 @@ from ..config import resolve_options
 from ..dask_engine.runs import DaskEngine
 from ..errors import OptionError
 from ..io.storage import input_fingerprint, resolve
-from ..io.tables import SelectionOnly, open_sink, parse_table_uri, read_table, table_record
+from ..io.tables import (
+    SelectionOnly,
+    open_sink,
+    parse_table_uri,
+    pieces_frame,
+    pieces_version,
+    table_pieces,
+    table_record,
+)
 from ..partition import adapters
 from .protocol import execute
 from .record import RunRecord
@@ -107,7 +115,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         raise OptionError(f"engine must be one of {ENGINES}, not {engine!r}")
     source_uri, target = parse_table_uri(input_uri), parse_table_uri(output_uri)
     if engine == "spark":
-        _spark_can_run(incremental, row_filter, single_file, prepare, backend)
+        _spark_can_run(single_file, prepare, backend)
     since, previous = None, None
     if incremental:
         if source_uri.format == "parquet":
@@ -137,21 +145,23 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     fingerprint = input_fingerprint(resolve(source_uri.location, storage_options)) \
         if source_uri.format == "parquet" else None
     output = {"columns": output_columns, "mode": mode, "single_file": single_file}  # as write_selection's
-    project = None
+    # the input's pieces, listed once: each engine reads a piece a partition, in its own tasks
+    pieces = table_pieces(source_uri, row_filter=row_filter, since=since,
+                          catalog_properties=catalog_properties, storage_options=storage_options)
+    described = {**pieces.source, "uri": source_uri.uri, "format": source_uri.format,
+                 "version": pieces_version(pieces),
+                 "since": since, "location": str(input_uri), "table": list(source_uri.key),
+                 "row_filter": row_filter}
+    if since is not None and not len(pieces):  # nothing added since the last run: nothing to write
+        return TableRunReport(target.uri, 0, 0, "", described, {}, {}, time.perf_counter() - start)
     if engine == "spark":
         resolved = resolve_options(config, ratio=ratio, **options)
         project = SelectionOnly.of(resolved) if output_columns == "selection" else None
-        run, described = _spark_engine(spark, input_uri, resolved, project,
-                                       catalog_properties=catalog_properties, storage_options=storage_options)
+        run = _spark_engine(spark, pieces, resolved, project)
+        described["read_by"] = "workers"
     else:
-        source = read_table(source_uri, row_filter=row_filter, since=since,
-                            catalog_properties=catalog_properties, storage_options=storage_options,
-                            backend=backend)
-        described = {**source.describe(), "location": str(input_uri), "table": list(source_uri.key),
-                     "row_filter": row_filter}
-        if since is not None and not source.files:  # nothing added since the last run: nothing to write
-            return TableRunReport(target.uri, 0, 0, "", described, {}, {}, time.perf_counter() - start)
-        frame = source.frame if prepare is None else prepare(source.frame)
+        frame = pieces_frame(pieces, source_uri, backend)
+        frame = frame if prepare is None else prepare(frame)
         resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
         project = SelectionOnly.of(resolved) if output_columns == "selection" else None
         run = DaskEngine(frame, resolved, scheduler=scheduler, project=project)
@@ -166,11 +176,10 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
                           outcome.reused)
 
 
-def _spark_can_run(incremental: bool, row_filter, single_file: bool, prepare, backend: str) -> None:
-    """Refuse, by name, what the Spark engine does not do (it selects from the input as it is, and
-    writes through the same sinks: a parquet directory, a Delta or an Iceberg table)."""
+def _spark_can_run(single_file: bool, prepare, backend: str) -> None:
+    """Refuse, by name, what the Spark engine does not do (it selects from the input's pieces as they
+    are, and writes through the same sinks: a parquet directory, a Delta or an Iceberg table)."""
     refused = [what for bad, what in [
-        (incremental, "incremental=True"), (row_filter is not None, "row_filter"),
         (single_file, "single_file=True"), (prepare is not None, "prepare (text columns)"),
         (backend != "pandas", f"backend={backend!r}")] if bad]
     if refused:
@@ -178,13 +187,13 @@ def _spark_can_run(incremental: bool, row_filter, single_file: bool, prepare, ba
                           "the Dask engine")
 
 
-def _spark_engine(spark, input_uri, options, project, **storage):
-    """Spark as the run's engine (``datamask_spark.files.files_engine``), on ``spark`` or else the
-    active Spark session or a local one; the engine is found by name, as the Spark integration
-    builds on this package."""
+def _spark_engine(spark, pieces, options, project):
+    """Spark as the run's engine over the input's ``pieces`` (``datamask_spark.files.files_engine``), on
+    ``spark`` or else the active Spark session or a local one; the engine is found by name, as the
+    Spark integration builds on this package."""
     try:
         files = importlib.import_module("datamask_spark.files")
         job = importlib.import_module("datamask_spark.job")
     except ImportError as exc:
         raise OptionError("engine='spark' needs pyspark: pip install 'datamask-dask[spark]'") from exc
-    return files.files_engine(spark or job.get_spark(), input_uri, options, project=project, **storage)
+    return files.files_engine(spark or job.get_spark(), pieces, options, project=project)

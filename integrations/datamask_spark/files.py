@@ -1,4 +1,4 @@
-"""Tables in, parquet out on Spark, with the Python workers reading their pieces themselves.
+"""Tables in, tables out on Spark, with the Python workers reading their pieces themselves.
 
     from datamask_spark.files import write_file_selection
     record = write_file_selection(spark, "corpus/", "selected/", ratio=0.1)
@@ -14,9 +14,11 @@ piece (a ``spark.range`` with one row per partition), whose Python worker reads 
 plan pass, the pack pass, the select pass and the writing are the Spark operator's own tasks; only
 where their batches come from differs. Only DataFrame APIs are used (Spark Connect works).
 
-The partitions are the Dask readers' pieces, so ``--engine spark`` and ``--engine dask`` select
-the same rows of the same input with the same seed. The run is the package's one run protocol:
-an interrupted job resumes, and a piece it finished is not read again.
+The partitions are the Dask readers' pieces (:func:`datamask_dask.run.tables.select_table` lists
+them once, for either engine), so ``--engine spark`` and ``--engine dask`` select the same rows of
+the same input with the same seed. :func:`write_file_selection` is ``select_table(...,
+engine="spark")``: the package's one run protocol, so an interrupted job resumes, and a piece it
+finished is not read again.
 """
 
 from __future__ import annotations
@@ -26,10 +28,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 
-from datamask_dask.config import resolve_options
 from datamask_dask.errors import InputDataError
 from datamask_dask.io.pieces import Pieces
-from datamask_dask.io.tables import SelectionOnly, parse_table_uri, table_pieces
+from datamask_dask.io.tables import SelectionOnly
 from datamask_dask.options import SelectOptions
 from datamask_dask.partition import adapters
 from datamask_dask.partition.spec import spec_from_meta
@@ -49,7 +50,7 @@ from .operator import (
     transport,
 )
 from .shards import PIECE_SCHEMA
-from .writer import RESULT_SCHEMA, SparkEngine, write_run
+from .writer import RESULT_SCHEMA, SparkEngine
 
 __all__ = ["files_engine", "plan_files", "write_file_selection"]
 
@@ -72,11 +73,14 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
         ``key=value`` subdirectories become columns), ``delta://...`` or ``iceberg://CATALOG/ns.table``,
         at a snapshot if the URI names one.
     path : str or os.PathLike
-        Output directory, one ``part-NNNNN.parquet`` per non-empty piece.
+        Output directory, one ``part-NNNNN.parquet`` per non-empty piece, or a Delta or Iceberg
+        table URI.
     ratio, config, **options
         Exactly as for :func:`datamask_dask.datamask_select`.
     overwrite, resume, summary_rows
-        As for :func:`datamask_dask.write_selection`.
+        As for :func:`datamask_dask.write_selection`; the rest of
+        :func:`datamask_dask.run.tables.select_table`'s keywords (``output_columns``,
+        ``incremental``, ``row_filter``, ``mode``) go with ``options``.
     catalog_properties, storage_options
         Iceberg catalog properties, and the storage options of a Delta input (deltalake's keys)
         or of parquet paths (fsspec's), as for :func:`datamask_dask.io.tables.read_table`; they
@@ -96,26 +100,22 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     UnsafeOutputError
         For an output that overlaps ``source``, or that exists and datamask did not write.
     """
-    table = parse_table_uri(source)
-    inputs = [table.location] if table.format != "iceberg" else []
-    resolved = resolve_options(config, ratio=ratio, **options)
-    engine, described = files_engine(spark, source, resolved, catalog_properties=catalog_properties,
-                                     storage_options=storage_options)
-    return write_run(engine, path, resolved, overwrite=overwrite, resume=resume, inputs=inputs,
-                     summary_rows=summary_rows, source=described, storage_options=storage_options)
+    from datamask_dask.run.tables import select_table
 
-
-def files_engine(spark, source, options: SelectOptions, *, catalog_properties: dict | None = None,
-                 storage_options: dict | None = None,
-                 project: SelectionOnly | None = None) -> tuple[SparkEngine, dict]:
-    """Spark as the engine of a run over the table URI ``source``'s pieces, each read by the Python
-    worker of its task (see the module notes), and what the run record says of the input.
-    ``project``: the columns written where only the selection's are (read: only what it uses)."""
-    table = parse_table_uri(source)
     try:
-        files = table_pieces(table, catalog_properties=catalog_properties, storage_options=storage_options)
-    except pa.ArrowInvalid as exc:  # a file that is not parquet, named by pyarrow
-        raise InputDataError(f"cannot read the input {source}: {exc}") from None
+        return select_table(source, path, ratio, engine="spark", spark=spark, config=config,
+                            mode="overwrite" if overwrite else "error", resume=resume,
+                            summary_rows=summary_rows, catalog_properties=catalog_properties,
+                            storage_options=storage_options, **options).record
+    except pa.ArrowInvalid as exc:  # the listing met a file that is not parquet, named by pyarrow
+        raise InputDataError(f"cannot read the input {os.fspath(source)}: {exc}") from None
+
+
+def files_engine(spark, files: Pieces, options: SelectOptions, *,
+                 project: SelectionOnly | None = None) -> SparkEngine:
+    """Spark as the engine of a run over a table's pieces (:func:`datamask_dask.io.tables.table_pieces`),
+    each read by the Python worker of its task (see the module notes). ``project``: the columns
+    written where only the selection's are (read: only what it uses)."""
 
     def plan():
         return plan_files(spark, files, options)[1]
@@ -130,8 +130,7 @@ def files_engine(spark, source, options: SelectOptions, *, catalog_properties: d
         read = _ReadPiece(select, files, write.reads, write.todo)
         return piece_tasks(spark, files).mapInArrow(read, RESULT_SCHEMA), packs
 
-    return SparkEngine(plan, tasks, files.schema, project), {**files.source, "location": os.fspath(source),
-                                                             "read_by": "workers"}
+    return SparkEngine(plan, tasks, files.schema, project)
 
 
 def plan_files(spark, files: Pieces, options: SelectOptions):

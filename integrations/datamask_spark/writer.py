@@ -26,7 +26,6 @@ from datamask_dask.io.records import plain
 from datamask_dask.io.sinks import ParquetSink
 from datamask_dask.io.storage import resolve
 from datamask_dask.io.tables import SelectionOnly
-from datamask_dask.options import SelectOptions
 from datamask_dask.partition.select import selection_fields
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
@@ -36,7 +35,7 @@ from .operator import SelectTask, arrow_schema, partition_number, plan_pass, spa
 
 log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
-__all__ = ["SparkEngine", "write_run", "write_selection"]
+__all__ = ["SparkEngine", "write_selection"]
 
 RESULT_SCHEMA = "partition int, marker string"
 
@@ -89,16 +88,9 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         return sdf.mapInArrow(write.bind(SelectTask(plan, arrow_schema(sdf), packs)), RESULT_SCHEMA), packs
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
-    return write_run(engine, path, resolved, overwrite=overwrite,
-                     resume=resume, inputs=inputs, summary_rows=summary_rows,
-                     source={"location": input_location})
-
-
-def write_run(engine: SparkEngine, path, options: SelectOptions, *, overwrite: bool, resume: bool, inputs,
-              summary_rows: int, source: dict, storage_options: dict | None = None) -> dict:
-    """Run a selection on ``engine`` into the parquet directory ``path``; its run record."""
-    sink = ParquetSink(resolve(path, storage_options), overwrite=overwrite, inputs=[str(p) for p in inputs])
-    return execute(engine, sink, options, resume=resume, summary_rows=summary_rows, source=source).record
+    sink = ParquetSink(resolve(path), overwrite=overwrite, inputs=[str(p) for p in inputs])
+    return execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,
+                   source={"location": input_location}).record
 
 
 class SparkEngine:

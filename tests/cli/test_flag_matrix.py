@@ -15,7 +15,8 @@ from datamask_dask.options import FIELDS
 # What each way of running reads of the CLI's own flags (the options' flags, FIELDS, go to every job as
 # options). Read from the code that runs them: cli._run_select / _run_table_select (Dask),
 # _run_select_spark (Spark), _run_demo and _start_client (the demo).
-SPARK_READS = {"config", "verbose", "overwrite", "resume", "spark_master", "mode", "output_columns"}
+SPARK_READS = {"config", "verbose", "overwrite", "resume", "spark_master", "mode", "output_columns",
+               "incremental", "row_filter"}
 DEMO_READS = {"config", "verbose", "scheduler", "n_workers", "threads_per_worker", "rows", "dim",
               "partitions"}
 DASK_READS = {"config", "verbose", "overwrite", "resume", "scheduler", "n_workers", "threads_per_worker",

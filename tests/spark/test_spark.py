@@ -408,6 +408,47 @@ def test_the_selection_only_output_is_dask_s_on_spark(spark, parquet_dir, tmp_pa
     assert rows["spark"].equals(rows["dask"]) and reports["spark"].selected == 160
 
 
+def test_incremental_runs_and_row_filters_select_dask_s_rows_on_spark(spark, corpus, tmp_path):
+    """Both engines read the input's same pieces: an incremental run on a Delta input selects among the
+    rows added since the output's last run, and an Iceberg row filter's rows are selected, as on Dask."""
+    import deltalake
+    import pyarrow as pa
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    rows = pa.Table.from_pandas(corpus, preserve_index=False).replace_schema_metadata(None)
+    deltalake.write_deltalake(tmp_path / "delta", rows.slice(0, 1200))
+    deltalake.write_deltalake(tmp_path / "delta", rows.slice(1200), mode="append")
+    (tmp_path / "wh").mkdir()
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
+    tables = SqlCatalog("local", uri=catalog["uri"], warehouse=catalog["warehouse"])
+    tables.create_namespace("ns")
+    tables.create_table("ns.source", rows.schema).append(rows)
+    options = dict(ratio=0.1, seed=7, output_columns="selection", **FAST)
+    chosen = {}
+    for engine, session in {"dask": {}, "spark": {"spark": spark}}.items():
+        out = f"delta://{tmp_path}/{engine}"
+        first = datamask_dask.select_table(f"delta://{tmp_path}/delta?version=0", out, engine=engine,
+                                           **session, **options)
+        second = datamask_dask.select_table(f"delta://{tmp_path}/delta", out, engine=engine, incremental=True,
+                                            **session, **options)
+        assert (first.rows, second.rows, second.record["incremental"]["since"]) == (1200, 400, 0), engine
+        filtered = datamask_dask.select_table("iceberg://local/ns.source", tmp_path / f"{engine}-filtered",
+                                              engine=engine, row_filter="chunk_id < 1000",
+                                              catalog_properties=catalog, **session, **options)
+        assert filtered.rows == 1000 and filtered.record["input"]["row_filter"] == "chunk_id < 1000"
+        written = deltalake.DeltaTable(tmp_path / engine).to_pyarrow_table()
+        chosen[engine] = (set(written.filter(written["selected"])["chunk_id"].to_pylist()),
+                          set(_selected_ids(tmp_path / f"{engine}-filtered")))
+    assert chosen["spark"] == chosen["dask"] and len(chosen["spark"][0]) == 120 + 40
+
+
+def _selected_ids(path) -> list:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["chunk_id", "selected"])
+    return table.filter(table["selected"])["chunk_id"].to_pylist()
+
+
 @pytest.mark.slow
 def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tmp_path, capsys):
     """``datamask select --engine spark`` on a parquet directory: the file job, Dask's rows."""
@@ -428,8 +469,8 @@ def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tm
         chosen[engine] = set(table.loc[table["selected"], "chunk_id"])
     assert len(chosen["spark"]) == 160 and chosen["spark"] == chosen["dask"]
     assert main(["select", "--engine", "spark", "--input", str(parquet_dir), "--output", str(tmp_path / "x"),
-                 "--row-filter", "x > 1", "--incremental"]) == 1
-    assert "--incremental and --row-filter need --engine dask" in capsys.readouterr().err
+                 "--text-column", "text"]) == 1
+    assert "--text-column needs --engine dask" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
