@@ -360,12 +360,8 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
     import json
 
     import deltalake
-    from pyiceberg.catalog.sql import SqlCatalog
 
-    (tmp_path / "wh").mkdir()
-    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
-    tables = SqlCatalog("local", uri=catalog["uri"], warehouse=catalog["warehouse"])
-    tables.create_namespace("out")
+    catalog, tables = _sql_catalog(tmp_path, "out")
     options = dict(ratio=0.1, seed=7, **FAST)
     delta = datamask_dask.select_table(parquet_dir, f"delta://{tmp_path}/delta", engine="spark", spark=spark,
                                        **options)
@@ -413,15 +409,11 @@ def test_incremental_runs_and_row_filters_select_dask_s_rows_on_spark(spark, cor
     rows added since the output's last run, and an Iceberg row filter's rows are selected, as on Dask."""
     import deltalake
     import pyarrow as pa
-    from pyiceberg.catalog.sql import SqlCatalog
 
     rows = pa.Table.from_pandas(corpus, preserve_index=False).replace_schema_metadata(None)
     deltalake.write_deltalake(tmp_path / "delta", rows.slice(0, 1200))
     deltalake.write_deltalake(tmp_path / "delta", rows.slice(1200), mode="append")
-    (tmp_path / "wh").mkdir()
-    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
-    tables = SqlCatalog("local", uri=catalog["uri"], warehouse=catalog["warehouse"])
-    tables.create_namespace("ns")
+    catalog, tables = _sql_catalog(tmp_path, "ns")
     tables.create_table("ns.source", rows.schema).append(rows)
     options = dict(ratio=0.1, seed=7, output_columns="selection", **FAST)
     chosen = {}
@@ -440,6 +432,18 @@ def test_incremental_runs_and_row_filters_select_dask_s_rows_on_spark(spark, cor
         chosen[engine] = (set(written.filter(written["selected"])["chunk_id"].to_pylist()),
                           set(_selected_ids(tmp_path / f"{engine}-filtered")))
     assert chosen["spark"] == chosen["dask"] and len(chosen["spark"][0]) == 120 + 40
+
+
+def _sql_catalog(tmp_path, namespace: str):
+    """A pyiceberg SQL catalog ``local`` (SQLite, its warehouse under ``tmp_path``) holding ``namespace``:
+    its properties, and the catalog."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    (tmp_path / "wh").mkdir()
+    properties = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
+    catalog = SqlCatalog("local", uri=properties["uri"], warehouse=properties["warehouse"])
+    catalog.create_namespace(namespace)
+    return properties, catalog
 
 
 def _selected_ids(path) -> list:
@@ -484,7 +488,6 @@ def test_file_selection_reads_delta_and_iceberg_tables(spark, corpus, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
     from datamask_spark.files import write_file_selection
-    from pyiceberg.catalog.sql import SqlCatalog
 
     from datamask_dask.io.tables import read_table
 
@@ -492,10 +495,7 @@ def test_file_selection_reads_delta_and_iceberg_tables(spark, corpus, tmp_path):
     table = table.set_column(2, "feature_arr", table.column("feature_arr").cast(pa.list_(pa.float32())))
     deltalake.write_deltalake(tmp_path / "delta", table.slice(0, 1000))
     deltalake.write_deltalake(tmp_path / "delta", table.slice(1000), mode="append")
-    (tmp_path / "wh").mkdir()
-    properties = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": f"file://{tmp_path}/wh"}
-    catalog = SqlCatalog("local", uri=properties["uri"], warehouse=properties["warehouse"])
-    catalog.create_namespace("ns")
+    properties, catalog = _sql_catalog(tmp_path, "ns")
     iceberg = catalog.create_table("ns.corpus", schema=table.schema)
     iceberg.append(table.slice(0, 1000))
     iceberg.append(table.slice(1000))
