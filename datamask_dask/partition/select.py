@@ -427,7 +427,7 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int, measures: Meas
         weights = np.concatenate([np.ones(r.positions.size) if r.weights is None else r.weights
                                   for r in rows])
     device = rows[0].device
-    memory = spec.memory_plan(n, dim, _pack_name(plan, index), device)
+    memory = spec.memory_plan(n, dim, _pack_name(plan, index), device, packed=True)
     return _Partition(frame=None, number=pack.partitions[0], plan=plan, source=_Rows(embeddings),
                       quality=quality, tokens=tokens, device=device, memory=memory,
                       weights=weights, measures=measures, selected=np.zeros(n, dtype=bool),

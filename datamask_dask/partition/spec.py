@@ -66,13 +66,15 @@ class SelectSpec:
             raise OptionError("max_chunk_rows and max_chunk_values are both None: set one of them")
         return max(2, self.max_chunk_values // max(1, dim or 1))
 
-    def memory_plan(self, n_rows: int, dim: int, where: str, device: str = "cpu") -> MemoryPlan:
+    def memory_plan(self, n_rows: int, dim: int, where: str, device: str = "cpu",
+                    packed: bool = False) -> MemoryPlan:
         """The chunk and learner sizes of ``n_rows`` rows of ``dim``-d embeddings learned on ``device``
         (sized by ``memory_budget``), checked against the workers' memory (``memory_limit``): raises
-        ``OptionError`` naming ``where`` and the ``max_chunk_rows`` that fits."""
+        ``OptionError`` naming ``where`` and the ``max_chunk_rows`` that fits (``packed``: the rows
+        are a pack's, which a smaller ``max_chunk_rows`` makes fewer)."""
         memory = plan_memory(self.memory_budget, n_rows, dim, self.options, self.chunk_rows(dim), device)
         check_memory(self.memory_limit, n_rows, dim, memory.options, min(memory.max_chunk_rows, n_rows),
-                     where, device)
+                     where, device, packed)
         return memory
 
     @property

@@ -230,29 +230,27 @@ def plan_memory(budget: int | None, n_rows: int, dim: int, options: DataMaskOpti
 
 
 def check_memory(limit: int | None, n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int,
-                 where: str = "a partition", device: str = "cpu") -> None:
+                 where: str = "a partition", device: str = "cpu", packed: bool = False) -> None:
     """Raise ``OptionError`` when ``n_rows`` rows (``PARTITION_COPIES`` of their embeddings, held while
     they are learned) and a chunk of ``chunk_rows`` of them, learned with ``options``, do not fit in
     the workers' ``limit``, naming ``max_chunk_rows`` (the largest chunk that fits; where none does,
     smaller partitions) and ``memory_budget``: the limit never changes the chunks, so the job stops
-    before learning."""
+    before learning. ``packed``: the rows are a pack's, gathered up to a chunk, so that a smaller
+    ``max_chunk_rows`` makes them fewer too."""
     if not limit:
         return
     need = task_bytes(n_rows, dim, options, chunk_rows, device)
     if need <= limit:
         return
-    dim = max(int(dim), 1)
-    held = _held_bytes(n_rows, dim)
-    args = (dim, options, min(options.rollout_chunk, options.n_rollout), options.reference_size,
-            options.refine_reference, metric_kinds(options), device)
-    fits = _largest_chunk(limit - held, chunk_rows, *args)
+    fits = bisect.bisect_left(range(1, chunk_rows + 1), True, key=lambda rows: task_bytes(
+        rows if packed else n_rows, dim, options, rows, device) > limit)
     remedy = (f"set max_chunk_rows={fits} (a different chunking selects different rows)" if fits >= 2 else
               "split the input into smaller partitions (ddf.repartition(npartitions=...))")
     raise OptionError(
         f"{where}: the workers' memory is too small for this selection: {n_rows} rows learned in chunks "
-        f"of {chunk_rows} rows of {dim}-d embeddings need about {need} bytes per task, and the workers "
-        f"leave each task {limit} bytes. Give the workers more memory (or fewer threads each), {remedy}, "
-        "or set memory_budget= to let a budget of your choice size the chunks")
+        f"of {chunk_rows} rows of {max(int(dim), 1)}-d embeddings need about {need} bytes per task, and the "
+        f"workers leave each task {limit} bytes. Give the workers more memory (or fewer threads each), "
+        f"{remedy}, or set memory_budget= to let a budget of your choice size the chunks")
 
 
 def task_bytes(n_rows: int, dim: int, options: DataMaskOptions, chunk_rows: int, device: str = "cpu") -> int:

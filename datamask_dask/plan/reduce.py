@@ -116,7 +116,7 @@ def _check_packs(packs: tuple[Pack, ...], cells: dict[int, tuple[Cell, ...]], sp
                 for pack in packs]
         pack = packs[int(np.argmax(rows))]
         largest, where = max(rows), f"the pack of {pack.name(spec.by is not None)}"
-    spec.memory_plan(largest, dim, where)
+    spec.memory_plan(largest, dim, where, packed=True)
 
 
 def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack, ...]:

@@ -163,7 +163,8 @@ def test_a_default_chunk_fits_a_worker_thread_of_4_gib(algorithm):
 def test_a_refusal_names_the_chunk_that_fits_or_smaller_partitions():
     """The rows a worker holds of its partition count whatever the chunks: where they leave room for a
     chunk, the refusal names the largest that fits (and the check passes with it); where they do not,
-    it says to split the partitions."""
+    it says to split the partitions. A pack gathers rows up to a chunk, so a smaller chunk always
+    helps it."""
     options, limit = resolve_options(algorithm="Facility").learner, 2**30
     with pytest.raises(OptionError, match=r"max_chunk_rows=\d+") as caught:
         check_memory(limit, 400_000, 64, options, 400_000)
@@ -173,6 +174,10 @@ def test_a_refusal_names_the_chunk_that_fits_or_smaller_partitions():
         check_memory(limit, 400_000, 64, options, fits + 1)
     with pytest.raises(OptionError, match=r"split the input into smaller partitions \(ddf.repartition"):
         check_memory(limit, 200_000, 768, options, 100_000)
+    with pytest.raises(OptionError, match=r"max_chunk_rows=\d+") as caught:  # a pack: fewer rows gathered
+        check_memory(limit, 100_000, 768, options, 100_000, packed=True)
+    fits = int(re.search(r"max_chunk_rows=(\d+)", str(caught.value)).group(1))
+    check_memory(limit, fits, 768, options, fits, packed=True)
 
 
 def test_default_budget_comes_from_the_workers(client, corpus):
