@@ -123,6 +123,24 @@ def test_a_row_equally_near_two_areas_goes_to_the_lower_one_on_any_region_order(
     np.testing.assert_array_equal(found[4:], exact.argmax(axis=1))
 
 
+def test_routing_holds_a_bounded_block_of_products_whatever_the_partition():
+    """A partition's rows are routed a block at a time: 60,000 rows against one region of 2,000 areas
+    would be 480 MB of products at once; the routing's peak stays near ``_PRODUCTS`` float32s."""
+    import tracemalloc
+
+    areas = _unit(2000, 16, seed=11)
+    rows = _unit(60_000, 16, seed=12)
+    tracemalloc.start()
+    try:
+        found = regions.locate(rows, areas[:1], areas, np.zeros(2000, dtype=np.int64), searched=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * regions._PRODUCTS * 4 + rows.nbytes, peak
+    exact = rows[:500].astype(np.float64) @ areas.T.astype(np.float64)
+    np.testing.assert_array_equal(found[:500], exact.argmax(1))
+
+
 def test_pair_simi_shares_cancel_the_picks_sum_at_lamb_0_and_follow_quality_at_lamb_1():
     """Two opposite topics of unequal size and one apart: Pair_simi's pairwise similarity is
     ``|sum of the picks|^2`` less a constant, so at lamb 0 the shares pull the sum towards zero, where a
