@@ -25,6 +25,7 @@ end on the embedded synthetic corpus and prints a summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import multiprocessing
@@ -443,8 +444,26 @@ def _start_client(args):
     kind = "cuda" if args.device == "cuda" else "cpu"
     print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
           file=sys.stderr, flush=True)  # seconds of silence otherwise
-    return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
-                      dashboard_address=":0")
+    with _interrupted_once_started():
+        return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
+                          dashboard_address=":0")
+
+
+@contextlib.contextmanager
+def _interrupted_once_started():
+    """A Ctrl-C while the worker processes start is raised once they have: a process still being spawned
+    when the command exits cannot read what its parent sends it, and prints a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _run_select(args, options: dict, started: float) -> int:
