@@ -13,7 +13,7 @@ import pyarrow as pa
 from .. import progress as progress_bars
 from ..io.tables import SelectionOnly
 from ..options import SelectOptions
-from ..partition.select import PackResult, select_partition, selection_meta
+from ..partition.select import PackResult, output_schema, select_partition
 from ..plan.types import Plan
 from ..telemetry import Measures
 from .operator import column_reads, compute_plan, make_spec, pack_graph, partitions
@@ -37,8 +37,8 @@ class DaskEngine:
     def schema(self, plan: Plan) -> pa.Schema:
         from ..io.parquet import to_arrow
 
-        meta = selection_meta(self.frame._meta, plan.spec)
-        return to_arrow(meta if self.project is None else self.project(meta, "")).schema
+        schema = output_schema(plan.spec, to_arrow(self.frame._meta).schema)
+        return schema if self.project is None else self.project(schema.empty_table(), "").schema
 
     def run(self, plan: Plan, todo: list[int], task,
             progress: bool | None = None) -> tuple[list[dict], dict[int, Measures]]:

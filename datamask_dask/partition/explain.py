@@ -86,6 +86,6 @@ def explain_columns(frame, id_column: str, reasons: np.ndarray, links: dict | No
 
 def arrow_fields(id_type: pa.DataType) -> list[pa.Field]:
     """The explain columns' Arrow fields, for an id column of Arrow type ``id_type``."""
-    return [pa.field(REASON_COLUMN, pa.string(), nullable=False),
+    return [pa.field(REASON_COLUMN, pa.string()),
             pa.field(DUPLICATE_COLUMN, duplicate_type(pd.ArrowDtype(id_type))),
             pa.field(SIMILARITY_COLUMN, pa.float32())]

@@ -185,6 +185,12 @@ def selection_fields(spec: SelectSpec, schema: pa.Schema) -> list[pa.Field]:
     return fields
 
 
+def output_schema(spec: SelectSpec, schema: pa.Schema) -> pa.Schema:
+    """The select pass's output for an input of Arrow ``schema``, on any engine: its columns, then the
+    selection's."""
+    return pa.schema([*schema, *selection_fields(spec, schema)], metadata=schema.metadata)
+
+
 def selection_arrays(out, spec: SelectSpec, schema: pa.Schema) -> list[tuple[pa.Field, pa.Array]]:
     """The added columns of ``out`` (a selected pandas partition) as Arrow arrays of
     :func:`selection_fields`' types."""

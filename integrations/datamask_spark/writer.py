@@ -26,7 +26,7 @@ from datamask_dask.io.records import plain
 from datamask_dask.io.sinks import ParquetSink
 from datamask_dask.io.storage import resolve
 from datamask_dask.io.tables import SelectionOnly
-from datamask_dask.partition.select import selection_fields
+from datamask_dask.partition.select import output_schema
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
 from datamask_dask.telemetry import Measures
@@ -120,8 +120,8 @@ class SparkEngine:
     def selected_schema(self, plan) -> pa.Schema:
         """A selected partition's: the columns read, then the selection's."""
         schema = self.input_schema
-        read = [schema.field(name) for name in self.reads(plan)]
-        return pa.schema([*read, *selection_fields(plan.spec, schema)], metadata=schema.metadata)
+        read = pa.schema([schema.field(name) for name in self.reads(plan)], metadata=schema.metadata)
+        return output_schema(plan.spec, read)
 
     def schema(self, plan) -> pa.Schema:
         selected = self.selected_schema(plan)

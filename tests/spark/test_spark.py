@@ -386,11 +386,11 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
 
 def test_the_selection_only_output_is_dask_s_on_spark(spark, parquet_dir, tmp_path):
     """``output_columns="selection"`` on the Spark engine: the columns Dask writes (id, ``selected``, the
-    score, the run id), of the same types, with Dask's rows."""
+    score, the explain columns, the run id), of the same types, with Dask's rows and reasons."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    options = dict(ratio=0.1, seed=7, output_columns="selection", score_column="score", **FAST)
+    options = dict(ratio=0.1, seed=7, output_columns="selection", score_column="score", explain=True, **FAST)
     sessions = {"dask": {}, "spark": {"spark": spark}}
     reports = {engine: datamask_dask.select_table(parquet_dir, tmp_path / engine, engine=engine, **session,
                                                   **options) for engine, session in sessions.items()}
@@ -398,7 +398,9 @@ def test_the_selection_only_output_is_dask_s_on_spark(spark, parquet_dir, tmp_pa
     for engine, table in tables.items():
         assert [(f.name, f.type) for f in table.schema] == [
             ("chunk_id", pa.int64()), ("selected", pa.bool_()), ("score", pa.float32()),
+            ("reason", pa.string()), ("duplicate_of", pa.int64()), ("similarity", pa.float32()),
             ("run_id", pa.large_string())], engine
+        assert all(field.nullable for field in table.schema), engine
         assert set(table.column("run_id").to_pylist()) == {reports[engine].run_id}
     rows = {engine: table.drop_columns(["run_id"]).sort_by("chunk_id") for engine, table in tables.items()}
     assert rows["spark"].equals(rows["dask"]) and reports["spark"].selected == 160
