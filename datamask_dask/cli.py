@@ -37,16 +37,17 @@ import threading
 import time
 import traceback
 
-from .errors import DataMaskError, OptionError
-from .options import FIELDS, LEARNER_KEYS
+if getattr(multiprocessing.current_process(), "_inheriting", False):
+    # A cluster's worker process, which imports the command as its main module first (multiprocessing's
+    # spawn): a terminal's Ctrl-C reaches it too, and the command stops it without its traceback. Set
+    # before the package's imports, which take a while.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+from .errors import DataMaskError, OptionError  # noqa: E402
+from .options import FIELDS, LEARNER_KEYS  # noqa: E402
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
-
-if getattr(multiprocessing.current_process(), "_inheriting", False):
-    # A cluster's worker process, which imports the command as its main module first (multiprocessing's
-    # spawn): a terminal's Ctrl-C reaches it too, and the command stops it without its traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 def _weights(text: str):
     """``"a"`` -> "a"; ``"a,b"`` -> ["a", "b"]; ``"a=0.7,b=0.3"`` -> {"a": 0.7, "b": 0.3}."""
@@ -451,8 +452,9 @@ def _start_client(args):
 
 @contextlib.contextmanager
 def _interrupted_once_started():
-    """A Ctrl-C while the worker processes start is raised once they have: a process still being spawned
-    when the command exits cannot read what its parent sends it, and prints a traceback."""
+    """A Ctrl-C while the worker processes start is raised once they have started, or failed to (a
+    terminal's Ctrl-C reaches them too): a process still being spawned when the command exits cannot
+    read what its parent sends it, and prints a traceback."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -460,6 +462,10 @@ def _interrupted_once_started():
     previous = signal.signal(signal.SIGINT, lambda number, frame: caught.append(number))
     try:
         yield
+    except Exception:
+        if caught:  # the workers stopped by the same Ctrl-C
+            raise KeyboardInterrupt from None
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
     if caught:
