@@ -106,10 +106,6 @@ class TableInput:
     since: int | None = None
     files: int | None = None  # data files (partitions) read
 
-    def describe(self) -> dict:
-        return {"uri": self.table.uri, "format": self.table.format, "version": self.version,
-                "since": self.since}
-
 
 def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_properties=None,
                storage_options=None, backend: str = "pandas") -> TableInput:
