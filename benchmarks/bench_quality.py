@@ -60,7 +60,7 @@ def pieces(source: Path, config: Path | None, metric: str) -> int:
     plan = DaskEngine(read_parquet(source), resolve_options(config, algorithm=metric)).plan(progress=False)
     chunk = plan.spec.chunk_rows(plan.dim)
     count = sum(1 for pack in plan.packs if pack.quota)
-    if plan.regional:  # every eligible row is learned in its region's pack
+    if plan.routed:  # every eligible row is learned in its region's pack, or its dealt piece
         return count
     for number, cells in plan.cells.items():
         visible = plan.rows[number] - len(plan.shadowed.get(number, ()))

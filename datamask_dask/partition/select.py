@@ -58,7 +58,7 @@ class _Partition:
     scores: np.ndarray | None
     reasons: np.ndarray | None  # explain: each row's reason code (explain.REASONS), set as steps decide
     measures: Measures  # what its steps measure, for its task's result
-    area: int | None = None  # a pack of areas (pieces="regions"): its first area, which seeds its chunks
+    place: int | None = None  # a routed pack's (Pack.seed_place), which seeds its chunks
     others: tuple | None = None  # and for Pair_simi, the other packs' planned picks (Plan.others)
 
     @property
@@ -132,7 +132,7 @@ def select_partition(frame, plan: Plan, partition_info=None, packs: Iterable[Pac
         for cell, rows, where in _cells(part):
             eligible = _eligible(part, cell, rows)
             index = plan.pack_of(number, cell.group)
-            if plan.regional:
+            if plan.routed:
                 packed += plan.packs_of(number) if eligible.size else []
             elif index is None:
                 _select_cell(part, cell, eligible, where)
@@ -205,8 +205,9 @@ def selection_arrays(out, spec: SelectSpec, schema: pa.Schema) -> list[tuple[pa.
 def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
     """This partition's eligible rows of each pack it is in, by pack index: its part of
     :func:`learn_pack`'s input (checked as a select task checks them). In regions, each eligible row
-    goes to the pack of its area (:func:`datamask_dask.plan.regions.locate`), and every pack the
-    partition is a member of gets an entry, empty where none of its rows lies in the pack's areas.
+    goes to the pack of its area (:func:`datamask_dask.plan.regions.locate`); with ``pieces="context"``,
+    to the piece it is dealt to (:func:`datamask_dask.plan.context.deal`); and every pack the partition
+    is a member of gets an entry, empty where none of its rows lies in it.
     The frame's read is left to its select task to count."""
     number = partition_info["number"] if partition_info is not None else 0
     part = _open(frame, plan, number, Measures())
@@ -215,25 +216,36 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
         return out
     for cell, rows, where in _cells(part):
         index = plan.pack_of(number, cell.group)
-        if index is None and not plan.regional:
+        if index is None and not plan.routed:
             continue
         eligible = _eligible(part, cell, rows)
         started = time.perf_counter()
         embeddings = _unit_rows(part, eligible, where)  # on the GPU it stays there: the pack learns there
-        if plan.centroids is not None and plan.areas is not None and plan.area_region is not None:
+        if plan.routed:
             if not eligible.size:
                 continue
-            area = regions.locate(adapters.host_rows(embeddings), plan.centroids, plan.areas,
-                                  plan.area_region, regions.grain(plan.spec.options.metric).searched)
-            pack_of_row = plan.pack_of_area()[area]
+            area, pack_of_row = _route(plan, number, embeddings)
             seconds = time.perf_counter() - started  # the packs share it by their rows
             for index in plan.packs_of(number):
                 mine = np.flatnonzero(pack_of_row == index)
                 out[index] = _pack_part(part, number, eligible[mine], embeddings[mine],
-                                        seconds * mine.size / eligible.size, area[mine])
+                                        seconds * mine.size / eligible.size,
+                                        None if area is None else area[mine])
         elif index is not None:
             out[index] = _pack_part(part, number, eligible, embeddings, time.perf_counter() - started)
     return out
+
+
+def _route(plan: Plan, number: int, embeddings) -> tuple[np.ndarray | None, np.ndarray]:
+    """Each of partition ``number``'s eligible rows' area (None: dealt pieces have none) and pack index."""
+    if plan.context is not None:
+        return None, context.deal(plan.deal_start(number), len(embeddings), plan.context.pieces)
+    if plan.centroids is None or plan.areas is None or plan.area_region is None:
+        raise RuntimeError(f"partition {number}: rows routed without regions or pieces; please report this "
+                           "with the run record")
+    area = regions.locate(adapters.host_rows(embeddings), plan.centroids, plan.areas, plan.area_region,
+                          regions.grain(plan.spec.options.metric).searched)
+    return area, plan.pack_of_area()[area]
 
 
 def _pack_part(part: _Partition, number: int, positions: np.ndarray, embeddings, seconds: float,
@@ -259,7 +271,7 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Pac
         spans[r.partition] = (r, slice(start, start + r.positions.size))
         start += r.positions.size
     parts = {}
-    for number in pack.partitions:  # members without rows in a pack of areas get an empty part
+    for number in pack.partitions:  # members without rows in a routed pack get an empty part
         if number not in spans or part is None:
             parts[number] = PackPart(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), None, None)
             continue
@@ -405,13 +417,13 @@ def _routed(rows: PackRows, index: int) -> np.ndarray:
 
 
 def _members(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> list[PackRows]:
-    """Pack ``index``'s rows from its members' :func:`pack_rows`, in member order (in a pack of areas,
+    """Pack ``index``'s rows from its members' :func:`pack_rows`, in member order (in a routed pack,
     members without rows in it left out)."""
     pack = plan.packs[index]
     rows = [piece[index] for piece in pieces if index in piece]
     given = [r.partition for r in rows]
     expected = list(pack.partitions)
-    if pack.areas:
+    if pack.routed:
         rows = [r for r in rows if r.positions.size]
         expected = [p for p in expected if p in {r.partition for r in rows}]
         given = [r.partition for r in rows]
@@ -439,7 +451,7 @@ def _pack_partition(rows: list[PackRows], plan: Plan, index: int, measures: Meas
                       weights=weights, measures=measures, selected=np.zeros(n, dtype=bool),
                       scores=np.full(n, np.nan, dtype=np.float32) if spec.score_column else None,
                       reasons=np.full(n, explain.QUOTA_EXHAUSTED, dtype=np.int8) if spec.explain else None,
-                      area=pack.areas[0] if pack.areas else None,
+                      place=pack.seed_place,
                       others=plan.others[index] if plan.others else None)
 
 
@@ -573,12 +585,12 @@ def _select_cell(part: _Partition, cell: Cell, eligible: np.ndarray, name: str) 
                                              quality[eligible], cell.budget)
 
 
-def derive_seed(seed: int, partition: int, group: int, chunk: int, area: int | None = None) -> int:
-    """Seed of one learner run, from (seed, partition, group, chunk, area) only: where it runs never
+def derive_seed(seed: int, partition: int, group: int, chunk: int, place: int | None = None) -> int:
+    """Seed of one learner run, from (seed, partition, group, chunk, place) only: where it runs never
     matters (``partition``: :meth:`~datamask_dask.plan.types.Plan.seed_number`, empty partitions not
-    counted; ``area``: a pack of areas' first area, else None)."""
+    counted; ``place``: a routed pack's :attr:`~datamask_dask.plan.types.Pack.seed_place`, else None)."""
     sequence = np.random.SeedSequence([int(seed) % 2**64, partition, group, chunk]
-                                      + ([] if area is None else [area]))
+                                      + ([] if place is None else [place]))
     return int(sequence.generate_state(1, dtype=np.uint32)[0])
 
 
@@ -597,7 +609,7 @@ def _learn(part: _Partition, cell: Cell, chunk: np.ndarray, k: int, chunk_number
     options = part.memory.options
     with part.measures.timed("extract"):
         embeddings = _unit_rows(part, chunk, where)
-    seed = derive_seed(options.seed, part.plan.seed_number(part.number), cell.group, chunk_number, part.area)
+    seed = derive_seed(options.seed, part.plan.seed_number(part.number), cell.group, chunk_number, part.place)
     against = None if part.plan.context is None else part.plan.context.against(k, seed)
     try:
         with part.measures.timed("learn"):

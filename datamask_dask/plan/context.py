@@ -4,8 +4,15 @@ DiSF scores the correlations between feature dimensions over the selection, each
 standardised by the selection's mean and std. A piece learned alone standardises by its own: where
 the table's partitions each hold a few topics, it decorrelates what varies inside its topics, while
 the union's correlations come mostly from the differences between the topics' means, which no piece
-sees; its picks can then score below random ones. So:
+sees; its picks can then score below random ones. And a quota fixed per partition fixes how much of
+each topic the union holds, the term DiSF weighs most. So:
 
+0. **Pieces dealt from the whole table.** The eligible rows, in table order (partition by partition,
+   each in position order), are dealt round the table's pieces like cards (:func:`deal`): every piece
+   is a systematic sample of every partition, as large as the next within one row, and the quota is
+   shared by the pieces' rows (:func:`dealt_quotas`). Each piece then holds every topic as the table
+   does, and its picks can weigh them as the whole table's would. This is RandGreeDi's split
+   (Barbosa et al., 2015), without its randomness: the same rows on any engine.
 1. **The table's moments.** The plan pass adds up each partition's sums of its unit rows and of their
    squares (:func:`row_moments`), and every piece standardises by the table's mean and std
    (:func:`table_moments`).
@@ -32,12 +39,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..learn.metrics.disf import TableMoments
+from .quotas import allocate
 
 BLOCK = 8192  # rows whose moments are taken at once
 
@@ -65,6 +74,25 @@ def table_moments(moments: list[np.ndarray | None], rows: list[int]) -> TableMom
     mean = sums[0] / total
     std = np.sqrt(np.maximum(sums[1] / total - mean * mean, 0.0))
     return TableMoments(mean, np.where(std > 1e-12, std, 1.0))
+
+
+def piece_count(eligible: int, chunk_rows: int) -> int:
+    """The pieces ``eligible`` rows are dealt to: as few as keep each within ``chunk_rows`` rows."""
+    return max(1, math.ceil(eligible / max(1, chunk_rows)))
+
+
+def deal(start: int, rows: int, pieces: int) -> np.ndarray:
+    """The piece of each of a partition's ``rows`` eligible rows (in position order), dealt on from the
+    ``start``-th card (the eligible rows of the partitions before it): int64 (rows,)."""
+    return (start + np.arange(rows, dtype=np.int64)) % pieces
+
+
+def dealt_quotas(eligible: int, pieces: int, quota: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each dealt piece's rows, and its share of ``quota`` by its rows (largest remainder: the pieces
+    differ by one row at most, and so do their quotas)."""
+    rows = np.full(pieces, eligible // pieces, dtype=np.int64)
+    rows[:eligible % pieces] += 1
+    return rows, allocate(quota, rows, rows)
 
 
 SHARES = np.linspace(0.0, 1.0, 21)  # the shares of pieces in context the plan weighs
@@ -125,11 +153,13 @@ def best_share(first: Picks, second: Picks, lamb: float) -> float:
 
 @dataclass(frozen=True)
 class Context:
-    """What the pieces of a DiSF table learn against: the table's moments (``table``), the first round's
-    picks once learned, and the share of pieces that learns in context once the second is (its picks
-    decide nothing else, so the plan does not carry them)."""
+    """What the pieces of a DiSF table learn against: the table's moments (``table``), how many pieces its
+    rows are dealt to (``pieces``), the first round's picks once learned, and the share of pieces that
+    learns in context once the second is (its picks decide nothing else, so the plan does not carry
+    them)."""
 
     table: TableMoments
+    pieces: int  # the pieces the table's eligible rows are dealt to (deal)
     first: Picks | None = None
     share: float | None = None
 

@@ -74,17 +74,34 @@ class Pack:
     one: its members are every partition with eligible rows, each giving its rows routed to these
     areas. While the quotas are shared each region (its areas) is a pack, quota -1; then
     :func:`~datamask_dask.plan.reduce.share_regions` shares the quota and packs neighbouring areas up
-    to a chunk's worth of rows."""
+    to a chunk's worth of rows.
+
+    Or, with ``pieces="context"``, one of the pieces the table's eligible rows are dealt to
+    (:func:`datamask_dask.plan.context.deal`): its members are every partition with eligible rows."""
 
     label: object
     group: int
-    partitions: tuple[int, ...]  # ascending: two or more (a region's: one or more)
+    partitions: tuple[int, ...]  # ascending: two or more (a region's or a dealt piece's: one or more)
     quota: int
     budget: int | None
     areas: tuple[int, ...] = ()  # pieces="regions": the areas it learns
+    dealt: int | None = None  # pieces="context": the piece it learns, its index among the plan's packs
+
+    @property
+    def routed(self) -> bool:
+        """Whether each member routes its rows to it (regions, dealt pieces), rather than giving its cell."""
+        return bool(self.areas) or self.dealt is not None
+
+    @property
+    def seed_place(self) -> int | None:
+        """What tells its chunks' seeds from other packs' of the same first member: its first area, or the
+        piece it learns (None: a pack of cells, the only one of its first member)."""
+        return self.areas[0] if self.areas else self.dealt
 
     def name(self, grouped: bool) -> str:
         """How messages, progress and curves name the pack (``grouped``: the selection has ``by``)."""
+        if self.dealt is not None:
+            return f"piece {self.dealt}"
         if self.areas:
             more = len(self.areas) - 1
             return f"area {self.areas[0]}" + (f" and {more} more" if more else "")
@@ -158,7 +175,7 @@ class Plan:
         if self.centroids is not None:
             return {"cut": "regions", "regions": int(self.centroids.shape[0])}
         if self.context is not None:
-            return {"cut": "context", "share in context": self.context.share}
+            return {"cut": "context", "pieces": self.context.pieces, "share in context": self.context.share}
         return {"cut": "partitions"}
 
     @property
@@ -166,9 +183,26 @@ class Plan:
         """Whether the table is learned in regions (every eligible row in its region's pack)."""
         return self.centroids is not None
 
+    @property
+    def routed(self) -> bool:
+        """Whether every eligible row is routed to a pack: its region's, or the piece it is dealt to."""
+        return self.regional or self.context is not None
+
+    def deal_start(self, partition: int) -> int:
+        """Where the dealing of the partition's eligible rows starts: the eligible rows before it."""
+        return self._deal_starts.get(partition, 0)
+
+    @cached_property
+    def _deal_starts(self) -> dict:
+        starts, dealt = {}, 0
+        for partition in sorted(self.cells):
+            starts[partition] = dealt
+            dealt += sum(cell.eligible for cell in self.cells[partition])
+        return starts
+
     @cached_property
     def _packed(self) -> dict:
-        return {(p, pack.group): index for index, pack in enumerate(self.packs) if not pack.areas
+        return {(p, pack.group): index for index, pack in enumerate(self.packs) if not pack.routed
                 for p in pack.partitions}
 
     def pack_of_area(self) -> np.ndarray:
