@@ -8,7 +8,18 @@ import pytest
 
 from datamask_dask.learn.metrics.disf import TableMoments
 from datamask_dask.learn.metrics.evaluate import evaluate_selection
-from datamask_dask.plan.context import Context, Picks, best_share, mixed, picked, row_moments, table_moments
+from datamask_dask.plan.context import (
+    Context,
+    Picks,
+    best_share,
+    deal,
+    dealt_quotas,
+    mixed,
+    picked,
+    piece_count,
+    row_moments,
+    table_moments,
+)
 
 DIM = 8
 
@@ -51,7 +62,7 @@ def test_the_share_in_context_is_the_better_round_and_the_fewest_pieces_moved_of
 def test_each_round_learns_against_what_it_should():
     table = TableMoments(np.zeros(DIM), np.ones(DIM))
     first = Picks(100, np.zeros(DIM), np.eye(DIM) * 100, 50.0, 1.0)
-    context = Context(table)
+    context = Context(table, pieces=4)
     assert context.pending and context.against(10, 0) is table  # the first round: apart
     context, stage = context.then(first, 0.0)
     rest = context.against(10, 0)  # the second: against the rest of the first picks
@@ -60,7 +71,21 @@ def test_each_round_learns_against_what_it_should():
     context, stage = context.then(first, 0.0)  # rounds alike: none moved
     assert stage == "plan second round" and not context.pending and context.share == 0.0
     assert context.against(10, 0) is table
-    split = Context(table, first, 0.5)  # the select pass: in context where the seed falls in the share
+    split = Context(table, 4, first, 0.5)  # the select pass: in context where the seed falls in the share
     assert split.against(10, 2**31 - 1).count == 90 and split.against(10, 2**31) is table
     with pytest.raises(RuntimeError, match="both rounds"):
         split.then(first, 0.0)
+
+
+def test_the_rows_are_dealt_round_the_pieces_as_the_quota_is_shared():
+    partitions = [7, 0, 12, 5]  # eligible rows, in table order
+    pieces = piece_count(sum(partitions), chunk_rows=7)
+    assert pieces == 4
+    starts = np.cumsum([0, *partitions[:-1]])
+    dealt = np.concatenate([deal(int(start), rows, pieces) for start, rows in zip(starts, partitions)])
+    np.testing.assert_array_equal(dealt, np.arange(sum(partitions)) % pieces)  # one deal over the table
+    rows, quotas = dealt_quotas(sum(partitions), pieces, quota=5)
+    np.testing.assert_array_equal(rows, np.bincount(dealt))
+    assert rows.tolist() == [6, 6, 6, 6] and rows.max() <= 7
+    assert quotas.sum() == 5 and quotas.max() - quotas.min() <= 1
+    assert deal(3, 5, 4).tolist() == [3, 0, 1, 2, 3]  # a partition's rows go on from the rows before it
