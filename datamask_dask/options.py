@@ -212,10 +212,10 @@ class SelectOptions:
         rule=(lambda v: is_number(v) and 0 < v < 1, "a cosine in (0, 1), e.g. 0.95"))
     pieces: str = option(
         "auto", "regions: a table larger than a chunk is learned in regions of the embedding space, quotas "
-        "following the objective (Facility, Pair_simi); context: by partition, in two rounds, the share of "
-        "pieces that serves the table best learned again against what the rest picked in the first (DiSF); "
-        "partitions: by partition, quotas by quality mass; auto: regions for Facility and Pair_simi, "
-        "context for DiSF (table scope, a ratio, no by), else partitions",
+        "following the objective (Facility, Pair_simi); context: in pieces dealt from the whole table, in "
+        "two rounds, the share of pieces that serves the table best learned again against what the rest "
+        "picked in the first (DiSF); partitions: by partition, quotas by quality mass; auto: regions for "
+        "Facility and Pair_simi, context for DiSF (table scope, a ratio, no by), else partitions",
         choices=("auto", "regions", "context", "partitions"),
         rule=(lambda v: v in ("auto", "regions", "context", "partitions"),
               "one of ('auto', 'regions', 'context', 'partitions')"),
@@ -228,19 +228,20 @@ class SelectOptions:
         "(:mod:`datamask_dask.plan.regions`); a Pair_simi piece learns against the other pieces' "
         "planned picks. A random split of the table then no longer costs Facility its coverage, nor "
         "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone. "
-        '``"context"``: DiSF\'s pieces are the partitions\' chunks, as with ``"partitions"``, but every '
-        "piece standardises its features by the table's mean and std (read in the plan pass) and is "
-        "learned in two rounds: first apart, then against the second moment of what the rest of the "
-        "table picked in the first. A piece then decorrelates the table's features, not only its own, "
-        "which on a table partitioned by topic is what DiSF measures. Every piece moves at once, so "
+        '``"context"``: the table\'s eligible rows are dealt round DiSF\'s pieces, partition after '
+        "partition, so that every piece holds every partition's topics as the table does, and the quota "
+        "is shared by the pieces' rows; every piece standardises its features by the table's mean and std "
+        "(read in the plan pass) and is learned in two rounds: first apart, then against the second moment "
+        "of what the rest of the table picked in the first. A piece then decorrelates the table's "
+        "features, not only its own, and a table partitioned by topic is learned as one split at random "
+        "(:mod:`datamask_dask.plan.context`). Every piece moves at once, so "
         "the plan keeps the share of pieces in context whose expected union scores best, from both "
-        "rounds' sums, and the others keep their first picks (:mod:`datamask_dask.plan.context`): on a "
-        "table split at random into many pieces that share is small. Two more learning passes. For "
+        "rounds' sums, and the others keep their first picks. Two more learning passes. For "
         'DiSF alone. Both need table scope, a ratio and no ``by``. ``"auto"`` (the default): '
         '``"regions"`` for Facility and Pair_simi and ``"context"`` for DiSF wherever they apply, else '
         '``"partitions"``, the cheapest (regions cost another read of the embeddings and routing every '
-        "row twice; context, two more learning passes). A table that fits one chunk is learned whole "
-        "either way.")
+        "row twice; context, two more learning passes, every row routed to its piece in each). A table "
+        "that fits one chunk is learned whole either way.")
     explain: bool = option(
         False, "also write each row's reason (selected, near-duplicate, quality-pruned...) and, for a "
         "near-duplicate, the id of the row it stands behind (duplicate_of)",

@@ -7,29 +7,28 @@ the union's correlations come mostly from the differences between the topics' me
 sees; its picks can then score below random ones. And a quota fixed per partition fixes how much of
 each topic the union holds, the term DiSF weighs most. So:
 
-0. **Pieces dealt from the whole table.** The eligible rows, in table order (partition by partition,
+1. **Pieces dealt from the whole table.** The eligible rows, in table order (partition by partition,
    each in position order), are dealt round the table's pieces like cards (:func:`deal`): every piece
    is a systematic sample of every partition, as large as the next within one row, and the quota is
    shared by the pieces' rows (:func:`dealt_quotas`). Each piece then holds every topic as the table
    does, and its picks can weigh them as the whole table's would. This is RandGreeDi's split
    (Barbosa et al., 2015), without its randomness: the same rows on any engine.
-1. **The table's moments.** The plan pass adds up each partition's sums of its unit rows and of their
+2. **The table's moments.** The plan pass adds up each partition's sums of its unit rows and of their
    squares (:func:`row_moments`), and every piece standardises by the table's mean and std
    (:func:`table_moments`).
-2. **A first round.** Every piece learns its quota apart, as with ``pieces="partitions"``, and each
-   partition returns its picks' sums ``sum z``, ``sum z z^T`` of their standardised rows and of their
-   qualities (:class:`Picks`), added up one partition after another (:meth:`Context.then`).
-3. **A second round.** Every piece learns again against the rest of the table's first picks: the
+3. **A first round.** Every piece learns its quota apart, and each partition returns its picks' sums
+   ``sum z``, ``sum z z^T`` of their standardised rows and of their qualities (:class:`Picks`), added
+   up one partition after another (:meth:`Context.then`).
+4. **A second round.** Every piece learns again against the rest of the table's first picks: the
    whole first round's moment scaled to the rows the rest picks (:func:`rest_of`). A piece's own
    first picks are not subtracted: that would take a matrix per piece to every task.
-4. **The share that learns in context** (:func:`best_share`). Every piece moves at once against the
-   same correlations. Where the partitions hold a few topics each, a piece can cancel little of them
-   and the moves add up to what the table needs; on a table split at random into many pieces, each
-   can cancel nearly all of the first round's small random correlations, and together they
-   overshoot. Both rounds' sums give, for a share ``s`` of the pieces keeping their second picks and
-   the others their first, the union's objective in expectation (the sums mix linearly), so the plan
-   takes the best ``s`` and the select pass learns each piece as its round did: in context where the
-   piece's seed falls in the share (:meth:`Context.against`).
+5. **The share that learns in context** (:func:`best_share`). Every piece moves at once against the
+   same correlations: where each piece can cancel nearly all of the first round's correlations, as
+   pieces dealt from the whole table can, together they overshoot. Both rounds' sums give, for a
+   share ``s`` of the pieces keeping their second picks and the others their first, the union's
+   objective in expectation (the sums mix linearly), so the plan takes the best ``s`` and the select
+   pass learns each piece as its round did: in context where the piece's seed falls in the share
+   (:meth:`Context.against`).
 
 Every step is a pure function of the plan and the rows, added up in partition order, so every engine
 and scheduler gets the same sums, share and rows.

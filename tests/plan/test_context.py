@@ -82,7 +82,8 @@ def test_the_rows_are_dealt_round_the_pieces_as_the_quota_is_shared():
     pieces = piece_count(sum(partitions), chunk_rows=7)
     assert pieces == 4
     starts = np.cumsum([0, *partitions[:-1]])
-    dealt = np.concatenate([deal(int(start), rows, pieces) for start, rows in zip(starts, partitions)])
+    dealt = np.concatenate([deal(int(start), rows, pieces)
+                            for start, rows in zip(starts, partitions, strict=True)])
     np.testing.assert_array_equal(dealt, np.arange(sum(partitions)) % pieces)  # one deal over the table
     rows, quotas = dealt_quotas(sum(partitions), pieces, quota=5)
     np.testing.assert_array_equal(rows, np.bincount(dealt))
