@@ -294,60 +294,61 @@ def main(argv: list[str] | None = None) -> int:
     elif sys.stderr.isatty():
         print(f"datamask: {what}", file=sys.stderr, flush=True)
     client = None
-    try:
-        if args.command == "select" and args.engine == "spark" and not args.demo:
-            return _run_select(args, options, started)  # Spark runs its own executors: no Dask client
-        if args.command == "sample":
-            return _run_sample(args)
-        # Every job reads through dask.dataframe: it is imported while the cluster's workers start.
-        loading = threading.Thread(target=importlib.import_module, args=("dask.dataframe",), daemon=True)
-        loading.start()
-        client = _start_client(args)
-        loading.join()
-        import dask
-        import dask.threaded
+    with _interrupts_that_land():
+        try:
+            if args.command == "select" and args.engine == "spark" and not args.demo:
+                return _run_select(args, options, started)  # Spark runs its own executors: no Dask client
+            if args.command == "sample":
+                return _run_sample(args)
+            # Every job reads through dask.dataframe: it is imported while the cluster's workers start.
+            loading = threading.Thread(target=importlib.import_module, args=("dask.dataframe",), daemon=True)
+            loading.start()
+            client = _start_client(args)
+            loading.join()
+            import dask
+            import dask.threaded
 
-        # without a cluster, the threaded scheduler itself: given none (or its name), Dask imports
-        # distributed to look for a client
-        scheduler = dask.config.get("scheduler", None)
-        if client is None and scheduler is None:
-            scheduler = dask.threaded.get
-        with dask.config.set(scheduler=scheduler):
-            if args.command == "validate":
-                return _run_validate(args, options)
-            if args.command == "demo" or args.demo:
-                _run_demo(args, options)
-            else:
-                _run_select(args, options, started)
-    except KeyboardInterrupt:
-        print("datamask: interrupted", file=sys.stderr)
-        if client is not None:  # stopped first, so that no partition finishes after it is counted
-            client = _stop(client, args)
-        elif "distributed.deploy.spec" in sys.modules:
-            # a cluster cut off while it started cannot close (its workers are still starting), and Dask
-            # would say so at exit with a traceback; multiprocessing still ends its worker processes
-            import atexit
+            # without a cluster, the threaded scheduler itself: given none (or its name), Dask imports
+            # distributed to look for a client
+            scheduler = dask.config.get("scheduler", None)
+            if client is None and scheduler is None:
+                scheduler = dask.threaded.get
+            with dask.config.set(scheduler=scheduler):
+                if args.command == "validate":
+                    return _run_validate(args, options)
+                if args.command == "demo" or args.demo:
+                    _run_demo(args, options)
+                else:
+                    _run_select(args, options, started)
+        except KeyboardInterrupt:
+            print("datamask: interrupted", file=sys.stderr)
+            if client is not None:  # stopped first, so that no partition finishes after it is counted
+                client = _stop(client, args)
+            elif "distributed.deploy.spec" in sys.modules:
+                # a cluster cut off while it started cannot close (its workers are still starting), and Dask
+                # would say so at exit with a traceback; multiprocessing still ends its worker processes
+                import atexit
 
-            atexit.unregister(sys.modules["distributed.deploy.spec"].close_clusters)
-        _say_what_is_kept(args)
-        return 130
-    except Exception as exc:  # one clear line for the user; the traceback with --verbose
-        exc = _storage_failure(exc, args) or exc
-        unreadable = type(exc).__module__.startswith("pyarrow")  # the input is not what it claims to be
-        if not unreadable and not isinstance(exc, _REPORTED):
-            raise
-        if args.verbose:
-            traceback.print_exc()
-        where = getattr(args, "input", None)
-        message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
-        print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
-        unreachable = getattr(exc, "reason", None) in ("credentials", "endpoint", "bucket")
-        if type(exc).__name__ != "ResumeError" and not unreachable:  # those say what to do
+                atexit.unregister(sys.modules["distributed.deploy.spec"].close_clusters)
             _say_what_is_kept(args)
-        return 1
-    finally:
-        if client is not None:
-            _stop(client, args)
+            return 130
+        except Exception as exc:  # one clear line for the user; the traceback with --verbose
+            exc = _storage_failure(exc, args) or exc
+            unreadable = type(exc).__module__.startswith("pyarrow")  # the input is not what it claims to be
+            if not unreadable and not isinstance(exc, _REPORTED):
+                raise
+            if args.verbose:
+                traceback.print_exc()
+            where = getattr(args, "input", None)
+            message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
+            print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
+            unreachable = getattr(exc, "reason", None) in ("credentials", "endpoint", "bucket")
+            if type(exc).__name__ != "ResumeError" and not unreachable:  # those say what to do
+                _say_what_is_kept(args)
+            return 1
+        finally:
+            if client is not None:
+                _stop(client, args)
     return 0
 
 
@@ -448,6 +449,35 @@ def _start_client(args):
     with _interrupted_once_started():
         return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
                           dashboard_address=":0")
+
+
+RESEND_SECONDS = 0.1  # how soon a Ctrl-C that Python swallowed is sent again
+
+
+@contextlib.contextmanager
+def _interrupts_that_land():
+    """A Ctrl-C raised where Python swallows exceptions (in a garbage collector's callback, such as Dask's
+    own, or a finaliser) goes to ``sys.unraisablehook`` instead of the command, and the job would run
+    on to its end: it is sent again, :data:`RESEND_SECONDS` later, once that code has returned."""
+    previous, ended = sys.unraisablehook, threading.Event()
+
+    def resend() -> None:
+        if not ended.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def hook(unraisable) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            return previous(unraisable)
+        timer = threading.Timer(RESEND_SECONDS, resend)
+        timer.daemon = True
+        timer.start()
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        ended.set()
+        sys.unraisablehook = previous
 
 
 @contextlib.contextmanager

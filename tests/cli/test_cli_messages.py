@@ -3,9 +3,14 @@ profiles by name, a version, help without markup, resumable failures only when s
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import dask.dataframe as dd
 import numpy as np
@@ -14,7 +19,7 @@ import torch
 from conftest import FAST
 
 from datamask_dask import write_parquet
-from datamask_dask.cli import as_cli_message, build_parser, main
+from datamask_dask.cli import _interrupts_that_land, as_cli_message, build_parser, main
 from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus
 
@@ -208,3 +213,33 @@ def test_ctrl_c_is_one_line_and_counts_what_is_kept(tmp_path, corpus):
     assert f"{kept} finished partition(s) are kept" in err, err
     code, err = _interrupted(source, tmp_path / "other", lambda err: "starting a local cluster" in err)
     assert code == 130 and "Traceback" not in err and "datamask: interrupted" in err, err
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed Ctrl-C
+@pytest.mark.parametrize("resent", [False, True])
+def test_a_ctrl_c_that_python_swallowed_is_sent_again(resent):
+    """A Ctrl-C that lands in a garbage collector's callback (Dask registers one) is swallowed by
+    Python, and without the command's hook the job runs on to its end."""
+    armed = [True]
+
+    def callback(phase, info):
+        if armed:
+            armed.clear()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)  # the Ctrl-C is raised here, inside the callback
+
+    gc.callbacks.append(callback)
+    started = time.perf_counter()
+    try:
+        with _interrupts_that_land() if resent else contextlib.nullcontext():
+            gc.collect()
+            time.sleep(2)  # the job, running on
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        gc.callbacks.remove(callback)
+    assert not armed  # the Ctrl-C was raised in the callback
+    assert interrupted == resent
+    if resent:
+        assert time.perf_counter() - started < 1.5
