@@ -120,11 +120,13 @@ def test_every_output_completes_or_refuses_in_one_line(root, kind, output, overw
 def _killed_then_rerun(source: str, target: str, *more) -> tuple[int, str]:
     """``datamask select`` killed (SIGKILL, as on a lost machine) once its first partition is marked
     finished, then the same command again; the rerun's exit code and stderr."""
+    # each partition learned in its own task (partition scope: no pack learns them together), one after
+    # another: once the first is marked finished, the second's learning leaves time to kill the job
+    # before it commits, however busy the machine (a chunk this small is learned in refine epochs alone)
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", source, "--output", target,
-               "--n_epochs", "400", "--n_rollout", "8", "--select_ratio", "0.1", *more]
+               "--diversity_scope", "partition", "--refine_epochs", "2000", "--n_rollout", "8",
+               "--select_ratio", "0.1", *more]
     work = work_location(resolve(target))
-    # one partition after another: once the first is marked finished, the second's learning leaves time
-    # to kill the job before it commits, however busy the machine
     environment = {**os.environ, "DASK_SCHEDULER": "synchronous"}
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment)
     deadline = time.monotonic() + 120
