@@ -246,13 +246,25 @@ def pack_graph(parts: list, plan: Plan, plan_node, todo) -> tuple[dict[int, obje
     learned: dict[int, list] = {}
     tasks: dict[int, Delayed] = {}
     for index, pack in packs:
-        members = [rows[p] for p in pack.partitions]
+        members = [pack_part(rows[p], index) for p in pack.partitions]
         tasks[index] = dask.delayed(learn_pack, pure=True)(
             listed("datamask-pack-members", members), plan_node, index,
             dask_key_name=_key("datamask-pack", members, index))
         for p in pack.partitions:
             learned.setdefault(p, []).append(tasks[index])
     return {p: listed("datamask-pack-results", taken) for p, taken in learned.items()}, tasks
+
+
+def pack_part(rows: Delayed, index: int) -> Delayed:
+    """A partition's rows of pack ``index`` alone, from its :func:`pack_rows` (all of its packs' rows): a
+    pack's task then takes, and its worker fetches, only its own rows of each member, and the rows of
+    each pack are let go once it is learned."""
+    return dask.delayed(_rows_of, pure=True)(rows, index,
+                                             dask_key_name=_key("datamask-pack-part", rows, index))
+
+
+def _rows_of(rows: dict, index: int) -> dict:
+    return {index: rows[index]} if index in rows else {}
 
 
 def pending_graph(parts: list, plan: Plan) -> Delayed:
@@ -297,7 +309,8 @@ def share_graph(parts: list, plan: Plan) -> Delayed:
             parts[p], plan_node, {"number": p},
             dask_key_name=_key("datamask-region-rows", parts[p], plan_node, p)) for p in members}
         found = [dask.delayed(pack_curve, pure=True)(
-            listed("datamask-region-members", [rows[p] for p in pack.partitions]), plan_node, index,
+            listed("datamask-region-members", [pack_part(rows[p], index) for p in pack.partitions]),
+            plan_node, index,
             dask_key_name=_key("datamask-region-curve", plan_node, index))
             for index, pack in enumerate(plan.packs)]
     return dask.delayed(share_regions, pure=True)(plan_node, listed("datamask-region-found", found),

@@ -684,3 +684,25 @@ def test_operator_honours_the_precedence(tmp_path, corpus):
             datamask_select(ddf)
         result = datamask_select(ddf, ratio=0.1, config=good).compute(scheduler="sync")  # file wins
     assert int(result["selected"].sum()) == 160
+
+
+@pytest.mark.parametrize("algorithm", ["DiSF", "Pair_simi"])
+def test_a_routed_pack_s_task_takes_its_own_rows_of_each_member(corpus, algorithm):
+    """Every partition is a member of every routed pack (dealt pieces, regions): a pack's task takes
+    only its own rows of each, not the member's rows of every pack, which would bring the whole
+    routed table to each pack's worker."""
+    from datamask_dask.dask_engine.operator import pack_graph, partitions, plan_selection
+
+    ddf = _from_pandas(corpus, 4)
+    plan = plan_selection(ddf, ratio=0.1, algorithm=algorithm, max_chunk_rows=400, **FAST)[1].compute(
+        scheduler="sync")
+    assert plan.routed and len(plan.packs) >= 3
+    parts = partitions(ddf)
+    _, tasks = pack_graph(parts, plan, dask.delayed(plan, traverse=False), range(len(parts)))
+    for index, task in tasks.items():
+        graph = dict(task.__dask_graph__())
+        members = next(key for key in graph if str(key).startswith("datamask-pack-members"))
+        given = dask.get(graph, members)
+        assert len(given) == len(plan.packs[index].partitions)
+        assert all(set(piece) <= {index} for piece in given), index
+        assert sum(piece[index].positions.size for piece in given if piece) > 0
