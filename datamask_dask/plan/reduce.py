@@ -90,10 +90,10 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
     elif spec.pieces == "context" and eligible > spec.chunk_rows(dim):
         moments = context.table_moments([s.moments for s in summaries], [s.n for s in summaries])
         table_context = context.Context(moments, context.piece_count(eligible, spec.chunk_rows(dim)))
-        packs = dealt_packs(cells, table_context.pieces)
+        packs = dealt_packs(cells, table_context.pieces, eligible)
     elif spec.diversity_scope == "table":
         packs = pack_cells(cells, spec.chunk_rows(dim))
-    _check_packs(packs, cells, spec, dim, routed=any(pack.routed for pack in packs))
+    _check_packs(packs, cells, spec, dim)
     return Plan(spec=spec, cells=cells, packs=packs, **places, context=table_context,
                 rows=tuple(int(s.n) for s in summaries), dim=dim, ranges=ranges,
                 shadowed={p: np.sort(np.concatenate(v)) for p, v in shadowed.items()},
@@ -104,13 +104,13 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
 
 
 def _check_packs(packs: tuple[Pack, ...], cells: dict[int, tuple[Cell, ...]], spec: SelectSpec,
-                 dim: int | None, routed: bool) -> None:
+                 dim: int | None) -> None:
     """Raise ``OptionError`` where the largest pack's chunk does not fit in the workers' memory: a pack
     gathers several partitions' rows, more than the plan pass checked in any one of them. Modelled as
     on CPU, the least a pack needs anywhere; its own task checks again where it learns."""
     if not packs or not spec.memory_limit or not dim:
         return
-    if routed:  # areas are packed up to a chunk's worth of rows, and pieces dealt as large at most
+    if packs[0].routed:  # areas are packed up to a chunk's worth of rows, and pieces dealt as large at most
         largest = spec.chunk_rows(dim)
         where = "a piece of the table" if packs[0].dealt is not None else "a pack of areas"
     else:
@@ -158,15 +158,14 @@ def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack,
     return tuple(packs)
 
 
-def dealt_packs(cells: dict[int, tuple[Cell, ...]], pieces: int) -> tuple[Pack, ...]:
-    """The pieces a table's eligible rows are dealt to (``pieces="context"``, one group: no ``by``), each a
-    pack of every partition with eligible rows, the quota shared by their rows
+def dealt_packs(cells: dict[int, tuple[Cell, ...]], pieces: int, eligible: int) -> tuple[Pack, ...]:
+    """The pieces a table's ``eligible`` rows are dealt to (``pieces="context"``, one group: no ``by``),
+    each a pack of every partition with eligible rows, the quota shared by their rows
     (:func:`datamask_dask.plan.context.dealt_quotas`)."""
     members = tuple(p for p in sorted(cells) if any(c.eligible for c in cells[p]))
     if not members:
         return ()
     first = cells[members[0]][0]
-    eligible = sum(c.eligible for cs in cells.values() for c in cs)
     quota = sum(max(c.quota, 0) for cs in cells.values() for c in cs)
     _, quotas = context.dealt_quotas(eligible, pieces, quota)
     return tuple(Pack(first.label, first.group, members, int(q), None, dealt=j) for j, q in enumerate(quotas))
