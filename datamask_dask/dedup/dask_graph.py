@@ -35,6 +35,7 @@ from .search import candidate_edges, find_groups, one_task
 from .stages import (
     BANDS,
     CANDIDATES,
+    MERGE_ROUNDS,
     PARTITIONS_PER_ROW_SHARD,
     PARTITIONS_PER_SHARD,
     ROUND_BANDS,
@@ -294,11 +295,12 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
                             cosine, exact) for s in range(shards)]
             done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
             found = [pick(b, "pieces") for b in buckets]
-            # each row shard merges its earlier rounds' edges into each row's best before it takes
-            # this round's, so they do not pile up; best_parents merges the last round's with them
-            merged = [[task("edges", (r, t), merge_edges, edges[t], exact)] if edges[t] else []
-                      for t in range(row_shards)]
-            edges = [merged[t] + [pick(f, t) for f in found] for t in range(row_shards)]
+            # every MERGE_ROUNDS rounds each row shard merges its earlier rounds' edges into each row's
+            # best before it takes this round's, so they do not pile up; best_parents merges the rest
+            if r and r % MERGE_ROUNDS == 0:
+                edges = [[task("edges", (r, t), merge_edges, edges[t], exact)] if edges[t] else []
+                         for t in range(row_shards)]
+            edges = [edges[t] + [pick(f, t) for f in found] for t in range(row_shards)]
     if exact:  # each row shard's candidates to the vector blocks of their better rows, then of their worse
         per = PARTITIONS_PER_SHARD
         blocks, firsts = shard_count(n_parts, per), range(0, n_parts, per)

@@ -18,7 +18,7 @@ its output is a list of *pieces*, one per shard (or partition) that receives it.
    (with embeddings: its ``CANDIDATES`` best) goes to the shard of the worse row. Candidate pairs
    are never shuffled, and a row has at most that many edges per bucket task however many bands
    and buckets found it.
-3. :func:`merge_edges` (per shard of the worse row, after each round) keeps each worse row's best
+3. :func:`merge_edges` (per shard of the worse row, every few rounds) keeps each worse row's best
    edges. With embeddings (:func:`is_exact`), the exact check: :func:`request_vectors` sends each
    row's candidates to the vector block (``PARTITIONS_PER_SHARD`` consecutive partitions) of their
    better rows, whose task reads its partitions again, one at a time, for those rows' embeddings
@@ -64,6 +64,9 @@ BANDS = 40
 # Bands whose records are shuffled (or held) at once: a worker holds about twice its share of a
 # round's records, so one band a round keeps its peak lowest (bench_table_scale.py measures it).
 ROUND_BANDS = 1
+# Rounds whose edges a row shard holds before it merges them into each row's best: each merge sorts all
+# it holds, so merging every round sorted the shard's edges once a band.
+MERGE_ROUNDS = 8
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
@@ -607,10 +610,12 @@ def sharded_candidates(parts: list[dict], cosine: float, shards: int, exact: boo
     n_bands = plan["positions"].shape[0]
     edges = [[] for _ in range(row_shards)]
     n_pairs = 0
-    for bands in band_rounds(n_bands, rounds_of):
-        # earlier rounds' edges merged into each row's best (best_parents merges the last round's)
-        edges = [[run("merge_edges", merge_edges, shard_edges, exact)] if shard_edges else []
-                 for shard_edges in edges]
+    for r, bands in enumerate(band_rounds(n_bands, rounds_of)):
+        # every MERGE_ROUNDS rounds, earlier rounds' edges merged into each row's best (best_parents
+        # merges the rest)
+        if r and r % MERGE_ROUNDS == 0:
+            edges = [[run("merge_edges", merge_edges, shard_edges, exact)] if shard_edges else []
+                     for shard_edges in edges]
         records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]
         for s in range(shards):
             out = run("bucket_edges", bucket_edges, [r[s] for r in records], row_shards, cosine, exact)
