@@ -92,12 +92,14 @@ class PackRows:
 
 @dataclass(frozen=True)
 class PackPart:
-    """A pack's outcome for one member's eligible rows (those of its :class:`PackRows`)."""
+    """A pack's outcome for one member's eligible rows (those of its :class:`PackRows`): the positions it
+    selects, and where the selection scores or explains its rows, every row's position with its score
+    and reason. Every member's select task takes the whole :class:`PackResult`, so it stays small."""
 
-    positions: np.ndarray  # int64: the rows' positions in the member partition
-    selected: np.ndarray  # bool
-    scores: np.ndarray | None  # float32 logits, with score_column
-    reasons: np.ndarray | None  # int8 codes, with explain (selected rows are marked by the member)
+    picked: np.ndarray  # int64: the positions of the rows selected, in the member partition
+    positions: np.ndarray | None = None  # int64: every row's position, with scores or reasons
+    scores: np.ndarray | None = None  # float32 logits, with score_column
+    reasons: np.ndarray | None = None  # int8 codes, with explain (selected rows are marked by the member)
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,9 @@ def select_partition(frame, plan: Plan, partition_info=None, packs: Iterable[Pac
                 raise RuntimeError(f"partition {number}: the result of pack {index} is missing; please "
                                    "report this with the run record")
             result = learned[index].parts[number]
-            selected[result.positions[result.selected]] = True
+            selected[result.picked] = True
+            if result.positions is None:
+                continue
             if scores is not None and result.scores is not None:  # both, with a score column
                 scores[result.positions] = result.scores
             if reasons is not None and result.reasons is not None:  # both, with explain
@@ -239,7 +243,8 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
 def _route(plan: Plan, number: int, embeddings) -> tuple[np.ndarray | None, np.ndarray]:
     """Each of partition ``number``'s eligible rows' area (None: dealt pieces have none) and pack index."""
     if plan.context is not None:
-        return None, context.deal(plan.deal_start(number), len(embeddings), plan.context.pieces)
+        start, pieces = plan.dealt(number)
+        return None, np.asarray(pieces)[context.deal(start, len(embeddings), len(pieces))]
     if plan.centroids is None or plan.areas is None or plan.area_region is None:
         raise RuntimeError(f"partition {number}: rows routed without regions or pieces; please report this "
                            "with the run record")
@@ -273,10 +278,11 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Pac
     parts = {}
     for number in pack.partitions:  # members without rows in a routed pack get an empty part
         if number not in spans or part is None:
-            parts[number] = PackPart(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), None, None)
+            parts[number] = PackPart(np.zeros(0, dtype=np.int64))
             continue
         member, span = spans[number]
-        parts[number] = PackPart(member.positions, part.selected[span],
+        every = part.scores is not None or part.reasons is not None
+        parts[number] = PackPart(member.positions[part.selected[span]], member.positions if every else None,
                                  None if part.scores is None else part.scores[span],
                                  None if part.reasons is None else part.reasons[span])
     return PackResult(index, parts, measures)
