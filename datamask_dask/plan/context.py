@@ -7,12 +7,16 @@ the union's correlations come mostly from the differences between the topics' me
 sees; its picks can then score below random ones. And a quota fixed per partition fixes how much of
 each topic the union holds, the term DiSF weighs most. So:
 
-1. **Pieces dealt from the whole table.** The eligible rows, in table order (partition by partition,
-   each in position order), are dealt round the table's pieces like cards (:func:`deal`): every piece
-   is a systematic sample of every partition, as large as the next within one row, and the quota is
-   shared by the pieces' rows (:func:`dealt_quotas`). Each piece then holds every topic as the table
-   does, and its picks can weigh them as the whole table's would. This is RandGreeDi's split
-   (Barbosa et al., 2015), without its randomness: the same rows on any engine.
+1. **Pieces dealt from the table.** The eligible rows, in table order (partition by partition, each
+   in position order), are dealt round the pieces like cards (:func:`deal`): every piece is a
+   systematic sample of every partition, as large as the next within one row, and the quota is
+   shared by the pieces' rows (:func:`dealt_quotas`), not by the partitions' quality. Each piece then
+   holds every topic as the table does, and its picks can weigh them as the whole table's would. This
+   is RandGreeDi's split (Barbosa et al., 2015), without its randomness: the same rows on any engine.
+   Past :data:`STRIP` partitions, each strip of every n-th partition (:func:`strips`) is dealt round
+   pieces of its own: no piece gathers from more than a strip and no partition sends to more than its
+   strip's pieces, so the tasks that move rows to pieces grow with the table's rows, not with its
+   rows times its partitions. A strip holds fewer topics than the table where partitions hold a few.
 2. **The table's moments.** The plan pass adds up each partition's sums of its unit rows and of their
    squares (:func:`row_moments`), and every piece standardises by the table's mean and std
    (:func:`table_moments`).
@@ -75,6 +79,18 @@ def table_moments(moments: list[np.ndarray | None], rows: list[int]) -> TableMom
     return TableMoments(mean, np.where(std > 1e-12, std, 1.0))
 
 
+STRIP = 16  # partitions dealt together at most: bounds a piece's members and a partition's pieces
+
+
+def strips(eligible: list[int]) -> list[range]:
+    """The strips of partitions (by index into ``eligible``, their eligible rows in table order) whose
+    rows are dealt together: at most :data:`STRIP` each, so that a partition's pieces and a piece's
+    members do not grow with the table. A strip takes every n-th partition, so that it spans the
+    table as a whole deal would: where files hold topics in order, consecutive ones would not."""
+    count = math.ceil(len(eligible) / STRIP)
+    return [range(first, len(eligible), count) for first in range(count)]
+
+
 def piece_count(eligible: int, chunk_rows: int) -> int:
     """The pieces ``eligible`` rows are dealt to: as few as keep each within ``chunk_rows`` rows."""
     return max(1, math.ceil(eligible / max(1, chunk_rows)))
@@ -82,16 +98,22 @@ def piece_count(eligible: int, chunk_rows: int) -> int:
 
 def deal(start: int, rows: int, pieces: int) -> np.ndarray:
     """The piece of each of a partition's ``rows`` eligible rows (in position order), dealt on from the
-    ``start``-th card (the eligible rows of the partitions before it): int64 (rows,)."""
+    ``start``-th card (the eligible rows of its strip's partitions before it): int64 (rows,)."""
     return (start + np.arange(rows, dtype=np.int64)) % pieces
 
 
-def dealt_quotas(eligible: int, pieces: int, quota: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each dealt piece's rows, and its share of ``quota`` by its rows (largest remainder: the pieces
-    differ by one row at most, and so do their quotas)."""
+def dealt_rows(eligible: int, pieces: int) -> np.ndarray:
+    """Each of a strip's pieces' rows when its ``eligible`` rows are dealt to ``pieces``: they differ by
+    one row at most."""
     rows = np.full(pieces, eligible // pieces, dtype=np.int64)
     rows[:eligible % pieces] += 1
-    return rows, allocate(quota, rows, rows)
+    return rows
+
+
+def dealt_quotas(rows: np.ndarray, quota: int) -> np.ndarray:
+    """Each dealt piece's share of ``quota`` by its ``rows`` (largest remainder: pieces whose rows differ
+    by one at most get quotas that differ by one at most)."""
+    return allocate(quota, rows, rows)
 
 
 SHARES = np.linspace(0.0, 1.0, 21)  # the shares of pieces in context the plan weighs
@@ -152,13 +174,11 @@ def best_share(first: Picks, second: Picks, lamb: float) -> float:
 
 @dataclass(frozen=True)
 class Context:
-    """What the pieces of a DiSF table learn against: the table's moments (``table``), how many pieces its
-    rows are dealt to (``pieces``), the first round's picks once learned, and the share of pieces that
-    learns in context once the second is (its picks decide nothing else, so the plan does not carry
-    them)."""
+    """What the pieces of a DiSF table learn against: the table's moments (``table``), the first round's
+    picks once learned, and the share of pieces that learns in context once the second is (its picks
+    decide nothing else, so the plan does not carry them)."""
 
     table: TableMoments
-    pieces: int  # the pieces the table's eligible rows are dealt to (deal)
     first: Picks | None = None
     share: float | None = None
 

@@ -89,8 +89,8 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
         places, packs = region_packs(cells, [s.sample for s in summaries], spec, dim, eligible)
     elif spec.pieces == "context" and eligible > spec.chunk_rows(dim):
         moments = context.table_moments([s.moments for s in summaries], [s.n for s in summaries])
-        table_context = context.Context(moments, context.piece_count(eligible, spec.chunk_rows(dim)))
-        packs = dealt_packs(cells, table_context.pieces, eligible)
+        table_context = context.Context(moments)
+        packs = dealt_packs(cells, spec.chunk_rows(dim))
     elif spec.diversity_scope == "table":
         packs = pack_cells(cells, spec.chunk_rows(dim))
     _check_packs(packs, cells, spec, dim)
@@ -158,17 +158,24 @@ def pack_cells(cells: dict[int, tuple[Cell, ...]], max_rows: int) -> tuple[Pack,
     return tuple(packs)
 
 
-def dealt_packs(cells: dict[int, tuple[Cell, ...]], pieces: int, eligible: int) -> tuple[Pack, ...]:
-    """The pieces a table's ``eligible`` rows are dealt to (``pieces="context"``, one group: no ``by``),
-    each a pack of every partition with eligible rows, the quota shared by their rows
-    (:func:`datamask_dask.plan.context.dealt_quotas`)."""
-    members = tuple(p for p in sorted(cells) if any(c.eligible for c in cells[p]))
+def dealt_packs(cells: dict[int, tuple[Cell, ...]], chunk_rows: int) -> tuple[Pack, ...]:
+    """The pieces a table's eligible rows are dealt to (``pieces="context"``, one group: no ``by``): each
+    strip of partitions with eligible rows (:func:`datamask_dask.plan.context.strips`) dealt to as few
+    pieces as keep each within ``chunk_rows``, every piece a pack of its strip's partitions, the quota
+    shared by the pieces' rows (:func:`datamask_dask.plan.context.dealt_quotas`)."""
+    members = [p for p in sorted(cells) if any(c.eligible for c in cells[p])]
     if not members:
         return ()
+    eligible = [sum(c.eligible for c in cells[p]) for p in members]
+    strips = [(tuple(members[i] for i in strip), sum(eligible[i] for i in strip))
+              for strip in context.strips(eligible)]
+    counts = [context.piece_count(rows, chunk_rows) for _, rows in strips]
+    rows = np.concatenate([context.dealt_rows(rows, n) for (_, rows), n in zip(strips, counts, strict=True)])
+    quotas = context.dealt_quotas(rows, sum(max(c.quota, 0) for cs in cells.values() for c in cs))
     first = cells[members[0]][0]
-    quota = sum(max(c.quota, 0) for cs in cells.values() for c in cs)
-    _, quotas = context.dealt_quotas(eligible, pieces, quota)
-    return tuple(Pack(first.label, first.group, members, int(q), None, dealt=j) for j, q in enumerate(quotas))
+    pieces = [partitions for (partitions, _), n in zip(strips, counts, strict=True) for _ in range(n)]
+    return tuple(Pack(first.label, first.group, partitions, int(q), None, dealt=j)
+                 for j, (partitions, q) in enumerate(zip(pieces, quotas, strict=True)))
 
 
 def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: SelectSpec,

@@ -77,7 +77,8 @@ class Pack:
     to a chunk's worth of rows.
 
     Or, with ``pieces="context"``, one of the pieces the table's eligible rows are dealt to
-    (:func:`datamask_dask.plan.context.deal`): its members are every partition with eligible rows."""
+    (:func:`datamask_dask.plan.context.deal`): its members are the partitions of its strip with
+    eligible rows."""
 
     label: object
     group: int
@@ -148,7 +149,15 @@ class Plan:
 
     def packs_of(self, partition: int) -> tuple[int, ...]:
         """The indices of the packs this partition is a member of."""
-        return tuple(index for index, pack in enumerate(self.packs) if partition in pack.partitions)
+        return self._members.get(partition, ())
+
+    @cached_property
+    def _members(self) -> dict:
+        out: dict[int, list[int]] = {}
+        for index, pack in enumerate(self.packs):
+            for partition in pack.partitions:
+                out.setdefault(partition, []).append(index)
+        return {partition: tuple(indices) for partition, indices in out.items()}
 
     @property
     def pending(self) -> bool:
@@ -175,7 +184,7 @@ class Plan:
         if self.centroids is not None:
             return {"cut": "regions", "regions": int(self.centroids.shape[0])}
         if self.context is not None:
-            return {"cut": "context", "pieces": self.context.pieces, "share in context": self.context.share}
+            return {"cut": "context", "pieces": len(self.packs), "share in context": self.context.share}
         return {"cut": "partitions"}
 
     @property
@@ -188,17 +197,20 @@ class Plan:
         """Whether every eligible row is routed to a pack: its region's, or the piece it is dealt to."""
         return self.regional or self.context is not None
 
-    def deal_start(self, partition: int) -> int:
-        """Where the dealing of the partition's eligible rows starts: the eligible rows before it."""
-        return self._deal_starts.get(partition, 0)
+    def dealt(self, partition: int) -> tuple[int, tuple[int, ...]]:
+        """Where the dealing of the partition's eligible rows starts (the eligible rows of its strip's
+        partitions before it), and the pieces of its strip, by pack index."""
+        return self._dealt[partition]
 
     @cached_property
-    def _deal_starts(self) -> dict:
-        starts, dealt = {}, 0
-        for partition in sorted(self.cells):
-            starts[partition] = dealt
-            dealt += sum(cell.eligible for cell in self.cells[partition])
-        return starts
+    def _dealt(self) -> dict:
+        out = {}
+        for strip in dict.fromkeys(pack.partitions for pack in self.packs):  # a strip's pieces share members
+            dealt = 0
+            for partition in strip:
+                out[partition] = dealt, self.packs_of(partition)
+                dealt += sum(cell.eligible for cell in self.cells[partition])
+        return out
 
     @cached_property
     def _packed(self) -> dict:

@@ -16,6 +16,7 @@ from datamask_dask import datamask_select
 from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.errors import OptionError
 from datamask_dask.learn.yardstick import measure_all
+from datamask_dask.plan import context
 
 ROWS, DIM, PARTS, CLUSTERS = 3200, 16, 8, 40
 OPTIONS = {"ratio": 0.1, "algorithm": "Facility", "lamb": 0.0, "max_chunk_rows": 400, "seed": 0, **FAST}
@@ -99,6 +100,18 @@ def test_disf_s_pieces_in_context_decorrelate_the_table_s_features(request, layo
     # apart, the topics' pieces score below random at lamb 0
     assert in_context.share > partitions.share + (0.5 if (layout, lamb) == ("topics", 0.0) else 0.0)
     assert in_context.objective - whole.random >= 0.9 * (whole.objective - whole.random)
+
+
+def test_disf_deals_a_table_of_many_partitions_in_strips(monkeypatch, topics):
+    """Past STRIP partitions, DiSF's rows are dealt in strips of every n-th partition: no piece gathers
+    from more than a strip, the count stays exact, and the strips' pieces still learn the table's
+    topics better than its partitions apart."""
+    monkeypatch.setattr(context, "STRIP", 3)
+    options = {**OPTIONS, "algorithm": "DiSF", "pieces": "context"}
+    plan = plan_selection(_ddf(topics[0]), **options)[1].compute(scheduler="sync")
+    assert {pack.partitions for pack in plan.packs} == {(0, 3, 6), (1, 4, 7), (2, 5)}
+    partitions, strips = _scores(topics, [("partitions", 400), ("context", 400)], algorithm="DiSF", lamb=0.0)
+    assert strips.share > partitions.share + 0.5  # apart, the topics' pieces score below random
 
 
 @pytest.mark.parametrize("algorithm, pieces", [("Facility", "regions"), ("Pair_simi", "regions"),
