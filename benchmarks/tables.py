@@ -170,7 +170,7 @@ CASES = {
     # a file a piece: a pack of two files would be larger than a chunk
     "24k-d64-spread": Case(24_000, 64, 12, 48, max_chunk_rows=2000),
     "24k-d64-topics": Case(24_000, 64, 12, 48, "topics", max_chunk_rows=2000),
-    # more files than DiSF deals together (plan.context.STRIP): each strip holds a third of the topics
+    # the topics in four times the files: each file holds about one
     "24k-d64-topics-48-files": Case(24_000, 64, 48, 48, "topics", max_chunk_rows=2000),
 }
 

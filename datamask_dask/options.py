@@ -229,8 +229,8 @@ class SelectOptions:
         "planned picks. A random split of the table then no longer costs Facility its coverage, nor "
         "partitions by topic Pair_simi its spread. For Facility or Pair_simi alone. "
         '``"context"``: the table\'s eligible rows are dealt round DiSF\'s pieces, partition after '
-        "partition, so that every piece holds every partition's topics as the table does (past 16 "
-        "partitions, a strip of every n-th partition's), and the quota "
+        "partition, so that every piece holds every partition's topics as the table does (past 128 "
+        "pieces, a strip of every n-th partition's), and the quota "
         "is shared by the pieces' rows; every piece standardises its features by the table's mean and std "
         "(read in the plan pass) and is learned in two rounds: first apart, then against the second moment "
         "of what the rest of the table picked in the first. A piece then decorrelates the table's "

@@ -13,10 +13,10 @@ each topic the union holds, the term DiSF weighs most. So:
    shared by the pieces' rows (:func:`dealt_quotas`), not by the partitions' quality. Each piece then
    holds every topic as the table does, and its picks can weigh them as the whole table's would. This
    is RandGreeDi's split (Barbosa et al., 2015), without its randomness: the same rows on any engine.
-   Past :data:`STRIP` partitions, each strip of every n-th partition (:func:`strips`) is dealt round
-   pieces of its own: no piece gathers from more than a strip and no partition sends to more than its
-   strip's pieces, so the tasks that move rows to pieces grow with the table's rows, not with its
-   rows times its partitions. A strip holds fewer topics than the table where partitions hold a few.
+   Past :data:`STRIP_PIECES` pieces, each strip of every n-th partition (:func:`strips`) is dealt
+   round pieces of its own: no partition sends rows to more than its strip's pieces, so the tasks
+   that move rows to pieces grow with the table's partitions, not with its partitions times its
+   pieces. A strip holds fewer topics than the table where partitions hold a few.
 2. **The table's moments.** The plan pass adds up each partition's sums of its unit rows and of their
    squares (:func:`row_moments`), and every piece standardises by the table's mean and std
    (:func:`table_moments`).
@@ -79,15 +79,17 @@ def table_moments(moments: list[np.ndarray | None], rows: list[int]) -> TableMom
     return TableMoments(mean, np.where(std > 1e-12, std, 1.0))
 
 
-STRIP = 16  # partitions dealt together at most: bounds a piece's members and a partition's pieces
+STRIP_PIECES = 128  # about the most pieces a partition's rows are dealt to: bounds the tasks moving them
 
 
-def strips(eligible: list[int]) -> list[range]:
+def strips(eligible: list[int], chunk_rows: int) -> list[range]:
     """The strips of partitions (by index into ``eligible``, their eligible rows in table order) whose
-    rows are dealt together: at most :data:`STRIP` each, so that a partition's pieces and a piece's
-    members do not grow with the table. A strip takes every n-th partition, so that it spans the
-    table as a whole deal would: where files hold topics in order, consecutive ones would not."""
-    count = math.ceil(len(eligible) / STRIP)
+    rows are dealt together: the table's pieces over :data:`STRIP_PIECES`, so that a strip is dealt
+    round about that many pieces (its rows are its partitions'), and the tasks that move rows to
+    pieces grow with the table's partitions, not with its partitions times its pieces. A strip takes
+    every n-th partition, so that it spans the table as a whole deal would: where files hold topics
+    in order, consecutive ones would not."""
+    count = min(len(eligible), math.ceil(piece_count(sum(eligible), chunk_rows) / STRIP_PIECES))
     return [range(first, len(eligible), count) for first in range(count)]
 
 

@@ -168,7 +168,7 @@ def dealt_packs(cells: dict[int, tuple[Cell, ...]], chunk_rows: int) -> tuple[Pa
         return ()
     eligible = [sum(c.eligible for c in cells[p]) for p in members]
     strips = [(tuple(members[i] for i in strip), sum(eligible[i] for i in strip))
-              for strip in context.strips(eligible)]
+              for strip in context.strips(eligible, chunk_rows)]
     counts = [context.piece_count(rows, chunk_rows) for _, rows in strips]
     rows = np.concatenate([context.dealt_rows(rows, n) for (_, rows), n in zip(strips, counts, strict=True)])
     quotas = context.dealt_quotas(rows, sum(max(c.quota, 0) for cs in cells.values() for c in cs))

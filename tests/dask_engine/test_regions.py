@@ -103,10 +103,10 @@ def test_disf_s_pieces_in_context_decorrelate_the_table_s_features(request, layo
 
 
 def test_disf_deals_a_table_of_many_partitions_in_strips(monkeypatch, topics):
-    """Past STRIP partitions, DiSF's rows are dealt in strips of every n-th partition: no piece gathers
-    from more than a strip, the count stays exact, and the strips' pieces still learn the table's
-    topics better than its partitions apart."""
-    monkeypatch.setattr(context, "STRIP", 3)
+    """Past STRIP_PIECES pieces, DiSF's rows are dealt in strips of every n-th partition: a partition
+    sends rows to its strip's pieces alone, the count stays exact, and the strips' pieces still learn
+    the table's topics better than its partitions apart."""
+    monkeypatch.setattr(context, "STRIP_PIECES", 3)
     options = {**OPTIONS, "algorithm": "DiSF", "pieces": "context"}
     plan = plan_selection(_ddf(topics[0]), **options)[1].compute(scheduler="sync")
     assert {pack.partitions for pack in plan.packs} == {(0, 3, 6), (1, 4, 7), (2, 5)}

@@ -98,7 +98,7 @@ def test_the_rows_are_dealt_round_the_pieces_as_the_quota_is_shared():
 
 
 def test_a_table_of_many_partitions_is_dealt_in_strips(monkeypatch):
-    monkeypatch.setattr(context, "STRIP", 3)
+    monkeypatch.setattr(context, "STRIP_PIECES", 3)
     eligible = [5, 9, 0, 4, 8, 8, 3, 6]  # partition 2 has none
     cells = {p: (Cell("all", 0, n, n // 3, None),) for p, n in enumerate(eligible)}
     packs = dealt_packs(cells, chunk_rows=6)
