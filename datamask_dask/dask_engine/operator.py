@@ -366,7 +366,7 @@ def plan_graph(ddf, spec: SelectSpec):
     if dim is None and spec.validate != "full":  # "full" gets every partition's dimension anyway
         n_probe = min(_PROBE_PARTITIONS, ddf.npartitions)
         probes = ddf[spec.embedding_column].partitions[list(range(n_probe))].to_delayed()
-        dim = dask.delayed(_probe_dimension, pure=True)(listed("datamask-plan-probes", probes))
+        dim = dask.delayed(adapters.probe_dimension, pure=True)(listed("datamask-plan-probes", probes))
     return dask.delayed(make_plan, pure=True)(listed("datamask-plan-summaries", summaries), ids, dim, spec,
                                               dask_key_name=_key("datamask-plan", summaries, ids, dim, spec))
 
@@ -421,13 +421,6 @@ def column_reads(ddf, columns: list[str], name: str = "datamask-plan-read") -> l
 def _take_columns(frame, columns: list[str], number: int):
     adapters.require_columns(frame, columns, f"partition {number}")
     return frame[columns]
-
-
-def _probe_dimension(parts: list) -> int | None:
-    for number, series in enumerate(parts):
-        if len(series):
-            return adapters.embedding_source(series, f"partition {number}").dim
-    return None
 
 
 def id_graph(parts: list, id_column: str):

@@ -17,6 +17,7 @@ host) and, for embeddings, a numpy array or a torch tensor.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -132,6 +133,16 @@ def fixed_dimension(dtype) -> int | None:
     pa_type = getattr(dtype, "pyarrow_dtype", None)
     if pa_type is not None and pa.types.is_fixed_size_list(pa_type):
         return int(pa_type.list_size)
+    return None
+
+
+def probe_dimension(columns: Iterable) -> int | None:
+    """The embedding dimension of the first of ``columns`` (one series a partition, in partition order,
+    read as they are asked for) that has rows, checked as :func:`embedding_source` checks a column;
+    None where none has. For ``validate="light"``: the select tasks check every row."""
+    for number, series in enumerate(columns):
+        if len(series):
+            return embedding_source(series, f"partition {number}").dim
     return None
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import pandas as pd
 import pyarrow as pa
 
 from datamask_dask.errors import InputDataError
@@ -165,7 +166,10 @@ def plan_files(spark, files: Pieces, options: SelectOptions):
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
         dim = adapters.fixed_dimension(meta[spec.embedding_column].dtype)
-        dim = dim if dim is not None else _probe_dimension(files, spec.embedding_column)
+        if dim is None:  # read on the driver, a file at a time, up to the first with rows
+            dim = adapters.probe_dimension(
+                files.read(number, [spec.embedding_column]).to_pandas(types_mapper=pd.ArrowDtype).iloc[:, 0]
+                for number in range(len(files)))
     plan = make_plan(summaries, ids, dim, spec)
 
     def pack_rows(task):
@@ -230,10 +234,3 @@ class _IdTask:
             yield pa.RecordBatch.from_arrays([batch.column(0).cast(self.id_type), part], names=["id", "part"])
 
 
-def _probe_dimension(files: Pieces, column: str) -> int | None:
-    """The length of the first non-null embedding (``validate="light"``), read on the driver."""
-    for number in range(len(files)):
-        values = files.read(number, [column]).column(0).drop_null()
-        if len(values):
-            return len(values[0])
-    return None

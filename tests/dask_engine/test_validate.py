@@ -187,3 +187,17 @@ def test_embedding_span_is_a_view_inside_a_chunk_and_a_copy_across_chunks():
     assert not inside.flags.owndata and not inside.flags.writeable  # Arrow's memory, read-only
     assert across.flags.owndata  # rows from two chunks: gathered into a new array
     np.testing.assert_array_equal(source.rows(np.arange(4, 9)), across)
+
+
+def test_the_dimension_is_probed_from_the_first_partition_with_rows():
+    """``validate="light"`` reads the dimension from the first partition with rows, checked as a select
+    task checks its column, on either engine (:func:`adapters.probe_dimension`)."""
+    from datamask_dask.partition import adapters
+
+    def column(rows):
+        return pd.Series(pd.arrays.ArrowExtensionArray(pa.array(rows, pa.list_(pa.float32()))), name="emb")
+
+    assert adapters.probe_dimension([column([]), column([[0.1, 0.2, 0.3]])]) == 3
+    assert adapters.probe_dimension([column([])]) is None
+    with pytest.raises(InputDataError, match="partition 1: embedding column 'emb'"):
+        adapters.probe_dimension([column([]), column([None, [0.1, 0.2]])])
