@@ -66,7 +66,7 @@ BANDS = 40
 ROUND_BANDS = 1
 # Rounds whose edges a row shard holds before it merges them into each row's best: each merge sorts all
 # it holds, so merging every round sorted the shard's edges once a band.
-MERGE_ROUNDS = 8
+MERGE_ROUNDS = 4
 MIN_BITS, MAX_BITS = 20, 26
 SLACK_BITS = 2  # bits = ceil(log2 rows) + SLACK_BITS: a random partner per row per band 1 / 2**(SLACK + 1)
 FULL_BUCKET = 12  # buckets up to this size verify all their pairs
