@@ -232,5 +232,3 @@ class _IdTask:
         for batch in batches:
             part = pa.repeat(pa.scalar(number, pa.int32()), batch.num_rows)
             yield pa.RecordBatch.from_arrays([batch.column(0).cast(self.id_type), part], names=["id", "part"])
-
-
