@@ -35,7 +35,6 @@ from .search import candidate_edges, find_groups, one_task
 from .stages import (
     BANDS,
     CANDIDATES,
-    MERGE_ROUNDS,
     PARTITIONS_PER_ROW_SHARD,
     PARTITIONS_PER_SHARD,
     ROUND_BANDS,
@@ -52,6 +51,7 @@ from .stages import (
     deliver,
     forward_weights,
     merge_edges,
+    merges_before,
     partition_groups,
     request_vectors,
     shard_count,
@@ -295,9 +295,7 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
                             cosine, exact) for s in range(shards)]
             done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
             found = [pick(b, "pieces") for b in buckets]
-            # every MERGE_ROUNDS rounds each row shard merges its earlier rounds' edges into each row's
-            # best before it takes this round's, so they do not pile up; best_parents merges the rest
-            if r and r % MERGE_ROUNDS == 0:
+            if merges_before(r):  # so that the edges do not pile up
                 edges = [[task("edges", (r, t), merge_edges, edges[t], exact)] if edges[t] else []
                          for t in range(row_shards)]
             edges = [edges[t] + [pick(f, t) for f in found] for t in range(row_shards)]

@@ -104,6 +104,12 @@ def band_plan(n_rows: int) -> dict:
     return {"bits": bits, "positions": np.stack(positions)}
 
 
+def merges_before(round_index: int) -> bool:
+    """Whether each row shard merges its earlier rounds' edges into each row's best before it takes
+    round ``round_index``'s: every :data:`MERGE_ROUNDS` rounds (best_parents merges the rest)."""
+    return round_index > 0 and round_index % MERGE_ROUNDS == 0
+
+
 def band_rounds(n_bands: int = BANDS, rounds_of: int = ROUND_BANDS) -> list[range]:
     """The bands of each round of stages 1-2, in order: ``rounds_of`` at a time."""
     return [range(first, min(n_bands, first + rounds_of)) for first in range(0, n_bands, rounds_of)]
@@ -611,9 +617,7 @@ def sharded_candidates(parts: list[dict], cosine: float, shards: int, exact: boo
     edges = [[] for _ in range(row_shards)]
     n_pairs = 0
     for r, bands in enumerate(band_rounds(n_bands, rounds_of)):
-        # every MERGE_ROUNDS rounds, earlier rounds' edges merged into each row's best (best_parents
-        # merges the rest)
-        if r and r % MERGE_ROUNDS == 0:
+        if merges_before(r):  # so that the edges do not pile up
             edges = [[run("merge_edges", merge_edges, shard_edges, exact)] if shard_edges else []
                      for shard_edges in edges]
         records = [run("band_records", band_records, p, i, plan, shards, bands) for i, p in enumerate(parts)]

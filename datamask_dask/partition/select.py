@@ -276,12 +276,12 @@ def learn_pack(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Pac
         spans[r.partition] = (r, slice(start, start + r.positions.size))
         start += r.positions.size
     parts = {}
+    every = part is not None and (part.scores is not None or part.reasons is not None)  # positions too
     for number in pack.partitions:  # members without rows in a routed pack get an empty part
         if number not in spans or part is None:
             parts[number] = PackPart(np.zeros(0, dtype=np.int64))
             continue
         member, span = spans[number]
-        every = part.scores is not None or part.reasons is not None
         parts[number] = PackPart(member.positions[part.selected[span]], member.positions if every else None,
                                  None if part.scores is None else part.scores[span],
                                  None if part.reasons is None else part.reasons[span])

@@ -167,13 +167,14 @@ def dealt_packs(cells: dict[int, tuple[Cell, ...]], chunk_rows: int) -> tuple[Pa
     if not members:
         return ()
     eligible = [sum(c.eligible for c in cells[p]) for p in members]
-    strips = [(tuple(members[i] for i in strip), sum(eligible[i] for i in strip))
-              for strip in context.strips(eligible, chunk_rows)]
-    counts = [context.piece_count(rows, chunk_rows) for _, rows in strips]
-    rows = np.concatenate([context.dealt_rows(rows, n) for (_, rows), n in zip(strips, counts, strict=True)])
-    quotas = context.dealt_quotas(rows, sum(max(c.quota, 0) for cs in cells.values() for c in cs))
+    strips = []  # each strip's partitions, eligible rows and pieces
+    for strip in context.strips(eligible, chunk_rows):
+        rows = sum(eligible[i] for i in strip)
+        strips.append((tuple(members[i] for i in strip), rows, context.piece_count(rows, chunk_rows)))
+    piece_rows = np.concatenate([context.dealt_rows(rows, n) for _, rows, n in strips])
+    quotas = context.dealt_quotas(piece_rows, sum(max(c.quota, 0) for cs in cells.values() for c in cs))
     first = cells[members[0]][0]
-    pieces = [partitions for (partitions, _), n in zip(strips, counts, strict=True) for _ in range(n)]
+    pieces = [partitions for partitions, _, n in strips for _ in range(n)]
     return tuple(Pack(first.label, first.group, partitions, int(q), None, dealt=j)
                  for j, (partitions, q) in enumerate(zip(pieces, quotas, strict=True)))
 
