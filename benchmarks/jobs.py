@@ -78,12 +78,22 @@ def wall_account(tasks, started: float, stopped: float, phases: dict) -> dict[st
     from distributed.utils import key_split
 
     wall = stopped - started
+    # A worker stamps its spans with its estimate of its offset from the scheduler's clock, which a
+    # busy event loop skews; every task of the job ran inside its wall, so a worker whose spans
+    # leave it is moved back in.
+    reach: dict[str, tuple[float, float]] = {}
+    for task in tasks:
+        first, last = reach.get(task["worker"], (wall, 0.0))
+        reach[task["worker"]] = (min([first, *(span["start"] - started for span in task["startstops"])]),
+                                 max([last, *(span["stop"] - started for span in task["startstops"])]))
+    shift = {worker: max(-first, 0.0) or min(wall - last, 0.0) for worker, (first, last) in reach.items()}
     events = []  # (offset from started, +1 starts / -1 stops, activity)
     for task in tasks:
         for span in task["startstops"]:
             action = span["action"]
             activity = key_split(task["key"]) if action == "compute" else ACTIVITIES.get(action, action)
-            start, stop = max(span["start"] - started, 0.0), min(span["stop"] - started, wall)
+            offset = shift[task["worker"]] - started
+            start, stop = max(span["start"] + offset, 0.0), min(span["stop"] + offset, wall)
             if start < stop:
                 events += [(start, 1, activity), (stop, -1, activity)]
     plan_end = min(max(phases.get("plan", 0.0), 0.0), wall)

@@ -174,14 +174,14 @@ def test_the_wall_account_counts_every_second_once_shares_overlaps_and_names_the
     # offsets in quarters of a second: exact at an epoch time's precision
     started, token = 1_700_000_000.0, "5b0e2c9a6f1d4e3b8a7c6d5e4f3a2b1c"
 
-    def task(key, thread, *spans):
-        return {"key": key, "worker": "tcp://127.0.0.1:1", "thread": thread,
+    def task(key, thread, *spans, worker=1):
+        return {"key": key, "worker": f"tcp://127.0.0.1:{worker}", "thread": thread,
                 "startstops": [{"action": action, "start": started + start, "stop": started + stop}
                                for action, start, stop in spans]}
 
     tasks = [
-        task(f"datamask-plan-{token}", 1, ("compute", -3.0, -2.0)),  # before the job: left out
-        task(f"datamask-plan-{token}", 1, ("compute", 0.25, 0.75)),
+        # a worker whose estimate of its clock's offset put its task before the job: moved in, to 0-0.5
+        task(f"datamask-plan-{token}", 1, ("compute", -0.75, -0.25), worker=2),
         task((f"datamask-select-write-{token}", 0), 1, ("compute", 2.0, 6.0)),
         task((f"read_parquet-{token}", 1), 2, ("compute", 3.0, 5.0)),
         task((f"datamask-select-write-{token}", 1), 2, ("transfer", 5.0, 5.5), ("compute", 5.5, 8.5)),
