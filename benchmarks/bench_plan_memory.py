@@ -49,7 +49,7 @@ def table(n_parts, rows):
 
 def plan(ddf):
     spec, _ = plan_selection(ddf, ratio=0.1, diversity_scope="table")
-    return compute_plan(ddf, spec, scheduler="threads", progress=False)
+    return compute_plan(ddf, spec, scheduler="threads", progress=False)[0]
 
 with dask.config.set(num_workers=2):
     plan(table(4, 500)[0])  # libraries loaded, kernels compiled

@@ -76,33 +76,41 @@ def client_of(scheduler):
     return None
 
 
-def compute(*collections, scheduler=None, progress: bool | None = None):
+def compute(*collections, scheduler=None, progress: bool | None = None, kept: list = ()):
     """``dask.compute(*collections, scheduler=scheduler)`` with a progress bar when :func:`wanted`;
-    workers that die running a task raise :class:`~datamask_dask.errors.WorkerMemoryError`."""
+    workers that die running a task raise :class:`~datamask_dask.errors.WorkerMemoryError`.
+    ``kept``: Delayeds computed with them and left where they are, after the collections' values:
+    futures on a distributed client (a later graph takes them on its workers), values otherwise."""
     with worker_deaths_explained():
-        return _compute(*collections, scheduler=scheduler, progress=progress)
+        return _compute(*collections, scheduler=scheduler, progress=progress, kept=list(kept))
 
 
-def _compute(*collections, scheduler=None, progress: bool | None = None):
-    if not wanted(progress):
-        return dask.compute(*collections, scheduler=scheduler)
-    bar = _Bar()
+def _compute(*collections, scheduler=None, progress: bool | None = None, kept: list):
     client = client_of(scheduler)
     if client is None:
+        if not wanted(progress):
+            return dask.compute(*collections, *kept, scheduler=scheduler)
+        bar = _Bar()
         telemetry.add_step_sink(bar)  # the learners run in this process
         try:
             with bar:
-                return dask.compute(*collections, scheduler=scheduler)
+                return dask.compute(*collections, *kept, scheduler=scheduler)
         finally:
             telemetry.remove_step_sink(bar)
-    futures = client.compute(list(collections))
-    client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: bar(event[1]))  # (time, message)
-    try:
-        _wait(futures, bar)
-    finally:
-        client.unsubscribe_topic(telemetry.STEP_TOPIC)
-        bar.end()
-    return tuple(client.gather(futures))
+    futures = client.compute(list(collections) + kept)
+    if wanted(progress):
+        bar = _Bar()
+        client.subscribe_topic(telemetry.STEP_TOPIC, lambda event: bar(event[1]))  # (time, message)
+        try:
+            _wait(futures, bar)
+        finally:
+            client.unsubscribe_topic(telemetry.STEP_TOPIC)
+            bar.end()
+    values, held = client.gather(futures[:len(collections)]), futures[len(collections):]
+    for future in held:
+        if future.exception() is not None:  # waits for it, and moves no value
+            future.result()  # raises what the task raised
+    return (*values, *held)
 
 
 def _wait(futures: list, bar=None, on_done=None) -> None:

@@ -68,6 +68,7 @@ from ..partition.checks import (
 )
 from ..partition.select import (
     PackRows,
+    Routes,
     area_sums,
     context_round,
     learn_pack,
@@ -202,17 +203,16 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     """
     import dask.dataframe as dd
 
+    scheduler = scheduler or _holder(ddf)
     if isinstance(plan, Delayed):
         with worker_deaths_explained():
-            plan = plan.compute(scheduler=scheduler or _holder(ddf))
-    while plan.pending:
-        with worker_deaths_explained():
-            plan = pending_graph(partitions(ddf), plan).compute(scheduler=scheduler or _holder(ddf))
+            plan = plan.compute(scheduler=scheduler)
+    plan, routes = settle(ddf, plan, scheduler=scheduler, progress=False)
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     meta = selection_meta(ddf._meta, spec)
     key = _key("datamask-select", ddf, plan_node)
     parts = partitions(ddf)
-    packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)))
+    packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)), routes)
     tasks = [dask.delayed(select_partition, pure=True)(part, plan_node, {"number": i}, packs.get(i, ()),
                                                        dask_key_name=(key, i))
              for i, part in enumerate(parts)]
@@ -234,14 +234,17 @@ def _holder(ddf):
     return futures[0].client if futures else None
 
 
-def pack_graph(parts: list, plan: Plan, plan_node, todo) -> tuple[dict[int, object], dict[int, Delayed]]:
+def pack_graph(parts: list, plan: Plan, plan_node, todo,
+               routes: Mapping[int, object] | None = None) -> tuple[dict[int, object], dict[int, Delayed]]:
     """The tasks that learn the plan's packs holding a partition of ``todo``, from their members'
-    ``parts`` (one Delayed each): for each such partition, one Delayed list of its packs' results,
+    ``parts`` (one Delayed each) and the :class:`~datamask_dask.partition.select.Routes` the share pass
+    kept of them (:func:`settle`): for each such partition, one Delayed list of its packs' results,
     which its select task takes; and each pack's task, by pack index."""
-    wanted = set(todo)
+    wanted, routes = set(todo), routes or {}
     packs = [(index, pack) for index, pack in enumerate(plan.packs) if wanted.intersection(pack.partitions)]
     rows = {p: dask.delayed(pack_rows, pure=True)(
-        parts[p], plan_node, {"number": p}, dask_key_name=_key("datamask-pack-rows", parts[p], plan_node, p))
+        parts[p], plan_node, {"number": p}, routes.get(p),
+        dask_key_name=_key("datamask-pack-rows", parts[p], plan_node, p))
         for p in sorted({p for _, pack in packs for p in pack.partitions})}
     learned: dict[int, list] = {}
     tasks: dict[int, Delayed] = {}
@@ -267,11 +270,23 @@ def _rows_of(rows: dict, index: int) -> dict:
     return {index: rows[index]} if index in rows else {}
 
 
-def pending_graph(parts: list, plan: Plan) -> Delayed:
-    """The plan the select pass follows, lazily, from a :attr:`~datamask_dask.plan.types.Plan.pending`
-    one: its regions' quotas shared (:func:`share_graph`), or its context's next round learned
-    (:func:`context_round_graph`)."""
-    return context_round_graph(parts, plan) if plan.context is not None else share_graph(parts, plan)
+def settle(ddf, plan: Plan, *, scheduler=None,
+           progress: bool | None = None) -> tuple[Plan, dict[int, object]]:
+    """The plan the select pass follows, from a :attr:`~datamask_dask.plan.types.Plan.pending` one: its
+    regions' quotas shared (:func:`share_graph`), or its context's rounds learned
+    (:func:`context_round_graph`); and the :class:`~datamask_dask.partition.select.Routes` of each
+    partition the share pass routed, left where they are (futures on a distributed client)."""
+    routes: dict[int, object] = {}
+    while plan.pending:
+        if plan.context is not None:
+            plan = progress_bars.compute(context_round_graph(partitions(ddf), plan), scheduler=scheduler,
+                                         progress=progress)[0]
+            continue
+        shared, routed = share_graph(partitions(ddf), plan)
+        plan, *kept = progress_bars.compute(shared, scheduler=scheduler, progress=progress,
+                                            kept=list(routed.values()))
+        routes = dict(zip(routed, kept, strict=True))
+    return plan, routes
 
 
 def context_round_graph(parts: list, plan: Plan) -> Delayed:
@@ -292,29 +307,33 @@ def context_round_graph(parts: list, plan: Plan) -> Delayed:
                                                     dask_key_name=_key("datamask-context-round-plan", total))
 
 
-def share_graph(parts: list, plan: Plan) -> Delayed:
+def share_graph(parts: list, plan: Plan) -> tuple[Delayed, dict[int, Delayed]]:
     """The regions' quotas, lazily: what the plan pass finds of the areas, shared by
     :func:`~datamask_dask.plan.reduce.share_regions` into the plan the select pass follows. Facility:
     each region's marginal-gain curves from its members' rows
     (:func:`~datamask_dask.partition.select.pack_curve`); Pair_simi: each partition's sums by area
-    (:func:`~datamask_dask.partition.select.area_sums`), which move no rows."""
+    (:func:`~datamask_dask.partition.select.area_sums`), which move no rows. With it, each member's
+    :class:`~datamask_dask.partition.select.Routes`, by partition."""
     plan_node = dask.delayed(plan, traverse=False)
     members = sorted({p for pack in plan.packs for p in pack.partitions})
+    rows = {p: dask.delayed(pack_rows, pure=True)(
+        parts[p], plan_node, {"number": p},
+        dask_key_name=_key("datamask-region-rows", parts[p], plan_node, p)) for p in members}
     if plan.spec.options.metric == "pair_simi":
         found = [dask.delayed(area_sums, pure=True)(
-            parts[p], plan_node, {"number": p},
-            dask_key_name=_key("datamask-region-sums", parts[p], plan_node, p)) for p in members]
+            rows[p], plan_node, dask_key_name=_key("datamask-region-sums", rows[p], plan_node))
+            for p in members]
     else:
-        rows = {p: dask.delayed(pack_rows, pure=True)(
-            parts[p], plan_node, {"number": p},
-            dask_key_name=_key("datamask-region-rows", parts[p], plan_node, p)) for p in members}
         found = [dask.delayed(pack_curve, pure=True)(
             listed("datamask-region-members", [pack_part(rows[p], index) for p in pack.partitions]),
             plan_node, index,
             dask_key_name=_key("datamask-region-curve", plan_node, index))
             for index, pack in enumerate(plan.packs)]
-    return dask.delayed(share_regions, pure=True)(plan_node, listed("datamask-region-found", found),
-                                                  dask_key_name=_key("datamask-region-quotas", plan_node))
+    routes = {p: dask.delayed(Routes.of, pure=True)(
+        rows[p], dask_key_name=_key("datamask-region-routes", rows[p])) for p in members}
+    shared = dask.delayed(share_regions, pure=True)(plan_node, listed("datamask-region-found", found),
+                                                    dask_key_name=_key("datamask-region-quotas", plan_node))
+    return shared, routes
 
 
 def partitions(ddf) -> list:
@@ -378,17 +397,16 @@ def _key(prefix: str, *args) -> str:
     return f"{prefix}-{tokenize(*args)}"
 
 
-def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None = None) -> dict:
-    """The plan of :func:`plan_graph`, computed now (the writers' first pass)."""
+def compute_plan(ddf, spec: SelectSpec, *, scheduler=None,
+                 progress: bool | None = None) -> tuple[Plan, dict[int, object]]:
+    """The plan of :func:`plan_graph`, computed now and settled (:func:`settle`: the writers' first
+    pass), with the routes its share pass kept."""
     # built with the scheduler as the current Client, so that a large table's search shuffles p2p
     # on it even where it is not Dask's default
     with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
         plan = plan_graph(ddf, spec)
-    plan = progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0]
-    while plan.pending:
-        plan = progress_bars.compute(pending_graph(partitions(ddf), plan), scheduler=scheduler,
-                                     progress=progress)[0]
-    return plan
+    return settle(ddf, progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0],
+                  scheduler=scheduler, progress=progress)
 
 
 def column_reads(ddf, columns: list[str], name: str = "datamask-plan-read") -> list:

@@ -29,10 +29,14 @@ class DaskEngine:
     def __init__(self, frame, options: SelectOptions, *, scheduler=None,
                  project: SelectionOnly | None = None):
         self.frame, self.options, self.scheduler, self.project = frame, options, scheduler, project
+        self.routes: dict[int, object] = {}  # what the plan pass routed, for the select pass of its plan
+        self.planned: Plan | None = None
 
     def plan(self, progress: bool | None = None) -> Plan:
         spec = make_spec(self.frame, self.options, scheduler=self.scheduler)
-        return compute_plan(self.frame, spec, scheduler=self.scheduler, progress=progress)  # validates
+        self.planned, self.routes = compute_plan(self.frame, spec, scheduler=self.scheduler,
+                                                 progress=progress)  # validates
+        return self.planned
 
     def schema(self, plan: Plan) -> pa.Schema:
         from ..io.parquet import to_arrow
@@ -50,7 +54,8 @@ class DaskEngine:
         else:
             parts = column_reads(self.frame, self.project.reads(spec, self.frame.columns), "datamask-read")
         key = f"datamask-select-write-{run_id}"
-        packs, learned = pack_graph(parts, plan, plan_node, todo)
+        routes = self.routes if plan is self.planned else None  # a plan made elsewhere routes its rows
+        packs, learned = pack_graph(parts, plan, plan_node, todo, routes)
         tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, task,
                                                        packs.get(number, ()), dask_key_name=(key, number))
                  for number in todo]

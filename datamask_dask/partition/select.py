@@ -91,6 +91,32 @@ class PackRows:
 
 
 @dataclass(frozen=True)
+class Routes:
+    """Where a pass routed a partition's eligible rows (:func:`pack_rows` in regions): their positions,
+    ascending, and each one's area. The share pass keeps them for the select pass, which then routes no
+    row again: the areas are the plan's, whatever its quotas and packs."""
+
+    positions: np.ndarray  # int64
+    areas: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, rows: Mapping[int, PackRows]) -> Routes:
+        """From a partition's :func:`pack_rows`."""
+        routed = [r for r in rows.values() if r.areas is not None]
+        positions = np.concatenate([np.zeros(0, dtype=np.int64), *(r.positions for r in routed)])
+        order = np.argsort(positions, kind="stable")
+        return cls(positions[order], np.concatenate([np.zeros(0, dtype=np.int64),
+                                                     *(r.areas for r in routed)])[order])
+
+    def areas_of(self, positions: np.ndarray, number: int) -> np.ndarray:
+        at = np.minimum(np.searchsorted(self.positions, positions), max(0, self.positions.size - 1))
+        if positions.size and (not self.positions.size or (self.positions[at] != positions).any()):
+            raise RuntimeError(f"partition {number}: rows the share pass did not route; please report this "
+                               "with the run record")
+        return self.areas[at]
+
+
+@dataclass(frozen=True)
 class PackPart:
     """A pack's outcome for one member's eligible rows (those of its :class:`PackRows`): the positions it
     selects, and where the selection scores or explains its rows, every row's position with its score
@@ -206,12 +232,13 @@ def selection_arrays(out, spec: SelectSpec, schema: pa.Schema) -> list[tuple[pa.
     return pairs
 
 
-def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
+def pack_rows(frame, plan: Plan, partition_info=None, routes: Routes | None = None) -> dict[int, PackRows]:
     """This partition's eligible rows of each pack it is in, by pack index: its part of
     :func:`learn_pack`'s input (checked as a select task checks them). In regions, each eligible row
-    goes to the pack of its area (:func:`datamask_dask.plan.regions.locate`); with ``pieces="context"``,
-    to the piece it is dealt to (:func:`datamask_dask.plan.context.deal`); and every pack the partition
-    is a member of gets an entry, empty where none of its rows lies in it.
+    goes to the pack of its area (:func:`datamask_dask.plan.regions.locate`, or ``routes``, where an
+    earlier pass routed them); with ``pieces="context"``, to the piece it is dealt to
+    (:func:`datamask_dask.plan.context.deal`); and every pack the partition is a member of gets an
+    entry, empty where none of its rows lies in it.
     The frame's read is left to its select task to count."""
     number = partition_info["number"] if partition_info is not None else 0
     part = _open(frame, plan, number, Measures())
@@ -228,7 +255,8 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
         if plan.routed:
             if not eligible.size:
                 continue
-            area, pack_of_row = _route(plan, number, embeddings)
+            area, pack_of_row = _route(plan, number, embeddings,
+                                       None if routes is None else routes.areas_of(eligible, number))
             seconds = time.perf_counter() - started  # the packs share it by their rows
             for index in plan.packs_of(number):
                 mine = np.flatnonzero(pack_of_row == index)
@@ -240,16 +268,19 @@ def pack_rows(frame, plan: Plan, partition_info=None) -> dict[int, PackRows]:
     return out
 
 
-def _route(plan: Plan, number: int, embeddings) -> tuple[np.ndarray | None, np.ndarray]:
-    """Each of partition ``number``'s eligible rows' area (None: dealt pieces have none) and pack index."""
+def _route(plan: Plan, number: int, embeddings,
+           area: np.ndarray | None) -> tuple[np.ndarray | None, np.ndarray]:
+    """Each of partition ``number``'s eligible rows' area (None: dealt pieces have none) and pack index
+    (``area``: the areas an earlier pass routed them to)."""
     if plan.context is not None:
         start, pieces = plan.dealt(number)
         return None, np.asarray(pieces)[context.deal(start, len(embeddings), len(pieces))]
     if plan.centroids is None or plan.areas is None or plan.area_region is None:
         raise RuntimeError(f"partition {number}: rows routed without regions or pieces; please report this "
                            "with the run record")
-    area = regions.locate(adapters.host_rows(embeddings), plan.centroids, plan.areas, plan.area_region,
-                          regions.grain(plan.spec.options.metric).searched)
+    if area is None:
+        area = regions.locate(adapters.host_rows(embeddings), plan.centroids, plan.areas, plan.area_region,
+                              regions.grain(plan.spec.options.metric).searched)
     return area, plan.pack_of_area()[area]
 
 
@@ -363,13 +394,13 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Are
     return AreaSummaries.of(curves, {"plan curve": seconds})
 
 
-def area_sums(frame, plan: Plan, partition_info=None) -> AreaSummaries:
-    """Pair_simi's summary of the areas one partition's eligible rows lie in: their count, normalised
-    qualities and the float64 sum of their unit rows (:func:`datamask_dask.plan.regions.share_pairs`).
-    Counts, qualities and sums add up across partitions, so no area's rows need to meet in one task."""
-    started = time.perf_counter()
-    routed = sorted(pack_rows(frame, plan, partition_info).items())
-    pieces = {index: rows for index, rows in routed if rows.positions.size}
+def area_sums(routed: Mapping[int, PackRows], plan: Plan) -> AreaSummaries:
+    """Pair_simi's summary of the areas one partition's eligible rows lie in, from its :func:`pack_rows`:
+    their count, normalised qualities and the float64 sum of their unit rows
+    (:func:`datamask_dask.plan.regions.share_pairs`). Counts, qualities and sums add up across
+    partitions, so no area's rows need to meet in one task."""
+    started = time.perf_counter() - sum(rows.seconds for rows in routed.values())  # their routing counts
+    pieces = {index: rows for index, rows in sorted(routed.items()) if rows.positions.size}
     if not pieces:
         return AreaSummaries.of({}, {"plan curve": time.perf_counter() - started})
     area = np.concatenate([_routed(rows, index) for index, rows in pieces.items()])

@@ -472,7 +472,7 @@ class AreaSumsTask(PackRowsTask):
         super().__init__(plan, schema, range(len(plan.packs)))
 
     def _found(self, frame: pd.DataFrame, number: int):
-        return number, area_sums(frame, self.plan, {"number": number})
+        return number, area_sums(pack_rows(frame, self.plan, {"number": number}), self.plan)
 
     def _batches(self, found):
         number, summaries = found

@@ -692,16 +692,16 @@ def test_a_routed_pack_s_task_takes_its_own_rows_of_each_member(corpus, algorith
     """Every partition is a member of every routed pack (dealt pieces, regions): a pack's task takes
     only its own rows of each, not the member's rows of every pack, which would bring the whole
     routed table to each pack's worker."""
-    from datamask_dask.dask_engine.operator import pack_graph, partitions, pending_graph, plan_selection
+    from datamask_dask.dask_engine.operator import pack_graph, partitions, plan_selection, settle
 
     ddf = _from_pandas(corpus, 4)
     plan = plan_selection(ddf, ratio=0.1, algorithm=algorithm, max_chunk_rows=400, **FAST)[1].compute(
         scheduler="sync")
     assert plan.routed and len(plan.packs) >= 3
     parts = partitions(ddf)
-    while plan.pending:  # the regions' quotas shared, as the select pass learns them
-        plan = pending_graph(parts, plan).compute(scheduler="sync")
-    _, tasks = pack_graph(parts, plan, dask.delayed(plan, traverse=False), range(len(parts)))
+    plan, routes = settle(ddf, plan, scheduler="sync", progress=False)  # as the select pass learns it
+    assert sorted(routes) == ([] if algorithm == "DiSF" else list(range(len(parts))))
+    _, tasks = pack_graph(parts, plan, dask.delayed(plan, traverse=False), range(len(parts)), routes)
     for index, task in tasks.items():
         graph = dict(task.__dask_graph__())
         members = next(key for key in graph if str(key).startswith("datamask-pack-members"))

@@ -169,3 +169,22 @@ def test_a_table_one_chunk_holds_is_learned_whole(spread):
     assert not plan.compute(scheduler="threads").regional
     _, plan = plan_selection(_ddf(spread[0]), **OPTIONS)
     assert plan.compute(scheduler="threads").regional
+
+
+@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi"])
+def test_the_select_pass_takes_the_routes_of_the_plan_pass(client, spread, tmp_path, monkeypatch, algorithm):
+    """Each partition's rows are routed to their areas once, by the pass that shares the quotas: the
+    select pass takes its routes, kept in this process on threads and on the workers on a cluster."""
+    from datamask_dask import write_selection
+    from datamask_dask.plan import regions
+
+    routed = []
+    locate = regions.locate
+    monkeypatch.setattr(regions, "locate", lambda rows, *args: routed.append(len(rows)) or locate(rows, *args))
+    options = {**OPTIONS, "algorithm": algorithm}
+    write_selection(_ddf(spread[0]), tmp_path / "threads", scheduler="threads", **options)
+    assert len(routed) == PARTS  # once a partition
+    write_selection(_ddf(spread[0]), tmp_path / "cluster", scheduler=client, **options)
+    threads, cluster = (pd.read_parquet(tmp_path / name).sort_values("chunk_id") for name in ("threads", "cluster"))
+    assert threads["selected"].sum() == round(0.1 * ROWS)
+    assert threads["selected"].tolist() == cluster["selected"].tolist()

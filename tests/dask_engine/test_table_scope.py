@@ -431,7 +431,7 @@ def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     spec, lazy = operator.plan_selection(ddf, 0.1)
     lazy = lazy.compute(scheduler="sync")
-    now = operator.compute_plan(ddf, spec, scheduler="threads", progress=False)
+    now, _ = operator.compute_plan(ddf, spec, scheduler="threads", progress=False)
     assert _plan_digest(now) == _plan_digest(lazy)
     assert sum(len(v) for v in now.shadowed.values()) > 0
 
@@ -442,7 +442,7 @@ def test_a_plan_computed_now_on_a_cluster_keeps_the_scans_on_the_workers(client)
 
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     spec, lazy = operator.plan_selection(ddf, 0.1)
-    now = operator.compute_plan(ddf, spec, scheduler=client, progress=True)
+    now, _ = operator.compute_plan(ddf, spec, scheduler=client, progress=True)
     assert _plan_digest(now) == _plan_digest(lazy.compute(scheduler=client))
 
 
@@ -465,10 +465,10 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     plans = {}
     for limit in (10**9, 4):  # task to task; DataFrame shuffles
         monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
-        plans[limit] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
+        plans[limit] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)[0]
     assert methods == ["p2p"]
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 32)
-    plans["one task"] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)
+    plans["one task"] = operator.compute_plan(ddf, spec, scheduler=client, progress=False)[0]
     assert _plan_digest(plans[4]) == _plan_digest(plans[10**9]) == _plan_digest(plans["one task"])
     assert sum(len(v) for v in plans[4].shadowed.values()) > 0
 

@@ -37,7 +37,7 @@ def _plan(folder):
     # by partition: regions would also send the k-means its sample, which is bounded on its own
     # (plan.regions.SAMPLE_VALUES) and here, the table being small, every row
     spec, _ = plan_selection(ddf, ratio=0.1, diversity_scope="table", pieces="partitions")
-    return compute_plan(ddf, spec, scheduler="threads", progress=False)
+    return compute_plan(ddf, spec, scheduler="threads", progress=False)[0]
 
 
 def test_the_plan_pass_holds_a_block_of_embeddings_not_the_table(tmp_path):
