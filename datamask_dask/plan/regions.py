@@ -187,9 +187,9 @@ def _locate_block(rows: np.ndarray, centroids: np.ndarray, areas: np.ndarray, ar
         products = rows[asking] @ areas[mine].T
         top = products.argmax(axis=1)
         value = products[np.arange(asking.size), top]
+        products[np.arange(asking.size), top] = -np.inf  # the runner-up: one more pass, not a count
         held = best[asking]
-        tied[asking] |= (np.abs(value - held) <= _TIE) | (
-            np.count_nonzero(products >= (value - _TIE)[:, None], axis=1) > 1)
+        tied[asking] |= (np.abs(value - held) <= _TIE) | (products.max(axis=1) >= value - _TIE)
         better = (value > held) | ((value == held) & (mine[top] < out[asking]))
         best[asking[better]], out[asking[better]] = value[better], mine[top][better]
     exact_best = np.full(n, -np.inf)
