@@ -235,10 +235,12 @@ def assign(embeddings: np.ndarray, centroids: np.ndarray) -> np.ndarray:
         products = block @ centroids.T
         best = products.argmax(axis=1)
         if centroids.shape[0] > 1:
-            top = np.partition(products, -2, axis=1)[:, -2:]
-            close = np.flatnonzero(top[:, 1] - top[:, 0] <= _TIE)
+            value = products[np.arange(len(block)), best]
+            products[np.arange(len(block)), best] = -np.inf  # the runner-up: one more pass, not a sort
+            close = np.flatnonzero(value - products.max(axis=1) <= _TIE)
+            products[np.arange(len(block)), best] = value
             for row in close:
-                near = np.flatnonzero(products[row] >= top[row, 1] - _TIE)
+                near = np.flatnonzero(products[row] >= value[row] - _TIE)
                 exact = np.einsum("ij,j->i", centroids[near].astype(np.float64),
                                   block[row].astype(np.float64))
                 best[row] = near[np.argmax(exact)]
