@@ -342,15 +342,8 @@ def pack_areas(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> lis
     steps from each to the most similar one not yet visited, cut into runs of at most ``chunk_rows``
     rows (one larger than that alone), so that neighbours share a learner and the learner runs on
     pieces about a chunk large."""
-    count = len(sizes)
     similarity = centroids.astype(np.float64) @ centroids.T.astype(np.float64)
-    visited = np.zeros(count, dtype=bool)
-    chain = [0]
-    visited[0] = True
-    for _ in range(count - 1):
-        row = np.where(visited, -np.inf, similarity[chain[-1]])
-        chain.append(int(np.argmax(row)))
-        visited[chain[-1]] = True
+    chain = _chain_kernel()(similarity) if len(sizes) else np.zeros(0, dtype=np.int64)
     runs: list[np.ndarray] = []
     run: list[int] = []
     rows = 0
@@ -363,6 +356,30 @@ def pack_areas(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> lis
     if run:
         runs.append(np.array(run, dtype=np.int64))
     return [np.sort(r) for r in runs]
+
+
+@on_first_use
+def _chain_kernel():
+    """:func:`_chain` compiled."""
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(_chain)
+
+
+def _chain(similarity):  # pragma: no cover (compiled)
+    """From place 0, each step to the most similar place not yet visited (ties: the lower place)."""
+    count = similarity.shape[0]
+    visited = np.zeros(count, dtype=np.bool_)
+    chain = np.zeros(count, dtype=np.int64)
+    visited[0] = True
+    for step in range(1, count):
+        last, best, best_value = chain[step - 1], -1, -np.inf
+        for place in range(count):
+            if not visited[place] and (best < 0 or similarity[last, place] > best_value):
+                best, best_value = place, similarity[last, place]
+        chain[step] = best
+        visited[best] = True
+    return chain
 
 
 def share_quotas(curves: list[np.ndarray], quota: int) -> np.ndarray:
