@@ -180,11 +180,13 @@ def test_the_select_pass_takes_the_routes_of_the_plan_pass(client, spread, tmp_p
 
     routed = []
     locate = regions.locate
-    monkeypatch.setattr(regions, "locate", lambda rows, *args: routed.append(len(rows)) or locate(rows, *args))
+    monkeypatch.setattr(regions, "locate",
+                        lambda rows, *args: routed.append(len(rows)) or locate(rows, *args))
     options = {**OPTIONS, "algorithm": algorithm}
     write_selection(_ddf(spread[0]), tmp_path / "threads", scheduler="threads", **options)
     assert len(routed) == PARTS  # once a partition
     write_selection(_ddf(spread[0]), tmp_path / "cluster", scheduler=client, **options)
-    threads, cluster = (pd.read_parquet(tmp_path / name).sort_values("chunk_id") for name in ("threads", "cluster"))
+    threads, cluster = (pd.read_parquet(tmp_path / name).sort_values("chunk_id")
+                        for name in ("threads", "cluster"))
     assert threads["selected"].sum() == round(0.1 * ROWS)
     assert threads["selected"].tolist() == cluster["selected"].tolist()
