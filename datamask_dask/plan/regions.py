@@ -121,8 +121,11 @@ def find_centroids(sample: np.ndarray, count: int, seed: int | list[int]) -> np.
         picks.append(pick)
         distance = np.minimum(distance, np.maximum(1.0 - np.einsum("ij,j->i", rows, rows[pick]), 0))
     centroids = rows[picks].copy()
+    nearest = None
     for _ in range(KMEANS_ITERATIONS):
-        nearest = assign(rows, centroids)
+        previous, nearest = nearest, assign(rows, centroids)
+        if previous is not None and np.array_equal(previous, nearest):
+            break  # the same rows give the same centroids: every later step would too
         order = np.argsort(nearest, kind="stable")
         present, starts = np.unique(nearest[order], return_index=True)
         sums = np.add.reduceat(rows[order].astype(np.float64), starts, axis=0)
