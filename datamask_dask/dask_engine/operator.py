@@ -212,7 +212,7 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     meta = selection_meta(ddf._meta, spec)
     key = _key("datamask-select", ddf, plan_node)
     parts = partitions(ddf)
-    packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)), routes)
+    packs, _ = pack_graph(ddf, plan, plan_node, range(len(parts)), routes)
     tasks = [dask.delayed(select_partition, pure=True)(part, plan_node, {"number": i}, packs.get(i, ()),
                                                        dask_key_name=(key, i))
              for i, part in enumerate(parts)]
@@ -234,18 +234,23 @@ def _holder(ddf):
     return futures[0].client if futures else None
 
 
-def pack_graph(parts: list, plan: Plan, plan_node, todo,
+def pack_graph(ddf, plan: Plan, plan_node, todo,
                routes: Mapping[int, object] | None = None) -> tuple[dict[int, object], dict[int, Delayed]]:
-    """The tasks that learn the plan's packs holding a partition of ``todo``, from their members'
-    ``parts`` (one Delayed each) and the :class:`~datamask_dask.partition.select.Routes` the share pass
-    kept of them (:func:`settle`): for each such partition, one Delayed list of its packs' results,
-    which its select task takes; and each pack's task, by pack index."""
+    """The tasks that learn the plan's packs holding a partition of ``todo``, from their members' rows
+    of ``ddf`` and the :class:`~datamask_dask.partition.select.Routes` the share pass kept of them
+    (:func:`settle`): for each such partition, one Delayed list of its packs' results, which its select
+    task takes; and each pack's task, by pack index.
+
+    The packs read the columns they learn from, apart from the select tasks' reads: a partition's
+    select task waits for its packs, which wait for their members, so a read both took would hold
+    every member's whole partition until then."""
     wanted, routes = set(todo), routes or {}
     packs = [(index, pack) for index, pack in enumerate(plan.packs) if wanted.intersection(pack.partitions)]
+    members = sorted({p for _, pack in packs for p in pack.partitions})
+    parts = column_reads(ddf, plan.spec.select_columns, "datamask-pack-read") if members else []
     rows = {p: dask.delayed(pack_rows, pure=True)(
         parts[p], plan_node, {"number": p}, routes.get(p),
-        dask_key_name=_key("datamask-pack-rows", parts[p], plan_node, p))
-        for p in sorted({p for _, pack in packs for p in pack.partitions})}
+        dask_key_name=_key("datamask-pack-rows", parts[p], plan_node, p)) for p in members}
     learned: dict[int, list] = {}
     tasks: dict[int, Delayed] = {}
     for index, pack in packs:
@@ -279,7 +284,7 @@ def settle(ddf, plan: Plan, *, scheduler=None,
     routes: dict[int, object] = {}
     while plan.pending:
         if plan.context is not None:
-            plan = progress_bars.compute(context_round_graph(partitions(ddf), plan), scheduler=scheduler,
+            plan = progress_bars.compute(context_round_graph(ddf, plan), scheduler=scheduler,
                                          progress=progress)[0]
             continue
         shared, routed = share_graph(partitions(ddf), plan)
@@ -289,13 +294,14 @@ def settle(ddf, plan: Plan, *, scheduler=None,
     return plan, routes
 
 
-def context_round_graph(parts: list, plan: Plan) -> Delayed:
+def context_round_graph(ddf, plan: Plan) -> Delayed:
     """The context's next round, lazily (``pieces="context"``): every piece learned as the round learns
     it (:func:`~datamask_dask.partition.select.context_round`), each partition's picks added to the sum
     of those before it, one task after another, and the total put in the plan
     (:meth:`~datamask_dask.plan.types.Plan.with_round`)."""
     plan_node = dask.delayed(plan, traverse=False)
-    packs, _ = pack_graph(parts, plan, plan_node, range(len(parts)))
+    parts = column_reads(ddf, plan.spec.select_columns, "datamask-context-read")  # not the packs' reads
+    packs, _ = pack_graph(ddf, plan, plan_node, range(len(parts)))
     total = None
     for i, part in enumerate(parts):
         picks = dask.delayed(context_round, pure=True)(

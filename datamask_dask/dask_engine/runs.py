@@ -55,7 +55,7 @@ class DaskEngine:
             parts = column_reads(self.frame, self.project.reads(spec, self.frame.columns), "datamask-read")
         key = f"datamask-select-write-{run_id}"
         routes = self.routes if plan is self.planned else None  # a plan made elsewhere routes its rows
-        packs, learned = pack_graph(parts, plan, plan_node, todo, routes)
+        packs, learned = pack_graph(self.frame, plan, plan_node, todo, routes)
         tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, task,
                                                        packs.get(number, ()), dask_key_name=(key, number))
                  for number in todo]

@@ -701,7 +701,7 @@ def test_a_routed_pack_s_task_takes_its_own_rows_of_each_member(corpus, algorith
     parts = partitions(ddf)
     plan, routes = settle(ddf, plan, scheduler="sync", progress=False)  # as the select pass learns it
     assert sorted(routes) == ([] if algorithm == "DiSF" else list(range(len(parts))))
-    _, tasks = pack_graph(parts, plan, dask.delayed(plan, traverse=False), range(len(parts)), routes)
+    _, tasks = pack_graph(ddf, plan, dask.delayed(plan, traverse=False), range(len(parts)), routes)
     for index, task in tasks.items():
         graph = dict(task.__dask_graph__())
         members = next(key for key in graph if str(key).startswith("datamask-pack-members"))
