@@ -190,3 +190,16 @@ def test_the_select_pass_takes_the_routes_of_the_plan_pass(client, spread, tmp_p
                         for name in ("threads", "cluster"))
     assert threads["selected"].sum() == round(0.1 * ROWS)
     assert threads["selected"].tolist() == cluster["selected"].tolist()
+
+
+
+def test_on_a_cluster_the_routes_stay_on_the_workers(client, spread):
+    from distributed import Future
+
+    from datamask_dask.config import resolve_options
+    from datamask_dask.dask_engine.runs import DaskEngine
+
+    engine = DaskEngine(_ddf(spread[0]), resolve_options(None, **OPTIONS), scheduler=client)
+    engine.plan(progress=False)
+    assert sorted(engine.routes) == list(range(PARTS))
+    assert all(isinstance(routes, Future) for routes in engine.routes.values())
