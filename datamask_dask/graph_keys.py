@@ -18,6 +18,7 @@ def named(parts: list, name: str) -> list:
     renamed (a legacy tuple task or a plain key, as graphs from ``dd.concat`` or ``repartition``
     may hold) keeps Dask's name.
     """
+    from dask.base import tokenize
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
 
@@ -32,8 +33,9 @@ def named(parts: list, name: str) -> list:
             new_key = key
         # The old key stays: another part may depend on it (or be it), and compute culls it otherwise.
         keys.append(new_key)
-    layers = HighLevelGraph({name: graph}, {name: set()})
-    return [Delayed(key, layers, layer=name) for key in keys]
+    layer = f"{name}-{tokenize(*keys)}"  # graphs merge by layer name: one per set of parts
+    layers = HighLevelGraph({layer: graph}, {layer: set()})
+    return [Delayed(key, layers, layer=layer) for key in keys]
 
 
 def named_task(name: str, function, *args, nout: int | None = None):

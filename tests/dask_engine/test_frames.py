@@ -191,3 +191,18 @@ def test_cudf_frames_are_selected_like_pandas_ones(table):
     result = ddf.pipe(datamask_select, ratio=RATIO, **FAST).compute().to_pandas()
     assert len(result) == N
     assert int(result["selected"].sum()) == round(RATIO * N)
+
+
+def test_two_sets_of_parts_under_one_name_are_computed_together(tmp_path, table):
+    """A pushed-down read and a projected one, both named alike: graphs merge by layer, so each
+    named set keeps a layer of its own."""
+    from datamask_dask import read_parquet
+    from datamask_dask.dask_engine.operator import column_reads
+
+    table.drop(columns="text").to_parquet(tmp_path / "t.parquet")
+    ddf = read_parquet(tmp_path / "t.parquet")
+    columns = list(ddf.columns[:2])
+    pushed = column_reads(ddf, columns, "datamask-read")
+    projected = column_reads(ddf, columns[::-1], "datamask-read")
+    first, second = dask.compute(pushed[0], projected[0], scheduler="sync")
+    assert list(first.columns) == columns and list(second.columns) == columns[::-1]
