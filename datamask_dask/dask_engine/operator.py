@@ -287,7 +287,7 @@ def settle(ddf, plan: Plan, *, scheduler=None,
             plan = progress_bars.compute(context_round_graph(ddf, plan), scheduler=scheduler,
                                          progress=progress)[0]
             continue
-        shared, routed = share_graph(partitions(ddf), plan)
+        shared, routed = share_graph(column_reads(ddf, plan.spec.select_columns, "datamask-share-read"), plan)
         plan, *kept = progress_bars.compute(shared, scheduler=scheduler, progress=progress,
                                             kept=list(routed.values()))
         routes = dict(zip(routed, kept, strict=True))
