@@ -64,8 +64,12 @@ def _walk(root: Path, suffixes=None, names=None, max_depth: int = 99):
 
 
 def _docstrings(path: Path):
+    source = path.read_text(encoding="utf-8", errors="replace")
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+        try:
+            tree = ast.parse(source)
+        except SystemError:  # CPython 3.11's spurious "AST constructor recursion depth mismatch" (gh-106905)
+            tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return
     for node in ast.walk(tree):
