@@ -210,22 +210,26 @@ def test_a_killed_worker_leaves_the_uninterrupted_output(case, parquet_dir, clus
     import threading
     import time
 
-    from datamask_dask.io.staging import work_location
-
     reference = case.run(parquet_dir, "reference", scheduler=cluster)
-    work = work_location(case.location("out"))
     pids = cluster.run(os.getpid)
     killed: dict = {}
+    before = set(cluster.run_on_scheduler(lambda dask_scheduler: [str(key) for key in dask_scheduler.tasks]))
+
+    def written(dask_scheduler) -> bool:  # a part is written (with its marker) once its task is done
+        return any("datamask-select-write" in str(key) and str(key) not in before and task.state == "memory"
+                   for key, task in dask_scheduler.tasks.items())
 
     def kill_a_busy_worker():
+        # the scheduler's state, not a listing of the work area: a listing on a loaded machine can
+        # take longer than the last parts' tasks
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
-            if work.exists() and any(n.startswith("part-") and n.endswith(".json") for n in work.list()):
-                for address, keys in cluster.processing().items():
-                    if address in pids and any("datamask-select-write" in str(key) for key in keys):
-                        killed.update(pid=pids[address], published=case.published("out"))
-                        os.kill(pids[address], signal.SIGKILL)
-                        return
+            busy = [address for address, keys in cluster.processing().items()
+                    if address in pids and any("datamask-select-write" in str(key) for key in keys)]
+            if busy and cluster.run_on_scheduler(written):
+                killed.update(pid=pids[busy[0]], published=case.published("out"))
+                os.kill(pids[busy[0]], signal.SIGKILL)
+                return
             time.sleep(0.005)
 
     killer = threading.Thread(target=kill_a_busy_worker, daemon=True)
