@@ -217,9 +217,16 @@ def _nearest_regions(rows: np.ndarray, centroids: np.ndarray, searched: int) -> 
     again by exact float64 sums (ties: the lower centroid), so that every worker searches a row's same
     regions whatever its BLAS threads."""
     products = rows @ centroids.T
-    nearest = np.argpartition(-products, searched - 1, axis=1)[:, :searched]
-    edge = -np.partition(-products, [searched - 1, searched], axis=1)[:, [searched - 1, searched]]
-    close = np.flatnonzero(edge[:, 0] - edge[:, 1] <= _TIE)
+    # the best searched + 1, one argmax pass each: a few passes cost far less than a partition of every row
+    nearest = np.empty((len(rows), searched + 1), dtype=np.int64)
+    edge = np.empty((len(rows), searched + 1), dtype=np.float32)
+    every = np.arange(len(rows))
+    for rank in range(searched + 1):
+        nearest[:, rank] = products.argmax(axis=1)
+        edge[:, rank] = products[every, nearest[:, rank]]
+        products[every, nearest[:, rank]] = -np.inf
+    nearest = np.ascontiguousarray(nearest[:, :searched])
+    close = np.flatnonzero(edge[:, searched - 1] - edge[:, searched] <= _TIE)
     if close.size:
         exact = np.einsum("ik,jk->ij", rows[close].astype(np.float64), centroids.astype(np.float64))
         nearest[close] = np.argsort(-exact, axis=1, kind="stable")[:, :searched]
@@ -415,16 +422,18 @@ def share_pairs(quality: list[np.ndarray], sums: np.ndarray, quota: int, lamb: f
         raise RuntimeError(f"the areas hold {rows.sum()} rows, fewer than the quota {quota}; please report "
                            "this with the run record")
     means = np.asarray(sums, dtype=np.float64) / np.maximum(rows, 1)[:, None]
-    padded = np.zeros((len(rows), int(rows.max(initial=0)) + 1))  # a zero past each area's last row
+    # each area's qualities and a zero past its last row, end to end (a matrix padded to the largest
+    # area would hold areas x its rows), and beside them Q_a(0..rows_a)
+    first = np.concatenate([[0], np.cumsum(rows + 1)[:-1]]).astype(np.int64)
+    padded, best = np.zeros(int((rows + 1).sum())), np.zeros(int((rows + 1).sum()))
     for area, values in enumerate(quality):
-        padded[area, :len(values)] = values
-    best = np.concatenate([np.zeros((len(rows), 1)), np.cumsum(padded, axis=1)], axis=1)  # Q_a(0..)
-    areas = np.arange(len(rows))
+        padded[first[area]:first[area] + len(values)] = values
+        best[first[area] + 1:first[area] + 1 + len(values)] = np.cumsum(values)
     scale = (1 - lamb) / max(1, quota * (quota - 1))
 
     def quality_of(x):  # sum_a Q_a(x_a), linear between whole rows
-        whole = np.minimum(np.floor(x).astype(np.int64), rows)
-        return float(np.sum(best[areas, whole] + (x - whole) * padded[areas, whole]))
+        at = first + np.minimum(np.floor(x).astype(np.int64), rows)
+        return float(np.sum(best[at] + (x - (at - first)) * padded[at]))
 
     def objective(x, w):
         return lamb / max(1, quota) * quality_of(x) - scale * float(np.einsum("d,d->", w, w))
@@ -433,8 +442,8 @@ def share_pairs(quality: list[np.ndarray], sums: np.ndarray, quota: int, lamb: f
     x = quota * rows / max(1, rows.sum())
     for _ in range(iterations):
         w = np.einsum("ad,a->d", means, x)
-        whole = np.minimum(np.floor(x).astype(np.int64), rows)
-        gradient = lamb / max(1, quota) * padded[areas, whole] - 2 * scale * np.einsum("ad,d->a", means, w)
+        at = first + np.minimum(np.floor(x).astype(np.int64), rows)
+        gradient = lamb / max(1, quota) * padded[at] - 2 * scale * np.einsum("ad,d->a", means, w)
         direction = _fill(gradient, rows, quota) - x
         if float(np.einsum("a,a->", gradient, direction)) <= 1e-15:  # no vertex is better: the best share
             break
