@@ -7,7 +7,9 @@ each smaller size is the first files of it (a folder of links). Each size is one
 select --n-workers W`` process with the CLI's defaults (table scope, Pair_simi; ``--algorithm``
 names other metrics, each run at every size with its own defaults: Facility in regions, DiSF in
 context). Reported: the job's own seconds (start-up excluded) and plan phase, the peak resident
-memory of the job's process and of its largest worker (sampled every 0.25 s), the planted
+memory of the job's process and of its largest worker (sampled every 0.25 s), the largest
+peak memory of one task of its own (``task_peaks.py``: what the workers hold between tasks left
+out, so that a table that needs more workers than this one has is judged by its tasks), the planted
 cross-file copy pairs whose rows were both selected (counted exactly from the output's ``selected``
 column) and the near-duplicate pairs among the selected rows (the run summary's SimHash LSH estimate
 on its sample of the selection, which also counts natural neighbours), each against a random pick of
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
                 folder = first_files(source, n_files, source.with_name(f"{source.name}-first{n_files}"))
                 load = os.getloadavg()[0]
                 job = checkout_job(str(HERE.parent), folder, scratch / "out", args.workers,
-                                   ["--algorithm", algorithm])
+                                   ["--algorithm", algorithm], task_peaks=True)
                 pairs = job["summary"].get("selected_pairs") or {}
                 rand = random_pairs(folder, pairs["rows"]) if pairs.get("rows") else {}
                 planted = planted_pairs_selected(scratch / "out", n_files, args.rows_per_partition,
@@ -104,24 +106,30 @@ def main(argv=None) -> int:
              "size.", "",
              "| metric | rows | files | load at start | job s | plan s | time / smallest's | "
              "peak RSS, job process | peak RSS, largest worker | largest / smallest's | "
+             "largest task's own peak (its kind) | task peak / smallest's | "
              "selected pairs within / across (of rows) | "
              "random pick within / across | planted copy pairs: both selected, job / random pick |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|"]
     smallest = {algorithm: job for algorithm, size, _, job, *_ in rows if size == min(args.sizes)}
     for algorithm, size, n_files, job, pairs, rand, planted, load in rows:
         peak, first = job["peak_rss"], smallest[algorithm]
         base = max(first["peak_rss"].values())
         plan = job["phases"].get("plan", 0)
+        (kind, task), smallest_task = next(iter(job["task_peaks"].items())), max(first["task_peaks"].values())
         lines.append(f"| {algorithm} | {size:,} | {n_files} | {load:.1f} | {job['seconds']:.1f} | {plan:.1f} "
                      f"| {job['seconds'] / first['seconds']:.2f}x | {peak['main'] / 2**30:.2f} GiB | "
                      f"{peak['largest worker'] / 2**30:.2f} GiB | {max(peak.values()) / base:.2f}x | "
+                     f"{task / 2**20:,.0f} MiB ({kind}) | {task / smallest_task:.2f}x | "
                      f"{pairs.get('within')} / {pairs.get('across')} ({pairs.get('rows', 0):,}) | "
                      f"{rand.get('within')} / {rand.get('across')} | {planted['job']:,} / "
                      f"{planted['random']:,} of {planted['pairs']:,} |")
     lines += ["", "Pairs: cosine >= the run summary's threshold, among the rows of the run summary's sample "
               "of the selection; random: the same estimate on as many rows drawn at random from the input. "
               "Planted copy pairs: every (copy, source) pair the generator planted across files, counted "
-              "exactly on the job's `selected` column and on a random pick of as many rows."]
+              "exactly on the job's `selected` column and on a random pick of as many rows. A task's own "
+              "peak: its worker's peak resident memory while it ran above the worker's as it started "
+              "(`task_peaks.py`; a worker of one thread runs one task at a time), the largest over the job's "
+              "tasks, named by its task prefix."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.json:

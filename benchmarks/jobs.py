@@ -26,6 +26,7 @@ from datamask_dask.dedup import simhash as duplicates
 from datamask_dask.run import summary as summary_module
 
 GIB = 2**30
+HERE = Path(__file__).resolve().parent
 
 
 STAGES = ("read", "plan", "extract", "learn", "select other", "write")
@@ -315,9 +316,17 @@ def finish_report(args, lines: list[str], cache: Path, out_root: Path, overrides
     return 0
 
 
-def checkout_job(tree: str, source: Path, target: Path, workers: int, flags: list[str]) -> dict:
+def checkout_job(tree: str, source: Path, target: Path, workers: int, flags: list[str],
+                 task_peaks: bool = False) -> dict:
+    """``datamask select`` of ``tree``'s checkout in a fresh process: its seconds, phases, peak
+    memory (``peak_rss``), summary and selection digest; with ``task_peaks``, also each task
+    prefix's largest own peak on the workers (``task_peaks.py``), in bytes, largest first."""
     shutil.rmtree(target, ignore_errors=True)
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "integrations")])}
+    peaks_folder = tempfile.mkdtemp(prefix="task-peaks-")
+    if task_peaks:
+        environment["DATAMASK_TASK_PEAKS"] = peaks_folder
+        environment["DASK_DISTRIBUTED__WORKER__PRELOAD"] = json.dumps([str(HERE / "task_peaks.py")])
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
                str(target), "--n-workers", str(workers), *flags]
     load = os.getloadavg()[0]
@@ -329,6 +338,11 @@ def checkout_job(tree: str, source: Path, target: Path, workers: int, flags: lis
         wall = time.perf_counter() - started
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
+    peaks: dict[str, int] = {}
+    for path in Path(peaks_folder).glob("*.json"):  # one file a worker
+        for prefix, most in json.loads(path.read_text()).items():
+            peaks[prefix] = max(most, peaks.get(prefix, 0))
+    shutil.rmtree(peaks_folder, ignore_errors=True)
     if job.returncode:
         raise SystemExit(f"{' '.join(command)}:\n{stderr[-3000:]}")
     seconds = float(re.search(r" in ([\d.]+) s", stdout).group(1))
@@ -336,7 +350,8 @@ def checkout_job(tree: str, source: Path, target: Path, workers: int, flags: lis
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     return {"seconds": seconds, "wall": wall, "load": load, "phases": record.get("phases", {}),
             "peak_rss": peak, "stages": record.get("stages", {}), "summary": record.get("summary") or {},
-            "digest": selection_digest(target)}
+            "digest": selection_digest(target),
+            "task_peaks": dict(sorted(peaks.items(), key=lambda item: -item[1]))}
 
 
 def peak_rss(job: subprocess.Popen, every: float = 0.25) -> dict:
