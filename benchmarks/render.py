@@ -128,8 +128,8 @@ def suite(runs: list[dict]) -> list[str]:
 
 
 # The page's first table: per section, the newest run of a script (its title starting so) whose table has
-# the figure's columns and a row ``keep`` keeps (a test of the row, or "last": its last row); a row's case
-# is named by the ``case`` columns.
+# the figure's columns and a row ``keep`` keeps (a test of the row, "last": its last row, or "newest":
+# each case's newest row of any such run); a row's case is named by the ``case`` columns.
 HEADLINES = (
     ("Speed on CPU", "pipeline", "", ("rows", "algorithm", "workers"), ("rows/s",), None),
     ("Against the I/O ceiling", "ceiling", "A job against the I/O ceiling", ("job",),
@@ -142,7 +142,7 @@ HEADLINES = (
     ("On a GPU", "gpu", "The -m gpu tests", ("tests",), ("passed", "failed"), None),
     ("Spark", "spark", "Spark local[2] vs Dask", ("code",), ("spark / dask", "same rows"), "last"),
     ("The table scope as the table grows", "table-scale", "", ("metric", "rows", "files"),
-     ("job s", "peak RSS, largest worker"), None),
+     ("job s", "peak RSS, largest worker", "largest task's own peak (its kind)"), "newest"),
     ("Near-duplicates across the table", "duplicates", "One-task near-duplicate search", ("rows",),
      ("search s (least / median)", "peak memory allocated by the search"), None),
     ("Near-duplicates on real text", "near-duplicates-text", "", ("cosine",), ("precision", "recall"),
@@ -193,12 +193,19 @@ def current(results: Path) -> list[str]:
                 columns = table["columns"]
                 if (run.get("title") or "").startswith(title) and set(case + figure) <= set(columns):
                     rows = [dict(zip(columns, map(str, cells), strict=True)) for cells in table["rows"]]
-                    rows = rows[-1:] if keep == "last" else [row for row in rows if keep is None or keep(row)]
+                    rows = rows[-1:] if keep == "last" else [
+                        row for row in rows if not callable(keep) or keep(row)]
                     found += [(run, rows)] if rows else []
         if not found:
             continue
-        run, rows = found[-1]
-        for row in rows:
+        picked = [(row, found[-1][0]) for row in found[-1][1]]
+        if keep == "newest":  # each case's newest row, of every run that has the figure's columns
+            newest: dict = {}
+            for place, (run, rows) in reversed(list(enumerate(found))):
+                for at, row in enumerate(rows):
+                    newest.setdefault(tuple(row[column] for column in case), (place, at, row, run))
+            picked = [(row, run) for _, _, row, run in sorted(newest.values(), key=lambda found: found[:2])]
+        for row, run in picked:
             label = ", ".join(row[column] for column in case)
             value = "; ".join(f"{column} {row[column]}" for column in figure if row[column])
             lines.append(f"| {section} | {label} | {value} | `{run['commit']}` | {_machine(run)} |")
