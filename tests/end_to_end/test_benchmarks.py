@@ -19,7 +19,8 @@ import regression_gate  # noqa: E402
 LIMITS = Namespace(points=0.5, factor=1.3)
 
 
-SHARED = ("record", "tables", "jobs")  # what the scripts share: they import these, never one another
+# what the scripts share: they import these, never one another (task_peaks: a workers' preload)
+SHARED = ("record", "tables", "jobs", "task_peaks")
 
 
 @pytest.mark.parametrize("script", sorted(p.stem for p in BENCHMARKS.glob("*.py")))
@@ -216,3 +217,24 @@ def test_a_pipeline_jobs_wall_account_adds_up_to_its_wall_time(tmp_path):
     assert abs(sum(result["account"].values()) - result["wall"]) < 1e-6
     assert result["account"].get("datamask-select-write", 0) > 0, result["account"]
     assert result["rows"] == 4000
+
+
+def _hold(megabytes: int) -> int:
+    block = np.ones(megabytes << 17)  # float64: 8 bytes each, touched
+    return int(block[::4096].sum())
+
+
+def test_a_tasks_own_peak_counts_what_it_allocates_and_not_what_the_worker_held_before(tmp_path, monkeypatch):
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setenv("DATAMASK_TASK_PEAKS", str(tmp_path))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      preload=[str(BENCHMARKS / "task_peaks.py")]) as cluster, Client(cluster) as client:
+        held = client.submit(np.ones, 200 << 17, key="held-block")  # 200 MiB the worker keeps
+        client.submit(_hold, 300, key="large-task").result()  # its 300 MiB freed as it ends
+        client.submit(len, held, key="small-task").result()
+    peaks = {}
+    for path in tmp_path.glob("*.json"):
+        peaks.update(json.loads(path.read_text()))
+    assert peaks["large-task"] > 290 * 2**20, peaks
+    assert peaks["small-task"] < 50 * 2**20, peaks  # neither the held block nor the earlier task's peak
