@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -51,6 +53,7 @@ SAMPLE_ROWS = 1 << 16  # rows of the table the k-means sees at most (spread over
 SAMPLE_VALUES = 1 << 24  # and embedding values: what reaches the driver stays small at any dimension
 MIN_SAMPLE = 64  # rows each partition sends at least
 KMEANS_ITERATIONS = 20
+AREA_THREADS = 4  # threads of find_areas
 CURVE_SPAN = 4  # a region's curve reaches this many times its share of the quota (by its rows)
 PAIR_ITERATIONS = 200  # Frank-Wolfe steps of the Pair_simi shares (share_pairs)
 STEP_SEARCH, GOLDEN = 40, (5 ** 0.5 - 1) / 2  # golden-section steps of each Frank-Wolfe step's length
@@ -141,16 +144,18 @@ def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int, seed: int,
     ``area_rows`` of the ``rows`` the sample stands for (at least ``AREA_SAMPLE`` sample rows each);
     returns the areas' centroids and each area's region."""
     region = assign(sample, centroids)
-    found, owner = [], []
-    for r in range(len(centroids)):
+
+    def areas_of(r: int) -> np.ndarray:
         mine = sample[region == r]
-        if not len(mine):
-            continue
         wanted = round(len(mine) * rows / (len(sample) * area_rows))  # the rows its sample rows stand for
-        count = min(max(1, wanted), max(1, len(mine) // AREA_SAMPLE))
-        found.append(find_centroids(mine, count, [seed, r]))
-        owner.append(np.full(len(found[-1]), r, dtype=np.int64))
-    return np.concatenate(found), np.concatenate(owner)
+        return find_centroids(mine, min(max(1, wanted), max(1, len(mine) // AREA_SAMPLE)), [seed, r])
+
+    present = np.unique(region)
+    # the regions apart on a few threads (their k-means each seeded apart; numpy releases the GIL):
+    # the plan's task runs alone, its worker's other cores idle
+    with ThreadPoolExecutor(max(1, min(AREA_THREADS, os.cpu_count() or 1, present.size))) as pool:
+        found = list(pool.map(areas_of, present.tolist()))
+    return np.concatenate(found), np.repeat(present, [len(f) for f in found]).astype(np.int64)
 
 
 def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray, area_region: np.ndarray,
