@@ -20,6 +20,12 @@ clusters). The pieces the job learns apart are counted from its plan and shown b
 ``--sweep`` runs lamb 0, 0.1, 0.25, 0.5, 0.75 and 1 with both ``--lamb-scale`` choices and reports
 the share of quality top-k's quality gain over random and of the diversity optimum's (greedy at
 lamb 0) diversity gain that each selection reaches.
+
+``--timing N`` scores nothing: it runs each setting's job N times, the settings in turn, and reports
+each job's seconds (its run record's phases: start-up left out) and how many times the first
+setting's least is this setting's least.
+
+    python benchmarks/bench_quality.py --case 1m-d64 --metrics Pair_simi --try pieces=partitions --timing 2
 """
 
 from __future__ import annotations
@@ -112,6 +118,33 @@ def yardstick_rows(args) -> list[dict]:
     return results
 
 
+def timing_lines(args) -> str:
+    """``--timing``: each setting's job seconds, the settings run in turn, as a markdown table."""
+    lines = [f"# Job time of each setting ({args.timing} runs each, the settings in turn)", "",
+             "`datamask select` with the CLI defaults and each setting's changes; job seconds: the run "
+             "record's phases (plan, select and write, summary), start-up left out.", "",
+             "| case | metric | lamb | settings | job s, each run | least | "
+             "first setting's least / this one's |",
+             "|---|---|---:|---|---|---:|---:|"]
+    for case in args.case:
+        source, _, _ = dataset(case)
+        configs = {name: job_config(case, changes, args.profile) for name, changes in args.settings.items()}
+        for metric in args.metrics:
+            for lamb in args.lambs:
+                seconds: dict[str, list[float]] = {name: [] for name in configs}
+                for _ in range(args.timing):
+                    for name, config in configs.items():
+                        flags = [*config_flags(config), "--algorithm", metric, "--lamb", str(lamb)]
+                        seconds[name].append(cli_selection(source, flags)[1]["job_seconds"])
+                first = min(next(iter(seconds.values())))
+                for name, runs in seconds.items():
+                    each = ", ".join(f"{x:.1f}" for x in runs)
+                    lines.append(f"| {case} | {metric} | {lamb:g} | {name} | {each} | {min(runs):.1f} | "
+                                 f"{first / min(runs):.2f}x |")
+                print(lines[-len(seconds):], flush=True)
+    return "\n".join(lines) + "\n"
+
+
 def sweep_rows(args) -> list[dict]:
     changes = next(iter(args.settings.values()))
     print("| case | metric | lamb | lamb scale | quality: share of top-k's gain | "
@@ -148,6 +181,8 @@ def main(argv=None) -> int:
                         help="key=value: a cpu profile setting changed (repeatable)")
     parser.add_argument("--try", dest="tries", action="append", default=[], metavar="'KEY=VALUE ...'",
                         help="also run with these settings changed, side by side (repeatable)")
+    parser.add_argument("--timing", type=int, metavar="N",
+                        help="score nothing: time each setting's job N times, in turn")
     parser.add_argument("--json", help="append the results to this JSON file")
     args = parser.parse_args(argv)
     named = [f"{args.profile} profile"] if args.profile != "cpu" else []
@@ -155,13 +190,20 @@ def main(argv=None) -> int:
     args.settings = {name: args.opt}  # each case's own changes come first (job_config)
     for changes in args.tries:
         args.settings[changes] = [*args.opt, *changes.split()]
+    data = {case: {key: value for key, value in asdict(CASES[case]).items() if value is not None}
+            for case in args.case}
+    if args.timing:
+        text = timing_lines(args)
+        print(text)
+        if args.json:
+            record.append(args.json, command=record.command("bench_quality.py", argv), data=data,
+                          markdown=text)
+        return 0
     results = sweep_rows(args) if args.sweep else yardstick_rows(args)
     if args.json:
         record.append_run(args.json, {
             "command": record.command("bench_quality.py", argv),
-            "data": {case: {key: value for key, value in asdict(CASES[case]).items() if value is not None}
-                     for case in args.case},
-            "machine": record.machine(), "commit": record.commit(), "results": results})
+            "data": data, "machine": record.machine(), "commit": record.commit(), "results": results})
     return 0
 
 

@@ -216,7 +216,8 @@ SECTIONS = {"quality": quality, "tradeoff": quality, "lamb": lamb, "suite": suit
             **{name: tables for name in ("pipeline", "gpu", "ceiling", "duplicates", "table-scale",
                                          "search-graph", "spark", "storage", "conformance", "text-speed",
                                          "embed-speed", "rounds", "workers", "cli-start",
-                                         "near-duplicates-text", "plan-memory", "task-memory")}}
+                                         "near-duplicates-text", "plan-memory", "task-memory",
+                                         "job-time")}}
 
 
 def render(page: str) -> str:
