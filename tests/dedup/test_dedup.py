@@ -301,3 +301,27 @@ def test_small_tables_take_the_stages_in_one_process(monkeypatch):
     monkeypatch.setattr(search, "COMPILED_ROWS", 10**9)
     monkeypatch.setattr(search, "table_parents", None)  # not called
     _assert_same(compiled, find_groups(parts))
+
+
+def test_long_edge_lists_keep_each_rows_best_edges_as_the_sort_does(monkeypatch):
+    """Each worse row's CANDIDATES best distinct edges (higher quality, then the lower better row), best
+    first: the compiled pass of long lists keeps what numpy's three-key sort keeps, ties, repeated
+    pairs and rows with fewer edges included."""
+    from datamask_dask.dedup import stages
+
+    rng = np.random.default_rng(7)
+    n, rows = 20_000, 300
+    partition = rng.integers(0, 3, n).astype(np.uint64) << np.uint64(32)
+    worse = rng.integers(0, rows, n).astype(np.uint64) | partition
+    better = rng.integers(0, 400, n).astype(np.uint64)
+    quality = np.round(rng.random(400), 1)[better.astype(np.int64)]  # a better row's quality, many tied
+    again = rng.integers(0, n, n // 4)  # pairs found again by other bands
+    edges = [np.concatenate([column, column[again]]) for column in (worse, better, quality)]
+    monkeypatch.setattr(stages, "COMPILED_EDGES", 10**9)
+    expected = stages._best_edges(*edges, keep=CANDIDATES)
+    monkeypatch.setattr(stages, "COMPILED_EDGES", 0)
+    found = stages._best_edges(*edges, keep=CANDIDATES)
+    kept = np.unique(expected[0], return_counts=True)[1]
+    assert kept.max() == CANDIDATES and kept.min() < CANDIDATES  # rows over the cap, and under it
+    for column, wanted in zip(found, expected, strict=True):
+        np.testing.assert_array_equal(column, wanted)
