@@ -77,8 +77,8 @@ ROUNDS = 4  # weight-forwarding rounds: parent chains up to this long are counte
 # Candidate parents each row keeps for the exact check (its best by quality): a row whose best
 # candidates all fail it is kept, so enough that a true better neighbour is rarely crowded out.
 CANDIDATES = 16
-# Edge lists this long keep each row's best by a compiled pass (about four times the three-key sort's
-# speed); shorter ones sort in numpy, the same edges, for less than numba's import costs a fresh worker.
+# Edge lists this long keep each row's best by a compiled pass, which outruns a sort on three keys;
+# shorter ones sort in numpy, the same edges, for less than numba's import costs a fresh worker.
 COMPILED_EDGES = 1 << 16
 BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
