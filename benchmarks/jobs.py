@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import record
+import task_peaks as task_peaks_module
 from tables import ensure_dataset
 
 from datamask_dask.dedup import simhash as duplicates
@@ -338,10 +339,7 @@ def checkout_job(tree: str, source: Path, target: Path, workers: int, flags: lis
         wall = time.perf_counter() - started
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
-    peaks: dict[str, int] = {}
-    for path in Path(peaks_folder).glob("*.json"):  # one file a worker
-        for prefix, most in json.loads(path.read_text()).items():
-            peaks[prefix] = max(most, peaks.get(prefix, 0))
+    peaks = task_peaks_module.collected(peaks_folder)
     shutil.rmtree(peaks_folder, ignore_errors=True)
     if job.returncode:
         raise SystemExit(f"{' '.join(command)}:\n{stderr[-3000:]}")
@@ -351,7 +349,7 @@ def checkout_job(tree: str, source: Path, target: Path, workers: int, flags: lis
     return {"seconds": seconds, "wall": wall, "load": load, "phases": record.get("phases", {}),
             "peak_rss": peak, "stages": record.get("stages", {}), "summary": record.get("summary") or {},
             "digest": selection_digest(target),
-            "task_peaks": dict(sorted(peaks.items(), key=lambda item: -item[1]))}
+            "task_peaks": peaks}
 
 
 def peak_rss(job: subprocess.Popen, every: float = 0.25) -> dict:

@@ -204,7 +204,7 @@ def current(results: Path) -> list[str]:
             for place, (run, rows) in reversed(list(enumerate(found))):
                 for at, row in enumerate(rows):
                     newest.setdefault(tuple(row[column] for column in case), (place, at, row, run))
-            picked = [(row, run) for _, _, row, run in sorted(newest.values(), key=lambda found: found[:2])]
+            picked = [(row, run) for _, _, row, run in sorted(newest.values(), key=lambda entry: entry[:2])]
         for row, run in picked:
             label = ", ".join(row[column] for column in case)
             value = "; ".join(f"{column} {row[column]}" for column in figure if row[column])

@@ -47,5 +47,15 @@ class TaskPeaks(WorkerPlugin):
                 self.path.write_text(json.dumps(self.peaks))
 
 
+def collected(folder) -> dict[str, int]:
+    """The workers' files in ``folder`` as one: each task prefix's largest own peak, in bytes, largest
+    first."""
+    peaks: dict[str, int] = {}
+    for path in Path(folder).glob("*.json"):  # one file a worker
+        for prefix, most in json.loads(path.read_text()).items():
+            peaks[prefix] = max(most, peaks.get(prefix, 0))
+    return dict(sorted(peaks.items(), key=lambda item: -item[1]))
+
+
 async def dask_setup(worker):
     await worker.plugin_add(TaskPeaks())

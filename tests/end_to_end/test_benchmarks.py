@@ -226,6 +226,7 @@ def _hold(megabytes: int) -> int:
 
 def test_a_tasks_own_peak_counts_what_it_allocates_and_not_what_the_worker_held_before(tmp_path, monkeypatch):
     from distributed import Client, LocalCluster
+    from task_peaks import collected
 
     monkeypatch.setenv("DATAMASK_TASK_PEAKS", str(tmp_path))
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
@@ -233,8 +234,6 @@ def test_a_tasks_own_peak_counts_what_it_allocates_and_not_what_the_worker_held_
         held = client.submit(np.ones, 200 << 17, key="held-block")  # 200 MiB the worker keeps
         client.submit(_hold, 300, key="large-task").result()  # its 300 MiB freed as it ends
         client.submit(len, held, key="small-task").result()
-    peaks = {}
-    for path in tmp_path.glob("*.json"):
-        peaks.update(json.loads(path.read_text()))
+    peaks = collected(tmp_path)
     assert peaks["large-task"] > 290 * 2**20, peaks
     assert peaks["small-task"] < 50 * 2**20, peaks  # neither the held block nor the earlier task's peak
