@@ -83,7 +83,7 @@ COMPILED_EDGES = 1 << 16
 BIT_SEED = 0xBA2D5
 _VALUE_BLOCK = 1 << 14  # rows whose band values are made at once (their bytes stay in cache)
 _READ_ROWS = 1 << 13  # rows of a partition the exact check converts to float32 at once
-_PAIR_ROWS = 1 << 10  # candidate pairs whose two vectors the exact check gathers at once (4 MiB at 1024 dims)
+_PAIR_ROWS = 1 << 10  # candidate pairs whose two vectors the exact check gathers at once (8 MiB at d 1024)
 
 
 def band_plan(n_rows: int) -> dict:
