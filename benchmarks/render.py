@@ -143,6 +143,8 @@ HEADLINES = (
     ("Spark", "spark", "Spark local[2] vs Dask", ("code",), ("spark / dask", "same rows"), "last"),
     ("The table scope as the table grows", "table-scale", "", ("metric", "rows", "files"),
      ("job s", "peak RSS, largest worker", "largest task's own peak (its kind)"), "newest"),
+    ("Job time of a setting beside the first of its run", "job-time", "Job time",
+     ("case", "metric", "lamb", "settings"), ("least", "first setting's least / this one's"), "newest"),
     ("Near-duplicates across the table", "duplicates", "One-task near-duplicate search", ("rows",),
      ("search s (least / median)", "peak memory allocated by the search"), None),
     ("Near-duplicates on real text", "near-duplicates-text", "", ("cosine",), ("precision", "recall"),
