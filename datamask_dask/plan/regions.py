@@ -131,11 +131,22 @@ def find_centroids(sample: np.ndarray, count: int, seed: int | list[int]) -> np.
             break  # the same rows give the same centroids: every later step would too
         order = np.argsort(nearest, kind="stable")
         present, starts = np.unique(nearest[order], return_index=True)
-        sums = np.add.reduceat(rows[order].astype(np.float64), starts, axis=0)
+        sums = run_sums(rows[order], starts)
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         moved = norms[:, 0] > 0
         centroids[present[moved]] = (sums[moved] / norms[moved]).astype(np.float32)
     return centroids
+
+
+def run_sums(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The float64 sums of the 2-d ``rows`` from each of ``starts`` (ascending and distinct, the first
+    0) to the next, each one row after another: ``np.add.reduceat(rows, starts, axis=0)``'s bits, a run
+    at a time (reduceat strides across every row for each column, many times slower)."""
+    rows = np.ascontiguousarray(rows, dtype=np.float64)
+    if not len(starts) or rows.shape[1] < 2:  # numpy sums a single column pairwise, not row after row
+        return np.add.reduceat(rows, starts, axis=0)
+    ends = [*starts[1:].tolist(), len(rows)]
+    return np.stack([rows[start:end].sum(axis=0) for start, end in zip(starts.tolist(), ends, strict=True)])
 
 
 def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int, seed: int,

@@ -37,6 +37,19 @@ def test_centroids_are_unit_rows_found_the_same_way_twice():
     assert len(np.unique(regions.assign(sample, first))) == 12  # k-means++ seeds leave no region empty here
 
 
+@pytest.mark.parametrize("rows, dim, runs", [(5_000, 1, 7), (5_000, 2, 7), (20_000, 64, 900),
+                                             (3_000, 768, 2)])
+def test_run_sums_have_reduceats_bits(rows, dim, runs):
+    """The centroids' and Pair_simi's area sums: each run's rows added one after another, as
+    ``np.add.reduceat`` adds them, so the areas and shares stay what they were."""
+    x = np.random.default_rng(rows + dim).standard_normal((rows, dim)).astype(np.float32) * 1e3
+    starts = np.concatenate([[0], np.sort(np.random.default_rng(runs).choice(np.arange(1, rows), runs - 1,
+                                                                               replace=False))])
+    found = regions.run_sums(x, starts)
+    assert found.dtype == np.float64
+    np.testing.assert_array_equal(found, np.add.reduceat(x.astype(np.float64), starts, axis=0))
+
+
 def _greedy_by_brute_force(quality, neighbours, similarities, weights, picks, quality_weight,
                            coverage_weight):
     n = len(quality)
