@@ -84,12 +84,13 @@ def run_way(way: str, table: str, algorithm: str, scratch: str, memory: str) -> 
         from conftest import read_files, spark_worker_environment
         from datamask_spark import datamask_select as spark_select
         from datamask_spark.files import write_file_selection
+        from datamask_spark.job import SETTINGS
         from pyspark.sql import SparkSession
 
         spark_worker_environment()
         # one Spark partition per file, the layout datamask_dask.read_parquet reads (integrations/README.md)
-        spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
+        spark = (SparkSession.builder.master("local[2]").config(map=SETTINGS)
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                  .config("spark.sql.files.maxPartitionBytes", str(2**40))
                  .config("spark.sql.files.openCostInBytes", str(2**40)).getOrCreate())
         if way == "Spark":

@@ -59,12 +59,13 @@ def run_spark(source: Path, target: Path, config: str, overrides: dict, engine: 
               profile: bool = False, transfer: bool = False) -> dict:
     from datamask_spark import datamask_select, spark_errors
     from datamask_spark.files import write_file_selection
+    from datamask_spark.job import SETTINGS
     from datamask_spark.writer import write_selection
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     started = time.perf_counter()
-    spark = (SparkSession.builder.master("local[2]").appName("datamask-bench")
+    spark = (SparkSession.builder.master("local[2]").appName("datamask-bench").config(map=SETTINGS)
              .config("spark.ui.enabled", str(profile).lower()).config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.memory", "4g").config("spark.sql.shuffle.partitions", "2")
              # one partition per file, whatever its size (Spark splits files above 128 MiB by default)

@@ -64,10 +64,11 @@ def local_spark():
     """The tests' classic local[2] Spark session: started by the first module that needs it and shared by
     the others (``getOrCreate`` returns the running one; a module that needs a setting sets it for its
     own tests). Stopped at the end of the session, or by a module that needs the process to itself."""
+    from datamask_spark.job import SETTINGS
     from pyspark.sql import SparkSession
 
     spark_worker_environment()
-    session = (SparkSession.builder.master("local[2]").appName("datamask-tests")
+    session = (SparkSession.builder.master("local[2]").appName("datamask-tests").config(map=SETTINGS)
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")

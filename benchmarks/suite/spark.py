@@ -22,6 +22,7 @@ class Spark:
     def setup(self):
         try:
             import datamask_spark
+            from datamask_spark.job import SETTINGS
             from pyspark.sql import SparkSession
         except ImportError as error:
             raise NotImplementedError(f"no Spark: {error}") from error
@@ -34,7 +35,7 @@ class Spark:
         roots = {str(Path(m.__file__).parents[1]) for m in (datamask_dask, datamask_spark)}
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         os.environ["PYTHONPATH"] = os.pathsep.join(paths + sorted(roots - set(paths)))
-        self.spark = (SparkSession.builder.master("local[2]").appName("datamask-asv")
+        self.spark = (SparkSession.builder.master("local[2]").appName("datamask-asv").config(map=SETTINGS)
                       .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                       .config("spark.sql.shuffle.partitions", "2").getOrCreate())
         self.spark.sparkContext.setLogLevel("ERROR")

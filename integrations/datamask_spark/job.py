@@ -9,19 +9,31 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["get_spark", "select_parquet"]
+__all__ = ["SETTINGS", "get_spark", "select_parquet"]
+
+#: What a session for selections sets: Python workers forked with the package already imported.
+SETTINGS = {"spark.python.daemon.module": "datamask_spark.daemon"}
 
 
 def get_spark(master: str | None = None, app_name: str = "datamask-select"):
     """The active Spark session, or a new one (``master`` e.g. ``"local[2]"``; None: spark-submit's).
 
-    Spark's Python workers are pointed at this interpreter (``PYSPARK_PYTHON``) unless set already,
-    so they find the packages of the current environment.
+    A new session's Python workers are pointed at this interpreter (``PYSPARK_PYTHON``) unless set
+    already, so they find the packages of the current environment, and are forked from
+    :mod:`datamask_spark.daemon` (:data:`SETTINGS`), so they start with the package imported.
     """
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
+    given = SparkConf()  # spark-submit's --conf and spark-defaults.conf: the user's say first
+    for key, value in SETTINGS.items():
+        if not given.contains(key):
+            builder = builder.config(key, value)
     if master:
         builder = builder.master(master)
     return builder.getOrCreate()

@@ -7,6 +7,7 @@ order (a union of per-file reads), so Spark and Dask see the same partitions.
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -269,6 +270,28 @@ def test_empty_partitions(sdf):
     mixed = sdf.where("chunk_id < 400 or chunk_id >= 1200")
     got = datamask_select(mixed, ratio=0.1, **FAST).where("selected").count()
     assert got == 80
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads a process's parent from /proc")
+def test_python_workers_are_forked_with_the_package_imported(spark):
+    """The tests' session has datamask_spark.job.SETTINGS, as get_spark's has: every Python worker is
+    forked from datamask_spark.daemon, so it starts its first task with torch imported."""
+
+    def origin(batches):  # the worker's parent's command line, and torch imported before the task
+        import os
+        import sys
+
+        import pyarrow as pa
+
+        torch = "torch" in sys.modules
+        for _ in batches:
+            pass
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        yield pa.RecordBatch.from_pydict({"parent": [parent], "torch": [torch]})
+
+    got = spark.range(0, 4, 1, 4).mapInArrow(origin, "parent string, torch boolean").collect()
+    assert len(got) == 4
+    assert all("datamask_spark.daemon" in row["parent"] and row["torch"] for row in got), got
 
 
 @pytest.mark.slow
@@ -561,8 +584,10 @@ _FILE_JOB = """
 import sys
 from pyspark.sql import SparkSession
 from datamask_spark.files import write_file_selection
+from datamask_spark.job import SETTINGS
 
-spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+spark = SparkSession.builder.master("local[1]").config(map=SETTINGS).config("spark.ui.enabled", "false")
+spark = spark.getOrCreate()
 write_file_selection(spark, sys.argv[1], sys.argv[2], ratio=0.1, seed=7, n_epochs=20, n_rollout=8)
 """
 
