@@ -1,14 +1,16 @@
 """Spark's Python daemon with the selection imported before it forks a worker.
 
-Spark starts each Python worker by forking its daemon, and forks a fresh one whenever no idle worker is
-free (jobs side by side, a worker it did not take back): under ``pyspark.daemon`` every fresh worker
-imports torch and the package again before its first task runs. Forked from this daemon, a worker starts
-with them imported. :func:`datamask_spark.job.get_spark` sets it; on a session of your own:
+Spark forks a Python worker from its daemon whenever a task finds no idle worker to reuse, which a
+selection's many short jobs do often: under ``pyspark.daemon`` every fresh worker imports torch and the
+package again before its first task runs. Forked from this daemon, a worker starts with them imported.
+:func:`datamask_spark.job.get_spark` sets it; on a session of your own:
 ``--conf spark.python.daemon.module=datamask_spark.daemon``.
 """
 
 from pyspark.daemon import manager
 
+# The imports start a few idle native threads (BLAS's, the allocator's), each with fork handlers of its
+# own: forking after them is what PyTorch's fork-started data loaders do too.
 import datamask_spark  # noqa: F401  (its passes, and through them torch, pandas and pyarrow)
 import datamask_spark.shards  # noqa: F401
 
