@@ -21,13 +21,12 @@ pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fas
 @pytest.fixture(scope="module")
 def connect():
     from conftest import stop_local_spark
-    from datamask_spark.job import SETTINGS
     from pyspark.sql import SparkSession
 
     spark_worker_environment()
     stop_local_spark()  # the other modules' classic session: a local Connect server needs the process
     try:
-        session = SparkSession.builder.remote("local[2]").config(map=SETTINGS).getOrCreate()
+        session = SparkSession.builder.remote("local[2]").getOrCreate()
     except Exception as exc:  # no local Connect server in this pyspark
         pytest.skip(f"cannot start a local Spark Connect server: {exc}")
     yield session
