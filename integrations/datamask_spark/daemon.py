@@ -12,7 +12,6 @@ from pyspark.daemon import manager
 # The imports start a few idle native threads (BLAS's, the allocator's), each with fork handlers of its
 # own: forking after them is what PyTorch's fork-started data loaders do too.
 import datamask_spark  # noqa: F401  (its passes, and through them torch, pandas and pyarrow)
-import datamask_spark.shards  # noqa: F401
 
 if __name__ == "__main__":
     manager()
