@@ -161,7 +161,7 @@ def shuffled_groups(inputs: list, cosine: float, rows, vectors: list | None = No
     edges = (_by_number(records, "bucket", buckets, method)
              .map_partitions(_edges, cosine, exact, meta=_EDGES, token=f"{_PREFIX}-buckets"))
     by_worse = edges.shuffle("worse", npartitions=row_shards, ignore_index=True, shuffle_method=method)
-    if exact:
+    if vectors is not None:
         by_worse = _confirmed(by_worse, vectors, cosine, row_shards, method)
     links = by_worse.map_partitions(_parents, meta=_LINKS, token=f"{_PREFIX}-parents")
     counts = forwarded_counts(links, row_shards, method)
@@ -285,27 +285,28 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
         plan = task("plan", (), band_plan, rows.key)
         # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
         # blocks x shards, not partitions x shards
-        blocks = range(0, n_parts, PARTITIONS_PER_SHARD)
+        firsts = range(0, n_parts, PARTITIONS_PER_SHARD)
         done, edges = None, [[] for _ in range(row_shards)]
         for r, bands in enumerate(band_rounds(BANDS, ROUND_BANDS)):
             records = [task("records", (r, first), _block_records,
                             [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
-                            shards, bands, done) for first in blocks]
+                            shards, bands, done) for first in firsts]
             buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], row_shards,
                             cosine, exact) for s in range(shards)]
             done = task("round", (r,), sum, [pick(b, "pairs") for b in buckets])
-            found = [pick(b, "pieces") for b in buckets]
+            pieces = [pick(b, "pieces") for b in buckets]
             if merges_before(r):  # so that the edges do not pile up
                 edges = [[task("edges", (r, t), merge_edges, edges[t], exact)] if edges[t] else []
                          for t in range(row_shards)]
-            edges = [edges[t] + [pick(f, t) for f in found] for t in range(row_shards)]
-    if exact:  # each row shard's candidates to the vector blocks of their better rows, then of their worse
+            edges = [edges[t] + [pick(p, t) for p in pieces] for t in range(row_shards)]
+    if vectors is not None:
+        # each row shard's candidates to the vector blocks of their better rows, then of their worse
         per = PARTITIONS_PER_SHARD
         blocks, firsts = shard_count(n_parts, per), range(0, n_parts, per)
-        found = rereads(vectors)
-        reads = [r if isinstance(r, _Reread) else r.key for r in found]
+        found_reads = rereads(vectors)
+        reads = [r if isinstance(r, _Reread) else r.key for r in found_reads]
         # persisted reads are the graph's dependencies; the others run inside the block tasks
-        held = [v for v, r in zip(vectors, found, strict=True) if not isinstance(r, _Reread)]
+        held = [v for v, r in zip(vectors, found_reads, strict=True) if not isinstance(r, _Reread)]
         asked = [task("requests", (s,), request_vectors, edges[s], blocks, per) for s in range(row_shards)]
         attached = [task("attach", (t,), attach_block, [pick(a, t) for a in asked], reads[first:first + per],
                          first, blocks, per) for t, first in enumerate(firsts)]

@@ -149,10 +149,11 @@ def _band_pairs(columns: np.ndarray, words: np.ndarray, group: np.ndarray, band:
 def distance(x, y) -> np.ndarray:
     """Hamming distances between signatures given as two iterables of their 4 words (arrays), uint16.
     Pass generators of per-word gathers: 1D gathers run faster than one 2D fancy index."""
-    total = None
-    for a, b in zip(x, y, strict=True):
-        bits = np.bitwise_count(a ^ b)
-        total = bits.astype(np.uint16) if total is None else np.add(total, bits, out=total)
+    words = zip(x, y, strict=True)
+    a, b = next(words)
+    total = np.bitwise_count(a ^ b).astype(np.uint16)
+    for a, b in words:
+        np.add(total, np.bitwise_count(a ^ b), out=total)
     return total
 
 

@@ -414,7 +414,8 @@ def merge_edges(edges: list, exact: bool = False) -> tuple:
     row's best edge (``exact``: its ``CANDIDATES`` best): after each round, so that a row shard holds
     at most that many edges a row however many rounds and buckets found them (the best of bests is
     the best)."""
-    return _best_edges(*_columns(edges, np.uint64, np.uint64, np.float64), CANDIDATES if exact else 1)
+    worse, better, quality = _columns(edges, np.uint64, np.uint64, np.float64)
+    return _best_edges(worse, better, quality, CANDIDATES if exact else 1)
 
 
 # --------------------------------------------------------------------------- 3a. exact cosine
@@ -611,7 +612,7 @@ def _partition_of(refs: np.ndarray) -> np.ndarray:
     return (refs >> np.uint64(32)).astype(np.int64)
 
 
-def partition_groups(pieces: list) -> dict:
+def partition_groups(pieces: list) -> DuplicateGroups:
     """One partition's entry of :func:`~datamask_dask.dedup.search.find_groups` from its pieces."""
     mask = np.uint64(0xFFFFFFFF)
     shadowed, kept, weights, parent, parents = _columns(pieces, np.uint64, np.uint64, np.int64, np.uint64,
@@ -664,7 +665,7 @@ def sharded_candidates(parts: list[dict], cosine: float, shards: int, exact: boo
     n_rows = sum(int(np.asarray(p["quality"]).shape[0]) for p in parts)
     plan = band_plan(n_rows)
     n_bands = plan["positions"].shape[0]
-    edges = [[] for _ in range(row_shards)]
+    edges: list[list] = [[] for _ in range(row_shards)]
     n_pairs = 0
     for r, bands in enumerate(band_rounds(n_bands, rounds_of)):
         if merges_before(r):  # so that the edges do not pile up
@@ -683,7 +684,7 @@ def sharded_candidates(parts: list[dict], cosine: float, shards: int, exact: boo
 
 def find_groups_sharded(parts: list[dict], cosine: float = 0.95, shards: int = 4,
                         rounds_of: int = ROUND_BANDS, on_task=None, spill=None,
-                        row_shards: int | None = None) -> tuple[list[dict], dict]:
+                        row_shards: int | None = None) -> tuple[list[DuplicateGroups], dict]:
     """Every stage in one process, in order.
 
     ``shards``: key shards of stages 1-2; ``row_shards``: row shards of stages 3-5 (default
