@@ -275,9 +275,11 @@ def test_empty_partitions(sdf):
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads a process's parent from /proc")
 def test_python_workers_are_forked_with_the_package_imported(spark):
     """The tests' session has datamask_spark.job.SETTINGS, as get_spark's has: every Python worker is
-    forked from datamask_spark.daemon, so it starts its first task with torch imported."""
+    forked from datamask_spark.daemon, so it starts its first task with torch imported, and with the
+    imports' objects frozen out of the collection Spark's worker runs after each task."""
 
-    def origin(batches):  # the worker's parent's command line, and torch imported before the task
+    def origin(batches):  # the worker's parent's command line, torch imported before the task, frozen
+        import gc
         import os
         import sys
 
@@ -287,11 +289,13 @@ def test_python_workers_are_forked_with_the_package_imported(spark):
         for _ in batches:
             pass
         parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        yield pa.RecordBatch.from_pydict({"parent": [parent], "torch": [torch]})
+        frozen = gc.get_freeze_count()
+        yield pa.RecordBatch.from_pydict({"parent": [parent], "torch": [torch], "frozen": [frozen]})
 
-    got = spark.range(0, 4, 1, 4).mapInArrow(origin, "parent string, torch boolean").collect()
+    got = spark.range(0, 4, 1, 4).mapInArrow(origin, "parent string, torch boolean, frozen long").collect()
     assert len(got) == 4
     assert all("datamask_spark.daemon" in row["parent"] and row["torch"] for row in got), got
+    assert all(row["frozen"] > 10_000 for row in got), got  # the imports' objects, not a handful
 
 
 @pytest.mark.slow
