@@ -97,18 +97,36 @@ def searched_summaries(scans, cosine: float, n_rows: int, n_parts: int, vectors)
     requests = request_vectors([edges], blocks)
     wanted = [{p: wanted_rows(requests, p, side) for p in range(n_parts)} for side in (1, 0)]
     session = scans.sparkSession
-    asked = session.createDataFrame([(t, pickle.dumps(piece, protocol=5)) for t, piece in
-                                     enumerate(requests)], PIECE_SCHEMA)
-    confirmed = _confirmed_edges(scans, asked, cosine, blocks, vectors, wanted).collect()
-    found = best_parents([tuple(np.array([row[c] for row in confirmed], dtype=dtype) for c, dtype in
+    # the driver's frames go to Spark as Arrow tables and come back as one: no Python worker converts
+    # them row by row
+    asked = session.createDataFrame(pa.Table.from_batches([_pieces(requests)]), PIECE_SCHEMA)
+    confirmed = _confirmed_edges(scans, asked, cosine, blocks, vectors, wanted).toArrow()
+    found = best_parents([tuple(confirmed.column(c).to_numpy().astype(dtype) for c, dtype in
                                 (("worse", np.int64), ("better", np.int64), ("quality", np.float64)))], 1)
     offsets = np.concatenate([[0], np.cumsum([len(part["quality"]) for part in parts])])
     parent = np.full(int(offsets[-1]), -1, dtype=np.int64)
     parent[_table_rows(found["child"], offsets)] = _table_rows(found["parent"], offsets)
-    groups = [(p, [(int(c), int(r)) for c, r in zip(g.shadowed, g.parent, strict=True)],
-               [(int(k), int(w)) for k, w in zip(g.kept, g.weights, strict=True)], g.parents.tolist())
-              for p, g in enumerate(split_groups(offsets, parent))]
+    groups = _groups_table(split_groups(offsets, parent))
     return _summarised(scans, session.createDataFrame(groups, GROUPS_SCHEMA))
+
+
+def _groups_table(groups: list[DuplicateGroups]) -> pa.Table:
+    """Each partition's groups, partition ``p`` in row ``p``, as an Arrow table of ``GROUPS_SCHEMA``."""
+
+    def lists(columns: list[list[np.ndarray]], names: list[str] | None = None) -> pa.ListArray:
+        """Row ``p``: partition ``p``'s items, ``columns[i][p]`` their column ``i`` (``names``: structs)."""
+        offsets = np.concatenate([[0], np.cumsum([len(items) for items in columns[0]], dtype=np.int64)])
+        arrays = [pa.array(np.concatenate([np.zeros(0, np.int64), *column]), pa.int64())
+                  for column in columns]
+        items = pa.StructArray.from_arrays(arrays, names=names) if names else arrays[0]
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), items)
+
+    return pa.table({"partition": pa.array(range(len(groups)), pa.int32()),
+                     "shadowed": lists([[g.shadowed for g in groups], [g.parent for g in groups]],
+                                       ["position", "parent"]),
+                     "kept": lists([[g.kept for g in groups], [g.weights for g in groups]],
+                                   ["position", "weight"]),
+                     "parents": lists([[g.parents for g in groups]])})
 
 
 def _table_rows(refs: np.ndarray, offsets: np.ndarray) -> np.ndarray:
