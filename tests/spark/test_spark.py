@@ -272,6 +272,18 @@ def test_empty_partitions(sdf):
     assert got == 80
 
 
+def test_a_pyspark_older_than_4_is_refused_at_import_naming_the_version():
+    """The integration passes Arrow tables to and from the driver (pyspark 4.0): on an older pyspark
+    its import fails with the version and the remedy, not later inside a job."""
+    import subprocess
+    import sys
+
+    code = "import pyspark; pyspark.__version__ = '3.5.3'; import datamask_spark"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "datamask_spark needs pyspark 4.0 or later, and pyspark 3.5.3 is installed" in done.stderr
+
+
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads a process's parent from /proc")
 def test_python_workers_are_forked_with_the_package_imported(spark):
     """The tests' session has datamask_spark.job.SETTINGS, as get_spark's has: every Python worker is
