@@ -14,13 +14,14 @@ DataFrame APIs are used, so it also runs over Spark Connect. Installed with
 
 import pyspark
 
-from .files import write_file_selection
-from .operator import apply_plan, datamask_select, plan_selection, spark_errors, spec_from_spark
-from .writer import write_selection
-
+# before the modules below, so that an older pyspark meets this message and not whatever breaks first
 if int(pyspark.__version__.split(".")[0]) < 4:  # Arrow tables to and from the driver came with 4.0
     raise ImportError(f"datamask_spark needs pyspark 4.0 or later, and pyspark {pyspark.__version__} is "
                       "installed: pip install 'datamask-dask[spark]' (or pyspark>=4.0)")
+
+from .files import write_file_selection  # noqa: E402
+from .operator import apply_plan, datamask_select, plan_selection, spark_errors, spec_from_spark  # noqa: E402
+from .writer import write_selection  # noqa: E402
 
 __all__ = ["apply_plan", "datamask_select", "plan_selection", "spark_errors", "spec_from_spark",
            "write_file_selection", "write_selection"]
