@@ -44,7 +44,7 @@ if getattr(multiprocessing.current_process(), "_inheriting", False):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 from .errors import DataMaskError, OptionError  # noqa: E402
-from .options import FIELDS, LEARNER_KEYS  # noqa: E402
+from .options import FIELDS, LEARNER_KEYS, check_given  # noqa: E402
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"datamask: error: {refused}", file=sys.stderr)
         return 1
     try:
-        _check_given(options)
+        check_given(options)  # the flags' own values, before a config, the input or a heavy library
     except OptionError as exc:
         print(f"datamask: error: {as_cli_message(str(exc))}", file=sys.stderr)
         return 1
@@ -366,13 +366,6 @@ def _storage_failure(exc: Exception, args):
     return storage_error(exc, " or ".join(dict.fromkeys(uris))) if uris else None
 
 
-def _check_given(options: dict) -> None:
-    """The rules on the flags' own values, before a config, the input or a heavy library is loaded."""
-    from .options import check_given
-
-    check_given(options)
-
-
 def _say_what_is_kept(args) -> None:
     """After a failed select: how many partitions finished, and how to resume or start over."""
     if args.command != "select" or not getattr(args, "output", None):
@@ -413,12 +406,6 @@ def _flag_name(key: str) -> str:
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
 _FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
                    "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
-
-
-def _file_output(source, output: str, target) -> bool:
-    """A file input gives a file output, unless the output is named as a directory (a trailing slash) or
-    is one already."""
-    return source.isfile() and not output.endswith(("/", os.sep)) and not target.isdir()
 
 
 def as_cli_message(message: str) -> str:
@@ -513,9 +500,11 @@ def _run_select(args, options: dict, started: float) -> int:
     where = resolve(source.location) if source.format == "parquet" else None
     if where is not None and not reach(where):
         raise FileNotFoundError(f"--input {args.input} does not exist")
-    # a file input gives a file output (parquet in and out, on Dask)
-    single_file = where is not None and target.format == "parquet" and args.engine == "dask" and _file_output(
-        where, args.output, resolve(target.location))
+    # a file input gives a file output (parquet in and out, on Dask), unless the output is named as a
+    # directory (a trailing slash) or is one already
+    single_file = (where is not None and where.isfile() and target.format == "parquet"
+                   and args.engine == "dask" and not args.output.endswith(("/", os.sep))
+                   and not resolve(target.location).isdir())
     spark = None
     if args.engine == "spark":
         try:

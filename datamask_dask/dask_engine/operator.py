@@ -226,10 +226,8 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
 
 def _holder(ddf):
     """The distributed client holding ``ddf``'s persisted partitions, if any (None: Dask's default)."""
-    try:
-        from distributed import futures_of
-    except ImportError:  # no distributed: nothing can be held
-        return None
+    from distributed import futures_of
+
     futures = futures_of(ddf)
     return futures[0].client if futures else None
 
