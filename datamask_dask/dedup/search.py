@@ -181,7 +181,7 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     if n < 2:
         return {"parent": np.full(n, -1, dtype=np.int64)} if keep == 1 else {
             "candidates": np.full((n, keep), -1, dtype=np.int64)}
-    keys, buckets = _kernels()
+    keys, buckets, sort_keys, merge = _kernels()
     plan = band_plan(n)
     # rank: 0 for the best row (highest quality, then the lowest row); a lower rank is better
     by_rank = np.lexsort((np.arange(n), -quality))
@@ -194,6 +194,7 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     # a key (value, group) and a row packed in one int64 where the key fits in 31 bits: one value
     # sort then orders the rows by key and, within a key, by row (the sharded stages' reference order)
     packed = (n_groups << plan["bits"]) <= 1 << 31 and n < 1 << 32
+    key_bits = ((n_groups << plan["bits"]) - 1).bit_length()
     limit = candidate_limit(cosine, keep > 1)
     n_bands = plan["positions"].shape[0]
     # The bands on a few threads (the compiled passes and numpy's sorts release the GIL): an engine
@@ -212,7 +213,7 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
             key = np.empty(n, dtype=np.int64)
             keys(sig, np.stack([tables[int(b)] for b in touched]), touched, group, plan["bits"], packed, key)
             if packed:
-                key.sort()
+                sort_keys(key, np.empty_like(key), key_bits)
                 sorted_key, order = key >> 32, key & 0xFFFFFFFF
             else:
                 order = np.argsort(key, kind="stable")
@@ -225,16 +226,9 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     if keep == 1:
         best = np.minimum.reduce(found)[:, 0]
         return {"parent": np.where(best < n, by_rank[np.minimum(best, n - 1)], -1)}
-    # the threads' lists merged two at a time (the lowest distinct ranks of the lowest are the
-    # lowest), so the merge holds two lists, not all of them side by side
     best = found.pop()
-    while found:
-        merged = np.concatenate([best, found.pop()], axis=1)
-        merged.sort(axis=1)  # in place: the merge's copies are the search's peak
-        merged[:, 1:][merged[:, 1:] == merged[:, :-1]] = n
-        merged.sort(axis=1)
-        best = np.ascontiguousarray(merged[:, :keep])
-        del merged
+    while found:  # the threads' lists merged into one, a list at a time
+        merge(best, found.pop(), n)
     candidates = by_rank.astype(slots)[np.minimum(best, n - 1)]  # row numbers, in the ranks' width
     candidates[best >= n] = -1
     return {"candidates": candidates}
@@ -242,17 +236,19 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
 
 @on_first_use
 def _kernels():
-    """The compiled passes (:func:`_keys`, :func:`_buckets`)."""
+    """The compiled passes (:func:`_keys`, :func:`_buckets`, :func:`_sort_keys`, :func:`_merge`)."""
     import numba
 
     global _insert  # _buckets calls the compiled one
     _insert = numba.njit(cache=True, nogil=True)(_insert)
-    return numba.njit(cache=True, nogil=True)(_keys), numba.njit(cache=True, nogil=True)(_buckets)
+    kernels = (_keys, _buckets, _sort_keys, _merge)
+    return tuple(numba.njit(cache=True, nogil=True)(kernel) for kernel in kernels)
 
 
 def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (compiled)
     """One band's key of each row, ``value | group << bits``, into ``out`` (int64), shifted above
-    the row's number where ``packed``; the value from the byte tables of the signature bytes
+    the row's number where ``packed`` (row after row: the rows in ascending order, as
+    :func:`_sort_keys` needs them); the value from the byte tables of the signature bytes
     ``touched`` (:func:`~datamask_dask.dedup.stages._byte_tables`)."""
     for row in range(sig.shape[0]):
         value = np.int64(0)
@@ -260,6 +256,47 @@ def _keys(sig, tables, touched, group, bits, packed, out):  # pragma: no cover (
             value |= np.int64(tables[t, sig[row, touched[t]]])
         key = value | (group[row] << bits)
         out[row] = (key << 32) | row if packed else key
+
+
+def _sort_keys(key, scratch, bits):  # pragma: no cover (compiled)
+    """Packed keys (:func:`_keys`) sorted in place: a radix sort, 11 bits a pass, of the ``bits`` bits
+    above each row's number, each pass stable, so the rows of a key stay in their ascending order: the
+    order numpy's sort of the whole values gives, in a few linear passes instead of a comparison sort;
+    ``scratch`` as large as ``key``."""
+    source, target, passes, shift = key, scratch, 0, 32
+    while shift < 32 + bits:
+        width = min(11, 32 + bits - shift)
+        mask = (1 << width) - 1
+        start = np.zeros((1 << width) + 1, dtype=np.int64)
+        for value in source:
+            start[((value >> shift) & mask) + 1] += 1
+        for digit in range(1 << width):
+            start[digit + 1] += start[digit]
+        for value in source:
+            digit = (value >> shift) & mask
+            target[start[digit]] = value
+            start[digit] += 1
+        source, target, passes, shift = target, source, passes + 1, shift + width
+    if passes % 2:
+        key[:] = scratch
+
+
+def _merge(best, other, none):  # pragma: no cover (compiled)
+    """Each row of ``best`` (its lowest distinct ranks, ascending, ``none`` after the last) made the
+    lowest distinct of it and ``other``'s row, in place."""
+    keep = best.shape[1]
+    row = np.empty(keep, dtype=best.dtype)
+    for r in range(best.shape[0]):
+        i = j = 0
+        for k in range(keep):
+            mine = best[r, i] if i < keep else none
+            theirs = other[r, j] if j < keep else none
+            row[k] = min(mine, theirs)
+            if mine <= theirs:
+                i += 1
+            if theirs <= mine:  # (both where they are equal: once in the merged row)
+                j += 1
+        best[r] = row
 
 
 def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbours):  # pragma: no cover
@@ -294,8 +331,6 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
         for w in range(4):
             local[k, w] = words[row[k], w]
         local_rank[k] = rank[row[k]]
-    keep = best.shape[1]
-    local_best = np.full((members, keep), n, dtype=np.int64)
     m1, m2 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333)
     m4, h01 = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x0101010101010101)
     one, two, four, top = np.uint64(1), np.uint64(2), np.uint64(4), np.uint64(56)
@@ -329,12 +364,8 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
                 distance += int((v * h01) >> top)
             if distance <= limit:
                 worse, better = (i, j) if local_rank[i] > local_rank[j] else (j, i)
-                _insert(local_best, worse, local_rank[better])
+                _insert(best, row[worse], local_rank[better])
         low += count_size
-    for k in range(members):
-        for slot in range(keep):
-            if local_best[k, slot] < n:
-                _insert(best, row[k], local_best[k, slot])
 
 
 def _insert(slots, row, rank):  # pragma: no cover (compiled)
