@@ -406,9 +406,9 @@ def area_sums(routed: Mapping[int, PackRows], plan: Plan) -> AreaSummaries:
     area = np.concatenate([_routed(rows, index) for index, rows in pieces.items()])
     order = np.argsort(area, kind="stable")
     areas, starts, counts = np.unique(area[order], return_index=True, return_counts=True)
-    embeddings = np.concatenate([adapters.host_rows(rows.embeddings) for rows in pieces.values()])[order]
+    embeddings = np.concatenate([adapters.host_rows(rows.embeddings) for rows in pieces.values()])
     quality = _normalised(plan, np.concatenate([rows.quality for rows in pieces.values()]))[order]
-    sums = regions.run_sums(embeddings, starts)  # in row order, on any worker
+    sums = regions.run_sums(embeddings, order, starts)  # in row order, on any worker
     counts = counts.astype(np.int64)
     return AreaSummaries(areas.astype(np.int64), counts, counts, quality, sums,
                          {"plan curve": time.perf_counter() - started})

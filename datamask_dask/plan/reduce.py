@@ -191,7 +191,7 @@ def region_packs(cells: dict[int, tuple[Cell, ...]], samples: list, spec: Select
     sample = np.concatenate(rows)
     grain = regions.grain(spec.options.metric)
     count = regions.region_count(eligible, spec.chunk_rows(dim), len(sample), grain.regions_per_chunk)
-    centroids = regions.find_centroids(sample, count, spec.options.seed)
+    centroids = regions.find_centroids(sample, count, spec.options.seed, regions.THREADS)
     areas, area_region = regions.find_areas(sample, centroids, eligible, spec.options.seed, grain.area_rows)
     label = cells[members[0]][0].label
     packs = tuple(Pack(label, 0, members, -1, None, areas=tuple(np.flatnonzero(area_region == r).tolist()))

@@ -53,7 +53,7 @@ SAMPLE_ROWS = 1 << 16  # rows of the table the k-means sees at most (spread over
 SAMPLE_VALUES = 1 << 24  # and embedding values: what reaches the driver stays small at any dimension
 MIN_SAMPLE = 64  # rows each partition sends at least
 KMEANS_ITERATIONS = 20
-AREA_THREADS = 4  # threads of find_areas
+THREADS = 4  # threads of the plan's k-means (its task runs alone, its worker's other cores idle)
 CURVE_SPAN = 4  # a region's curve reaches this many times its share of the quota (by its rows)
 PAIR_ITERATIONS = 200  # Frank-Wolfe steps of the Pair_simi shares (share_pairs)
 STEP_SEARCH, GOLDEN = 40, (5 ** 0.5 - 1) / 2  # golden-section steps of each Frank-Wolfe step's length
@@ -107,9 +107,10 @@ def region_count(rows: int, chunk_rows: int, sample_rows: int, per_chunk: int) -
     return max(1, min(wanted, sample_rows // 16))
 
 
-def find_centroids(sample: np.ndarray, count: int, seed: int | list[int]) -> np.ndarray:
+def find_centroids(sample: np.ndarray, count: int, seed: int | list[int], threads: int = 1) -> np.ndarray:
     """``count`` unit centroids of the unit rows ``sample`` (float32): spherical k-means, seeded by
-    k-means++ from ``seed``; an empty region keeps its centroid (one of the rows).
+    k-means++ from ``seed``, each row's nearest centroid found on ``threads`` threads; an empty region
+    keeps its centroid (one of the rows).
 
     The same on any machine's threads (the plan may be made in the driver or in a worker): the seeds'
     distances are einsum's sums, in one order, and each row's nearest centroid is :func:`assign`'s."""
@@ -126,27 +127,45 @@ def find_centroids(sample: np.ndarray, count: int, seed: int | list[int]) -> np.
     centroids = rows[picks].copy()
     nearest = None
     for _ in range(KMEANS_ITERATIONS):
-        previous, nearest = nearest, assign(rows, centroids)
+        previous, nearest = nearest, assign(rows, centroids, threads)
         if previous is not None and np.array_equal(previous, nearest):
             break  # the same rows give the same centroids: every later step would too
         order = np.argsort(nearest, kind="stable")
         present, starts = np.unique(nearest[order], return_index=True)
-        sums = run_sums(rows[order], starts)
+        sums = run_sums(rows, order, starts)
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         moved = norms[:, 0] > 0
         centroids[present[moved]] = (sums[moved] / norms[moved]).astype(np.float32)
     return centroids
 
 
-def run_sums(rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """The float64 sums of the 2-d ``rows`` from each of ``starts`` (ascending and distinct, the first
-    0) to the next, each one row after another: ``np.add.reduceat(rows, starts, axis=0)``'s bits, a run
-    at a time (reduceat strides across every row for each column, many times slower)."""
-    rows = np.ascontiguousarray(rows, dtype=np.float64)
-    if not len(starts) or rows.shape[1] < 2:  # numpy sums a single column pairwise, not row after row
-        return np.add.reduceat(rows, starts, axis=0)
-    ends = [*starts[1:].tolist(), len(rows)]
-    return np.stack([rows[start:end].sum(axis=0) for start, end in zip(starts.tolist(), ends, strict=True)])
+def run_sums(rows: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The float64 sums of the 2-d ``rows[order]`` from each of ``starts`` (ascending and distinct, the
+    first 0) to the next, each one row after another: ``np.add.reduceat(rows[order], starts, axis=0)``'s
+    bits, compiled (no gathered copy of the rows, no pass per run)."""
+    rows, order = np.ascontiguousarray(rows), np.asarray(order, dtype=np.int64)
+    return _sums_kernel()(rows, order, np.asarray(starts, dtype=np.int64))
+
+
+@on_first_use
+def _sums_kernel():
+    """:func:`_run_sums` compiled."""
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(_run_sums)
+
+
+def _run_sums(rows, order, starts):  # pragma: no cover (compiled)
+    """:func:`run_sums`: each run's first row, then each next one added, in float64."""
+    out = np.empty((starts.shape[0], rows.shape[1]))
+    for run in range(starts.shape[0]):
+        end = starts[run + 1] if run + 1 < starts.shape[0] else order.shape[0]
+        out[run] = rows[order[starts[run]]]
+        for at in range(starts[run] + 1, end):
+            row = order[at]
+            for column in range(rows.shape[1]):
+                out[run, column] += rows[row, column]
+    return out
 
 
 def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int, seed: int,
@@ -164,7 +183,7 @@ def find_areas(sample: np.ndarray, centroids: np.ndarray, rows: int, seed: int,
     present = np.unique(region)
     # the regions apart on a few threads (their k-means each seeded apart; numpy releases the GIL):
     # the plan's task runs alone, its worker's other cores idle
-    with ThreadPoolExecutor(max(1, min(AREA_THREADS, os.cpu_count() or 1, present.size))) as pool:
+    with ThreadPoolExecutor(max(1, min(THREADS, os.cpu_count() or 1, present.size))) as pool:
         found = list(pool.map(areas_of, present.tolist()))
     return np.concatenate(found), np.repeat(present, [len(f) for f in found]).astype(np.int64)
 
@@ -249,14 +268,16 @@ def _nearest_regions(rows: np.ndarray, centroids: np.ndarray, searched: int) -> 
     return nearest
 
 
-def assign(embeddings: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Each unit row's region: its most similar centroid (ties: the lower one).
+def assign(embeddings: np.ndarray, centroids: np.ndarray, threads: int = 1) -> np.ndarray:
+    """Each unit row's region: its most similar centroid (ties: the lower one), a block of rows at a
+    time on ``threads`` threads.
 
     A float32 product's last bits depend on the BLAS threads; rows whose best two centroids are
     within ``_TIE`` are compared again by an exact float64 sum, so every worker routes a row alike.
     """
     out = np.empty(len(embeddings), dtype=np.int64)
-    for start in range(0, len(embeddings), _BLOCK):
+
+    def block_of(start: int) -> None:
         block = np.asarray(embeddings[start:start + _BLOCK], dtype=np.float32)
         products = block @ centroids.T
         best = products.argmax(axis=1)
@@ -271,6 +292,14 @@ def assign(embeddings: np.ndarray, centroids: np.ndarray) -> np.ndarray:
                                   block[row].astype(np.float64))
                 best[row] = near[np.argmax(exact)]
         out[start:start + len(block)] = best
+
+    starts = range(0, len(embeddings), _BLOCK)
+    if threads > 1 and len(starts) > 1:  # the blocks apart: numpy releases the GIL in the products
+        with ThreadPoolExecutor(min(threads, len(starts))) as pool:
+            list(pool.map(block_of, starts))
+    else:
+        for start in starts:
+            block_of(start)
     return out
 
 
