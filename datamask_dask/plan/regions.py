@@ -294,8 +294,9 @@ def assign(embeddings: np.ndarray, centroids: np.ndarray, threads: int = 1) -> n
         out[start:start + len(block)] = best
 
     starts = range(0, len(embeddings), _BLOCK)
-    if threads > 1 and len(starts) > 1:  # the blocks apart: numpy releases the GIL in the products
-        with ThreadPoolExecutor(min(threads, len(starts))) as pool:
+    threads = min(threads, os.cpu_count() or 1, len(starts))
+    if threads > 1:  # the blocks apart: numpy releases the GIL in the products
+        with ThreadPoolExecutor(threads) as pool:
             list(pool.map(block_of, starts))
     else:
         for start in starts:
