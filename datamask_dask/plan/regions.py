@@ -43,6 +43,7 @@ import dataclasses
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -144,15 +145,19 @@ def run_sums(rows: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndar
     first 0) to the next, each one row after another: ``np.add.reduceat(rows[order], starts, axis=0)``'s
     bits, compiled (no gathered copy of the rows, no pass per run)."""
     rows, order = np.ascontiguousarray(rows), np.asarray(order, dtype=np.int64)
-    return _sums_kernel()(rows, order, np.asarray(starts, dtype=np.int64))
+    return _kernels().run_sums(rows, order, np.asarray(starts, dtype=np.int64))
 
 
 @on_first_use
-def _sums_kernel():
-    """:func:`_run_sums` compiled."""
+def _kernels() -> SimpleNamespace:
+    """The module's compiled passes (numba is imported on first use: a run without regions never pays)."""
     import numba
 
-    return numba.njit(cache=True, nogil=True)(_run_sums)
+    global _sift_down  # _lazy_greedy calls the compiled one
+    _sift_down = numba.njit(cache=True, nogil=True)(_sift_down)
+    compiled = numba.njit(cache=True, nogil=True)
+    return SimpleNamespace(run_sums=compiled(_run_sums), lazy_greedy=compiled(_lazy_greedy),
+                           chain=compiled(_chain))
 
 
 def _run_sums(rows, order, starts):  # pragma: no cover (compiled)
@@ -318,20 +323,10 @@ def gain_curve(quality: np.ndarray, neighbours: np.ndarray, similarities: np.nda
     starts = np.searchsorted(flat[order], np.arange(n + 1))
     covered_rows = (order // t).astype(np.int64)
     values = np.maximum(similarities.ravel()[order], 0).astype(np.float64)
-    gains = _compiled()(starts, covered_rows, values, np.asarray(weights, dtype=np.float64),
-                         quality_weight * np.asarray(quality, dtype=np.float64), coverage_weight,
-                         min(limit, n))
+    gains = _kernels().lazy_greedy(starts, covered_rows, values, np.asarray(weights, dtype=np.float64),
+                                   quality_weight * np.asarray(quality, dtype=np.float64), coverage_weight,
+                                   min(limit, n))
     return np.minimum.accumulate(gains)  # greedy's gains only fall; rounding aside
-
-
-@on_first_use
-def _compiled():
-    """:func:`_lazy_greedy` compiled (numba is imported on first use: a run without regions never pays)."""
-    import numba
-
-    global _sift_down  # _lazy_greedy calls the compiled one
-    _sift_down = numba.njit(cache=True, nogil=True)(_sift_down)
-    return numba.njit(cache=True, nogil=True)(_lazy_greedy)
 
 
 def _lazy_greedy(starts, covered_rows, values, weights, bonus, coverage_weight, limit):  # pragma: no cover
@@ -399,7 +394,7 @@ def pack_areas(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> lis
     rows (one larger than that alone), so that neighbours share a learner and the learner runs on
     pieces about a chunk large."""
     similarity = centroids.astype(np.float64) @ centroids.T.astype(np.float64)
-    chain = _chain_kernel()(similarity) if len(sizes) else np.zeros(0, dtype=np.int64)
+    chain = _kernels().chain(similarity) if len(sizes) else np.zeros(0, dtype=np.int64)
     runs: list[np.ndarray] = []
     run: list[int] = []
     rows = 0
@@ -412,14 +407,6 @@ def pack_areas(centroids: np.ndarray, sizes: np.ndarray, chunk_rows: int) -> lis
     if run:
         runs.append(np.array(run, dtype=np.int64))
     return [np.sort(r) for r in runs]
-
-
-@on_first_use
-def _chain_kernel():
-    """:func:`_chain` compiled."""
-    import numba
-
-    return numba.njit(cache=True, nogil=True)(_chain)
 
 
 def _chain(similarity):  # pragma: no cover (compiled)
