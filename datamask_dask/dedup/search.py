@@ -197,7 +197,7 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
     key_bits = ((n_groups << plan["bits"]) - 1).bit_length()
     limit = candidate_limit(cosine, keep > 1)
     n_bands = plan["positions"].shape[0]
-    # The bands on a few threads (the compiled passes and numpy's sorts release the GIL): an engine
+    # The bands on a few threads (the compiled passes and numpy's argsort release the GIL): an engine
     # that calls this on its driver (Spark) gets the parallelism Dask gets from tasks.
     threads = max(1, min(BAND_THREADS, os.cpu_count() or 1, n_bands))
 
@@ -207,13 +207,13 @@ def table_parents(table: dict, cosine: float = 0.95, keep: int = 1) -> dict:
 
     def run(first: int) -> np.ndarray:
         best = np.full((n, keep), n, dtype=slots)
+        key, scratch = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)  # each band's, in turn
         for band in range(first, n_bands, threads):
             tables = _byte_tables(plan["positions"][band])
             touched = np.array(sorted(tables), dtype=np.int64)  # the signature bytes the band reads
-            key = np.empty(n, dtype=np.int64)
             keys(sig, np.stack([tables[int(b)] for b in touched]), touched, group, plan["bits"], packed, key)
             if packed:
-                sort_keys(key, np.empty_like(key), key_bits)
+                sort_keys(key, scratch, key_bits)
                 sorted_key, order = key >> 32, key & 0xFFFFFFFF
             else:
                 order = np.argsort(key, kind="stable")
@@ -303,7 +303,7 @@ def _buckets(sorted_key, order, words, rank, best, limit, full, anchors, neighbo
     """One band's buckets (its rows sorted by key, ``sorted_key`` and ``order``), compiled: the pairs
     :func:`~datamask_dask.dedup.stages.bucket_edges` tries, verified within ``limit``, each verified
     pair's worse row taking the better's rank into ``best`` where lower."""
-    n = sorted_key.shape[0]  # also the rank no row has
+    n = sorted_key.shape[0]
     # the buckets of two rows or more: their places in sorted order
     start = np.empty(n // 2 + 1, dtype=np.int64)
     size = np.empty(n // 2 + 1, dtype=np.int64)
