@@ -75,7 +75,8 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     one-file, one-row-group input still makes many tasks. The schema has the hive partition keys
     as columns and leaves out unnamed pandas index columns. ``path`` is a local path or a URI
     (``s3://...``; see :mod:`.storage`); the reader opens files on its filesystem. ``rows``: each
-    piece's row count, from the footers.
+    piece's row count, and ``nbytes`` its uncompressed bytes (about its Arrow size in memory), from
+    the footers.
     """
     rows_per_partition = max(1, int(rows_per_partition))
     location = resolve(path, storage_options)
@@ -85,33 +86,38 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     with storage_errors(location):  # the listing and the footers: the input's first reads
         dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
         schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
-        pieces, counts, partition_names = [], [], {}
+        pieces, counts, sizes, partition_names = [], [], [], {}
         for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
             keys = ds.get_partition_keys(fragment.partition_expression)
             partition_names.update(dict.fromkeys(keys))
-            groups, rows = [], 0
+            groups, rows, size = [], 0, 0
             metadata = fragment.metadata
             for index in range(metadata.num_row_groups):
-                n_rows = metadata.row_group(index).num_rows
+                group = metadata.row_group(index)
+                n_rows = group.num_rows
                 split = split_row_groups and n_rows > rows_per_partition
                 if groups and (split or rows + n_rows > rows_per_partition):
                     pieces.append((fragment.path, tuple(groups), keys))
                     counts.append(rows)
-                    groups, rows = [], 0
+                    sizes.append(size)
+                    groups, rows, size = [], 0, 0
                 if split:
                     count = -(-n_rows // rows_per_partition)
                     bounds = [n_rows * i // count for i in range(count + 1)]
                     for start, end in itertools.pairwise(bounds):
                         pieces.append((fragment.path, (index,), keys, (start, end)))
                         counts.append(end - start)
+                        sizes.append(-(-group.total_byte_size * (end - start) // n_rows))
                     continue
                 groups.append(index)
                 rows += n_rows
+                size += group.total_byte_size
             if groups or not metadata.num_row_groups:
                 pieces.append((fragment.path, tuple(groups), keys))
                 counts.append(rows)
+                sizes.append(size)
     return Pieces(schema, pieces, ParquetReader(schema, list(partition_names), filesystem),
-                  {"format": "parquet", "uri": location.uri}, counts)
+                  {"format": "parquet", "uri": location.uri}, counts, sizes)
 
 
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,

@@ -28,7 +28,7 @@ class Pieces:
     Iceberg scan task), in partition order. ``reader(item, columns) -> pyarrow.Table``, picklable
     (it travels to the workers), reads ``columns`` in ``schema``'s types. ``source``: what was read,
     for run records (``format``, ``uri`` and the snapshot, ``version``). ``rows``: each piece's row
-    count, where the listing knows it (None otherwise).
+    count, and ``nbytes`` its size in memory (at most), where the listing knows them (None otherwise).
     """
 
     schema: pa.Schema
@@ -36,6 +36,7 @@ class Pieces:
     reader: Callable
     source: dict = field(default_factory=dict)
     rows: list | None = None
+    nbytes: list | None = None
 
     def __len__(self) -> int:
         return len(self.items)

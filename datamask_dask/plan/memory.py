@@ -75,14 +75,16 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
         return budget or None
     cudf = meta is not None and type(meta).__module__.split(".", 1)[0] == "cudf"
     on_gpu = device.startswith("cuda") or (device == "auto" and cudf)
-    client = _client(scheduler)
+    client = memory_client(scheduler)
     if client is not None:
         return _cluster_budget(client, on_gpu)
     free = _free_gpu_memory() if on_gpu else 0
     return int(GPU_SHARE * free) if free else None
 
 
-def _client(scheduler):
+def memory_client(scheduler):
+    """The distributed Client whose workers run the tasks: ``scheduler`` if it is one, else the default
+    Client outside a task; None on the local schedulers."""
     if "distributed" not in sys.modules:  # no client can exist, nor a worker: the local defaults
         return None
     from distributed import Client, default_client, get_worker
@@ -100,10 +102,28 @@ def _client(scheduler):
         return None
 
 
-def _cluster_budget(client, on_gpu: bool) -> int | None:
+def memory_room(scheduler=None) -> int | None:
+    """The memory a run's tasks share: the sum of the memory limits of the workers of ``scheduler``'s
+    Client (:func:`memory_client`), or on the local schedulers the machine's available memory; None
+    where a worker has no limit."""
+    client = memory_client(scheduler)
+    if client is None:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    limits = [w.get("memory_limit") for w in _workers(client).values()]
+    return sum(limits) if limits and all(limits) else None
+
+
+def _workers(client) -> dict:
+    """The scheduler's information on each of ``client``'s workers, by address."""
     takes_n_workers = "n_workers" in inspect.signature(client.scheduler_info).parameters
     info = client.scheduler_info(n_workers=-1) if takes_n_workers else client.scheduler_info()
-    workers = info.get("workers", {})
+    return info.get("workers", {})
+
+
+def _cluster_budget(client, on_gpu: bool) -> int | None:
+    workers = _workers(client)
     if on_gpu:
         free = client.run(_free_gpu_memory)
         shares = [free[address] * GPU_SHARE for address in workers if free.get(address)]

@@ -164,7 +164,9 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         frame = frame if prepare is None else prepare(frame)
         resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(frame._meta), **options)
         project = SelectionOnly.of(resolved) if output_columns == "selection" else None
-        run = DaskEngine(frame, resolved, scheduler=scheduler, project=project)
+        # the listed size of what is read (text columns computed from it are held already)
+        nbytes = sum(pieces.nbytes) if pieces.nbytes is not None and prepare is None else None
+        run = DaskEngine(frame, resolved, scheduler=scheduler, project=project, nbytes=nbytes)
     outcome = execute(run, sink, resolved, resume=resume, summary_rows=summary_rows, project=project,
                       source=described, output=output, fingerprint=fingerprint,
                       incremental=None if previous is None else {"since": since,

@@ -15,6 +15,7 @@ from conftest import FAST
 from datamask_dask import datamask_select
 from datamask_dask.dask_engine.operator import plan_selection
 from datamask_dask.errors import OptionError
+from datamask_dask.io.sinks import write_parquet
 from datamask_dask.learn.yardstick import measure_all
 from datamask_dask.plan import context
 
@@ -203,3 +204,39 @@ def test_on_a_cluster_the_routes_stay_on_the_workers(client, spread):
     engine.plan(progress=False)
     assert sorted(engine.routes) == list(range(PARTS))
     assert all(isinstance(routes, Future) for routes in engine.routes.values())
+
+
+@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi"])
+def test_a_table_that_fits_is_read_once_and_selects_the_same_rows(client, spread, tmp_path, monkeypatch,
+                                                                   caplog, algorithm):
+    """A listed table that fits in memory is read once and held through the passes (plan, near-duplicate
+    check, share, packs, write), which read it again otherwise: the same rows either way, on threads and
+    on a cluster."""
+    import logging
+
+    from datamask_dask.dask_engine import runs
+    from datamask_dask.io import parquet
+    from datamask_dask.run.tables import select_table
+
+    source = tmp_path / "in"
+    write_parquet(_ddf(spread[0]), source)
+    reads = []
+    reader = parquet.ParquetReader.__call__
+    monkeypatch.setattr(parquet.ParquetReader, "__call__",
+                        lambda self, piece, columns: reads.append(piece[0]) or reader(self, piece, columns))
+    options = {**OPTIONS, "algorithm": algorithm}
+
+    def selected(name: str, **how) -> list:
+        reads.clear()
+        select_table(str(source), str(tmp_path / name), summary_rows=0, **how, **options)
+        return pd.read_parquet(tmp_path / name).sort_values("chunk_id")["selected"].tolist()
+
+    with caplog.at_level(logging.DEBUG, logger=runs.__name__):
+        held = selected("held", scheduler="threads")
+        assert sorted(reads) == sorted(set(reads)) and len(reads) == PARTS  # each file once
+        on_cluster = selected("cluster", scheduler=client)
+    assert sum("held in memory" in r.getMessage() for r in caplog.records) == 2
+    monkeypatch.setattr(runs, "HOLD_SHARE", 0.0)  # nothing fits: each pass reads the table
+    read = selected("read", scheduler="threads")
+    assert len(reads) >= 4 * PARTS
+    assert sum(held) == round(0.1 * ROWS) and held == read == on_cluster

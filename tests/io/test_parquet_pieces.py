@@ -45,3 +45,15 @@ def test_row_ranges_keep_hive_columns(files):
     assert frame.npartitions == 13  # each full row group in two ranges, the last one whole
     whole = frame.compute()
     assert whole["a"].tolist() == list(range(10_000)) and set(whole["lang"]) == {"en"}
+
+
+def test_pieces_know_their_size_in_memory(files):
+    """What a run holds in memory where the table fits: the footers' uncompressed bytes, close to the
+    Arrow table read; a row group cut into ranges shares its bytes out."""
+    pieces = parquet_pieces(files / "hive", 3000)
+    for number in range(len(pieces)):
+        read = pieces.read(number)
+        assert 0.7 * read.nbytes <= pieces.nbytes[number] <= 1.5 * read.nbytes
+    whole = parquet_pieces(files / "one.parquet", 3000).nbytes
+    split = parquet_pieces(files / "one.parquet", 3000, split_row_groups=True).nbytes
+    assert len(split) == 4 and sum(split) - whole[0] in range(4)
