@@ -50,11 +50,12 @@ class Measures:
         for stage, seconds in stages.items():
             self.stages[stage] = self.stages.get(stage, 0.0) + seconds
 
-    def took(self, frame) -> None:
-        """Count the seconds the package's reader took to make ``frame`` (once: they leave the frame)."""
+    def took(self, frame, count: bool = True) -> None:
+        """Count the seconds the package's reader took to make ``frame`` (once: they leave the frame;
+        ``count=False`` drops them, counted already where the frame is read once for several passes)."""
         attrs = getattr(frame, "attrs", None)  # pandas, and cuDF from 24.08
         seconds = attrs.pop(READ, None) if attrs is not None else None
-        if seconds is not None:
+        if seconds is not None and count:
             self.add({"read": float(seconds)})
 
     def curve(self, label: str, history) -> None:

@@ -93,9 +93,10 @@ class DaskEngine:
         key = f"datamask-select-write-{run_id}"
         routes = self.routes if plan is self.planned else None  # a plan made elsewhere routes its rows
         packs, learned = pack_graph(self.frame, plan, plan_node, todo, routes)
-        tasks = [dask.delayed(_select_part, pure=True)(parts[number], plan_node, number, task,
-                                                       packs.get(number, ()), dask_key_name=(key, number))
-                 for number in todo]
+        held = self.frame is not self.source
+        tasks = [dask.delayed(_select_part, pure=True)(
+            parts[number], plan_node, number, task, packs.get(number, ()), held, dask_key_name=(key, number))
+            for number in todo]
         # only the packs' measures travel back, not their rows
         measured = [dask.delayed(_measures, pure=True)(pack, dask_key_name=f"datamask-measures-{pack.key}")
                     for pack in learned.values()]
@@ -106,11 +107,12 @@ class DaskEngine:
         return list(out[:len(tasks)]), dict(zip(learned, out[len(tasks):], strict=True))
 
 
-def _select_part(frame, plan: Plan, number: int, task, packs=()) -> dict:
+def _select_part(frame, plan: Plan, number: int, task, packs=(), held: bool = False) -> dict:
     """Select partition ``number`` of the table (``packs``: the results of the packs it is in) and hand
-    it to ``task``, with what it measured (its read included); its marker."""
+    it to ``task``, with what it measured (its read included, unless it was ``held``: then the plan
+    pass, which read it, counted it); its marker."""
     measures = Measures()
-    measures.took(frame)  # before the select's clock starts: the read is a stage of its own
+    measures.took(frame, count=not held)  # before the select's clock starts: the read is a stage of its own
     with measures.timed("select"):
         selected = select_partition(frame, plan, {"number": number}, packs, measures)
     return task(selected, number, measures)

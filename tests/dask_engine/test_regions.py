@@ -228,7 +228,9 @@ def test_a_table_that_fits_is_read_once_and_selects_the_same_rows(client, spread
 
     def selected(name: str, **how) -> list:
         reads.clear()
-        select_table(str(source), str(tmp_path / name), summary_rows=0, **how, **options)
+        report = select_table(str(source), str(tmp_path / name), summary_rows=0, **how, **options)
+        stages = report.record["stages"]
+        assert stages["plan read"] > 0 and ("read" in stages) == (name == "read")  # a held read counted once
         return pd.read_parquet(tmp_path / name).sort_values("chunk_id")["selected"].tolist()
 
     with caplog.at_level(logging.DEBUG, logger=runs.__name__):
