@@ -88,15 +88,18 @@ def compute(*collections, scheduler=None, progress: bool | None = None, kept: li
 def _compute(*collections, scheduler=None, progress: bool | None = None, kept: list):
     client = client_of(scheduler)
     if client is None:
-        if not wanted(progress):
-            return dask.compute(*collections, *kept, scheduler=scheduler)
-        bar = _Bar()
-        telemetry.add_step_sink(bar)  # the learners run in this process
-        try:
-            with bar:
+        from .threads import one_blas_thread
+
+        with one_blas_thread():  # a task per core
+            if not wanted(progress):
                 return dask.compute(*collections, *kept, scheduler=scheduler)
-        finally:
-            telemetry.remove_step_sink(bar)
+            bar = _Bar()
+            telemetry.add_step_sink(bar)  # the learners run in this process
+            try:
+                with bar:
+                    return dask.compute(*collections, *kept, scheduler=scheduler)
+            finally:
+                telemetry.remove_step_sink(bar)
     futures = client.compute(list(collections) + kept)
     if wanted(progress):
         bar = _Bar()

@@ -20,6 +20,17 @@ import torch
 _GPU_TURNS: dict[int, threading.Lock] = {}  # device index -> its turn
 
 
+@contextlib.contextmanager
+def one_blas_thread():
+    """numpy's BLAS on one thread in this process for the block, as Dask's workers run it (their
+    nannies set ``OMP_NUM_THREADS=1``): the local schedulers run a task per core, and tasks side by side
+    each calling a BLAS of every core's threads contend for the cores (OpenBLAS most)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 def one_cpu_thread(device: torch.device | str = "cpu"):
     """Run torch on one CPU thread for the block (:func:`torch_threads`), so that its sums add in one
     order. Nothing changes where ``device`` is not the CPU."""
