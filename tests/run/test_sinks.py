@@ -132,11 +132,11 @@ def _patch_tasks(monkeypatch, order: list, fail: int | None = None) -> None:
     """Note the order the partitions' tasks run in; partition ``fail``'s task fails."""
     select = runs._select_part
 
-    def task(frame, plan, part, write, packs=()):
+    def task(frame, plan, part, write, *rest):
         order.append(part)
         if part == fail:
             raise RuntimeError(f"partition {part} lost")
-        return select(frame, plan, part, write, packs)
+        return select(frame, plan, part, write, *rest)
 
     monkeypatch.setattr(runs, "_select_part", task)
 
