@@ -17,7 +17,7 @@ What runs, for every (size, algorithm, workers):
   :func:`datamask_dask.sample_data.make_embeddings`); partition ``i`` is drawn with seed ``i``,
   so a size of N rows is the first N / rows_per_partition files (hard links into one folder).
 - **Job**: exactly what ``datamask select --input IN --output OUT --config CONFIG --n-workers W``
-  runs (``write_selection(read_parquet(IN), OUT, ...)``, resumable writer included), on a
+  runs (``select_table(IN, OUT, ...)``, resumable writer included), on a
   ``LocalCluster`` from :func:`datamask_dask.cluster.get_client` with W worker processes of T
   threads each (``--threads``, default 1; the ``workers`` column says ``W x T``). ``rows/s`` =
   input rows / wall time of that call (plan pass, select pass and write, cluster start-up excluded).

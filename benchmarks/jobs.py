@@ -157,8 +157,7 @@ def cluster_job(source: Path, target: Path, n_workers: int, config: str, overrid
     (with the :func:`wall_account` of the job, from Dask's task stream) and memory."""
     from distributed import get_task_stream
 
-    from datamask_dask import get_client, read_parquet, write_selection
-    from datamask_dask.io.storage import input_fingerprint
+    from datamask_dask import get_client, select_table
 
     client = get_client("cpu", n_workers=n_workers, threads_per_worker=threads, dashboard_address=":0")
     try:
@@ -168,26 +167,20 @@ def cluster_job(source: Path, target: Path, n_workers: int, config: str, overrid
 
         with MemorySampler(pids) as sampler, get_task_stream(client) as stream:
             started = time.time()  # the task stream's clock
-            report = write_selection(
-                read_parquet(source),
-                target,
-                config=config,
-                overwrite=True,
-                resume=False,
-                input_fingerprint=input_fingerprint(source),
-                **overrides,
-            )
+            report = select_table(str(source), str(target), config=config, mode="overwrite", resume=False,
+                                  scheduler=client, **overrides)
             stopped = time.time()
     finally:
         client.shutdown()
+    record = report.record
     return {
         "wall": stopped - started,
         "rows": report.rows,
         "selected": report.selected,
         "workers": n_workers,
         "threads": threads,
-        "stages": stage_columns(report.stages),
-        "account": wall_account(stream.data, started, stopped, report.phases),
+        "stages": stage_columns(record["stages"]),
+        "account": wall_account(stream.data, started, stopped, record["phases"]),
         "peak_rss": max(sampler.peaks.values()),
     }
 
