@@ -206,12 +206,11 @@ def test_on_a_cluster_the_routes_stay_on_the_workers(client, spread):
     assert all(isinstance(routes, Future) for routes in engine.routes.values())
 
 
-@pytest.mark.parametrize("algorithm", ["Facility", "Pair_simi"])
 def test_a_table_that_fits_is_read_once_and_selects_the_same_rows(client, spread, tmp_path, monkeypatch,
-                                                                   caplog, algorithm):
-    """A listed table that fits in memory is read once and held through the passes (plan, near-duplicate
-    check, share, packs, write), which read it again otherwise: the same rows either way, on threads and
-    on a cluster."""
+                                                                   caplog):
+    """A listed table that fits in memory is read once and held through the passes (Facility in regions:
+    plan, near-duplicate check, curves, packs, write), which read it again otherwise: the same rows
+    either way, on threads and on a cluster."""
     import logging
 
     from datamask_dask.dask_engine import runs
@@ -224,11 +223,10 @@ def test_a_table_that_fits_is_read_once_and_selects_the_same_rows(client, spread
     reader = parquet.ParquetReader.__call__
     monkeypatch.setattr(parquet.ParquetReader, "__call__",
                         lambda self, piece, columns: reads.append(piece[0]) or reader(self, piece, columns))
-    options = {**OPTIONS, "algorithm": algorithm}
 
     def selected(name: str, **how) -> list:
         reads.clear()
-        report = select_table(str(source), str(tmp_path / name), summary_rows=0, **how, **options)
+        report = select_table(str(source), str(tmp_path / name), summary_rows=0, **how, **OPTIONS)
         stages = report.record["stages"]
         assert stages["plan read"] > 0 and ("read" in stages) == (name == "read")  # a held read counted once
         return pd.read_parquet(tmp_path / name).sort_values("chunk_id")["selected"].tolist()
