@@ -85,6 +85,17 @@ def compute(*collections, scheduler=None, progress: bool | None = None, kept: li
         return _compute(*collections, scheduler=scheduler, progress=progress, kept=list(kept))
 
 
+def persist(collection, *, scheduler=None, progress: bool | None = None):
+    """``collection`` persisted where the package's computations on ``scheduler`` run (:func:`client_of`):
+    futures on a distributed client (returned at once; the computations that take them show their
+    tasks), else values in this process, read under a bar when :func:`wanted`."""
+    client = client_of(scheduler)
+    if client is not None:
+        return client.persist(collection)
+    with worker_deaths_explained(), _Bar() if wanted(progress) else contextlib.nullcontext():
+        return collection.persist(scheduler=scheduler)
+
+
 def _compute(*collections, scheduler=None, progress: bool | None = None, kept: list):
     client = client_of(scheduler)
     if client is None:

@@ -25,7 +25,7 @@ from ..options import SelectOptions
 from ..partition import adapters
 from ..partition.select import PackResult, output_schema, select_partition
 from ..partition.spec import SelectSpec
-from ..plan.memory import memory_client, memory_room
+from ..plan.memory import memory_room
 from ..plan.types import Plan
 from ..telemetry import Measures
 from .operator import column_reads, compute_plan, make_spec, pack_graph, partitions
@@ -52,12 +52,12 @@ class DaskEngine:
 
     def plan(self, progress: bool | None = None) -> Plan:
         spec = make_spec(self.source, self.options, scheduler=self.scheduler)
-        self.frame = self._held(spec)
+        self.frame = self._held(spec, progress)
         self.planned, self.routes = compute_plan(self.frame, spec, scheduler=self.scheduler,
                                                  progress=progress)  # validates
         return self.planned
 
-    def _held(self, spec: SelectSpec):
+    def _held(self, spec: SelectSpec, progress: bool | None):
         """The source's columns this run reads, persisted, where its size is known and fits in
         ``HOLD_SHARE`` of the tasks' memory (on the CPU: a GPU's memory is the learner's); else the
         source, read by each pass."""
@@ -71,9 +71,7 @@ class DaskEngine:
             wanted = {*spec.plan_columns, *spec.select_columns, *self.project.reads(spec, columns)}
             columns = [c for c in columns if c in wanted]
         log.debug("reading the input once, held in memory through the passes: %d MiB", self.nbytes >> 20)
-        frame = self.source[columns]
-        client = memory_client(self.scheduler)
-        return client.persist(frame) if client is not None else frame.persist(scheduler=self.scheduler)
+        return progress_bars.persist(self.source[columns], scheduler=self.scheduler, progress=progress)
 
     def schema(self, plan: Plan) -> pa.Schema:
         from ..io.parquet import to_arrow

@@ -75,14 +75,14 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
         return budget or None
     cudf = meta is not None and type(meta).__module__.split(".", 1)[0] == "cudf"
     on_gpu = device.startswith("cuda") or (device == "auto" and cudf)
-    client = memory_client(scheduler)
+    client = _client(scheduler)
     if client is not None:
         return _cluster_budget(client, on_gpu)
     free = _free_gpu_memory() if on_gpu else 0
     return int(GPU_SHARE * free) if free else None
 
 
-def memory_client(scheduler):
+def _client(scheduler):
     """The distributed Client whose workers run the tasks: ``scheduler`` if it is one, else the default
     Client outside a task; None on the local schedulers."""
     if "distributed" not in sys.modules:  # no client can exist, nor a worker: the local defaults
@@ -104,9 +104,9 @@ def memory_client(scheduler):
 
 def memory_room(scheduler=None) -> int | None:
     """The memory a run's tasks share: the sum of the memory limits of the workers of ``scheduler``'s
-    Client (:func:`memory_client`), or on the local schedulers the machine's available memory; None
-    where a worker has no limit."""
-    client = memory_client(scheduler)
+    Client (or the default one outside a task), or on the local schedulers the machine's available
+    memory; None where a worker has no limit."""
+    client = _client(scheduler)
     if client is None:
         import psutil
 

@@ -232,7 +232,7 @@ def test_a_table_that_fits_is_read_once_and_selects_the_same_rows(client, spread
         return pd.read_parquet(tmp_path / name).sort_values("chunk_id")["selected"].tolist()
 
     with caplog.at_level(logging.DEBUG, logger=runs.__name__):
-        held = selected("held", scheduler="threads")
+        held = selected("held", scheduler="threads", progress=True)  # the held read under a bar
         assert sorted(reads) == sorted(set(reads)) and len(reads) == PARTS  # each file once
         on_cluster = selected("cluster", scheduler=client)
     assert sum("held in memory" in r.getMessage() for r in caplog.records) == 2
