@@ -52,7 +52,6 @@ from dask.sizeof import sizeof
 from .. import progress as progress_bars
 from ..config import resolve_options
 from ..dedup.dask_graph import table_groups
-from ..errors import worker_deaths_explained
 from ..graph_keys import listed, named
 from ..learn.options import parameters
 from ..options import FIELDS, OPERATOR_KEYS, SelectOptions
@@ -204,9 +203,8 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     import dask.dataframe as dd
 
     scheduler = scheduler or _holder(ddf)
-    if isinstance(plan, Delayed):
-        with worker_deaths_explained():
-            plan = plan.compute(scheduler=scheduler)
+    if isinstance(plan, Delayed):  # as every pass is computed: the local schedulers' BLAS on a thread a task
+        plan = progress_bars.compute(plan, scheduler=scheduler, progress=False)[0]
     plan, routes = settle(ddf, plan, scheduler=scheduler, progress=False)
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     meta = selection_meta(ddf._meta, spec)
