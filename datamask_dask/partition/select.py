@@ -374,21 +374,27 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Are
     weights = np.ones(n) if part.weights is None else part.weights
     embeddings = adapters.host_rows(part.source.rows(np.arange(n)))
     area_of_row = np.concatenate([_routed(r, index) for r in rows])
+    by_area = np.argsort(area_of_row, kind="stable")  # each area's rows in pack order, by one sort
+    bounds = np.searchsorted(area_of_row[by_area], [areas, np.add(areas, 1)])
+    eligible, planned = plan.eligible, plan.planned
+    quality_weight = options.lamb / max(1, planned)
+    coverage_weight = (1 - options.lamb) / max(1, sum(plan.rows))
     curves: dict[int, tuple] = {}
     with one_cpu_thread():  # one order of every float sum, on any worker
-        for area in areas:
-            at = np.flatnonzero(area_of_row == area)
+        for area, start, stop in zip(areas, *bounds, strict=True):
+            at = by_area[start:stop]
             if not at.size:
                 continue
             vectors = torch.as_tensor(embeddings[at])
-            generator = torch.Generator().manual_seed(derive_seed(options.seed, 0, 0, 0, area))
+            # (the seed only counts where the search is approximate)
+            generator = None if at.size <= options.exact_neighbours else \
+                torch.Generator().manual_seed(derive_seed(options.seed, 0, 0, 0, area))
             similarities, neighbours = top_neighbours(
                 vectors, vectors, options.neighbours, generator=generator, exact_max=options.exact_neighbours,
                 probes=options.probes)
-            limit = regions.curve_limit(at.size, plan.eligible, plan.planned)
             curves[area] = (at.size, regions.gain_curve(
-                quality[at], np.asarray(neighbours), np.asarray(similarities), weights[at], limit,
-                options.lamb / max(1, plan.planned), (1 - options.lamb) / max(1, sum(plan.rows))))
+                quality[at], np.asarray(neighbours), np.asarray(similarities), weights[at],
+                regions.curve_limit(at.size, eligible, planned), quality_weight, coverage_weight))
     # the plan pass's: its members' extraction, and the curves
     seconds = sum(r.seconds for r in rows) + time.perf_counter() - started
     return AreaSummaries.of(curves, {"plan curve": seconds})

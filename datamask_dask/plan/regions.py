@@ -157,7 +157,7 @@ def _kernels() -> SimpleNamespace:
     _sift_down = numba.njit(cache=True, nogil=True)(_sift_down)
     compiled = numba.njit(cache=True, nogil=True)
     return SimpleNamespace(run_sums=compiled(_run_sums), lazy_greedy=compiled(_lazy_greedy),
-                           chain=compiled(_chain))
+                           covered_by=compiled(_covered_by), chain=compiled(_chain))
 
 
 def _run_sums(rows, order, starts):  # pragma: no cover (compiled)
@@ -317,16 +317,36 @@ def gain_curve(quality: np.ndarray, neighbours: np.ndarray, similarities: np.nda
     adds: each row ``i`` is covered by its best similarity (clamped at 0) to a pick among its
     nearest ``neighbours[i]`` (``similarities[i]``), counted ``weights[i]`` times.
     """
-    n, t = neighbours.shape
-    flat = neighbours.ravel().astype(np.int64)
-    order = np.argsort(flat, kind="stable")
-    starts = np.searchsorted(flat[order], np.arange(n + 1))
-    covered_rows = (order // t).astype(np.int64)
-    values = np.maximum(similarities.ravel()[order], 0).astype(np.float64)
-    gains = _kernels().lazy_greedy(starts, covered_rows, values, np.asarray(weights, dtype=np.float64),
-                                   quality_weight * np.asarray(quality, dtype=np.float64), coverage_weight,
-                                   min(limit, n))
+    kernels = _kernels()
+    starts, covered_rows, values = kernels.covered_by(np.ascontiguousarray(neighbours, dtype=np.int64),
+                                                      np.ascontiguousarray(similarities, dtype=np.float32))
+    gains = kernels.lazy_greedy(starts, covered_rows, values, np.asarray(weights, dtype=np.float64),
+                                quality_weight * np.asarray(quality, dtype=np.float64), coverage_weight,
+                                min(limit, len(neighbours)))
     return np.minimum.accumulate(gains)  # greedy's gains only fall; rounding aside
+
+
+def _covered_by(neighbours, similarities):  # pragma: no cover (compiled)
+    """The k-NN graph turned around: for each row ``j``, from ``starts[j]`` to ``starts[j + 1]``, the
+    rows it is a neighbour of (ascending) and their similarity to it, clamped at 0, in float64 (one
+    counting pass, where sorting the edges cost more than the greedy itself on areas' small graphs)."""
+    n, t = neighbours.shape
+    starts = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        for k in range(t):
+            starts[neighbours[i, k] + 1] += 1
+    for j in range(n):
+        starts[j + 1] += starts[j]
+    filled = starts[:-1].copy()
+    covered_rows = np.empty(n * t, dtype=np.int64)
+    values = np.empty(n * t)
+    for i in range(n):
+        for k in range(t):
+            j, value = neighbours[i, k], similarities[i, k]
+            covered_rows[filled[j]] = i
+            values[filled[j]] = value if value > 0 else 0.0
+            filled[j] += 1
+    return starts, covered_rows, values
 
 
 def _lazy_greedy(starts, covered_rows, values, weights, bonus, coverage_weight, limit):  # pragma: no cover
