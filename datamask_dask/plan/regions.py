@@ -319,7 +319,7 @@ def gain_curve(quality: np.ndarray, neighbours: np.ndarray, similarities: np.nda
     """
     kernels = _kernels()
     starts, covered_rows, values = kernels.covered_by(np.ascontiguousarray(neighbours, dtype=np.int64),
-                                                      np.ascontiguousarray(similarities, dtype=np.float32))
+                                                      np.ascontiguousarray(similarities))
     gains = kernels.lazy_greedy(starts, covered_rows, values, np.asarray(weights, dtype=np.float64),
                                 quality_weight * np.asarray(quality, dtype=np.float64), coverage_weight,
                                 min(limit, len(neighbours)))
