@@ -375,13 +375,14 @@ def pack_curve(pieces: list[dict[int, PackRows]], plan: Plan, index: int) -> Are
     embeddings = adapters.host_rows(part.source.rows(np.arange(n)))
     area_of_row = np.concatenate([_routed(r, index) for r in rows])
     by_area = np.argsort(area_of_row, kind="stable")  # each area's rows in pack order, by one sort
-    bounds = np.searchsorted(area_of_row[by_area], [areas, np.add(areas, 1)])
+    placed, ids = area_of_row[by_area], np.asarray(areas, dtype=np.int64)
+    starts, stops = np.searchsorted(placed, ids, "left"), np.searchsorted(placed, ids, "right")
     eligible, planned = plan.eligible, plan.planned
     quality_weight = options.lamb / max(1, planned)
     coverage_weight = (1 - options.lamb) / max(1, sum(plan.rows))
     curves: dict[int, tuple] = {}
     with one_cpu_thread():  # one order of every float sum, on any worker
-        for area, start, stop in zip(areas, *bounds, strict=True):
+        for area, start, stop in zip(areas, starts, stops, strict=True):
             at = by_area[start:stop]
             if not at.size:
                 continue
