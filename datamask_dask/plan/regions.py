@@ -328,8 +328,8 @@ def gain_curve(quality: np.ndarray, neighbours: np.ndarray, similarities: np.nda
 
 def _covered_by(neighbours, similarities):  # pragma: no cover (compiled)
     """The k-NN graph turned around: for each row ``j``, from ``starts[j]`` to ``starts[j + 1]``, the
-    rows it is a neighbour of (ascending) and their similarity to it, clamped at 0, in float64 (one
-    counting pass, where sorting the edges cost more than the greedy itself on areas' small graphs)."""
+    rows it is a neighbour of (ascending) and their similarity to it, clamped at 0, in float64 (a
+    counting pass: sorting the edges would cost more than the greedy itself on an area's small graph)."""
     n, t = neighbours.shape
     starts = np.zeros(n + 1, dtype=np.int64)
     for i in range(n):
