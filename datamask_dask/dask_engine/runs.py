@@ -63,7 +63,7 @@ class DaskEngine:
         source, read by each pass."""
         if self.nbytes is None or adapters.is_cudf(self.source._meta):
             return self.source
-        room = memory_room(self.scheduler)
+        room = memory_room(progress_bars.client_of(self.scheduler))  # where the persist below holds it
         if room is None or self.nbytes > HOLD_SHARE * room:
             return self.source
         columns = list(self.source.columns)

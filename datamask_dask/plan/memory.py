@@ -102,11 +102,10 @@ def _client(scheduler):
         return None
 
 
-def memory_room(scheduler=None) -> int | None:
-    """The memory a run's tasks share: the sum of the memory limits of the workers of ``scheduler``'s
-    Client (or the default one outside a task), or on the local schedulers the machine's available
-    memory; None where a worker has no limit."""
-    client = _client(scheduler)
+def memory_room(client=None) -> int | None:
+    """The memory a run's tasks share: the sum of the memory limits of ``client``'s workers (the
+    distributed Client the run computes on), or, with none (the local schedulers), the machine's
+    available memory; None where a worker has no limit."""
     if client is None:
         import psutil
 
