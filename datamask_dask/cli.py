@@ -433,9 +433,16 @@ def _start_client(args):
     kind = "cuda" if args.device == "cuda" else "cpu"
     print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
           file=sys.stderr, flush=True)  # seconds of silence otherwise
-    with _interrupted_once_started():
-        return get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
-                          dashboard_address=":0")
+    client = None
+    try:
+        with _interrupted_once_started():
+            client = get_client(kind, n_workers=args.n_workers, threads_per_worker=args.threads_per_worker,
+                                dashboard_address=":0")
+    except KeyboardInterrupt:
+        if client is not None:  # started as the Ctrl-C came: shut down here, or it is left to the collector
+            client.shutdown()
+        raise
+    return client
 
 
 RESEND_SECONDS = 0.1  # how soon a Ctrl-C that Python swallowed is sent again
