@@ -26,12 +26,19 @@ each job's seconds (its run record's phases: start-up left out) and how many tim
 setting's least is this setting's least.
 
     python benchmarks/bench_quality.py --case 1m-d64 --metrics Pair_simi --try pieces=partitions --timing 2
+
+``--against CHECKOUT`` adds the first setting's job run by another commit's package (a git worktree),
+from that commit's own profile, so that a change is timed side by side with main in one run:
+
+    git worktree add /tmp/main 0f8bd65
+    python benchmarks/bench_quality.py --case 1m-d64 --metrics Pair_simi --timing 2 --against /tmp/main
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -49,10 +56,11 @@ SWEEP = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 
 
 
-def job_config(case: str, changes: list[str], profile: str) -> Path | None:
-    """The config of the case's jobs with ``changes`` (None: the CLI's own, the cpu profile)."""
+def job_config(case: str, changes: list[str], profile: str, profiles: Path = PROFILES) -> Path | None:
+    """The config of the case's jobs with ``changes`` (None: the CLI's own, the cpu profile), from the
+    profiles in ``profiles`` (another checkout's, for ``--against``)."""
     changes = [*CASES[case].changes(), *changes]
-    return profile_with(changes, profile) if changes or profile != "cpu" else None
+    return profile_with(changes, profile, profiles) if changes or profile != "cpu" else None
 
 
 def pieces(source: Path, config: Path | None, metric: str) -> int:
@@ -75,9 +83,9 @@ def pieces(source: Path, config: Path | None, metric: str) -> int:
     return count
 
 
-def profile_with(changes: list[str], profile: str = "cpu") -> Path:
+def profile_with(changes: list[str], profile: str = "cpu", profiles: Path = PROFILES) -> Path:
     """A copy of a profile with ``key=value`` changes, which win over its per-metric sections."""
-    settings = yaml.safe_load((PROFILES / f"{profile}.yaml").read_text())
+    settings = yaml.safe_load((profiles / f"{profile}.yaml").read_text())
     for item in changes:
         key, _, text = item.partition("=")
         settings[key] = yaml.safe_load(text)
@@ -88,6 +96,12 @@ def profile_with(changes: list[str], profile: str = "cpu") -> Path:
     return path
 
 
+
+
+def checkout_commit(checkout: Path) -> str:
+    """The short commit of a source tree checked out by git."""
+    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
 
 
 def config_flags(config: Path | None) -> list[str]:
@@ -126,16 +140,22 @@ def timing_lines(args) -> str:
              "| case | metric | lamb | settings | job s, each run | least | "
              "first setting's least / this one's |",
              "|---|---|---:|---|---|---:|---:|"]
+    first_changes = next(iter(args.settings.values()))
     for case in args.case:
         source, _, _ = dataset(case)
-        configs = {name: job_config(case, changes, args.profile) for name, changes in args.settings.items()}
+        jobs = {name: (job_config(case, changes, args.profile), None)
+                for name, changes in args.settings.items()}
+        if args.against:  # the first setting run by the other checkout's package, from its own profile
+            other = args.against / PROFILES.relative_to(PROFILES.parents[1])
+            jobs[f"{next(iter(jobs))} at {checkout_commit(args.against)}"] = (
+                job_config(case, first_changes, args.profile, other), args.against)
         for metric in args.metrics:
             for lamb in args.lambs:
-                seconds: dict[str, list[float]] = {name: [] for name in configs}
+                seconds: dict[str, list[float]] = {name: [] for name in jobs}
                 for _ in range(args.timing):
-                    for name, config in configs.items():
+                    for name, (config, checkout) in jobs.items():
                         flags = [*config_flags(config), "--algorithm", metric, "--lamb", str(lamb)]
-                        seconds[name].append(cli_selection(source, flags)[1]["job_seconds"])
+                        seconds[name].append(cli_selection(source, flags, checkout)[1]["job_seconds"])
                 first = min(next(iter(seconds.values())))
                 for name, runs in seconds.items():
                     each = ", ".join(f"{x:.1f}" for x in runs)
@@ -183,8 +203,13 @@ def main(argv=None) -> int:
                         help="also run with these settings changed, side by side (repeatable)")
     parser.add_argument("--timing", type=int, metavar="N",
                         help="score nothing: time each setting's job N times, in turn")
+    parser.add_argument("--against", type=Path, metavar="CHECKOUT",
+                        help="with --timing: also time the first setting's job run by the package of this "
+                             "source tree (a git worktree of another commit, such as main's)")
     parser.add_argument("--json", help="append the results to this JSON file")
     args = parser.parse_args(argv)
+    if args.against and not (args.timing and (args.against / "datamask_dask").is_dir()):
+        parser.error(f"--against {args.against}: needs --timing and a source tree holding datamask_dask/")
     named = [f"{args.profile} profile"] if args.profile != "cpu" else []
     name = " ".join([*named, *args.opt]) or "defaults"
     args.settings = {name: args.opt}  # each case's own changes come first (job_config)

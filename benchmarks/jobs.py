@@ -388,14 +388,16 @@ def selection_digest(target: Path) -> str:
     return hashlib.blake2b(ids.tobytes(), digest_size=6).hexdigest()
 
 
-def cli_selection(source: Path, flags: list[str]) -> tuple[np.ndarray, dict]:
+def cli_selection(source: Path, flags: list[str], checkout: Path | None = None) -> tuple[np.ndarray, dict]:
     """``datamask select`` on ``source``: the ``selected`` column in id order, and the job's seconds (its
-    wall time with start-up, its own phases' and the learner's worker-seconds from its run record)."""
+    wall time with start-up, its own phases' and the learner's worker-seconds from its run record).
+    ``checkout``: the package of that source tree runs the job (another commit, side by side)."""
     target = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "out"
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
                str(target), "--no-progress", *flags]
+    environment = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True)
+    run = subprocess.run(command, capture_output=True, text=True, env=environment)
     seconds = time.perf_counter() - started
     if run.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{run.stderr[-3000:]}")
