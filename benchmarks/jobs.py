@@ -393,11 +393,12 @@ def cli_selection(source: Path, flags: list[str], checkout: Path | None = None) 
     wall time with start-up, its own phases' and the learner's worker-seconds from its run record).
     ``checkout``: the package of that source tree runs the job (another commit, side by side)."""
     target = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "out"
-    command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(source), "--output",
-               str(target), "--no-progress", *flags]
+    command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(Path(source).resolve()),
+               "--output", str(target), "--no-progress", *flags]
+    # ``python -m`` imports from its working directory first: the checkout's package, not this one's
     environment = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.perf_counter()
-    run = subprocess.run(command, capture_output=True, text=True, env=environment)
+    run = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=checkout)
     seconds = time.perf_counter() - started
     if run.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{run.stderr[-3000:]}")
