@@ -37,7 +37,11 @@ from that commit's own profile, so that a change is timed side by side with main
 from __future__ import annotations
 
 import argparse
+import atexit
+import functools
 import math
+import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import asdict
@@ -91,8 +95,18 @@ def profile_with(changes: list[str], profile: str = "cpu", profiles: Path = PROF
         settings[key] = yaml.safe_load(text)
         for section in settings.get("algorithms", {}).values():
             section.pop(key, None)
-    path = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "profile.yaml"
+    handle, name = tempfile.mkstemp(suffix=".yaml", dir=scratch())
+    os.close(handle)
+    path = Path(name)
     path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+@functools.cache
+def scratch() -> Path:
+    """This run's folder of job profiles, removed at exit."""
+    path = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    atexit.register(shutil.rmtree, path, True)
     return path
 
 
