@@ -1,13 +1,10 @@
-"""Failures mid-run: a worker process killed on a real LocalCluster, a partition that cannot be read,
-bad data found by the plan pass. The result is identical or the previous output is untouched."""
+"""Failures mid-run: a partition that cannot be read, bad data found by the plan pass. The previous
+output is untouched. (A worker process killed mid-run, on every sink: tests/run/test_sinks.py.)"""
 
 from __future__ import annotations
 
 import os
 import shutil
-import signal
-import threading
-import time
 from pathlib import Path
 
 import dask.dataframe as dd
@@ -15,12 +12,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from datamask_dask import InputDataError, datamask_select, write_selection
+from datamask_dask import InputDataError, write_selection
 from datamask_dask.cli import main
 from datamask_dask.io.parquet import read_parquet
 from datamask_dask.io.sinks import write_parquet
-from datamask_dask.io.staging import work_location
-from datamask_dask.io.storage import resolve
 from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus
 
@@ -36,72 +31,9 @@ def source(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def expected(source) -> np.ndarray:
-    """``selected`` of an uninterrupted run (threaded scheduler, no cluster)."""
-    out = datamask_select(read_parquet(source), **OPTIONS).compute(scheduler="threads")
-    return out["selected"].to_numpy()
-
-
 def _files(path: Path) -> dict:
     """The data files' bytes (the run record differs between runs: its id, times and stage seconds)."""
     return {p.name: p.read_bytes() for p in sorted(path.glob("*.parquet"))}
-
-
-def _is_select_task(key) -> bool:
-    """A fused read-select-write task of the writer (Dask names the fused task after its layers)."""
-    name = str(key)
-    return "datamask" in name and "plan" not in name
-
-
-@pytest.fixture(params=["local", "s3"])
-def target(request, tmp_path):
-    """The output: a local directory, or a prefix on the S3 API server (the same rules hold)."""
-    if request.param == "local":
-        return resolve(tmp_path / "out")
-    options = request.getfixturevalue("s3")
-    return resolve(f"s3://lake/killed-worker-{tmp_path.name}", options)
-
-
-@pytest.mark.slow
-def test_killed_worker_gives_the_same_result(target, source, expected):
-    from distributed import Client, LocalCluster
-
-    work = work_location(target)
-    # Worker processes under nannies: a killed worker is restarted, its tasks are run again.
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      memory_limit="2GiB") as cluster, Client(cluster, set_as_default=False) as client:
-        pids = client.run(os.getpid)
-        killed: dict = {}
-
-        def done() -> int:
-            return sum((name.startswith("part-") and name.endswith(".json")) for name in work.list())
-
-        def kill_a_busy_worker():
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not killed:
-                if done():  # mid-run: some partitions written, others running
-                    for address, keys in client.processing().items():
-                        if address in pids and any(_is_select_task(key) for key in keys):
-                            killed.update(pid=pids[address], done=done(), published=target.exists())
-                            os.kill(pids[address], signal.SIGKILL)
-                            return
-                time.sleep(0.005)
-
-        killer = threading.Thread(target=kill_a_busy_worker, daemon=True)
-        killer.start()
-        report = write_selection(read_parquet(source), target.uri, scheduler=client,
-                                 storage_options=target.fs.storage_options, **OPTIONS)
-        killer.join()
-        assert killed and killed["done"] < N_PARTS and not killed["published"]
-        client.wait_for_workers(2, timeout=60)  # the nanny brought a fresh worker process back
-        assert killed["pid"] not in client.run(os.getpid).values()
-    table = pq.read_table(target.path, filesystem=None if target.local else target.fs)
-    np.testing.assert_array_equal(table.column("selected").to_numpy(), expected)
-    assert table.column("chunk_id").to_pylist() == list(range(2400))  # no row lost or written twice
-    assert report.rows == 2400 and report.selected == 240 and report.computed == tuple(range(N_PARTS))
-    assert target.list() == ["_datamask_run.json", *sorted(f"part.{i}.parquet" for i in range(N_PARTS))]
-    assert not work.exists()
 
 
 def _corrupt_column(file: Path, column: str) -> None:

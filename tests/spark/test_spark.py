@@ -609,10 +609,11 @@ write_file_selection(spark, sys.argv[1], sys.argv[2], ratio=0.1, seed=7, n_epoch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("storage", ["local", "s3"])
-def test_a_killed_file_job_resumes_to_the_same_bytes(spark, parquet_dir, tmp_path, request, storage):
+def test_a_killed_file_job_resumes_to_the_same_bytes(spark, parquet_dir, tmp_path, s3):
     """The Spark file job's driver is killed (SIGKILL) after a partition finished; run again, it reuses
-    the finished partitions and writes the uninterrupted job's bytes."""
+    the finished partitions and writes the uninterrupted job's bytes. On the S3 API server: the sinks'
+    protocol is the same on local disk (tests/run/test_sinks.py), where the Spark files job also resumes
+    (test_a_resumed_run_learns_a_pack_with_its_finished_members)."""
     import signal
     import subprocess
     import sys
@@ -623,8 +624,7 @@ def test_a_killed_file_job_resumes_to_the_same_bytes(spark, parquet_dir, tmp_pat
     from datamask_dask.io.staging import work_location
     from datamask_dask.io.storage import resolve
 
-    options = request.getfixturevalue("s3") if storage == "s3" else None
-    root = f"s3://lake/spark-{tmp_path.name}" if storage == "s3" else str(tmp_path)
+    options, root = s3, f"s3://lake/spark-{tmp_path.name}"
     reference = write_file_selection(spark, parquet_dir, f"{root}/reference", ratio=0.1, seed=7,
                                      storage_options=options, **FAST)
     target = resolve(f"{root}/out", options)
