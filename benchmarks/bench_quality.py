@@ -113,9 +113,10 @@ def scratch() -> Path:
 
 
 def checkout_commit(checkout: Path) -> str:
-    """The short commit of a source tree checked out by git."""
-    return subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
+    """The short commit of a source tree checked out by git (else the tree's path)."""
+    run = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True)
+    return run.stdout.strip() if run.returncode == 0 else str(checkout)
 
 
 def config_flags(config: Path | None) -> list[str]:

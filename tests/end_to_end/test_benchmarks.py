@@ -129,6 +129,27 @@ def test_the_quality_layouts_hold_the_same_rows_and_count_the_pieces_their_jobs_
     assert topics["topics"] < topics["spread"] == 6
 
 
+@pytest.mark.slow
+def test_a_timing_against_another_checkout_runs_its_package_beside_the_first_setting(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """``--timing --against CHECKOUT``: the first setting's job again, run by that tree's package and
+    named by its commit (here the tree itself); a tree without the package is refused, naming the flag."""
+    import bench_quality
+    import tables
+
+    monkeypatch.setattr(tables, "CACHE", tmp_path)
+    monkeypatch.setitem(tables.CASES, "tiny", tables.Case(1200, 8, 4, 6, "spread", 300))
+    with pytest.raises(SystemExit):
+        bench_quality.main(["--case", "tiny", "--timing", "1", "--against", str(tmp_path)])
+    assert f"--against {tmp_path}: needs --timing and a source tree holding" in capsys.readouterr().err
+    tree = BENCHMARKS.parent
+    assert bench_quality.main(["--case", "tiny", "--metrics", "Pair_simi", "--lambs", "0", "--timing", "1",
+                               "--against", str(tree)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
+    commit = bench_quality.checkout_commit(tree)
+    assert [row.split(" | ")[3] for row in rows] == ["defaults", f"defaults at {commit}"]
+
+
 def test_every_way_of_bench_rounds_selects_exactly_k_rows_and_one_piece_is_scored(tmp_path, monkeypatch):
     import math
 
