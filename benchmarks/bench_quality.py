@@ -110,8 +110,6 @@ def scratch() -> Path:
     return path
 
 
-
-
 def checkout_commit(checkout: Path) -> str:
     """The short commit of a source tree checked out by git (else the tree's path)."""
     run = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,

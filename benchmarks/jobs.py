@@ -395,7 +395,8 @@ def cli_selection(source: Path, flags: list[str], checkout: Path | None = None) 
     target = Path(tempfile.mkdtemp(prefix="bench-quality-")) / "out"
     command = [sys.executable, "-m", "datamask_dask.cli", "select", "--input", str(Path(source).resolve()),
                "--output", str(target), "--no-progress", *flags]
-    # ``python -m`` imports from its working directory first: the checkout's package, not this one's
+    # the checkout's package for the job and the processes it starts (``python -m`` imports from its
+    # working directory first, so it runs there)
     environment = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=checkout)
