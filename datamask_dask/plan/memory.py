@@ -42,6 +42,7 @@ job stops before its first task (a paused worker would leave it waiting for ever
 from __future__ import annotations
 
 import bisect
+import contextlib
 import inspect
 import sys
 from dataclasses import dataclass
@@ -83,23 +84,18 @@ def resolve_budget(value, *, device: str = "auto", meta=None, scheduler=None) ->
 
 
 def _client(scheduler):
-    """The distributed Client whose workers run the tasks: ``scheduler`` if it is one, else the default
-    Client outside a task; None on the local schedulers."""
-    if "distributed" not in sys.modules:  # no client can exist, nor a worker: the local defaults
-        return None
-    from distributed import Client, default_client, get_worker
+    """The distributed Client whose workers run the tasks, by the rule the run's computations follow
+    (:func:`datamask_dask.progress.client_of`); inside a task, with no ``scheduler``, None: the local
+    defaults, never a wait on the scheduler."""
+    from ..progress import client_of  # (it imports dask: the plan's sizing alone does not)
 
-    if scheduler is not None:  # a Client, or a local scheduler
-        return scheduler if isinstance(scheduler, Client) else None
-    try:
-        get_worker()
-        return None  # inside a task: use the local defaults, never block on the scheduler
-    except ValueError:
-        pass
-    try:
-        return default_client()
-    except ValueError:
-        return None
+    if scheduler is None and "distributed" in sys.modules:
+        from distributed import get_worker
+
+        with contextlib.suppress(ValueError):
+            get_worker()
+            return None
+    return client_of(scheduler)
 
 
 def memory_room(client=None) -> int | None:
