@@ -54,7 +54,7 @@ def write_sample(cwd: str) -> None:
 def run_once(tree: str, argv: list[str], cwd: str) -> tuple[float, float, int]:
     """Wall-clock seconds to the first stderr line and to the exit, and the exit status, of one
     ``datamask`` process on the package in ``tree`` (stderr a pipe, as in a batch job)."""
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, os.path.join(tree, "integrations")])}
+    environment = record.tree_environment(tree)
     output = os.path.join(cwd, "out")  # a file output of a file input
     if os.path.isdir(output):
         shutil.rmtree(output)

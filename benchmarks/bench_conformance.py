@@ -148,8 +148,7 @@ def main(argv=None) -> int:
         ways += [("small workers", "")] if args.small_workers else []
         for way, tag in ways:
             with tempfile.TemporaryDirectory(prefix="bench-conformance-") as scratch:
-                path = os.pathsep.join([trees[tag], os.path.join(trees[tag], "integrations")])
-                environment = {**os.environ, "PYTHONPATH": path}
+                environment = record.tree_environment(trees[tag])
                 child = [sys.executable, __file__, "--way", way, "--table", str(table), "--scratch", scratch,
                          "--algorithms", algorithm, "--small-workers", args.small_workers or "1GiB"]
                 run = subprocess.run(child, capture_output=True, text=True, env=environment)

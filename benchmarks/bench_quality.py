@@ -42,7 +42,6 @@ import functools
 import math
 import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -110,13 +109,6 @@ def scratch() -> Path:
     return path
 
 
-def checkout_commit(checkout: Path) -> str:
-    """The short commit of a source tree checked out by git (else the tree's path)."""
-    run = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True)
-    return run.stdout.strip() if run.returncode == 0 else str(checkout)
-
-
 def config_flags(config: Path | None) -> list[str]:
     return [] if config is None else ["--config", str(config)]
 
@@ -160,7 +152,7 @@ def timing_lines(args) -> str:
                 for name, changes in args.settings.items()}
         if args.against:  # the first setting run by the other checkout's package, from its own profile
             other = args.against / PROFILES.relative_to(PROFILES.parents[1])
-            jobs[f"{next(iter(jobs))} at {checkout_commit(args.against)}"] = (
+            jobs[f"{next(iter(jobs))} at {record.commit(args.against)}"] = (
                 job_config(case, first_changes, args.profile, other), args.against)
         for metric in args.metrics:
             for lamb in args.lambs:

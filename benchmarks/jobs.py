@@ -397,15 +397,15 @@ def cli_selection(source: Path, flags: list[str], checkout: Path | None = None) 
                "--output", str(target), "--no-progress", *flags]
     # the checkout's package for the job and the processes it starts (``python -m`` imports from its
     # working directory first, so it runs there)
-    environment = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
+    environment = None if checkout is None else record.tree_environment(checkout)
     started = time.perf_counter()
     run = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=checkout)
     seconds = time.perf_counter() - started
     if run.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n{run.stderr[-3000:]}")
     table = pq.read_table(target, columns=["chunk_id", "selected"]).sort_by("chunk_id")
-    record = json.loads((target / "_datamask_run.json").read_text())
+    run_record = json.loads((target / "_datamask_run.json").read_text())
     shutil.rmtree(target.parent, ignore_errors=True)
-    times = {"wall_seconds": seconds, "job_seconds": sum(record["phases"].values()),
-             "learn_seconds": record["stages"].get("learn", 0.0)}
+    times = {"wall_seconds": seconds, "job_seconds": sum(run_record["phases"].values()),
+             "learn_seconds": run_record["stages"].get("learn", 0.0)}
     return table["selected"].to_numpy(), times

@@ -47,6 +47,12 @@ def commit(tree: Path = ROOT) -> str:
     return head + ("+changes" if dirty else "")
 
 
+def tree_environment(tree) -> dict:
+    """The environment of a process that runs the package of the source tree ``tree`` (another
+    checkout, side by side with this one): its package and its Spark integration first."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.path.join(str(tree), "integrations")])}
+
+
 def command(script: str, argv=None) -> str:
     """The command line that reruns the script, quoted as a shell reads it."""
     return f"python benchmarks/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)

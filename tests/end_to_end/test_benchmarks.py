@@ -146,7 +146,7 @@ def test_a_timing_against_another_checkout_runs_its_package_beside_the_first_set
     assert bench_quality.main(["--case", "tiny", "--metrics", "Pair_simi", "--lambs", "0", "--timing", "1",
                                "--against", str(tree)]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| tiny |")]
-    commit = bench_quality.checkout_commit(tree)
+    commit = record.commit(tree)
     assert [row.split(" | ")[3] for row in rows] == ["defaults", f"defaults at {commit}"]
 
 
