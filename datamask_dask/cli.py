@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check an input and the options, select nothing",
                                    description="Run the input checks of `datamask select` alone: exit 0 "
                                    "with a summary, or 1 with every problem found.")
-    validate.add_argument("--input", required=True, help="parquet file or directory (local path or URI)")
+    validate.add_argument("--input", required=True, help="any input of select: a parquet file or directory "
+                          "(local path or URI), delta:///path/to/table or iceberg://CATALOG/namespace.table")
     _add_job_options(validate)
     sample = commands.add_parser("sample", help="write the synthetic sample corpus as a parquet directory",
                                  description="Write the synthetic corpus (chunk_id, quality_score, "
@@ -296,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     client = None
     with _interrupts_that_land():
         try:
+            _check_input(args)
             if args.command == "select" and args.engine == "spark" and not args.demo:
                 return _run_select(args, options, started)  # Spark runs its own executors: no Dask client
             if args.command == "sample":
@@ -350,6 +352,19 @@ def main(argv: list[str] | None = None) -> int:
             if client is not None:
                 _stop(client, args)
     return 0
+
+
+def _check_input(args) -> None:
+    """A parquet --input that is not there, or an object store that cannot be reached, is told before the
+    seconds of loading Dask and torch."""
+    if args.command not in ("select", "validate") or getattr(args, "demo", False) or not args.input:
+        return
+    from .io.storage import reach, resolve
+    from .io.tables import parse_table_uri
+
+    source = parse_table_uri(args.input)
+    if source.format == "parquet" and not reach(resolve(source.location)):
+        raise FileNotFoundError(f"--input {args.input} does not exist")
 
 
 def _stop(client, args) -> None:
@@ -499,14 +514,12 @@ def _interrupted_once_started():
 def _run_select(args, options: dict, started: float) -> int:
     """``datamask select``: one call of the one door (:func:`datamask_dask.run.tables.select_table`)
     whatever the input, output and engine."""
-    from .io.storage import reach, resolve
+    from .io.storage import resolve
     from .io.tables import parse_table_uri
     from .run.tables import select_table
 
     source, target = parse_table_uri(args.input), parse_table_uri(args.output)
-    where = resolve(source.location) if source.format == "parquet" else None
-    if where is not None and not reach(where):
-        raise FileNotFoundError(f"--input {args.input} does not exist")
+    where = resolve(source.location) if source.format == "parquet" else None  # there: _check_input
     # a file input gives a file output (parquet in and out, on Dask), unless the output is named as a
     # directory (a trailing slash) or is one already
     single_file = (where is not None and where.isfile() and target.format == "parquet"
@@ -572,15 +585,14 @@ def _run_sample(args) -> int:
 
 
 def _run_validate(args, options: dict) -> int:
+    """``datamask validate``: the checks and quota planning of any input ``select`` reads."""
     from .dask_engine.validate import validate_table
-    from .io.parquet import read_parquet
-    from .io.storage import reach, resolve
+    from .io.tables import read_table
 
-    source = resolve(args.input)
-    if not reach(source):
-        raise FileNotFoundError(f"--input {source} does not exist")
-    report = validate_table(read_parquet(source.uri, backend=_backend(args)), config=args.config, **options)
-    print(f"datamask validate: {source}: {report.summary()}", file=sys.stdout if report.ok else sys.stderr)
+    frame = read_table(args.input, backend=_backend(args)).frame
+    report = validate_table(frame, config=args.config, **options)
+    print(f"datamask validate: {args.input}: {report.summary()}",
+          file=sys.stdout if report.ok else sys.stderr)
     return 0 if report.ok else 1
 
 

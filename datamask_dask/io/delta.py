@@ -46,9 +46,23 @@ def _deltalake():
     return deltalake
 
 
-def _open(path, version=None, timestamp=None, storage_options=None):
+def _open(path, version=None, timestamp=None, storage_options=None, fix="change ?version= in the URI"):
+    """The Delta table at ``path`` (at ``version`` or ``timestamp``); a version it lacks is refused
+    saying ``fix``."""
     deltalake = _deltalake()
-    table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    try:
+        table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
+    except TableNotFoundError as error:
+        raise FileNotFoundError(f"the Delta table {path} does not exist (no transaction log there): check "
+                                "the URI") from error
+    except DeltaError as error:
+        if version is None:
+            raise
+        latest = _open(path, storage_options=storage_options).version()
+        raise OptionError(f"the Delta table {path} has no version {version} (its latest is {latest}): "
+                          f"{fix}") from error
     if timestamp is not None:
         if version is not None:
             raise OptionError("pass version or timestamp, not both")
@@ -100,7 +114,8 @@ def delta_pieces(path, version=None, timestamp=None, columns=None, *, storage_op
     dataset = table.to_pyarrow_dataset()
     fragments = list(dataset.get_fragments())
     if since_version is not None:
-        old = set(_paths(_open(path, since_version, None, storage_options)))
+        old = set(_paths(_open(path, since_version, None, storage_options,
+                               "run without --incremental (since=) to read the whole table")))
         now = {f.path for f in fragments}
         gone = old - now
         if gone:

@@ -43,7 +43,27 @@ def get_catalog(catalog, **properties):
         raise ImportError("Iceberg tables need pyiceberg: pip install 'datamask-dask[lakehouse]'") from error
     if isinstance(catalog, Catalog):
         return catalog
-    return load_catalog(catalog, **properties)
+    try:
+        return load_catalog(catalog, **properties)
+    except ValueError as error:  # not configured, or its properties incomplete
+        # (pyiceberg's words for a catalog it has no URI for name its own CLI's --uri)
+        reason = "no URI is configured for it" if "URI missing" in str(error) else str(error)
+        variables = f"PYICEBERG_CATALOG__{str(catalog).upper()}__"
+        raise OptionError(f"the Iceberg catalog {catalog!r} could not be loaded ({reason}): define it in "
+                          f".pyiceberg.yaml (in $PYICEBERG_HOME or the home folder) or by {variables}URI and "
+                          f"its other {variables}* environment variables") from error
+
+
+def _load_input(catalog, identifier):
+    """The input table ``identifier`` of ``catalog``; one that is not there is said so, naming both."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        return catalog.load_table(identifier)
+    except (NoSuchTableError, NoSuchNamespaceError) as error:
+        raise FileNotFoundError(f"the Iceberg table {_identifier(identifier)} does not exist in the catalog "
+                                f"{catalog.name}: check the URI (iceberg://{catalog.name}/"
+                                f"{_identifier(identifier)})") from error
 
 
 def _identifier(identifier) -> str:
@@ -104,7 +124,13 @@ def iceberg_pieces(catalog, identifier, snapshot_id=None, columns=None, row_filt
     from pyiceberg.io.pyarrow import ArrowScan
 
     cat = get_catalog(catalog, **properties)
-    table = cat.load_table(identifier)
+    table = _load_input(cat, identifier)
+    current = table.current_snapshot()
+    for wanted, fix in ((snapshot_id, "change ?snapshot_id= in the URI"),
+                        (since_snapshot_id, "run without --incremental (since=) to read the whole table")):
+        if wanted is not None and table.snapshot_by_id(wanted) is None:
+            raise OptionError(f"the Iceberg table {_identifier(identifier)} has no snapshot {wanted} (its "
+                              f"current is {current and current.snapshot_id}): {fix}")
     scan = table.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue(),
                       selected_fields=tuple(columns) if columns is not None else ("*",),
                       case_sensitive=case_sensitive, snapshot_id=snapshot_id)

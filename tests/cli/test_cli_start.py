@@ -57,6 +57,13 @@ def test_a_refused_option_is_told_before_the_input_is_read(args, flag, tmp_path)
     assert err.startswith("datamask: error: ") and flag in err and "does not exist" not in err, err
 
 
+@pytest.mark.parametrize("command", [["select", "--output", "y"], ["validate"]])
+def test_a_missing_input_is_told_before_torch_and_dask_load(command, tmp_path):
+    code, loaded, err = _probe([command[0], "--input", "missing", *command[1:]], tmp_path)
+    assert code == 1 and err == "datamask: error: --input missing does not exist", err
+    assert not {"torch", "dask.dataframe", "distributed"} & set(loaded), loaded  # the seconds of start-up
+
+
 # Each log record of the job, with the heavy modules loaded when it was written.
 JOB_PROBE = f"""
 import json, logging, sys

@@ -19,6 +19,7 @@ deltalake = require_lakehouse()
 from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 
 import datamask_dask  # noqa: E402
+from datamask_dask.errors import OptionError  # noqa: E402
 from datamask_dask.io import parquet  # noqa: E402
 from datamask_dask.io.delta import read_delta, write_delta  # noqa: E402
 from datamask_dask.io.iceberg import read_iceberg, write_iceberg  # noqa: E402
@@ -361,3 +362,44 @@ def test_iceberg_output_keeps_the_reasons(catalog, catalog_properties, iceberg_s
     assert {"near-duplicate", "quality-pruned"} <= set(reasons.index)
     near = data[data["reason"] == "near-duplicate"]
     assert near["duplicate_of"].notna().all() and near["duplicate_of"].isin(data["chunk_id"]).all()
+
+
+def test_a_missing_table_version_or_catalog_is_said_in_one_line(tmp_path, delta_source, capsys):
+    """On the command line: what is missing, named, and what to change; never a library's traceback."""
+    from datamask_dask.cli import main
+
+    out = ["--output", str(tmp_path / "out")]
+    cases = [
+        (["select", "--input", f"delta://{tmp_path}/none", *out],
+         f"the Delta table {tmp_path}/none does not exist"),
+        (["validate", "--input", f"delta://{tmp_path}/none"], "does not exist (no transaction log there)"),
+        (["select", "--input", f"delta://{delta_source}?version=7", *out],
+         "has no version 7 (its latest is 1)"),
+        (["select", "--input", "iceberg://datamask_unset/ns.t", *out],
+         "the Iceberg catalog 'datamask_unset' could not be loaded (no URI is configured for it)"),
+        (["select", "--input", f"delta://{delta_source}", "--output", "iceberg://datamask_unset/ns.t"],
+         "PYICEBERG_CATALOG__DATAMASK_UNSET__URI"),
+    ]
+    for args, said in cases:
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("datamask: error: ") and said in err[0], (args, err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_iceberg_table_or_snapshot_is_named(catalog, catalog_properties, iceberg_source):
+    with pytest.raises(FileNotFoundError, match="the Iceberg table ns.missing does not exist in the catalog "
+                       "local: check the URI"):
+        read_table("iceberg://local/ns.missing", catalog_properties=catalog_properties)
+    with pytest.raises(OptionError, match=r"the Iceberg table ns.source has no snapshot 7 .*: change "
+                       r"\?snapshot_id= in the URI"):
+        read_table("iceberg://local/ns.source?snapshot_id=7", catalog_properties=catalog_properties)
+    with pytest.raises(OptionError, match="has no snapshot 7 .*: run without --incremental"):
+        read_table("iceberg://local/ns.source", since=7, catalog_properties=catalog_properties)
+
+
+def test_validate_reads_every_input_select_reads(delta_source, capsys):
+    from datamask_dask.cli import main
+
+    assert main(["validate", "--input", f"delta://{delta_source}"]) == 0
+    assert f"{N} rows" in capsys.readouterr().out
