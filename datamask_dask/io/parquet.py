@@ -85,9 +85,13 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     filesystem = None if location.local else location.fs
     with storage_errors(location):  # the listing and the footers: the input's first reads
         dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
+        fragments = sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path))
+        if not fragments:  # a directory without data files: a table of no columns would be read
+            raise InputDataError(f"{location.uri} holds no parquet files: point to a parquet file or a "
+                                 "directory of them (hive key=value folders too)")
         schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
         pieces, counts, sizes, partition_names = [], [], [], {}
-        for fragment in sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path)):
+        for fragment in fragments:
             keys = ds.get_partition_keys(fragment.partition_expression)
             partition_names.update(dict.fromkeys(keys))
             groups, rows, size = [], 0, 0

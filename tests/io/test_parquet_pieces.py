@@ -57,3 +57,12 @@ def test_pieces_know_their_size_in_memory(files):
     whole = parquet_pieces(files / "one.parquet", 3000).nbytes
     split = parquet_pieces(files / "one.parquet", 3000, split_row_groups=True).nbytes
     assert len(split) == 4 and sum(split) - whole[0] in range(4)
+
+
+def test_a_directory_without_parquet_files_is_named(tmp_path):
+    """Not a table of no columns, whose every column would be reported missing."""
+    from datamask_dask.errors import InputDataError
+
+    (tmp_path / "empty" / "lang=en").mkdir(parents=True)
+    with pytest.raises(InputDataError, match=r"empty holds no parquet files: point to a parquet file"):
+        read_parquet(tmp_path / "empty")
