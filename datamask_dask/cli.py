@@ -342,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.verbose:
                 traceback.print_exc()
             where = getattr(args, "input", None)
-            message = f"--input {where} could not be read as parquet: {exc}" if unreadable else str(exc)
+            message = f"--input {where} could not be read as parquet: {exc}" if unreadable else \
+                _flag_of(exc, args) or str(exc)
             print(f"datamask: error: {as_cli_message(message)}", file=sys.stderr)
             unreachable = getattr(exc, "reason", None) in ("credentials", "endpoint", "bucket")
             if type(exc).__name__ != "ResumeError" and not unreachable:  # those say what to do
@@ -352,6 +353,23 @@ def main(argv: list[str] | None = None) -> int:
             if client is not None:
                 _stop(client, args)
     return 0
+
+
+def _flag_of(exc: Exception, args) -> str | None:
+    """A file system's refusal (no such folder, no permission) as the local --output or --input it hit."""
+    if not isinstance(exc, OSError) or not exc.filename or not exc.strerror:
+        return None
+    from .io.tables import parse_table_uri
+
+    hit = os.path.abspath(os.fsdecode(exc.filename))
+    for flag in ("output", "input"):
+        given = getattr(args, flag, None)
+        table = parse_table_uri(given) if given else None
+        if table is not None and table.format != "iceberg" and "://" not in table.location:
+            path = os.path.abspath(table.location)
+            if os.path.commonpath([hit, path]) in (hit, path):  # the path itself, a folder above or below it
+                return f"--{flag} {given}: {exc.strerror}: {hit}"
+    return None
 
 
 def _check_input(args) -> None:

@@ -132,6 +132,15 @@ def test_non_parquet_input_is_one_line(tmp_path, capsys):
     assert len(err) == 1 and "--input" in err[0] and "parquet" in err[0]
 
 
+def test_a_location_the_output_cannot_take_is_named_by_its_flag(source, tmp_path, capsys):
+    """The file system's refusal with the flag whose path it hit, not a bare errno line."""
+    (tmp_path / "afile").write_text("")  # a file where the output needs a folder
+    output = str(tmp_path / "afile" / "out")
+    assert main(["select", "--input", str(source), "--output", output, *FLAGS]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"datamask: error: --output {output}: File exists: {tmp_path / 'afile'}"]
+
+
 @pytest.mark.slow
 def test_errors_on_a_cluster_are_one_line(tmp_path, corpus):
     frame = corpus.copy()
