@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 if getattr(multiprocessing.current_process(), "_inheriting", False):
     # A cluster's worker process, which imports the command as its main module first (multiprocessing's
@@ -549,7 +550,12 @@ def _run_select(args, options: dict, started: float) -> int:
             from datamask_spark.job import get_spark
         except ImportError as exc:
             raise OptionError("--engine spark needs pyspark: pip install 'datamask-dask[spark]'") from exc
-        spark = get_spark(args.spark_master)
+        if not args.verbose:  # PySpark's caution about pandas 3, on which the package's Spark path is tested
+            warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
+        progress = args.progress if args.progress is not None else sys.stderr.isatty()
+        spark = get_spark(args.spark_master, progress=progress)
+        if not args.verbose:
+            spark.sparkContext.setLogLevel("ERROR")  # the job's own lines; Spark's with --verbose
     report = select_table(
         args.input, args.output, engine=args.engine, spark=spark, config=args.config,
         output_columns=args.output_columns, mode=args.mode or ("overwrite" if args.overwrite else "error"),

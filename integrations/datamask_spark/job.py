@@ -15,12 +15,13 @@ __all__ = ["SETTINGS", "get_spark", "select_parquet"]
 SETTINGS = {"spark.python.daemon.module": "datamask_spark.daemon"}
 
 
-def get_spark(master: str | None = None, app_name: str = "datamask-select"):
+def get_spark(master: str | None = None, app_name: str = "datamask-select", *, progress: bool = True):
     """The active Spark session, or a new one (``master`` e.g. ``"local[2]"``; None: spark-submit's).
 
     A new session's Python workers are pointed at this interpreter (``PYSPARK_PYTHON``) unless set
     already, so they find the packages of the current environment, and are forked from
     :mod:`datamask_spark.daemon` (:data:`SETTINGS`), so they start with the package imported.
+    ``progress=False``: without Spark's console progress bars (``spark.ui.showConsoleProgress``).
     """
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
@@ -31,7 +32,8 @@ def get_spark(master: str | None = None, app_name: str = "datamask-select"):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     given = SparkConf()  # spark-submit's --conf and spark-defaults.conf: the user's say first
-    for key, value in SETTINGS.items():
+    settings = {**SETTINGS, **({} if progress else {"spark.ui.showConsoleProgress": "false"})}
+    for key, value in settings.items():
         if not given.contains(key):
             builder = builder.config(key, value)
     if master:

@@ -520,6 +520,26 @@ def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tm
 
 
 @pytest.mark.slow
+def test_a_cli_spark_job_in_a_batch_log_writes_its_own_lines(parquet_dir, tmp_path):
+    """``datamask select --engine spark`` with stderr not a terminal: the job's lines, without Spark's
+    console progress bars or PySpark's caution about pandas between them."""
+    import subprocess
+    import sys
+
+    from conftest import spark_worker_environment
+
+    spark_worker_environment()
+    done = subprocess.run([sys.executable, "-m", "datamask_dask.cli", "select", "--engine", "spark",
+                           "--spark-master", "local[1]", "--input", str(parquet_dir), "--output",
+                           str(tmp_path / "out"), "--n-epochs", "20", "--n-rollout", "8"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "datamask: planning" in done.stderr and "datamask: committed" in done.stderr, done.stderr
+    assert "[Stage" not in done.stderr and "FutureWarning" not in done.stderr, done.stderr
+    assert "160 selected" in done.stdout
+
+
+@pytest.mark.slow
 def test_file_selection_reads_delta_and_iceberg_tables(spark, corpus, tmp_path):
     """Delta and Iceberg inputs: the workers read the snapshot's files (deltalake fragments, pyiceberg
     scan tasks), the same partitions as the Dask readers, hence Dask's rows."""
