@@ -304,8 +304,11 @@ class RunSummary:
     def read(cls, path: str | os.PathLike) -> RunSummary:
         """The run summary of the datamask output at ``path`` (directory or single parquet file)."""
         from ..io.output import read_record
+        from ..io.storage import reach, resolve
 
         record = read_record(path)
+        if record is None and not reach(resolve(path)):
+            raise FileNotFoundError(f"{path} does not exist")
         if record is None:
             raise FileNotFoundError(f"{path} has no datamask run record: it was not written by "
                                     "datamask_dask.write_selection (or `datamask select`)")

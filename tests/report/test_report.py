@@ -357,6 +357,9 @@ def test_report_cli(run, pages, tmp_path, capsys):
     add_report_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["report", str(tmp_path / "missing")])
     assert args.command == "report" and run_report(args) == 1
+    assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()
+    assert run_report(parser.parse_args(["report", str(tmp_path / "other")])) == 1
     assert "no datamask run record" in capsys.readouterr().err
     written = tmp_path / "written"  # a table datamask wrote, but not a selection (`datamask sample`)
     write_parquet(dd.from_pandas(make_corpus(200, 8), npartitions=1, sort=False), written)
