@@ -106,8 +106,9 @@ def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
                 raise OptionError(f"a section under {SECTIONS!r} in {source} cannot set 'algorithm'")
             continue
         if name not in FIELDS:
-            known = sorted(FIELDS)
-            raise OptionError(f"unknown option {key!r} in {source}; known options are {known} "
+            close = difflib.get_close_matches(name, [*FIELDS, *ALIASES], n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise OptionError(f"unknown option {key!r} in {source}; {hint}known options are {sorted(FIELDS)} "
                               f"(aliases: {sorted(ALIASES)})")
         if name in out:
             raise OptionError(f"option {name!r} is given twice in {source} (under two spellings)")

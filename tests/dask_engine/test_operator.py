@@ -523,7 +523,8 @@ def test_duplicate_ids_across_partitions(client, corpus):
 
 def test_bad_options(corpus):
     ddf = dd.from_pandas(corpus, npartitions=2)
-    with pytest.raises(OptionError, match="unknown option 'n_epoch'"):
+    with pytest.raises(OptionError, match="unknown option 'n_epoch' in keyword arguments; did you mean "
+                       "'n_epochs'"):
         datamask_select(ddf, n_epoch=3)
     with pytest.raises(OptionError, match="n_rollout"):
         datamask_select(ddf, n_rollout=1)
