@@ -200,6 +200,9 @@ def run_text(args: argparse.Namespace) -> int:
         if rows_per_task != cap:
             pieces = parquet_pieces(source.uri, rows_per_task, split_row_groups=True)
         ddf = to_dask(pieces, "datamask-read-parquet")
+        if args.output_column in ddf.columns:  # a new model's embeddings or scores over old ones: said
+            print(f"{name}: the input's column {args.output_column!r} is replaced by the new one in --output "
+                  "(the input is unchanged; --output-column names another)", file=sys.stderr)
         if args.command == "embed":
             out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                         device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,

@@ -143,7 +143,7 @@ def test_text_path_end_to_end_on_cluster(client):
     assert {"feature_arr", "quality_score", "selected"} <= set(out.columns)
 
 
-def test_cli_embed_and_score(tmp_path):
+def test_cli_embed_and_score(tmp_path, capsys):
     source = tmp_path / "in.parquet"
     pd.DataFrame({"chunk_id": range(len(TEXTS)), "text": TEXTS}).to_parquet(source)
     assert main(["score", "--input", str(source), "--output", str(tmp_path / "scored")]) == 0
@@ -156,6 +156,9 @@ def test_cli_embed_and_score(tmp_path):
     assert main(["score", "--input", str(source), "--output", str(tmp_path / "scored"),
                  "--overwrite"]) == 0
     assert main(["score", "--input", str(source), "--output", str(tmp_path)]) == 1  # not ours
+    capsys.readouterr()
+    assert main(["score", "--input", str(tmp_path / "scored"), "--output", str(tmp_path / "again")]) == 0
+    assert "the input's column 'quality_score' is replaced by the new one" in capsys.readouterr().err
 
 
 def test_select_helper_fills_missing_columns():
