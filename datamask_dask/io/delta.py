@@ -32,7 +32,7 @@ from .output import RECORD_KEY, UnsafeOutputError, check_inputs, publish
 from .parquet import to_arrow, variable_lists
 from .pieces import Pieces, to_dask
 from .records import dumps, loads_record
-from .storage import resolve
+from .storage import reach, resolve
 
 __all__ = ["DeltaSink", "delta_pieces", "delta_record", "read_delta", "write_delta"]
 
@@ -52,6 +52,10 @@ def _open(path, version=None, timestamp=None, storage_options=None, fix="change 
     deltalake = _deltalake()
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
+    if storage_options is None and os.fspath(path).startswith("s3://"):
+        # S3's credentials, endpoint and bucket, told as for parquet (deltalake's own errors are its
+        # credential chain's log)
+        reach(resolve(path))
     try:
         table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
     except TableNotFoundError as error:

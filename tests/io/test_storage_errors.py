@@ -144,6 +144,17 @@ def test_validate_with_an_unreachable_input_fails_in_one_line(store, environment
     _one_line(capsys, uri, case)
 
 
+@pytest.mark.parametrize("case", ["missing", "wrong", "endpoint", "bucket"])
+def test_a_delta_input_on_an_unreachable_store_fails_in_the_same_line(store, environment, case, tmp_path,
+                                                                      capsys):
+    """Told by the object store's probe, as for parquet, not by deltalake's credential chain's log."""
+    pytest.importorskip("deltalake", reason="the lakehouse extra (deltalake) is not installed")
+    uri = _input_uri(store, case)
+    environment(case)
+    assert main(["select", "--input", f"delta+{uri}", "--output", str(tmp_path / "out"), *FLAGS]) == 1
+    _one_line(capsys, uri, case)
+
+
 @pytest.mark.parametrize("case", ["missing", "wrong", "endpoint", "bucket", "read-only"])
 def test_select_with_an_unreachable_output_fails_in_one_line(store, environment, case, local_corpus, capsys):
     bucket = {"bucket": MISSING, "read-only": READ_ONLY}.get(case, "lake")
