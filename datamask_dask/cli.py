@@ -460,10 +460,14 @@ def as_cli_message(message: str) -> str:
 def _start_client(args):
     if not (args.scheduler or args.n_workers):
         return None  # Dask's threaded scheduler: distributed is not even imported
-    from .cluster import get_client
+    from .cluster import SchedulerUnreachable, get_client
 
     if args.scheduler:
-        return get_client(args.scheduler)
+        try:
+            return get_client(args.scheduler)
+        except OSError as exc:  # the flag to change, with what went wrong
+            reason = exc.reason if isinstance(exc, SchedulerUnreachable) else exc
+            raise OSError(f"--scheduler {args.scheduler}: {reason}") from exc
     kind = "cuda" if args.device == "cuda" else "cpu"
     print(f"datamask: starting a local cluster of {args.n_workers} {kind.upper()} worker process(es)",
           file=sys.stderr, flush=True)  # seconds of silence otherwise

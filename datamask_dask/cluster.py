@@ -11,6 +11,7 @@ import inspect
 import multiprocessing
 import os
 import signal
+import socket
 import threading
 
 import dask
@@ -54,6 +55,32 @@ _MAIN_GUARD = ("the local cluster's worker processes could not start: when get_c
                "script again and must not start a cluster of their own")
 
 
+class SchedulerUnreachable(OSError):
+    """No Dask scheduler can be at ``address``: ``reason`` says why."""
+
+    def __init__(self, address: str, reason: str):
+        super().__init__(f"no Dask scheduler at {address}: {reason}")
+        self.address, self.reason = address, reason
+
+
+def _probe_scheduler(address: str) -> None:
+    """Fail at once where no scheduler can be at a TCP ``address`` (nothing listens, no such host), rather
+    than after Dask's connect timeout of retries; anything else is left to the Client's connect."""
+    scheme, _, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme not in ("", "tcp") or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except ConnectionRefusedError:
+        raise SchedulerUnreachable(address, "nothing listens there (connection refused); check the address a "
+                                   "scheduler prints as 'Scheduler at: tcp://...'") from None
+    except socket.gaierror as exc:
+        raise SchedulerUnreachable(address, f"the host {host} is not known ({exc.strerror})") from None
+    except OSError:  # a timeout or an unreachable network: the Client's own connect says it
+        pass
+
+
 def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_worker: int = 1,
                memory_limit: str | int | float | None = "auto", set_as_default: bool = True,
                **cluster_kwargs) -> Client:
@@ -88,6 +115,7 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
         ``"cpu"``, but only disconnects for ``"cuda"``).
     """
     if kind not in ("cpu", "cuda"):
+        _probe_scheduler(kind)
         return Client(kind, set_as_default=set_as_default)
     # A spawned worker re-imports the script before multiprocessing knows its parent: it is then
     # still "inheriting" (what multiprocessing's own check of this mistake reads).

@@ -141,6 +141,21 @@ def test_a_location_the_output_cannot_take_is_named_by_its_flag(source, tmp_path
         f"datamask: error: --output {output}: File exists: {tmp_path / 'afile'}"]
 
 
+def test_a_scheduler_address_where_none_runs_is_named_by_its_flag(source, tmp_path, capsys):
+    """Said at once (nothing listens there), not after Dask's connect timeout of retries."""
+    import socket
+
+    with socket.socket() as free:  # a port nothing listens on once it is closed
+        free.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{free.getsockname()[1]}"
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--scheduler", address,
+                 *FLAGS]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"datamask: error: --scheduler {address}: nothing listens there (connection refused); check the "
+        "address a scheduler prints as 'Scheduler at: tcp://...'"]
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow
 def test_errors_on_a_cluster_are_one_line(tmp_path, corpus):
     frame = corpus.copy()
