@@ -50,6 +50,13 @@ from .options import FIELDS, LEARNER_KEYS, check_given  # noqa: E402
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
 
+def _at_least_one(text: str) -> int:
+    """A count of processes or threads: a whole number >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {text!r}")
+    return int(text)
+
+
 def _weights(text: str):
     """``"a"`` -> "a"; ``"a,b"`` -> ["a", "b"]; ``"a=0.7,b=0.3"`` -> {"a": 0.7, "b": 0.3}."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -68,11 +75,11 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--config", help="a profile (cpu, gpu, reference) or a YAML file; flags override it "
                      "(default: the device's profile)")
     job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    job.add_argument("--n-workers", "--n_workers", type=int,
+    job.add_argument("--n-workers", "--n_workers", type=_at_least_one,
                      help="start a local cluster of this many worker processes, each held to its memory "
                      "limit (default: Dask's threads in this process, which start at once and run a job on "
                      "one machine faster; see the benchmarks page)")
-    job.add_argument("--threads-per-worker", type=int, default=1,
+    job.add_argument("--threads-per-worker", type=_at_least_one, default=1,
                      help="threads of each worker process (a GPU worker's threads read and write beside "
                      "its learner)")
     for name, spec in FIELDS.items():

@@ -104,7 +104,8 @@ class DataMaskOptions:
         0.0, "share of worst-quality rows made ineligible", rule=(lambda v: 0 <= v < 1, "a share in [0, 1)"),
         doc="Share of the table, worst quality first, made ineligible before learning, in [0, 1) "
         "(table-wide, not per partition; per group with ``by``).")
-    seed: int = option(0, "seed of every random draw; the same seed gives the same selection")
+    seed: int = option(0, "seed of every random draw; the same seed gives the same selection",
+                       rule=(lambda v: v >= 0, "an integer >= 0"))
     update: str = option(
         "credit", "how the logits move: credit (each row's own contribution), paper or plackett_luce",
         choices=UPDATES,

@@ -37,6 +37,8 @@ def _probe(args: list[str], cwd) -> tuple[int, list[str], str]:
     (["select", "--help"], 0),
     (["select", "--input", "x", "--output", "y", "--bogus"], 2),
     (["select", "--input", "x", "--output", "y", "--n_epochs", "many"], 2),
+    (["select", "--input", "x", "--output", "y", "--n-workers", "0"], 2),
+    (["select", "--input", "x", "--output", "y", "--n-workers", "2", "--threads-per-worker", "-1"], 2),
 ])
 def test_version_help_and_usage_errors_load_nothing_heavy(args, code, tmp_path):
     assert _probe(args, tmp_path)[:2] == (code, [])
@@ -48,6 +50,7 @@ def test_version_help_and_usage_errors_load_nothing_heavy(args, code, tmp_path):
     (["validate", "--input", "x", "--lamb", "2"], "--lamb=2.0 is invalid"),
     (["select", "--input", "x", "--output", "y", "--duplicate-cosine", "1"], "--duplicate-cosine=1.0"),
     (["select", "--budget-tokens", "0"], "--budget-tokens=0 is invalid"),
+    (["select", "--input", "x", "--output", "y", "--seed", "-1"], "--seed=-1 is invalid"),
 ])
 def test_a_refused_option_is_told_before_the_input_is_read(args, flag, tmp_path):
     """The value rules the resolved settings are checked with, applied to the flags first: the input x
