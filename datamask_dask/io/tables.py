@@ -154,6 +154,10 @@ def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_prop
     """A table URI's partitions as :class:`~.pieces.Pieces` (arguments: :func:`read_table`), for
     engines that read each piece in their own tasks (Dask, ``datamask_spark.files``)."""
     table = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
+    if row_filter is not None and table.format != "iceberg":  # read whole, the filter would be ignored
+        raise OptionError(f"row_filter (--row-filter) needs an Iceberg input, whose scan applies it; a "
+                          f"{table.format} input is read whole: write the rows to consider to a table of "
+                          "their own first")
     if table.format == "delta":
         from .delta import delta_pieces
 
@@ -164,8 +168,9 @@ def table_pieces(uri, *, columns=None, row_filter=None, since=None, catalog_prop
 
         return iceberg_pieces(table.catalog, table.location, table.snapshot_id, columns, row_filter,
                               since_snapshot_id=since, **(catalog_properties or {}))
-    if row_filter is not None or since is not None:
-        raise OptionError("row filters and incremental runs need a Delta or Iceberg input, not parquet")
+    if since is not None:
+        raise OptionError("an incremental run (since=, --incremental) needs a Delta or Iceberg input, not "
+                          "parquet")
     from .parquet import parquet_pieces
 
     pieces = parquet_pieces(table.location, storage_options=storage_options)

@@ -403,3 +403,11 @@ def test_validate_reads_every_input_select_reads(delta_source, capsys):
 
     assert main(["validate", "--input", f"delta://{delta_source}"]) == 0
     assert f"{N} rows" in capsys.readouterr().out
+
+
+def test_a_row_filter_on_an_input_it_cannot_filter_is_refused(delta_source, tmp_path):
+    """Not read whole with the filter in the run record, as if it had applied."""
+    for source in (f"delta://{delta_source}", str(tmp_path / "none.parquet")):
+        with pytest.raises(OptionError, match="row_filter .--row-filter. needs an Iceberg input"):
+            select_table(source, tmp_path / "out", RATIO, row_filter="chunk_id < 100", **OPTIONS)
+    assert not (tmp_path / "out").exists()
