@@ -50,16 +50,38 @@ def output_record(output) -> dict:
 
 def read_output(output, columns: list[str], record: dict) -> pd.DataFrame:
     """``columns`` (those present) of every row of a datamask output whose run record
-    (:func:`output_record`) is ``record``."""
+    (:func:`output_record`) is ``record``; those a selection-only output leaves out (the quality, the
+    text) are joined back from the input snapshot it was selected from, on the id."""
     table = parse_table_uri(output)
     if table.format == "parquet":
         files = data_files(resolve(table.location), record)
         frame = sample_files(files, columns, sys.maxsize)
         frame["_partition"] = _file_partitions(files, frame, columns)
-        return _integral_links(frame)
-    ddf = read_table(table).frame
-    frame = ddf[[c for c in columns if c in ddf.columns]].compute(scheduler="threads")
-    return _integral_links(frame.reset_index(drop=True))
+    else:
+        ddf = read_table(table).frame
+        frame = ddf[[c for c in columns if c in ddf.columns]].compute(scheduler="threads")
+        frame = frame.reset_index(drop=True)
+    missing = [c for c in columns if c not in frame.columns]
+    if missing and record["output"].get("columns") == "selection":
+        id_column = RunRecord.from_dict(record).options.id_column
+        source = read_table(input_uri(record)).frame
+        wanted = [c for c in missing if c in source.columns]
+        if wanted:  # a left join keeps the output's rows in their order
+            frame = frame.merge(source[[id_column, *wanted]].compute(scheduler="threads"), on=id_column,
+                                how="left")
+    return _integral_links(frame)
+
+
+def input_uri(record: dict) -> str:
+    """The table URI of the input snapshot a run read, from its run record."""
+    read, version = record["input"], record["input"].get("version")
+    kind, *where = read["table"]
+    if kind == "iceberg":
+        return f"iceberg://{where[0]}/{where[1]}" + ("" if version is None else f"?snapshot_id={version}")
+    if kind == "delta":
+        base = f"delta://{where[0]}" if where[0].startswith("/") else f"delta+{where[0]}"
+        return base + ("" if version is None else f"?version={version}")
+    return where[0]
 
 
 def _integral_links(frame: pd.DataFrame) -> pd.DataFrame:
@@ -81,17 +103,20 @@ def data_files(source, record: dict) -> list:
     return files or [source.child(name) for name in sorted(present) if name.endswith(".parquet")]
 
 
-def nearest_selected(output, record: dict, options: SelectOptions, value, k: int = 3) -> list[dict]:
+def nearest_selected(output, record: dict, options: SelectOptions, value, k: int = 3,
+                     chosen_ids: np.ndarray | None = None) -> list[dict]:
     """The ``k`` selected rows whose embeddings are nearest the row of id ``value`` (cosine), read
     file by file (parquet: only the selected rows' part of each file is kept, and the row's own file
-    is found by its id's statistics). ``record``: its run record; ``options``: the run's."""
+    is found by its id's statistics). ``record``: its run record; ``options``: the run's.
+    ``chosen_ids``: the selected rows' ids, where ``output`` is the input a selection-only output was
+    selected from (it holds the embeddings, not the selection)."""
     import pyarrow.parquet as pq
 
     from ..run.summary import unit_rows
 
     id_column, embedding, selected = options.id_column, options.embedding_column, options.selected_column
     table = parse_table_uri(output)
-    if table.format == "parquet":
+    if table.format == "parquet" and chosen_ids is None:
         files = data_files(resolve(table.location), record)
 
         def read(file, filters):
@@ -108,7 +133,8 @@ def nearest_selected(output, record: dict, options: SelectOptions, value, k: int
         if embedding not in ddf.columns:
             return []
         mine = ddf.loc[ddf[id_column] == value, [id_column, embedding]].compute(scheduler="threads")
-        chosen = ddf.loc[ddf[selected], [id_column, embedding]].compute(scheduler="threads")
+        wanted = ddf[selected] if chosen_ids is None else ddf[id_column].isin(chosen_ids)
+        chosen = ddf.loc[wanted, [id_column, embedding]].compute(scheduler="threads")
     if mine is None or not len(mine) or not len(chosen):
         return []
     chosen = chosen[chosen[id_column] != value].reset_index(drop=True)
@@ -269,7 +295,12 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
                               "eligible": int(eligible.sum()), "group": frame[by].iloc[at] if by else None,
                               "quality_rank": int((quality[mine] > quality[at]).sum()) + 1}
     if neighbours > 0:
-        story["nearest_selected"] = nearest_selected(output, record, options, plain(value), neighbours)
+        if record["output"].get("columns") == "selection":  # the embeddings are in the input
+            chosen = ids[frame[options.selected_column].to_numpy(dtype=bool)]
+            story["nearest_selected"] = nearest_selected(input_uri(record), record, options, plain(value),
+                                                         neighbours, chosen)
+        else:
+            story["nearest_selected"] = nearest_selected(output, record, options, plain(value), neighbours)
     return story
 
 

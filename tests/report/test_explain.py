@@ -176,3 +176,25 @@ def test_explain_command_tells_a_rows_story(parquet_dir, tmp_path, capsys):
     datamask_dask.write_selection(datamask_dask.read_parquet(parquet_dir), plain, ratio=0.1, **FAST)
     assert main(["explain", str(plain), "--id", "1"]) == 1
     assert "written without explain" in capsys.readouterr().err
+
+
+def test_a_selection_only_output_is_explained_and_reported_from_its_input(parquet_dir, tmp_path):
+    """A selection-only output holds the id, selected and the reasons: the quality, the text and the
+    embeddings are joined back from the input it was selected from, so a row's story is the one an
+    output of every column tells, and the report is built."""
+    from datamask_dask.report.audit import row_story
+    from datamask_dask.report.cli import report_command
+
+    stories = {}
+    for columns in ("all", "selection"):
+        out = tmp_path / columns
+        datamask_dask.select_table(str(parquet_dir), out, ratio=0.1, output_columns=columns, prune=PRUNE,
+                                   explain=True, **FAST)
+        frame = pd.read_parquet(out, dtype_backend="pyarrow")
+        near = frame[frame["reason"] == "near-duplicate"].iloc[0]["chunk_id"]
+        stories[columns] = row_story(out, str(near)), row_story(out, "7")
+    assert "quality_score" not in pd.read_parquet(tmp_path / "selection").columns
+    assert stories["selection"] == stories["all"]
+    assert stories["selection"][0]["row"]["text"].startswith("document ")
+    assert len(stories["selection"][1]["nearest_selected"]) == 3
+    assert report_command([str(tmp_path / "selection"), "--out", str(tmp_path / "report")]) == 0
