@@ -50,11 +50,14 @@ from .options import FIELDS, LEARNER_KEYS, check_given  # noqa: E402
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
 
-def _at_least_one(text: str) -> int:
-    """A count of processes or threads: a whole number >= 1."""
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {text!r}")
-    return int(text)
+def _at_least(least: int):
+    """The parse of a count (processes, threads, rows...): a whole number >= ``least``."""
+    def parse(text: str) -> int:
+        if not text.strip().isdigit() or int(text) < least:
+            raise argparse.ArgumentTypeError(f"a whole number >= {least}, not {text!r}")
+        return int(text)
+
+    return parse
 
 
 def _weights(text: str):
@@ -75,11 +78,11 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--config", help="a profile (cpu, gpu, reference) or a YAML file; flags override it "
                      "(default: the device's profile)")
     job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    job.add_argument("--n-workers", "--n_workers", type=_at_least_one,
+    job.add_argument("--n-workers", "--n_workers", type=_at_least(1),
                      help="start a local cluster of this many worker processes, each held to its memory "
                      "limit (default: Dask's threads in this process, which start at once and run a job on "
                      "one machine faster; see the benchmarks page)")
-    job.add_argument("--threads-per-worker", type=_at_least_one, default=1,
+    job.add_argument("--threads-per-worker", type=_at_least(1), default=1,
                      help="threads of each worker process (a GPU worker's threads read and write beside "
                      "its learner)")
     for name, spec in FIELDS.items():
@@ -166,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  description="Write the synthetic corpus (chunk_id, quality_score, "
                                  "feature_arr, text, language) to try datamask on.")
     sample.add_argument("--output", required=True, help="parquet directory to create (local path or URI)")
+    sample.add_argument("--overwrite", action="store_true",
+                        help="replace --output if it exists (only an output datamask wrote)")
     _add_corpus_options(sample)
     sample.add_argument("--verbose", action="store_true", help=argparse.SUPPRESS)
     demo = commands.add_parser("demo", help="run end to end on the embedded sample corpus")
@@ -186,9 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus = parser.add_argument_group("demo corpus")
-    corpus.add_argument("--rows", type=int, default=4000, help="rows of the synthetic corpus")
-    corpus.add_argument("--dim", type=int, default=64, help="embedding dimension")
-    corpus.add_argument("--partitions", type=int, default=4)
+    corpus.add_argument("--rows", type=_at_least(1), default=4000, help="rows of the synthetic corpus")
+    corpus.add_argument("--dim", type=_at_least(2), default=64, help="embedding dimension")
+    corpus.add_argument("--partitions", type=_at_least(1), default=4)
 
 
 _TEXT_MODEL = ("scorer", "model", "embed_batch_size", "max_tokens", "long_documents", "embed_precision")
@@ -613,7 +618,8 @@ def _run_sample(args) -> int:
 
     corpus = make_corpus(args.rows, args.dim, seed=0)
     corpus["language"] = np.where(corpus["chunk_id"] % 3 == 0, "de", "en")  # a group column for by=
-    write_parquet(dd.from_pandas(corpus, npartitions=args.partitions, sort=False), args.output)
+    write_parquet(dd.from_pandas(corpus, npartitions=args.partitions, sort=False), args.output,
+                  overwrite=args.overwrite)
     print(f"datamask sample: {args.rows} rows, {args.dim}-d embeddings, {args.partitions} files -> "
           f"{args.output}")
     return 0

@@ -83,6 +83,8 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     if not reach(location):
         raise FileNotFoundError(f"{location.uri} does not exist")
     filesystem = None if location.local else location.fs
+    if not location.local:  # what this process listed before (a table since replaced) is listed again
+        location.fs.invalidate_cache(location.path)
     with storage_errors(location):  # the listing and the footers: the input's first reads
         dataset = ds.dataset(location.path, format="parquet", partitioning="hive", filesystem=filesystem)
         fragments = sorted(dataset.get_fragments(), key=lambda f: _natural_key(f.path))

@@ -39,6 +39,9 @@ def _probe(args: list[str], cwd) -> tuple[int, list[str], str]:
     (["select", "--input", "x", "--output", "y", "--n_epochs", "many"], 2),
     (["select", "--input", "x", "--output", "y", "--n-workers", "0"], 2),
     (["select", "--input", "x", "--output", "y", "--n-workers", "2", "--threads-per-worker", "-1"], 2),
+    (["select", "--demo", "--rows", "0"], 2),
+    (["sample", "--output", "y", "--partitions", "0"], 2),
+    (["sample", "--output", "y", "--dim", "1"], 2),
 ])
 def test_version_help_and_usage_errors_load_nothing_heavy(args, code, tmp_path):
     assert _probe(args, tmp_path)[:2] == (code, [])

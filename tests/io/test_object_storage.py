@@ -253,6 +253,12 @@ def test_sample_and_report_commands_on_s3(s3, s3_corpus, capsys):
     files = read_record(resolve("s3://lake/sample", s3))["files"]
     assert sorted(files) == [f"part.{i}.parquet" for i in range(3)]
     assert read_parquet("s3://lake/sample", storage_options=s3).compute().shape[0] == 600
+    again = ["sample", "--rows", "300", "--dim", "8", "--output", "s3://lake/sample"]
+    assert main(again) == 1 and "pass --overwrite" in capsys.readouterr().err  # the flag it names exists
+    assert main([*again, "--overwrite"]) == 0
+    assert read_parquet("s3://lake/sample", storage_options=s3).compute().shape[0] == 300
+    assert main(["sample", "--rows", "600", "--dim", "8", "--partitions", "3", "--output", "s3://lake/sample",
+                 "--overwrite"]) == 0
 
     assert main(["select", "--input", "s3://lake/sample", "--output", "s3://lake/sample-out", *FLAGS]) == 0
     assert main(["report", "s3://lake/sample-out"]) == 0
