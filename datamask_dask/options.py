@@ -126,7 +126,8 @@ class SelectOptions:
         "selected. With ``by``, a float applies to every group and a mapping ``{group: ratio}`` (ratios in "
         "[0, 1]) gives each group its own; groups it does not name get none.")
     budget_tokens: int | dict | None = option(
-        None, "select by token budget instead of ratio", rule=check_budget_tokens,
+        None, "select by token budget instead of ratio (with --by: group=tokens,...)",
+        rule=check_budget_tokens, type="budget",
         doc="Select by tokens instead of rows: the selected rows' ``token_column`` values sum to at most "
         "this (``{group: tokens}`` with ``by``). Guarantee: never above the budget; in each partition (and "
         "group) no unselected eligible row would still fit in what its share of the budget has left, so the "
@@ -266,8 +267,9 @@ class SelectOptions:
                 raise OptionError(f"{name} given as {{group: {kind}}} needs by= (the group column)")
         if self.budget_tokens is not None:
             if self.by is not None and not isinstance(self.budget_tokens, Mapping):
-                raise OptionError("with by=, give budget_tokens as {group: tokens} (a single budget would "
-                                  "not say how to share it between groups)")
+                raise OptionError("with by=, give budget_tokens as {group: tokens} (on the command line "
+                                  "en=3000,de=2000): a single budget would not say how to share it between "
+                                  "groups")
             if self.ratio_given:
                 raise OptionError("give either ratio (a share of rows) or budget_tokens (a token budget), "
                                   "not both")

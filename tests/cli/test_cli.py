@@ -74,6 +74,19 @@ def test_hive_partitioned_directory_with_groups(tmp_path, corpus, capsys):
     assert table.groupby("lang")["selected"].sum().to_dict() == {"de": 40, "en": 120}
 
 
+def test_a_token_budget_per_group_from_the_command_line(tmp_path, corpus):
+    """``--by lang --budget-tokens de=...,en=...``: each group's selected tokens within its own budget."""
+    source, target = tmp_path / "in.parquet", tmp_path / "out"
+    frame = corpus.assign(lang=np.where(np.arange(len(corpus)) % 4 == 0, "de", "en"),
+                          n_tokens=np.arange(len(corpus)) % 50 + 10)
+    frame.to_parquet(source)
+    assert main(["select", "--input", str(source), "--output", str(target), "--by", "lang",
+                 "--budget-tokens", "de=2000,en=5000", *FAST_FLAGS]) == 0
+    table = pq.read_table(target).to_pandas()
+    tokens = table[table["selected"]].groupby("lang")["n_tokens"].sum().to_dict()
+    assert 0 < tokens["de"] <= 2000 and 0 < tokens["en"] <= 5000, tokens
+
+
 def test_config_file_value_is_used_without_the_flag(tmp_path, corpus, capsys):
     source = tmp_path / "in.parquet"
     corpus.iloc[:200].to_parquet(source)
