@@ -60,16 +60,20 @@ def _at_least(least: int):
     return parse
 
 
-def _budget(text: str):
-    """``"5000"`` -> 5000; ``"en=3000,de=2000"`` -> {"en": 3000, "de": 2000} (a budget per --by group)."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    try:
-        if len(parts) == 1 and "=" not in parts[0]:
-            return int(parts[0])
-        return {group.strip(): int(tokens) for group, _, tokens in (p.partition("=") for p in parts)}
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number of tokens, or group=tokens,... with --by; not "
-                                         f"{text!r}") from None
+def _per_group(number):
+    """The parse of a value that may differ per --by group: ``"0.1"`` -> 0.1, ``"en=0.2,de=0.1"`` ->
+    {"en": 0.2, "de": 0.1} (``number`` reads each value)."""
+    def parse(text: str):
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        try:
+            if len(parts) == 1 and "=" not in parts[0]:
+                return number(parts[0])
+            return {group.strip(): number(value) for group, _, value in (p.partition("=") for p in parts)}
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a {number.__name__}, or group={number.__name__},... per --by "
+                                             f"group; not {text!r}") from None
+
+    return parse
 
 
 def _weights(text: str):
@@ -107,7 +111,8 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
             hyphens = f"--{name.replace('_', '-')}"
             flags = list(spec.metadata.get("flags") or dict.fromkeys([f"--{flag}", f"--{name}", hyphens]))
             parse = spec.metadata.get("type") or str(spec.type).split("|")[0].strip()
-            parse = {"weights": _weights, "budget": _budget, "int": int, "float": float}.get(parse, str)
+            parse = {"weights": _weights, "per_group_int": _per_group(int),
+                     "per_group_float": _per_group(float), "int": int, "float": float}.get(parse, str)
             kind = {"choices": spec.metadata["choices"]} if spec.metadata["choices"] else {"type": parse}
         group.add_argument(*flags, dest=name, help=spec.metadata["help"], **kind)
     job.add_argument("--verbose", action="store_true", help="show tracebacks and Dask's logs on errors")

@@ -120,14 +120,14 @@ class SelectOptions:
     config used and ``given`` the options the caller gave as keywords."""
 
     ratio: float | dict = option(
-        0.1, "share of rows to select", rule=check_ratio, alias="select_ratio",
-        flags=("--select_ratio", "--select-ratio", "--ratio"),
+        0.1, "share of rows to select (with --by: group=ratio,...)", rule=check_ratio, alias="select_ratio",
+        flags=("--select_ratio", "--select-ratio", "--ratio"), type="per_group_float",
         doc="Share of rows to select, in (0, 1]: exactly ``round(ratio * N)`` rows (Python rounding) are "
         "selected. With ``by``, a float applies to every group and a mapping ``{group: ratio}`` (ratios in "
         "[0, 1]) gives each group its own; groups it does not name get none.")
     budget_tokens: int | dict | None = option(
         None, "select by token budget instead of ratio (with --by: group=tokens,...)",
-        rule=check_budget_tokens, type="budget",
+        rule=check_budget_tokens, type="per_group_int",
         doc="Select by tokens instead of rows: the selected rows' ``token_column`` values sum to at most "
         "this (``{group: tokens}`` with ``by``). Guarantee: never above the budget; in each partition (and "
         "group) no unselected eligible row would still fit in what its share of the budget has left, so the "

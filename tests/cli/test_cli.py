@@ -74,8 +74,9 @@ def test_hive_partitioned_directory_with_groups(tmp_path, corpus, capsys):
     assert table.groupby("lang")["selected"].sum().to_dict() == {"de": 40, "en": 120}
 
 
-def test_a_token_budget_per_group_from_the_command_line(tmp_path, corpus):
-    """``--by lang --budget-tokens de=...,en=...``: each group's selected tokens within its own budget."""
+def test_a_ratio_or_a_token_budget_per_group_from_the_command_line(tmp_path, corpus):
+    """``--by lang --ratio de=...,en=...``: each group's own share; ``--budget-tokens de=...,en=...``: each
+    group's selected tokens within its own budget."""
     source, target = tmp_path / "in.parquet", tmp_path / "out"
     frame = corpus.assign(lang=np.where(np.arange(len(corpus)) % 4 == 0, "de", "en"),
                           n_tokens=np.arange(len(corpus)) % 50 + 10)
@@ -85,6 +86,10 @@ def test_a_token_budget_per_group_from_the_command_line(tmp_path, corpus):
     table = pq.read_table(target).to_pandas()
     tokens = table[table["selected"]].groupby("lang")["n_tokens"].sum().to_dict()
     assert 0 < tokens["de"] <= 2000 and 0 < tokens["en"] <= 5000, tokens
+    assert main(["select", "--input", str(source), "--output", str(target), "--overwrite", "--by", "lang",
+                 "--ratio", "de=0.2,en=0.05", *FAST_FLAGS]) == 0
+    table = pq.read_table(target).to_pandas()
+    assert table.groupby("lang")["selected"].sum().to_dict() == {"de": 80, "en": 60}
 
 
 def test_config_file_value_is_used_without_the_flag(tmp_path, corpus, capsys):
