@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="DATAMASK data selection on Dask dataframes.")
     parser.add_argument("--version", action="version", version=f"datamask-dask {__version__}")
     commands = parser.add_subparsers(dest="command")
-    select = commands.add_parser("select", help="select rows of a parquet file or directory",
+    select = commands.add_parser("select", help="select rows of a parquet, Delta or Iceberg table",
                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     select.add_argument("--input", help="parquet file or directory (a local path or a URI: s3://bucket/key, "
                         "gs://, abfs://..., credentials and endpoint from the usual environment variables "
