@@ -50,6 +50,7 @@ from .options import FIELDS, LEARNER_KEYS, check_given  # noqa: E402
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
 
+
 def _at_least(least: int):
     """The parse of a count (processes, threads, rows...): a whole number >= ``least``."""
     def parse(text: str) -> int:
