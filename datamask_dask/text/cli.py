@@ -200,9 +200,6 @@ def run_text(args: argparse.Namespace) -> int:
         if rows_per_task != cap:
             pieces = parquet_pieces(source.uri, rows_per_task, split_row_groups=True)
         ddf = to_dask(pieces, "datamask-read-parquet")
-        if args.output_column in ddf.columns:  # a new model's embeddings or scores over old ones: said
-            print(f"{name}: the input's column {args.output_column!r} is replaced by the new one in --output "
-                  "(the input is unchanged; --output-column names another)", file=sys.stderr)
         if args.command == "embed":
             out = embed(ddf, text_column=args.text_column, model=args.model, batch_size=args.embed_batch_size,
                         device=args.device, output_column=args.output_column, max_tokens=args.max_tokens,
@@ -211,6 +208,9 @@ def run_text(args: argparse.Namespace) -> int:
             out = score_quality(ddf, text_column=args.text_column, scorer=args.scorer,
                                 output_column=args.output_column, batch_size=args.score_batch_size,
                                 device=args.device)
+        if args.output_column in ddf.columns:  # a new model's embeddings or scores over old ones: said
+            print(f"{name}: the input's column {args.output_column!r} is replaced by the new one in --output "
+                  "(the input is unchanged; --output-column names another)", file=sys.stderr)
         key = _resume_key(args, source, rows_per_task)
         rows = write_parquet(out, target, overwrite=args.overwrite, inputs=[source], scheduler=client,
                              key=key, rows=pieces.rows if len(pieces) else [0], progress=args.progress,
