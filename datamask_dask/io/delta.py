@@ -46,16 +46,20 @@ def _deltalake():
     return deltalake
 
 
+def _reach_store(path, storage_options) -> None:
+    """A table on S3 is reached through fsspec first: its store's credentials, endpoint and bucket are
+    then told as for parquet (deltalake's own errors are its credential chain's log)."""
+    if storage_options is None and os.fspath(path).startswith("s3://"):
+        reach(resolve(path))
+
+
 def _open(path, version=None, timestamp=None, storage_options=None, fix="change ?version= in the URI"):
     """The Delta table at ``path`` (at ``version`` or ``timestamp``); a version it lacks is refused
     saying ``fix``."""
     deltalake = _deltalake()
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
-    if storage_options is None and os.fspath(path).startswith("s3://"):
-        # S3's credentials, endpoint and bucket, told as for parquet (deltalake's own errors are its
-        # credential chain's log)
-        reach(resolve(path))
+    _reach_store(path, storage_options)
     try:
         table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
     except TableNotFoundError as error:
@@ -253,6 +257,7 @@ class DeltaSink:
                 raise UnsafeOutputError(f"the output Delta table {location} is the input: write the "
                                         "selection to another table (the input is never modified)")
         check_inputs(self.location, [source for source in self.inputs if source is not None])
+        _reach_store(location, self.storage_options)
         if not _deltalake().DeltaTable.is_deltatable(location, storage_options=self.storage_options):
             # On local disk only: on a store, an interrupted first run's files sit at the table's prefix
             target = self.location

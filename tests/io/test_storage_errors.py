@@ -145,14 +145,18 @@ def test_validate_with_an_unreachable_input_fails_in_one_line(store, environment
 
 
 @pytest.mark.parametrize("case", ["missing", "wrong", "endpoint", "bucket"])
-def test_a_delta_input_on_an_unreachable_store_fails_in_the_same_line(store, environment, case, tmp_path,
-                                                                      capsys):
-    """Told by the object store's probe, as for parquet, not by deltalake's credential chain's log."""
+def test_a_delta_table_on_an_unreachable_store_fails_in_the_same_line(store, environment, case, tmp_path,
+                                                                      local_corpus, capsys):
+    """As input and as output: told by the object store's probe, as for parquet, not by deltalake's
+    credential chain's log."""
     pytest.importorskip("deltalake", reason="the lakehouse extra (deltalake) is not installed")
     uri = _input_uri(store, case)
     environment(case)
     assert main(["select", "--input", f"delta+{uri}", "--output", str(tmp_path / "out"), *FLAGS]) == 1
     _one_line(capsys, uri, case)
+    out = f"s3://{MISSING if case == 'bucket' else 'lake'}/errors-delta-{case}"
+    assert main(["select", "--input", str(local_corpus), "--output", f"delta+{out}", *FLAGS]) == 1
+    _one_line(capsys, out, case)
 
 
 @pytest.mark.parametrize("case", ["missing", "wrong", "endpoint", "bucket", "read-only"])
