@@ -76,6 +76,8 @@ def read_config_file(path: str | os.PathLike) -> dict:
             data = yaml.safe_load(handle)
     except FileNotFoundError as exc:
         raise OptionError(f"{source} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise OptionError(f"{source} is a directory: give a YAML file or a profile's name") from exc
     except yaml.YAMLError as exc:
         raise OptionError(f"{source} is not valid YAML: {exc}") from exc
     if data is None:

@@ -6,6 +6,7 @@ obeys. The command line's flags, the docstrings' option lists and the checks com
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,12 +38,18 @@ def options_of(cls) -> tuple:
 
 def check_value(spec: dataclasses.Field, value) -> None:
     """Raise :class:`OptionError` where ``value`` breaks the rule of option ``spec``."""
+    if str(spec.type) in ("int", "int | None") and value is not None and not _whole(value):
+        raise OptionError(f"option {spec.name}={value!r} is invalid: expected a whole number")
     rule = spec.metadata["rule"]
     if callable(rule):
         rule(value)
     elif rule is not None:
         test, expected = rule
-        _check(test(value), spec.name, value, expected)
+        try:
+            ok = test(value)
+        except TypeError:  # a value of another kind (a list from a config file, say) cannot be compared
+            ok = False
+        _check(ok, spec.name, value, expected)
 
 
 def parameters(fields, indent: int = 4) -> str:
@@ -208,6 +215,11 @@ class DataMaskOptions:
 # __doc__ is None where docstrings are stripped (python -OO)
 DataMaskOptions.__doc__ = ((DataMaskOptions.__doc__ or "") + "\n\n    Parameters\n    ----------\n"
                            + parameters(options_of(DataMaskOptions)))
+
+
+def _whole(value) -> bool:
+    """An integer, Python's or numpy's, and not a bool (the learner counts with it)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check(ok: bool, name: str, value, expected: str) -> None:

@@ -141,6 +141,13 @@ def test_a_location_the_output_cannot_take_is_named_by_its_flag(source, tmp_path
         f"datamask: error: --output {output}: File exists: {tmp_path / 'afile'}"]
 
 
+def test_a_directory_given_as_the_config_is_named(source, tmp_path, capsys):
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--config",
+                 str(source)]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"datamask: error: config file {str(source)!r} is a directory: give a YAML file or a profile's name"]
+
+
 def test_a_scheduler_address_where_none_runs_is_named_by_its_flag(source, tmp_path, capsys):
     """Said at once (nothing listens there), not after Dask's connect timeout of retries."""
     import socket

@@ -528,6 +528,10 @@ def test_bad_options(corpus):
         datamask_select(ddf, n_epoch=3)
     with pytest.raises(OptionError, match="n_rollout"):
         datamask_select(ddf, n_rollout=1)
+    with pytest.raises(OptionError, match=r"option seed=1.5 is invalid: expected a whole number"):
+        datamask_select(ddf, seed=1.5)
+    with pytest.raises(OptionError, match=r"option lamb=\[1\] is invalid: expected a weight in \[0, 1\]"):
+        datamask_select(ddf, lamb=[1])  # as a config file's list would give it: not a TypeError
     with pytest.raises(OptionError, match="already has a column 'quality_score'"):
         datamask_select(ddf, selected_column="quality_score")
     with pytest.raises(OptionError, match="device"):
