@@ -47,8 +47,9 @@ def _deltalake():
 
 
 def _reach_store(path, storage_options) -> None:
-    """A table on S3 is reached through fsspec first: its store's credentials, endpoint and bucket are
-    then told as for parquet (deltalake's own errors are its credential chain's log)."""
+    """A table on S3 is reached through fsspec first, once where a job first meets it (its pieces, its
+    record, the sink's check): its store's credentials, endpoint and bucket are then told as for parquet
+    (deltalake's own errors are its credential chain's log)."""
     if storage_options is None and os.fspath(path).startswith("s3://"):
         reach(resolve(path))
 
@@ -59,7 +60,6 @@ def _open(path, version=None, timestamp=None, storage_options=None, fix="change 
     deltalake = _deltalake()
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
-    _reach_store(path, storage_options)
     try:
         table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
     except TableNotFoundError as error:
@@ -118,6 +118,7 @@ def read_delta(path, version: int | None = None, timestamp=None, columns: list[s
 def delta_pieces(path, version=None, timestamp=None, columns=None, *, storage_options=None,
                  since_version=None) -> Pieces:
     """The data files of a Delta snapshot as :class:`~.pieces.Pieces` (arguments: :func:`read_delta`)."""
+    _reach_store(path, storage_options)
     table = _open(path, version, timestamp, storage_options)
     dataset = table.to_pyarrow_dataset()
     fragments = list(dataset.get_fragments())
@@ -163,6 +164,7 @@ def delta_history_records(path, storage_options=None) -> list[dict | None]:
 def delta_record(path, storage_options=None) -> dict | None:
     """The run record of the newest datamask commit of a Delta table, or None."""
     deltalake = _deltalake()
+    _reach_store(path, storage_options)
     if not deltalake.DeltaTable.is_deltatable(os.fspath(path), storage_options=storage_options):
         return None
     return next((r for r in delta_history_records(path, storage_options) if r), None)
