@@ -67,9 +67,7 @@ def _per_group(number):
     def parse(text: str):
         parts = [p.strip() for p in text.split(",") if p.strip()]
         try:
-            if len(parts) == 1 and "=" not in parts[0]:
-                return number(parts[0])
-            return {group.strip(): number(value) for group, _, value in (p.partition("=") for p in parts)}
+            return number(parts[0]) if len(parts) == 1 and "=" not in parts[0] else _pairs(parts, number)
         except ValueError:
             raise argparse.ArgumentTypeError(f"a {number.__name__}, or group={number.__name__},... per --by "
                                              f"group; not {text!r}") from None
@@ -82,10 +80,16 @@ def _weights(text: str):
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if any("=" in p for p in parts):
         try:
-            return {name.strip(): float(weight) for name, weight in (p.split("=", 1) for p in parts)}
+            return _pairs(parts, float)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(f"expected name=weight pairs, got {text!r}") from exc
     return parts[0] if len(parts) == 1 else parts
+
+
+def _pairs(parts: list[str], number) -> dict:
+    """``["a=0.7", "b=0.3"]`` -> {"a": 0.7, "b": 0.3}, each value read by ``number`` (ValueError where one
+    is not a number, or a part has no ``=``)."""
+    return {name.strip(): number(value) for name, _, value in (p.partition("=") for p in parts)}
 
 
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
