@@ -640,9 +640,9 @@ def _run_sample(args) -> int:
 
     corpus = make_corpus(args.rows, args.dim, seed=0)
     corpus["language"] = np.where(corpus["chunk_id"] % 3 == 0, "de", "en")  # a group column for by=
-    write_parquet(dd.from_pandas(corpus, npartitions=args.partitions, sort=False), args.output,
-                  overwrite=args.overwrite)
-    print(f"datamask sample: {args.rows} rows, {args.dim}-d embeddings, {args.partitions} files -> "
+    frame = dd.from_pandas(corpus, npartitions=args.partitions, sort=False)  # fewer where rows are fewer
+    write_parquet(frame, args.output, overwrite=args.overwrite)
+    print(f"datamask sample: {args.rows} rows, {args.dim}-d embeddings, {frame.npartitions} files -> "
           f"{args.output}")
     return 0
 

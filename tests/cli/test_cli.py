@@ -151,3 +151,10 @@ def test_console_script_demo(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "selected 60 of 600 rows" in run.stdout and "objective" in run.stdout
     assert pq.read_table(tmp_path / "demo").num_rows == 600
+
+
+def test_sample_says_the_files_it_wrote(tmp_path, capsys):
+    target = tmp_path / "corpus"
+    assert main(["sample", "--rows", "5", "--dim", "4", "--partitions", "20", "--output", str(target)]) == 0
+    assert "5 files ->" in capsys.readouterr().out  # no more files than rows
+    assert len(list(target.glob("*.parquet"))) == 5
