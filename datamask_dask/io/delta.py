@@ -66,8 +66,10 @@ def _open(path, version=None, timestamp=None, storage_options=None, fix="change 
         raise FileNotFoundError(f"the Delta table {path} does not exist (no transaction log there): check "
                                 "the URI") from error
     except DeltaError as error:
-        if version is None:
-            raise
+        if version is None:  # deltalake's first line says what; the rest is its Rust backtrace
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise InputDataError(f"the Delta table {path} could not be opened: {reason}: check its "
+                                 "_delta_log (the table's writer may have left it damaged)") from error
         latest = _open(path, storage_options=storage_options).version()
         raise OptionError(f"the Delta table {path} has no version {version} (its latest is {latest}): "
                           f"{fix}") from error

@@ -7,6 +7,7 @@ the run record in the commit metadata, incremental runs.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import numpy as np
@@ -385,6 +386,23 @@ def test_a_missing_table_version_or_catalog_is_said_in_one_line(tmp_path, delta_
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("datamask: error: ") and said in err[0], (args, err)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_delta_log_is_said_in_one_line(tmp_path, delta_source, capsys):
+    from datamask_dask.cli import main
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(delta_source, damaged)
+    first = sorted((damaged / "_delta_log").glob("*.json"))[0]
+    first.write_text("{not json")
+    for args in (["select", "--input", f"delta://{damaged}", "--output", str(tmp_path / "out")],
+                 ["select", "--input", f"delta://{delta_source}", "--output", f"delta://{damaged}",
+                  "--mode", "append"]):
+        assert main(args) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"the Delta table {damaged} could not be opened: " in err[0], err
+        assert "check its _delta_log" in err[0]
+    assert first.read_text() == "{not json" and not (tmp_path / "out").exists()
 
 
 def test_a_missing_iceberg_table_or_snapshot_is_named(catalog, catalog_properties, iceberg_source):
