@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 __all__ = ["SETTINGS", "get_spark", "select_parquet"]
 
 #: What a session for selections sets: Python workers forked with the package already imported.
 SETTINGS = {"spark.python.daemon.module": "datamask_spark.daemon"}
+_ERRORS_ONLY = Path(__file__).with_name("log4j2-errors.properties")
 
 
-def get_spark(master: str | None = None, app_name: str = "datamask-select", *, progress: bool = True):
+def get_spark(master: str | None = None, app_name: str = "datamask-select", *, progress: bool = True,
+              quiet: bool = False):
     """The active Spark session, or a new one (``master`` e.g. ``"local[2]"``; None: spark-submit's).
 
     A new session's Python workers are pointed at this interpreter (``PYSPARK_PYTHON``) unless set
     already, so they find the packages of the current environment, and are forked from
     :mod:`datamask_spark.daemon` (:data:`SETTINGS`), so they start with the package imported.
-    ``progress=False``: without Spark's console progress bars (``spark.ui.showConsoleProgress``).
+    ``progress=False``: without Spark's console progress bars (``spark.ui.showConsoleProgress``);
+    ``quiet=True``: Spark logs only its errors, from the JVM's start on (the driver's log4j2
+    configuration, unless ``spark.driver.extraJavaOptions`` is set already).
     """
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
@@ -33,12 +38,17 @@ def get_spark(master: str | None = None, app_name: str = "datamask-select", *, p
     builder = SparkSession.builder.appName(app_name)
     given = SparkConf()  # spark-submit's --conf and spark-defaults.conf: the user's say first
     settings = {**SETTINGS, **({} if progress else {"spark.ui.showConsoleProgress": "false"})}
+    if quiet:
+        settings["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile={_ERRORS_ONLY.as_uri()}"
     for key, value in settings.items():
         if not given.contains(key):
             builder = builder.config(key, value)
     if master:
         builder = builder.master(master)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if quiet:
+        session.sparkContext.setLogLevel("ERROR")  # where the JVM ran before, or the user set its options
+    return session
 
 
 def select_parquet(source, target, *, spark=None, master: str | None = None, config=None,

@@ -522,7 +522,7 @@ def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tm
 @pytest.mark.slow
 def test_a_cli_spark_job_in_a_batch_log_writes_its_own_lines(parquet_dir, tmp_path):
     """``datamask select --engine spark`` with stderr not a terminal: the job's lines, without Spark's
-    console progress bars or PySpark's caution about pandas between them."""
+    console progress bars, its start-up log lines or PySpark's caution about pandas between them."""
     import subprocess
     import sys
 
@@ -536,6 +536,7 @@ def test_a_cli_spark_job_in_a_batch_log_writes_its_own_lines(parquet_dir, tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     assert "datamask: planning" in done.stderr and "datamask: committed" in done.stderr, done.stderr
     assert "[Stage" not in done.stderr and "FutureWarning" not in done.stderr, done.stderr
+    assert "log4j" not in done.stderr and "default log level" not in done.stderr, done.stderr
     assert "160 selected" in done.stdout
 
 
