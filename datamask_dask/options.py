@@ -45,7 +45,8 @@ def check_ratio(ratio) -> None:
             if not is_number(value) or not 0 <= value <= 1:
                 raise OptionError(f"ratio for group {group!r} is {value!r}: expected a share in [0, 1]")
     elif not is_number(ratio) or not 0 < ratio <= 1:
-        raise OptionError(f"ratio={ratio!r} is out of range: expected a share of rows in (0, 1], e.g. 0.1")
+        what = "is out of range" if is_number(ratio) else "is not a number"
+        raise OptionError(f"ratio={ratio!r} {what}: expected a share of rows in (0, 1], e.g. 0.1")
 
 
 def check_budget_tokens(budget) -> None:

@@ -84,9 +84,13 @@ def backend(frame) -> str:
 
 
 def missing_columns(frame, names, where: str) -> list[tuple[str, str]]:
-    """``(name, message)`` for each of ``names`` that ``frame`` lacks, the message listing the others."""
+    """``(name, message)`` for each of ``names`` that ``frame`` lacks, the message listing the others
+    (or saying that it is the index)."""
     available = [str(c) for c in frame.columns]
-    return [(name, f"{where}: there is no column {name!r}; available columns are {available}. Name yours "
+    indexed = set(getattr(frame.index, "names", None) or ()) - {None}
+    return [(name, f"{where}: {name!r} is the index, not a column: move it back with ddf.reset_index()"
+             if name in indexed else
+             f"{where}: there is no column {name!r}; available columns are {available}. Name yours "
              "with id_column=, quality_column=, embedding_column=, token_column= or by=")
             for name in dict.fromkeys(names) if name not in frame.columns]
 

@@ -429,6 +429,11 @@ def test_missing_column_is_named_with_the_available_ones(corpus):
         datamask_select(ddf, ratio=0.1)
     with pytest.raises(InputDataError, match="'emb'"):
         datamask_select(dd.from_pandas(corpus, npartitions=2), embedding_column="emb")
+    indexed = dd.from_pandas(corpus.set_index("chunk_id"), npartitions=2)
+    with pytest.raises(InputDataError, match=r"'chunk_id' is the index, not a column: .*reset_index\(\)"):
+        datamask_select(indexed, ratio=0.1)
+    with pytest.raises(OptionError, match="ratio='0.1' is not a number"):
+        datamask_select(dd.from_pandas(corpus, npartitions=2), ratio="0.1")
 
 
 def test_column_missing_from_one_partition(corpus):
