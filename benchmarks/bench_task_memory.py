@@ -34,6 +34,7 @@ metric, rows, dim, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys
 os.environ["DASK_SCHEDULER"] = "synchronous"
 from datamask_dask import cli
 from datamask_dask.config import resolve_options
+from datamask_dask.options import chunk_rows
 from datamask_dask.plan.memory import WORKER_SHARE, task_bytes
 from datamask_dask.sample_data import make_embeddings
 
@@ -57,7 +58,7 @@ def status(key):
 big = table(rows, f"{rows}-{dim}.parquet")
 select(table(2000, f"2000-{dim}.parquet"))  # libraries loaded, kernels compiled
 options = resolve_options(algorithm=metric)
-chunk = min(rows, options.max_chunk_rows or options.max_chunk_values // dim)
+chunk = min(rows, chunk_rows(options.max_chunk_rows, options.max_chunk_values, dim))
 model = task_bytes(rows, dim, options.learner, chunk)
 with open("/proc/self/clear_refs", "w") as handle:
     handle.write("5")

@@ -40,9 +40,10 @@ from .options import ALIASES, FIELDS, SelectOptions, default_settings
 #: to every profile, config, ``dask.config`` value and keyword argument.
 METRIC_DEFAULTS: dict = {
     "Facility": {
-        # Chunks sized in values: its clustered k-NN graph costs a row about in proportion to the
-        # dimension, so low-dimensional tables learn larger chunks (100,000 rows at d = 768) in the same time.
-        "max_chunk_rows": None,
+        # Chunks capped in values as well as rows: its clustered k-NN graph costs a row about in proportion
+        # to the dimension. No larger at a low dimension: a chunk is learned on one core, and regions
+        # (plan/regions.py) learn a table of many chunks as well as one chunk would, on every core.
+        "max_chunk_rows": 100_000,
         "max_chunk_values": 76_800_000,
         "exact_neighbours": 4096,  # above this the k-NN graph searches the nearest clusters (knn.py)
         "refine_reference": 1_000_000,  # every row of the chunk is represented (a sample fits its noise)

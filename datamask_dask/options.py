@@ -110,6 +110,16 @@ def parse_budget(value) -> int | None:
     return int(budget)
 
 
+def chunk_rows(max_rows: int | None, max_values: int | None, dim: int | None) -> int:
+    """The most rows a chunk holds: ``max_rows``, and no more than ``max_values`` embedding values allow
+    at dimension ``dim`` (None: no cap of that kind; ``dim`` None: nothing read yet)."""
+    caps = [max_rows] if max_rows is not None else []
+    caps += [max(2, max_values // max(1, dim or 1))] if max_values is not None else []
+    if not caps:  # SelectOptions refuses this; a spec built by hand may not
+        raise OptionError("max_chunk_rows and max_chunk_values are both None: set one of them")
+    return min(caps)
+
+
 def _chunk_size(name: str):
     return lambda value: value is None or check_number(value, name, 2, integer=True)
 
@@ -160,16 +170,15 @@ class SelectOptions:
         50_000, "rows are learned in chunks of at most this many, which select apart (in table scope, "
         "consecutive partitions that fit in one are learned together)", rule=_chunk_size("max_chunk_rows"),
         doc="Partitions with more eligible rows are learned in chunks of at most this many rows (10_000 for "
-        "DiSF; None for Facility, whose chunks ``max_chunk_values`` sizes: ``config.METRIC_DEFAULTS``); in "
-        "table scope, consecutive partitions whose eligible rows fit in one chunk together are learned as "
-        "one. Chunks select apart, so the chunk size is part of what a selection means.")
+        "DiSF, 100_000 for Facility: ``config.METRIC_DEFAULTS``), and of no more than ``max_chunk_values`` "
+        "allow; in table scope, consecutive partitions whose eligible rows fit in one chunk together are "
+        "learned as one. Chunks select apart, so the chunk size is part of what a selection means.")
     max_chunk_values: int | None = option(
-        None, "where --max-chunk-rows is not set, a chunk holds at most this many embedding values (rows x "
-        "dimension)", rule=_chunk_size("max_chunk_values"),
-        doc="Where ``max_chunk_rows`` is None, a chunk holds at most this many embedding values (rows x "
-        "dimension): Facility's default is 76_800_000, 100_000 rows at d = 768 and 1_200_000 at d = 64, "
-        "since "
-        "its cost per row grows about with the dimension.")
+        None, "a chunk also holds at most this many embedding values (rows x dimension)",
+        rule=_chunk_size("max_chunk_values"),
+        doc="A chunk also holds at most this many embedding values (rows x dimension), whichever of the two "
+        "allows fewer rows: Facility's default is 76_800_000, 100_000 rows at d = 768 and fewer above it, "
+        "since its cost per row grows about with the dimension. None: rows alone size the chunks.")
     oversample: float = option(
         2.0, "size of the table-wide quality pool that sets partition quotas, as a multiple of the quota",
         rule=lambda value: check_number(value, "oversample", 1.0),

@@ -23,8 +23,8 @@ together; the select pass is the lazy result.
 2. **Select**: one :func:`datamask_dask.partition.select.select_partition` task per partition of
    :func:`partitions` (the partitions the plan pass read), gathered with ``dd.from_delayed`` and
    an explicit ``meta``. Each partition keeps its eligible rows (its best by quality, as
-   many as the plan says), splits them into chunks of at most ``max_chunk_rows`` rows (Facility:
-   ``max_chunk_values`` embedding values; fewer when a ``memory_budget`` asks for it, see
+   many as the plan says), splits them into chunks of at most ``max_chunk_rows`` rows and
+   ``max_chunk_values`` embedding values (fewer when a ``memory_budget`` asks for it, see
    :mod:`datamask_dask.plan.memory`), and runs the
    learner (:func:`datamask_dask.learn.learn_mask`) on each chunk with a seed derived from
    (seed, partition, group, chunk). In table scope, consecutive partitions whose eligible rows

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
-from ..options import SelectOptions, parse_budget
+from ..options import SelectOptions, chunk_rows, parse_budget
 from ..plan.memory import MemoryPlan, check_memory, plan_memory, resolve_budget
 from . import adapters
 
@@ -32,8 +32,8 @@ class SelectSpec:
     token_column: str | None
     prune: float
     oversample: float
-    max_chunk_rows: int | None  # None: chunks are sized by max_chunk_values
-    max_chunk_values: int | None
+    max_chunk_rows: int | None  # None: chunks are sized by max_chunk_values alone
+    max_chunk_values: int | None  # None: by max_chunk_rows alone
     device: str
     check_ids: bool
     options: DataMaskOptions  # the learner's, with prune=0: pruning is table-wide, done by the plan
@@ -58,13 +58,9 @@ class SelectSpec:
         return list(dict.fromkeys(names))
 
     def chunk_rows(self, dim: int | None) -> int:
-        """The most rows a chunk (or a pack) holds: ``max_chunk_rows``, or where that is None, as many
-        as ``max_chunk_values`` embedding values allow at dimension ``dim`` (None: nothing read yet)."""
-        if self.max_chunk_rows is not None:
-            return self.max_chunk_rows
-        if self.max_chunk_values is None:  # SelectOptions refuses this; a spec built by hand may not
-            raise OptionError("max_chunk_rows and max_chunk_values are both None: set one of them")
-        return max(2, self.max_chunk_values // max(1, dim or 1))
+        """The most rows a chunk (or a pack) holds at embedding dimension ``dim``
+        (:func:`~datamask_dask.options.chunk_rows`)."""
+        return chunk_rows(self.max_chunk_rows, self.max_chunk_values, dim)
 
     def memory_plan(self, n_rows: int, dim: int, where: str, device: str = "cpu",
                     packed: bool = False) -> MemoryPlan:

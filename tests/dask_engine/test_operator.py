@@ -268,21 +268,25 @@ def test_a_pack_learns_its_members_tensors_where_they_are(corpus):
         np.testing.assert_array_equal(part.scores, as_tensors[member].scores)
 
 
-def test_facility_chunks_hold_a_number_of_embedding_values(corpus):
-    """Facility's default chunk is sized in embedding values (rows x dimension): the more dimensions, the
-    fewer rows a chunk or pack holds. A max_chunk_rows given wins, and the other metrics count rows."""
+def test_facility_chunks_hold_a_number_of_rows_and_of_embedding_values(corpus):
+    """A chunk holds no more rows than max_chunk_rows and max_chunk_values (rows x dimension) allow:
+    Facility's default chunk holds fewer rows at a high dimension, and the other metrics count rows."""
     from datamask_dask.config import resolve_options
     from datamask_dask.dask_engine.operator import make_spec
 
     ddf = _from_pandas(corpus, 5)  # 320-row partitions of 16-d rows
-    spec = make_spec(ddf, resolve_options(ratio=0.1, algorithm="Facility"))
-    assert spec.max_chunk_rows is None
-    assert (spec.chunk_rows(768), spec.chunk_rows(64)) == (100_000, 1_200_000)
-    given = resolve_options(ratio=0.1, algorithm="Facility", max_chunk_rows=500)
-    assert make_spec(ddf, given).chunk_rows(64) == 500
+
+    def chunk(dim, config=None, **options):
+        options = resolve_options(config, ratio=0.1, algorithm="Facility", **options)
+        return make_spec(ddf, options).chunk_rows(dim)
+
+    assert (chunk(64), chunk(768), chunk(1536)) == (100_000, 100_000, 50_000)
+    assert chunk(64, max_chunk_rows=500) == 500
+    assert chunk(768, max_chunk_rows=200_000) == 100_000  # each cap holds
+    assert chunk(768, {"max_chunk_values": None}, max_chunk_rows=200_000) == 200_000  # and None lifts one
     assert make_spec(ddf, resolve_options(ratio=0.1)).chunk_rows(64) == load_config()["max_chunk_rows"]
     with pytest.raises(OptionError, match="max_chunk_rows and max_chunk_values are both None"):
-        resolve_options({"max_chunk_values": None}, algorithm="Facility", ratio=0.1)
+        resolve_options({"max_chunk_values": None, "max_chunk_rows": None}, algorithm="Facility", ratio=0.1)
 
     def scores(frame, **chunking):
         out = datamask_select(frame, ratio=0.1, algorithm="Facility", score_column="score", **chunking,
@@ -629,7 +633,7 @@ def test_one_set_of_defaults_and_the_docs_state_them(capsys):
     with pytest.raises(SystemExit):
         main(["select", "--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert f"(default: {defaults['max_chunk_rows']}; Facility: none, DiSF: 10000)" in shown
+    assert f"(default: {defaults['max_chunk_rows']}; Facility: 100000, DiSF: 10000)" in shown
     assert "(rows x dimension) (default: none; Facility: 76800000)" in shown
     for name in ("n_rollout", "lamb", "validate", "duplicate_cosine", "seed", "n_epochs"):
         flag = name.replace("_", "[-_]")

@@ -131,22 +131,22 @@ def test_every_way_of_running_selects_the_same_rows(table, algorithm, clusters, 
 
 
 def test_workers_too_small_for_the_chunks_fail_at_once_naming_what_fits(small_workers, tmp_path):
-    """Facility's default chunk over 200,000 rows at d = 64 needs more than a 1.25 GiB worker leaves a
+    """Facility's default chunk of 100,000 rows at d = 192 needs more than a 1.25 GiB worker leaves a
     task below Dask's pause threshold: the task stops before learning and names the max_chunk_rows that
     fits; with it the job runs on the same workers."""
     path = tmp_path / "table"
-    write_parquet(dd.from_pandas(make_corpus(200_000, 64, seed=5), npartitions=1, sort=False), path)
+    write_parquet(dd.from_pandas(make_corpus(100_000, 192, seed=5), npartitions=1, sort=False), path)
     start = time.perf_counter()
     message = r"partition 0: the workers' memory is too small.*max_chunk_rows=\d+.*memory_budget="
     with small_workers.as_current(), pytest.raises(OptionError, match=message) as caught:
         datamask_select(read_parquet(path), ratio=0.1, algorithm="Facility").compute()
     assert time.perf_counter() - start < 60
     fits = int(re.search(r"max_chunk_rows=(\d+)", str(caught.value)).group(1))
-    assert 2 <= fits < 200_000
+    assert 2 <= fits < 100_000
     with small_workers.as_current():
         out = datamask_select(read_parquet(path), ratio=0.1, algorithm="Facility", max_chunk_rows=fits,
                               refine_epochs=2).compute()
-    assert out["selected"].sum() == 20_000
+    assert out["selected"].sum() == 10_000
 
 
 def test_a_pack_larger_than_the_workers_allow_fails_in_the_plan_naming_it(tmp_path):
