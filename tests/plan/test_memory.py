@@ -155,7 +155,7 @@ def test_too_small_a_budget_says_what_to_do():
 def test_a_default_chunk_fits_a_worker_thread_of_4_gib(algorithm):
     """Dask's share of a 16-core, 64 GiB machine (4 workers of 4 threads: 4 GiB a thread), at d = 768."""
     options, dim = resolve_options(algorithm=algorithm), 768
-    rows = chunk_rows(options.max_chunk_rows, options.max_chunk_values, dim)  # a partition of one default chunk
+    rows = chunk_rows(options.max_chunk_rows, options.max_chunk_values, dim)  # one default chunk
     check_memory(int(WORKER_SHARE * 4 * 2**30), rows, dim, options.learner, rows)
     with pytest.raises(OptionError, match="the workers' memory is too small"):  # a worker with less is not
         check_memory(int(WORKER_SHARE * 2**30 / 4), rows, dim, options.learner, rows)
