@@ -284,6 +284,7 @@ def test_facility_chunks_hold_a_number_of_rows_and_of_embedding_values(corpus):
     assert chunk(64, max_chunk_rows=500) == 500
     assert chunk(768, max_chunk_rows=200_000) == 100_000  # each cap holds
     assert chunk(768, {"max_chunk_values": None}, max_chunk_rows=200_000) == 200_000  # and None lifts one
+    assert chunk(768, "gpu") == chunk(768, "reference") == 1_000_000  # as those profiles say
     assert make_spec(ddf, resolve_options(ratio=0.1)).chunk_rows(64) == load_config()["max_chunk_rows"]
     with pytest.raises(OptionError, match="max_chunk_rows and max_chunk_values are both None"):
         resolve_options({"max_chunk_values": None, "max_chunk_rows": None}, algorithm="Facility", ratio=0.1)
