@@ -170,8 +170,8 @@ class SelectOptions:
         50_000, "rows are learned in chunks of at most this many, which select apart (in table scope, "
         "consecutive partitions that fit in one are learned together)", rule=_chunk_size("max_chunk_rows"),
         doc="Partitions with more eligible rows are learned in chunks of at most this many rows (10_000 for "
-        "DiSF, 100_000 for Facility: ``config.METRIC_DEFAULTS``), and of no more than ``max_chunk_values`` "
-        "allow; in table scope, consecutive partitions whose eligible rows fit in one chunk together are "
+        "DiSF, 100_000 for Facility: ``config.METRIC_DEFAULTS``) and at most ``max_chunk_values`` embedding "
+        "values; in table scope, consecutive partitions whose eligible rows fit in one chunk together are "
         "learned as one. Chunks select apart, so the chunk size is part of what a selection means.")
     max_chunk_values: int | None = option(
         None, "a chunk also holds at most this many embedding values (rows x dimension)",
