@@ -44,21 +44,12 @@ if getattr(multiprocessing.current_process(), "_inheriting", False):
     # before the package's imports, which take a while.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
+from .arguments import at_least  # noqa: E402
 from .errors import DataMaskError, OptionError  # noqa: E402
 from .options import FIELDS, LEARNER_KEYS, check_given  # noqa: E402
 
 # Failures reported as one line (no traceback unless --verbose): bad input or options, files.
 _REPORTED = (DataMaskError, OSError)
-
-
-def _at_least(least: int):
-    """The parse of a count (processes, threads, rows...): a whole number >= ``least``."""
-    def parse(text: str) -> int:
-        if not text.strip().isdigit() or int(text) < least:
-            raise argparse.ArgumentTypeError(f"a whole number >= {least}, not {text!r}")
-        return int(text)
-
-    return parse
 
 
 def _per_group(number):
@@ -99,11 +90,11 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--config", help="a profile (cpu, gpu, reference) or a YAML file; flags override it "
                      "(default: the device's profile)")
     job.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    job.add_argument("--n-workers", "--n_workers", type=_at_least(1),
+    job.add_argument("--n-workers", "--n_workers", type=at_least(1),
                      help="start a local cluster of this many worker processes, each held to its memory "
                      "limit (default: Dask's threads in this process, which start at once and run a job on "
                      "one machine faster; see the benchmarks page)")
-    job.add_argument("--threads-per-worker", type=_at_least(1), default=1,
+    job.add_argument("--threads-per-worker", type=at_least(1), default=1,
                      help="threads of each worker process (a GPU worker's threads read and write beside "
                      "its learner)")
     for name, spec in FIELDS.items():
@@ -213,9 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_corpus_options(parser: argparse.ArgumentParser) -> None:
     corpus = parser.add_argument_group("demo corpus")
-    corpus.add_argument("--rows", type=_at_least(1), default=4000, help="rows of the synthetic corpus")
-    corpus.add_argument("--dim", type=_at_least(2), default=64, help="embedding dimension")
-    corpus.add_argument("--partitions", type=_at_least(1), default=4)
+    corpus.add_argument("--rows", type=at_least(1), default=4000, help="rows of the synthetic corpus")
+    corpus.add_argument("--dim", type=at_least(2), default=64, help="embedding dimension")
+    corpus.add_argument("--partitions", type=at_least(1), default=4)
 
 
 _TEXT_MODEL = ("scorer", "model", "embed_batch_size", "max_tokens", "long_documents", "embed_precision")

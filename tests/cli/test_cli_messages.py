@@ -163,6 +163,15 @@ def test_a_scheduler_address_where_none_runs_is_named_by_its_flag(source, tmp_pa
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("workers", [0, -2])
+def test_a_cluster_of_no_workers_is_refused_before_it_starts(workers):
+    """It would start, and a job on it would wait for ever for a worker."""
+    from datamask_dask import get_client
+
+    with pytest.raises(ValueError, match=f"n_workers={workers} must be >= 1"):
+        get_client(n_workers=workers)
+
+
 @pytest.mark.slow
 def test_errors_on_a_cluster_are_one_line(tmp_path, corpus):
     frame = corpus.copy()

@@ -42,6 +42,10 @@ def _probe(args: list[str], cwd) -> tuple[int, list[str], str]:
     (["select", "--demo", "--rows", "0"], 2),
     (["sample", "--output", "y", "--partitions", "0"], 2),
     (["sample", "--output", "y", "--dim", "1"], 2),
+    (["embed", "--input", "x", "--output", "y", "--n-workers", "-2"], 2),  # a cluster of no workers
+    (["score", "--input", "x", "--output", "y", "--batch-size", "0"], 2),
+    (["report", "x", "--sample-rows", "0"], 2),
+    (["explain", "x", "--id", "1", "--neighbours", "-1"], 2),
 ])
 def test_version_help_and_usage_errors_load_nothing_heavy(args, code, tmp_path):
     assert _probe(args, tmp_path)[:2] == (code, [])
