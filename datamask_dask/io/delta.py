@@ -269,14 +269,14 @@ class DeltaSink:
                 raise UnsafeOutputError(f"{location} exists and is not a Delta table: datamask writes a "
                                         "Delta output only into a new location or a Delta table it wrote")
             return
+        foreign = sum(1 for r in delta_history_records(location, self.storage_options) if r is None)
+        if foreign:  # said before a mode is asked for, which would then be refused
+            said = "" if self.mode == "error" else f"mode={self.mode!r} refused: "
+            raise UnsafeOutputError(f"{said}the Delta table {location} has {foreign} commit(s) without a "
+                                    "datamask run record (someone else's table); choose another output")
         if self.mode == "error":
             raise FileExistsError(f"the Delta table {location} exists; pass mode='append' or 'overwrite' "
-                                  "(--mode) to write into it (only a table datamask wrote)")
-        foreign = sum(1 for r in delta_history_records(location, self.storage_options) if r is None)
-        if foreign:
-            raise UnsafeOutputError(f"mode={self.mode!r} refused: the Delta table {location} has {foreign} "
-                                    "commit(s) without a datamask run record (someone else's table); choose "
-                                    "another output")
+                                  "(--mode) to write into it (a table datamask wrote)")
 
     def newest_run(self) -> str | None:
         return (delta_record(self.uri, self.storage_options) or {}).get("run_id")

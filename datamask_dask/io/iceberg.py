@@ -307,18 +307,19 @@ class IcebergSink:
                                         "selection to another table (the input is never modified)")
         if not self.catalog.table_exists(self.name):
             return
-        if self.mode == "error":
-            raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
-                                  "'overwrite' (--mode) to write into it (only a table datamask wrote)")
+        # someone else's table is said before a mode is asked for, which would then be refused
+        said = "" if self.mode == "error" else f"mode={self.mode!r} refused: "
         table = self.catalog.load_table(self.name)
         if table.properties.get(TABLE_MARK) != "true":
-            raise UnsafeOutputError(f"mode={self.mode!r} refused: the Iceberg table {self.name} was not "
-                                    f"created by datamask (no {TABLE_MARK} property); choose another output")
+            raise UnsafeOutputError(f"{said}the Iceberg table {self.name} was not created by datamask (no "
+                                    f"{TABLE_MARK} property); choose another output")
         foreign = sum(1 for r in _records(table) if r is None)
         if foreign:
-            raise UnsafeOutputError(f"mode={self.mode!r} refused: the Iceberg table {self.name} has "
-                                    f"{foreign} snapshot(s) without a datamask run record; choose another "
-                                    "output")
+            raise UnsafeOutputError(f"{said}the Iceberg table {self.name} has {foreign} snapshot(s) "
+                                    "without a datamask run record; choose another output")
+        if self.mode == "error":
+            raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
+                                  "'overwrite' (--mode) to write into it (a table datamask wrote)")
 
     def newest_run(self) -> str | None:
         return (iceberg_record(self.catalog, self.name) or {}).get("run_id")

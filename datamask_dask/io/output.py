@@ -78,15 +78,15 @@ def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
             return
         if not reach(location) or _empty_directory(location):  # nothing there that could be lost
             return
-        problem = _not_ours(location) if overwrite else None
+        problem = _not_ours(location)
     shown = location.path if location.local else location
+    if problem:  # said before the flag is asked for, which would then be refused
+        said = f"{flag} refused: {shown} {problem}" if overwrite else f"{shown} exists and {problem}"
+        raise UnsafeOutputError(f"{said}. datamask replaces only outputs it wrote itself (they carry a run "
+                                "record); move it away or choose another output")
     if not overwrite:
-        raise FileExistsError(f"{shown} exists; pass {flag} to replace it (only an output of an earlier "
-                              "datamask run is ever replaced)")
-    if problem:
-        raise UnsafeOutputError(f"{flag} refused: {shown} {problem}. datamask replaces only outputs it "
-                                "wrote itself (they carry a run record); move it away or choose another "
-                                "output")
+        raise FileExistsError(f"{shown} exists; pass {flag} to replace it (an output of an earlier datamask "
+                              "run)")
 
 
 def check_inputs(target: str | os.PathLike, inputs) -> None:

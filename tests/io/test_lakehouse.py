@@ -405,6 +405,26 @@ def test_a_damaged_delta_log_is_said_in_one_line(tmp_path, delta_source, capsys)
     assert first.read_text() == "{not json" and not (tmp_path / "out").exists()
 
 
+def test_a_table_datamask_did_not_write_is_refused_at_once_in_every_mode(delta_source, catalog,
+                                                                        catalog_properties, iceberg_source,
+                                                                        tmp_path):
+    """Said before a mode is asked for, which would then be refused; the table is left as it was."""
+    theirs = tmp_path / "theirs"
+    shutil.copytree(delta_source, theirs)
+    versions = deltalake.DeltaTable(theirs).version()
+    for mode in ("error", "append", "overwrite"):
+        said = "" if mode == "error" else f"mode='{mode}' refused: "
+        with pytest.raises(UnsafeOutputError, match=f"^{said}the Delta table .* without a datamask run "
+                           "record .*choose another output"):
+            select_table(f"delta://{delta_source}", f"delta://{theirs}", RATIO, mode=mode, **OPTIONS)
+        with pytest.raises(UnsafeOutputError, match=f"^{said}the Iceberg table ns.source was not created by "
+                           "datamask"):
+            select_table(f"delta://{delta_source}", "iceberg://local/ns.source", RATIO, mode=mode,
+                         catalog_properties=catalog_properties, **OPTIONS)
+    assert deltalake.DeltaTable(theirs).version() == versions
+    assert len(catalog.load_table("ns.source").snapshots()) == 2
+
+
 def test_a_missing_iceberg_table_or_snapshot_is_named(catalog, catalog_properties, iceberg_source):
     with pytest.raises(FileNotFoundError, match="the Iceberg table ns.missing does not exist in the catalog "
                        "local: check the URI"):

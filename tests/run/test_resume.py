@@ -194,14 +194,15 @@ def test_existing_output_needs_overwrite_and_is_replaced_whole(tmp_path, eight_p
     target = tmp_path / "out"
     target.mkdir()
     (target / "keep.txt").write_text("previous output")
-    with pytest.raises(FileExistsError, match="overwrite"):
-        write_selection(read_parquet(eight_parts), target, **OPTIONS)
-    with pytest.raises(UnsafeOutputError, match="keep.txt"):  # not an output of datamask
-        write_selection(read_parquet(eight_parts), target, overwrite=True, **OPTIONS)
+    for overwrite in (False, True):  # not an output of datamask: said at once, not after overwrite=True
+        with pytest.raises(UnsafeOutputError, match="without a datamask run record.*keep.txt"):
+            write_selection(read_parquet(eight_parts), target, overwrite=overwrite, **OPTIONS)
     assert (target / "keep.txt").read_text() == "previous output"
     (target / "keep.txt").unlink()
     target.rmdir()
     write_selection(read_parquet(eight_parts), target, scheduler="threads", **OPTIONS)
+    with pytest.raises(FileExistsError, match="to replace it"):  # ours: replaced on request
+        write_selection(read_parquet(eight_parts), target, **OPTIONS)
     report = write_selection(read_parquet(eight_parts), target, overwrite=True, scheduler="threads",
                              **OPTIONS)
     assert report.rows == 2400
