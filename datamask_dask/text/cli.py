@@ -175,10 +175,6 @@ def run_text(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     name = f"datamask {args.command}"
-    if args.rows_per_task is not None and args.rows_per_task < 1:
-        print(f"{name}: error: --rows-per-task must be a positive number of rows, got {args.rows_per_task}",
-              file=sys.stderr)
-        return 1
     if args.command == "embed":
         from .embedding import PRECISIONS
 

@@ -369,6 +369,6 @@ def test_one_file_one_row_group_is_split_over_the_cores(tmp_path, capsys):
     assert main(["score", "--input", str(source), "--output", str(tmp_path / "out")]) == 0
     parts = sorted(p.name for p in (tmp_path / "out").glob("part.*.parquet"))
     assert len(parts) == min(4 * CPU_COUNT, len(texts))  # several tasks per core
-    assert main(["score", "--input", str(source), "--output", str(tmp_path / "bad"),
-                 "--rows-per-task", "0"]) == 1
-    assert "--rows-per-task must be a positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # at the flag, as every count is
+        main(["score", "--input", str(source), "--output", str(tmp_path / "bad"), "--rows-per-task", "0"])
+    assert refused.value.code == 2 and "--rows-per-task" in capsys.readouterr().err
