@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .context import Context, Picks
+from .quotas import Sketch
 
 if TYPE_CHECKING:  # the spec is the partition room's; the plan only carries it
     from ..partition.spec import SelectSpec
@@ -24,14 +25,14 @@ if TYPE_CHECKING:  # the spec is the partition room's; the plan only carries it
 class CellSummary:
     """One group's rows in one partition, as the reduction plans them (no row leaves the worker)."""
 
-    sketch: object  # quotas.QualitySketch of the rows that remain (near-duplicates set aside)
+    sketch: Sketch  # quality sketch of the rows that remain (near-duplicates set aside)
     min: float  # the group's quality range in the partition
     max: float
     n: int  # rows in all
     # with near-duplicates set aside (table scope): the sketch of every row (the fallback when too
     # few rows remain for the quota), the set-aside rows' positions, and the positions of the kept
     # rows that stand for a group of copies with the group sizes
-    sketch_all: object | None = None
+    sketch_all: Sketch | None = None
     shadowed: np.ndarray | None = None
     kept: np.ndarray | None = None
     weights: np.ndarray | None = None
