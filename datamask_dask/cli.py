@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import logging
 import multiprocessing
@@ -582,7 +583,8 @@ def _run_select(args, options: dict, started: float) -> int:
         if not args.verbose:  # PySpark's caution about pandas 3, on which the package's Spark path is tested
             warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
         progress = args.progress if args.progress is not None else sys.stderr.isatty()
-        spark = get_spark(args.spark_master, progress=progress, quiet=not args.verbose)  # logs: --verbose
+        # started once the output and the input are checked: a refusal does not wait for a JVM
+        spark = functools.partial(get_spark, args.spark_master, progress=progress, quiet=not args.verbose)
     report = select_table(
         args.input, args.output, engine=args.engine, spark=spark, config=args.config,
         output_columns=args.output_columns, mode=args.mode or ("overwrite" if args.overwrite else "error"),

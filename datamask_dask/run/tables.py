@@ -71,7 +71,8 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     engine : {"dask", "spark"}
         ``"dask"``: the input is read into a Dask DataFrame and run on ``scheduler`` (Dask's default:
         the current client, or threads). ``"spark"``: each piece of the input is read by the Python
-        worker of its Spark task, on the session ``spark`` (None: the active one, or a local one;
+        worker of its Spark task, on the session ``spark`` (None: the active one, or a local one; a
+        function: the session it returns, called once the output and the input are checked;
         ``datamask_spark.files``), and writes the same output in any output format.
     single_file : bool
         A parquet output written as one file rather than a directory (Dask).
@@ -157,7 +158,8 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     if engine == "spark":
         resolved = resolve_options(config, ratio=ratio, **options)
         project = SelectionOnly.of(resolved) if output_columns == "selection" else None
-        run = _spark_engine(spark, pieces, resolved, project)
+        run, starting = _spark_engine(spark, pieces, resolved, project)
+        start += starting  # a session started here is start-up, as a Dask cluster's is
         described["read_by"] = "workers"
     else:
         frame = pieces_frame(pieces, source_uri, backend)
@@ -191,11 +193,15 @@ def _spark_can_run(single_file: bool, prepare, backend: str) -> None:
 
 def _spark_engine(spark, pieces, options, project):
     """Spark as the run's engine over the input's ``pieces`` (``datamask_spark.files.files_engine``), on
-    ``spark`` or else the active Spark session or a local one; the engine is found by name, as the
-    Spark integration builds on this package."""
+    ``spark`` (or the session it returns) or else the active Spark session or a local one, and the
+    seconds a session took to start here; the engine is found by name, as the Spark integration builds
+    on this package."""
     try:
         files = importlib.import_module("datamask_spark.files")
         job = importlib.import_module("datamask_spark.job")
     except ImportError as exc:
         raise OptionError("engine='spark' needs pyspark: pip install 'datamask-dask[spark]'") from exc
-    return files.files_engine(spark or job.get_spark(), pieces, options, project=project)
+    started = time.perf_counter()
+    session = spark() if callable(spark) else spark or job.get_spark()
+    starting = time.perf_counter() - started
+    return files.files_engine(session, pieces, options, project=project), starting

@@ -519,6 +519,23 @@ def test_cli_engine_spark_selects_the_rows_of_engine_dask(spark, parquet_dir, tm
     assert not (tmp_path / "x").exists()
 
 
+def test_a_refused_output_is_told_before_spark_starts(parquet_dir, tmp_path):
+    """The output and the input are checked first: a refusal does not wait for a JVM to start."""
+    import subprocess
+    import sys
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.md").write_text("mine")
+    code = ("import sys; from datamask_dask.cli import main; code = main(sys.argv[1:]); "
+            "from pyspark import SparkContext; print(code, SparkContext._gateway is None)")
+    done = subprocess.run([sys.executable, "-c", code, "select", "--engine", "spark", "--input",
+                           str(parquet_dir), "--output", str(theirs)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.split() == ["1", "True"], (done.stdout, done.stderr[-2000:])
+    assert "without a datamask run record" in done.stderr and (theirs / "notes.md").read_text() == "mine"
+
+
 @pytest.mark.slow
 def test_a_cli_spark_job_in_a_batch_log_writes_its_own_lines(parquet_dir, tmp_path):
     """``datamask select --engine spark`` with stderr not a terminal: the job's lines, without Spark's
