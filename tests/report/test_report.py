@@ -355,6 +355,8 @@ def test_report_cli(run, pages, tmp_path, capsys):
     assert "index.html" in capsys.readouterr().out
     parser = argparse.ArgumentParser(prog="datamask")
     add_report_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["report", str(out), "--output", str(tmp_path / "r")]).report_dir == \
+        str(tmp_path / "r")  # as every sub-command names where it writes
     args = parser.parse_args(["report", str(tmp_path / "missing")])
     assert args.command == "report" and run_report(args) == 1
     assert f"{tmp_path / 'missing'} does not exist" in capsys.readouterr().err
