@@ -67,7 +67,8 @@ def _open(path, version=None, timestamp=None, storage_options=None, fix="change 
                                 "the URI") from error
     except DeltaError as error:
         if version is None:  # deltalake's first line says what; the rest is its Rust backtrace
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            said = str(error).strip()
+            reason = said.splitlines()[0] if said else type(error).__name__
             raise InputDataError(f"the Delta table {path} could not be opened: {reason}: check its "
                                  "_delta_log (the table's writer may have left it damaged)") from error
         latest = _open(path, storage_options=storage_options).version()

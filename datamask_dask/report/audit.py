@@ -62,7 +62,7 @@ def read_output(output, columns: list[str], record: dict) -> pd.DataFrame:
         frame = ddf[[c for c in columns if c in ddf.columns]].compute(scheduler="threads")
         frame = frame.reset_index(drop=True)
     missing = [c for c in columns if c not in frame.columns]
-    if missing and (record.get("output") or {}).get("columns") == "selection":
+    if missing and selection_only(record):
         id_column = RunRecord.from_dict(record).options.id_column
         source = read_table(input_uri(record)).frame
         wanted = [c for c in missing if c in source.columns]
@@ -70,6 +70,11 @@ def read_output(output, columns: list[str], record: dict) -> pd.DataFrame:
             frame = frame.merge(source[[id_column, *wanted]].compute(scheduler="threads"), on=id_column,
                                 how="left")
     return _integral_links(frame)
+
+
+def selection_only(record: dict) -> bool:
+    """Whether the run wrote a selection-only output (the id, the selection and the run; no input column)."""
+    return (record.get("output") or {}).get("columns") == "selection"
 
 
 def input_uri(record: dict) -> str:
@@ -295,7 +300,7 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
                               "eligible": int(eligible.sum()), "group": frame[by].iloc[at] if by else None,
                               "quality_rank": int((quality[mine] > quality[at]).sum()) + 1}
     if neighbours > 0:
-        if (record.get("output") or {}).get("columns") == "selection":  # the embeddings are in the input
+        if selection_only(record):  # the embeddings are in the input
             chosen = ids[frame[options.selected_column].to_numpy(dtype=bool)]
             story["nearest_selected"] = nearest_selected(input_uri(record), record, options, plain(value),
                                                          neighbours, chosen)
