@@ -466,15 +466,19 @@ def partition_ids(frame, number: int, id_column: str):
     ids = adapters.host_values(frame, id_column)
     ids = ids[~ids.isna().to_numpy()]
     first = pd.Series(number, index=pd.Index(ids.to_numpy()), dtype=np.int64)
-    return _dedupe(first, 0, [])
+    return _dedupe(first, 0, {})
 
 
-def _dedupe(series: pd.Series, n_dup: int, examples: list):
+def _dedupe(series: pd.Series, n_dup: int, examples: dict):
+    """Drop repeated ids, counting them; ``examples`` maps a few duplicate ids to the partitions seen
+    holding them (an id repeated at several levels of the tree is one example)."""
     dup = series.index.duplicated(keep="first")
     if dup.any():
         n_dup += int(dup.sum())
-        for value in series.index[dup].unique()[:max(0, SHOW - len(examples))]:
-            examples.append((adapters.plain(value), sorted({int(p) for p in series.loc[[value]]})))
+        for value in series.index[dup].unique():
+            key = adapters.plain(value)
+            if key in examples or len(examples) < SHOW:
+                examples[key] = examples.get(key, set()) | {int(p) for p in series.loc[[value]]}
         series = series[~dup]
     return series, n_dup, examples
 
@@ -482,10 +486,14 @@ def _dedupe(series: pd.Series, n_dup: int, examples: list):
 def merge_ids(results: list):
     """Merge partial results of the duplicate-id reduction."""
     series = pd.concat([r[0] for r in results])
-    examples = [e for r in results for e in r[2]][:SHOW]
+    examples: dict = {}
+    for _, _, theirs in results:
+        for key, parts in theirs.items():
+            if key in examples or len(examples) < SHOW:
+                examples[key] = examples.get(key, set()) | parts
     return _dedupe(series, sum(r[1] for r in results), examples)
 
 
 def id_report(result) -> tuple[int, list]:
     """Number of duplicate ids and a few examples ``(id, [partitions])``."""
-    return result[1], result[2]
+    return result[1], [(value, sorted(parts)) for value, parts in result[2].items()]

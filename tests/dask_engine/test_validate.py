@@ -156,6 +156,15 @@ def test_validation_on_the_cluster(client, corpus):
         "id column 'chunk_id' has 1 duplicate value(s), e.g. 3 (partitions [0, 3])"]
 
 
+def test_an_id_repeated_within_and_across_partitions_is_one_example(corpus):
+    frame = corpus.copy()
+    frame.loc[[1, 2, 700, 701, 1500], "chunk_id"] = 0  # the first row's id, 5 more times: partitions 0, 3, 7
+    frame.loc[4, "chunk_id"] = 5
+    report = validate_table(dd.from_pandas(frame, npartitions=8, sort=False), scheduler="sync")
+    assert [p.message.split(";")[0] for p in report.problems] == [
+        "id column 'chunk_id' has 6 duplicate value(s), e.g. 0 (partitions [0, 3, 7]), 5 (partitions [0])"]
+
+
 def test_full_validation_fails_before_any_learning(tmp_path, corpus):
     frame = _object_embeddings(corpus)
     frame.at[1599, "feature_arr"] = np.zeros(16, dtype=np.float32)  # the last row of the last partition
