@@ -135,14 +135,16 @@ class SelectOptions:
         flags=("--select_ratio", "--select-ratio", "--ratio"), type="per_group_float",
         doc="Share of rows to select, in (0, 1]: exactly ``round(ratio * N)`` rows (Python rounding) are "
         "selected. With ``by``, a float applies to every group and a mapping ``{group: ratio}`` (ratios in "
-        "[0, 1]) gives each group its own; groups it does not name get none.")
+        "[0, 1]) gives each group its own; groups it does not name get none, and a group it names must be "
+        "one of the column's (a key may be the group's text, as on the command line).")
     budget_tokens: int | dict | None = option(
         None, "select by token budget instead of ratio (with --by: group=tokens,...)",
         rule=check_budget_tokens, type="per_group_int",
         doc="Select by tokens instead of rows: the selected rows' ``token_column`` values sum to at most "
-        "this (``{group: tokens}`` with ``by``). Guarantee: never above the budget; in each partition (and "
-        "group) no unselected eligible row would still fit in what its share of the budget has left, so the "
-        "total falls short by less than about one row's tokens per partition.")
+        "this (``{group: tokens}`` with ``by``, its groups named as for ``ratio``). Guarantee: never above "
+        "the budget; in each partition (and group) no unselected eligible row would still fit in what its "
+        "share of the budget has left, so the total falls short by less than about one row's tokens "
+        "per partition.")
     token_column: str = option("n_tokens", "column of each row's tokens, with budget_tokens")  # noqa: S105
     by: str | None = option(
         None, "group column: quotas per group",

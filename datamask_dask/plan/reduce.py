@@ -56,6 +56,8 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
         dim = next((d for d in dims if d is not None), None)
     labels = sorted({label for s in summaries for label in s.cells},
                     key=lambda label: (type(label).__name__, label))
+    ratios = _per_label(spec.ratio, labels, "ratio", spec.by)
+    budgets = _per_label(spec.budget, labels, "budget_tokens", spec.by)
     cell_lists: dict[int, list[Cell]] = {}
     ranges = {}
     shadowed: dict[int, list] = {}
@@ -66,13 +68,15 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
         ranges[index] = (min(c.min for _, c in members), max(c.max for _, c in members))
         deduplicated = any(c.shadowed is not None for _, c in members)
         try:
-            plan = _plan_group(label, [c.sketch for _, c in members], n_rows, spec)
+            plan = _plan_group(label, [c.sketch for _, c in members], n_rows, ratios[label], budgets[label],
+                               spec)
         except OptionError:
             if not deduplicated:
                 raise
             # Too few rows are left once near-duplicates are set aside: plan this group on every row.
             every_row = [c.sketch if c.sketch_all is None else c.sketch_all for _, c in members]
-            plan, deduplicated = _plan_group(label, every_row, n_rows, spec), False
+            plan = _plan_group(label, every_row, n_rows, ratios[label], budgets[label], spec)
+            deduplicated = False
         for (partition, cell), (eligible, quota, budget) in zip(members, plan.T, strict=True):
             cell_lists.setdefault(partition, []).append(
                 Cell(label, index, int(eligible), int(quota), None if spec.budget is None else int(budget)))
@@ -311,11 +315,30 @@ def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:
     return kept[order], weights[order]
 
 
-def _plan_group(label, sketches: list, n_rows: int, spec: SelectSpec) -> np.ndarray:
-    """(eligible, quota, budget) x cells of one group; ``n_rows`` counts shadowed rows too."""
+def _per_label(value, labels: list, option: str, by: str | None) -> dict:
+    """Each group's ``ratio`` or ``budget_tokens``: a mapping's value, 0 for a group it does not name, or
+    the one value for every group. A key may be a group's text, as the command line gives every key."""
+    if not isinstance(value, dict):
+        return dict.fromkeys(labels, value)
+    if not labels:  # no rows: no group to name
+        return {}
+    known = set(labels)
+    as_text = {str(label): label for label in labels}
+    keyed = {key if key in known else as_text.get(str(key), key): share for key, share in value.items()}
+    unknown = [key for key in keyed if key not in known]
+    if unknown:
+        shown = ", ".join(repr(label) for label in labels[:SHOW]) + (
+            f" and {len(labels) - SHOW} more" if len(labels) > SHOW else "")
+        raise OptionError(f"{option} names group(s) {', '.join(map(repr, unknown))}, which column {by!r} "
+                          f"does not hold: its groups are {shown}; name only groups of the table")
+    return {label: keyed.get(label, 0) for label in labels}
+
+
+def _plan_group(label, sketches: list, n_rows: int, ratio, budget, spec: SelectSpec) -> np.ndarray:
+    """(eligible, quota, budget) x cells of one group; ``n_rows`` counts shadowed rows too; ``ratio``
+    and ``budget`` are the group's."""
     where = "" if spec.by is None else f" in group {label!r} of {spec.by!r}"
-    if spec.budget is not None:
-        budget = spec.budget.get(label, 0) if isinstance(spec.budget, dict) else spec.budget  # dict: with by
+    if budget is not None:
         if budget == 0:
             return np.zeros((3, len(sketches)), dtype=np.int64)
         try:
@@ -327,9 +350,8 @@ def _plan_group(label, sketches: list, n_rows: int, spec: SelectSpec) -> np.ndar
                 f"tokens in column {spec.token_column!r}; prune={spec.prune}); lower the budget"
             ) from exc
         return np.stack([result.eligible, result.quota, result.budget])
-    if spec.ratio is None:  # make_spec gives a ratio wherever it gives no budget
+    if ratio is None:  # make_spec gives a ratio wherever it gives no budget
         raise OptionError("neither a ratio nor a token budget was given: give one")
-    ratio = spec.ratio if not isinstance(spec.ratio, dict) else spec.ratio.get(label, 0.0)
     try:
         rows = plan_rows(sketches, int(round(ratio * n_rows)), spec.prune, spec.oversample)
     except ValueError as exc:
