@@ -155,15 +155,13 @@ class SelectOptions:
     quality_column: str | list | dict = option(
         "quality_score", "a column, or weighted columns: a=0.7,b=0.3", rule=quality_weights, alias="quality",
         type="weights", doc="One column, several (equal weights) or ``{column: weight}``; the weighted sum "
-        "is "
-        "the quality (put the columns on comparable scales first).")
+        "is the quality (put the columns on comparable scales first).")
     embedding_column: str = option("feature_arr", "column of the embeddings", alias="embedding")
     selected_column: str = option("selected", "name of the added boolean column")
     score_column: str | None = option(
         None, "also write the learned scores under this name",
         doc="Also output the learned logits (float32) under this name: NaN where no learning ran (quota 0, "
-        "or "
-        "every eligible row taken), ``-inf`` for rows made ineligible.")
+        "or every eligible row taken), ``-inf`` for rows made ineligible.")
     device: str = option(
         "auto", "auto (the GPU for cuDF partitions), cpu or cuda", rule=check_device,
         choices=("auto", "cpu", "cuda"), doc='``"auto"`` learns on the GPU when the partition is cuDF; '
