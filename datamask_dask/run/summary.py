@@ -2,11 +2,13 @@
 into every run record, whatever the engine and the sink.
 
 - Each partition's task (:func:`part_summary`, on the frame it already holds): group counts,
-  tokens, learning curves, a 256-bit SimHash signature of each selected row (of about
-  ``SIGNATURE_ROWS`` in all) and ``sample_rows / partitions`` of its rows drawn at random.
+  tokens, learning curves, a 256-bit SimHash signature and the float16 unit embedding of each
+  selected row (of a uniform sample of about ``SIGNATURE_ROWS`` or ``VECTOR_BYTES`` in all) and
+  ``sample_rows / partitions`` of its rows drawn at random.
 - The driver (:func:`summarise_run`), before the commit: near-duplicate pairs (cosine >=
-  ``DUPLICATE_COSINE``) among *all* the selected rows, from those signatures (an LSH estimate, about
-  as costly as the table scope's search on a tenth of the table); and on the samples together, the
+  ``DUPLICATE_COSINE``) among those selected rows, candidates found on the signatures (LSH, about
+  as costly as the table scope's search on a tenth of the table) and confirmed on their cosine;
+  and on the samples together, the
   selection's objective against quality top-k and a random pick of as many rows, with each pick's
   near-duplicate pairs. Coverage metrics (Facility) are measured on ``REFERENCE_ROWS`` of the
   sample, the same rows for every pick: an unbiased estimate at a fifth of the cost.
@@ -30,7 +32,8 @@ from .record import RunRecord
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
 YARDSTICK_ROWS = 4_000  # of those, the rows greedy runs on for the yardstick (its cost grows as rows^2)
 YARDSTICK_WORK = 2e10  # multiply-adds lazy greedy may cost there (above: stochastic greedy)
-SIGNATURE_ROWS = 100_000  # at most about this many selected rows' signatures reach the driver
+SIGNATURE_ROWS = 100_000  # at most about this many selected rows' signatures and vectors reach the driver,
+VECTOR_BYTES = 16 << 20  # and at most about this many bytes of their float16 vectors
 DUPLICATE_COSINE = 0.95  # two rows at least this similar are counted as a near-duplicate pair
 # Rows of the sample that Facility's coverage is measured on: its cost, on the driver after the last
 # write, is reference x selected x d a pick, and at this size the estimate's standard error is far
@@ -43,25 +46,33 @@ _BLOCK = 2048  # rows per block of the blocked similarity products
 
 
 def signature_share(plan) -> float:
-    """The share of the selected rows whose signatures go into the run summary (see the module notes)."""
+    """The share of the selected rows whose signatures and vectors go into the run summary (see the
+    module notes)."""
     planned = plan.planned
-    return min(1.0, SIGNATURE_ROWS / planned) if planned else 1.0
+    rows = min(SIGNATURE_ROWS, VECTOR_BYTES // (2 * max(1, plan.dim or 1)))
+    return min(1.0, rows / planned) if planned else 1.0
 
 
-def _selected_signatures(series, rows: np.ndarray) -> str:
-    """SimHash signatures of the rows ``rows`` of an embedding column, base64 of (len(rows), 32) bytes."""
+def _selected_rows(series, rows: np.ndarray) -> dict:
+    """The rows ``rows`` of an embedding column as the summary carries them (base64): ``signatures``,
+    their SimHash, (len(rows), 32) bytes, and ``vectors``, their unit embeddings, float16."""
     import base64
 
     from ..dedup.simhash import hyperplanes, signatures
+    from ..dedup.stages import unit_vectors
     from ..partition.adapters import embedding_source
 
     source = embedding_source(series, f"column {series.name!r}")
-    return base64.b64encode(signatures(source.rows(rows), hyperplanes(source.dim)).tobytes()).decode("ascii")
+    block = source.rows(rows)
+    signed = signatures(block, hyperplanes(source.dim))
+    unit = unit_vectors(block.cpu().numpy() if hasattr(block, "cpu") else block).astype(np.float16)
+    return {name: base64.b64encode(values.tobytes()).decode("ascii")
+            for name, values in (("signatures", signed), ("vectors", unit))}
 
 
 def selected_pairs(parts: list[dict]) -> dict | None:
-    """Near-duplicate pairs among the selected rows of every partition, from the signatures in their
-    :func:`part_summary`; None when no partition sent any."""
+    """Near-duplicate pairs among the selected rows of every partition, from the signatures and
+    vectors in their :func:`part_summary`; None when no partition sent any."""
     import base64
 
     from ..dedup.simhash import count_pairs
@@ -70,10 +81,14 @@ def selected_pairs(parts: list[dict]) -> dict | None:
     if not signed:
         return None
     blocks = [np.frombuffer(base64.b64decode(part["signatures"]), dtype=np.uint8) for part in signed]
-    within, across = count_pairs(blocks, DUPLICATE_COSINE)
+    # a part finished by an earlier version of the package, resumed, sent signatures alone
+    vectors = [np.frombuffer(base64.b64decode(part["vectors"]), dtype=np.float16) for part in signed] \
+        if all("vectors" in part for part in signed) else None
+    within, across = count_pairs(blocks, DUPLICATE_COSINE, vectors)
     share = min(part.get("signature_share", 1.0) for part in signed)
-    method = ("SimHash LSH estimate over every selected row" if share >= 1 else
-              f"SimHash LSH estimate over a uniform sample of {share:.4g} of the selected rows")
+    rows = "every selected row" if share >= 1 else f"a uniform sample of {share:.4g} of the selected rows"
+    how = "SimHash LSH estimate" if vectors is None else "SimHash LSH candidates confirmed on their cosine"
+    method = f"{how} over {rows}"
     return {"rows": int(sum(b.size for b in blocks) // 32), "within": within, "across": across,
             "cosine": DUPLICATE_COSINE, "share": share, "method": method}
 
@@ -109,7 +124,7 @@ def part_summary(frame, number: int, spec, sample_rows: int, seed: int = 0, shar
         rows = np.flatnonzero(selected)
         if share < 1:
             rows = rows[np.random.default_rng([0x516E, number]).random(rows.size) < share]
-        out["signatures"] = _selected_signatures(frame[embedding], rows)
+        out.update(_selected_rows(frame[embedding], rows))
         out["signature_share"] = share
     if n and by is not None and by in frame.columns:
         labels = adapters.host_values(frame, by)

@@ -156,6 +156,31 @@ def test_count_pairs_within_and_across_blocks():
     assert count_pairs([sig[:400]]) == (0, 0) and count_pairs([]) == (0, 0)
 
 
+def test_pairs_just_below_the_cosine_count_only_where_their_vectors_say_so():
+    """Clustered rows have many neighbours just below the threshold: the signatures' estimate counts
+    a share of them, the candidates confirmed on their vectors do not."""
+    rng = np.random.default_rng(2)
+    centres = rng.standard_normal((200, 64)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    noise = rng.standard_normal((200, 64)).astype(np.float32)
+    noise -= (noise * centres).sum(axis=1, keepdims=True) * centres  # orthogonal to each centre
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    cosines = np.where(np.arange(200) < 20, 0.99, 0.93).astype(np.float32)[:, None]  # 20 copies, 180 near
+    others = cosines * centres + np.sqrt(1 - cosines ** 2) * noise
+    unit = np.concatenate([centres, others])
+    exact = np.triu(unit @ unit.T >= 0.95, 1)
+    part = np.r_[np.zeros(200, dtype=int), np.arange(200) % 2]  # centres in block 0, the others in both
+    left, right = np.nonzero(exact)
+    within = int((part[left] == part[right]).sum())
+    assert (within, left.size - within) == (10, 10)
+    sig = signatures(unit, hyperplanes(64))
+    blocks = [sig[part == b] for b in (0, 1)]
+    vectors = [unit[part == b].astype(np.float16) for b in (0, 1)]
+    assert count_pairs(blocks, vectors=vectors) == (10, 10)
+    estimated = count_pairs(blocks)
+    assert sum(estimated) >= 30, estimated  # the 20 copies and more than a tenth of the 180 at 0.93
+
+
 @pytest.mark.parametrize("scope", ["partition", "table"])
 def test_run_summary_counts_selected_pairs_within_and_across(client, planted, tmp_path, scope):
     frame, emb, part = planted
@@ -166,9 +191,11 @@ def test_run_summary_counts_selected_pairs_within_and_across(client, planted, tm
     within, across = _split_pairs(emb, part, selected)
     pairs = report.summary.summary["selected_pairs"]
     assert pairs["rows"] == selected.sum() == round(0.3 * len(frame))
-    # an estimate from signatures: close to the exact counts of every selected row
-    assert abs(pairs["within"] - within) <= max(2, 0.15 * within)
-    assert abs(pairs["across"] - across) <= max(2, 0.15 * across)
+    # candidates from signatures confirmed on the rows' vectors: at most the exact counts of every
+    # selected row, short only of the pairs no band found
+    assert pairs["method"] == "SimHash LSH candidates confirmed on their cosine over every selected row"
+    assert within - max(1, 0.05 * within) <= pairs["within"] <= within
+    assert across - max(1, 0.05 * across) <= pairs["across"] <= across
     if scope == "partition":  # the copies live in other partitions: the summary shows them
         assert pairs["across"] >= 20 and pairs["across"] > 5 * pairs["within"]
     else:
