@@ -122,9 +122,9 @@ def _pairs_lines(summaries: dict, source: Path, copies: float) -> list[str]:
     """Near-duplicate pairs among the selected rows (last repeat) and the sample's objective."""
     lines = ["", f"{copies:.0%} of each file's rows are near-copies of rows of the previous file. "
              f"Near-duplicate pairs (cosine >= {summary_module.DUPLICATE_COSINE}) among every selected row: "
-             "the run summary's SimHash LSH estimate (`summary['selected_pairs']`, a few % low), random's "
-             "the same estimate on a random pick of as many rows. Objective: the run summary's, on its "
-             "sample of the output.", "",
+             "the run summary's (`summary['selected_pairs']`: SimHash LSH candidates confirmed on their "
+             "cosine, a few % low), random's the same count on a random pick of as many rows. Objective: "
+             "the run summary's, on its sample of the output.", "",
              "| selection | selected rows | pairs within a partition | pairs across partitions | "
              "objective on the sample | random's objective there |", "|---|---:|---:|---:|---:|---:|"]
     k, nan = None, float("nan")

@@ -24,6 +24,7 @@ import task_peaks as task_peaks_module
 from tables import ensure_dataset
 
 from datamask_dask.dedup import simhash as duplicates
+from datamask_dask.dedup.stages import unit_vectors
 from datamask_dask.run import summary as summary_module
 
 GIB = 2**30
@@ -364,18 +365,20 @@ def peak_rss(job: subprocess.Popen, every: float = 0.25) -> dict:
 
 
 def random_pairs(source: Path, k: int, seed: int = 0) -> dict:
-    """The run summary's pair estimate (SimHash LSH) on ``k`` rows of the table drawn at random."""
+    """The run summary's pair count (SimHash LSH candidates confirmed on their float16 cosine) on ``k``
+    rows of the table drawn at random."""
     files = sorted(source.glob("*.parquet"))
     sizes = [pq.ParquetFile(f).metadata.num_rows for f in files]
     pick = np.sort(np.random.default_rng(seed).choice(sum(sizes), k, replace=False))
-    blocks, start = [], 0
+    blocks, vectors, start = [], [], 0
     for path, size in zip(files, sizes, strict=True):
         rows = pick[(pick >= start) & (pick < start + size)] - start
         column = pq.read_table(path, columns=["feature_arr"]).column(0).combine_chunks()
         emb = column.values.to_numpy().reshape(size, -1)[rows]
         blocks.append(duplicates.signatures(emb, duplicates.hyperplanes(emb.shape[1])).reshape(-1))
+        vectors.append(unit_vectors(emb).astype(np.float16))
         start += size
-    within, across = duplicates.count_pairs(blocks, summary_module.DUPLICATE_COSINE)
+    within, across = duplicates.count_pairs(blocks, summary_module.DUPLICATE_COSINE, vectors)
     return {"rows": k, "within": within, "across": across}
 
 
