@@ -17,14 +17,14 @@ import sys
 import numpy as np
 import pandas as pd
 
-from ..io.parquet import parquet_file
+from ..io.parquet import parquet_file, read_row_groups
 from ..io.storage import resolve
 from ..io.tables import parse_table_uri, read_table, table_record
 from ..options import SelectOptions
 from ..partition.adapters import is_numeric_dtype, plain
 from ..partition.explain import DUPLICATE_COLUMN, REASON_COLUMN, REASONS, SIMILARITY_COLUMN
 from ..run.record import RunRecord
-from ..run.summary import RunSummary, sample_files
+from ..run.summary import RunSummary
 
 SNIPPET = 160  # characters of text shown per row
 MAX_DEPTH = 64  # links followed from a near-duplicate to its kept row
@@ -55,7 +55,7 @@ def read_output(output, columns: list[str], record: dict) -> pd.DataFrame:
     table = parse_table_uri(output)
     if table.format == "parquet":
         files = data_files(resolve(table.location), record)
-        frame = sample_files(files, columns, sys.maxsize)
+        frame = read_row_groups(files, columns, sys.maxsize)
         frame["_partition"] = _file_partitions(files, frame, columns)
     else:
         ddf = read_table(table).frame

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..io.parquet import read_row_groups
 from ..io.storage import Location, resolve
 from ..io.tables import parse_table_uri, read_table
-from ..run.summary import RunSummary, sample_files, unit_rows
+from ..run.summary import RunSummary, unit_rows
 from .audit import data_files, output_record, quality_of
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
@@ -100,7 +101,7 @@ def _sample(source, summary: RunSummary, n: int, seed: int) -> dict:
     if n <= 0:
         frame = pd.DataFrame()
     elif isinstance(source, Location):
-        frame = sample_files(data_files(source, summary.record), wanted, n, seed)
+        frame = read_row_groups(data_files(source, summary.record), wanted, n, seed)
     else:
         frame = _table_sample(source, wanted, n, seed)
     out = {"rows": len(frame), "quality": np.zeros(0), "selected": np.zeros(0, dtype=bool),

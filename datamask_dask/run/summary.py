@@ -26,7 +26,6 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..io.parquet import parquet_file
 from .record import RunRecord
 
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
@@ -177,48 +176,6 @@ def sample_columns(spec) -> list[str]:
     names = [c for c, _ in spec.quality] + [spec.embedding_column, spec.selected_column]
     names += [spec.by] if spec.by else []
     return list(dict.fromkeys(names))
-
-
-def sample_files(files: list, columns: list[str], n: int, seed: int = 0) -> pd.DataFrame:
-    """About ``n`` rows of parquet ``files`` (``columns`` only): random whole row groups, thinned to ``n``.
-
-    Reading whole row groups keeps the cost near ``n`` rows' worth of I/O whatever the table size;
-    rows keep their file order.
-    """
-    import pyarrow as pa
-
-    rng = np.random.default_rng(seed)
-    groups = []
-    for file in files:
-        metadata = parquet_file(file).metadata
-        groups += [(file, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)]
-    chosen, total = [], 0
-    for index in rng.permutation(len(groups)):
-        if total >= n:
-            break
-        chosen.append(groups[index])
-        total += groups[index][2]
-    chosen.sort(key=lambda item: (str(item[0]), item[1]))
-    tables = []
-    for file, group, _ in chosen:
-        source = parquet_file(file)
-        present = [c for c in columns if c in source.schema_arrow.names]
-        tables.append(source.read_row_group(group, columns=present))
-    if not tables:
-        return pd.DataFrame(columns=columns)
-    table = pa.concat_tables(tables, promote_options="default")
-    if table.num_rows > n:
-        table = table.take(np.sort(rng.choice(table.num_rows, n, replace=False)))
-    return table.to_pandas(types_mapper=_list_as_arrow)
-
-
-def _list_as_arrow(pa_type):
-    """Keep list columns (embeddings) Arrow-backed, as the package's readers do."""
-    import pyarrow as pa
-
-    if pa.types.is_list(pa_type) or pa.types.is_fixed_size_list(pa_type) or pa.types.is_large_list(pa_type):
-        return pd.ArrowDtype(pa_type)
-    return None
 
 
 def compare_on_sample(frame: pd.DataFrame, spec, *, seed: int = 0) -> dict:
