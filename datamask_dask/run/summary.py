@@ -8,10 +8,10 @@ into every run record, whatever the engine and the sink.
 - The driver (:func:`summarise_run`), before the commit: near-duplicate pairs (cosine >=
   ``DUPLICATE_COSINE``) among those selected rows, candidates found on the signatures (LSH, about
   as costly as the table scope's search on a tenth of the table) and confirmed on their cosine;
-  and on the samples together, the
-  selection's objective against quality top-k and a random pick of as many rows, with each pick's
-  near-duplicate pairs. Coverage metrics (Facility) are measured on ``REFERENCE_ROWS`` of the
-  sample, the same rows for every pick: an unbiased estimate at a fifth of the cost.
+  and on the samples together, the selection's objective against quality top-k and a random pick
+  of as many rows, with each pick's near-duplicate pairs. Coverage metrics (Facility) are measured
+  on ``REFERENCE_ROWS`` of the sample, the same rows for every pick: an unbiased estimate at a
+  fifth of the cost.
 
 :class:`RunSummary` reads a record back and turns it into pandas tables.
 """
