@@ -180,8 +180,9 @@ class DataMaskOptions:
 
         for spec in options_of(self):
             check_value(spec, getattr(self, spec.name))
-        _check(self.max_lr >= self.min_lr >= 0, "max_lr/min_lr", (self.max_lr, self.min_lr),
-               "0 <= min_lr <= max_lr")
+        if not self.max_lr >= self.min_lr >= 0:
+            raise OptionError(f"options min_lr={self.min_lr!r} and max_lr={self.max_lr!r} are invalid: "
+                              "expected 0 <= min_lr <= max_lr")
         # Resolve metric names now so a typo fails before any compute.
         object.__setattr__(self, "metric_weights", tuple(resolve_metrics(self.algorithm)))
 

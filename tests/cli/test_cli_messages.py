@@ -118,6 +118,13 @@ def test_a_missing_column_is_named_by_its_flag(source, tmp_path, capsys):
     assert "--id-column" in err and "id_column=" not in err
 
 
+def test_two_options_that_contradict_each_other_are_named_by_their_flags(source, tmp_path, capsys):
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "p"), "--min_lr", "20",
+                 "--max_lr", "1", *FLAGS]) == 1
+    assert "options --min_lr=20.0 and --max_lr=1.0 are invalid: expected 0 <= min_lr <= max_lr" \
+        in capsys.readouterr().err
+
+
 def test_as_cli_message_translates_keywords_only():
     message = "option ratio=2 is out of range; name yours with id_column=, quality_column= or by=; lamb"
     assert as_cli_message(message) == ("--ratio=2 is out of range; name yours with --id-column, "
