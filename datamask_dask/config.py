@@ -79,8 +79,11 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raise OptionError(f"{source} does not exist") from exc
     except IsADirectoryError as exc:
         raise OptionError(f"{source} is a directory: give a YAML file or a profile's name") from exc
-    except yaml.YAMLError as exc:
-        raise OptionError(f"{source} is not valid YAML: {exc}") from exc
+    except yaml.YAMLError as exc:  # one line: where, and the parser's problem without its excerpt
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise OptionError(f"{source} is not valid YAML{where}: {problem}") from exc
     if data is None:
         return {}
     if isinstance(data, Mapping) and set(data) == {"datamask"}:

@@ -653,6 +653,11 @@ def test_bad_config_files(tmp_path):
     unsafe.write_text("n_epochs: !!python/object/apply:os.system ['echo hi']\n")
     with pytest.raises(OptionError, match="not valid YAML"):
         load_config(unsafe)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("n_epochs: 10\n  lamb: [\n")
+    with pytest.raises(OptionError, match=r"^config file '.*broken\.yaml' is not valid YAML at line 2, "
+                       r"column 7: mapping values are not allowed here$"):
+        load_config(broken)
     with pytest.raises(OptionError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
     nested = tmp_path / "nested.yaml"
