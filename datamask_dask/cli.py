@@ -31,7 +31,6 @@ import importlib
 import logging
 import multiprocessing
 import os
-import re
 import signal
 import sys
 import threading
@@ -45,7 +44,7 @@ if getattr(multiprocessing.current_process(), "_inheriting", False):
     # before the package's imports, which take a while.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-from .arguments import at_least  # noqa: E402
+from .arguments import as_cli_message, at_least, flag_name  # noqa: E402
 from .errors import DataMaskError, OptionError  # noqa: E402
 from .options import FIELDS, LEARNER_KEYS, check_given  # noqa: E402
 
@@ -100,7 +99,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
                      "its learner)")
     for name, spec in FIELDS.items():
         group = learner if name in LEARNER_KEYS else job
-        flag = _flag_name(name)
+        flag = flag_name(name)
         if isinstance(spec.default, bool):  # a switch that turns the default over
             flags, kind = [f"--no-{flag}" if spec.default else f"--{flag}"], {"const": not spec.default}
             kind["action"] = "store_const"
@@ -454,33 +453,6 @@ def _quiet_dask() -> None:
     for name in ("distributed", "distributed.worker", "distributed.nanny", "distributed.scheduler",
                  "distributed.core", "distributed.client", "asyncio"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-_REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
-
-
-def _flag_name(key: str) -> str:
-    """An option's flag, without its dashes: the reference tool's learner flags keep their underscores
-    (--n_rollout); ours use hyphens."""
-    return key if key in _REFERENCE_FLAGS else key.replace("_", "-")
-# Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
-_FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
-                   "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
-
-
-def as_cli_message(message: str) -> str:
-    """``message`` with the package's keyword spellings (``id_column=``) as CLI flags (``--id-column``)."""
-    for python, cli in _FLAG_SPELLINGS.items():
-        message = message.replace(python, cli)
-    def flag(match: re.Match) -> str:
-        key = match.group(1)
-        if key not in FIELDS:
-            return match.group(0)
-        name = _flag_name(key)
-        return f"--{name}" if match.group("bare") is not None else f"--{name}="
-
-    # "option id_column=x" -> "--id-column=x", "with id_column=, ..." -> "with --id-column, ..."
-    return re.sub(r"(?<![\w.-])(?:option )?([a-z_]+)=(?P<bare>(?=[,;.\s)]|$))?", flag, message)
 
 
 def _start_client(args):

@@ -46,17 +46,22 @@ def _is_text_dtype(dtype) -> bool:
     return pd.api.types.is_string_dtype(dtype) or pd.api.types.is_object_dtype(dtype)
 
 
-def check_text_meta(ddf, text_column: str, output_column: str, stage: str) -> None:
-    """Fail before building a graph: the column exists, holds text, differs from the output."""
+def check_text_column(ddf, text_column: str, stage: str) -> None:
+    """Fail before building a graph: the column exists and holds text."""
     if text_column not in ddf.columns:
         raise InputDataError(f"{stage}: text column {text_column!r} not found; columns are "
-                             f"{list(ddf.columns)} (pass text_column=...)")
+                             f"{list(ddf.columns)}: name the documents' text column with text_column=")
     dtype = ddf._meta[text_column].dtype
     if not _is_text_dtype(dtype):
         raise InputDataError(f"{stage}: column {text_column!r} holds {dtype}, not text (strings); "
                              "pass the column with the documents' text as text_column=")
+
+
+def check_text_meta(ddf, text_column: str, output_column: str, stage: str) -> None:
+    """Fail before building a graph: the text column exists, holds text, differs from the output."""
+    check_text_column(ddf, text_column, stage)
     if output_column == text_column:
-        raise OptionError(f"{stage}: output_column {output_column!r} would overwrite the text column")
+        raise OptionError(f"{stage}: output_column={output_column!r} would overwrite the text column")
 
 
 def text_values(part: pd.DataFrame, text_column: str, where: str, stage: str) -> pd.Series:

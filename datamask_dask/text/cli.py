@@ -17,7 +17,7 @@ import sys
 import time
 import traceback
 
-from ..arguments import at_least
+from ..arguments import as_cli_message, at_least
 from ..errors import DataMaskError
 
 # Parts of a model's rows that finish often (progress, resume points) while each part's fixed costs
@@ -106,8 +106,11 @@ def fill_text_columns(ddf, args):
     quality (several columns) is never filled: each of its columns must exist."""
     if not args.text_column:
         return ddf
+    from ._common import check_text_column
     from .embedding import embed
     from .quality import score_quality
+
+    check_text_column(ddf, args.text_column, "select")  # named, so checked where nothing is filled
 
     embedding_column = getattr(args, "embedding_column", None) or "feature_arr"
     quality_column = getattr(args, "quality_column", None) or "quality_score"
@@ -216,7 +219,7 @@ def run_text(args: argparse.Namespace) -> int:
     except (DataMaskError, OSError, ImportError) as exc:
         if args.verbose:
             traceback.print_exc()
-        print(f"{name}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {as_cli_message(str(exc))}", file=sys.stderr)
         return 1
     finally:
         if client is not None:

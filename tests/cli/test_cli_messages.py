@@ -19,7 +19,8 @@ import torch
 from conftest import FAST
 
 from datamask_dask import write_parquet
-from datamask_dask.cli import _interrupts_that_land, as_cli_message, build_parser, main
+from datamask_dask.arguments import as_cli_message
+from datamask_dask.cli import _interrupts_that_land, build_parser, main
 from datamask_dask.run.selection import work_dir
 from datamask_dask.sample_data import make_corpus
 

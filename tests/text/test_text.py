@@ -159,6 +159,12 @@ def test_cli_embed_and_score(tmp_path, capsys):
     capsys.readouterr()
     assert main(["score", "--input", str(tmp_path / "scored"), "--output", str(tmp_path / "again")]) == 0
     assert "the input's column 'quality_score' is replaced by the new one" in capsys.readouterr().err
+    assert main(["score", "--input", str(source), "--output", str(tmp_path / "x"), "--text-column",
+                 "txt"]) == 1
+    assert "name the documents' text column with --text-column" in capsys.readouterr().err  # the flag
+    assert main(["embed", "--input", str(source), "--output", str(tmp_path / "x"), "--output-column",
+                 "text"]) == 1
+    assert "embed: --output-column='text' would overwrite the text column" in capsys.readouterr().err
 
 
 def test_select_helper_fills_missing_columns():
@@ -172,6 +178,8 @@ def test_select_helper_fills_missing_columns():
     assert fill_text_columns(ddf, parser.parse_args([])) is ddf
     filled = fill_text_columns(ddf, parser.parse_args(["--text-column", "text", "--max-tokens", "32"]))
     assert list(filled.columns) == ["text", "quality_score", "feature_arr"]  # quality kept as given
+    with pytest.raises(InputDataError, match="select: text column 'txt' not found"):  # named: checked
+        fill_text_columns(ddf.assign(feature_arr=1.0), parser.parse_args(["--text-column", "txt"]))
 
 
 @pytest.mark.slow
