@@ -154,5 +154,5 @@ def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
         dtype = meta[name].dtype
         if not adapters.is_numeric_dtype(dtype):
             problems.append(Problem(f"{kind} column {name!r} must be numeric, got dtype {dtype}: cast it "
-                                    "(e.g. ddf[col].astype('float64')) or pick another column", name))
+                                    "to float64 (Dask: astype, Spark: cast) or pick another column", name))
     return problems

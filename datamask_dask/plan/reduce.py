@@ -366,8 +366,8 @@ def duplicate_problems(ids, id_column: str) -> list[Problem]:
         return []
     shown = ", ".join(f"{value!r} (partitions {parts})" for value, parts in ids[1])
     return [Problem(f"id column {id_column!r} has {ids[0]} duplicate value(s), e.g. {shown}; ids must be "
-                    f"unique across the table: deduplicate first (e.g. ddf.drop_duplicates(subset=["
-                    f"{id_column!r}])) or pass check_ids=False", id_column)]
+                    f"unique across the table: keep one row per id first (drop_duplicates("
+                    f"subset=[{id_column!r}], on a Dask or Spark frame) or pass check_ids=False", id_column)]
 
 
 def dimension_problems(dims: list, column: str) -> list[Problem]:

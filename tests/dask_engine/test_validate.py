@@ -102,7 +102,8 @@ def test_types_and_schema(corpus):
     text = dd.from_pandas(corpus.assign(quality_score=corpus["quality_score"].astype(str)), npartitions=2)
     report = validate_table(text)
     assert [p.column for p in report.problems] == ["quality_score"]
-    assert "quality column 'quality_score' must be numeric" in report.problems[0].message
+    assert "quality column 'quality_score' must be numeric, got dtype string: cast it to float64 (Dask: " \
+        "astype, Spark: cast)" in report.problems[0].message
     words = pa.array([["a", "b"]] * len(corpus), pa.list_(pa.string()))
     report = validate_table(dd.from_pandas(corpus.assign(feature_arr=pd.arrays.ArrowExtensionArray(words)),
                                            npartitions=2))
