@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import OptionError
+from .learn.options import check_value
 from .options import ALIASES, FIELDS, SelectOptions, default_settings
 
 #: Defaults that depend on the diversity metric chosen: they win over the defaults of the fields and lose
@@ -179,30 +180,46 @@ def resolve_options(config: str | os.PathLike | Mapping | SelectOptions | None =
     from_dask = normalise_keys(dask.config.get("datamask", default=None) or {},
                                "dask.config namespace 'datamask'")
     given = normalise_keys({k: v for k, v in overrides.items() if v is not None}, "keyword arguments", False)
+    dask_source = "dask.config namespace 'datamask'"
     if isinstance(config, Mapping):
-        layers, profile = [from_dask, normalise_keys(config, "config mapping")], "mapping"
+        layers = [(from_dask, dask_source), (normalise_keys(config, "config mapping"), "config mapping")]
+        profile = "mapping"
     elif config is not None:
         path = profile_path(config)
-        layers = [from_dask, read_config_file(path)]
+        layers = [(from_dask, dask_source), (read_config_file(path), f"config file {os.fspath(path)!r}")]
         profile = os.fspath(config) if path.parent != PROFILES else path.stem
     else:
         # the device's profile: gpu for CUDA devices, or cuDF data on "auto"
         device = str(given.get("device", from_dask.get("device")) or "auto")
         profile = "gpu" if device.startswith("cuda") or (device == "auto" and backend == "cudf") else "cpu"
-        layers = [read_config_file(PROFILES / f"{profile}.yaml"), from_dask]
+        layers = [(read_config_file(PROFILES / f"{profile}.yaml"), f"profile {profile!r}"),
+                  (from_dask, dask_source)]
     # the metric the job runs (the last layer naming one wins): its built-in defaults and sections apply
-    algorithm = given.get("algorithm", next((layer["algorithm"] for layer in reversed(layers)
+    algorithm = given.get("algorithm", next((layer["algorithm"] for layer, _ in reversed(layers)
                                              if "algorithm" in layer), settings["algorithm"]))
     chosen = _metric_key(algorithm) if isinstance(algorithm, str) else None  # a weights mapping: none
     defaults = {_metric_key(name, strict=True): values for name, values in METRIC_DEFAULTS.items()}
     settings.update(defaults.get(chosen, {}))
     sections: dict = {}
-    for layer in layers:
+    where: dict = {}  # the layer each setting that is not a keyword came from, to say so if it is refused
+    section_where: dict = {}
+    for layer, source in layers:
         for metric, section in layer.pop(SECTIONS, {}).items():
-            sections.setdefault(_metric_key(metric, strict=True), {}).update(section)
+            key = _metric_key(metric, strict=True)
+            sections.setdefault(key, {}).update(section)
+            section_where.setdefault(key, {}).update(
+                dict.fromkeys(section, f"{source}, section {SECTIONS}.{metric}"))
         settings.update(layer)
+        where.update(dict.fromkeys(layer, source))
     settings.update(sections.get(chosen, {}))
+    where.update(section_where.get(chosen, {}))
     settings.update(given)
+    for name, source in where.items():
+        if name not in given:
+            try:
+                check_value(FIELDS[name], settings[name])
+            except OptionError as exc:  # on the command line the flag's name alone would mislead
+                raise OptionError(f"{exc} (set as {name}: in {source})") from exc
     return SelectOptions.from_settings(settings, profile=profile, given=given)
 
 

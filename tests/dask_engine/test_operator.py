@@ -653,6 +653,14 @@ def test_bad_config_files(tmp_path):
     unsafe.write_text("n_epochs: !!python/object/apply:os.system ['echo hi']\n")
     with pytest.raises(OptionError, match="not valid YAML"):
         load_config(unsafe)
+    out_of_range = tmp_path / "range.yaml"
+    out_of_range.write_text("n_epochs: 0\nalgorithms:\n  Facility:\n    lamb: 2\n")
+    with pytest.raises(OptionError, match=r"option lamb=2 is invalid: expected a weight in \[0, 1\] \(set as "
+                       r"lamb: in config file '.*range\.yaml', section algorithms\.Facility\)$"):
+        load_config(out_of_range, algorithm="Facility", n_epochs=5)
+    with pytest.raises(OptionError, match=r"n_epochs=0 is invalid.* \(set as n_epochs: in config file "):
+        load_config(out_of_range)  # the section is Facility's: not this metric's
+    assert load_config(out_of_range, n_epochs=5)["n_epochs"] == 5  # a keyword wins, and is what is checked
     broken = tmp_path / "broken.yaml"
     broken.write_text("n_epochs: 10\n  lamb: [\n")
     with pytest.raises(OptionError, match=r"^config file '.*broken\.yaml' is not valid YAML at line 2, "
