@@ -619,6 +619,8 @@ def _run_validate(args, options: dict) -> int:
     report = validate_table(frame, config=args.config, **options)
     print(f"datamask validate: {args.input}: {report.summary()}",
           file=sys.stdout if report.ok else sys.stderr)
+    if report.ok and report.selection():
+        print(f"datamask validate: {report.selection()}")
     return 0 if report.ok else 1
 
 

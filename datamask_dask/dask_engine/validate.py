@@ -16,7 +16,7 @@ from ..errors import DataMaskError, Problem, problems_error
 from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
 from ..partition.spec import SelectSpec
-from ..plan.reduce import dimension_problems, duplicate_problems, make_plan
+from ..plan.reduce import SHOW, dimension_problems, duplicate_problems, make_plan
 from .operator import column_reads, id_graph, make_spec
 
 
@@ -29,6 +29,9 @@ class ValidationReport:
     dim: int | None = None  # of the embeddings (None when no row has one)
     columns: dict = field(default_factory=dict)  # name -> dtype, as the dataframe declares them
     problems: list = field(default_factory=list)  # of Problem
+    # rows the plan selects, per group (None: no by=); with a token budget, the rows its split assumes
+    planned: dict = field(default_factory=dict)
+    tokens: bool = False  # whether the selection is by token budget
 
     @property
     def ok(self) -> bool:
@@ -44,6 +47,15 @@ class ValidationReport:
         lines = [f"{len(self.problems)} problem(s) found:"]
         lines += [f"  {i}. {p.message}" for i, p in enumerate(self.problems, 1)]
         return "\n".join(lines)
+
+    def selection(self) -> str:
+        """What the plan selects, in words (empty where no plan was made): the rows, per group."""
+        if not self.planned:
+            return ""
+        groups = [f"{label}: {rows}" for label, rows in self.planned.items() if label is not None]
+        shown = f" ({', '.join(groups[:SHOW])}{', ...' if len(groups) > SHOW else ''})" if groups else ""
+        about = "about " if self.tokens else ""  # the rows expected to fill a budget
+        return f"the selection takes {about}{sum(self.planned.values())} rows{shown}"
 
     def raise_if_failed(self) -> None:
         """Raise :class:`InputDataError` (or :class:`OptionError`) listing the problems, if any."""
@@ -107,7 +119,12 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
     report.problems += duplicate_problems(ids, spec.id_column)
     if report.ok:  # the data are fine: can the quotas be met?
         try:
-            make_plan([c["summary"] for c in checks], None, report.dim, spec)
+            plan = make_plan([c["summary"] for c in checks], None, report.dim, spec)
         except DataMaskError as exc:
             report.problems.append(Problem(str(exc)))
+        else:
+            cells = [cell for cells in plan.cells.values() for cell in cells]
+            for cell in sorted(cells, key=lambda cell: cell.group):  # the groups in the plan's order
+                report.planned[cell.label] = report.planned.get(cell.label, 0) + max(cell.quota, 0)
+            report.tokens = spec.budget is not None
     return report

@@ -48,9 +48,22 @@ def test_good_table(parquet_dir, capsys):
     assert report.ok and report.problems == []
     assert (report.rows, report.partitions, report.dim) == (1600, 4, 16)
     assert report.summary() == "OK: 1600 rows in 4 partition(s), 16-d embeddings, 4 columns"
+    assert report.selection() == "the selection takes 160 rows"
     report.raise_if_failed()
     assert main(["validate", "--input", str(parquet_dir)]) == 0
-    assert "OK: 1600 rows in 4 partition(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "OK: 1600 rows in 4 partition(s)" in out
+    assert "datamask validate: the selection takes 160 rows" in out
+
+
+def test_the_rows_each_group_would_get_are_told(corpus):
+    """Per-group ratios round per group: what a selection would take is said before it runs."""
+    frame = corpus.assign(lang=np.where(np.arange(len(corpus)) % 4 == 0, "de", "en"))
+    report = validate_table(dd.from_pandas(frame, npartitions=2, sort=False), ratio={"de": 0.5}, by="lang")
+    assert report.ok and report.planned == {"de": 200, "en": 0}
+    assert report.selection() == "the selection takes 200 rows (de: 200, en: 0)"
+    one_row_groups = validate_table(dd.from_pandas(frame, npartitions=2, sort=False), by="chunk_id")
+    assert one_row_groups.selection().startswith("the selection takes 0 rows (0: 0, 1: 0,")
 
 
 def test_every_problem_is_listed_with_column_partition_and_rows(broken):
