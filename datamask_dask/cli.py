@@ -563,11 +563,15 @@ def _run_select(args, options: dict, started: float) -> int:
         incremental=args.incremental, row_filter=args.row_filter, resume=args.resume, single_file=single_file,
         progress=args.progress, prepare=_text_columns(args), backend=_backend(args), **options)
     read = report.source
+    if not report.run_id:  # an incremental run found no rows added since the last
+        print(f"datamask: no rows were added to {args.input} since version {read['since']}: nothing to "
+              f"select, {report.output} is unchanged")
+        return 0
     since = f" (rows added since {read['since']})" if read.get("since") is not None else ""
     at = f" at {read['version']}" if read.get("version") is not None else ""
     resumed = f", {len(report.reused)} of {len(report.reused) + len(report.computed)} partitions " \
               "reused from the interrupted run" if report.reused else ""
-    profile = report.record.get("profile") if report.record else None
+    profile = report.record["profile"]
     on = " (spark)" if args.engine == "spark" else ""
     share, whole = report.selected / max(report.rows, 1), time.perf_counter() - started
     print(f"datamask: {report.rows} rows, {report.selected} selected ({share:.1%}) of {args.input}{at}"

@@ -198,7 +198,7 @@ def test_delta_failure_in_the_middle_of_a_write_leaves_the_table(delta_source, t
     assert _delta_run_record(new)["run_id"] == "retry"
 
 
-def test_delta_incremental_run_selects_only_new_rows(delta_source, tmp_path, corpus):
+def test_delta_incremental_run_selects_only_new_rows(delta_source, tmp_path, corpus, capsys):
     out = tmp_path / "selection"
     source = f"delta://{delta_source}"
     first = select_table(f"{source}?version=0", f"delta://{out}", RATIO, output_columns=SELECTION, **OPTIONS)
@@ -216,6 +216,13 @@ def test_delta_incremental_run_selects_only_new_rows(delta_source, tmp_path, cor
     third = select_table(source, f"delta://{out}", RATIO, output_columns=SELECTION, incremental=True,
                          **OPTIONS)
     assert third.rows == 0 and deltalake.DeltaTable(out).version() == version  # nothing new, nothing written
+    from datamask_dask.cli import main
+
+    assert main(["select", "--input", source, "--output", f"delta://{out}", "--output-columns", SELECTION,
+                 "--incremental"]) == 0
+    assert f"datamask: no rows were added to {source} since version 1: nothing to select, delta://{out} is " \
+        "unchanged" in capsys.readouterr().out  # where it read "0 rows ... profile None"
+    assert deltalake.DeltaTable(out).version() == version
 
 
 # --------------------------------------------------------------------------- Iceberg
