@@ -177,10 +177,9 @@ def resolve_options(config: str | os.PathLike | Mapping | SelectOptions | None =
             raise OptionError("options already resolved take no keyword options: use options.replace(...)")
         return config
     settings = default_settings()
-    from_dask = normalise_keys(dask.config.get("datamask", default=None) or {},
-                               "dask.config namespace 'datamask'")
-    given = normalise_keys({k: v for k, v in overrides.items() if v is not None}, "keyword arguments", False)
     dask_source = "dask.config namespace 'datamask'"
+    from_dask = normalise_keys(dask.config.get("datamask", default=None) or {}, dask_source)
+    given = normalise_keys({k: v for k, v in overrides.items() if v is not None}, "keyword arguments", False)
     if isinstance(config, Mapping):
         layers = [(from_dask, dask_source), (normalise_keys(config, "config mapping"), "config mapping")]
         profile = "mapping"
