@@ -135,8 +135,9 @@ class SelectOptions:
         flags=("--select_ratio", "--select-ratio", "--ratio"), type="per_group_float",
         doc="Share of rows to select, in (0, 1]: exactly ``round(ratio * N)`` rows (Python rounding) are "
         "selected. With ``by``, a float applies to every group and a mapping ``{group: ratio}`` (ratios in "
-        "[0, 1]) gives each group its own; groups it does not name get none, and a group it names must be "
-        "one of the column's (a key may be the group's text, as on the command line).")
+        "[0, 1]) gives each group its own; groups it does not name get none, and a group it names that no "
+        "row holds gets nothing (a run logs it). A key is a group's value or its text, as on the command "
+        "line.")
     budget_tokens: int | dict | None = option(
         None, "select by token budget instead of ratio (with --by: group=tokens,...)",
         rule=check_budget_tokens, type="per_group_int",

@@ -16,7 +16,7 @@ from ..errors import DataMaskError, Problem, problems_error
 from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
 from ..partition.spec import SelectSpec
-from ..plan.reduce import SHOW, dimension_problems, duplicate_problems, make_plan
+from ..plan.reduce import SHOW, dimension_problems, duplicate_problems, make_plan, unknown_groups
 from .operator import column_reads, id_graph, make_spec
 
 
@@ -32,6 +32,7 @@ class ValidationReport:
     # rows the plan selects, per group (None: no by=); with a token budget, the rows its split assumes
     planned: dict = field(default_factory=dict)
     tokens: bool = False  # whether the selection is by token budget
+    unknown: dict = field(default_factory=dict)  # option -> its per-group keys that no row's group is
 
     @property
     def ok(self) -> bool:
@@ -55,7 +56,9 @@ class ValidationReport:
         groups = [f"{label}: {rows}" for label, rows in self.planned.items() if label is not None]
         shown = f" ({', '.join(groups[:SHOW])}{', ...' if len(groups) > SHOW else ''})" if groups else ""
         about = "about " if self.tokens else ""  # the rows expected to fill a budget
-        return f"the selection takes {about}{sum(self.planned.values())} rows{shown}"
+        unknown = "".join(f"; {option} names {', '.join(map(repr, keys))}, which no row's group is"
+                          for option, keys in self.unknown.items())
+        return f"the selection takes {about}{sum(self.planned.values())} rows{shown}{unknown}"
 
     def raise_if_failed(self) -> None:
         """Raise :class:`InputDataError` (or :class:`OptionError`) listing the problems, if any."""
@@ -126,5 +129,5 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
             cells = [cell for cells in plan.cells.values() for cell in cells]
             for cell in sorted(cells, key=lambda cell: cell.group):  # the groups in the plan's order
                 report.planned[cell.label] = report.planned.get(cell.label, 0) + max(cell.quota, 0)
-            report.tokens = spec.budget is not None
+            report.tokens, report.unknown = spec.budget is not None, unknown_groups(plan)
     return report

@@ -56,8 +56,7 @@ def make_plan(summaries: list[PartitionSummary], ids, dim: int | None, spec: Sel
         dim = next((d for d in dims if d is not None), None)
     labels = sorted({label for s in summaries for label in s.cells},
                     key=lambda label: (type(label).__name__, label))
-    ratios = _per_label(spec.ratio, labels, "ratio", spec.by)
-    budgets = _per_label(spec.budget, labels, "budget_tokens", spec.by)
+    ratios, budgets = _per_label(spec.ratio, labels), _per_label(spec.budget, labels)
     cell_lists: dict[int, list[Cell]] = {}
     ranges = {}
     shadowed: dict[int, list] = {}
@@ -315,23 +314,35 @@ def _stack_weights(cells: list) -> tuple[np.ndarray, np.ndarray]:
     return kept[order], weights[order]
 
 
-def _per_label(value, labels: list, option: str, by: str | None) -> dict:
-    """Each group's ``ratio`` or ``budget_tokens``: a mapping's value, 0 for a group it does not name, or
-    the one value for every group. A key may be a group's text, as the command line gives every key."""
+def _per_label(value, labels: list) -> dict:
+    """Each group's ``ratio`` or ``budget_tokens``: a mapping's value (0 for a group it does not name),
+    or the one value for every group."""
     if not isinstance(value, dict):
         return dict.fromkeys(labels, value)
-    if not labels:  # no rows: no group to name
-        return {}
+    keyed = dict(zip(group_keys(value, labels), value.values(), strict=True))
+    return {label: keyed.get(label, 0) for label in labels}
+
+
+def group_keys(value: dict, labels: list) -> list:
+    """The group each key of a per-group mapping names: a label equal to it or, as the command line
+    gives every key as text, whose text it is; else the key itself (a group the table lacks)."""
     known = set(labels)
     as_text = {str(label): label for label in labels}
-    keyed = {key if key in known else as_text.get(str(key), key): share for key, share in value.items()}
-    unknown = [key for key in keyed if key not in known]
-    if unknown:
-        shown = ", ".join(repr(label) for label in labels[:SHOW]) + (
-            f" and {len(labels) - SHOW} more" if len(labels) > SHOW else "")
-        raise OptionError(f"{option} names group(s) {', '.join(map(repr, unknown))}, which column {by!r} "
-                          f"does not hold: its groups are {shown}; name only groups of the table")
-    return {label: keyed.get(label, 0) for label in labels}
+    return [key if key in known else as_text.get(str(key), key) for key in value]
+
+
+def unknown_groups(plan: Plan) -> dict:
+    """``{option: [keys]}``: the keys of a per-group ``ratio`` or ``budget_tokens`` that name no group of
+    the planned table: they get no rows, which a run logs (a misspelt group looks the same)."""
+    labels = list(dict.fromkeys(cell.label for cells in plan.cells.values() for cell in cells))
+    out = {}
+    for option, value in (("ratio", plan.spec.ratio), ("budget_tokens", plan.spec.budget)):
+        if isinstance(value, dict):
+            missing = [key for key, group in zip(value, group_keys(value, labels), strict=True)
+                       if group not in labels]
+            if missing:
+                out[option] = missing
+    return out
 
 
 def _plan_group(label, sketches: list, n_rows: int, ratio, budget, spec: SelectSpec) -> np.ndarray:

@@ -36,6 +36,7 @@ from ..config import default_settings
 from ..io.output import library_versions, output_lock
 from ..io.records import as_json, dumps
 from ..options import SelectOptions
+from ..plan.reduce import unknown_groups
 from ..plan.types import Plan
 from ..telemetry import Measures
 from .record import RunRecord
@@ -167,6 +168,9 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
         todo = [number for number in range(len(plan.rows)) if number not in done]
         log.info("planned %s: %d rows in %d partitions (%.1f s)", sink.uri, sum(plan.rows), len(plan.rows),
                  phases["plan"])
+        for option, keys in unknown_groups(plan).items():  # legitimate in a filtered or incremental input
+            log.warning("%s: %s names group(s) %s that no row's %r holds: they get no rows", sink.uri, option,
+                        ", ".join(map(repr, keys)), spec.by)
         if done:
             log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
                      sink.uri, len(done), len(todo))

@@ -331,9 +331,9 @@ def test_per_group_quotas(client, corpus):
     result = out.compute(scheduler="sync")
     per_group = result.groupby("language")["selected"].sum()
     assert per_group.to_dict() == {"de": round(0.3 * counts["de"]), "en": round(0.05 * counts["en"])}
-    with pytest.raises(OptionError, match=r"budget_tokens names group\(s\) 'En', which column 'language' "
-                       r"does not hold: its groups are 'de', 'en'; name only groups of the table"):
-        datamask_select(ddf, budget_tokens={"En": 100}, by="language", **FAST).compute(scheduler="sync")
+    absent = datamask_select(ddf, ratio={"de": 0.3, "fr": 0.2}, by="language", **FAST)  # no row is "fr"
+    per_group = absent.compute(scheduler="sync").groupby("language")["selected"].sum()
+    assert per_group.to_dict() == {"de": round(0.3 * counts["de"]), "en": 0}
 
 
 def test_token_budget(client, corpus):

@@ -62,6 +62,10 @@ def test_the_rows_each_group_would_get_are_told(corpus):
     report = validate_table(dd.from_pandas(frame, npartitions=2, sort=False), ratio={"de": 0.5}, by="lang")
     assert report.ok and report.planned == {"de": 200, "en": 0}
     assert report.selection() == "the selection takes 200 rows (de: 200, en: 0)"
+    absent = validate_table(dd.from_pandas(frame, npartitions=2, sort=False), ratio={"de": 0.5, "De": 0.1},
+                            by="lang")
+    assert absent.selection() == ("the selection takes 200 rows (de: 200, en: 0); ratio names 'De', which "
+                                  "no row's group is")
     one_row_groups = validate_table(dd.from_pandas(frame, npartitions=2, sort=False), by="chunk_id")
     assert one_row_groups.selection().startswith("the selection takes 0 rows (0: 0, 1: 0,")
 
