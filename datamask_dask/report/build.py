@@ -29,7 +29,8 @@ from ..run.summary import RunSummary, unit_rows
 from .audit import data_files, output_record, quality_of
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
-MAX_TABLE_ROWS = 200  # rows shown of the per-partition table
+MAX_TABLE_ROWS = 200  # rows shown of the per-partition and per-group tables
+MAX_BARS = 30  # groups drawn in the quotas figure: the largest, so that their names stay legible
 FIGURES = ("curves", "quality", "projection", "objective", "quotas")
 _SELECTED, _OTHER, _TOPK = "#d62728", "#9e9e9e", "#1f77b4"
 
@@ -227,12 +228,15 @@ def _quotas(summary: RunSummary, sample: dict) -> bytes:
     figure, axes = _figure(11.0 if len(groups) else 7.0, 4.0, ncols=2 if len(groups) else 1)
     ax = axes[0, 0]
     ax.bar(parts["partition"], parts["share"], color=_SELECTED, width=0.8)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     ax.set(xlabel="partition", ylabel="selected share", title="Selected share per partition")
     if len(groups):
         ax = axes[0, 1]
-        ax.bar([str(g) for g in groups["group"]], groups["share"], color=_TOPK)
-        ax.set(xlabel="group", title="Selected share per group")
+        shown = groups.nlargest(MAX_BARS, "rows").sort_index() if len(groups) > MAX_BARS else groups
+        ax.bar([str(g) for g in shown["group"]], shown["share"], color=_TOPK)
+        title = "Selected share per group" if len(shown) == len(groups) else \
+            f"Selected share of the {len(shown)} largest of {len(groups)} groups"
+        ax.set(xlabel="group", title=title)
         ax.tick_params(axis="x", labelrotation=45)
     return _png(figure)
 
@@ -333,7 +337,7 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
               "<h3>Per partition</h3>", _table(summary.to_pandas("partitions"), MAX_TABLE_ROWS)]
     if summary.summary.get("by"):
         parts += [f"<h3>Per group ({html.escape(str(summary.summary['by']))})</h3>",
-                  _table(summary.to_pandas("groups"))]
+                  _table(summary.to_pandas("groups"), MAX_TABLE_ROWS)]
     parts += ["<h2>Run</h2>", _table(summary.to_pandas("overview")),
               "<h3>Settings</h3>", _table(summary.to_pandas("settings")),
               "<h3>Versions</h3>", _table(summary.to_pandas("versions")),

@@ -338,6 +338,23 @@ def test_report_renders_valid_pngs(pages):
         assert heading in text
 
 
+def test_a_report_of_many_groups_shows_the_largest(tmp_path, monkeypatch):
+    """Thousands of groups: the figure draws the largest, the table its first rows, each saying so."""
+    pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install matplotlib)")
+    from matplotlib.axes import Axes
+
+    from datamask_dask.report import build, build_report
+
+    corpus = _corpus().assign(source=np.arange(1600) % 250)  # 250 groups of 6 or 7 rows
+    write_selection(dd.from_pandas(corpus, npartitions=2, sort=False), tmp_path / "out", 0.5, by="source",
+                    scheduler="threads", progress=False, **FAST)
+    titles = []
+    monkeypatch.setattr(Axes, "set_title", lambda ax, label, *a, **k: titles.append(label))
+    page = build_report(tmp_path / "out", tmp_path / "report").read_text(encoding="utf-8")
+    assert f"Selected share of the {build.MAX_BARS} largest of 250 groups" in titles
+    assert f"First {build.MAX_TABLE_ROWS} of 250 rows." in page
+
+
 def test_report_refuses_a_directory_inside_the_output(run, pages):
     from datamask_dask.report import build_report
 
