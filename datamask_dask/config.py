@@ -69,12 +69,16 @@ def default_text(key: str) -> str:
 
 
 def read_config_file(path: str | os.PathLike) -> dict:
-    """Read a YAML config file (``yaml.safe_load``) into a mapping with canonical keys."""
+    """Read a YAML config file (``yaml.safe_load``), a local path or a URI (``s3://...``), into a mapping
+    with canonical keys."""
     import yaml  # here, not at the top: the command line imports this module before parsing its flags
 
+    from .io.storage import resolve, storage_errors
+
     source = f"config file {os.fspath(path)!r}"
+    location = resolve(path)
     try:
-        with open(path, encoding="utf-8") as handle:
+        with storage_errors(location), location.fs.open(location.path, "r", encoding="utf-8") as handle:
             data = yaml.safe_load(handle)
     except FileNotFoundError as exc:
         raise OptionError(f"{source} does not exist") from exc
@@ -128,11 +132,13 @@ def profile_names() -> list[str]:
     return sorted(p.stem for p in PROFILES.glob("*.yaml"))
 
 
-def profile_path(config: str | os.PathLike) -> Path:
-    """The file a ``config`` names: a profile (``"cpu"``, ``"gpu"``, ``"reference"``) or a path."""
+def profile_path(config: str | os.PathLike) -> Path | str:
+    """The file a ``config`` names: a profile (``"cpu"``, ``"gpu"``, ``"reference"``), a path or a URI."""
     text = os.fspath(config)
     if text in profile_names():
         return PROFILES / f"{text}.yaml"
+    if "://" in text:
+        return text
     path = Path(text)
     if not path.exists() and os.sep not in text and not path.suffix:
         close = difflib.get_close_matches(text, profile_names(), n=1)
@@ -186,7 +192,7 @@ def resolve_options(config: str | os.PathLike | Mapping | SelectOptions | None =
     elif config is not None:
         path = profile_path(config)
         layers = [(from_dask, dask_source), (read_config_file(path), f"config file {os.fspath(path)!r}")]
-        profile = os.fspath(config) if path.parent != PROFILES else path.stem
+        profile = path.stem if isinstance(path, Path) and path.parent == PROFILES else os.fspath(config)
     else:
         # the device's profile: gpu for CUDA devices, or cuDF data on "auto"
         device = str(given.get("device", from_dask.get("device")) or "auto")

@@ -89,6 +89,19 @@ def test_cli_s3_to_s3_selects_the_rows_of_the_local_run(s3, s3_corpus, local_run
     assert not lock_location(resolve("s3://lake/out", s3)).exists()  # and so is the lock
 
 
+def test_a_config_file_is_read_from_its_uri(s3, s3_corpus, capsys):
+    from datamask_dask.config import resolve_options
+
+    location = resolve("s3://lake/conf/job.yaml", s3)
+    with location.fs.open(location.path, "w") as handle:
+        handle.write("n_epochs: 7\nlamb: 0.25\n")
+    options = resolve_options("s3://lake/conf/job.yaml")
+    assert (options.learner.n_epochs, options.learner.lamb, options.profile) == (7, 0.25, "s3://lake/conf/job.yaml")
+    assert main(["validate", "--input", s3_corpus, "--config", "s3://lake/conf/job.yaml"]) == 0
+    with pytest.raises(OptionError, match="config file 's3://lake/conf/nope.yaml' does not exist"):
+        resolve_options("s3://lake/conf/nope.yaml")  # where it looked for a local file 's3:/lake/...'
+
+
 def test_python_api_on_a_cluster_reads_and_writes_s3(s3, s3_corpus, local_run, client):
     report = write_selection(read_parquet(s3_corpus, storage_options=s3), "s3://lake/api-out",
                              scheduler=client, storage_options=s3, **OPTIONS)
