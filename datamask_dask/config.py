@@ -71,14 +71,13 @@ def default_text(key: str) -> str:
 def read_config_file(path: str | os.PathLike) -> dict:
     """Read a YAML config file (``yaml.safe_load``), a local path or a URI (``s3://...``), into a mapping
     with canonical keys."""
-    import yaml  # here, not at the top: the command line imports this module before parsing its flags
-
-    from .io.storage import resolve, storage_errors
+    # here, not at the top: the command line imports this module before parsing its flags
+    import fsspec
+    import yaml
 
     source = f"config file {os.fspath(path)!r}"
-    location = resolve(path)
     try:
-        with storage_errors(location), location.fs.open(location.path, "r", encoding="utf-8") as handle:
+        with fsspec.open(os.fspath(path), "r", encoding="utf-8") as handle:  # a path or any fsspec URI
             data = yaml.safe_load(handle)
     except FileNotFoundError as exc:
         raise OptionError(f"{source} does not exist") from exc
@@ -89,6 +88,8 @@ def read_config_file(path: str | os.PathLike) -> dict:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise OptionError(f"{source} is not valid YAML{where}: {problem}") from exc
+    except Exception as exc:  # its filesystem's package missing, no credentials, a store out of reach
+        raise OptionError(f"{source} could not be read: {type(exc).__name__}: {exc}") from exc
     if data is None:
         return {}
     if isinstance(data, Mapping) and set(data) == {"datamask"}:
