@@ -365,7 +365,7 @@ class RunSummary:
             yield "tokens", tokens["total"]
             yield "tokens_selected", tokens["selected"]
         pairs = summary.get("selected_pairs")
-        if pairs:  # over every selected row, not the sample
+        if pairs:  # over the selected rows (a uniform sample of many), not the output's sample
             yield "selected.near_duplicate_pairs_within", pairs["within"]
             yield "selected.near_duplicate_pairs_across", pairs["across"]
         sample = summary.get("sample") or {}
