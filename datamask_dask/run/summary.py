@@ -48,7 +48,7 @@ def signature_share(plan) -> float:
     """The share of the selected rows whose signatures and vectors go into the run summary (see the
     module notes)."""
     planned = plan.planned
-    rows = min(SIGNATURE_ROWS, VECTOR_BYTES // (2 * max(1, plan.dim or 1)))
+    rows = min(SIGNATURE_ROWS, VECTOR_BYTES // (2 * (plan.dim or 1)))
     return min(1.0, rows / planned) if planned else 1.0
 
 
@@ -59,12 +59,12 @@ def _selected_rows(series, rows: np.ndarray) -> dict:
 
     from ..dedup.simhash import hyperplanes, signatures
     from ..dedup.stages import unit_vectors
-    from ..partition.adapters import embedding_source
+    from ..partition.adapters import embedding_source, host_rows
 
     source = embedding_source(series, f"column {series.name!r}")
     block = source.rows(rows)
     signed = signatures(block, hyperplanes(source.dim))
-    unit = unit_vectors(block.cpu().numpy() if hasattr(block, "cpu") else block).astype(np.float16)
+    unit = unit_vectors(host_rows(block)).astype(np.float16)
     return {name: base64.b64encode(values.tobytes()).decode("ascii")
             for name, values in (("signatures", signed), ("vectors", unit))}
 
