@@ -403,12 +403,12 @@ def _check_input(args) -> None:
     seconds of loading Dask and torch."""
     if args.command not in ("select", "validate") or getattr(args, "demo", False) or not args.input:
         return
-    from .io.storage import reach, resolve
+    from .io.storage import missing, reach, resolve
     from .io.tables import parse_table_uri
 
     source = parse_table_uri(args.input)
-    if source.format == "parquet" and not reach(resolve(source.location)):
-        raise FileNotFoundError(f"--input {args.input} does not exist")
+    if source.format == "parquet" and not reach(where := resolve(source.location)):
+        raise missing(where, f"--input {args.input}")
 
 
 def _stop(client, args) -> None:

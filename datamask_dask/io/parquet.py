@@ -31,7 +31,7 @@ from .. import telemetry
 from ..errors import InputDataError
 from ..partition.adapters import is_cudf
 from .pieces import Pieces, to_dask
-from .storage import Location, reach, resolve, storage_errors
+from .storage import Location, missing, reach, resolve, storage_errors
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
@@ -82,7 +82,7 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
     rows_per_partition = max(1, int(rows_per_partition))
     location = resolve(path, storage_options)
     if not reach(location):
-        raise FileNotFoundError(f"{location.uri} does not exist")
+        raise missing(location)
     filesystem = None if location.local else location.fs
     if not location.local:  # what this process listed before (a table since replaced) is listed again
         location.fs.invalidate_cache(location.path)

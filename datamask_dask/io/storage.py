@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import os
 import posixpath
+import re
 import shutil
 import uuid
 from urllib.parse import urlsplit
@@ -321,6 +322,18 @@ def reach(location: Location) -> bool:
     if code in _MISSING_BUCKET:
         raise _client_error(location, code, 404, False)
     return False
+
+
+def missing(location: Location, name: str | None = None) -> FileNotFoundError:
+    """The error for an input that is not there, ``name`` (a flag) naming it. A glob pattern is told as
+    one: an input is a file or a directory, which a resume can list again as it was."""
+    name = name or location.uri
+    pattern = re.search(r"[*?[]", location.uri)
+    if pattern is None:
+        return FileNotFoundError(f"{name} does not exist")
+    folder = location.uri[:pattern.start()].rpartition("/")[0] or "."
+    return FileNotFoundError(f"{name} is a pattern, which datamask does not expand: name a parquet file or "
+                             f"the directory of them, e.g. {folder}")
 
 
 def _listing_code(location: Location) -> str | None:

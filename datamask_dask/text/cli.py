@@ -171,7 +171,7 @@ def run_text(args: argparse.Namespace) -> int:
     from ..io.parquet import parquet_pieces
     from ..io.pieces import to_dask
     from ..io.sinks import write_parquet
-    from ..io.storage import resolve
+    from ..io.storage import missing, resolve
     from ..progress import log_to_stderr
     from .embedding import embed
     from .quality import score_quality
@@ -190,7 +190,7 @@ def run_text(args: argparse.Namespace) -> int:
     client = None
     try:
         if not source.exists():
-            raise FileNotFoundError(f"--input {source} does not exist")
+            raise missing(source, f"--input {source}")
         check_target(target, overwrite=args.overwrite, inputs=[source])  # before any work
         if args.scheduler or args.n_workers:
             client = get_client(args.scheduler or "cpu", n_workers=args.n_workers, dashboard_address=":0")

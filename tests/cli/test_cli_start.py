@@ -74,6 +74,18 @@ def test_a_missing_input_is_told_before_torch_and_dask_load(command, tmp_path):
     assert not {"torch", "dask.dataframe", "distributed"} & set(loaded), loaded  # the seconds of start-up
 
 
+def test_a_glob_input_is_told_as_a_pattern_with_the_directory_to_name(tmp_path):
+    """Dask and Spark readers expand globs; datamask's input is a file or a directory (a resume lists it
+    again), and the message says so rather than that the pattern does not exist."""
+    from datamask_dask.io.parquet import parquet_pieces
+
+    code, _, err = _probe(["select", "--input", "lake/part.*.parquet", "--output", "y"], tmp_path)
+    assert code == 1 and err == ("datamask: error: --input lake/part.*.parquet is a pattern, which datamask does "
+                                 "not expand: name a parquet file or the directory of them, e.g. lake"), err
+    with pytest.raises(FileNotFoundError, match=r"is a pattern, .* e\.g\. .*/lake$"):
+        parquet_pieces(tmp_path / "lake" / "year=*")
+
+
 # Each log record of the job, with the heavy modules loaded when it was written.
 JOB_PROBE = f"""
 import json, logging, sys
