@@ -44,7 +44,7 @@ def output_record(output) -> dict:
     try:
         RunRecord.from_dict(record)
     except ValueError as exc:
-        raise ValueError(f"{table.uri} is not a selection this version reads: {exc}") from None
+        raise ValueError(f"{table.uri}: {exc}") from None  # another command's output, or a newer format
     return record
 
 

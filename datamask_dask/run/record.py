@@ -67,8 +67,8 @@ class RunRecord:
         (ValueError: not a selection's record, or a newer version's)."""
         kind = record.get("kind", "selection")
         if kind != "selection":
-            raise ValueError(f"its run record is of a {kind!r} run, not of `datamask select` (kind "
-                             "'selection'); give the output of `datamask select`")
+            raise ValueError(f"it was not written by `datamask select` (its run record is of a {kind!r} "
+                             "run): give the output of `datamask select`")
         if int(record.get("format") or 0) > FORMAT:
             raise ValueError(f"its run record has format {record['format']}, newer than this version "
                              f"reads ({FORMAT}): upgrade datamask-dask")

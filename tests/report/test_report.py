@@ -384,7 +384,9 @@ def test_report_cli(run, pages, tmp_path, capsys):
     write_parquet(dd.from_pandas(make_corpus(200, 8), npartitions=1, sort=False), written)
     assert report_command([str(written), "--out", str(tmp_path / "w")]) == 1
     err = capsys.readouterr().err
-    assert "is not a selection" in err and "'write_parquet'" in err and not (tmp_path / "w").exists()
+    assert err.strip() == (f"datamask report: error: {written}: it was not written by `datamask select` (its run "
+                           "record is of a 'write_parquet' run): give the output of `datamask select`"), err
+    assert not (tmp_path / "w").exists()
 
 
 def _browser():
