@@ -621,7 +621,7 @@ def _run_validate(args, options: dict) -> int:
 
     frame = read_table(args.input, backend=_backend(args)).frame
     report = validate_table(frame, config=args.config, **options)
-    print(f"datamask validate: {args.input}: {report.summary()}",
+    print(f"datamask validate: {args.input}: {as_cli_message(report.summary())}",
           file=sys.stdout if report.ok else sys.stderr)
     if report.ok and report.selection():
         print(f"datamask validate: {report.selection()}")

@@ -161,7 +161,8 @@ def test_validate_command_lists_problems(tmp_path, corpus, capsys):
     assert "partition 0: quality column 'quality_score' has 1 NaN" in err and "ids [5]" in err
     assert "partition 3: quality column 'quality_score' has 1 NaN" in err and "ids [1500]" in err
     assert main(["validate", "--input", str(tmp_path / "bad"), "--id-column", "doc_id"]) == 1
-    assert "there is no column 'doc_id'" in capsys.readouterr().err
+    err = capsys.readouterr().err  # in the command line's words, as select says it
+    assert "there is no column 'doc_id'" in err and "Name yours with --id-column, --quality-column" in err, err
     assert main(["validate", "--input", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().err
 
