@@ -48,9 +48,14 @@ class Problem:
         return self.message
 
 
+def messages(problems: list[Problem]) -> list[str]:
+    """The problems' distinct messages, in order (one message may name several columns)."""
+    return list(dict.fromkeys(p.message for p in problems))
+
+
 def problems_error(problems: list[Problem], kind: type[DataMaskError] = InputDataError) -> DataMaskError:
     """One exception for a list of problems: the first on the first line, the others after it."""
-    error = kind("\n".join(p.message for p in problems))
+    error = kind("\n".join(messages(problems)))
     error.problems = list(problems)
     return error
 

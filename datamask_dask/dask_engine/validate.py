@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import dask
 
 from ..config import resolve_options
-from ..errors import DataMaskError, Problem, problems_error
+from ..errors import DataMaskError, Problem, messages, problems_error
 from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
 from ..partition.spec import SelectSpec
@@ -45,8 +45,8 @@ class ValidationReport:
             dim = "no embeddings" if self.dim is None else f"{self.dim}-d embeddings"
             return (f"OK: {self.rows} rows in {self.partitions} partition(s), {dim}, "
                     f"{len(self.columns)} columns")
-        lines = [f"{len(self.problems)} problem(s) found:"]
-        lines += [f"  {i}. {p.message}" for i, p in enumerate(self.problems, 1)]
+        found = messages(self.problems)
+        lines = [f"{len(found)} problem(s) found:"] + [f"  {i}. {text}" for i, text in enumerate(found, 1)]
         return "\n".join(lines)
 
     def selection(self) -> str:

@@ -84,15 +84,19 @@ def backend(frame) -> str:
 
 
 def missing_columns(frame, names, where: str) -> list[tuple[str, str]]:
-    """``(name, message)`` for each of ``names`` that ``frame`` lacks, the message listing the others
-    (or saying that it is the index)."""
+    """``(name, message)`` for each of ``names`` that ``frame`` lacks: the index's own, and the absent
+    ones sharing one message that names them all and lists the frame's columns once."""
     available = [str(c) for c in frame.columns]
     indexed = set(getattr(frame.index, "names", None) or ()) - {None}
+    absent = [name for name in dict.fromkeys(names) if name not in frame.columns]
+    unknown = [name for name in absent if name not in indexed]
+    named = (f"is no column {unknown[0]!r}" if len(unknown) == 1 else
+             f"are no columns {', '.join(map(repr, unknown[:-1]))} and {unknown[-1]!r}" if unknown else "")
     return [(name, f"{where}: {name!r} is the index, not a column: move it back with ddf.reset_index()"
              if name in indexed else
-             f"{where}: there is no column {name!r}; available columns are {available}. Name yours "
-             "with id_column=, quality_column=, embedding_column=, token_column= or by=")
-            for name in dict.fromkeys(names) if name not in frame.columns]
+             f"{where}: there {named}; available columns are {available}. Name yours with id_column=, "
+             "quality_column=, embedding_column=, token_column= or by=")
+            for name in absent]
 
 
 def require_columns(frame, names, where: str) -> None:

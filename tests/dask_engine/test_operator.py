@@ -437,6 +437,13 @@ def test_missing_column_is_named_with_the_available_ones(corpus):
         datamask_select(ddf, ratio=0.1)
     with pytest.raises(InputDataError, match="'emb'"):
         datamask_select(dd.from_pandas(corpus, npartitions=2), embedding_column="emb")
+    renamed = dd.from_pandas(corpus.rename(columns=str.upper), npartitions=2)  # a frame of its own names
+    with pytest.raises(InputDataError) as caught:
+        datamask_select(renamed, ratio=0.1)
+    assert str(caught.value) == (  # one line, the frame's columns and the remedy said once
+        "the dataframe: there are no columns 'chunk_id', 'quality_score' and 'feature_arr'; available "
+        f"columns are {list(renamed.columns)}. Name yours with id_column=, quality_column=, "
+        "embedding_column=, token_column= or by=")
     indexed = dd.from_pandas(corpus.set_index("chunk_id"), npartitions=2)
     with pytest.raises(InputDataError, match=r"'chunk_id' is the index, not a column: .*reset_index\(\)"):
         datamask_select(indexed, ratio=0.1)

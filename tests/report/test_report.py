@@ -384,8 +384,8 @@ def test_report_cli(run, pages, tmp_path, capsys):
     write_parquet(dd.from_pandas(make_corpus(200, 8), npartitions=1, sort=False), written)
     assert report_command([str(written), "--out", str(tmp_path / "w")]) == 1
     err = capsys.readouterr().err
-    assert err.strip() == (f"datamask report: error: {written}: it was not written by `datamask select` (its run "
-                           "record is of a 'write_parquet' run): give the output of `datamask select`"), err
+    assert err.strip() == (f"datamask report: error: {written}: it was not written by `datamask select` (its"
+                           " run record is of a 'write_parquet' run): give the output of `datamask select`")
     assert not (tmp_path / "w").exists()
 
 
