@@ -60,17 +60,24 @@ def read_files(spark, directory):
     return frame
 
 
+def spark_settings() -> dict:
+    """What the tests' Spark sessions set: the package's own settings (Python workers forked with it
+    imported), no UI or progress bars, and a shuffle partition a core."""
+    from datamask_spark.job import SETTINGS
+
+    return {**SETTINGS, "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "2"}
+
+
 def local_spark():
     """The tests' classic local[2] Spark session: started by the first module that needs it and shared by
     the others (``getOrCreate`` returns the running one; a module that needs a setting sets it for its
     own tests). Stopped at the end of the session, or by a module that needs the process to itself."""
-    from datamask_spark.job import SETTINGS
     from pyspark.sql import SparkSession
 
     spark_worker_environment()
-    session = (SparkSession.builder.master("local[2]").appName("datamask-tests").config(map=SETTINGS)
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session = (SparkSession.builder.master("local[2]").appName("datamask-tests").config(map=spark_settings())
+               .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     return session
 

@@ -5,6 +5,8 @@ Skipped when the installed pyspark cannot start one (``pip install "pyspark[conn
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 pytest.importorskip("pyspark", reason="the Spark integration needs pyspark (pip install '.[spark]')")
@@ -20,13 +22,16 @@ pytestmark = pytest.mark.slow  # a cluster, a server or a whole job: see the fas
 
 @pytest.fixture(scope="module")
 def connect():
-    from conftest import stop_local_spark
+    from conftest import spark_settings, stop_local_spark
     from pyspark.sql import SparkSession
 
     spark_worker_environment()
     stop_local_spark()  # the other modules' classic session: a local Connect server needs the process
-    try:
-        session = SparkSession.builder.remote("local[2]").getOrCreate()
+    try:  # the server starts with the classic session's settings; its Connect session cannot set the
+        # static ones again, and says so for each
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Failed to set spark", UserWarning)
+            session = SparkSession.builder.remote("local[2]").config(map=spark_settings()).getOrCreate()
     except Exception as exc:  # no local Connect server in this pyspark
         pytest.skip(f"cannot start a local Spark Connect server: {exc}")
     yield session
