@@ -74,8 +74,9 @@ def parse_table_uri(uri) -> TableURI:
     if base.startswith("delta://"):
         location = base[len("delta://"):]
         if not location.startswith("/"):
+            meant = f"delta://{os.path.abspath(location)}{'?' + query if query else ''}"
             raise OptionError(f"a local Delta table URI is delta:///absolute/path (three slashes), "
-                              f"not {text}")
+                              f"not {text} (for the folder {location} here: {meant})")
         return TableURI(text, "delta", location, version=_int(params.get("version")),
                         timestamp=params.get("timestamp"))
     if base.startswith("delta+"):

@@ -7,6 +7,8 @@ the run record in the commit metadata, incremental runs.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import time
 
@@ -359,6 +361,9 @@ def test_parse_table_uri():
     assert parse_table_uri("/data/corpus").format == "parquet"
     with pytest.raises(ValueError):
         parse_table_uri("iceberg://prod")
+    with pytest.raises(ValueError, match=r"not delta://t\?version=2 \(for the folder t here: "
+                                         rf"delta://{re.escape(os.path.abspath('t'))}\?version=2\)"):
+        parse_table_uri("delta://t?version=2")  # a relative path, written as if the URI took one
 
 
 def test_iceberg_output_keeps_the_reasons(catalog, catalog_properties, iceberg_source):
