@@ -18,7 +18,7 @@ import time
 import traceback
 
 from ..arguments import as_cli_message, at_least
-from ..errors import DataMaskError
+from ..errors import DataMaskError, OptionError
 
 # Parts of a model's rows that finish often (progress, resume points) while each part's fixed costs
 # (a task, a file) stay small; the heuristic scores far faster, so its parts are larger.
@@ -172,6 +172,7 @@ def run_text(args: argparse.Namespace) -> int:
     from ..io.pieces import to_dask
     from ..io.sinks import write_parquet
     from ..io.storage import missing, resolve
+    from ..io.tables import parse_table_uri
     from ..progress import log_to_stderr
     from .embedding import embed
     from .quality import score_quality
@@ -186,9 +187,15 @@ def run_text(args: argparse.Namespace) -> int:
                   f"got {args.embed_precision!r}", file=sys.stderr)
             return 1
     log_to_stderr(args.verbose, getattr(args, "progress", None))
-    source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
     client = None
     try:
+        for flag in ("input", "output"):
+            table = parse_table_uri(getattr(args, flag))
+            if table.format != "parquet":
+                raise OptionError(f"--{flag} {table.uri}: {name} reads and writes parquet (a file or a "
+                                  f"directory of them), not {table.format.capitalize()} tables; `datamask "
+                                  "select --text-column` embeds and scores the text of any input it reads")
+        source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
         if not source.exists():
             raise missing(source, f"--input {source}")
         check_target(target, overwrite=args.overwrite, inputs=[source])  # before any work

@@ -165,6 +165,12 @@ def test_cli_embed_and_score(tmp_path, capsys):
     assert main(["embed", "--input", str(source), "--output", str(tmp_path / "x"), "--output-column",
                  "text"]) == 1
     assert "embed: --output-column='text' would overwrite the text column" in capsys.readouterr().err
+    for table in (f"delta://{tmp_path}/t", "iceberg://lake/ns.t"):  # one line, before any work
+        assert main(["embed", "--input", table, "--output", str(tmp_path / "y")]) == 1
+        assert capsys.readouterr().err.startswith(f"datamask embed: error: --input {table}: datamask embed "
+                                                  "reads and writes parquet")
+        assert main(["score", "--input", str(source), "--output", table]) == 1
+        assert "select --text-column` embeds and scores" in capsys.readouterr().err
 
 
 def test_select_helper_fills_missing_columns():
