@@ -178,10 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--input", required=True, help="any input of select: a parquet file or directory "
                           "(local path or URI), delta:///path/to/table or iceberg://CATALOG/namespace.table")
     _add_job_options(validate)
-    sample = commands.add_parser("sample", help="write the synthetic sample corpus as a parquet directory",
-                                 description="Write the synthetic corpus (chunk_id, quality_score, "
-                                 "feature_arr, text, language) to try datamask on.")
-    sample.add_argument("--output", required=True, help="parquet directory to create (local path or URI)")
+    sample = commands.add_parser("sample", help="write the synthetic sample corpus as a parquet directory "
+                                 "or a table", description="Write the synthetic corpus (chunk_id, "
+                                 "quality_score, feature_arr, text, language) to try datamask on.")
+    sample.add_argument("--output", required=True, help="parquet directory to create (local path or URI), "
+                        "or a delta:// / iceberg:// table URI")
     sample.add_argument("--overwrite", action="store_true",
                         help="replace --output if it exists (only an output datamask wrote)")
     _add_corpus_options(sample)
@@ -603,12 +604,21 @@ def _run_sample(args) -> int:
     import numpy as np
 
     from .io.sinks import write_parquet
+    from .io.tables import parse_table_uri, write_table_output
     from .sample_data import make_corpus
 
     corpus = make_corpus(args.rows, args.dim, seed=0)
     corpus["language"] = np.where(corpus["chunk_id"] % 3 == 0, "de", "en")  # a group column for by=
     frame = dd.from_pandas(corpus, npartitions=args.partitions, sort=False)  # fewer where rows are fewer
-    write_parquet(frame, args.output, overwrite=args.overwrite)
+    if parse_table_uri(args.output).format == "parquet":
+        write_parquet(frame, args.output, overwrite=args.overwrite)
+    else:  # a table to try the lakehouse inputs on
+        try:
+            write_table_output(frame, args.output, mode="overwrite" if args.overwrite else "error",
+                               record={"tool": "datamask-dask", "kind": "sample"})
+        except FileExistsError as exc:  # the sink names --mode, which sample does not have
+            raise FileExistsError(f"{args.output} exists; pass --overwrite to replace it (only a table "
+                                  "datamask wrote is replaced)") from exc
     print(f"datamask sample: {args.rows} rows, {args.dim}-d embeddings, {frame.npartitions} files -> "
           f"{args.output}")
     return 0

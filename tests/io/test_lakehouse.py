@@ -200,6 +200,22 @@ def test_delta_failure_in_the_middle_of_a_write_leaves_the_table(delta_source, t
     assert _delta_run_record(new)["run_id"] == "retry"
 
 
+def test_the_sample_command_writes_a_table_to_try_the_lakehouse_inputs_on(tmp_path, capsys):
+    from datamask_dask.cli import main
+
+    uri = f"delta://{tmp_path}/sample"
+    assert main(["sample", "--rows", "600", "--dim", "8", "--partitions", "3", "--output", uri]) == 0
+    assert "600 rows, 8-d embeddings, 3 files -> delta://" in capsys.readouterr().out
+    assert len(read_table(uri).frame) == 600
+    assert main(["sample", "--rows", "300", "--dim", "8", "--output", uri]) == 1
+    assert f"error: {uri} exists; pass --overwrite to replace it" in capsys.readouterr().err  # its own flag
+    assert main(["sample", "--rows", "300", "--dim", "8", "--output", uri, "--overwrite"]) == 0
+    assert len(read_table(uri).frame) == 300
+    assert main(["select", "--input", uri, "--output", f"delta://{tmp_path}/out", "--by", "language",
+                 "--n-epochs", "5", "--n-rollout", "4"]) == 0
+    assert "300 rows, 30 selected" in capsys.readouterr().out
+
+
 def test_delta_incremental_run_selects_only_new_rows(delta_source, tmp_path, corpus, capsys):
     out = tmp_path / "selection"
     source = f"delta://{delta_source}"
