@@ -222,6 +222,9 @@ def resolve(uri, storage_options: dict | None = None) -> Location:
         raise OptionError(f"{text}: reading or writing {protocol}:// needs {package}: "
                           f"pip install {package}") from exc
     except ValueError as exc:
+        if str(exc).startswith("Protocol not known"):
+            raise OptionError(f"{text}: no filesystem is known for {protocol}:// (fsspec has none of that "
+                              "name): give a local path or a URI such as s3://bucket/path") from exc
         raise OptionError(f"{text}: {exc}") from exc
     if isinstance(fs, LocalFileSystem):
         path = os.path.abspath(path)

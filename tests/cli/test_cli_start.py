@@ -74,6 +74,13 @@ def test_a_missing_input_is_told_before_torch_and_dask_load(command, tmp_path):
     assert not {"torch", "dask.dataframe", "distributed"} & set(loaded), loaded  # the seconds of start-up
 
 
+def test_a_uri_of_no_known_filesystem_is_one_line(tmp_path):
+    code, _, err = _probe(["select", "--input", "hdfs2://lake/corpus", "--output", "y"], tmp_path)
+    assert code == 1 and err == ("datamask: error: hdfs2://lake/corpus: no filesystem is known for hdfs2:// "
+                                 "(fsspec has none of that name): give a local path or a URI such as "
+                                 "s3://bucket/path"), err
+
+
 def test_a_glob_input_is_told_as_a_pattern_with_the_directory_to_name(tmp_path):
     """Dask and Spark readers expand globs; datamask's input is a file or a directory (a resume lists it
     again), and the message says so rather than that the pattern does not exist."""
