@@ -68,8 +68,11 @@ def _probe_scheduler(address: str) -> None:
     than after Dask's connect timeout of retries; anything else is left to the Client's connect."""
     scheme, _, rest = address.rpartition("://")
     host, _, port = rest.rpartition(":")
-    if scheme not in ("", "tcp") or not port.isdigit():
+    if scheme not in ("", "tcp"):
         return
+    if not port.isdigit():
+        raise SchedulerUnreachable(address, "an address is host:port, as a scheduler prints it ('Scheduler "
+                                   "at: tcp://10.0.0.5:8786')")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except ConnectionRefusedError:

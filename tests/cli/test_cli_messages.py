@@ -169,6 +169,11 @@ def test_a_scheduler_address_where_none_runs_is_named_by_its_flag(source, tmp_pa
         f"datamask: error: --scheduler {address}: nothing listens there (connection refused); check the "
         "address a scheduler prints as 'Scheduler at: tcp://...'"]
     assert not (tmp_path / "o").exists()
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "o"), "--scheduler",
+                 "head-node", *FLAGS]) == 1  # no port: Dask's own parser raised a traceback
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "datamask: error: --scheduler head-node: an address is host:port, as a scheduler prints it "
+        "('Scheduler at: tcp://10.0.0.5:8786')"]
 
 
 @pytest.mark.parametrize("workers", [0, -2])
