@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..io.output import UnsafeOutputError
 from ..io.parquet import read_row_groups
 from ..io.storage import Location, resolve
 from ..io.tables import parse_table_uri, read_table
@@ -33,6 +34,7 @@ MAX_TABLE_ROWS = 200  # rows shown of the per-partition and per-group tables
 MAX_BARS = 30  # groups drawn in the quotas figure: the largest, so that their names stay legible
 FIGURES = ("curves", "quality", "projection", "objective", "quotas")
 _SELECTED, _OTHER, _TOPK = "#d62728", "#9e9e9e", "#1f77b4"
+_TITLE = "datamask selection report: "  # also how an earlier report's page is known
 
 
 def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
@@ -60,6 +62,7 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
         if inside:
             raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
                              "elsewhere (a datamask output holds only the files its run wrote)")
+    _check_report_dir(target)
     target.makedirs()
     sample = _sample(source, summary, sample_rows, seed)
     draws = (_curves, _quality, _projection, _objective, _quotas)
@@ -77,6 +80,24 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
         audited = audit(frame, options, seed=seed)
     page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
     return Path(page.path) if page.local else page.uri
+
+
+def _check_report_dir(target: Location) -> None:
+    """A report is written into a new directory or over an earlier report: a directory that holds
+    anything else (another page, someone's files, a datamask output) is not written into."""
+    if target.isfile():
+        raise UnsafeOutputError(f"the report directory {target} is a file: choose a new or empty directory")
+    if not target.isdir():
+        return
+    others = sorted(set(target.list()) - {"index.html", *(f"{name}.png" for name in FIGURES)})
+    page = target.child("index.html")
+    if not others and page.exists() and _TITLE.encode() not in page.read_bytes()[:512]:
+        others = ["index.html"]  # a page, but not a report's
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise UnsafeOutputError(f"the report directory {target} holds files a report does not write "
+                                f"({shown}): choose a new or empty directory (--out); a report replaces only "
+                                "an earlier report's files")
 
 
 # --------------------------------------------------------------------------- data
@@ -298,7 +319,7 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
           audited: dict | None = None) -> str:
     run = summary.run
     rows, selected = run.rows, run.selected
-    title = f"datamask selection report: {name}"
+    title = f"{_TITLE}{name}"
     parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
              f"<title>{html.escape(title)}</title>",
              f"<style>{_CSS}</style></head><body>", f"<h1>{html.escape(title)}</h1>",

@@ -380,6 +380,16 @@ def test_report_cli(run, pages, tmp_path, capsys):
     (tmp_path / "other").mkdir()
     assert run_report(parser.parse_args(["report", str(tmp_path / "other")])) == 1
     assert "no datamask run record" in capsys.readouterr().err
+    assert report_command([str(out), "--out", str(tmp_path / "r"), "--sample-rows", "300"]) == 0  # again
+    (tmp_path / "r" / "notes.md").write_text("mine")  # a report directory someone added to
+    (tmp_path / "page").mkdir()
+    (tmp_path / "page" / "index.html").write_text("<html>my page</html>")
+    for other, holds in (("r", "notes.md"), ("page", "index.html"), ("page/index.html", None)):
+        before = {p: p.read_bytes() for p in tmp_path.glob(f"{other}/**/*") if p.is_file()}
+        assert report_command([str(out), "--out", str(tmp_path / other), "--sample-rows", "300"]) == 1
+        assert (f"holds files a report does not write ({holds})" if holds else "is a file") in \
+            capsys.readouterr().err
+        assert before == {p: p.read_bytes() for p in tmp_path.glob(f"{other}/**/*") if p.is_file()}
     written = tmp_path / "written"  # a table datamask wrote, but not a selection (`datamask sample`)
     write_parquet(dd.from_pandas(make_corpus(200, 8), npartitions=1, sort=False), written)
     assert report_command([str(written), "--out", str(tmp_path / "w")]) == 1
