@@ -651,14 +651,22 @@ def _run_demo(args, options: dict) -> None:
     resolved = resolve_options(args.config, backend="pandas", **options)
     print(f"datamask demo: synthetic corpus of {rows} rows, {dim}-d embeddings, {n_parts} partitions")
     corpus = make_corpus(rows, dim, seed=0)
+    source = dd.from_pandas(corpus, npartitions=n_parts)
     start = time.perf_counter()
-    result = datamask_select(dd.from_pandas(corpus, npartitions=n_parts), config=resolved)
-    frame = result.compute()
+    if args.output:  # a selection's output, with its run record: `datamask report` and `explain` read it
+        from .io.parquet import read_parquet
+        from .run.selection import write_selection
+
+        write_selection(source, args.output, config=resolved, overwrite=args.overwrite)
+        ids, column = resolved.id_column, resolved.selected_column
+        written = read_parquet(args.output, columns=[ids, column]).compute()
+        mask = corpus[ids].isin(written.loc[written[column].astype(bool), ids]).to_numpy()
+    else:
+        mask = datamask_select(source, config=resolved).compute()[resolved.selected_column].to_numpy()
     elapsed = time.perf_counter() - start
-    mask = frame[resolved.selected_column].to_numpy(copy=True)
     k = int(mask.sum())
-    print(f"selected {k} of {len(frame)} rows ({k / len(frame):.1%}) in {elapsed:.1f} s")
-    if 0 < k < len(frame):
+    print(f"selected {k} of {len(corpus)} rows ({k / len(corpus):.1%}) in {elapsed:.1f} s")
+    if 0 < k < len(corpus):
         score = measure(corpus["quality_score"].to_numpy(copy=True), embedding_matrix(corpus["feature_arr"]),
                         mask, algorithm=resolved.learner.algorithm, lamb=resolved.learner.lamb)
         print(f"objective (lamb={resolved.learner.lamb}, {resolved.learner.algorithm}), higher is better: "
@@ -666,11 +674,7 @@ def _run_demo(args, options: dict) -> None:
               f"({score.baseline:.4f} against {score.random:.4f}); quality top-k {score.topk:.4f}, "
               f"{score.topk_share:.1%}")
     if args.output:
-        from .io.sinks import write_parquet
-
-        computed = dd.from_pandas(frame, npartitions=n_parts, sort=False)  # write what was shown
-        write_parquet(computed, args.output, overwrite=args.overwrite)
-        print(f"written to {args.output}")
+        print(f"written to {args.output} (datamask report {args.output} draws it)")
 
 
 if __name__ == "__main__":

@@ -169,6 +169,9 @@ def test_console_script_demo(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "selected 60 of 600 rows" in run.stdout and "objective" in run.stdout
     assert pq.read_table(tmp_path / "demo").num_rows == 600
+    report = subprocess.run([script, "report", str(tmp_path / "demo")], capture_output=True, text=True,
+                            timeout=300)  # a selection's output, with its run record
+    assert report.returncode == 0 and (tmp_path / "demo-report" / "index.html").exists(), report.stderr
 
 
 def test_sample_says_the_files_it_wrote(tmp_path, capsys):
