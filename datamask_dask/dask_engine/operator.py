@@ -165,7 +165,7 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     plan : dask.delayed.Delayed
         Computes to the plan dict that :func:`apply_plan` and :func:`select_partition` follow.
     """
-    _require_dask(ddf)
+    require_dask(ddf)
     resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     spec = make_spec(ddf, resolved, scheduler=scheduler)
     return spec, plan_graph(ddf, spec)
@@ -181,15 +181,16 @@ def make_spec(ddf, options: SelectOptions, *, scheduler=None) -> SelectSpec:
     OptionError, InputDataError
         For the first bad option, or the columns the schema lacks or types wrongly.
     """
-    _require_dask(ddf)
+    require_dask(ddf)
     return spec_from_meta(ddf._meta, options, scheduler=scheduler)
 
 
-def _require_dask(ddf) -> None:
+def require_dask(ddf, caller: str = "datamask_select") -> None:
+    """A TypeError naming the remedy where ``ddf`` is not a Dask DataFrame (a pandas frame, say)."""
     import dask.dataframe as dd
 
     if not isinstance(ddf, dd.DataFrame):
-        raise TypeError(f"datamask_select needs a dask DataFrame, got {type(ddf).__name__}; wrap a pandas "
+        raise TypeError(f"{caller} needs a dask DataFrame, got {type(ddf).__name__}; wrap a pandas "
                         "frame with dask.dataframe.from_pandas(df, npartitions=...)")
 
 

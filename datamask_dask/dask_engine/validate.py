@@ -17,7 +17,7 @@ from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
 from ..partition.spec import SelectSpec
 from ..plan.reduce import SHOW, dimension_problems, duplicate_problems, make_plan, unknown_groups
-from .operator import column_reads, id_graph, make_spec
+from .operator import column_reads, id_graph, make_spec, require_dask
 
 
 @dataclass
@@ -101,6 +101,7 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
     >>> report = validate_table(ddf, id_column="doc_id")   # doctest: +SKIP
     >>> print(report.summary())                            # doctest: +SKIP
     """
+    require_dask(ddf, "validate_table")
     report = ValidationReport(partitions=ddf.npartitions,
                               columns={str(c): str(t) for c, t in ddf._meta.dtypes.items()})
     try:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from ..config import resolve_options
+from ..dask_engine.operator import require_dask
 from ..dask_engine.runs import DaskEngine
 from ..io.sinks import ParquetSink
 from ..io.staging import work_location
@@ -128,6 +129,7 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     """
     sink = ParquetSink(resolve(path, storage_options), overwrite=overwrite, single_file=single_file,
                        inputs=[input_location])
+    require_dask(ddf, "write_selection")
     resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     engine = DaskEngine(ddf, resolved, scheduler=scheduler)
     outcome = execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,

@@ -431,6 +431,18 @@ def test_string_ids(client, corpus):
 # ------------------------------------------------------------------ bad input
 
 
+def test_a_pandas_frame_is_told_to_be_wrapped_at_every_door(corpus, tmp_path):
+    from datamask_dask import validate_table, write_selection
+
+    for door, call in (("datamask_select", lambda: datamask_select(corpus, ratio=0.1)),
+                       ("write_selection", lambda: write_selection(corpus, tmp_path / "out", ratio=0.1)),
+                       ("validate_table", lambda: validate_table(corpus, ratio=0.1))):
+        with pytest.raises(TypeError, match=f"^{door} needs a dask DataFrame, got DataFrame; wrap a pandas "
+                                            r"frame with dask\.dataframe\.from_pandas"):
+            call()
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_column_is_named_with_the_available_ones(corpus):
     ddf = dd.from_pandas(corpus.drop(columns="quality_score"), npartitions=2)
     with pytest.raises(InputDataError, match=r"no column 'quality_score'.*chunk_id"):
