@@ -168,10 +168,16 @@ def plan_pass(sdf, options: SelectOptions):
     return spec, spark_pending(plan, arrow_schema(sdf), read)
 
 
+def require_spark(sdf, caller: str = "datamask_select") -> None:
+    """A TypeError where ``sdf`` is not a Spark DataFrame (classic or Connect), e.g. a pandas frame."""
+    if not (hasattr(sdf, "mapInArrow") and hasattr(sdf, "schema")):
+        raise TypeError(f"datamask_spark.{caller} needs a pyspark DataFrame, got {type(sdf).__name__}: "
+                        "make one with spark.createDataFrame(...) or spark.read.parquet(...)")
+
+
 def spec_from_spark(sdf, options: SelectOptions) -> SelectSpec:
     """Check resolved options against a Spark DataFrame's schema (no data is read)."""
-    if not (hasattr(sdf, "mapInArrow") and hasattr(sdf, "schema")):
-        raise TypeError(f"datamask_spark.datamask_select needs a pyspark DataFrame, got {type(sdf).__name__}")
+    require_spark(sdf)
     return spec_from_meta(empty_frame(arrow_schema(sdf)), options)
 
 

@@ -31,7 +31,15 @@ from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
 from datamask_dask.telemetry import Measures
 
-from .operator import SelectTask, arrow_schema, partition_number, plan_pass, spark_errors, spark_packs
+from .operator import (
+    SelectTask,
+    arrow_schema,
+    partition_number,
+    plan_pass,
+    require_spark,
+    spark_errors,
+    spark_packs,
+)
 
 log = logging.getLogger("datamask_dask.spark")  # the package's one logger
 
@@ -78,6 +86,7 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
     ResumeError
         An interrupted run on ``path`` used other options or another input.
     """
+    require_spark(sdf, "write_selection")
     resolved = resolve_options(config, ratio=ratio, **options)
 
     def plan():

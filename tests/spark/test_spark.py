@@ -233,6 +233,17 @@ def test_groups_prune_and_token_budget_match_dask(spark, sdf, parquet_dir):
 
 
 @pytest.mark.slow
+def test_a_frame_that_is_not_spark_s_is_told_at_each_door(corpus, tmp_path):
+    from datamask_spark import write_selection
+
+    for door, call in (("datamask_select", lambda: datamask_select(corpus, ratio=0.1)),
+                       ("write_selection", lambda: write_selection(corpus, tmp_path / "out", ratio=0.1))):
+        with pytest.raises(TypeError, match=rf"^datamask_spark\.{door} needs a pyspark DataFrame, got "
+                                            r"DataFrame: make one with spark\.createDataFrame"):
+            call()
+    assert not (tmp_path / "out").exists()
+
+
 def test_bad_data_names_the_spark_partition(spark, sdf):
     from pyspark.sql import functions as F
 
