@@ -64,7 +64,13 @@ def read_output(output, columns: list[str], record: dict) -> pd.DataFrame:
     missing = [c for c in columns if c not in frame.columns]
     if missing and selection_only(record):
         id_column = RunRecord.from_dict(record).options.id_column
-        source = read_table(input_uri(record)).frame
+        try:
+            source = read_table(input_uri(record)).frame
+        except FileNotFoundError as exc:  # moved or removed since the run
+            raise FileNotFoundError(f"{output} is a selection-only output, whose other columns "
+                                    f"({', '.join(missing)}) are read from its input: {exc} (restore the "
+                                    "input there, or select with --output-columns all to keep every column "
+                                    "in the output)") from None
         wanted = [c for c in missing if c in source.columns]
         if wanted:  # a left join keeps the output's rows in their order
             frame = frame.merge(source[[id_column, *wanted]].compute(scheduler="threads"), on=id_column,

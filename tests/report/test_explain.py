@@ -178,6 +178,26 @@ def test_explain_command_tells_a_rows_story(parquet_dir, tmp_path, capsys):
     assert "written without explain" in capsys.readouterr().err
 
 
+def test_a_selection_only_output_whose_input_is_gone_says_where_it_looked(parquet_dir, tmp_path, capsys):
+    import shutil
+
+    from datamask_dask.report.audit import row_story
+    from datamask_dask.report.cli import report_command
+
+    shutil.copytree(parquet_dir, tmp_path / "input")
+    datamask_dask.select_table(str(tmp_path / "input"), tmp_path / "out", ratio=0.1,
+                               output_columns="selection", explain=True, **FAST)
+    shutil.rmtree(tmp_path / "input")  # moved or removed since the run
+    told = ("is a selection-only output, whose other columns (quality_score, text) are read from its "
+            f"input: {tmp_path / 'input'} does not exist (restore the input there, or select with "
+            "--output-columns all")
+    with pytest.raises(FileNotFoundError) as caught:
+        row_story(tmp_path / "out", "7")
+    assert told in str(caught.value), caught.value
+    assert report_command([str(tmp_path / "out"), "--out", str(tmp_path / "report")]) == 1
+    assert told in capsys.readouterr().err
+
+
 def test_a_selection_only_output_is_explained_and_reported_from_its_input(parquet_dir, tmp_path):
     """A selection-only output holds the id, selected and the reasons: the quality, the text and the
     embeddings are joined back from the input it was selected from, so a row's story is the one an
