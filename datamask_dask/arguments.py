@@ -13,7 +13,9 @@ _REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
 _TEXT_KEYWORDS = ("text_column", "output_column", "model", "scorer")
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
 _FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
-                   "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite"}
+                   "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite",
+                   "mode='append' or 'overwrite' (--mode)": "--mode append or --mode overwrite",
+                   "mode='append'": "--mode append", "mode='overwrite'": "--mode overwrite"}
 
 
 def at_least(least: int):

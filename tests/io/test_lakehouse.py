@@ -211,9 +211,14 @@ def test_the_sample_command_writes_a_table_to_try_the_lakehouse_inputs_on(tmp_pa
     assert f"error: {uri} exists; pass --overwrite to replace it" in capsys.readouterr().err  # its own flag
     assert main(["sample", "--rows", "300", "--dim", "8", "--output", uri, "--overwrite"]) == 0
     assert len(read_table(uri).frame) == 300
-    assert main(["select", "--input", uri, "--output", f"delta://{tmp_path}/out", "--by", "language",
-                 "--n-epochs", "5", "--n-rollout", "4"]) == 0
+    job = ["select", "--input", uri, "--by", "language", "--n-epochs", "5", "--n-rollout", "4"]
+    assert main([*job, "--output", f"delta://{tmp_path}/out"]) == 0
     assert "300 rows, 30 selected" in capsys.readouterr().out
+    assert main([*job, "--output", f"delta://{tmp_path}/out"]) == 1  # the flags, as the command line has them
+    assert (f"the Delta table {tmp_path}/out exists; pass --mode append or --mode overwrite to write into it"
+            in capsys.readouterr().err)
+    assert main([*job, "--output", str(tmp_path / "parquet"), "--mode", "append"]) == 1
+    assert "error: --mode append needs a Delta or Iceberg output" in capsys.readouterr().err
 
 
 def test_delta_incremental_run_selects_only_new_rows(delta_source, tmp_path, corpus, capsys):
