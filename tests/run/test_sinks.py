@@ -190,11 +190,10 @@ def test_an_existing_or_busy_output_is_refused(case, parquet_dir):
     assert again["rows"] == 1600 and _left_beside(case) == []
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster(s3):
     """Two worker processes under nannies: a killed worker comes back, and its tasks run again. They
-    start once the S3 server's settings are in the environment, which they inherit; each test leaves
-    both running (it waits for the one it killed to come back)."""
+    start once the S3 server's settings are in the environment, which they inherit."""
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
@@ -211,7 +210,6 @@ def test_a_killed_worker_leaves_the_uninterrupted_output(case, parquet_dir, clus
     import threading
     import time
 
-    cluster.wait_for_workers(2, timeout=60)  # the worker an earlier test killed is back
     reference = case.run(parquet_dir, "reference", scheduler=cluster)
     pids = cluster.run(os.getpid)
     killed: dict = {}
@@ -239,5 +237,6 @@ def test_a_killed_worker_leaves_the_uninterrupted_output(case, parquet_dir, clus
     record = case.run(parquet_dir, "out", scheduler=cluster)
     killer.join()
     assert killed and not killed["published"]
+    cluster.wait_for_workers(2, timeout=60)
     assert record["selected"] == reference["selected"] and record["computed"] == [0, 1, 2, 3]
     _assert_as_uninterrupted(case)
