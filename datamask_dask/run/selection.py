@@ -127,9 +127,9 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     OptionError, InputDataError
         As :func:`~datamask_dask.datamask_select`, before anything is written.
     """
+    require_dask(ddf, "write_selection")
     sink = ParquetSink(resolve(path, storage_options), overwrite=overwrite, single_file=single_file,
                        inputs=[input_location])
-    require_dask(ddf, "write_selection")
     resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     engine = DaskEngine(ddf, resolved, scheduler=scheduler)
     outcome = execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,
