@@ -83,23 +83,29 @@ def backend(frame) -> str:
     return "cudf" if is_cudf(frame) else "pandas"
 
 
-def missing_columns(frame, names, where: str) -> list[tuple[str, str]]:
+def missing_columns(frame, names, where: str | None) -> list[tuple[str, str]]:
     """``(name, message)`` for each of ``names`` that ``frame`` lacks: the index's own, and the absent
-    ones sharing one message that names them all and lists the frame's columns once."""
+    ones sharing one message that names them all and lists the frame's columns once. ``where``: the
+    partition the messages name, or None for the whole table (whose caller names it)."""
     available = [str(c) for c in frame.columns]
     indexed = set(getattr(frame.index, "names", None) or ()) - {None}
     absent = [name for name in dict.fromkeys(names) if name not in frame.columns]
     unknown = [name for name in absent if name not in indexed]
     named = (f"is no column {unknown[0]!r}" if len(unknown) == 1 else
              f"are no columns {', '.join(map(repr, unknown[:-1]))} and {unknown[-1]!r}" if unknown else "")
-    return [(name, f"{where}: {name!r} is the index, not a column: move it back with ddf.reset_index()"
+    return [(name, f"{at(where)}{name!r} is the index, not a column: move it back with ddf.reset_index()"
              if name in indexed else
-             f"{where}: there {named}; available columns are {available}. Name yours with id_column=, "
+             f"{at(where)}there {named}; available columns are {available}. Name yours with id_column=, "
              "quality_column=, embedding_column=, token_column= or by=")
             for name in absent]
 
 
-def require_columns(frame, names, where: str) -> None:
+def at(where: str | None) -> str:
+    """The start of a message about ``where`` (a partition), or nothing for the whole table."""
+    return f"{where}: " if where else ""
+
+
+def require_columns(frame, names, where: str | None) -> None:
     """Raise :class:`InputDataError` naming the first missing column and listing the others."""
     for _, message in missing_columns(frame, names, where)[:1]:
         raise InputDataError(message)
@@ -194,30 +200,30 @@ def embedding_matrix(series):
     return embedding_source(series, f"column {series.name!r}").rows(np.arange(len(series)))
 
 
-def check_embedding_type(dtype, name, where: str) -> None:
+def check_embedding_type(dtype, name, where: str | None) -> None:
     """Reject embedding dtypes that cannot hold numeric vectors (text, lists of text...)."""
     pa_type = getattr(dtype, "pyarrow_dtype", None)
     # Dask turns object columns of arrays into their text: say so, since the fix is Dask's option
     if isinstance(dtype, pd.StringDtype) or (
             pa_type is not None and (pa.types.is_string(pa_type) or pa.types.is_large_string(pa_type))):
         raise InputDataError(
-            f"{where}: embedding column {name!r} has dtype {dtype}, i.e. text. If it held arrays, Dask "
+            f"{at(where)}embedding column {name!r} has dtype {dtype}, i.e. text. If it held arrays, Dask "
             "converted them to strings (dataframe.convert-string): store embeddings as an Arrow list "
             "column (pd.ArrowDtype, or parquet read with dtype_backend='pyarrow'), or build the Dask "
             "frame inside dask.config.set({'dataframe.convert-string': False})")
     if pa_type is None:
         # cuDF first: pandas' dtype tests raise on cuDF's list dtype ("issubclass() arg 1 must be a class")
         if not (is_cudf(dtype) or pd.api.types.is_object_dtype(dtype)):
-            raise InputDataError(f"{where}: embedding column {name!r} has dtype {dtype}; expected a list "
+            raise InputDataError(f"{at(where)}embedding column {name!r} has dtype {dtype}; expected a list "
                                  "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
         return
     if not (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
             or pa.types.is_fixed_size_list(pa_type)):
-        raise InputDataError(f"{where}: embedding column {name!r} has Arrow type {pa_type}; expected a list "
-                             "or fixed-size list of floats")
+        raise InputDataError(f"{at(where)}embedding column {name!r} has Arrow type {pa_type}; expected a "
+                             "list or fixed-size list of floats")
     value = pa_type.value_type
     if not (pa.types.is_floating(value) or pa.types.is_integer(value) or pa.types.is_decimal(value)):
-        raise InputDataError(f"{where}: embedding column {name!r} holds lists of {value}, not numbers: "
+        raise InputDataError(f"{at(where)}embedding column {name!r} holds lists of {value}, not numbers: "
                              "store the vectors as lists of float32")
 
 
@@ -226,13 +232,13 @@ def _ragged_error(where: str, name, lengths: np.ndarray) -> InputDataError:
     common = values[np.argmax(counts)]
     bad = np.flatnonzero(lengths != common)
     return InputDataError(
-        f"{where}: embedding column {name!r} is ragged: rows have lengths {values[:SHOW].tolist()}; "
+        f"{at(where)}embedding column {name!r} is ragged: rows have lengths {values[:SHOW].tolist()}; "
         f"{bad.size} row(s) differ from the usual {int(common)}, first at rows {bad[:SHOW].tolist()}. "
         "Every embedding must have the same dimension")
 
 
 def _null_error(where: str, name, null_rows: np.ndarray) -> InputDataError:
-    return InputDataError(f"{where}: embedding column {name!r} is null in {null_rows.size} row(s), first "
+    return InputDataError(f"{at(where)}embedding column {name!r} is null in {null_rows.size} row(s), first "
                           f"{null_rows[:SHOW].tolist()}: embed or drop those rows")
 
 

@@ -39,7 +39,7 @@ def check_free(columns) -> None:
     """Refuse an input that already has one of the columns ``explain=True`` adds."""
     taken = [name for name in COLUMNS if name in columns]
     if taken:
-        raise OptionError(f"explain=True adds the columns {list(COLUMNS)}, but the dataframe already has "
+        raise OptionError(f"explain=True adds the columns {list(COLUMNS)}, but the input already has "
                           f"{taken}: rename yours (the input is never overwritten) or leave explain off")
 
 

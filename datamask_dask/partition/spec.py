@@ -94,7 +94,7 @@ def spec_from_meta(meta, options: SelectOptions, *, scheduler=None) -> SelectSpe
     spec = _spec(options, meta, scheduler)
     for name in filter(None, (spec.selected_column, spec.score_column)):
         if name in meta.columns:
-            raise OptionError(f"the dataframe already has a column {name!r}: pick another output name "
+            raise OptionError(f"the input already has a column {name!r}: pick another output name "
                               "with selected_column= / score_column= (the input is never overwritten)")
     if spec.score_column == spec.selected_column:
         raise OptionError("score_column and selected_column must differ")
@@ -139,13 +139,12 @@ def _plain(value, kind):
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
     """What the dataframe's declared schema (``meta``) lacks or types wrongly for ``spec``."""
     columns = spec.plan_columns + spec.select_columns + ([spec.id_column] if spec.check_ids else [])
-    missing = adapters.missing_columns(meta, columns, "the dataframe")
+    missing = adapters.missing_columns(meta, columns, None)
     if missing:
         return [Problem(message, name) for name, message in missing]
     problems = []
     try:
-        adapters.check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column,
-                                      "the dataframe")
+        adapters.check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column, None)
     except InputDataError as exc:
         problems.append(Problem(str(exc), spec.embedding_column))
     numeric = [(name, "quality") for name, _ in spec.quality]

@@ -453,8 +453,8 @@ def test_missing_column_is_named_with_the_available_ones(corpus):
     with pytest.raises(InputDataError) as caught:
         datamask_select(renamed, ratio=0.1)
     assert str(caught.value) == (  # one line, the frame's columns and the remedy said once
-        "the dataframe: there are no columns 'chunk_id', 'quality_score' and 'feature_arr'; available "
-        f"columns are {list(renamed.columns)}. Name yours with id_column=, quality_column=, "
+        "there are no columns 'chunk_id', 'quality_score' and 'feature_arr'; available columns are "
+        f"{list(renamed.columns)}. Name yours with id_column=, quality_column=, "
         "embedding_column=, token_column= or by=")
     indexed = dd.from_pandas(corpus.set_index("chunk_id"), npartitions=2)
     with pytest.raises(InputDataError, match=r"'chunk_id' is the index, not a column: .*reset_index\(\)"):

@@ -127,7 +127,7 @@ def test_types_and_schema(corpus):
     assert "holds lists of string, not numbers" in report.summary()
     report = validate_table(dd.from_pandas(corpus.drop(columns=["quality_score", "chunk_id"]), npartitions=2))
     assert {p.column for p in report.problems} == {"quality_score", "chunk_id"}  # every missing column
-    said_once = "1 problem(s) found:\n  1. the dataframe: there are no columns "
+    said_once = "1 problem(s) found:\n  1. there are no columns "
     assert report.summary().startswith(said_once)
     tokens = dd.from_pandas(corpus.assign(n_tokens=np.where(np.arange(1600) == 5, -1, 10)), npartitions=2)
     report = validate_table(tokens, budget_tokens=1000)
@@ -164,7 +164,8 @@ def test_validate_command_lists_problems(tmp_path, corpus, capsys):
     assert "partition 3: quality column 'quality_score' has 1 NaN" in err and "ids [1500]" in err
     assert main(["validate", "--input", str(tmp_path / "bad"), "--id-column", "doc_id"]) == 1
     err = capsys.readouterr().err  # in the command line's words, as select says it
-    assert "there is no column 'doc_id'" in err and "Name yours with --id-column, --quality-column" in err
+    assert "  1. there is no column 'doc_id'; available columns are" in err  # the input named once, above
+    assert "Name yours with --id-column, --quality-column" in err
     assert main(["validate", "--input", str(tmp_path / "missing")]) == 1
     assert "does not exist" in capsys.readouterr().err
 
