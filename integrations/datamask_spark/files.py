@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pandas as pd
 import pyarrow as pa
 
-from datamask_dask.errors import InputDataError
+from datamask_dask.errors import InputDataError, OptionError
 from datamask_dask.io.pieces import Pieces
 from datamask_dask.io.tables import SelectionOnly
 from datamask_dask.options import SelectOptions
@@ -103,9 +103,13 @@ def write_file_selection(spark, source, path, ratio=None, *, config=None, overwr
     """
     from datamask_dask.run.tables import select_table
 
+    mode = options.pop("mode", None)  # a Delta or Iceberg output's, e.g. "append"
+    if mode is not None and overwrite:
+        raise OptionError(f"give overwrite=True or mode={mode!r}, not both (overwrite=True is "
+                          "mode='overwrite')")
     try:
         return select_table(source, path, ratio, engine="spark", spark=spark, config=config,
-                            mode="overwrite" if overwrite else "error", resume=resume,
+                            mode=mode or ("overwrite" if overwrite else "error"), resume=resume,
                             summary_rows=summary_rows, catalog_properties=catalog_properties,
                             storage_options=storage_options, **options).record
     except pa.ArrowInvalid as exc:  # the listing met a file that is not parquet, named by pyarrow

@@ -433,6 +433,14 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
                  "--n-rollout", str(FAST["n_rollout"])]) == 0
     table = deltalake.DeltaTable(str(tmp_path / "delta"))
     assert table.version() == 1 and len(table.to_pyarrow_table()) == 3200
+    from datamask_spark import write_file_selection  # its mode goes with the options, as documented
+
+    record = write_file_selection(spark, parquet_dir, f"delta://{tmp_path}/delta", mode="append", **options)
+    table = deltalake.DeltaTable(str(tmp_path / "delta"))
+    assert table.version() == 2 and len(table.to_pyarrow_table()) == 4800 and record["selected"] == 160
+    with pytest.raises(OptionError, match="overwrite=True or mode='append', not both"):
+        write_file_selection(spark, parquet_dir, f"delta://{tmp_path}/delta", mode="append", overwrite=True,
+                             **options)
 
 
 def test_the_selection_only_output_is_dask_s_on_spark(spark, parquet_dir, tmp_path):
