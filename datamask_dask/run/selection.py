@@ -10,9 +10,10 @@ from pathlib import Path
 from ..config import resolve_options
 from ..dask_engine.operator import require_dask
 from ..dask_engine.runs import DaskEngine
-from ..io.sinks import ParquetSink
+from ..errors import OptionError
 from ..io.staging import work_location
 from ..io.storage import resolve
+from ..io.tables import open_sink, parse_table_uri
 from ..partition import adapters
 from .protocol import execute
 from .summary import SAMPLE_ROWS, RunSummary
@@ -67,7 +68,7 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
                     resume: bool = True, single_file: bool = False, scheduler=None,
                     input_fingerprint=None, input_location=None, progress: bool | None = None,
                     summary_rows: int = SAMPLE_ROWS, storage_options: dict | None = None,
-                    **options) -> SelectionReport:
+                    catalog_properties: dict | None = None, **options) -> SelectionReport:
     """Select rows (as :func:`~datamask_dask.datamask_select`) and write the result, resumably.
 
     Each partition's task writes its part and a completion marker into a hidden work area next to
@@ -82,7 +83,10 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
         Output directory (``part.N.parquet`` per non-empty partition), or file with
         ``single_file``: a local path or a URI (``s3://bucket/out/``, see
         :mod:`datamask_dask.io.storage`). It appears only once complete (on an object store:
-        its run record, written last, is what marks it complete).
+        its run record, written last, is what marks it complete). Or a Delta or Iceberg table URI
+        (``delta:///path``, ``delta+s3://...``, ``iceberg://CATALOG/ns.table``, see
+        :mod:`datamask_dask.io.tables`): every partition's file is added in one commit, with the run
+        record.
     ratio, config, **options
         As for :func:`~datamask_dask.datamask_select` (``memory_budget``, ``validate``...).
     overwrite : bool
@@ -109,7 +113,11 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
         Rows sampled, stratified by partition, for the run summary's objective and near-duplicate
         figures (:mod:`datamask_dask.run.summary`); 0 skips the sample.
     storage_options : dict, optional
-        For a URI ``path``: the fsspec filesystem's options (credentials, ``endpoint_url``...).
+        For a URI ``path``: the fsspec filesystem's options (credentials, ``endpoint_url``...), or
+        deltalake's for a Delta table.
+    catalog_properties : dict, optional
+        For an Iceberg table: its catalog's properties (``uri``, ``warehouse``...), as pyiceberg's
+        ``load_catalog`` takes them.
 
     Returns
     -------
@@ -128,8 +136,13 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
         As :func:`~datamask_dask.datamask_select`, before anything is written.
     """
     require_dask(ddf, "write_selection")
-    sink = ParquetSink(resolve(path, storage_options), overwrite=overwrite, single_file=single_file,
-                       inputs=[input_location])
+    target = parse_table_uri(path)
+    if single_file and target.format != "parquet":
+        raise OptionError(f"single_file=True writes one parquet file, not a {target.format} table "
+                          f"({target.uri})")
+    sink = open_sink(target, mode="overwrite" if overwrite else "error", inputs=[input_location],
+                     catalog_properties=catalog_properties, storage_options=storage_options,
+                     single_file=single_file)
     resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     engine = DaskEngine(ddf, resolved, scheduler=scheduler)
     outcome = execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,
@@ -137,5 +150,5 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
                       output={"columns": "all", "single_file": single_file},  # as select_table's
                       fingerprint=input_fingerprint, progress=progress)
     record = outcome.record
-    return SelectionReport(sink.uri, record["rows"], record["selected"], outcome.computed, outcome.reused,
+    return SelectionReport(target.uri, record["rows"], record["selected"], outcome.computed, outcome.reused,
                            outcome.seconds, outcome.phases, record["stages"], record, RunSummary(record))

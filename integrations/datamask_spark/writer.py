@@ -23,9 +23,7 @@ import pyarrow as pa
 
 from datamask_dask.config import resolve_options
 from datamask_dask.io.records import plain
-from datamask_dask.io.sinks import ParquetSink
-from datamask_dask.io.storage import resolve
-from datamask_dask.io.tables import SelectionOnly
+from datamask_dask.io.tables import SelectionOnly, open_sink
 from datamask_dask.partition.select import output_schema
 from datamask_dask.run.protocol import PartTask, execute
 from datamask_dask.run.summary import SAMPLE_ROWS
@@ -50,7 +48,7 @@ RESULT_SCHEMA = "partition int, marker string"
 
 def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = False, resume: bool = True,
                     inputs=(), summary_rows: int = SAMPLE_ROWS, input_location: str | None = None,
-                    **options) -> dict:
+                    catalog_properties: dict | None = None, **options) -> dict:
     """Select a share of ``sdf``'s rows (DATAMASK) and write every row plus ``selected`` to ``path``.
 
     Parameters
@@ -59,7 +57,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         Classic or Spark Connect, as for :func:`datamask_spark.datamask_select`.
     path : str or os.PathLike
         Output directory (local or on a file system every executor mounts, or an object-store
-        URI), one ``part.N.parquet`` per non-empty Spark partition.
+        URI), one ``part.N.parquet`` per non-empty Spark partition; or a Delta or Iceberg table URI
+        (:mod:`datamask_dask.io.tables`), the partitions' files added in one commit.
     ratio, config, **options
         Exactly as for :func:`datamask_dask.datamask_select`.
     overwrite, resume, summary_rows
@@ -68,6 +67,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         Where ``sdf`` was read from: ``path`` may not be, contain or lie inside any of them.
     input_location : str, optional
         The input's location for the run record (``input.location``).
+    catalog_properties : dict, optional
+        For an Iceberg output: its catalog's properties, as pyiceberg's ``load_catalog`` takes them.
 
     Returns
     -------
@@ -97,7 +98,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         return sdf.mapInArrow(write.bind(SelectTask(plan, arrow_schema(sdf), packs)), RESULT_SCHEMA), packs
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
-    sink = ParquetSink(resolve(path), overwrite=overwrite, inputs=[str(p) for p in inputs])
+    sink = open_sink(path, mode="overwrite" if overwrite else "error", inputs=[str(p) for p in inputs],
+                     catalog_properties=catalog_properties)
     return execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,
                    source={"location": input_location}).record
 

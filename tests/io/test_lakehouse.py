@@ -123,6 +123,38 @@ def test_delta_round_trip_full_table(delta_source, tmp_path):
     assert report.run_id in (tmp_path / "report" / "index.html").read_text()
 
 
+def test_write_selection_writes_a_frame_into_delta_and_iceberg_tables(tmp_path, corpus, catalog,
+                                                                      catalog_properties):
+    """The Python door of a Dask frame takes a table URI as the command line does: the rows it writes
+    to parquet, in one commit with the run record; an existing table only with overwrite=True."""
+    import dask.dataframe as dd
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    frame = dd.from_pandas(corpus.to_pandas(types_mapper=pd.ArrowDtype), npartitions=2, sort=False)
+    parquet_report = datamask_dask.write_selection(frame, tmp_path / "out", RATIO, seed=1, **OPTIONS)
+    written = pq.read_table(tmp_path / "out")
+    want = set(_ids(written)[written.column("selected").to_numpy()])
+    delta = datamask_dask.write_selection(frame, f"delta://{tmp_path}/d", RATIO, seed=1, **OPTIONS)
+    catalog.create_namespace("out")
+    iceberg = datamask_dask.write_selection(frame, "iceberg://local/out.sel", RATIO, seed=1,
+                                            catalog_properties=catalog_properties, **OPTIONS)
+    tables = {"delta": deltalake.DeltaTable(tmp_path / "d").to_pyarrow_table(),
+              "iceberg": catalog.load_table("out.sel").scan().to_arrow()}
+    for table in tables.values():
+        selected = table.column("selected").to_numpy()
+        assert table.num_rows == N and set(_ids(table)[selected]) == want
+    assert (delta.path, delta.selected, iceberg.selected) == (f"delta://{tmp_path}/d", 160, 160)
+    assert _delta_run_record(tmp_path / "d")["run_id"] == delta.record["run_id"]
+    assert parquet_report.record["run_id"] != delta.record["run_id"]
+    with pytest.raises(FileExistsError, match="exists"):
+        datamask_dask.write_selection(frame, f"delta://{tmp_path}/d", RATIO, **OPTIONS)
+    again = datamask_dask.write_selection(frame, f"delta://{tmp_path}/d", RATIO, overwrite=True, **OPTIONS)
+    assert deltalake.DeltaTable(tmp_path / "d").version() == 1 and again.rows == N
+    with pytest.raises(OptionError, match="single_file=True writes one parquet file, not a delta table"):
+        datamask_dask.write_selection(frame, f"delta://{tmp_path}/e", RATIO, single_file=True)
+
+
 def _check_summary(record):
     """The run summary in a table's commit: partitions, the sample, the selection against baselines."""
     assert sum(p["rows"] for p in record["partitions"]) == record["rows"]

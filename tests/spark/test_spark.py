@@ -433,7 +433,12 @@ def test_the_file_job_writes_delta_and_iceberg_tables_with_dask_s_rows(spark, pa
                  "--n-rollout", str(FAST["n_rollout"])]) == 0
     table = deltalake.DeltaTable(str(tmp_path / "delta"))
     assert table.version() == 1 and len(table.to_pyarrow_table()) == 3200
-    from datamask_spark import write_file_selection  # its mode goes with the options, as documented
+    from datamask_spark import write_file_selection, write_selection  # mode goes with the options
+
+    record = write_selection(read_files(spark, parquet_dir), f"delta://{tmp_path}/frame", **options)
+    frame = deltalake.DeltaTable(str(tmp_path / "frame")).to_pyarrow_table().to_pandas()
+    assert set(frame.loc[frame["selected"], "chunk_id"]) == dask_selected(parquet_dir, **options)
+    assert len(frame) == 1600 and record["selected"] == 160
 
     record = write_file_selection(spark, parquet_dir, f"delta://{tmp_path}/delta", mode="append", **options)
     table = deltalake.DeltaTable(str(tmp_path / "delta"))
