@@ -6,15 +6,16 @@ from __future__ import annotations
 import argparse
 import re
 
+from .errors import REPLACE_OUTPUT, WRITE_INTO_TABLE
 from .options import FIELDS
 
 _REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
 # Keywords of the text functions (embed, score_quality) whose flags the text commands share.
 _TEXT_KEYWORDS = ("text_column", "output_column", "model", "scorer")
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
-_FLAG_SPELLINGS = {"check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
-                   "--overwrite (overwrite=True)": "--overwrite", "overwrite=True": "--overwrite",
-                   "mode='append' or 'overwrite' (--mode)": "--mode append or --mode overwrite",
+_FLAG_SPELLINGS = {REPLACE_OUTPUT: "--overwrite", WRITE_INTO_TABLE: "--mode append or --mode overwrite",
+                   "check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
+                   "overwrite=True": "--overwrite",
                    "mode='append'": "--mode append", "mode='overwrite'": "--mode overwrite"}
 
 

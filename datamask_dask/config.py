@@ -56,6 +56,10 @@ METRIC_DEFAULTS: dict = {
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 SECTIONS = "algorithms"  # key of the per-metric sections
+# the writing doors' keywords, which differ between them: given to the other door, they are named
+WRITING = ("an output is replaced by write_selection(..., overwrite=True) or select_table(..., "
+           "mode='overwrite'), and appended to (Delta, Iceberg) by select_table(..., mode='append')")
+WRITING_KEYWORDS = {"overwrite": WRITING, "mode": WRITING}
 
 
 def default_text(key: str) -> str:
@@ -117,6 +121,9 @@ def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
             if any("algorithm" in section for section in out[name].values()):
                 raise OptionError(f"a section under {SECTIONS!r} in {source} cannot set 'algorithm'")
             continue
+        if name in WRITING_KEYWORDS:
+            raise OptionError(f"{key!r} is not an option of the selection ({source}): "
+                              f"{WRITING_KEYWORDS[name]}")
         if name not in FIELDS:
             close = difflib.get_close_matches(name, [*FIELDS, *ALIASES], n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""

@@ -5,6 +5,11 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
+# How each door asks to write into an output that exists, for the sinks' messages: the command line's
+# flag, the keyword of the door a message names, and the other door's (the command line shows its flags).
+REPLACE_OUTPUT = "--overwrite (overwrite=True; select_table: mode='overwrite')"
+WRITE_INTO_TABLE = "mode='append' or 'overwrite' (--mode; write_selection: overwrite=True)"
+
 
 class DataMaskError(ValueError):
     """Base class of every error datamask-dask raises on bad input or options."""

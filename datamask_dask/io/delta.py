@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..errors import InputDataError, OptionError
+from ..errors import WRITE_INTO_TABLE, InputDataError, OptionError
 from .output import RECORD_KEY, UnsafeOutputError, check_inputs, publish
 from .parquet import to_arrow, variable_lists
 from .pieces import Pieces, to_dask
@@ -276,8 +276,8 @@ class DeltaSink:
             raise UnsafeOutputError(f"{said}the Delta table {location} has {foreign} commit(s) without a "
                                     "datamask run record (someone else's table); choose another output")
         if self.mode == "error":
-            raise FileExistsError(f"the Delta table {location} exists; pass mode='append' or 'overwrite' "
-                                  "(--mode) to write into it (a table datamask wrote)")
+            raise FileExistsError(f"the Delta table {location} exists; pass {WRITE_INTO_TABLE} to write "
+                                  "into it (a table datamask wrote)")
 
     def newest_run(self) -> str | None:
         return (delta_record(self.uri, self.storage_options) or {}).get("run_id")

@@ -24,7 +24,7 @@ import dataclasses
 
 import pyarrow as pa
 
-from ..errors import InputDataError, OptionError
+from ..errors import WRITE_INTO_TABLE, InputDataError, OptionError
 from .output import RECORD_KEY, UnsafeOutputError
 from .parquet import to_arrow
 from .pieces import Pieces, to_dask
@@ -318,8 +318,8 @@ class IcebergSink:
             raise UnsafeOutputError(f"{said}the Iceberg table {self.name} has {foreign} snapshot(s) "
                                     "without a datamask run record; choose another output")
         if self.mode == "error":
-            raise FileExistsError(f"the Iceberg table {self.name} exists; pass mode='append' or "
-                                  "'overwrite' (--mode) to write into it (a table datamask wrote)")
+            raise FileExistsError(f"the Iceberg table {self.name} exists; pass {WRITE_INTO_TABLE} to "
+                                  "write into it (a table datamask wrote)")
 
     def newest_run(self) -> str | None:
         return (iceberg_record(self.catalog, self.name) or {}).get("run_id")

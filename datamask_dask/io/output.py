@@ -40,7 +40,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ..errors import DataMaskError
+from ..errors import REPLACE_OUTPUT, DataMaskError
 from .commit_journal import pending_commit
 from .parquet import parquet_file
 from .storage import Location, reach, resolve, storage_errors
@@ -55,7 +55,7 @@ class UnsafeOutputError(DataMaskError):
 
 
 def check_target(target: str | os.PathLike, *, overwrite: bool, inputs=(),
-                 flag: str = "--overwrite (overwrite=True)") -> None:
+                 flag: str = REPLACE_OUTPUT) -> None:
     """Refuse an output that would lose data; return quietly when writing it is safe.
 
     ``overwrite``: whether an existing output of a previous datamask run may be replaced; ``inputs``:

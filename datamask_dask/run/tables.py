@@ -9,7 +9,7 @@ import dataclasses
 import importlib
 import time
 
-from ..config import resolve_options
+from ..config import normalise_keys, resolve_options
 from ..dask_engine.runs import DaskEngine
 from ..errors import OptionError
 from ..io.storage import input_fingerprint, resolve
@@ -110,6 +110,7 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
     TableRunReport
     """
     start = time.perf_counter()
+    normalise_keys(options, "keyword arguments")  # a misspelt or misplaced one before the output is looked at
     if output_columns not in OUTPUT_COLUMNS:
         raise OptionError(f"output_columns must be one of {OUTPUT_COLUMNS}, not {output_columns!r}")
     if engine not in ENGINES:

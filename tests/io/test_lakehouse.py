@@ -147,8 +147,16 @@ def test_write_selection_writes_a_frame_into_delta_and_iceberg_tables(tmp_path, 
     assert (delta.path, delta.selected, iceberg.selected) == (f"delta://{tmp_path}/d", 160, 160)
     assert _delta_run_record(tmp_path / "d")["run_id"] == delta.record["run_id"]
     assert parquet_report.record["run_id"] != delta.record["run_id"]
-    with pytest.raises(FileExistsError, match="exists"):
+    with pytest.raises(FileExistsError, match=r"exists; pass .*write_selection: overwrite=True\)"):
         datamask_dask.write_selection(frame, f"delta://{tmp_path}/d", RATIO, **OPTIONS)
+    with pytest.raises(FileExistsError, match=r"exists; pass .*select_table: mode='overwrite'\)"):
+        select_table(f"delta://{tmp_path}/d", tmp_path / "out", RATIO, **OPTIONS)
+    doors = [(datamask_dask.write_selection, frame, {"mode": "overwrite"}),
+             (select_table, f"delta://{tmp_path}/d", {"overwrite": True})]
+    for door, source, keyword in doors:  # each door's way is named, before the output is looked at
+        with pytest.raises(OptionError, match=rf"'{next(iter(keyword))}' is not an option .*"
+                                              r"select_table\(..., mode='overwrite'\)"):
+            door(source, tmp_path / "out", RATIO, **keyword)
     again = datamask_dask.write_selection(frame, f"delta://{tmp_path}/d", RATIO, overwrite=True, **OPTIONS)
     assert deltalake.DeltaTable(tmp_path / "d").version() == 1 and again.rows == N
     with pytest.raises(OptionError, match="single_file=True writes one parquet file, not a delta table"):
