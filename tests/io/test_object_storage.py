@@ -220,6 +220,11 @@ def test_s3_parquet_to_a_delta_table_on_s3(s3, s3_corpus, local_run, capsys):
     table = deltalake.DeltaTable("s3://lake/delta-out", storage_options=options).to_pyarrow_table()
     selected = set(table.filter(table.column("selected")).column("chunk_id").to_pylist())
     assert table.num_rows == 1800 and selected == _selected_ids(local_run)
+    # the Python door of a frame, the table's storage options given as deltalake takes them
+    write_selection(read_parquet(s3_corpus, storage_options=s3), "delta+s3://lake/delta-api",
+                    storage_options=options, **OPTIONS)
+    table = deltalake.DeltaTable("s3://lake/delta-api", storage_options=options).to_pyarrow_table()
+    assert set(table.filter(table.column("selected")).column("chunk_id").to_pylist()) == selected
 
 
 def test_an_iceberg_table_on_s3_to_s3_parquet(s3, local_corpus, local_run, tmp_path):
