@@ -26,12 +26,13 @@ import pyarrow as pa
 
 from ..errors import WRITE_INTO_TABLE, InputDataError, OptionError
 from .output import RECORD_KEY, UnsafeOutputError
-from .parquet import to_arrow
+from .parquet import float_lists, to_arrow
 from .pieces import Pieces, to_dask
 from .records import dumps, loads_record
 from .storage import resolve
 
 TABLE_MARK = "datamask.output"  # the table property of the tables datamask created
+METRICS_MODE = "write.metadata.metrics.column"  # Iceberg's table property of a column's file statistics
 __all__ = ["IcebergSink", "get_catalog", "iceberg_pieces", "iceberg_record", "read_iceberg", "write_iceberg"]
 
 
@@ -331,8 +332,10 @@ class IcebergSink:
         return self.io.new_input(descriptor["path"]).exists()
 
     def _create(self, schema: pa.Schema):
+        # the parts carry no statistics of their embeddings (parquet.write_options): none are collected
+        no_metrics = {f"{METRICS_MODE}.{name}.element": "none" for name in float_lists(schema)}
         return self.catalog.create_table_transaction(self.name, schema=schema,
-                                                     properties={TABLE_MARK: "true"})
+                                                     properties={TABLE_MARK: "true", **no_metrics})
 
     def commit(self, work, manifest: dict, written: list, schema: pa.Schema, record: dict) -> dict:
         from pyiceberg.expressions import AlwaysTrue

@@ -49,16 +49,21 @@ def write_options(table: pa.Table) -> dict:
     helps with embeddings, and skipping both makes writing them faster. Row groups
     hold about ``ROW_GROUP_BYTES``, so the writer never buffers a whole large partition.
     """
-    plain, embeddings = [], []
-    for field in table.schema:
-        kind = field.type
-        is_float_list = (pa.types.is_list(kind) or pa.types.is_large_list(kind)
-                         or pa.types.is_fixed_size_list(kind)) and pa.types.is_floating(kind.value_type)
-        (embeddings if is_float_list else plain).append(field.name)
+    embeddings = float_lists(table.schema)
+    plain = [name for name in table.schema.names if name not in embeddings]
     options = {"row_group_size": max(1024, ROW_GROUP_BYTES * table.num_rows // max(table.nbytes, 1))}
     if embeddings:
         options.update(use_dictionary=plain, write_statistics=plain)
     return options
+
+
+def float_lists(schema: pa.Schema) -> list[str]:
+    """The columns of lists of floats (embeddings), which are written without statistics."""
+    def is_float_list(kind) -> bool:
+        return (pa.types.is_list(kind) or pa.types.is_large_list(kind)
+                or pa.types.is_fixed_size_list(kind)) and pa.types.is_floating(kind.value_type)
+
+    return [field.name for field in schema if is_float_list(field.type)]
 
 
 def _natural_key(path: str) -> list:
