@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from .errors import REPLACE_OUTPUT, WRITE_INTO_TABLE
+from .errors import REPLACE_OUTPUT, WRITE_INTO_TABLE, WRITING_DOORS
 from .options import FIELDS
 
 _REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
@@ -14,6 +14,8 @@ _REFERENCE_FLAGS = ("n_epochs", "max_lr", "min_lr", "n_rollout")
 _TEXT_KEYWORDS = ("text_column", "output_column", "model", "scorer")
 # Python keyword spellings in the package's messages -> the CLI flags a user of the CLI types.
 _FLAG_SPELLINGS = {REPLACE_OUTPUT: "--overwrite", WRITE_INTO_TABLE: "--mode append or --mode overwrite",
+                   WRITING_DOORS: "an output is replaced with --overwrite, and appended to (Delta, Iceberg) "
+                                  "with --mode append",
                    "check_ids=False": "--no-check-ids", "resume=False (--no-resume)": "--no-resume",
                    "overwrite=True": "--overwrite",
                    "mode='append'": "--mode append", "mode='overwrite'": "--mode overwrite"}

@@ -33,7 +33,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import OptionError
+from .errors import WRITING_DOORS, OptionError
 from .learn.options import check_value
 from .options import ALIASES, FIELDS, SelectOptions, default_settings
 
@@ -57,9 +57,7 @@ METRIC_DEFAULTS: dict = {
 PROFILES = Path(__file__).resolve().parent / "profiles"
 SECTIONS = "algorithms"  # key of the per-metric sections
 # the writing doors' keywords, which differ between them: given to the other door, they are named
-WRITING = ("an output is replaced by write_selection(..., overwrite=True) or select_table(..., "
-           "mode='overwrite'), and appended to (Delta, Iceberg) by select_table(..., mode='append')")
-WRITING_KEYWORDS = {"overwrite": WRITING, "mode": WRITING}
+WRITING_KEYWORDS = {"overwrite": WRITING_DOORS, "mode": WRITING_DOORS}
 
 
 def default_text(key: str) -> str:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 # flag, the keyword of the door a message names, and the other door's (the command line shows its flags).
 REPLACE_OUTPUT = "--overwrite (overwrite=True; select_table: mode='overwrite')"
 WRITE_INTO_TABLE = "mode='append' or 'overwrite' (--mode; write_selection: overwrite=True)"
+WRITING_DOORS = ("an output is replaced by write_selection(..., overwrite=True) or select_table(..., "
+                 "mode='overwrite'), and appended to (Delta, Iceberg) by select_table(..., mode='append')")
 
 
 class DataMaskError(ValueError):

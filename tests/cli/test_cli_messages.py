@@ -126,6 +126,17 @@ def test_two_options_that_contradict_each_other_are_named_by_their_flags(source,
         in capsys.readouterr().err
 
 
+def test_a_writing_keyword_in_a_config_file_is_told_as_the_flags(source, tmp_path, capsys):
+    config = tmp_path / "job.yaml"
+    config.write_text("overwrite: true\n")  # a flag of the command, not a setting of the selection
+    assert main(["select", "--input", str(source), "--output", str(tmp_path / "p"), "--config", str(config),
+                 *FLAGS]) == 1
+    err = capsys.readouterr().err
+    assert "'overwrite' is not an option of the selection (config file" in err
+    assert err.rstrip().endswith("an output is replaced with --overwrite, and appended to (Delta, Iceberg) "
+                                 "with --mode append"), err
+
+
 def test_as_cli_message_translates_keywords_only():
     message = "option ratio=2 is out of range; name yours with id_column=, quality_column= or by=; lamb"
     assert as_cli_message(message) == ("--ratio=2 is out of range; name yours with --id-column, "
