@@ -232,13 +232,13 @@ def _ragged_error(where: str, name, lengths: np.ndarray) -> InputDataError:
     common = values[np.argmax(counts)]
     bad = np.flatnonzero(lengths != common)
     return InputDataError(
-        f"{at(where)}embedding column {name!r} is ragged: rows have lengths {values[:SHOW].tolist()}; "
+        f"{where}: embedding column {name!r} is ragged: rows have lengths {values[:SHOW].tolist()}; "
         f"{bad.size} row(s) differ from the usual {int(common)}, first at rows {bad[:SHOW].tolist()}. "
         "Every embedding must have the same dimension")
 
 
 def _null_error(where: str, name, null_rows: np.ndarray) -> InputDataError:
-    return InputDataError(f"{at(where)}embedding column {name!r} is null in {null_rows.size} row(s), first "
+    return InputDataError(f"{where}: embedding column {name!r} is null in {null_rows.size} row(s), first "
                           f"{null_rows[:SHOW].tolist()}: embed or drop those rows")
 
 
