@@ -57,7 +57,7 @@ METRIC_DEFAULTS: dict = {
 PROFILES = Path(__file__).resolve().parent / "profiles"
 SECTIONS = "algorithms"  # key of the per-metric sections
 # the writing doors' keywords, which differ between them: given to the other door, they are named
-WRITING_KEYWORDS = {"overwrite": WRITING_DOORS, "mode": WRITING_DOORS}
+WRITING_KEYWORDS = ("overwrite", "mode")
 
 
 def default_text(key: str) -> str:
@@ -120,8 +120,7 @@ def normalise_keys(values: Mapping, source: str, sections: bool = True) -> dict:
                 raise OptionError(f"a section under {SECTIONS!r} in {source} cannot set 'algorithm'")
             continue
         if name in WRITING_KEYWORDS:
-            raise OptionError(f"{key!r} is not an option of the selection ({source}): "
-                              f"{WRITING_KEYWORDS[name]}")
+            raise OptionError(f"{key!r} is not an option of the selection ({source}): {WRITING_DOORS}")
         if name not in FIELDS:
             close = difflib.get_close_matches(name, [*FIELDS, *ALIASES], n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
