@@ -241,9 +241,13 @@ def open_sink(uri, *, mode: str = "error", inputs=(), catalog_properties=None, s
 
     ``mode``: ``"error"`` (the output may not exist), ``"append"`` (Delta and Iceberg) or
     ``"overwrite"``; an existing output is written into only when datamask wrote it. ``inputs``:
-    the job's inputs (table URIs or paths), which the output may not be.
+    the job's inputs (table URIs or paths), which the output may not be. ``single_file``: a parquet
+    output written as one file (a table is never one).
     """
     target = uri if isinstance(uri, TableURI) else parse_table_uri(uri)
+    if single_file and target.format != "parquet":
+        raise OptionError(f"single_file=True writes one parquet file, not a {target.format} table "
+                          f"({target.uri})")
     sources = [s if isinstance(s, TableURI) else parse_table_uri(s) for s in inputs if s is not None]
     for source in sources:
         if source.key == target.key:

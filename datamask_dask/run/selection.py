@@ -10,7 +10,6 @@ from pathlib import Path
 from ..config import resolve_options
 from ..dask_engine.operator import require_dask
 from ..dask_engine.runs import DaskEngine
-from ..errors import OptionError
 from ..io.staging import work_location
 from ..io.storage import resolve
 from ..io.tables import open_sink, parse_table_uri
@@ -137,9 +136,6 @@ def write_selection(ddf, path: str | os.PathLike, ratio=None, *, config=None, ov
     """
     require_dask(ddf, "write_selection")
     target = parse_table_uri(path)
-    if single_file and target.format != "parquet":
-        raise OptionError(f"single_file=True writes one parquet file, not a {target.format} table "
-                          f"({target.uri})")
     sink = open_sink(target, mode="overwrite" if overwrite else "error", inputs=[input_location],
                      catalog_properties=catalog_properties, storage_options=storage_options,
                      single_file=single_file)

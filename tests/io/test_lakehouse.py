@@ -161,6 +161,8 @@ def test_write_selection_writes_a_frame_into_delta_and_iceberg_tables(tmp_path, 
     assert deltalake.DeltaTable(tmp_path / "d").version() == 1 and again.rows == N
     with pytest.raises(OptionError, match="single_file=True writes one parquet file, not a delta table"):
         datamask_dask.write_selection(frame, f"delta://{tmp_path}/e", RATIO, single_file=True)
+    with pytest.raises(OptionError, match="single_file=True writes one parquet file, not a delta table"):
+        select_table(tmp_path / "out", f"delta://{tmp_path}/e", RATIO, single_file=True)
 
 
 def _check_summary(record):
