@@ -216,9 +216,9 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
                                                        dask_key_name=(key, i))
              for i, part in enumerate(parts)]
     divisions = ddf.divisions if ddf.known_divisions else None
-    # dask's string conversion cannot read cuDF's dtypes (a list column fails its check); cuDF keeps its own
-    strings = {"dataframe.convert-string": False} if adapters.is_cudf(meta) else {}
-    with dask.config.set(strings):
+    # every column keeps the input's dtype: Dask's string conversion would turn an object column of
+    # arrays (how its parquet reader gives list columns) into their text, and cannot read cuDF's dtypes
+    with dask.config.set({"dataframe.convert-string": False}):
         return dd.from_delayed(tasks, meta=meta, divisions=divisions, prefix="datamask-select",
                                verify_meta=False)
 

@@ -76,8 +76,12 @@ def test_object_column_embeddings_give_the_same_selection(corpus):
 
 def test_default_parquet_read_gives_object_embeddings_and_works(parquet_dir):
     ddf = dd.read_parquet(parquet_dir)  # no Arrow dtypes: embeddings arrive as numpy arrays
-    result = datamask_select(ddf, ratio=0.05, **FAST).compute(scheduler="threads")
+    out = datamask_select(ddf, ratio=0.05, **FAST)
+    result = out.compute(scheduler="threads")
     assert int(result["selected"].sum()) == round(0.05 * len(result))
+    # the embeddings come back as the arrays they were read as, not as their text
+    assert out.dtypes.drop("selected").equals(ddf.dtypes) and result["feature_arr"].dtype == object
+    pd.testing.assert_frame_equal(result.drop(columns="selected"), ddf.compute(scheduler="sync"))
 
 
 def test_score_column_and_index_preserved(corpus):
