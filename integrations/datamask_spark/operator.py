@@ -178,6 +178,12 @@ def require_spark(sdf, caller: str = "datamask_select") -> None:
 def spec_from_spark(sdf, options: SelectOptions) -> SelectSpec:
     """Check resolved options against a Spark DataFrame's schema (no data is read)."""
     require_spark(sdf)
+    column = options.embedding_column
+    # Spark ML's vectors cross to Arrow as a struct of sparse and dense parts: name the one-line remedy
+    if column in sdf.columns and type(sdf.schema[column].dataType).__name__ == "VectorUDT":
+        raise _errors.InputDataError(
+            f"embedding column {column!r} is a Spark ML vector (VectorUDT): give it as an array of floats, "
+            f"e.g. sdf.withColumn({column!r}, pyspark.ml.functions.vector_to_array({column!r}, 'float32'))")
     return spec_from_meta(empty_frame(arrow_schema(sdf)), options)
 
 

@@ -261,6 +261,26 @@ def test_bad_data_names_the_spark_partition(spark, sdf):
         datamask_select(sdf, ratio=0.1, quality_column="quality")
 
 
+def test_a_spark_ml_vector_column_is_told_how_to_become_an_array(spark, sdf, tmp_path):
+    """Spark ML's VectorUDT reaches Arrow as a struct: each door names the column and the remedy, which
+    selects the rows of the array column."""
+    from datamask_spark import write_selection
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+
+    vectors = sdf.withColumn("feature_arr", array_to_vector("feature_arr"))
+    message = (r"^embedding column 'feature_arr' is a Spark ML vector \(VectorUDT\): give it as an array of "
+               r"floats, e\.g\. sdf\.withColumn\('feature_arr', pyspark\.ml\.functions\.vector_to_array")
+    for door in (datamask_select, lambda frame, **kw: write_selection(frame, tmp_path / "out", **kw)):
+        with pytest.raises(InputDataError, match=message):
+            door(vectors, ratio=0.1, **FAST)
+    assert not (tmp_path / "out").exists()
+    arrays = vectors.withColumn("feature_arr", vector_to_array("feature_arr", "float32"))
+    chosen = arrays.transform(datamask_select, ratio=0.1, seed=7, **FAST).where("selected").select("chunk_id")
+    assert {row["chunk_id"] for row in chosen.collect()} == (
+        {row["chunk_id"] for row in sdf.transform(datamask_select, ratio=0.1, seed=7, **FAST)
+         .where("selected").select("chunk_id").collect()})
+
+
 @pytest.mark.slow
 def test_select_pass_error_reaches_the_driver_as_the_package_error(sdf):
     from pyspark.sql import functions as F
