@@ -63,7 +63,7 @@ def main(argv=None) -> None:
             ddf = read_parquet(source)
             selected = ddf.pipe(datamask_select, ratio=args.ratio, config=args.config, **overrides)
             write_parquet(selected, args.output, overwrite=True)  # runs the job; renamed in when done
-            rows, chosen = selected_counts(args.output, "selected")
+            rows, chosen = selected_counts(args.output)
             elapsed = time.perf_counter() - start
             print(f"{rows} rows, {chosen} selected ({chosen / rows:.1%}) in {elapsed:.1f} s "
                   f"on {len(client.scheduler_info()['workers'])} worker(s) -> {args.output}")

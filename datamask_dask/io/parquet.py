@@ -290,12 +290,6 @@ def concatenate(files: list[Location], where, schema: pa.Schema) -> None:
                 writer.write_table(table if table.schema.equals(schema) else table.cast(schema))
 
 
-def selected_counts(path: str | os.PathLike, column: str) -> tuple[int, int]:
-    """Rows and selected rows of a written output (reads only ``column``)."""
-    values = pq.read_table(os.fspath(path), columns=[column]).column(0).to_numpy(zero_copy_only=False)
-    return int(values.size), int(np.count_nonzero(values))
-
-
 def parquet_file(file) -> pq.ParquetFile:
     """A parquet file from a local path or a :class:`~.storage.Location` (any filesystem)."""
     if isinstance(file, Location):

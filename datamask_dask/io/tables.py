@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import dask.dataframe as dd
 
 __all__ = ["TableInput", "TableURI", "parse_table_uri", "read_table", "SelectionOnly", "table_pieces",
-           "open_sink", "table_record", "write_table_output"]
+           "open_sink", "selected_counts", "table_record", "write_table_output"]
 
 RUN_ID_COLUMN = "run_id"
 
@@ -133,6 +133,18 @@ def read_table(uri, *, columns=None, row_filter=None, since=None, catalog_proper
     pieces = table_pieces(table, columns=columns, row_filter=row_filter, since=since,
                           catalog_properties=catalog_properties, storage_options=storage_options)
     return TableInput(pieces_frame(pieces, table, backend), table, pieces_version(pieces), since, len(pieces))
+
+
+def selected_counts(uri, column: str = "selected", *, catalog_properties=None,
+                    storage_options=None) -> tuple[int, int]:
+    """Rows and selected rows of a written output (a parquet file or directory, a Delta or Iceberg table:
+    its current version), reading only ``column``; the keywords are :func:`read_table`'s."""
+    import dask
+
+    values = read_table(uri, columns=[column], catalog_properties=catalog_properties,
+                        storage_options=storage_options).frame[column]
+    rows, chosen = dask.compute(values.size, values.sum(), scheduler="threads")
+    return int(rows), int(chosen)
 
 
 def pieces_frame(pieces: Pieces, table: TableURI, backend: str = "pandas") -> dd.DataFrame:

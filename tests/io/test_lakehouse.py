@@ -157,8 +157,14 @@ def test_write_selection_writes_a_frame_into_delta_and_iceberg_tables(tmp_path, 
         with pytest.raises(OptionError, match=rf"'{next(iter(keyword))}' is not an option .*"
                                               r"select_table\(..., mode='overwrite'\)"):
             door(source, tmp_path / "out", RATIO, **keyword)
-    again = datamask_dask.write_selection(frame, f"delta://{tmp_path}/d", RATIO, overwrite=True, **OPTIONS)
+    again = datamask_dask.write_selection(frame, f"delta://{tmp_path}/d", 2 * RATIO, overwrite=True,
+                                          **OPTIONS)
     assert deltalake.DeltaTable(tmp_path / "d").version() == 1 and again.rows == N
+    # what each output holds now: the table's current version, not every file in its folder
+    assert datamask_dask.selected_counts(f"delta://{tmp_path}/d") == (N, again.selected) == (N, 320)
+    assert datamask_dask.selected_counts(tmp_path / "out") == (N, 160)
+    counts = datamask_dask.selected_counts("iceberg://local/out.sel", catalog_properties=catalog_properties)
+    assert counts == (N, 160)
     with pytest.raises(OptionError, match="single_file=True writes one parquet file, not a delta table"):
         datamask_dask.write_selection(frame, f"delta://{tmp_path}/e", RATIO, single_file=True)
     with pytest.raises(OptionError, match="single_file=True writes one parquet file, not a delta table"):
