@@ -1,6 +1,7 @@
 """The table-wide near-duplicate search on Dask, wired into the plan's graph (:func:`table_groups`):
-in one task for a few partitions (:func:`~datamask_dask.dedup.search.find_groups`), else the stages
-of :mod:`datamask_dask.dedup.stages`, so that no task holds more than a shard of the table.
+in one task for a few partitions (:func:`~datamask_dask.dedup.search.find_groups`), or any number
+on a local scheduler, else the stages of :mod:`datamask_dask.dedup.stages` on a cluster, so that no
+task holds more than a shard of the table.
 
 The stages have two wirings, which give the same groups:
 
@@ -63,6 +64,10 @@ __all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
 # Tables of more partitions take the DataFrame shuffles: the task-to-task graph grows as partitions**2
 # and is scheduled task by task, while the shuffles cost more worker time per row but keep a flat peak.
 SHUFFLE_PARTITIONS = 256
+# A graph built for a local scheduler (threads: one process holds every task's result) finds its
+# candidates in one task at any number of partitions: the sharded graph's tasks, or a shuffle's in
+# memory, cost the local scheduler far more than the search, and spread no memory across machines.
+LOCAL_ONE_TASK = True
 
 # Bands whose records one task makes at once (64 bytes a row each, its bucket number included):
 # ~51 MB for 100k rows.
@@ -92,9 +97,10 @@ def table_groups(inputs: list, cosine: float, vectors: list | None = None) -> li
     (where candidates are confirmed on exact cosine): per partition, a Delayed read of its
     embedding column (or ``{"embeddings": ...}``), never computed as a task of its own but run again
     inside the exact check's tasks for the candidate rows alone (:func:`rereads`). The wiring (see
-    the module notes) follows the partitions alone, known when the graph is built; no task holds
-    the table's embeddings."""
-    if one_task(len(inputs)):
+    the module notes) follows the partitions and whether a cluster runs the graph, both known when
+    it is built, and the groups are the same whichever it takes; no task holds the table's
+    embeddings."""
+    if one_task(len(inputs)) or (LOCAL_ONE_TASK and not on_a_cluster()):
         if vectors is None:
             found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
             return [found[i] for i in range(len(inputs))]
@@ -109,6 +115,18 @@ def _rows_of(part: dict) -> int:
     return len(part["quality"])
 
 
+def on_a_cluster() -> bool:
+    """Whether the graph being built is for a distributed Client: the current one (the writers make
+    their scheduler current while they build it) or Dask's default; else a local scheduler."""
+    try:
+        from distributed import default_client
+
+        default_client()
+    except (ImportError, ValueError):  # no client: the threaded scheduler
+        return False
+    return True
+
+
 def shuffle_method() -> str:
     """The shuffle method of :func:`shuffled_groups`: ``dask.config``'s ``dataframe.shuffle.method``
     where set, else ``p2p`` with a distributed Client (as Dask's default, disk-backed) and ``tasks``
@@ -117,13 +135,7 @@ def shuffle_method() -> str:
     configured = dask.config.get("dataframe.shuffle.method", None)
     if configured:
         return configured
-    try:
-        from distributed import default_client
-
-        default_client()
-    except ValueError:  # no client: the threaded scheduler
-        return "tasks"
-    return "p2p"
+    return "p2p" if on_a_cluster() else "tasks"
 
 
 def shuffled_groups(inputs: list, cosine: float, rows, vectors: list | None = None) -> list:

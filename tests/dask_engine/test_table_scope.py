@@ -403,6 +403,7 @@ def test_above_shuffle_partitions_the_plan_graph_grows_linearly(monkeypatch):
     from datamask_dask.dedup import search as one
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 0)
+    monkeypatch.setattr(search, "LOCAL_ONE_TASK", False)  # the graphs a cluster runs
     monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", 8)
     with dask.config.set({"dataframe.shuffle.method": "p2p"}):
         shuffled = {n: _plan_tasks(n) for n in (16, 64)}
@@ -423,6 +424,7 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
 
     parts = _copy_groups(n_parts=9, rows=120)
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 9 if one_task else 8)
+    monkeypatch.setattr(dask_graph, "LOCAL_ONE_TASK", False)  # the graph a cluster runs
     seen = []
 
     def recording(inputs, cosine):
@@ -442,6 +444,30 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
             np.testing.assert_array_equal(getattr(one, key), getattr(other, key))
 
 
+def test_a_graph_for_a_local_scheduler_searches_in_one_task_at_any_partitions(client, monkeypatch):
+    """Above ONE_TASK_PARTITIONS a plan built for the threaded scheduler still finds its candidates in
+    one task (the sharded graph's tasks cost a local scheduler more than the search); built with a
+    cluster's client current, it takes the sharded stages. The same plan either way."""
+    from datamask_dask.dask_engine import operator
+    from datamask_dask.dedup import search
+    from datamask_dask.sample_data import make_corpus
+
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)
+    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    local = operator.plan_selection(ddf, 0.1)[1]
+    with client.as_current():
+        on_cluster = operator.plan_selection(ddf, 0.1)[1]
+
+    def stages(plan) -> set:
+        return {stage for key in dict(plan.__dask_graph__()) for stage in ("candidates", "records")
+                if f"datamask-plan-duplicates-{stage}" in str(key)}
+
+    assert (stages(local), stages(on_cluster)) == ({"candidates"}, {"records"})
+    plan = local.compute(scheduler="threads")
+    assert _plan_digest(plan) == _plan_digest(on_cluster.compute(scheduler=client))
+    assert sum(len(v) for v in plan.shadowed.values()) > 0
+
+
 def _plan_digest(plan) -> str:
     return repr([getattr(plan, k) for k in ("rows", "cells", "ranges", "dim", "digests")] +
                 [sorted((k, v.tolist()) for k, v in plan.shadowed.items())])
@@ -451,10 +477,11 @@ def _plan_digest(plan) -> str:
 def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
     """The writers compute the plan at once, with the search wired as the lazy graph wires it."""
     from datamask_dask.dask_engine import operator
-    from datamask_dask.dedup import search
+    from datamask_dask.dedup import dask_graph, search
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 4)
+    monkeypatch.setattr(dask_graph, "LOCAL_ONE_TASK", False)  # the graphs a cluster runs
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     spec, lazy = operator.plan_selection(ddf, 0.1)
     lazy = lazy.compute(scheduler="sync")
@@ -525,10 +552,11 @@ def test_the_plan_graph_holds_each_task_once(monkeypatch):
     search once, not once per partition (dask copies a Delayed's whole graph into a layer of its own
     when it is passed inside a list), or graphs of a few hundred partitions take minutes to cull."""
     from datamask_dask.dask_engine.operator import plan_selection
-    from datamask_dask.dedup import search
+    from datamask_dask.dedup import dask_graph, search
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)
+    monkeypatch.setattr(dask_graph, "LOCAL_ONE_TASK", False)  # the graph a cluster runs
 
     ddf = dd.from_pandas(make_corpus(12 * 50, 8, seed=1), npartitions=12, sort=False)
     graph = plan_selection(ddf, 0.1)[1].__dask_graph__()

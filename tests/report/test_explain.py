@@ -117,12 +117,13 @@ def test_partition_scope_has_no_near_duplicates(corpus):
 
 def test_the_sharded_search_names_the_same_rows(corpus, monkeypatch):
     """Above ONE_TASK_PARTITIONS the sharded stages link each near-duplicate to the same row."""
-    from datamask_dask.dedup import search
+    from datamask_dask.dedup import dask_graph, search
 
     ddf = dd.from_pandas(corpus, npartitions=4, sort=False)
     with dask.config.set(scheduler="sync"):
         one = datamask_select(ddf, ratio=0.1, explain=True, **FAST).compute()
         monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)
+        monkeypatch.setattr(dask_graph, "LOCAL_ONE_TASK", False)  # the graph a cluster runs
         sharded = datamask_select(ddf, ratio=0.1, explain=True, **FAST).compute()
     pd.testing.assert_frame_equal(one.drop(columns="feature_arr"), sharded.drop(columns="feature_arr"))
 
