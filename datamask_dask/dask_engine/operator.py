@@ -168,7 +168,8 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     require_dask(ddf)
     resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
     spec = make_spec(ddf, resolved, scheduler=scheduler)
-    return spec, plan_graph(ddf, spec)
+    with _current(scheduler):
+        return spec, plan_graph(ddf, spec)
 
 
 def make_spec(ddf, options: SelectOptions, *, scheduler=None) -> SelectSpec:
@@ -404,12 +405,17 @@ def compute_plan(ddf, spec: SelectSpec, *, scheduler=None,
                  progress: bool | None = None) -> tuple[Plan, dict[int, object]]:
     """The plan of :func:`plan_graph`, computed now and settled (:func:`settle`: the writers' first
     pass), with the routes its share pass kept."""
-    # built with the scheduler as the current Client, so that a large table's search shuffles p2p
-    # on it even where it is not Dask's default
-    with scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext():
+    with _current(scheduler):
         plan = plan_graph(ddf, spec)
     return settle(ddf, progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0],
                   scheduler=scheduler, progress=progress)
+
+
+def _current(scheduler):
+    """``scheduler`` as the current Client while a plan graph is built, where it is one: the search
+    is wired for the scheduler that runs it (sharded on a cluster even where the Client is not Dask's
+    default, in one task on a local scheduler)."""
+    return scheduler.as_current() if hasattr(scheduler, "as_current") else contextlib.nullcontext()
 
 
 def column_reads(ddf, columns: list[str], name: str = "datamask-plan-read") -> list:

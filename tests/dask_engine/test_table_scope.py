@@ -446,8 +446,8 @@ def test_the_plan_graph_runs_the_search_its_partitions_pick(one_task, monkeypatc
 
 def test_a_graph_for_a_local_scheduler_searches_in_one_task_at_any_partitions(client, monkeypatch):
     """Above ONE_TASK_PARTITIONS a plan built for the threaded scheduler still finds its candidates in
-    one task (the sharded graph's tasks cost a local scheduler more than the search); built with a
-    cluster's client current, it takes the sharded stages. The same plan either way."""
+    one task (the sharded graph's tasks cost a local scheduler more than the search); built for a
+    cluster's Client, it takes the sharded stages. The same plan either way."""
     from datamask_dask.dask_engine import operator
     from datamask_dask.dedup import search
     from datamask_dask.sample_data import make_corpus
@@ -455,8 +455,7 @@ def test_a_graph_for_a_local_scheduler_searches_in_one_task_at_any_partitions(cl
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)
     ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
     local = operator.plan_selection(ddf, 0.1)[1]
-    with client.as_current():
-        on_cluster = operator.plan_selection(ddf, 0.1)[1]
+    on_cluster = operator.plan_selection(ddf, 0.1, scheduler=client)[1]  # not Dask's default Client
 
     def stages(plan) -> set:
         return {stage for key in dict(plan.__dask_graph__()) for stage in ("candidates", "records")
