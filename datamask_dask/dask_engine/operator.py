@@ -156,8 +156,8 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
         As for :func:`datamask_select`.
     scheduler : optional
         The scheduler the job will run on (a distributed Client's workers give the memory
-        limit that is checked, see ``memory_budget``); by default the current default Client,
-        if any.
+        limit that is checked, see ``memory_budget``, and the near-duplicate search is wired for
+        it); by default the Client holding ``ddf``'s persisted partitions, else Dask's default.
 
     Returns
     -------
@@ -167,6 +167,7 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
     """
     require_dask(ddf)
     resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
+    scheduler = scheduler or _holder(ddf)
     spec = make_spec(ddf, resolved, scheduler=scheduler)
     with _current(scheduler):
         return spec, plan_graph(ddf, spec)

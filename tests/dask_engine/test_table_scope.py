@@ -462,6 +462,8 @@ def test_a_graph_for_a_local_scheduler_searches_in_one_task_at_any_partitions(cl
                 if f"datamask-plan-duplicates-{stage}" in str(key)}
 
     assert (stages(local), stages(on_cluster)) == ({"candidates"}, {"records"})
+    held = operator.plan_selection(client.persist(ddf), 0.1)[1]  # the Client holding its partitions
+    assert stages(held) == {"records"}
     plan = local.compute(scheduler="threads")
     assert _plan_digest(plan) == _plan_digest(on_cluster.compute(scheduler=client))
     assert sum(len(v) for v in plan.shadowed.values()) > 0
