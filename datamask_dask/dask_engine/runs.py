@@ -73,10 +73,14 @@ class DaskEngine:
         log.debug("reading the input once, held in memory through the passes: %d MiB", self.nbytes >> 20)
         return progress_bars.persist(self.source[columns], scheduler=self.scheduler, progress=progress)
 
-    def schema(self, plan: Plan) -> pa.Schema:
+    @property
+    def input_schema(self) -> pa.Schema:
         from ..io.parquet import to_arrow
 
-        schema = output_schema(plan.spec, to_arrow(self.source._meta).schema)
+        return to_arrow(self.source._meta).schema
+
+    def schema(self, plan: Plan) -> pa.Schema:
+        schema = output_schema(plan.spec, self.input_schema)
         return schema if self.project is None else self.project(schema.empty_table(), "").schema
 
     def run(self, plan: Plan, todo: list[int], task,

@@ -60,6 +60,10 @@ class Engine(Protocol):
 
     name: str
 
+    @property
+    def input_schema(self) -> pa.Schema:
+        """The input's Arrow schema, as the selection reads it (the run record's input columns)."""
+
     def plan(self, progress: bool | None) -> Plan:
         """The quota plan (the pass that validates the input)."""
 
@@ -153,7 +157,8 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
         spec, schema, newest = plan.spec, engine.schema(plan), sink.newest_run()
         identity = as_json({
             "settings": {k: v for k, v in settings.items() if k not in _NOT_IN_IDENTITY},
-            "input": {"partitions": len(plan.rows), "columns": {f.name: str(f.type) for f in schema},
+            "input": {"partitions": len(plan.rows),
+                      "columns": {f.name: str(f.type) for f in engine.input_schema},
                       "rows": list(plan.rows), "content": _hash(list(plan.digests)),
                       "fingerprint": fingerprint},
             # An append continues the output's state; a whole output is replaced whatever it holds (so

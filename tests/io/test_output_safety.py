@@ -106,6 +106,7 @@ def test_run_record_is_kept_with_the_output(tmp_path, corpus, parquet_dir):
     assert [p["rows"] for p in record["partitions"]] == ddf.map_partitions(len).compute().tolist()
     assert record["settings"]["ratio"] == 0.2 and record["seed"] == 0
     assert record["input"]["location"] == str(parquet_dir)
+    assert list(record["input"]["columns"]) == sorted(corpus.columns)  # the input's, not the output's
     assert {"torch", "dask", "pyarrow", "pandas", "datamask-dask"} <= set(record["versions"])
     assert {"read", "learn", "write"} <= set(report.stages) and report.stages["learn"] > 0
     single = tmp_path / "one.parquet"

@@ -384,6 +384,7 @@ def test_file_selection_reads_the_pieces_in_the_workers(spark, corpus, parquet_d
     assert {k: record["input"][k] for k in ("location", "format", "uri", "read_by", "rows")} == {
         "location": str(parquet_dir), "format": "parquet", "uri": str(parquet_dir), "read_by": "workers",
         "rows": [400] * 4}
+    assert list(record["input"]["columns"]) == sorted(corpus.columns)  # the input's, not the output's
     assert {"read", "select", "learn", "write"} <= set(record["stages"])
     table = pq.read_table(tmp_path / "out")
     source = pq.read_table(parquet_dir)
