@@ -261,6 +261,7 @@ def test_bad_data_names_the_spark_partition(spark, sdf):
         datamask_select(sdf, ratio=0.1, quality_column="quality")
 
 
+@pytest.mark.slow
 def test_a_spark_ml_vector_column_is_told_how_to_become_an_array(spark, sdf, tmp_path):
     """Spark ML's VectorUDT reaches Arrow as a struct: each door names the column and the remedy, which
     selects the rows of the array column."""
