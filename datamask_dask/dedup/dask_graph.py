@@ -31,6 +31,7 @@ import pyarrow as pa
 from dask.delayed import Delayed
 
 from ..graph_keys import listed, named_task
+from ..progress import client_of
 from .groups import DuplicateGroups
 from .search import candidate_edges, find_groups, one_task
 from .stages import (
@@ -100,7 +101,9 @@ def table_groups(inputs: list, cosine: float, vectors: list | None = None) -> li
     the module notes) follows the partitions and whether a cluster runs the graph, both known when
     it is built, and the groups are the same whichever it takes; no task holds the table's
     embeddings."""
-    if one_task(len(inputs)) or (LOCAL_ONE_TASK and not on_a_cluster()):
+    # the Client the graph is built for: the current one (the writers make their scheduler current
+    # while they build it) or Dask's default; None on a local scheduler
+    if one_task(len(inputs)) or (LOCAL_ONE_TASK and client_of(None) is None):
         if vectors is None:
             found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
             return [found[i] for i in range(len(inputs))]
@@ -115,18 +118,6 @@ def _rows_of(part: dict) -> int:
     return len(part["quality"])
 
 
-def on_a_cluster() -> bool:
-    """Whether the graph being built is for a distributed Client: the current one (the writers make
-    their scheduler current while they build it) or Dask's default; else a local scheduler."""
-    try:
-        from distributed import default_client
-
-        default_client()
-    except (ImportError, ValueError):  # no client: the threaded scheduler
-        return False
-    return True
-
-
 def shuffle_method() -> str:
     """The shuffle method of :func:`shuffled_groups`: ``dask.config``'s ``dataframe.shuffle.method``
     where set, else ``p2p`` with a distributed Client (as Dask's default, disk-backed) and ``tasks``
@@ -135,7 +126,7 @@ def shuffle_method() -> str:
     configured = dask.config.get("dataframe.shuffle.method", None)
     if configured:
         return configured
-    return "p2p" if on_a_cluster() else "tasks"
+    return "tasks" if client_of(None) is None else "p2p"
 
 
 def shuffled_groups(inputs: list, cosine: float, rows, vectors: list | None = None) -> list:
