@@ -138,8 +138,10 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
     >>> out = ddf.pipe(datamask_select, ratio=0.1, n_epochs=200)   # doctest: +SKIP
     >>> out.to_parquet("s3://bucket/selected/")                     # doctest: +SKIP
     """
-    spec, plan = plan_selection(ddf, ratio, config=config, **options)
-    return apply_plan(ddf, spec, plan, scheduler=options.get("scheduler"))
+    require_dask(ddf)
+    scheduler = options.pop("scheduler", None) or _holder(ddf)  # once: finding the holder walks the graph
+    spec, plan = _plan_selection(ddf, ratio, config, scheduler, options)
+    return _apply_plan(ddf, spec, plan, scheduler)
 
 
 datamask_select.__doc__ = datamask_select.__doc__.replace(
@@ -166,8 +168,11 @@ def plan_selection(ddf, ratio: float | Mapping | None = None, *, config=None, sc
         Computes to the plan dict that :func:`apply_plan` and :func:`select_partition` follow.
     """
     require_dask(ddf)
+    return _plan_selection(ddf, ratio, config, scheduler or _holder(ddf), options)
+
+
+def _plan_selection(ddf, ratio, config, scheduler, options: dict):
     resolved = resolve_options(config, ratio=ratio, backend=adapters.backend(ddf._meta), **options)
-    scheduler = scheduler or _holder(ddf)
     spec = make_spec(ddf, resolved, scheduler=scheduler)
     with _current(scheduler):
         return spec, plan_graph(ddf, spec)
@@ -203,9 +208,12 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
     the client holding ``ddf``'s persisted partitions or Dask's default: which partitions learn
     together is the plan's to say) or the plan it computes to.
     """
+    return _apply_plan(ddf, spec, plan, scheduler or _holder(ddf))
+
+
+def _apply_plan(ddf, spec: SelectSpec, plan, scheduler):
     import dask.dataframe as dd
 
-    scheduler = scheduler or _holder(ddf)
     if isinstance(plan, Delayed):  # as every pass is computed: the local schedulers' BLAS on a thread a task
         plan = progress_bars.compute(plan, scheduler=scheduler, progress=False)[0]
     plan, routes = settle(ddf, plan, scheduler=scheduler, progress=False)
