@@ -203,6 +203,16 @@ class Location:
         self.fs.copy(self.path, destination.path)
 
 
+def uri_text(uri) -> str:
+    """A path or URI a user gave, as text. Several are refused: a run reads one input, which a resume
+    lists again as it was."""
+    if isinstance(uri, (list, tuple, set)):
+        raise OptionError(f"a {type(uri).__name__} of paths was given where one path or URI is expected: "
+                          "name the directory that holds the files, or read them with "
+                          "dask.dataframe.read_parquet(paths) and select from that frame")
+    return os.fspath(uri) if isinstance(uri, os.PathLike) else str(uri)
+
+
 def resolve(uri, storage_options: dict | None = None) -> Location:
     """The :class:`Location` of ``uri`` (a local path, ``file://...``, ``s3://bucket/key``...).
 
@@ -213,7 +223,7 @@ def resolve(uri, storage_options: dict | None = None) -> Location:
     """
     if isinstance(uri, Location):
         return uri
-    text = os.fspath(uri) if isinstance(uri, os.PathLike) else str(uri)
+    text = uri_text(uri)
     protocol = text.split("://", 1)[0].lower() if "://" in text else "file"
     try:
         fs, path = fsspec.core.url_to_fs(text, **(storage_options or {}))

@@ -29,7 +29,7 @@ from ..errors import OptionError
 from ..partition.adapters import is_cudf
 from .output import UnsafeOutputError, read_record
 from .pieces import Pieces, to_dask
-from .storage import resolve
+from .storage import resolve, uri_text
 
 if TYPE_CHECKING:
     import dask.dataframe as dd
@@ -65,7 +65,7 @@ class TableURI:
 
 def parse_table_uri(uri) -> TableURI:
     """Parse a table URI (see the module notes); anything else is a parquet path."""
-    text = os.fspath(uri)
+    text = uri_text(uri)
     base, _, query = text.partition("?") if text.startswith(("delta", "iceberg://")) else (text, "", "")
     params = {k: v[-1] for k, v in parse_qs(query).items()}
     unknown = set(params) - {"version", "timestamp", "snapshot_id"}

@@ -163,7 +163,7 @@ def plan_pass(sdf, options: SelectOptions):
     plan = make_plan(*plan_inputs(sdf, spec), spec)
 
     def read(task):
-        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, task.output)
+        return map_in_arrow(sdf, task.columns, task, task.output)
 
     return spec, spark_pending(plan, arrow_schema(sdf), read)
 
@@ -195,7 +195,8 @@ def apply_plan(sdf, spec: SelectSpec, plan: Plan):
     schema = arrow_schema(sdf)
     fields = list(sdf.schema.fields) + [StructField(f.name, from_arrow_type(f.type), f.nullable)
                                         for f in selection_fields(spec, schema)]
-    return sdf.mapInArrow(SelectTask(plan, schema, spark_packs(sdf, plan)), StructType(fields))
+    task = SelectTask(plan, schema, spark_packs(sdf, plan))
+    return map_in_arrow(sdf, sdf.columns, task, StructType(fields))
 
 
 # --------------------------------------------------------------------------- plan pass
@@ -203,17 +204,17 @@ def apply_plan(sdf, spec: SelectSpec, plan: Plan):
 
 def plan_inputs(sdf, spec: SelectSpec) -> tuple[list[dict], tuple | None, int | None]:
     """The plan pass: per-partition summaries, the duplicate-id report and the embedding dimension."""
-    projected = sdf.select(*[_col(c) for c in spec.plan_columns])
     partitions = partition_count(sdf) if spec.pieces == "regions" else 1  # regions share out their sample
-    task = SummaryTask(spec, arrow_schema(projected), partitions)
+    task = SummaryTask(spec, arrow_schema(sdf.select(*[_col(c) for c in spec.plan_columns])), partitions)
     with ThreadPoolExecutor(1) as pool:
         # The id check is a Spark job of its own: submitted beside the plan pass, its tasks take the
         # slots the plan pass's last tasks leave idle and run while the driver searches duplicates.
         ids = pool.submit(id_report, sdf, spec.id_column) if spec.check_ids else None
         def vectors(read):  # the exact check reads the embeddings again (table scope), as the scans did
-            return sdf.select(_col(spec.embedding_column)).mapInArrow(read, PIECE_SCHEMA)
+            return map_in_arrow(sdf, [spec.embedding_column], read, PIECE_SCHEMA)
 
-        summaries = plan_summaries(projected.mapInArrow(task, PLAN_SCHEMA), spec, vectors=vectors)
+        scans = map_in_arrow(sdf, spec.plan_columns, task, PLAN_SCHEMA)
+        summaries = plan_summaries(scans, spec, vectors=vectors)
         ids = ids.result() if ids is not None else None
     dim = None
     if spec.embedding_column not in spec.plan_columns:  # else every summary holds its dimension
@@ -330,7 +331,7 @@ def probe_dimension(sdf, column: str) -> int | None:
 def spark_packs(sdf, plan: Plan, todo=None) -> dict:
     """:func:`learn_packs` over the Spark partitions of ``sdf``."""
     def read(task):
-        return sdf.select(*[_col(c) for c in task.columns]).mapInArrow(task, task.output)
+        return map_in_arrow(sdf, task.columns, task, task.output)
 
     return learn_packs(plan, arrow_schema(sdf), read, todo)
 
@@ -686,6 +687,25 @@ def arrow_schema(sdf) -> pa.Schema:
 def empty_frame(schema: pa.Schema) -> pd.DataFrame:
     """An empty pandas frame with Arrow dtypes (the ``meta`` the core validates against)."""
     return to_pandas(schema.empty_table())
+
+
+def map_in_arrow(sdf, columns: list[str], function, schema):
+    """``sdf.mapInArrow(function, schema)`` over ``columns`` of ``sdf``. They travel as ``c0, c1, ...``
+    and get their names back in the task: ``mapInArrow`` resolves each column by its name, which Spark
+    reads as a field path where the name holds a dot."""
+    columns = list(columns)
+    positional = sdf.select(*[_col(c).alias(f"c{i}") for i, c in enumerate(columns)])
+    return positional.mapInArrow(_Renamed(function, columns), schema)
+
+
+class _Renamed:
+    """A ``mapInArrow`` function given its batches with the columns' own names (:func:`map_in_arrow`)."""
+
+    def __init__(self, function, names: list[str]):
+        self.function, self.names = function, names
+
+    def __call__(self, batches):
+        return self.function(batch.rename_columns(self.names) for batch in batches)
 
 
 def _col(name: str):

@@ -32,6 +32,7 @@ from datamask_dask.telemetry import Measures
 from .operator import (
     SelectTask,
     arrow_schema,
+    map_in_arrow,
     partition_number,
     plan_pass,
     require_spark,
@@ -95,7 +96,8 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
 
     def tasks(plan, write):
         packs = spark_packs(sdf, plan, write.todo)
-        return sdf.mapInArrow(write.bind(SelectTask(plan, arrow_schema(sdf), packs)), RESULT_SCHEMA), packs
+        task = write.bind(SelectTask(plan, arrow_schema(sdf), packs))
+        return map_in_arrow(sdf, sdf.columns, task, RESULT_SCHEMA), packs
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
     sink = open_sink(path, mode="overwrite" if overwrite else "error", inputs=[str(p) for p in inputs],

@@ -94,6 +94,21 @@ def test_a_glob_input_is_told_as_a_pattern_with_the_directory_to_name(tmp_path):
         parquet_pieces(tmp_path / "lake" / "year=*")
 
 
+def test_a_list_of_paths_is_told_at_each_python_door(tmp_path):
+    """``dd.read_parquet`` takes a list of files; datamask's doors read one input: each says what to
+    name instead, rather than that the list's text is a pattern or not a path."""
+    import datamask_dask
+    from datamask_dask.errors import OptionError
+
+    files = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+    for door in (datamask_dask.read_parquet, datamask_dask.read_table, datamask_dask.selected_counts,
+                 lambda paths: datamask_dask.select_table(paths, tmp_path / "out", 0.1)):
+        with pytest.raises(OptionError, match=r"^a list of paths was given where one path or URI is expected: "
+                           r"name the directory .* dask\.dataframe\.read_parquet\(paths\)"):
+            door(files)
+    assert not (tmp_path / "out").exists()
+
+
 # Each log record of the job, with the heavy modules loaded when it was written.
 JOB_PROBE = f"""
 import json, logging, sys

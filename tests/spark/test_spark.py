@@ -283,6 +283,29 @@ def test_a_spark_ml_vector_column_is_told_how_to_become_an_array(spark, sdf, tmp
 
 
 @pytest.mark.slow
+def test_columns_named_with_dots_and_spaces_select_the_same_rows(sdf, tmp_path):
+    """Spark reads a dot in a column's name as a field path wherever a name is resolved (``mapInArrow``
+    resolves each input column so): every pass and both doors take such columns, with the plain names'
+    rows."""
+    import pyarrow.parquet as pq
+    from datamask_spark import write_selection
+
+    names = {"chunk_id": "doc.id", "quality_score": "quality score", "feature_arr": "feature.arr"}
+    dotted = sdf.withColumnsRenamed(names)
+    options = {"id_column": "doc.id", "quality_column": "quality score", "embedding_column": "feature.arr"}
+    for extra in ({}, {"pieces": "regions"}):
+        out = dotted.transform(datamask_select, ratio=0.1, seed=7, **options, **extra, **FAST)
+        assert out.columns == [*dotted.columns, "selected"]
+        chosen = {row["doc.id"] for row in out.where("selected").select("`doc.id`").collect()}
+        plain = sdf.transform(datamask_select, ratio=0.1, seed=7, **extra, **FAST)
+        assert chosen == {row["chunk_id"] for row in plain.where("selected").select("chunk_id").collect()}
+    write_selection(dotted, tmp_path / "out", ratio=0.1, seed=7, **options, **FAST)
+    written = pq.read_table(tmp_path / "out").to_pandas()
+    assert list(written.columns) == [*dotted.columns, "selected"]
+    assert set(written.loc[written["selected"], "doc.id"]) == chosen
+
+
+@pytest.mark.slow
 def test_select_pass_error_reaches_the_driver_as_the_package_error(sdf):
     from pyspark.sql import functions as F
 
