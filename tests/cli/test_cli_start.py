@@ -103,8 +103,8 @@ def test_a_list_of_paths_is_told_at_each_python_door(tmp_path):
     files = [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
     for door in (datamask_dask.read_parquet, datamask_dask.read_table, datamask_dask.selected_counts,
                  lambda paths: datamask_dask.select_table(paths, tmp_path / "out", 0.1)):
-        with pytest.raises(OptionError, match=r"^a list of paths was given where one path or URI is expected: "
-                           r"name the directory .* dask\.dataframe\.read_parquet\(paths\)"):
+        with pytest.raises(OptionError, match=r"^a list of paths was given where one path or URI is "
+                           r"expected: name the directory .* dask\.dataframe\.read_parquet\(paths\)"):
             door(files)
     assert not (tmp_path / "out").exists()
 
