@@ -364,14 +364,15 @@ def partitions(ddf) -> list:
 # --------------------------------------------------------------------------- plan pass
 
 
-def plan_graph(ddf, spec: SelectSpec):
+def plan_graph(ddf, spec: SelectSpec, known_rows: int | None = None):
     """The lazy plan: per-partition checks and sketches, id check and dimension, reduced to one task.
 
     Only the first tasks read the partitions: each partition's distinct ids (when they are checked)
     and its checks and sketches, or in table scope its checks and a SimHash signature per row
     (:func:`~datamask_dask.partition.checks.scan_partition`), sketched without its shadowed rows
     (and with its kept rows' weights) once the near-duplicate groups of the whole table are found
-    (:func:`datamask_dask.dedup.dask_graph.table_groups`). The rest works on their small results only.
+    (:func:`datamask_dask.dedup.dask_graph.table_groups`, wired for ``known_rows``, the table's rows
+    where its reader listed them). The rest works on their small results only.
     """
     parts = column_reads(ddf, spec.plan_columns)
     if spec.diversity_scope == "table":
@@ -385,7 +386,7 @@ def plan_graph(ddf, spec: SelectSpec):
         reads = column_reads(ddf, [spec.embedding_column], name="datamask-plan-vectors")
         vectors = [dask.delayed(adapters.embedding_rows, pure=True)(
             read, i, dask_key_name=_key("datamask-plan-rows", read, i)) for i, read in enumerate(reads)]
-        groups = table_groups(inputs, spec.duplicate_cosine, vectors)  # of the whole table
+        groups = table_groups(inputs, spec.duplicate_cosine, vectors, known_rows)  # of the whole table
         summaries = [dask.delayed(summarise_scan, pure=True)(
             scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]
@@ -410,12 +411,12 @@ def _key(prefix: str, *args) -> str:
     return f"{prefix}-{tokenize(*args)}"
 
 
-def compute_plan(ddf, spec: SelectSpec, *, scheduler=None,
-                 progress: bool | None = None) -> tuple[Plan, dict[int, object]]:
+def compute_plan(ddf, spec: SelectSpec, *, scheduler=None, progress: bool | None = None,
+                 known_rows: int | None = None) -> tuple[Plan, dict[int, object]]:
     """The plan of :func:`plan_graph`, computed now and settled (:func:`settle`: the writers' first
     pass), with the routes its share pass kept."""
     with _current(scheduler):
-        plan = plan_graph(ddf, spec)
+        plan = plan_graph(ddf, spec, known_rows)
     return settle(ddf, progress_bars.compute(plan, scheduler=scheduler, progress=progress)[0],
                   scheduler=scheduler, progress=progress)
 

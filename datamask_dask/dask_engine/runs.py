@@ -39,14 +39,15 @@ class DaskEngine:
     """Select ``frame`` (a Dask DataFrame) on ``scheduler`` with resolved ``options``
     (:func:`datamask_dask.config.resolve_options`). ``project``: the columns the output keeps where it
     keeps only the selection's (:class:`datamask_dask.io.tables.SelectionOnly`). ``nbytes``: the
-    input's size in memory, where known: it is then held through the run's passes if it fits."""
+    input's size in memory, where known: it is then held through the run's passes if it fits.
+    ``rows``: its rows, where known: the near-duplicate search is wired for them."""
 
     name = "dask"
 
     def __init__(self, frame, options: SelectOptions, *, scheduler=None,
-                 project: SelectionOnly | None = None, nbytes: int | None = None):
+                 project: SelectionOnly | None = None, nbytes: int | None = None, rows: int | None = None):
         self.source, self.options, self.scheduler, self.project = frame, options, scheduler, project
-        self.frame, self.nbytes = frame, nbytes  # the frame the passes read: the source, or it held
+        self.frame, self.nbytes, self.rows = frame, nbytes, rows  # frame: the source, or it held
         self.routes: dict[int, object] = {}  # what the plan pass routed, for the select pass of its plan
         self.planned: Plan | None = None
 
@@ -54,7 +55,7 @@ class DaskEngine:
         spec = make_spec(self.source, self.options, scheduler=self.scheduler)
         self.frame = self._held(spec, progress)
         self.planned, self.routes = compute_plan(self.frame, spec, scheduler=self.scheduler,
-                                                 progress=progress)  # validates
+                                                 progress=progress, known_rows=self.rows)  # validates
         return self.planned
 
     def _held(self, spec: SelectSpec, progress: bool | None):

@@ -91,19 +91,20 @@ _POSITION = (1 << 32) - 1  # a row reference is partition << 32 | position
 _PREFIX = "datamask-plan-duplicates"  # the search's tasks on the dashboard
 
 
-def table_groups(inputs: list, cosine: float, vectors: list | None = None) -> list:
+def table_groups(inputs: list, cosine: float, vectors: list | None = None, known_rows: int | None = None
+                 ) -> list:
     """The near-duplicate groups of the whole table as a Dask graph: one Delayed per partition of
     ``inputs`` (Delayed search inputs, signatures and no embeddings), computing to its entry of
     :func:`~datamask_dask.dedup.search.find_groups` for the inputs with ``vectors`` merged in
     (where candidates are confirmed on exact cosine): per partition, a Delayed read of its
     embedding column (or ``{"embeddings": ...}``), never computed as a task of its own but run again
     inside the exact check's tasks for the candidate rows alone (:func:`rereads`). The wiring (see
-    the module notes) follows the partitions and whether a cluster runs the graph, both known when
-    it is built, and the groups are the same whichever it takes; no task holds the table's
-    embeddings."""
+    the module notes) follows the partitions, the table's rows where ``known_rows`` gives them, and
+    whether a cluster runs the graph, all known when it is built, and the groups are the same
+    whichever it takes; no task holds the table's embeddings."""
     # the Client the graph is built for: the current one (the writers make their scheduler current
     # while they build it) or Dask's default; None on a local scheduler
-    if one_task(len(inputs)) or (LOCAL_ONE_TASK and client_of(None) is None):
+    if one_task(len(inputs), known_rows) or (LOCAL_ONE_TASK and client_of(None) is None):
         if vectors is None:
             found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
             return [found[i] for i in range(len(inputs))]

@@ -25,7 +25,8 @@ quality and group (about 44 bytes a row) and, per band, a key and a few words a 
 embeddings, each row's candidates (:func:`candidate_edges`, which the Dask graph runs as one task
 while the exact check runs in vector blocks, so no task holds the table's embeddings). The sharded
 stages of :mod:`datamask_dask.dedup.stages` find the same groups with no task holding more than a
-shard; :func:`one_task` picks between them by the partitions alone, when the graph is built.
+shard; :func:`one_task` picks between them by the partitions (and the rows, where known), when the
+graph is built.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ from .stages import (
 # (signature, quality, group) where the sharded graph moves ~2.2 KB a row of band records and
 # schedules ~3.5 x partitions**2 tasks; above, no task should hold the table.
 ONE_TASK_PARTITIONS = 32
+# So do tables of up to this many rows in any number of partitions, where the rows are known when the
+# graph is built (the package's readers list them): the one task's candidates then hold ~1.4 KB a row
+# at most, and a table of many small files spares a cluster's scheduler the sharded graph's tasks.
+ONE_TASK_ROWS = 1_000_000
 # Smaller tables run the sharded stages in this process (numpy): the same groups, for less than it
 # costs a fresh worker to import numba and load the compiled passes.
 COMPILED_ROWS = 50_000
@@ -71,10 +76,11 @@ BAND_THREADS = 4  # threads of find_groups (bands run apart; numpy releases the 
 _PAIR_BATCH = 1 << 13  # candidate pairs whose embeddings find_groups gathers at once
 
 
-def one_task(n_parts: int) -> bool:
-    """Whether a table of ``n_parts`` partitions finds its near-duplicate groups in one task: known
-    when the graph is built, and the groups are the same either way."""
-    return n_parts <= ONE_TASK_PARTITIONS
+def one_task(n_parts: int, rows: int | None = None) -> bool:
+    """Whether a table of ``n_parts`` partitions (and ``rows`` rows, where known) finds its
+    near-duplicate groups in one task: known when the graph is built, and the groups are the same
+    either way."""
+    return n_parts <= ONE_TASK_PARTITIONS or (rows is not None and rows <= ONE_TASK_ROWS)
 
 
 def find_groups(parts: list[dict], cosine: float = 0.95) -> list[DuplicateGroups]:

@@ -24,6 +24,7 @@ import json
 import os
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 
@@ -139,8 +140,17 @@ def delta_pieces(path, version=None, timestamp=None, columns=None, *, storage_op
     fragments.sort(key=lambda f: f.path)
     pieces = Pieces(dataset.schema, fragments, FragmentReader(dataset.schema),
                     {"format": "delta", "uri": os.fspath(path), "version": table.version(),
-                     "files": len(fragments)})
+                     "files": len(fragments)}, _file_rows(table, fragments))
     return pieces if columns is None else pieces.select(columns)
+
+
+def _file_rows(table, fragments: list) -> list[int] | None:
+    """Each data file's rows, as the log's file statistics state them (None where one lacks them). The
+    log holds a file's path URL-encoded."""
+    actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "num_records"]).to_pylist()
+    records = {unquote(action["path"]): action["num_records"] for action in actions}
+    rows = [records.get(fragment.path) for fragment in fragments]
+    return None if None in rows else [int(n) for n in rows]
 
 
 class FragmentReader:

@@ -169,7 +169,8 @@ def select_table(input_uri, output_uri, ratio=None, *, output_columns: str = "al
         project = SelectionOnly.of(resolved) if output_columns == "selection" else None
         # the listed size of what is read (text columns computed from it are held already)
         nbytes = sum(pieces.nbytes) if pieces.nbytes is not None and prepare is None else None
-        run = DaskEngine(frame, resolved, scheduler=scheduler, project=project, nbytes=nbytes)
+        rows = sum(pieces.rows) if pieces.rows is not None else None
+        run = DaskEngine(frame, resolved, scheduler=scheduler, project=project, nbytes=nbytes, rows=rows)
     outcome = execute(run, sink, resolved, resume=resume, summary_rows=summary_rows, project=project,
                       source=described, output=output, fingerprint=fingerprint,
                       incremental=None if previous is None else {"since": since,

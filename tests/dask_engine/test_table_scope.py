@@ -469,6 +469,30 @@ def test_a_graph_for_a_local_scheduler_searches_in_one_task_at_any_partitions(cl
     assert sum(len(v) for v in plan.shadowed.values()) > 0
 
 
+def test_a_table_of_listed_rows_searches_in_one_task_on_a_cluster(client, parquet_dir, tmp_path, monkeypatch):
+    """A table whose reader lists its rows (parquet footers) finds its candidates in one task on a
+    cluster at any partitions up to ONE_TASK_ROWS rows: the sharded graph's ~3.5 x partitions**2
+    tasks cost the scheduler far more than the search of a table of many small files. Above it the
+    partitions decide. The same rows either way."""
+    from distributed import get_task_stream
+
+    import datamask_dask
+    from datamask_dask.dedup import search
+
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 2)  # the 4 files are "many"
+    found = {}
+    for limit in (1600, 1599):  # the table's rows, and one fewer
+        monkeypatch.setattr(search, "ONE_TASK_ROWS", limit)
+        with get_task_stream(client) as stream:
+            datamask_dask.select_table(parquet_dir, tmp_path / f"out{limit}", 0.1, scheduler=client, **FAST)
+        stages = {stage for task in stream.data for stage in ("candidates", "records")
+                  if f"datamask-plan-duplicates-{stage}" in str(task["key"])}
+        written = pd.read_parquet(tmp_path / f"out{limit}", columns=["chunk_id", "selected"])
+        found[limit] = stages, sorted(written.loc[written["selected"], "chunk_id"])
+    assert found[1600][0] == {"candidates"} and found[1599][0] == {"records"}
+    assert found[1600][1] == found[1599][1] and len(found[1600][1]) == 160
+
+
 def _plan_digest(plan) -> str:
     return repr([getattr(plan, k) for k in ("rows", "cells", "ranges", "dim", "digests")] +
                 [sorted((k, v.tolist()) for k, v in plan.shadowed.items())])

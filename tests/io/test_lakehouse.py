@@ -24,7 +24,7 @@ from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 import datamask_dask  # noqa: E402
 from datamask_dask.errors import OptionError  # noqa: E402
 from datamask_dask.io import parquet  # noqa: E402
-from datamask_dask.io.delta import read_delta, write_delta  # noqa: E402
+from datamask_dask.io.delta import delta_pieces, read_delta, write_delta  # noqa: E402
 from datamask_dask.io.iceberg import read_iceberg, write_iceberg  # noqa: E402
 from datamask_dask.io.output import UnsafeOutputError, read_record  # noqa: E402
 from datamask_dask.io.storage import resolve  # noqa: E402
@@ -98,6 +98,18 @@ def test_delta_read_partitions_projection_and_time_travel(delta_source):
 
     when = datetime.datetime.fromtimestamp(stamp / 1000, tz=datetime.UTC)
     assert len(read_delta(delta_source, timestamp=when)) == FIRST
+
+
+def test_delta_pieces_take_their_rows_from_the_log(delta_source, tmp_path):
+    """Each data file's rows come from the log's statistics (a run wires its near-duplicate search for
+    them), matched to the files whose partition folders hold URL-encoded values."""
+    table = pa.table({"chunk_id": np.arange(12), "lang": ["en us", "50%", "de"] * 4, "n": np.arange(12)})
+    deltalake.write_deltalake(tmp_path / "parts", table, partition_by=["lang"])
+    deltalake.write_deltalake(tmp_path / "parts", table.slice(0, 5), mode="append", partition_by=["lang"])
+    for path in (delta_source, tmp_path / "parts"):
+        pieces = delta_pieces(path, columns=["chunk_id"])
+        assert pieces.rows == [pieces.read(i).num_rows for i in range(len(pieces))]
+    assert sum(delta_pieces(tmp_path / "parts").rows) == 17
 
 
 @pytest.mark.slow

@@ -213,6 +213,8 @@ def test_a_uri_whose_filesystem_is_not_installed_names_the_package():
 
 def test_s3_parquet_to_a_delta_table_on_s3(s3, s3_corpus, local_run, capsys):
     deltalake = pytest.importorskip("deltalake", reason="deltalake is not installed (the lakehouse extra)")
+    from datamask_dask.io.delta import delta_pieces
+
     assert main(["select", "--input", s3_corpus, "--output", "delta+s3://lake/delta-out", *FLAGS]) == 0
     assert "-> delta+s3://lake/delta-out" in capsys.readouterr().out
     options = {"AWS_ENDPOINT_URL": s3["endpoint_url"], "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
@@ -220,6 +222,8 @@ def test_s3_parquet_to_a_delta_table_on_s3(s3, s3_corpus, local_run, capsys):
     table = deltalake.DeltaTable("s3://lake/delta-out", storage_options=options).to_pyarrow_table()
     selected = set(table.filter(table.column("selected")).column("chunk_id").to_pylist())
     assert table.num_rows == 1800 and selected == _selected_ids(local_run)
+    pieces = delta_pieces("s3://lake/delta-out", columns=["chunk_id"], storage_options=options)
+    assert pieces.rows == [pieces.read(i).num_rows for i in range(len(pieces))]  # from the log, on S3 too
     # the Python door of a frame, the table's storage options given as deltalake takes them
     write_selection(read_parquet(s3_corpus, storage_options=s3), "delta+s3://lake/delta-api",
                     storage_options=options, **OPTIONS)
