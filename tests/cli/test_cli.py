@@ -110,6 +110,23 @@ def test_groups_named_on_the_command_line_are_the_columns_values_of_any_type(tmp
     assert table.groupby("year")["selected"].sum().to_dict() == {2024: 80, 2025: 0}
 
 
+def test_a_by_column_too_fine_to_take_rows_from_is_told(tmp_path, corpus, capsys):
+    """A group takes round(ratio x its rows): grouped by a column of nearly one row a value (an id, a
+    score), most groups take none, and the run says why its selection is short."""
+    source, target = tmp_path / "in.parquet", tmp_path / "out"
+    corpus.assign(page=np.arange(len(corpus)) // 2).to_parquet(source)  # 800 groups of 2 rows
+    assert main(["select", "--input", str(source), "--output", str(target), "--by", "page", "--ratio", "0.1",
+                 *FAST_FLAGS]) == 0
+    err = capsys.readouterr().err
+    assert ("by='page' cuts the table into 800 groups, and 800 of them hold too few rows to take one at ratio "
+            "0.1 (a group takes round(ratio x its rows)): they get none; group by a coarser column") in err
+    assert not pq.read_table(target).to_pandas()["selected"].any()
+    assert main(["select", "--input", str(source), "--output", str(target), "--overwrite", "--by", "page",
+                 "--ratio", "0.5", *FAST_FLAGS]) == 0  # round(0.5 x 2) = 1 a group: nothing to tell
+    assert "coarser column" not in capsys.readouterr().err
+    assert pq.read_table(target).to_pandas()["selected"].sum() == 800
+
+
 def test_config_file_value_is_used_without_the_flag(tmp_path, corpus, capsys):
     source = tmp_path / "in.parquet"
     corpus.iloc[:200].to_parquet(source)
