@@ -136,12 +136,21 @@ def _plain(value, kind):
     return None if value is None else kind(value)
 
 
+TEXT_COLUMN = "text"  # the text functions' default column (datamask_dask.text)
+
+
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
     """What the dataframe's declared schema (``meta``) lacks or types wrongly for ``spec``."""
     columns = spec.plan_columns + spec.select_columns + ([spec.id_column] if spec.check_ids else [])
     missing = adapters.missing_columns(meta, columns, None)
     if missing:
-        return [Problem(message, name) for name, message in missing]
+        # a table of documents yet to be scored or embedded: name the steps that add the columns
+        computed = {spec.embedding_column, *(name for name, _ in spec.quality)}
+        hint = (f", or compute the quality and embedding columns from the {TEXT_COLUMN!r} column with "
+                "score_quality and embed (on the command line: datamask score and datamask embed, or "
+                f"datamask select --text-column {TEXT_COLUMN})"
+                if TEXT_COLUMN in meta.columns and computed & {name for name, _ in missing} else "")
+        return [Problem(message + hint, name) for name, message in missing]
     problems = []
     try:
         adapters.check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column, None)

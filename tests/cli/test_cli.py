@@ -118,8 +118,9 @@ def test_a_by_column_too_fine_to_take_rows_from_is_told(tmp_path, corpus, capsys
     assert main(["select", "--input", str(source), "--output", str(target), "--by", "page", "--ratio", "0.1",
                  *FAST_FLAGS]) == 0
     err = capsys.readouterr().err
-    assert ("by='page' cuts the table into 800 groups, and 800 of them hold too few rows to take one at ratio "
-            "0.1 (a group takes round(ratio x its rows)): they get none; group by a coarser column") in err
+    told = ("by='page' cuts the table into 800 groups, and 800 of them hold too few rows to take one at "
+            "ratio 0.1 (a group takes round(ratio x its rows)): they get none; group by a coarser column")
+    assert told in err
     assert not pq.read_table(target).to_pandas()["selected"].any()
     assert main(["select", "--input", str(source), "--output", str(target), "--overwrite", "--by", "page",
                  "--ratio", "0.5", *FAST_FLAGS]) == 0  # round(0.5 x 2) = 1 a group: nothing to tell

@@ -467,6 +467,25 @@ def test_missing_column_is_named_with_the_available_ones(corpus):
         datamask_select(dd.from_pandas(corpus, npartitions=2), ratio="0.1")
 
 
+def test_a_table_of_documents_is_told_how_to_add_quality_and_embeddings(corpus):
+    """A table of text alone lacks the columns the text functions add: the message names them, and
+    they do it."""
+    from datamask_dask import embed, score_quality
+
+    documents = dd.from_pandas(corpus[["chunk_id", "text"]].iloc[:200], npartitions=2)
+    with pytest.raises(InputDataError) as caught:
+        datamask_select(documents, ratio=0.1)
+    assert str(caught.value).endswith(
+        "or by=, or compute the quality and embedding columns from the 'text' column with score_quality "
+        "and embed (on the command line: datamask score and datamask embed, or datamask select "
+        "--text-column text)")
+    with pytest.raises(InputDataError) as caught:  # the id is the user's own: nothing to compute
+        datamask_select(dd.from_pandas(corpus.rename(columns={"chunk_id": "doc"}), npartitions=2), ratio=0.1)
+    assert str(caught.value).endswith("or by=")
+    out = datamask_select(embed(score_quality(documents)), ratio=0.1, **FAST).compute()
+    assert out["selected"].sum() == 20
+
+
 def test_column_missing_from_one_partition(corpus):
     frames = [corpus.iloc[:400], corpus.iloc[400:800], corpus.iloc[800:].drop(columns="quality_score")]
     with pytest.raises(InputDataError, match=r"partition 2: there is no column 'quality_score'"):
