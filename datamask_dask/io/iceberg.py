@@ -153,7 +153,10 @@ def iceberg_pieces(catalog, identifier, snapshot_id=None, columns=None, row_filt
     tasks.sort(key=lambda task: task.file.file_path)
     source = {"format": "iceberg", "catalog": cat.name, "identifier": _identifier(identifier),
               "snapshot_id": None if snapshot is None else snapshot.snapshot_id, "files": len(tasks)}
-    return Pieces(schema, tasks, TaskReader(args, schema), source)
+    # a data file's rows, as the manifests state them, are the task's where nothing is deleted or filtered
+    whole = row_filter is None and not any(task.delete_files for task in tasks)
+    rows = [task.file.record_count for task in tasks] if whole else None
+    return Pieces(schema, tasks, TaskReader(args, schema), source, rows)
 
 
 class TaskReader:

@@ -25,7 +25,7 @@ import datamask_dask  # noqa: E402
 from datamask_dask.errors import OptionError  # noqa: E402
 from datamask_dask.io import parquet  # noqa: E402
 from datamask_dask.io.delta import delta_pieces, read_delta, write_delta  # noqa: E402
-from datamask_dask.io.iceberg import read_iceberg, write_iceberg  # noqa: E402
+from datamask_dask.io.iceberg import iceberg_pieces, read_iceberg, write_iceberg  # noqa: E402
 from datamask_dask.io.output import UnsafeOutputError, read_record  # noqa: E402
 from datamask_dask.io.storage import resolve  # noqa: E402
 from datamask_dask.io.tables import parse_table_uri, read_table  # noqa: E402
@@ -320,6 +320,9 @@ def test_iceberg_read_scan_tasks_pushdown_and_time_travel(catalog, iceberg_sourc
     assert sorted(small.compute()["chunk_id"].tolist()) == list(range(100))
     assert read_iceberg(catalog, "ns.source", row_filter="chunk_id >= 1500").npartitions == 1  # file pruned
     assert len(read_iceberg(catalog, "ns.source", snapshot_id=iceberg_source)) == FIRST
+    pieces = iceberg_pieces(catalog, "ns.source", columns=["chunk_id"])  # rows from the manifests
+    assert pieces.rows == [pieces.read(i).num_rows for i in range(len(pieces))]
+    assert iceberg_pieces(catalog, "ns.source", row_filter="chunk_id < 100").rows is None  # a bound only
 
 
 def test_iceberg_round_trip_by_uri(catalog, catalog_properties, iceberg_source, caplog):
