@@ -14,8 +14,9 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    With ``diversity_scope="table"`` (the default) each task keeps its scan instead (checks and
    SimHash signatures, ~44 bytes a row; the plan rows are persisted) and near-duplicates across
    the table are set aside with the search the Dask operator's graph runs, so both engines select
-   the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions the
-   signatures are collected and the candidates found on the driver in one task; beyond, by the
+   the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions or
+   ``ONE_TASK_ROWS`` rows (the scans count them) the signatures are collected and the candidates
+   found on the driver in one task; beyond, by the
    sharded stages on the executors (:mod:`datamask_spark.shards`); the candidates are confirmed on
    exact cosine on the executors and only the summaries are collected (the same groups).
 2. **Packs** (eager, at call time, only where the plan has packs: table scope, consecutive
@@ -228,12 +229,13 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None, vectors=None) -> list
 
     With ``diversity_scope="table"`` the rows hold scans, and near-duplicates across the table are
     set aside by the search the Dask operator runs (:func:`datamask_dask.dedup.search.one_task`
-    decides where its candidates are found by the partitions; the same groups either way): on the
-    driver for a few partitions (each partition's signatures collected, ~44 bytes a row,
+    decides where its candidates are found by the partitions and the rows the scans count; the same
+    groups either way): on the driver for a few partitions or rows (each partition's signatures
+    collected, ~44 bytes a row,
     :func:`datamask_spark.shards.searched_summaries`), else by the sharded stages on the executors
     (:func:`datamask_spark.shards.sharded_summaries`); the candidates are confirmed on exact cosine
-    on the executors, and only the summaries reach the driver (and, for a few partitions, the
-    confirmed edges, which the driver groups). The scans are persisted meanwhile
+    on the executors, and only the summaries reach the driver (and, searched there, the confirmed
+    edges, which the driver groups). The scans are persisted meanwhile
     (:func:`datamask_spark.shards.cached`), without their embeddings, which the exact check reads
     again: ``vectors(function)`` runs a ``mapInArrow`` function over the input's embedding column
     (task ``k`` on partition ``k``). ``then``: called once every partition is scanned.
@@ -252,7 +254,7 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None, vectors=None) -> list
             raise pickle.loads(scans.where(f"partition = {failed[0]}").first()["payload"])["error"]  # noqa: S301 (this job's own task payloads)
         n_rows = sum(row["rows"] for row in heads)
         n_parts = max((row["partition"] for row in heads), default=-1) + 1
-        search = searched_summaries if one_task(n_parts) else sharded_summaries
+        search = searched_summaries if one_task(n_parts, n_rows) else sharded_summaries
         return gather_summaries(search(scans, spec.duplicate_cosine, n_rows, n_parts, vectors), spec)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from datamask_dask.dedup.groups import DuplicateGroups
-from datamask_dask.dedup.search import ONE_TASK_PARTITIONS, find_groups, one_task
+from datamask_dask.dedup.search import ONE_TASK_PARTITIONS, ONE_TASK_ROWS, find_groups, one_task
 from datamask_dask.dedup.simhash import SIGNATURE_BITS, hamming_threshold, hyperplanes, signatures
 from datamask_dask.dedup.stages import (
     CANDIDATES,
@@ -287,8 +287,10 @@ def test_a_chain_whose_ends_are_apart(quality, shadowed, kept):
         assert sum(len(g.shadowed) for g in groups) == len(shadowed)  # the noise rows stay
 
 
-def test_the_wiring_follows_the_partitions_only():
+def test_the_wiring_follows_the_partitions_and_the_rows_where_known():
     assert one_task(1) and one_task(ONE_TASK_PARTITIONS) and not one_task(ONE_TASK_PARTITIONS + 1)
+    assert one_task(10**4, ONE_TASK_ROWS) and not one_task(10**4, ONE_TASK_ROWS + 1)
+    assert one_task(ONE_TASK_PARTITIONS, 10**12)  # few partitions: one task at any rows
 
 
 def test_small_tables_take_the_stages_in_one_process(monkeypatch):

@@ -80,6 +80,7 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
     from datamask_dask.dedup import search
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)  # the sharded stages (both engines in this process)
+    monkeypatch.setattr(search, "ONE_TASK_ROWS", 0)  # whatever the rows Spark counts in its plan pass
     copies = corpus.iloc[:300].assign(chunk_id=corpus["chunk_id"].iloc[:300] + 100_000)
     table = pd.concat([corpus, copies], ignore_index=True)  # exact copies, in the last partitions
     path = tmp_path / "with-copies"
@@ -97,11 +98,11 @@ def test_spark_and_dask_shadow_the_same_rows_with_the_sharded_search(spark, corp
 @pytest.mark.parametrize(("persist", "one_task"), [("allowed", False), ("refused", False), ("allowed", True)])
 def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark, tmp_path, monkeypatch,
                                                                           persist, one_task):
-    """Above ONE_TASK_PARTITIONS Spark's plan runs the sharded stages as DataFrame steps, up to it
-    finds the candidates on the driver; either way the exact check runs on the executors: the
-    driver collects summaries, never a scan, and the plan's shadowed rows and kept rows' weights
-    (chains of near-copies, and copies around the threshold, included) are those of the Dask graph
-    on the same partitions. A session that refuses to persist (serverless Spark Connect) gets the
+    """Above ONE_TASK_PARTITIONS and ONE_TASK_ROWS Spark's plan runs the sharded stages as DataFrame
+    steps, up to either it finds the candidates on the driver; either way the exact check runs on the
+    executors: the driver collects summaries, never a scan, and the plan's shadowed rows and kept
+    rows' weights (chains of near-copies, and copies around the threshold, included) are those of the
+    Dask graph on the same partitions. A session that refuses to persist (serverless Spark Connect) gets the
     same plan, with a warning."""
     import contextlib
 
@@ -129,7 +130,14 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
                           "text": [f"document {i}" for i in range(n)]})
     path = tmp_path / "near-copies"
     datamask_dask.write_parquet(dd.from_pandas(table, npartitions=6, sort=False), path)
-    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 0)  # 0: the sharded stages
+    # more partitions than one task takes: the table's rows, which the plan pass counts, decide
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)
+    monkeypatch.setattr(search, "ONE_TASK_ROWS", n if one_task else n - 1)
+    searches = []
+    for name in ("searched_summaries", "sharded_summaries"):
+        real_search = getattr(spark_operator, name)
+        monkeypatch.setattr(spark_operator, name, lambda *args, name=name, real_search=real_search:
+                            searches.append(name) or real_search(*args))
     collected = []
     real = spark_operator.gather_summaries
     monkeypatch.setattr(spark_operator, "gather_summaries",
@@ -143,6 +151,7 @@ def test_the_sharded_search_runs_on_the_executors_and_gives_dask_s_groups(spark,
         refused = pytest.warns(RuntimeWarning, match="Spark cannot persist")  # the scans, the parent links
     with refused:
         _, plan = spark_operator.plan_selection(sdf, 0.2, seed=7, **FAST)
+    assert searches == ["searched_summaries" if one_task else "sharded_summaries"]
     assert all("summary" in pickle.loads(row["payload"]) for row in collected[0])  # no scan on the driver
     expected = dask_plan(datamask_dask.read_parquet(path), 0.2, seed=7, **FAST)[1].compute(scheduler="sync")
     assert sum(len(v) for v in plan.shadowed.values()) > 200
@@ -673,6 +682,7 @@ def test_spark_and_dask_give_the_same_reasons(sdf, parquet_dir, monkeypatch, sha
 
     if sharded:
         monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)
+        monkeypatch.setattr(search, "ONE_TASK_ROWS", 0)
     options = {"ratio": 0.1, "seed": 7, "prune": 0.3, "explain": True, **FAST}
     out = sdf.transform(datamask_select, **options)
     assert out.columns[-4:] == ["selected", "reason", "duplicate_of", "similarity"]

@@ -48,6 +48,7 @@ def test_connect_runs_the_sharded_search_on_the_executors(connect, parquet_dir, 
     from datamask_dask.dedup import search
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 0)
+    monkeypatch.setattr(search, "ONE_TASK_ROWS", 0)  # whatever the rows Spark counts in its plan pass
     calls = []
     monkeypatch.setattr(operator, "sharded_summaries",
                         lambda *args: calls.append(args) or shards_on_spark(*args))
