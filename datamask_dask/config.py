@@ -29,6 +29,7 @@ the profile's other keys and lose to keyword arguments::
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -230,6 +231,13 @@ def resolve_options(config: str | os.PathLike | Mapping | SelectOptions | None =
                 check_value(FIELDS[name], settings[name])
             except OptionError as exc:  # on the command line the flag's name alone would mislead
                 raise OptionError(f"{exc} (set as {name}: in {source})") from exc
+    if profile == "gpu" and backend == "pandas" and not str(settings["device"]).startswith("cuda"):
+        # its chunks are sized for a GPU's learner; on the CPU they take far longer than the cpu profile's
+        logging.getLogger(__name__).warning(
+            "profile 'gpu' on pandas partitions, which device=%r learns on the CPU: its chunks of up to %s "
+            "rows are sized for a GPU; use the cpu profile (config='cpu', --config cpu), or device='cuda' "
+            "(--device cuda) where the workers have GPUs",
+            settings["device"], settings["max_chunk_rows"])
     return SelectOptions.from_settings(settings, profile=profile, given=given)
 
 

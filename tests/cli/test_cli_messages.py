@@ -77,7 +77,12 @@ def test_profiles_by_name_and_the_summary_names_it(source, tmp_path, capsys):
     assert "profile cpu" in out and "with start-up" in out
     assert main(["select", "--input", str(source), "--output", str(tmp_path / "o2"), "--config", "gpu",
                  "--device", "cpu", *FLAGS]) == 0
-    assert "profile gpu" in capsys.readouterr().out
+    told = capsys.readouterr()
+    assert "profile gpu" in told.out
+    # its GPU-sized chunks learned on the CPU: said once, with the way out
+    assert told.err.count("profile 'gpu' on pandas partitions, which device='cpu' learns on the CPU: "
+                          "its chunks of up to 1000000 rows are sized for a GPU; use the cpu profile "
+                          "(config='cpu', --config cpu)") == 1
     assert main(["select", "--input", str(source), "--output", str(tmp_path / "o3"), "--config", "cpx"]) == 1
     assert "did you mean 'cpu'" in capsys.readouterr().err
 
