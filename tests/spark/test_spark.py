@@ -302,13 +302,13 @@ def test_columns_named_with_dots_and_spaces_select_the_same_rows(sdf, tmp_path):
     names = {"chunk_id": "doc.id", "quality_score": "quality score", "feature_arr": "feature.arr"}
     dotted = sdf.withColumnsRenamed(names)
     options = {"id_column": "doc.id", "quality_column": "quality score", "embedding_column": "feature.arr"}
-    for extra in ({}, {"pieces": "regions"}):
-        out = dotted.transform(datamask_select, ratio=0.1, seed=7, **options, **extra, **FAST)
-        assert out.columns == [*dotted.columns, "selected"]
-        chosen = {row["doc.id"] for row in out.where("selected").select("`doc.id`").collect()}
-        plain = sdf.transform(datamask_select, ratio=0.1, seed=7, **extra, **FAST)
-        assert chosen == {row["chunk_id"] for row in plain.where("selected").select("chunk_id").collect()}
-    write_selection(dotted, tmp_path / "out", ratio=0.1, seed=7, **options, **FAST)
+    regions = {"pieces": "regions"}  # every pass: plan, exact check, curves, packs, select
+    out = dotted.transform(datamask_select, ratio=0.1, seed=7, **options, **regions, **FAST)
+    assert out.columns == [*dotted.columns, "selected"]
+    chosen = {row["doc.id"] for row in out.where("selected").select("`doc.id`").collect()}
+    plain = sdf.transform(datamask_select, ratio=0.1, seed=7, **regions, **FAST)
+    assert chosen == {row["chunk_id"] for row in plain.where("selected").select("chunk_id").collect()}
+    write_selection(dotted, tmp_path / "out", ratio=0.1, seed=7, **options, **regions, **FAST)
     written = pq.read_table(tmp_path / "out").to_pandas()
     assert list(written.columns) == [*dotted.columns, "selected"]
     assert set(written.loc[written["selected"], "doc.id"]) == chosen
