@@ -5,10 +5,12 @@ task holds more than a shard of the table.
 
 The stages have two wirings, which give the same groups:
 
-- **Task to task** (:func:`task_groups`, up to ``SHUFFLE_PARTITIONS`` partitions): every records
-  task sends one piece to every bucket task, in memory, one band a round. Cheapest where it fits,
-  but its edges grow as the partitions squared (about 3.5 x partitions**2 tasks), which no
-  scheduler holds at 10**4 partitions.
+- **Task to task** (:func:`task_groups`, up to ``SHUFFLE_PARTITIONS`` partitions' worth of shards):
+  every records task sends one piece to every bucket task, in memory, one band a round. Cheapest
+  where it fits, but its edges grow as the shards squared (about 3.5 x partitions**2 tasks at 4
+  partitions a shard), which no scheduler holds at 10**4 partitions. Where the table's rows are
+  known, a shard holds at least ``SHARD_ROWS`` rows (:func:`shard_partitions`), so a table of many
+  small partitions has few shards.
 - **DataFrame shuffles** (:func:`shuffled_groups`, above): every all-to-all step is a Dask
   DataFrame shuffle by :func:`shuffle_method`. A p2p shuffle has O(partitions) tasks, so the graph
   grows about linearly; each record is converted to Arrow and back and written to disk on the
@@ -65,6 +67,9 @@ __all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
 # Tables of more partitions take the DataFrame shuffles: the task-to-task graph grows as partitions**2
 # and is scheduled task by task, while the shuffles cost more worker time per row but keep a flat peak.
 SHUFFLE_PARTITIONS = 256
+# Where the rows are known, a shard (and a vector block) takes consecutive partitions up to about this
+# many rows, 4 partitions at least: its tasks hold ~56 bytes a row of one band's records (~14 MB).
+SHARD_ROWS = 250_000
 # A graph built for a local scheduler (threads: one process holds every task's result) finds its
 # candidates in one task at any number of partitions: the sharded graph's tasks, or a shuffle's in
 # memory, cost the local scheduler far more than the search, and spread no memory across machines.
@@ -108,11 +113,22 @@ def table_groups(inputs: list, cosine: float, vectors: list | None = None, known
         if vectors is None:
             found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
             return [found[i] for i in range(len(inputs))]
-        return task_groups(inputs, cosine, None, vectors)  # candidates in one task, checked in shards
+        # candidates in one task, checked in blocks
+        return task_groups(inputs, cosine, None, vectors, shard_partitions(len(inputs), known_rows))
     counts = [named_task(_PREFIX, _rows_of, part) for part in inputs]
     rows = named_task(_PREFIX, sum, listed(_PREFIX, counts))
-    wiring = task_groups if len(inputs) <= SHUFFLE_PARTITIONS else shuffled_groups
-    return wiring(inputs, cosine, rows, vectors)
+    per = shard_partitions(len(inputs), known_rows)
+    if shard_count(len(inputs), per) <= shard_count(SHUFFLE_PARTITIONS, PARTITIONS_PER_SHARD):
+        return task_groups(inputs, cosine, rows, vectors, per)
+    return shuffled_groups(inputs, cosine, rows, vectors)
+
+
+def shard_partitions(n_parts: int, known_rows: int | None) -> int:
+    """Consecutive partitions a shard of the task-to-task wiring takes: ``PARTITIONS_PER_SHARD``, or
+    where the table's rows are known, as many as hold about ``SHARD_ROWS`` rows."""
+    if not known_rows or not n_parts:
+        return PARTITIONS_PER_SHARD
+    return max(PARTITIONS_PER_SHARD, int(SHARD_ROWS * n_parts // known_rows))
 
 
 def _rows_of(part: dict) -> int:
@@ -250,7 +266,8 @@ def rereads(vectors: list) -> list:
     return found
 
 
-def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) -> list:
+def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None,
+                per: int = PARTITIONS_PER_SHARD) -> list:
     """:func:`table_groups`' stages wired task to task, in memory. The exchange has ~shards**2 edges, so the
     graph is written as one task dict (a Delayed call per task merges its arguments' graphs each
     time: quadratic in the graph). Bands go in rounds, each round's records made once the previous
@@ -258,16 +275,16 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
     56 bytes a row). ``rows`` None: the candidates come from one task
     (:func:`~datamask_dask.dedup.search.candidate_edges`) instead, and ``vectors`` are required.
     With ``vectors`` the candidates are confirmed on exact cosine in one vector block per
-    ``PARTITIONS_PER_SHARD`` partitions (:func:`~datamask_dask.dedup.stages.attach_block`,
+    ``per`` partitions (:func:`~datamask_dask.dedup.stages.attach_block`,
     :func:`~datamask_dask.dedup.stages.confirm_block`), each reading its partitions again.
     """
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
     n_parts = len(inputs)
-    shards = shard_count(n_parts, PARTITIONS_PER_SHARD)
-    row_shards = shard_count(n_parts, PARTITIONS_PER_ROW_SHARD)
-    token = tokenize(inputs, cosine, rows, vectors)
+    shards = shard_count(n_parts, per)  # key shards; row shards take 4 times their partitions
+    row_shards = shard_count(n_parts, per * PARTITIONS_PER_ROW_SHARD // PARTITIONS_PER_SHARD)
+    token = tokenize(inputs, cosine, rows, vectors, per)
     exact, held = vectors is not None, []
     layer = f"{_PREFIX}-{token}"
     dsk: dict = {}
@@ -289,11 +306,11 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
         plan = task("plan", (), band_plan, rows.key)
         # one records task per block of partitions (a shard's worth): the shuffle's picks grow with
         # blocks x shards, not partitions x shards
-        firsts = range(0, n_parts, PARTITIONS_PER_SHARD)
+        firsts = range(0, n_parts, per)
         done, edges = None, [[] for _ in range(row_shards)]
         for r, bands in enumerate(band_rounds(BANDS, ROUND_BANDS)):
             records = [task("records", (r, first), _block_records,
-                            [part.key for part in inputs[first:first + PARTITIONS_PER_SHARD]], first, plan,
+                            [part.key for part in inputs[first:first + per]], first, plan,
                             shards, bands, done) for first in firsts]
             buckets = [task("buckets", (r, s), bucket_edges, [pick(x, s) for x in records], row_shards,
                             cosine, exact) for s in range(shards)]
@@ -305,7 +322,6 @@ def task_groups(inputs: list, cosine: float, rows, vectors: list | None = None) 
             edges = [edges[t] + [pick(p, t) for p in pieces] for t in range(row_shards)]
     if vectors is not None:
         # each row shard's candidates to the vector blocks of their better rows, then of their worse
-        per = PARTITIONS_PER_SHARD
         blocks, firsts = shard_count(n_parts, per), range(0, n_parts, per)
         found_reads = rereads(vectors)
         reads = [r if isinstance(r, _Reread) else r.key for r in found_reads]

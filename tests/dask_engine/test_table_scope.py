@@ -493,6 +493,33 @@ def test_a_table_of_listed_rows_searches_in_one_task_on_a_cluster(client, parque
     assert found[1600][1] == found[1599][1] and len(found[1600][1]) == 160
 
 
+def test_shards_of_known_rows_take_as_many_small_partitions_as_a_shard_holds(client, monkeypatch):
+    """With the table's rows known, the sharded graph's shards and vector blocks take consecutive
+    partitions up to SHARD_ROWS rows (at least PARTITIONS_PER_SHARD): a table of many small partitions
+    gets few shards, so far fewer tasks, and the same plan."""
+    from datamask_dask.config import resolve_options
+    from datamask_dask.dask_engine import operator
+    from datamask_dask.dedup import dask_graph, search
+    from datamask_dask.sample_data import make_corpus
+
+    monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)
+    monkeypatch.setattr(search, "ONE_TASK_ROWS", 0)  # the sharded stages at any rows
+    monkeypatch.setattr(dask_graph, "SHARD_ROWS", 360)  # 6 of the 12 partitions of 60 rows
+    assert dask_graph.shard_partitions(12, None) == 4 and dask_graph.shard_partitions(12, 720) == 6
+    assert dask_graph.shard_partitions(12, 10**6) == 4  # large partitions: 4 a shard, as without rows
+    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    spec = operator.make_spec(ddf, resolve_options(ratio=0.1))
+    plans, tasks = {}, {}
+    for known in (None, 720):
+        with client.as_current():
+            graph = dict(operator.plan_graph(ddf, spec, known).__dask_graph__())
+        tasks[known] = sum("datamask-plan-duplicates" in str(key) for key in graph)
+        plans[known] = operator.compute_plan(ddf, spec, scheduler=client, progress=False, known_rows=known)[0]
+    assert tasks[720] < 0.7 * tasks[None], tasks  # 2 shards, not 3: the picks grow as shards squared
+    assert _plan_digest(plans[720]) == _plan_digest(plans[None])
+    assert sum(len(v) for v in plans[720].shadowed.values()) > 0
+
+
 def _plan_digest(plan) -> str:
     return repr([getattr(plan, k) for k in ("rows", "cells", "ranges", "dim", "digests")] +
                 [sorted((k, v.tolist()) for k, v in plan.shadowed.items())])
