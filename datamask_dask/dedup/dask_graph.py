@@ -64,8 +64,9 @@ from .stages import (
 
 __all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
 
-# Tables of more partitions take the DataFrame shuffles: the task-to-task graph grows as partitions**2
-# and is scheduled task by task, while the shuffles cost more worker time per row but keep a flat peak.
+# Tables of more shards than this many partitions make (at 4 a shard) take the DataFrame shuffles: the
+# task-to-task graph grows as shards**2 and is scheduled task by task, while the shuffles cost more
+# worker time per row but keep a flat peak.
 SHUFFLE_PARTITIONS = 256
 # Where the rows are known, a shard (and a vector block) takes consecutive partitions up to about this
 # many rows, 4 partitions at least: its tasks hold ~56 bytes a row of one band's records (~14 MB).
