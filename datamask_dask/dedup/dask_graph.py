@@ -108,17 +108,16 @@ def table_groups(inputs: list, cosine: float, vectors: list | None = None, known
     the module notes) follows the partitions, the table's rows where ``known_rows`` gives them, and
     whether a cluster runs the graph, all known when it is built, and the groups are the same
     whichever it takes; no task holds the table's embeddings."""
+    per = shard_partitions(len(inputs), known_rows)  # a shard's and a vector block's partitions
     # the Client the graph is built for: the current one (the writers make their scheduler current
     # while they build it) or Dask's default; None on a local scheduler
     if one_task(len(inputs), known_rows) or (LOCAL_ONE_TASK and client_of(None) is None):
         if vectors is None:
             found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
             return [found[i] for i in range(len(inputs))]
-        # candidates in one task, checked in blocks
-        return task_groups(inputs, cosine, None, vectors, shard_partitions(len(inputs), known_rows))
+        return task_groups(inputs, cosine, None, vectors, per)  # candidates in one task, checked in blocks
     counts = [named_task(_PREFIX, _rows_of, part) for part in inputs]
     rows = named_task(_PREFIX, sum, listed(_PREFIX, counts))
-    per = shard_partitions(len(inputs), known_rows)
     if shard_count(len(inputs), per) <= shard_count(SHUFFLE_PARTITIONS, PARTITIONS_PER_SHARD):
         return task_groups(inputs, cosine, rows, vectors, per)
     return shuffled_groups(inputs, cosine, rows, vectors)
