@@ -52,6 +52,7 @@ from dask.sizeof import sizeof
 from .. import progress as progress_bars
 from ..config import resolve_options
 from ..dedup.dask_graph import table_groups
+from ..dedup.search import one_task
 from ..graph_keys import listed, named
 from ..learn.options import parameters
 from ..options import FIELDS, OPERATOR_KEYS, SelectOptions
@@ -361,6 +362,18 @@ def partitions(ddf) -> list:
     return named(ddf.to_delayed(), "datamask-read")
 
 
+def listed_rows(ddf) -> int | None:
+    """``ddf``'s rows where its reader lists them without reading a partition (Dask's parquet reader,
+    from the files' footers, as ``len(ddf)`` takes them), else None: a filtered or persisted frame."""
+    from dask.dataframe.dask_expr._expr import Lengths, Literal
+
+    try:
+        lengths = Lengths(ddf.expr).optimize(fuse=False)
+    except Exception:  # a source that cannot say (a reader of another backend, say): not known
+        return None
+    return int(sum(lengths.value)) if isinstance(lengths, Literal) else None
+
+
 # --------------------------------------------------------------------------- plan pass
 
 
@@ -372,7 +385,8 @@ def plan_graph(ddf, spec: SelectSpec, known_rows: int | None = None):
     (:func:`~datamask_dask.partition.checks.scan_partition`), sketched without its shadowed rows
     (and with its kept rows' weights) once the near-duplicate groups of the whole table are found
     (:func:`datamask_dask.dedup.dask_graph.table_groups`, wired for ``known_rows``, the table's rows
-    where its reader listed them). The rest works on their small results only.
+    where its reader listed them, by default :func:`listed_rows`). The rest works on their small
+    results only.
     """
     parts = column_reads(ddf, spec.plan_columns)
     if spec.diversity_scope == "table":
@@ -386,7 +400,9 @@ def plan_graph(ddf, spec: SelectSpec, known_rows: int | None = None):
         reads = column_reads(ddf, [spec.embedding_column], name="datamask-plan-vectors")
         vectors = [dask.delayed(adapters.embedding_rows, pure=True)(
             read, i, dask_key_name=_key("datamask-plan-rows", read, i)) for i, read in enumerate(reads)]
-        groups = table_groups(inputs, spec.duplicate_cosine, vectors, known_rows)  # of the whole table
+        # the rows matter only where the partitions alone do not settle the wiring
+        rows = known_rows if known_rows is not None or one_task(len(parts)) else listed_rows(ddf)
+        groups = table_groups(inputs, spec.duplicate_cosine, vectors, rows)  # of the whole table
         summaries = [dask.delayed(summarise_scan, pure=True)(
             scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))
             for i, scan in enumerate(scans)]

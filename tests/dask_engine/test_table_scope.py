@@ -469,11 +469,14 @@ def test_a_graph_for_a_local_scheduler_searches_in_one_task_at_any_partitions(cl
     assert sum(len(v) for v in plan.shadowed.values()) > 0
 
 
-def test_a_table_of_listed_rows_searches_in_one_task_on_a_cluster(client, parquet_dir, tmp_path, monkeypatch):
-    """A table whose reader lists its rows (parquet footers) finds its candidates in one task on a
-    cluster at any partitions up to ONE_TASK_ROWS rows: the sharded graph's ~3.5 x partitions**2
-    tasks cost the scheduler far more than the search of a table of many small files. Above it the
-    partitions decide. The same rows either way."""
+@pytest.mark.parametrize("door", ["select_table", "datamask_select"])
+def test_a_table_of_listed_rows_searches_in_one_task_on_a_cluster(door, client, parquet_dir, tmp_path,
+                                                                   monkeypatch):
+    """A table whose reader lists its rows (parquet footers: the package's reader, or Dask's
+    ``dd.read_parquet`` handed to ``datamask_select``) finds its candidates in one task on a cluster
+    at any partitions up to ONE_TASK_ROWS rows: the sharded graph's ~3.5 x partitions**2 tasks cost
+    the scheduler far more than the search of a table of many small files. Above it the partitions
+    decide. The same rows either way."""
     from distributed import get_task_stream
 
     import datamask_dask
@@ -484,10 +487,16 @@ def test_a_table_of_listed_rows_searches_in_one_task_on_a_cluster(client, parque
     for limit in (1600, 1599):  # the table's rows, and one fewer
         monkeypatch.setattr(search, "ONE_TASK_ROWS", limit)
         with get_task_stream(client) as stream:
-            datamask_dask.select_table(parquet_dir, tmp_path / f"out{limit}", 0.1, scheduler=client, **FAST)
+            if door == "select_table":
+                out = tmp_path / f"out{limit}"
+                datamask_dask.select_table(parquet_dir, out, 0.1, scheduler=client, **FAST)
+                written = pd.read_parquet(out, columns=["chunk_id", "selected"])
+            else:
+                ddf = dd.read_parquet(parquet_dir)
+                written = client.compute(datamask_dask.datamask_select(ddf, 0.1, scheduler=client, **FAST)
+                                         ).result()
         stages = {stage for task in stream.data for stage in ("candidates", "records")
                   if f"datamask-plan-duplicates-{stage}" in str(task["key"])}
-        written = pd.read_parquet(tmp_path / f"out{limit}", columns=["chunk_id", "selected"])
         found[limit] = stages, sorted(written.loc[written["selected"], "chunk_id"])
     assert found[1600][0] == {"candidates"} and found[1599][0] == {"records"}
     assert found[1600][1] == found[1599][1] and len(found[1600][1]) == 160
@@ -507,7 +516,9 @@ def test_shards_of_known_rows_take_as_many_small_partitions_as_a_shard_holds(cli
     monkeypatch.setattr(dask_graph, "SHARD_ROWS", 360)  # 6 of the 12 partitions of 60 rows
     assert dask_graph.shard_partitions(12, None) == 4 and dask_graph.shard_partitions(12, 720) == 6
     assert dask_graph.shard_partitions(12, 10**6) == 4  # large partitions: 4 a shard, as without rows
-    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    listed = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    ddf = dd.from_delayed(listed.to_delayed(), meta=listed._meta)  # rows not listed
+    assert operator.listed_rows(ddf) is None and operator.listed_rows(listed) == 720
     spec = operator.make_spec(ddf, resolve_options(ratio=0.1))
     plans, tasks = {}, {}
     for known in (None, 720):
