@@ -68,8 +68,14 @@ def problems_error(problems: list[Problem], kind: type[DataMaskError] = InputDat
 
 
 class WorkerMemoryError(DataMaskError):
-    """Workers died running a task, which is what a worker out of memory does (the message says
-    which task, and what to change)."""
+    """Workers ran out of memory: they died running a task, or Dask paused one for good (the message
+    says which task or worker, and what to change)."""
+
+
+#: What makes a job's tasks fit its workers, for the messages of :class:`WorkerMemoryError`.
+SMALLER_TASKS = ("give the workers more memory (memory_limit=) or fewer threads each, split the input into "
+                 "smaller partitions (ddf.repartition(npartitions=...)), or set max_chunk_rows= or "
+                 "memory_budget= to learn in smaller chunks (a different chunking selects different rows)")
 
 
 @contextlib.contextmanager
@@ -83,7 +89,5 @@ def worker_deaths_explained():
             raise
         task = getattr(exc, "task", None) or str(exc)
         raise WorkerMemoryError(
-            f"the workers died while running task {task!r}, which is what a worker out of memory does: give "
-            "the workers more memory (memory_limit=) or fewer threads each, split the input into smaller "
-            "partitions (ddf.repartition(npartitions=...)), or set max_chunk_rows= or memory_budget= to "
-            "learn in smaller chunks (a different chunking selects different rows)") from exc
+            f"the workers died while running task {task!r}, which is what a worker out of memory does: "
+            f"{SMALLER_TASKS}") from exc

@@ -84,3 +84,52 @@ def test_bad_data_fails_in_the_plan_pass_before_anything_is_written(tmp_path, so
         write_selection(bad, target, overwrite=True, scheduler="threads", **OPTIONS)
     assert _files(target) == before
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no work directory: no partition was learned
+
+
+@pytest.mark.slow
+def test_a_worker_paused_for_good_fails_the_job_naming_it(monkeypatch):
+    """A worker whose process stays past Dask's pause share of its memory limit (memory no task result
+    holds, so nothing Dask spills or frees brings it back) never starts the tasks it holds, and Dask
+    waits for ever: the computation fails after STALL_SECONDS, naming the worker, what it holds and
+    what to change, and its futures are cancelled."""
+    import re
+    import threading
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    from datamask_dask import progress
+    from datamask_dask.errors import WorkerMemoryError
+
+    def hold(limit: int) -> int:  # in the worker: fill its process to 90% of its limit, and keep it
+        import psutil
+        from distributed import get_worker
+
+        room = int(0.9 * limit) - psutil.Process().memory_info().rss
+        get_worker().held = np.ones(max(room, 0), dtype=np.uint8)
+        return room
+
+    monkeypatch.setattr(progress, "STALL_SECONDS", 3.0)
+    limit = 1 << 30
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit,
+                      dashboard_address=":0") as local, Client(local, set_as_default=False) as client:
+        held = dask.delayed(hold)(limit)
+        after = dask.delayed(lambda room: room)(held)  # the worker's next task, which it never starts
+        caught: list[BaseException] = []
+
+        def job() -> None:
+            try:
+                progress.compute(after, scheduler=client, progress=False)
+            except Exception as exc:
+                caught.append(exc)
+
+        waiting = threading.Thread(target=job, daemon=True)
+        waiting.start()
+        waiting.join(60)
+        assert not waiting.is_alive(), "the job is still waiting on the paused worker"
+        status = client.run_on_scheduler(lambda dask_scheduler: [ws.status.name for ws in
+                                                                  dask_scheduler.workers.values()])
+    assert status == ["paused"]  # paused it stays: the job, not Dask, ended the wait
+    assert len(caught) == 1 and isinstance(caught[0], WorkerMemoryError), caught
+    assert re.search(r"worker tcp://.* has been paused for \d+ s with tasks it will not start: its process "
+                     r"holds .* of its 1\.00 GiB memory limit.*more memory \(memory_limit=\)", str(caught[0]))
