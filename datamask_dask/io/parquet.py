@@ -97,13 +97,15 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
         if not fragments:  # a directory without data files: a table of no columns would be read
             raise InputDataError(f"{location.uri} holds no parquet files: point to a parquet file or a "
                                  "directory of them (hive key=value folders too)")
-        schema = pa.schema([f for f in dataset.schema if not _ANONYMOUS_INDEX.match(f.name)])
-        pieces, counts, sizes, partition_names = [], [], [], {}
+        pieces, counts, sizes, partition_names, footers, distinct = [], [], [], {}, {}, []
         for fragment in fragments:
             keys = ds.get_partition_keys(fragment.partition_expression)
             partition_names.update(dict.fromkeys(keys))
             groups, rows, size = [], 0, 0
             metadata = fragment.metadata
+            if not any(metadata.schema.equals(seen) for seen in distinct):  # most tables: one schema
+                distinct.append(metadata.schema)
+                footers[fragment.path] = metadata.schema.to_arrow_schema()
             for index in range(metadata.num_row_groups):
                 group = metadata.row_group(index)
                 n_rows = group.num_rows
@@ -128,8 +130,37 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
                 pieces.append((fragment.path, tuple(groups), keys))
                 counts.append(rows)
                 sizes.append(size)
+    schema = pa.schema([f for f in table_schema(dataset.schema, footers)
+                        if not _ANONYMOUS_INDEX.match(f.name)])
     return Pieces(schema, pieces, ParquetReader(schema, list(partition_names), filesystem),
                   {"format": "parquet", "uri": location.uri}, counts, sizes)
+
+
+def table_schema(first: pa.Schema, footers: dict[str, pa.Schema]) -> pa.Schema:
+    """The schema of a table whose files may differ (``first``: pyarrow's, from the first file, with the
+    hive keys; ``footers``: a file's of each distinct schema): every column some file holds, each in the type that holds all
+    its files' values (float32 and float64: float64), as Spark's ``mergeSchema`` reads them. A column a
+    file lacks is null in its rows (:class:`ParquetReader`); no file's column is left out."""
+    try:
+        return pa.unify_schemas([first, *(schema.remove_metadata() for schema in footers.values())],
+                                promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        for name in dict.fromkeys(n for schema in footers.values() for n in schema.names):
+            held = [(schema.field(name), path) for path, schema in footers.items() if name in schema.names]
+            for (field, path), (other, there) in itertools.pairwise(held):
+                if not _merge(field, other):
+                    raise InputDataError(f"column {name!r} is {field.type} in {path} and {other.type} in "
+                                         f"{there}, types no one column holds: write the files with one type "
+                                         "for it") from exc
+        raise InputDataError(f"the table's files have schemas that do not merge: {exc}") from exc
+
+
+def _merge(one: pa.Field, other: pa.Field) -> bool:
+    try:
+        pa.unify_schemas([pa.schema([one]), pa.schema([other])], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return False
+    return True
 
 
 def read_parquet(path: str | os.PathLike, *, columns: list[str] | None = None,
@@ -242,8 +273,8 @@ class ParquetReader:
                 arrays.append(pa.repeat(pa.scalar(keys.get(name), type=field.type), table.num_rows))
             elif name in table.column_names:
                 arrays.append(table.column(name).cast(field.type))
-            else:  # pyarrow skips a column a file lacks
-                raise InputDataError(f"{path} has no column {name!r}: every file of the table needs it")
+            else:  # a column other files of the table hold (table_schema)
+                arrays.append(pa.nulls(table.num_rows, field.type))
         return pa.table(arrays, names=columns)
 
 

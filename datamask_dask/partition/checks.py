@@ -126,6 +126,12 @@ def ids_of(frame, spec: SelectSpec, rows: np.ndarray) -> str:
     return f" (ids {adapters.host_values(frame, spec.id_column).iloc[rows[:SHOW]].tolist()})"
 
 
+def _all_null(series) -> bool:
+    """Every value null, not NaN: as a column that a file of the table lacks is read (Arrow types tell
+    the two apart; numpy's floats do not)."""
+    return not isinstance(series.dtype, np.dtype) and bool(series.isna().all())
+
+
 def quality_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
     """The (weighted) quality of each row, float64; NaN, infinite or overflowing values raise."""
     total = np.zeros(len(frame), dtype=np.float64)
@@ -133,8 +139,10 @@ def quality_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
         values = adapters.numeric_values(frame, name, where)
         bad = np.flatnonzero(~np.isfinite(values))
         if bad.size:
-            raise _error(f"{where}: quality column {name!r} has {bad.size} NaN or infinite value(s) at rows "
-                         f"{bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: fill or drop them before "
+            lacking = bad.size == len(frame) and _all_null(adapters.host_values(frame, name))
+            whole = " (every row null: does a file of the table lack the column?)" if lacking else ""
+            raise _error(f"{where}: quality column {name!r} has {bad.size} NaN or infinite value(s){whole} "
+                         f"at rows {bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: fill or drop them before "
                          "selecting", name, bad)
         total += weight * values
     # The learner works in float32: larger magnitudes would become infinite there.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -66,3 +67,33 @@ def test_a_directory_without_parquet_files_is_named(tmp_path):
     (tmp_path / "empty" / "lang=en").mkdir(parents=True)
     with pytest.raises(InputDataError, match=r"empty holds no parquet files: point to a parquet file"):
         read_parquet(tmp_path / "empty")
+
+
+def test_files_of_differing_columns_are_read_as_one_table_and_no_column_is_left_out(tmp_path, corpus):
+    """A table whose files grew a column (Spark's mergeSchema, as pyarrow's reader does not: it takes
+    the first file's columns and drops the rest): every column some file holds is read and written, null
+    in the rows of the files that lack it; a column stored as float32 in one file and float64 in another
+    is read as float64. Types no one column holds are refused before any task, naming the files."""
+    from datamask_dask import InputDataError, select_table
+
+    table = pa.Table.from_pandas(corpus, preserve_index=False).replace_schema_metadata(None)
+    source = tmp_path / "in"
+    source.mkdir()
+    pq.write_table(table.slice(0, 800), source / "part.0.parquet")
+    grown = table.slice(800).append_column("source", pa.array(["web"] * (len(corpus) - 800)))
+    grown = grown.set_column(1, "quality_score", grown.column("quality_score").cast(pa.float32()))
+    pq.write_table(grown, source / "part.1.parquet")
+    assert parquet_pieces(source).schema.field("quality_score").type == pa.float64()
+    select_table(source, tmp_path / "out", 0.1, n_epochs=20, n_rollout=8)
+    written = pq.read_table(tmp_path / "out")
+    assert written.column("source").null_count == 800 and written.column("source")[800].as_py() == "web"
+    np.testing.assert_array_equal(written.column("quality_score").to_numpy()[800:],
+                                  grown.column("quality_score").to_numpy().astype(np.float64))
+    assert pc.sum(written.column("selected")).as_py() == len(corpus) // 10
+
+    numbers = pa.array(np.arange(grown.num_rows))
+    pq.write_table(grown.set_column(3, "text", numbers), source / "part.1.parquet")
+    with pytest.raises(InputDataError, match=r"column 'text' is \w*string in .*part\.0\.parquet and int64 in "
+                                             r".*part\.1\.parquet"):
+        select_table(source, tmp_path / "again", 0.1)
+    assert not (tmp_path / "again").exists()
