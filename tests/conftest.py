@@ -20,6 +20,14 @@ from datamask_dask.sample_data import make_corpus
 FAST = {"n_epochs": 20, "n_rollout": 8}
 
 
+def unlisted(frame):
+    """``frame`` as a Dask DataFrame whose rows Dask does not list (as a filtered or persisted frame's):
+    the plan wires its near-duplicate search by its partitions alone (``operator.listed_rows``)."""
+    import dask.dataframe as dd
+
+    return dd.from_delayed(frame.to_delayed(), meta=frame._meta)
+
+
 def require_lakehouse():
     """Skip the calling test module unless the lakehouse extra is installed (deltalake, and pyiceberg
     with its SQL catalog); returns the deltalake module."""

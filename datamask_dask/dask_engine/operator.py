@@ -51,8 +51,7 @@ from dask.sizeof import sizeof
 
 from .. import progress as progress_bars
 from ..config import resolve_options
-from ..dedup.dask_graph import table_groups
-from ..dedup.search import one_task
+from ..dedup.dask_graph import table_groups, wired_by_rows
 from ..graph_keys import listed, named
 from ..learn.options import parameters
 from ..options import FIELDS, OPERATOR_KEYS, SelectOptions
@@ -400,8 +399,7 @@ def plan_graph(ddf, spec: SelectSpec, known_rows: int | None = None):
         reads = column_reads(ddf, [spec.embedding_column], name="datamask-plan-vectors")
         vectors = [dask.delayed(adapters.embedding_rows, pure=True)(
             read, i, dask_key_name=_key("datamask-plan-rows", read, i)) for i, read in enumerate(reads)]
-        # the rows matter only where the partitions alone do not settle the wiring
-        rows = known_rows if known_rows is not None or one_task(len(parts)) else listed_rows(ddf)
+        rows = known_rows if known_rows is not None or not wired_by_rows(len(parts)) else listed_rows(ddf)
         groups = table_groups(inputs, spec.duplicate_cosine, vectors, rows)  # of the whole table
         summaries = [dask.delayed(summarise_scan, pure=True)(
             scan, groups[i], dask_key_name=_key("datamask-plan-partition", scan, i))

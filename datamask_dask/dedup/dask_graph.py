@@ -62,7 +62,7 @@ from .stages import (
     vector_block,
 )
 
-__all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups"]
+__all__ = ["shuffle_method", "shuffled_groups", "table_groups", "task_groups", "wired_by_rows"]
 
 # Tables of more shards than this many partitions make (at 4 a shard) take the DataFrame shuffles: the
 # task-to-task graph grows as shards**2 and is scheduled task by task, while the shuffles cost more
@@ -109,9 +109,7 @@ def table_groups(inputs: list, cosine: float, vectors: list | None = None, known
     whether a cluster runs the graph, all known when it is built, and the groups are the same
     whichever it takes; no task holds the table's embeddings."""
     per = shard_partitions(len(inputs), known_rows)  # a shard's and a vector block's partitions
-    # the Client the graph is built for: the current one (the writers make their scheduler current
-    # while they build it) or Dask's default; None on a local scheduler
-    if one_task(len(inputs), known_rows) or (LOCAL_ONE_TASK and client_of(None) is None):
+    if one_task(len(inputs), known_rows) or not wired_by_rows(len(inputs)):
         if vectors is None:
             found = named_task(_PREFIX, find_groups, listed(_PREFIX, inputs), cosine, nout=len(inputs))
             return [found[i] for i in range(len(inputs))]
@@ -121,6 +119,13 @@ def table_groups(inputs: list, cosine: float, vectors: list | None = None, known
     if shard_count(len(inputs), per) <= shard_count(SHUFFLE_PARTITIONS, PARTITIONS_PER_SHARD):
         return task_groups(inputs, cosine, rows, vectors, per)
     return shuffled_groups(inputs, cosine, rows, vectors)
+
+
+def wired_by_rows(n_parts: int) -> bool:
+    """Whether the table's rows can change the wiring of :func:`table_groups` for ``n_parts``
+    partitions: not where the partitions alone make it one task, nor on a local scheduler (no
+    Client is current or Dask's default while the graph is built: the writers make theirs current)."""
+    return not one_task(n_parts) and not (LOCAL_ONE_TASK and client_of(None) is None)
 
 
 def shard_partitions(n_parts: int, known_rows: int | None) -> int:

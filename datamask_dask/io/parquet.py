@@ -138,9 +138,10 @@ def parquet_pieces(path: str | os.PathLike, rows_per_partition: int = 1_000_000,
 
 def table_schema(first: pa.Schema, footers: dict[str, pa.Schema]) -> pa.Schema:
     """The schema of a table whose files may differ (``first``: pyarrow's, from the first file, with the
-    hive keys; ``footers``: a file's of each distinct schema): every column some file holds, each in the type that holds all
-    its files' values (float32 and float64: float64), as Spark's ``mergeSchema`` reads them. A column a
-    file lacks is null in its rows (:class:`ParquetReader`); no file's column is left out."""
+    hive keys; ``footers``: one file's schema of each distinct one): every column some file holds, each
+    in the type that holds all its files' values (float32 and float64: float64), as Spark's
+    ``mergeSchema`` reads them. A column a file lacks is null in its rows (:class:`ParquetReader`); no
+    file's column is left out."""
     try:
         return pa.unify_schemas([first, *(schema.remove_metadata() for schema in footers.values())],
                                 promote_options="permissive")

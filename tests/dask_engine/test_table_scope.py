@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from conftest import FAST
+from conftest import FAST, unlisted
 
 from datamask_dask import datamask_select
 from datamask_dask.dedup.search import find_groups
@@ -388,7 +388,7 @@ def _plan_tasks(n_parts: int) -> int:
     from datamask_dask.dask_engine.operator import plan_selection
     from datamask_dask.sample_data import make_corpus
 
-    ddf = dd.from_pandas(make_corpus(n_parts * 20, 8, seed=1), npartitions=n_parts, sort=False)
+    ddf = unlisted(dd.from_pandas(make_corpus(n_parts * 20, 8, seed=1), npartitions=n_parts, sort=False))
     return len(dict(plan_selection(ddf, 0.1)[1].__dask_graph__()))
 
 
@@ -453,7 +453,7 @@ def test_a_graph_for_a_local_scheduler_searches_in_one_task_at_any_partitions(cl
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)
-    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    ddf = unlisted(dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False))
     local = operator.plan_selection(ddf, 0.1)[1]
     on_cluster = operator.plan_selection(ddf, 0.1, scheduler=client)[1]  # not Dask's default Client
 
@@ -517,7 +517,7 @@ def test_shards_of_known_rows_take_as_many_small_partitions_as_a_shard_holds(cli
     assert dask_graph.shard_partitions(12, None) == 4 and dask_graph.shard_partitions(12, 720) == 6
     assert dask_graph.shard_partitions(12, 10**6) == 4  # large partitions: 4 a shard, as without rows
     listed = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
-    ddf = dd.from_delayed(listed.to_delayed(), meta=listed._meta)  # rows not listed
+    ddf = unlisted(listed)
     assert operator.listed_rows(ddf) is None and operator.listed_rows(listed) == 720
     spec = operator.make_spec(ddf, resolve_options(ratio=0.1))
     plans, tasks = {}, {}
@@ -545,7 +545,7 @@ def test_a_plan_computed_now_is_the_lazy_plan(one_task, monkeypatch):
 
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 32 if one_task else 4)
     monkeypatch.setattr(dask_graph, "LOCAL_ONE_TASK", False)  # the graphs a cluster runs
-    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    ddf = unlisted(dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False))
     spec, lazy = operator.plan_selection(ddf, 0.1)
     lazy = lazy.compute(scheduler="sync")
     now, _ = operator.compute_plan(ddf, spec, scheduler="threads", progress=False)
@@ -575,7 +575,7 @@ def test_the_writers_plan_is_the_same_with_any_wiring_of_the_search(client, monk
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
-    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    ddf = unlisted(dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False))
     spec = operator.make_spec(ddf, resolve_options(ratio=0.1))
     methods, choose = [], search.shuffle_method
     monkeypatch.setattr(search, "shuffle_method", lambda: methods.append(choose()) or methods[-1])
@@ -599,7 +599,7 @@ def test_the_lazy_plan_is_the_same_with_either_sharded_wiring(client, monkeypatc
     from datamask_dask.sample_data import make_corpus
 
     monkeypatch.setattr(one, "ONE_TASK_PARTITIONS", 4)
-    ddf = dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False)
+    ddf = unlisted(dd.from_pandas(make_corpus(12 * 60, 8, seed=3), npartitions=12, sort=False))
     digests = []
     for limit in (10**9, 4):  # task to task; DataFrame shuffles (p2p: the client is current)
         monkeypatch.setattr(search, "SHUFFLE_PARTITIONS", limit)
@@ -621,7 +621,7 @@ def test_the_plan_graph_holds_each_task_once(monkeypatch):
     monkeypatch.setattr(search, "ONE_TASK_PARTITIONS", 4)
     monkeypatch.setattr(dask_graph, "LOCAL_ONE_TASK", False)  # the graph a cluster runs
 
-    ddf = dd.from_pandas(make_corpus(12 * 50, 8, seed=1), npartitions=12, sort=False)
+    ddf = unlisted(dd.from_pandas(make_corpus(12 * 50, 8, seed=1), npartitions=12, sort=False))
     graph = plan_selection(ddf, 0.1)[1].__dask_graph__()
     layers = [set(layer.keys()) for layer in graph.layers.values()]
     unique = set().union(*layers)
