@@ -219,8 +219,11 @@ def check_embedding_type(dtype, name, where: str | None) -> None:
         return
     if not (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
             or pa.types.is_fixed_size_list(pa_type)):
+        blob = pa.types.is_binary(pa_type) or pa.types.is_large_binary(pa_type)
+        packed = ": bytes of packed floats decode into one with numpy.frombuffer(value, numpy.float32), " \
+            "a row at a time" if blob else ""
         raise InputDataError(f"{at(where)}embedding column {name!r} has Arrow type {pa_type}; expected a "
-                             "list or fixed-size list of floats")
+                             f"list or fixed-size list of floats{packed}")
     value = pa_type.value_type
     if not (pa.types.is_floating(value) or pa.types.is_integer(value) or pa.types.is_decimal(value)):
         raise InputDataError(f"{at(where)}embedding column {name!r} holds lists of {value}, not numbers: "

@@ -535,6 +535,30 @@ def test_embeddings_turned_into_text_by_dask(corpus):
         datamask_select(ddf, ratio=0.1)
 
 
+def test_embeddings_stored_as_bytes_are_told_how_to_decode(corpus, tmp_path):
+    """Packed float32 bytes (how some pipelines store a vector) are not a list column: the message says
+    how to decode them, and the decoded column selects as the original does."""
+    import pyarrow.parquet as pq
+
+    from datamask_dask.io.parquet import read_parquet
+
+    table = pa.Table.from_pandas(corpus, preserve_index=False).replace_schema_metadata(None)
+    vectors = np.stack(corpus["feature_arr"].to_numpy()).astype(np.float32)
+    packed = table.set_column(2, "feature_arr", pa.array([row.tobytes() for row in vectors], pa.binary()))
+    pq.write_table(packed, tmp_path / "packed.parquet")
+    told = (r"embedding column 'feature_arr' has Arrow type binary; expected a list or fixed-size list of "
+            r"floats: bytes of packed floats decode into one with numpy\.frombuffer\(value, numpy\.float32\)")
+    with pytest.raises(InputDataError, match=told):
+        datamask_select(read_parquet(tmp_path / "packed.parquet"), ratio=0.1, **FAST)
+    decoded = [np.frombuffer(value, np.float32) for value in packed.column("feature_arr").to_pylist()]
+    dim = vectors.shape[1]
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array(np.concatenate(decoded)), dim)
+    pq.write_table(packed.set_column(2, "feature_arr", fixed), tmp_path / "decoded.parquet")
+    selected = datamask_select(read_parquet(tmp_path / "decoded.parquet"), ratio=0.1, **FAST).compute()
+    original = datamask_select(dd.from_pandas(corpus, npartitions=1), ratio=0.1, **FAST).compute()
+    assert selected["selected"].tolist() == original["selected"].tolist()
+
+
 @pytest.mark.parametrize("ratio", [0, -0.1, 1.5, "0.1", True])
 def test_ratio_out_of_range(corpus, ratio):
     with pytest.raises(OptionError, match="ratio"):
