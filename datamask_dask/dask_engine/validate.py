@@ -16,7 +16,14 @@ from ..errors import DataMaskError, Problem, messages, problems_error
 from ..partition import adapters
 from ..partition.checks import check_partition, summarise_check
 from ..partition.spec import SelectSpec
-from ..plan.reduce import SHOW, dimension_problems, duplicate_problems, make_plan, unknown_groups
+from ..plan.reduce import (
+    SHOW,
+    dimension_problems,
+    duplicate_problems,
+    make_plan,
+    starved_groups,
+    unknown_groups,
+)
 from .operator import column_reads, id_graph, make_spec, require_dask
 
 
@@ -33,6 +40,7 @@ class ValidationReport:
     planned: dict = field(default_factory=dict)
     tokens: bool = False  # whether the selection is by token budget
     unknown: dict = field(default_factory=dict)  # option -> its per-group keys that no row's group is
+    starved: str | None = None  # the warning where most groups take no row (plan.reduce.starved_groups)
 
     @property
     def ok(self) -> bool:
@@ -58,7 +66,8 @@ class ValidationReport:
         about = "about " if self.tokens else ""  # the rows expected to fill a budget
         unknown = "".join(f"; {option} names {', '.join(map(repr, keys))}, which no row's group is"
                           for option, keys in self.unknown.items())
-        return f"the selection takes {about}{sum(self.planned.values())} rows{shown}{unknown}"
+        starved = f"; {self.starved}" if self.starved else ""
+        return f"the selection takes {about}{sum(self.planned.values())} rows{shown}{unknown}{starved}"
 
     def raise_if_failed(self) -> None:
         """Raise :class:`InputDataError` (or :class:`OptionError`) listing the problems, if any."""
@@ -131,4 +140,5 @@ def validate_table(ddf, ratio=None, *, config=None, scheduler=None, **options) -
             for cell in sorted(cells, key=lambda cell: cell.group):  # the groups in the plan's order
                 report.planned[cell.label] = report.planned.get(cell.label, 0) + max(cell.quota, 0)
             report.tokens, report.unknown = spec.budget is not None, unknown_groups(plan)
+            report.starved = starved_groups(plan)
     return report

@@ -345,19 +345,24 @@ def unknown_groups(plan: Plan) -> dict:
     return out
 
 
-def starved_groups(plan: Plan) -> tuple[int, int]:
-    """``(groups, of them without a row)``: the ``by`` groups with eligible rows under one table-wide
-    ``ratio``, and how many of them a quota rounds to no row (a group takes ``round(ratio * its
-    rows)``). Most of them starved tells of a column too fine to group by, an id or a score."""
+def starved_groups(plan: Plan) -> str | None:
+    """Where most ``by`` groups with eligible rows take no row under one table-wide ``ratio`` (a group
+    takes ``round(ratio * its rows)``), which tells of a column too fine to group by, an id or a score:
+    the warning that says so; else None."""
     if plan.spec.by is None or plan.spec.ratio is None or isinstance(plan.spec.ratio, dict):
-        return 0, 0
+        return None
     eligible: dict = {}
     quota: dict = {}
     for cell in (cell for cells in plan.cells.values() for cell in cells):
         eligible[cell.group] = eligible.get(cell.group, 0) + cell.eligible
         quota[cell.group] = quota.get(cell.group, 0) + max(cell.quota, 0)
     groups = [group for group, rows in eligible.items() if rows]
-    return len(groups), sum(1 for group in groups if not quota[group])
+    starved = sum(1 for group in groups if not quota[group])
+    if starved * 2 <= len(groups):
+        return None
+    return (f"by={plan.spec.by!r} cuts the table into {len(groups)} groups, and {starved} of them hold too "
+            f"few rows to take one at ratio {plan.spec.ratio:g} (a group takes round(ratio x its rows)): "
+            "they get none; group by a coarser column")
 
 
 def _plan_group(label, sketches: list, n_rows: int, ratio, budget, spec: SelectSpec) -> np.ndarray:

@@ -176,11 +176,9 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
         for option, keys in unknown_groups(plan).items():  # legitimate in a filtered or incremental input
             log.warning("%s: %s names group(s) %s that no row's %r holds: they get no rows", sink.uri, option,
                         ", ".join(map(repr, keys)), spec.by)
-        groups, starved = starved_groups(plan)
-        if starved * 2 > groups:
-            log.warning("%s: by=%r cuts the table into %d groups, and %d of them hold too few rows to take "
-                        "one at ratio %g (a group takes round(ratio x its rows)): they get none; group by a "
-                        "coarser column", sink.uri, spec.by, groups, starved, spec.ratio)
+        starved = starved_groups(plan)
+        if starved:
+            log.warning("%s: %s", sink.uri, starved)
         if done:
             log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
                      sink.uri, len(done), len(todo))

@@ -122,6 +122,8 @@ def test_a_by_column_too_fine_to_take_rows_from_is_told(tmp_path, corpus, capsys
             "ratio 0.1 (a group takes round(ratio x its rows)): they get none; group by a coarser column")
     assert told in err
     assert not pq.read_table(target).to_pandas()["selected"].any()
+    assert main(["validate", "--input", str(source), "--by", "page", "--ratio", "0.1"]) == 0  # before a run
+    assert told in capsys.readouterr().out
     assert main(["select", "--input", str(source), "--output", str(target), "--overwrite", "--by", "page",
                  "--ratio", "0.5", *FAST_FLAGS]) == 0  # round(0.5 x 2) = 1 a group: nothing to tell
     assert "coarser column" not in capsys.readouterr().err
