@@ -364,11 +364,11 @@ def partitions(ddf) -> list:
 def listed_rows(ddf) -> int | None:
     """``ddf``'s rows where its reader lists them without reading a partition (Dask's parquet reader,
     from the files' footers, as ``len(ddf)`` takes them), else None: a filtered or persisted frame."""
-    from dask.dataframe.dask_expr._expr import Lengths, Literal
-
     try:
+        from dask.dataframe.dask_expr._expr import Lengths, Literal
+
         lengths = Lengths(ddf.expr).optimize(fuse=False)
-    except Exception:  # a source that cannot say (a reader of another backend, say): not known
+    except Exception:  # a source (or a Dask) that cannot say: not known, the partitions wire the search
         return None
     return int(sum(lengths.value)) if isinstance(lengths, Literal) else None
 

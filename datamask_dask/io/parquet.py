@@ -34,6 +34,7 @@ from .pieces import Pieces, to_dask
 from .storage import Location, missing, reach, resolve, storage_errors
 
 _ANONYMOUS_INDEX = re.compile(r"^__index_level_\d+__$|^__null_dask_index__$")
+_UNMERGED = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)  # what unify_schemas raises
 ROW_GROUP_BYTES = 64 * 2**20  # the writer buffers one row group: this bounds its memory
 
 
@@ -145,7 +146,7 @@ def table_schema(first: pa.Schema, footers: dict[str, pa.Schema]) -> pa.Schema:
     try:
         return pa.unify_schemas([first, *(schema.remove_metadata() for schema in footers.values())],
                                 promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+    except _UNMERGED as exc:
         for name in dict.fromkeys(n for schema in footers.values() for n in schema.names):
             held = [(schema.field(name), path) for path, schema in footers.items() if name in schema.names]
             for (field, path), (other, there) in itertools.pairwise(held):
@@ -159,7 +160,7 @@ def table_schema(first: pa.Schema, footers: dict[str, pa.Schema]) -> pa.Schema:
 def _merge(one: pa.Field, other: pa.Field) -> bool:
     try:
         pa.unify_schemas([pa.schema([one]), pa.schema([other])], promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+    except _UNMERGED:
         return False
     return True
 

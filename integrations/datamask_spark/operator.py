@@ -16,9 +16,9 @@ broadcast or accumulator), so it runs on classic Spark and on Spark Connect alik
    the table are set aside with the search the Dask operator's graph runs, so both engines select
    the same rows (:func:`plan_summaries`): up to ``ONE_TASK_PARTITIONS`` partitions or
    ``ONE_TASK_ROWS`` rows (the scans count them) the signatures are collected and the candidates
-   found on the driver in one task; beyond, by the
-   sharded stages on the executors (:mod:`datamask_spark.shards`); the candidates are confirmed on
-   exact cosine on the executors and only the summaries are collected (the same groups).
+   found on the driver in one task; beyond, by the sharded stages on the executors
+   (:mod:`datamask_spark.shards`); the candidates are confirmed on exact cosine on the executors
+   and only the summaries are collected (the same groups).
 2. **Packs** (eager, at call time, only where the plan has packs: table scope, consecutive
    partitions whose eligible rows fit in one chunk together): one ``mapInArrow`` over the select
    columns emits each member partition's eligible rows of its packed cells
@@ -231,11 +231,11 @@ def plan_summaries(plan_rows, spec: SelectSpec, then=None, vectors=None) -> list
     set aside by the search the Dask operator runs (:func:`datamask_dask.dedup.search.one_task`
     decides where its candidates are found by the partitions and the rows the scans count; the same
     groups either way): on the driver for a few partitions or rows (each partition's signatures
-    collected, ~44 bytes a row,
-    :func:`datamask_spark.shards.searched_summaries`), else by the sharded stages on the executors
-    (:func:`datamask_spark.shards.sharded_summaries`); the candidates are confirmed on exact cosine
-    on the executors, and only the summaries reach the driver (and, searched there, the confirmed
-    edges, which the driver groups). The scans are persisted meanwhile
+    collected, ~44 bytes a row, :func:`datamask_spark.shards.searched_summaries`), else by the
+    sharded stages on the executors (:func:`datamask_spark.shards.sharded_summaries`); the
+    candidates are confirmed on exact cosine on the executors, and only the summaries reach the
+    driver (and, searched there, the confirmed edges, which the driver groups). The scans are
+    persisted meanwhile
     (:func:`datamask_spark.shards.cached`), without their embeddings, which the exact check reads
     again: ``vectors(function)`` runs a ``mapInArrow`` function over the input's embedding column
     (task ``k`` on partition ``k``). ``then``: called once every partition is scanned.
