@@ -7,6 +7,7 @@ threads_per_worker`` threads share the cores instead of every worker grabbing al
 
 from __future__ import annotations
 
+import gc
 import inspect
 import multiprocessing
 import os
@@ -137,6 +138,7 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
     # The workers' statistical profiler samples the running task every 10 ms: it slows numeric tasks.
     configured = dask.config.get("distributed.nanny.pre-spawn-environ", default={})
     spawn_environ = {**_MALLOC_VARIABLES, **configured, **environ}
+    unguarded = ""
     with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_environ,
                           "distributed.worker.profile.enabled": False}):
         try:
@@ -155,9 +157,14 @@ def get_client(kind: str = "cpu", n_workers: int | None = None, threads_per_work
         except RuntimeError as exc:
             import __main__
 
-            if getattr(__main__, "__file__", None) and "failed to start" in str(exc):
-                raise RuntimeError(f"{_MAIN_GUARD} ({exc})") from exc
-            raise
+            if not (getattr(__main__, "__file__", None) and "failed to start" in str(exc)):
+                raise
+            unguarded = f"{_MAIN_GUARD} ({exc})"
+    if unguarded:
+        # Dask's half-started Client is collected now, while its event loop runs: collected at exit,
+        # its close would wait a minute on the stopped loop (so the error is not chained to it either).
+        gc.collect()
+        raise RuntimeError(unguarded)
     client.register_plugin(WorkerSetup(threads_per_worker))
     return client
 

@@ -218,14 +218,19 @@ def test_errors_on_a_cluster_are_one_line(tmp_path, corpus):
     assert lines[0].startswith("datamask: error: partition 0: quality column 'quality_score'")
 
 
-def test_a_script_without_main_guard_is_told_so(tmp_path):
+@pytest.mark.parametrize("default", [True, False])
+def test_a_script_without_main_guard_is_told_so(tmp_path, default):
+    """And it ends there: Dask's half-started Client, left to the interpreter's exit, would wait a minute
+    to close (a Client not made Dask's default is not closed by Dask's own exit hook)."""
     script = tmp_path / "job.py"
-    script.write_text("from datamask_dask import get_client\nclient = get_client('cpu', n_workers=1)\n"
-                      "client.shutdown()\n")
+    script.write_text(f"from datamask_dask import get_client\nclient = get_client('cpu', n_workers=1, "
+                      f"set_as_default={default})\nclient.shutdown()\n")
+    started = time.perf_counter()
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
     assert run.returncode != 0
     assert 'if __name__ == "__main__":' in run.stderr
+    assert time.perf_counter() - started < 30 and "timed out" not in run.stderr, run.stderr[-2000:]
 
 
 def test_a_file_input_over_a_datamask_directory_writes_a_directory(source, tmp_path, capsys):
