@@ -7,7 +7,7 @@ and ``datamask validate`` (:func:`datamask_dask.validate_table`), which collects
 
 What is checked
 ---------------
-Per partition: NaN or infinite quality, missing or negative token counts, null group labels,
+Per partition: NaN, null or infinite quality, missing or negative token counts, null group labels,
 null ids, embeddings that are null, ragged, of another dimension than the rest of the table, NaN
 or infinite, all-zero, or with a norm outside ``NORM_RANGE`` (float32 arithmetic loses them).
 Across partitions (:mod:`datamask_dask.plan.reduce`): duplicate ids and mixed embedding
@@ -141,9 +141,9 @@ def quality_values(frame, spec: SelectSpec, where: str) -> np.ndarray:
         if bad.size:
             lacking = bad.size == len(frame) and _all_null(adapters.host_values(frame, name))
             whole = " (every row null: does a file of the table lack the column?)" if lacking else ""
-            raise _error(f"{where}: quality column {name!r} has {bad.size} NaN or infinite value(s){whole} "
-                         f"at rows {bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: fill or drop them before "
-                         "selecting", name, bad)
+            raise _error(f"{where}: quality column {name!r} has {bad.size} NaN, null or infinite "
+                         f"value(s){whole} at rows {bad[:SHOW].tolist()}{ids_of(frame, spec, bad)}: fill or "
+                         "drop them before selecting", name, bad)
         total += weight * values
     # The learner works in float32: larger magnitudes would become infinite there.
     bad = np.flatnonzero(~(np.abs(total) <= np.finfo(np.float32).max))

@@ -78,8 +78,8 @@ def test_every_problem_is_listed_with_column_partition_and_rows(broken):
                      (2, "feature_arr", (30,)), (None, "chunk_id", ())}
     text = report.summary()
     assert text.startswith("5 problem(s) found:")
-    assert "partition 0: quality column 'quality_score' has 2 NaN or infinite value(s) at rows [3, 9] " \
-           "(ids [3, 9]): fill or drop them" in text
+    assert "partition 0: quality column 'quality_score' has 2 NaN, null or infinite value(s) at rows " \
+           "[3, 9] (ids [3, 9]): fill or drop them" in text
     assert "partition 1: embedding column 'feature_arr' has all-zero vectors in 1 row(s), first at rows " \
            "[10] (ids [410])" in text
     assert "partition 1: embedding column 'feature_arr' has NaN or infinite values in 1 row(s)" in text

@@ -79,8 +79,8 @@ def test_bad_data_fails_in_the_plan_pass_before_anything_is_written(tmp_path, so
     frame = make_corpus(2400, 16, seed=6)
     frame.loc[2000, "quality_score"] = np.inf
     bad = dd.from_pandas(frame, npartitions=N_PARTS, sort=False)
-    with pytest.raises(InputDataError, match=r"partition 6: quality column 'quality_score' has 1 NaN or "
-                                             r"infinite value\(s\) at rows \[200\] \(ids \[2000\]\)"):
+    with pytest.raises(InputDataError, match=r"partition 6: quality column 'quality_score' has 1 NaN, "
+                                             r"null or infinite value\(s\) at rows \[200\] \(ids \[2000\]\)"):
         write_selection(bad, target, overwrite=True, scheduler="threads", **OPTIONS)
     assert _files(target) == before
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no work directory: no partition was learned

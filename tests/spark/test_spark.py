@@ -449,9 +449,9 @@ def test_file_selection_bad_input_names_the_partition_and_file(spark, corpus, tm
         write_file_selection(spark, source, tmp_path / "out", ratio=0.1, check_ids=False, **FAST)
     pq.write_table(table.slice(400, 400), source / "part.1.parquet")
     pq.write_table(table.slice(800, 400).drop_columns(["quality_score"]), source / "part.2.parquet")
-    with pytest.raises(InputDataError, match=r"partition 2: quality column 'quality_score' has 400 NaN or "
-                                             r"infinite value\(s\) \(every row null: does a file of the "
-                                             r"table lack the column\?\)"):
+    with pytest.raises(InputDataError, match=r"partition 2: quality column 'quality_score' has 400 NaN, "
+                                             r"null or infinite value\(s\) \(every row null: does a file "
+                                             r"of the table lack the column\?\)"):
         write_file_selection(spark, source, tmp_path / "out", ratio=0.1, check_ids=False, **FAST)
     (source / "part.3.parquet").write_bytes(b"not parquet")
     with pytest.raises(InputDataError, match=r"part\.3\.parquet.*not a parquet file"):
