@@ -26,7 +26,7 @@ from ..io.output import UnsafeOutputError
 from ..io.parquet import read_row_groups
 from ..io.storage import Location, resolve
 from ..io.tables import parse_table_uri, read_table
-from ..run.summary import RunSummary, unit_rows
+from ..run.summary import YARDSTICK_ROWS, RunSummary, unit_rows
 from .audit import data_files, output_record, quality_of
 
 SAMPLE_ROWS = 5_000  # rows read for the quality and projection figures
@@ -276,6 +276,14 @@ figure { margin: 1em 0; } img { max-width: 100%; border: 1px solid #eee; }
 .audit-group td:last-child { text-align: left; }
 """
 
+# Why a larger output's report has no yardstick, and what its sample understates.
+_NO_YARDSTICK = (f"The share of greedy's gain is measured where the output has at most {YARDSTICK_ROWS:,} "
+                 "rows, on all of them: greedy run on a sample picks for the sample, where a selection "
+                 "made for the whole table (greedy's own too) scores low. Score a larger table's rows with "
+                 "datamask_dask.learn.yardstick.measure.")
+_COVERAGE_SAMPLED = ("Facility's coverage is understated on a sample: each sampled row is covered only by "
+                     "the picks that are in the sample too, not by the nearest pick of the table.")
+
 _CAPTIONS = {
     "curves": "Learning curves: mean objective of the sampled masks per learner step, first chunks.",
     "quality": "Quality distribution of all rows and of the selected rows (densities, on a sample).",
@@ -335,9 +343,12 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
 
     parts += ["<h2>Objective vs baselines</h2>", figure("objective")]
     yardstick = summary.summary.get("yardstick")
+    if yardstick and yardstick["rows"] != rows:  # a record of an earlier version, scored on a sample
+        yardstick = None
+    sampled = summary.summary.get("sample") or {}
     if yardstick:
         parts.append(
-            f"<p id='yardstick'>On {yardstick['rows']} rows of the sample, the selection reaches "
+            f"<p id='yardstick'>On every row of the output, the selection reaches "
             f"<b>{yardstick['share']:.1%}</b> of {html.escape(yardstick['baseline_name'])}'s gain over a "
             f"random pick (objective {yardstick['objective']:.5f}, random {yardstick['random']:.5f}, "
             f"{html.escape(yardstick['baseline_name'])} {yardstick['baseline']:.5f}); quality top-k reaches "
@@ -346,9 +357,12 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
     if not objective.empty:
         threshold = summary.summary.get("duplicate_cosine")
         parts += [_table(objective.reset_index()),
-                  f"<p class='note'>On a sample of {(summary.summary.get('sample') or {}).get('rows')} "
-                  "output rows; "
+                  f"<p class='note'>On a sample of {sampled.get('rows')} output rows; "
                   f"near-duplicate pairs: cosine &ge; {threshold} among each pick's rows.</p>"]
+        if sampled.get("whole") is False and summary.summary.get("algorithm") == "Facility":
+            parts.append(f"<p class='note' id='coverage-sampled'>{html.escape(_COVERAGE_SAMPLED)}</p>")
+    if not yardstick and rows > YARDSTICK_ROWS:
+        parts.append(f"<p class='note' id='no-yardstick'>{html.escape(_NO_YARDSTICK)}</p>")
     if audited is not None:
         parts += _audit_html(audited)
     parts += ["<h2>Learning curves</h2>", figure("curves"),

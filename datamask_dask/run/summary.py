@@ -11,7 +11,8 @@ into every run record, whatever the engine and the sink.
   and on the samples together, the selection's objective against quality top-k and a random pick
   of as many rows, with each pick's near-duplicate pairs. Coverage metrics (Facility) are measured
   on ``REFERENCE_ROWS`` of the sample, the same rows for every pick: an unbiased estimate at a
-  fifth of the cost.
+  fifth of the cost. Where the output has at most ``YARDSTICK_ROWS`` rows, the yardstick on all of
+  them: the selection's share of the best baseline's gain over random.
 
 :class:`RunSummary` reads a record back and turns it into pandas tables.
 """
@@ -29,7 +30,10 @@ import pandas as pd
 from .record import RunRecord
 
 SAMPLE_ROWS = 20_000  # rows of the output the driver reads to compare the selection with baselines
-YARDSTICK_ROWS = 4_000  # of those, the rows greedy runs on for the yardstick (its cost grows as rows^2)
+# The yardstick runs where the output has at most this many rows, on all of them (greedy's cost grows as
+# rows^2). On a sample of a larger output greedy picks for the sample, and a selection made for the whole
+# table scores low there (greedy's own table-wide picks too): that share would say nothing of the table.
+YARDSTICK_ROWS = 4_000
 YARDSTICK_WORK = 2e10  # multiply-adds lazy greedy may cost there (above: stochastic greedy)
 SIGNATURE_ROWS = 100_000  # at most about this many selected rows' signatures and vectors reach the driver,
 VECTOR_BYTES = 16 << 20  # and at most about this many bytes of their float16 vectors
@@ -164,8 +168,9 @@ def summarise_run(parts: list[dict], spec, *, token_column: str | None = None, s
     curves = [{"partition": part["partition"], **curve} for part in parts for curve in part.get("curves", [])]
     summary = {"by": spec.by, "groups": groups, "tokens": tokens, "curves": curves,
                "duplicate_cosine": DUPLICATE_COSINE, "selected_pairs": selected_pairs(parts)}
-    comparison = compare_on_sample(frame, spec, seed=seed)
-    summary["sample"] = {"rows": len(frame), "requested": sample_rows, "seed": seed,
+    whole = len(frame) == sum(part["rows"] for part in parts)
+    comparison = compare_on_sample(frame, spec, seed=seed, whole=whole)
+    summary["sample"] = {"rows": len(frame), "requested": sample_rows, "seed": seed, "whole": whole,
                          **comparison.pop("sample", {}), "stratified": "by partition"}
     summary.update(comparison)
     summary["seconds"] = time.perf_counter() - started
@@ -178,9 +183,10 @@ def sample_columns(spec) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def compare_on_sample(frame: pd.DataFrame, spec, *, seed: int = 0) -> dict:
+def compare_on_sample(frame: pd.DataFrame, spec, *, seed: int = 0, whole: bool = True) -> dict:
     """Objective and near-duplicate pairs of the selection, quality top-k and random on ``frame``, with
-    the run's metric and lamb (``spec.options``)."""
+    the run's metric and lamb (``spec.options``); and the yardstick where ``frame`` is ``whole`` (every
+    row of the output) and at most ``YARDSTICK_ROWS`` rows."""
     from ..learn.baselines import quality_topk, random_selection
     from ..learn.metrics import evaluate_selection
     from ..partition.checks import quality_values
@@ -212,23 +218,20 @@ def compare_on_sample(frame: pd.DataFrame, spec, *, seed: int = 0) -> dict:
                        "diversity": value["diversity"], "rows": k,
                        "near_duplicate_pairs": near_duplicate_pairs(embeddings[np.sort(rows)])}
     out["objective"] = table
-    out["yardstick"] = sample_yardstick(quality, embeddings, mask, algorithm, lamb, seed)
+    out["yardstick"] = yardstick(quality, embeddings, mask, algorithm, lamb) \
+        if whole and len(frame) <= YARDSTICK_ROWS else None
     return out
 
 
-def sample_yardstick(quality, embeddings, mask, algorithm, lamb: float, seed: int) -> dict | None:
-    """The selection's share of the best baseline's gain over random on ``YARDSTICK_ROWS`` rows of the
-    sample (its selected rows among them against every reference picking as many there)."""
+def yardstick(quality, embeddings, mask, algorithm, lamb: float) -> dict | None:
+    """The selection's share of the best baseline's gain over random on every row of a small output."""
     from ..learn.yardstick import measure
 
-    rows = np.arange(len(mask))
-    if len(rows) > YARDSTICK_ROWS:  # drawn apart from the other draws (a third stream of the seed)
-        rows = np.sort(np.random.default_rng([seed, 2]).choice(len(rows), YARDSTICK_ROWS, replace=False))
-    if not 0 < int(mask[rows].sum()) < len(rows):
+    if not 0 < int(mask.sum()) < len(mask):
         return None
-    score = measure(quality[rows], embeddings[rows], mask[rows], algorithm=algorithm, lamb=lamb, seeds=3,
+    score = measure(quality, embeddings, mask, algorithm=algorithm, lamb=lamb, seeds=3,
                     greedy_max_work=YARDSTICK_WORK)
-    return {"rows": len(rows), "selected": int(mask[rows].sum()), **score.as_dict()}
+    return {"rows": len(mask), "selected": int(mask.sum()), **score.as_dict()}
 
 
 def unit_rows(series) -> np.ndarray:

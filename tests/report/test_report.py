@@ -194,6 +194,26 @@ def test_facility_coverage_on_the_sample_is_measured_on_reference_rows(monkeypat
         assert values["diversity"] != value and values["diversity"] == pytest.approx(value, abs=0.02)
 
 
+def test_an_output_larger_than_its_sample_is_not_scored_against_greedy_on_the_sample(tmp_path):
+    """Greedy run on a sample picks for the sample, where the table's own greedy picks score low: a
+    share measured there says nothing of the table's selection. The record has no yardstick above
+    YARDSTICK_ROWS rows, and the report says why and that Facility's coverage is understated."""
+    pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install matplotlib)")
+    from datamask_dask.report import build_report
+    from datamask_dask.run import summary
+
+    ddf = dd.from_pandas(make_corpus(summary.YARDSTICK_ROWS + 800, 16, seed=5), npartitions=4, sort=False)
+    report = write_selection(ddf, tmp_path / "out", 0.1, algorithm="Facility", scheduler="threads",
+                             progress=False, summary_rows=2000, **FAST)
+    section = report.record["summary"]
+    assert section["sample"]["rows"] == 2000 and section["sample"]["whole"] is False
+    assert section["yardstick"] is None and section["objective"]["datamask"]["rows"] > 0
+    page = html.unescape(build_report(tmp_path / "out", tmp_path / "report").read_text(encoding="utf-8"))
+    assert "id='yardstick'" not in page
+    assert "measured where the output has at most 4,000 rows" in page
+    assert "Facility's coverage is understated on a sample" in page
+
+
 def test_near_duplicate_pairs_counts_pairs_once():
     rng = np.random.default_rng(0)
     base = rng.standard_normal((3000, 8)).astype(np.float32)
