@@ -206,7 +206,8 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
 
         started = time.perf_counter()
         summary = summarise_run([{**p["summary"], "partition": p["partition"], "rows": p["rows"],
-                                  "sample": p["sample"], "curves": [*p["summary"].get("curves", []),
+                                  "sample": p["sample"],
+                                  "curves": [*p["summary"].get("curves", []),
                                              *pack_curves.get(p["partition"], [])][:telemetry.MAX_CURVES]}
                                  for p in parts], spec, token_column=options.token_column,
                                 sample_rows=summary_rows, seed=seed)
