@@ -13,8 +13,9 @@ Reasons, one per row, in this order of precedence:
   ``similarity`` is the cosine estimated from the two rows' SimHash signatures.
 - ``quality-pruned``: below the table-wide quality threshold of ``prune``; never eligible.
 - ``quota-exhausted``: eligible, but its group's quota (or token budget) gave its partition or
-  chunk nothing: the quota went to better rows elsewhere.
-- ``not-chosen``: eligible in a chunk with a quota, and the learner chose other rows.
+  chunk (in regions: its area; in context: its piece) nothing: the quota went to better rows elsewhere.
+- ``not-chosen``: eligible in a chunk (its area's pack, its piece) with a quota, and the learner chose
+  other rows.
 - ``budget-exhausted``: the learner chose it, but the token budget of its partition and group
   ran out before it.
 """

@@ -288,7 +288,8 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     root = kept_rows(ids, _links(frame))
     text = text_column if text_column in frame.columns else None
     story = {"id": plain(value), "row": _row(frame, at, id_column, quality, reason, text),
-             "threshold": options.duplicate_cosine, "prune": options.learner.prune}
+             "threshold": options.duplicate_cosine, "prune": options.learner.prune,
+             "pieces": (record.get("pieces") or {}).get("cut", "partitions")}
     kept = int(root[at])
     in_group = np.flatnonzero((root == kept) & (reason == "near-duplicate") & (kept >= 0))
     if in_group.size:
@@ -315,17 +316,26 @@ def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int
     return story
 
 
+# Where the learner met a row, by how the plan cut the table (the run record's ``pieces``).
+_LEARNED_IN = {
+    "regions": ("its area", "the pack of its area (pieces=regions: rows learned with their nearest "
+                            "neighbours in the embedding space, from every partition)"),
+    "context": ("its piece", "the piece it was dealt to (pieces=context)")}
+
+
 def format_story(story: dict) -> str:
     """``datamask explain``'s text for :func:`row_story`."""
     row = story["row"]
     lines = [f"row {row['id']!r}: {row['reason']} (quality {row['quality']:.4g})"]
+    place, learned_in = _LEARNED_IN.get(story.get("pieces", "partitions"),
+                                        ("its partition or chunk", "its chunk"))
     why = {"selected": "it is in the selection",
            "near-duplicate": f"set aside behind row {row['duplicate_of']!r}, a near-duplicate at least "
                              f"as good (estimated cosine {row['similarity'] or float('nan'):.3f}, threshold "
                              f"{story['threshold']})",
            "quality-pruned": f"below the table-wide quality threshold of prune={story['prune']}",
-           "quota-exhausted": "eligible, but its group's quota gave its partition or chunk nothing",
-           "not-chosen": "eligible; the learner chose other rows of its chunk",
+           "quota-exhausted": f"eligible, but its group's quota gave {place} nothing",
+           "not-chosen": f"eligible; the learner chose other rows of {learned_in}",
            "budget-exhausted": "chosen by the learner, but the token budget ran out before it"}
     lines.append(f"  why: {why.get(row['reason'], row['reason'])}")
     if "text" in row:

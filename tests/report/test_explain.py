@@ -179,6 +179,25 @@ def test_explain_command_tells_a_rows_story(parquet_dir, tmp_path, capsys):
     assert "written without explain" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("pieces", "told"), [
+    ("regions", "the learner chose other rows of the pack of its area (pieces=regions"),
+    ("partitions", "the learner chose other rows of its chunk")])
+def test_a_row_not_chosen_is_told_where_the_learner_met_it(tmp_path, pieces, told):
+    """In regions a row is learned with its neighbours from every partition, not in a chunk of its
+    partition: its story says so, from the run record's pieces."""
+    from datamask_dask.report.audit import format_story, row_story
+    from datamask_dask.sample_data import make_corpus
+
+    out = tmp_path / "out"
+    frame = dd.from_pandas(make_corpus(6000, 16, seed=2), npartitions=3, sort=False)
+    report = datamask_dask.write_selection(frame, out, ratio=0.1, algorithm="Facility", max_chunk_rows=2000,
+                                           pieces=pieces, explain=True, scheduler="threads", **FAST)
+    assert report.record["pieces"]["cut"] == pieces
+    written = pd.read_parquet(out, columns=["chunk_id", "reason"])
+    row = written.loc[written["reason"] == "not-chosen", "chunk_id"].iloc[0]
+    assert told in format_story(row_story(out, str(row), neighbours=0))
+
+
 def test_a_selection_only_output_whose_input_is_gone_says_where_it_looked(parquet_dir, tmp_path, capsys):
     import shutil
 
