@@ -327,8 +327,7 @@ def format_story(story: dict) -> str:
     """``datamask explain``'s text for :func:`row_story`."""
     row = story["row"]
     lines = [f"row {row['id']!r}: {row['reason']} (quality {row['quality']:.4g})"]
-    place, learned_in = _LEARNED_IN.get(story.get("pieces", "partitions"),
-                                        ("its partition or chunk", "its chunk"))
+    place, learned_in = _LEARNED_IN.get(story["pieces"], ("its partition or chunk", "its chunk"))
     why = {"selected": "it is in the selection",
            "near-duplicate": f"set aside behind row {row['duplicate_of']!r}, a near-duplicate at least "
                              f"as good (estimated cosine {row['similarity'] or float('nan'):.3f}, threshold "

@@ -359,7 +359,7 @@ def _html(summary: RunSummary, sample: dict, figures: dict, embed: bool, name: s
         parts += [_table(objective.reset_index()),
                   f"<p class='note'>On a sample of {sampled.get('rows')} output rows; "
                   f"near-duplicate pairs: cosine &ge; {threshold} among each pick's rows.</p>"]
-        if sampled.get("whole") is False and summary.summary.get("algorithm") == "Facility":
+        if sampled.get("whole") is False and run.options.learner.metric == "facility":
             parts.append(f"<p class='note' id='coverage-sampled'>{html.escape(_COVERAGE_SAMPLED)}</p>")
     if not yardstick and rows > YARDSTICK_ROWS:
         parts.append(f"<p class='note' id='no-yardstick'>{html.escape(_NO_YARDSTICK)}</p>")

@@ -203,8 +203,8 @@ def test_an_output_larger_than_its_sample_is_not_scored_against_greedy_on_the_sa
     from datamask_dask.run import summary
 
     ddf = dd.from_pandas(make_corpus(summary.YARDSTICK_ROWS + 800, 16, seed=5), npartitions=4, sort=False)
-    report = write_selection(ddf, tmp_path / "out", 0.1, algorithm="Facility", scheduler="threads",
-                             progress=False, summary_rows=2000, **FAST)
+    report = write_selection(ddf, tmp_path / "out", 0.1, algorithm="facility", scheduler="threads",
+                             progress=False, summary_rows=2000, **FAST)  # the name in any case
     section = report.record["summary"]
     assert section["sample"]["rows"] == 2000 and section["sample"]["whole"] is False
     assert section["yardstick"] is None and section["objective"]["datamask"]["rows"] > 0
