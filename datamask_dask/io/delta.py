@@ -47,12 +47,29 @@ def _deltalake():
     return deltalake
 
 
+_ENDPOINT_KEYS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")  # deltalake's spellings
+
+
 def _reach_store(path, storage_options) -> None:
     """A table on S3 is reached through fsspec first, once where a job first meets it (its pieces, its
     record, the sink's check): its store's credentials, endpoint and bucket are then told as for parquet
     (deltalake's own errors are its credential chain's log)."""
     if storage_options is None and os.fspath(path).startswith("s3://"):
         reach(resolve(path))
+
+
+def _store(path, storage_options: dict | None) -> dict | None:
+    """deltalake's options for the table at ``path``: an S3 endpoint given as ``http://`` (the
+    environment's ``AWS_ENDPOINT_URL``, which s3fs and pyarrow take as it is, or the options' own) is
+    allowed, where deltalake alone refuses it without ``AWS_ALLOW_HTTP``; an ``AWS_ALLOW_HTTP`` set
+    anywhere stands."""
+    given = {str(key).lower(): value for key, value in (storage_options or {}).items()}
+    endpoint = next((given[key] for key in _ENDPOINT_KEYS if key in given), None) \
+        or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if (not os.fspath(path).startswith("s3://") or not str(endpoint or "").startswith("http://")
+            or {"aws_allow_http", "allow_http"} & given.keys() or "AWS_ALLOW_HTTP" in os.environ):
+        return storage_options
+    return {**(storage_options or {}), "AWS_ALLOW_HTTP": "true"}
 
 
 def _open(path, version=None, timestamp=None, storage_options=None, fix="change ?version= in the URI"):
@@ -62,7 +79,8 @@ def _open(path, version=None, timestamp=None, storage_options=None, fix="change 
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
     try:
-        table = deltalake.DeltaTable(os.fspath(path), version=version, storage_options=storage_options)
+        table = deltalake.DeltaTable(os.fspath(path), version=version,
+                                     storage_options=_store(path, storage_options))
     except TableNotFoundError as error:
         raise FileNotFoundError(f"the Delta table {path} does not exist (no transaction log there): check "
                                 "the URI") from error
@@ -178,7 +196,7 @@ def delta_record(path, storage_options=None) -> dict | None:
     """The run record of the newest datamask commit of a Delta table, or None."""
     deltalake = _deltalake()
     _reach_store(path, storage_options)
-    if not deltalake.DeltaTable.is_deltatable(os.fspath(path), storage_options=storage_options):
+    if not deltalake.DeltaTable.is_deltatable(os.fspath(path), storage_options=_store(path, storage_options)):
         return None
     return next((r for r in delta_history_records(path, storage_options) if r), None)
 
@@ -229,7 +247,7 @@ class DeltaFiles:
 
         if "://" not in self.root:
             os.makedirs(self.root, exist_ok=True)
-        return fs.PyFileSystem(DeltaStorageHandler(self.root, self.storage_options))
+        return fs.PyFileSystem(DeltaStorageHandler(self.root, _store(self.root, self.storage_options)))
 
     def __call__(self, frame, number: int) -> dict | None:
         """Write one partition's rows as a data file; its add-action fields (None for no rows)."""
@@ -273,7 +291,8 @@ class DeltaSink:
                                         "selection to another table (the input is never modified)")
         check_inputs(self.location, [source for source in self.inputs if source is not None])
         _reach_store(location, self.storage_options)
-        if not _deltalake().DeltaTable.is_deltatable(location, storage_options=self.storage_options):
+        options = _store(location, self.storage_options)
+        if not _deltalake().DeltaTable.is_deltatable(location, storage_options=options):
             # On local disk only: on a store, an interrupted first run's files sit at the table's prefix
             target = self.location
             if target.local and target.exists() and (not target.isdir() or target.list()):
@@ -320,7 +339,7 @@ class DeltaSink:
         properties = deltalake.CommitProperties(custom_metadata={RECORD_KEY: dumps(record)},
                                                 app_transactions=[app])
         schema = variable_lists(schema)
-        if deltalake.DeltaTable.is_deltatable(root, storage_options=self.storage_options):
+        if deltalake.DeltaTable.is_deltatable(root, storage_options=_store(root, self.storage_options)):
             table = _open(root, storage_options=self.storage_options)
             if (table.transaction_version(app.app_id) or 0) < app.version:  # not committed already
                 table.create_write_transaction(actions, self.mode, schema, commit_properties=properties)
@@ -328,7 +347,8 @@ class DeltaSink:
             from deltalake.transaction import create_table_with_add_actions
 
             create_table_with_add_actions(root, deltalake.Schema.from_arrow(schema), actions, mode="error",
-                                          storage_options=self.storage_options, commit_properties=properties)
+                                          storage_options=_store(root, self.storage_options),
+                                          commit_properties=properties)
         if root != self.uri:
             publish(Path(root), Path(self.location.path))
         return {"version": _open(self.uri, storage_options=self.storage_options).version(),
