@@ -347,9 +347,9 @@ def unknown_groups(plan: Plan) -> dict:
 
 def starved_groups(plan: Plan) -> str | None:
     """Where most ``by`` groups with eligible rows take no row under one table-wide ``ratio`` (a group
-    takes ``round(ratio * its rows)``), which tells of a column too fine to group by, an id or a score:
-    the warning that says so; else None."""
-    if plan.spec.by is None or plan.spec.ratio is None or isinstance(plan.spec.ratio, dict):
+    takes ``round(ratio * its rows)``), which tells of a column too fine to group by, an id or a score,
+    or where a table without groups takes none: the warning that says so; else None."""
+    if plan.spec.ratio is None or isinstance(plan.spec.ratio, dict):
         return None
     eligible: dict = {}
     quota: dict = {}
@@ -358,6 +358,10 @@ def starved_groups(plan: Plan) -> str | None:
         quota[cell.group] = quota.get(cell.group, 0) + max(cell.quota, 0)
     groups = [group for group, rows in eligible.items() if rows]
     starved = sum(1 for group in groups if not quota[group])
+    if plan.spec.by is None:
+        return None if not starved else (
+            f"ratio {plan.spec.ratio:g} of the table's {sum(eligible.values())} eligible row(s) is no row "
+            "(the selection takes round(ratio x its rows)): nothing is selected; raise the ratio")
     if starved * 2 <= len(groups):
         return None
     return (f"by={plan.spec.by!r} cuts the table into {len(groups)} groups, and {starved} of them hold too "

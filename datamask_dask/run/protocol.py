@@ -171,7 +171,7 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
                                    defaults=as_json(default_settings()))
         done = work.finished(list(plan.rows), lambda descriptor: sink.holds(work, descriptor))
         todo = [number for number in range(len(plan.rows)) if number not in done]
-        log.info("planned %s: %d rows in %d partitions (%.1f s)", sink.uri, sum(plan.rows), len(plan.rows),
+        log.info("planned %s: %d rows in %d partition(s) (%.1f s)", sink.uri, sum(plan.rows), len(plan.rows),
                  phases["plan"])
         for option, keys in unknown_groups(plan).items():  # legitimate in a filtered or incremental input
             log.warning("%s: %s names group(s) %s that no row's %r holds: they get no rows", sink.uri, option,

@@ -130,6 +130,22 @@ def test_a_by_column_too_fine_to_take_rows_from_is_told(tmp_path, corpus, capsys
     assert pq.read_table(target).to_pandas()["selected"].sum() == 800
 
 
+def test_a_ratio_that_takes_no_row_of_a_small_table_is_told(tmp_path, corpus, capsys):
+    """ratio x rows rounds to no row on a table of a few rows: the run and validate say so, not only
+    the count of 0 selected."""
+    source, target = tmp_path / "in.parquet", tmp_path / "out"
+    corpus.iloc[:4].to_parquet(source)
+    assert main(["select", "--input", str(source), "--output", str(target), *FAST_FLAGS]) == 0
+    told = "ratio 0.1 of the table's 4 eligible row(s) is no row"
+    assert told in capsys.readouterr().err
+    assert main(["validate", "--input", str(source)]) == 0
+    assert told in capsys.readouterr().out
+    assert main(["select", "--input", str(source), "--output", str(target), "--overwrite", "--ratio", "0.25",
+                 *FAST_FLAGS]) == 0
+    assert "is no row" not in capsys.readouterr().err
+    assert pq.read_table(target).to_pandas()["selected"].sum() == 1
+
+
 def test_config_file_value_is_used_without_the_flag(tmp_path, corpus, capsys):
     source = tmp_path / "in.parquet"
     corpus.iloc[:200].to_parquet(source)
