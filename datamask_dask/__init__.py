@@ -53,5 +53,5 @@ __getattr__, __dir__, __all__ = lazy_loader.attach(__name__, submod_attrs={
                         "random_selection", "stochastic_greedy"],
     "partition.adapters": ["embedding_matrix"],
     "sample_data": ["make_corpus", "make_embeddings"],
-    "errors": ["DataMaskError", "InputDataError", "OptionError", "StorageError"],
+    "errors": ["DataMaskError", "DataMaskWarning", "InputDataError", "OptionError", "StorageError"],
 })

@@ -42,6 +42,11 @@ class StorageError(DataMaskError):
         return type(self), (str(self), self.reason)
 
 
+class DataMaskWarning(UserWarning):
+    """What a selection on a Dask or Spark frame tells before it selects (a run's log says the same):
+    ``warnings.filterwarnings("ignore", category=DataMaskWarning)`` silences it."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with the input or the options: ``message`` says what, where and what to do."""

@@ -77,7 +77,7 @@ from ..partition.select import (
     selection_meta,
 )
 from ..partition.spec import SelectSpec, spec_from_meta
-from ..plan.reduce import make_plan, share_regions
+from ..plan.reduce import make_plan, share_regions, warn_plan
 from ..plan.types import Plan
 
 __all__ = ["apply_plan", "datamask_select", "make_spec", "plan_selection"]
@@ -132,6 +132,12 @@ def datamask_select(ddf, ratio: float | Mapping | None = None, *, config=None, *
         For columns missing from the schema; naming the partition, for NaN quality, ragged or
         mixed-dimension embeddings, duplicate ids... (the plan pass, or with ``validate="light"``
         the select pass for the embeddings it alone reads).
+
+    Warns
+    -----
+    DataMaskWarning
+        Where the plan takes no row of most ``by`` groups, or of the table, at ``ratio``, or a
+        per-group ratio or budget names a group no row holds (a run logs the same).
 
     Examples
     --------
@@ -217,6 +223,7 @@ def _apply_plan(ddf, spec: SelectSpec, plan, scheduler):
     if isinstance(plan, Delayed):  # as every pass is computed: the local schedulers' BLAS on a thread a task
         plan = progress_bars.compute(plan, scheduler=scheduler, progress=False)[0]
     plan, routes = settle(ddf, plan, scheduler=scheduler, progress=False)
+    warn_plan(plan, stacklevel=3)  # the user's call of datamask_select or apply_plan
     plan_node = dask.delayed(plan, traverse=False)  # one graph node that every partition's task refers to
     meta = selection_meta(ddf._meta, spec)
     key = _key("datamask-select", ddf, plan_node)

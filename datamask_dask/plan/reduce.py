@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .. import telemetry
-from ..errors import OptionError, Problem, problems_error
+from ..errors import DataMaskWarning, OptionError, Problem, problems_error
 from . import context, regions
 from .quotas import plan_rows, plan_tokens
 from .types import Cell, Pack, PartitionSummary, Plan
@@ -343,6 +344,22 @@ def unknown_groups(plan: Plan) -> dict:
             if missing:
                 out[option] = missing
     return out
+
+
+def plan_warnings(plan: Plan) -> list[str]:
+    """What a run tells before it selects: the keys of a per-group option that name no group, and a
+    ratio that takes no row of most groups or of the table (every door says the same)."""
+    said = [f"{option} names group(s) {', '.join(map(repr, keys))} that no row's {plan.spec.by!r} holds: "
+            "they get no rows" for option, keys in unknown_groups(plan).items()]
+    starved = starved_groups(plan)
+    return said + ([starved] if starved else [])
+
+
+def warn_plan(plan: Plan, stacklevel: int = 1) -> None:
+    """:func:`plan_warnings` as :class:`~datamask_dask.errors.DataMaskWarning`, from the frame doors
+    (a run logs them); ``stacklevel`` as ``warnings.warn``'s, counted from the caller."""
+    for said in plan_warnings(plan):
+        warnings.warn(said, DataMaskWarning, stacklevel=stacklevel + 1)
 
 
 def starved_groups(plan: Plan) -> str | None:

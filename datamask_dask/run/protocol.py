@@ -36,7 +36,7 @@ from ..config import default_settings
 from ..io.output import library_versions, output_lock
 from ..io.records import as_json, dumps
 from ..options import SelectOptions
-from ..plan.reduce import starved_groups, unknown_groups
+from ..plan.reduce import plan_warnings
 from ..plan.types import Plan
 from ..telemetry import Measures
 from .record import RunRecord
@@ -173,12 +173,8 @@ def execute(engine: Engine, sink, options: SelectOptions, *, resume: bool = True
         todo = [number for number in range(len(plan.rows)) if number not in done]
         log.info("planned %s: %d rows in %d partition(s) (%.1f s)", sink.uri, sum(plan.rows), len(plan.rows),
                  phases["plan"])
-        for option, keys in unknown_groups(plan).items():  # legitimate in a filtered or incremental input
-            log.warning("%s: %s names group(s) %s that no row's %r holds: they get no rows", sink.uri, option,
-                        ", ".join(map(repr, keys)), spec.by)
-        starved = starved_groups(plan)
-        if starved:
-            log.warning("%s: %s", sink.uri, starved)
+        for said in plan_warnings(plan):  # an unknown group is legitimate in a filtered or incremental input
+            log.warning("%s: %s", sink.uri, said)
         if done:
             log.info("resuming the unfinished run on %s: %d finished partition(s) reused, %d to compute",
                      sink.uri, len(done), len(todo))

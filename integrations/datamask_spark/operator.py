@@ -85,7 +85,7 @@ from datamask_dask.partition.select import (
     selection_fields,
 )
 from datamask_dask.partition.spec import SelectSpec, spec_from_meta
-from datamask_dask.plan.reduce import make_plan, share_regions
+from datamask_dask.plan.reduce import make_plan, share_regions, warn_plan
 from datamask_dask.plan.types import EMPTY_SUMMARY, PartitionSummary, Plan
 from datamask_dask.telemetry import Measures
 
@@ -136,12 +136,18 @@ def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, *
         For bad options or schema at once; for bad data in the plan pass (naming the Spark
         partition, column and rows); for a ratio or budget the data cannot meet.
 
+    Warns
+    -----
+    DataMaskWarning
+        As :func:`datamask_dask.datamask_select` warns.
+
     Examples
     --------
     >>> out = sdf.transform(datamask_select, ratio=0.1, n_epochs=200)   # doctest: +SKIP
     >>> out.write.parquet("s3://bucket/selected/")                      # doctest: +SKIP
     """
-    spec, plan = plan_selection(sdf, ratio, config=config, **options)
+    spec, plan = plan_pass(sdf, resolve_options(config, ratio=ratio, **options))
+    warn_plan(plan, stacklevel=2)  # at the user's call
     return apply_plan(sdf, spec, plan)
 
 
@@ -154,7 +160,9 @@ def plan_selection(sdf, ratio: float | Mapping | None = None, *, config=None, **
     plan : dict
         What :func:`apply_plan` and :func:`~datamask_dask.partition.select.select_partition` follow.
     """
-    return plan_pass(sdf, resolve_options(config, ratio=ratio, **options))
+    spec, plan = plan_pass(sdf, resolve_options(config, ratio=ratio, **options))
+    warn_plan(plan, stacklevel=2)  # at the user's call
+    return spec, plan
 
 
 def plan_pass(sdf, options: SelectOptions):

@@ -15,7 +15,7 @@ from conftest import FAST
 
 from datamask_dask import datamask_select, get_client, load_config
 from datamask_dask.config import METRIC_DEFAULTS
-from datamask_dask.errors import InputDataError, OptionError
+from datamask_dask.errors import DataMaskWarning, InputDataError, OptionError
 from datamask_dask.sample_data import make_corpus
 
 
@@ -335,9 +335,22 @@ def test_per_group_quotas(client, corpus):
     result = out.compute(scheduler="sync")
     per_group = result.groupby("language")["selected"].sum()
     assert per_group.to_dict() == {"de": round(0.3 * counts["de"]), "en": round(0.05 * counts["en"])}
-    absent = datamask_select(ddf, ratio={"de": 0.3, "fr": 0.2}, by="language", **FAST)  # no row is "fr"
+    with pytest.warns(DataMaskWarning, match=r"ratio names group\(s\) 'fr' that no row's 'language' holds"):
+        absent = datamask_select(ddf, ratio={"de": 0.3, "fr": 0.2}, by="language", **FAST)  # no row is "fr"
     per_group = absent.compute(scheduler="sync").groupby("language")["selected"].sum()
     assert per_group.to_dict() == {"de": round(0.3 * counts["de"]), "en": 0}
+
+
+def test_a_ratio_that_takes_no_row_is_told_at_the_call(corpus):
+    """What a run logs before it selects, the frame door warns at the user's line: a by column too fine
+    to take rows from, and a table too small for its ratio."""
+    ddf = dd.from_pandas(corpus.iloc[:400].assign(page=np.arange(400) // 2), npartitions=2, sort=False)
+    with pytest.warns(DataMaskWarning, match="by='page' cuts the table into 200 groups") as caught:
+        datamask_select(ddf, ratio=0.1, by="page", **FAST)
+    assert caught[0].filename == __file__
+    with pytest.warns(DataMaskWarning, match="ratio 0.1 of the table's 4 eligible row"):
+        out = datamask_select(ddf.partitions[0].head(4, npartitions=1, compute=False), ratio=0.1, **FAST)
+    assert not out["selected"].compute(scheduler="sync").any()
 
 
 def test_token_budget(client, corpus):

@@ -18,7 +18,7 @@ from conftest import FAST, local_spark, read_files  # noqa: E402
 from datamask_spark import datamask_select, spark_errors  # noqa: E402
 
 import datamask_dask  # noqa: E402
-from datamask_dask.errors import InputDataError, OptionError  # noqa: E402
+from datamask_dask.errors import DataMaskWarning, InputDataError, OptionError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +239,9 @@ def test_groups_prune_and_token_budget_match_dask(spark, sdf, parquet_dir):
 
     budget = grouped.transform(datamask_select, budget_tokens=5000, **FAST).where("selected").toPandas()
     assert 5000 - 60 * 4 < budget["n_tokens"].sum() <= 5000
+    # a group the table lacks is told as Dask's door tells it
+    with pytest.warns(DataMaskWarning, match=r"ratio names group\(s\) 'fr' that no row's 'lang' holds"):
+        datamask_select(grouped, by="lang", ratio={"de": 0.2, "fr": 0.1}, **FAST)
 
 
 @pytest.mark.slow
