@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 
 import pyarrow as pa
 
@@ -45,7 +46,7 @@ def get_catalog(catalog, **properties):
     if isinstance(catalog, Catalog):
         return catalog
     try:
-        return load_catalog(catalog, **properties)
+        return load_catalog(catalog, **{**_environment_store(catalog, properties), **properties})
     except ValueError as error:  # not configured, or its properties incomplete
         # (pyiceberg's words for a catalog it has no URI for name its own CLI's --uri)
         reason = "no URI is configured for it" if "URI missing" in str(error) else str(error)
@@ -53,6 +54,18 @@ def get_catalog(catalog, **properties):
         raise OptionError(f"the Iceberg catalog {catalog!r} could not be loaded ({reason}): define it in "
                           f".pyiceberg.yaml (in $PYICEBERG_HOME or the home folder) or by {variables}URI and "
                           f"its other {variables}* environment variables") from error
+
+
+def _environment_store(name: str, properties: dict) -> dict:
+    """The environment's S3 endpoint and region (``AWS_ENDPOINT_URL``, ``AWS_REGION``), as pyiceberg's
+    ``s3.*`` properties, where the catalog's configuration and ``properties`` name none: its file IO
+    reads only those, where s3fs, pyarrow and deltalake read the environment."""
+    from pyiceberg.utils.config import Config
+
+    configured = {**(Config().get_catalog_config(name) or {}), **properties}
+    found = {"s3.endpoint": os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+             "s3.region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")}
+    return {key: value for key, value in found.items() if value and key not in configured}
 
 
 def _load_input(catalog, identifier):

@@ -260,6 +260,30 @@ def test_an_iceberg_table_on_s3_to_s3_parquet(s3, local_corpus, local_run, tmp_p
     assert len(_selected_ids("s3://lake/from-iceberg", s3)) == 180
 
 
+def test_an_iceberg_catalog_on_s3_takes_the_endpoint_from_the_environment(s3, s3_corpus, local_run, tmp_path):
+    """A catalog configured by its URI and an s3:// warehouse alone: its file IO reaches the store at
+    AWS_ENDPOINT_URL, as every other reader does (pyiceberg's own reads only its s3.* properties)."""
+    pytest.importorskip("pyiceberg.catalog.sql", reason="pyiceberg is not installed (the lakehouse extra)")
+    pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy")
+    from pyiceberg.catalog import load_catalog
+
+    catalog = {"uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": "s3://lake/env-warehouse"}
+    environment = {**os.environ, **{f"PYICEBERG_CATALOG__ENVLAKE__{key.upper()}": value
+                                    for key, value in catalog.items()}}
+    # a process of its own: pyiceberg reads its environment once, when it is imported
+    output = "iceberg://envlake/ns.selected"
+    run = subprocess.run([sys.executable, "-m", "datamask_dask.cli", "select", "--input", s3_corpus,
+                          "--output", output, *FLAGS], env=environment, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert f"-> {output}" in run.stdout
+    reader = load_catalog("envlake", **catalog, **{"s3.endpoint": s3["endpoint_url"]})
+    table = reader.load_table("ns.selected")
+    rows = table.scan().to_arrow()
+    selected = rows.filter(rows.column("selected")).column("chunk_id").to_pylist()
+    assert set(selected) == _selected_ids(local_run)
+
+
 def test_the_spark_file_job_reads_and_writes_s3_without_a_hadoop_connector(s3, s3_corpus, local_run):
     pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
     from conftest import local_spark
