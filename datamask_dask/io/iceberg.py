@@ -25,12 +25,12 @@ import os
 
 import pyarrow as pa
 
-from ..errors import WRITE_INTO_TABLE, InputDataError, OptionError
+from ..errors import WRITE_INTO_TABLE, InputDataError, OptionError, StorageError
 from .output import RECORD_KEY, UnsafeOutputError
 from .parquet import float_lists, to_arrow
 from .pieces import Pieces, to_dask
 from .records import dumps, loads_record
-from .storage import resolve
+from .storage import reach, resolve
 
 TABLE_MARK = "datamask.output"  # the table property of the tables datamask created
 METRICS_MODE = "write.metadata.metrics.column"  # Iceberg's table property of a column's file statistics
@@ -78,6 +78,15 @@ def _load_input(catalog, identifier):
         raise FileNotFoundError(f"the Iceberg table {_identifier(identifier)} does not exist in the catalog "
                                 f"{catalog.name}: check the URI (iceberg://{catalog.name}/"
                                 f"{_identifier(identifier)})") from error
+    except OSError:  # its metadata unread: a store that cannot be reached is told as for parquet
+        warehouse = str(catalog.properties.get("warehouse") or "")
+        if warehouse.startswith("s3://"):
+            try:
+                reach(resolve(warehouse))
+            except StorageError as unreached:
+                raise StorageError(f"{unreached} (or the catalog {catalog.name}'s s3.* properties: "
+                                   "s3.endpoint, s3.access-key-id...)", unreached.reason) from None
+        raise
 
 
 def _identifier(identifier) -> str:

@@ -159,6 +159,27 @@ def test_a_delta_table_on_an_unreachable_store_fails_in_the_same_line(store, env
     _one_line(capsys, out, case)
 
 
+@pytest.mark.parametrize("case", ["wrong", "endpoint"])  # (moto serves a request without credentials)
+def test_an_iceberg_table_on_an_unreachable_store_fails_in_the_same_line(store, environment, case, tmp_path,
+                                                                        local_corpus):
+    """Its metadata unread by pyiceberg's file IO: told by the object store's probe of the catalog's
+    warehouse, as for parquet, with the catalog's own properties beside the variables."""
+    pytest.importorskip("pyiceberg.catalog.sql", reason="pyiceberg is not installed (the lakehouse extra)")
+    pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy")
+    from datamask_dask.run.tables import select_table
+
+    warehouse = f"s3://lake/errors-iceberg-{case}"
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/cat.db", "warehouse": warehouse}
+    environment("ok")
+    select_table(str(local_corpus), "iceberg://errors/ns.corpus", catalog_properties=catalog, **FAST)
+    environment(case)
+    with pytest.raises(StorageError) as raised:
+        select_table("iceberg://errors/ns.corpus", str(tmp_path / "out"), catalog_properties=catalog, **FAST)
+    said = str(raised.value)
+    assert said.startswith(f"{warehouse}: ") and "\n" not in said, said
+    assert all(words in said for words in SAYS[case]) and "the catalog errors's s3.* properties" in said, said
+
+
 @pytest.mark.parametrize("case", ["missing", "wrong", "endpoint", "bucket", "read-only"])
 def test_select_with_an_unreachable_output_fails_in_one_line(store, environment, case, local_corpus, capsys):
     bucket = {"bucket": MISSING, "read-only": READ_ONLY}.get(case, "lake")
