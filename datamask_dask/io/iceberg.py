@@ -215,9 +215,11 @@ def _records(table) -> list[dict | None]:
 def iceberg_record(catalog, identifier, **properties) -> dict | None:
     """The run record of the newest datamask snapshot of an Iceberg table, or None."""
     cat = get_catalog(catalog, **properties)
-    if not cat.table_exists(identifier):
+    try:
+        table = _load_input(cat, identifier)
+    except FileNotFoundError:
         return None
-    return next((r for r in _records(cat.load_table(identifier)) if r), None)
+    return next((r for r in _records(table) if r), None)
 
 
 def _iceberg_schema(schema: pa.Schema) -> pa.Schema:

@@ -166,6 +166,7 @@ def test_an_iceberg_table_on_an_unreachable_store_fails_in_the_same_line(store, 
     warehouse, as for parquet, with the catalog's own properties beside the variables."""
     pytest.importorskip("pyiceberg.catalog.sql", reason="pyiceberg is not installed (the lakehouse extra)")
     pytest.importorskip("sqlalchemy", reason="pyiceberg's SQL catalog needs sqlalchemy")
+    from datamask_dask.io.iceberg import iceberg_record
     from datamask_dask.run.tables import select_table
 
     warehouse = f"s3://lake/errors-iceberg-{case}"
@@ -178,6 +179,8 @@ def test_an_iceberg_table_on_an_unreachable_store_fails_in_the_same_line(store, 
     said = str(raised.value)
     assert said.startswith(f"{warehouse}: ") and "\n" not in said, said
     assert all(words in said for words in SAYS[case]) and "the catalog errors's s3.* properties" in said, said
+    with pytest.raises(StorageError, match=f"^{warehouse}: "):  # its record, as report and explain read it
+        iceberg_record("errors", "ns.corpus", **catalog)
 
 
 @pytest.mark.parametrize("case", ["missing", "wrong", "endpoint", "bucket", "read-only"])
