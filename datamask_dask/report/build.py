@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..io.output import UnsafeOutputError
 from ..io.parquet import read_row_groups
-from ..io.storage import Location, resolve
+from ..io.storage import Location, reach, resolve, storage_errors
 from ..io.tables import parse_table_uri, read_table
 from ..run.summary import YARDSTICK_ROWS, RunSummary, unit_rows
 from .audit import data_files, output_record, quality_of
@@ -62,13 +62,15 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
         if inside:
             raise ValueError(f"the report directory {target} lies inside the output {source}: write it "
                              "elsewhere (a datamask output holds only the files its run wrote)")
+    reach(target)  # a store that cannot be reached, or a missing bucket, told in one line
     _check_report_dir(target)
     target.makedirs()
     sample = _sample(source, summary, sample_rows, seed)
     draws = (_curves, _quality, _projection, _objective, _quotas)
     figures = {name: draw(summary, sample) for name, draw in zip(FIGURES, draws, strict=True)}
-    for name, png in figures.items():
-        target.child(f"{name}.png").write_bytes(png)
+    with storage_errors(target, writing=True):
+        for name, png in figures.items():
+            target.child(f"{name}.png").write_bytes(png)
     page = target.child("index.html")
     name = posixpath.basename(table.location.rstrip("/"))
     audited = None
@@ -78,7 +80,8 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
         options = summary.run.options
         frame = read_output(output_path, explained_columns(options) + ["text"], summary.record)
         audited = audit(frame, options, seed=seed)
-    page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
+    with storage_errors(target, writing=True):
+        page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
     return Path(page.path) if page.local else page.uri
 
 

@@ -281,9 +281,9 @@ class RunSummary:
         from ..io.output import read_record
         from ..io.storage import reach, resolve
 
-        record = read_record(path)
-        if record is None and not reach(resolve(path)):
+        if not reach(resolve(path)):  # first: a store that cannot be reached is told in one line
             raise FileNotFoundError(f"{path} does not exist")
+        record = read_record(path)
         if record is None:
             raise FileNotFoundError(f"{path} has no datamask run record: it was not written by "
                                     "datamask_dask.write_selection (or `datamask select`)")

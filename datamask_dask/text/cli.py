@@ -171,7 +171,7 @@ def run_text(args: argparse.Namespace) -> int:
     from ..io.parquet import parquet_pieces
     from ..io.pieces import to_dask
     from ..io.sinks import write_parquet
-    from ..io.storage import missing, resolve
+    from ..io.storage import missing, reach, resolve
     from ..io.tables import parse_table_uri
     from ..progress import log_to_stderr
     from .embedding import embed
@@ -196,7 +196,7 @@ def run_text(args: argparse.Namespace) -> int:
                                   f"directory of them), not {table.format.capitalize()} tables; `datamask "
                                   "select --text-column` embeds and scores the text of any input it reads")
         source, target = resolve(args.input), resolve(args.output)  # local paths or URIs (s3://...)
-        if not source.exists():
+        if not reach(source):  # a store that cannot be reached is told in one line
             raise missing(source, f"--input {source}")
         check_target(target, overwrite=args.overwrite, inputs=[source])  # before any work
         if args.scheduler or args.n_workers:

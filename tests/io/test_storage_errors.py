@@ -183,6 +183,33 @@ def test_an_iceberg_table_on_an_unreachable_store_fails_in_the_same_line(store, 
         iceberg_record("errors", "ns.corpus", **catalog)
 
 
+@pytest.mark.parametrize("command", ["report", "explain", "embed", "score"])
+def test_the_other_commands_on_an_unreachable_store_fail_in_one_line(store, environment, command, tmp_path,
+                                                                     capsys):
+    """What `select` tells of a store it cannot reach, the commands that read an output or a corpus
+    tell in the same line, not in botocore's traceback."""
+    uri = store["uri"]
+    environment("endpoint")
+    args = {"report": [uri], "explain": [uri, "--id", "1"]}.get(
+        command, ["--input", uri, "--output", str(tmp_path / "out")])
+    assert main([command, *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"datamask {command}: error: {uri}: "), err
+    assert all(words in err for words in SAYS["endpoint"]), err
+
+
+def test_a_report_into_a_missing_bucket_fails_in_one_line_and_creates_none(store, environment, capsys):
+    environment("ok")
+    output = "s3://lake/errors-report-of"
+    assert main(["select", "--input", store["uri"], "--output", output, *FLAGS]) == 0
+    capsys.readouterr()
+    assert main(["report", output, "--out", f"s3://{MISSING}/report"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"datamask report: error: s3://{MISSING}/report: the bucket {MISSING} does not "
+                          "exist"), err
+    assert MISSING not in [b["Name"] for b in store["client"].list_buckets()["Buckets"]]
+
+
 @pytest.mark.parametrize("case", ["missing", "wrong", "endpoint", "bucket", "read-only"])
 def test_select_with_an_unreachable_output_fails_in_one_line(store, environment, case, local_corpus, capsys):
     bucket = {"bucket": MISSING, "read-only": READ_ONLY}.get(case, "lake")
