@@ -48,28 +48,66 @@ def _deltalake():
 
 
 _ENDPOINT_KEYS = ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint")  # deltalake's spellings
+# fsspec's (s3fs's) names of the S3 settings, as deltalake names them: one storage_options for every sink
+_FSSPEC_KEYS = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN",
+                "endpoint_url": "AWS_ENDPOINT_URL", "profile": "AWS_PROFILE"}
+_CLIENT_KEYS = {"region_name": "AWS_REGION", "endpoint_url": "AWS_ENDPOINT_URL"}  # of client_kwargs
+_FSSPEC = {*_FSSPEC_KEYS, "client_kwargs", "config_kwargs", "anon"}
+_DELTA_KEYS = {value.lower(): key for key, value in _FSSPEC_KEYS.items()} | {"aws_endpoint": "endpoint_url"}
+# options the probe through fsspec can follow (any other is deltalake's own: no probe)
+_PROBED = {*_FSSPEC, *_DELTA_KEYS, "aws_region", "region", "aws_allow_http", "allow_http"}
+
+
+def _fsspec(storage_options: dict | None) -> dict | None:
+    """``storage_options`` in fsspec's names, for the files datamask itself keeps beside a table (its
+    lock, its probe): deltalake's names of the credentials, endpoint and region as s3fs takes them."""
+    if storage_options is None:
+        return None
+    options: dict = {}
+    for key, value in storage_options.items():
+        if key in _FSSPEC:
+            options[key] = value
+        elif str(key).lower() in _DELTA_KEYS:
+            options[_DELTA_KEYS[str(key).lower()]] = value
+        elif str(key).lower() in ("aws_region", "region"):
+            options.setdefault("client_kwargs", {})["region_name"] = value
+    return options
 
 
 def _reach_store(path, storage_options) -> None:
     """A table on S3 is reached through fsspec first, once where a job first meets it (its pieces, its
     record, the sink's check): its store's credentials, endpoint and bucket are then told as for parquet
-    (deltalake's own errors are its credential chain's log)."""
-    if storage_options is None and os.fspath(path).startswith("s3://"):
-        reach(resolve(path))
+    (deltalake's own errors are its credential chain's log). Options fsspec has no names for (deltalake's
+    own) are left to deltalake."""
+    if os.fspath(path).startswith("s3://") and {str(k).lower() for k in storage_options or {}} <= _PROBED:
+        reach(resolve(path, _fsspec(storage_options)))
 
 
 def _store(path, storage_options: dict | None) -> dict | None:
-    """deltalake's options for the table at ``path``: an S3 endpoint given as ``http://`` (the
-    environment's ``AWS_ENDPOINT_URL``, which s3fs and pyarrow take as it is, or the options' own) is
-    allowed, where deltalake alone refuses it without ``AWS_ALLOW_HTTP``; an ``AWS_ALLOW_HTTP`` set
-    anywhere stands."""
-    given = {str(key).lower(): value for key, value in (storage_options or {}).items()}
+    """deltalake's options for the table at ``path``: fsspec's names (``key``, ``secret``,
+    ``endpoint_url``, ``client_kwargs``' ``region_name``..., as the parquet sinks take them) in
+    deltalake's, and an S3 endpoint given as ``http://`` (there, or the environment's
+    ``AWS_ENDPOINT_URL``, which s3fs and pyarrow take as it is) allowed, where deltalake alone refuses it
+    without ``AWS_ALLOW_HTTP``; an ``AWS_ALLOW_HTTP`` set anywhere stands."""
+    if not os.fspath(path).startswith("s3://"):  # fsspec's names are the S3 ones here
+        return storage_options
+    options: dict = {}
+    for key, value in (storage_options or {}).items():
+        if key in _FSSPEC_KEYS:
+            options[_FSSPEC_KEYS[key]] = value
+        elif key == "client_kwargs":  # botocore's client: its region and endpoint
+            options.update({_CLIENT_KEYS[name]: held for name, held in value.items() if name in _CLIENT_KEYS})
+        elif key == "anon":
+            options["AWS_SKIP_SIGNATURE"] = str(bool(value)).lower()
+        elif key != "config_kwargs":  # botocore's retries and timeouts: deltalake has its own
+            options[key] = value
+    given = {str(key).lower(): value for key, value in options.items()}
     endpoint = next((given[key] for key in _ENDPOINT_KEYS if key in given), None) \
         or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if (not os.fspath(path).startswith("s3://") or not str(endpoint or "").startswith("http://")
-            or {"aws_allow_http", "allow_http"} & given.keys() or "AWS_ALLOW_HTTP" in os.environ):
-        return storage_options
-    return {**(storage_options or {}), "AWS_ALLOW_HTTP": "true"}
+    if (str(endpoint or "").startswith("http://") and not {"aws_allow_http", "allow_http"} & given.keys()
+            and "AWS_ALLOW_HTTP" not in os.environ):
+        options["AWS_ALLOW_HTTP"] = "true"
+    return options if options else storage_options
 
 
 def _open(path, version=None, timestamp=None, storage_options=None, fix="change ?version= in the URI"):
@@ -280,7 +318,7 @@ class DeltaSink:
         if mode not in ("error", "append", "overwrite"):
             raise OptionError(f"mode must be 'error', 'append' or 'overwrite', not {mode!r}")
         self.uri = os.fspath(path)
-        self.location = resolve(self.uri)
+        self.location = resolve(self.uri, _fsspec(storage_options))
         self.mode, self.inputs, self.storage_options = mode, list(inputs), storage_options
 
     def check(self) -> None:

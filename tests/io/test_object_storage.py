@@ -26,6 +26,7 @@ from datamask_dask.io.output import UnsafeOutputError, lock_location, output_loc
 from datamask_dask.io.parquet import read_parquet
 from datamask_dask.io.sinks import write_parquet
 from datamask_dask.io.storage import resolve
+from datamask_dask.io.tables import read_table
 from datamask_dask.run.selection import write_selection
 from datamask_dask.sample_data import make_corpus
 
@@ -226,12 +227,24 @@ def test_s3_parquet_to_a_delta_table_on_s3(s3, s3_corpus, local_run, capsys, mon
     assert table.num_rows == 1800 and selected == _selected_ids(local_run)
     pieces = delta_pieces("s3://lake/delta-out", columns=["chunk_id"], storage_options=options)
     assert pieces.rows == [pieces.read(i).num_rows for i in range(len(pieces))]  # from the log, on S3 too
-    # the Python door of a frame, the table's storage options given as deltalake takes them (its
-    # http:// endpoint among them)
-    write_selection(read_parquet(s3_corpus, storage_options=s3), "delta+s3://lake/delta-api",
-                    storage_options={k: v for k, v in options.items() if k != "AWS_ALLOW_HTTP"}, **OPTIONS)
-    table = deltalake.DeltaTable("s3://lake/delta-api", storage_options=options).to_pyarrow_table()
-    assert set(table.filter(table.column("selected")).column("chunk_id").to_pylist()) == selected
+    # the Python door of a frame, with nothing in the environment: the storage options as the parquet
+    # sinks take them (fsspec's) or as deltalake does (its http:// endpoint among them), for the table,
+    # its lock and its probe alike
+    import s3fs
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()
+    frame = read_parquet(s3_corpus, storage_options=s3)
+    deltas = {k: v for k, v in options.items() if k != "AWS_ALLOW_HTTP"}
+    for dialect, given in (("fsspec", s3), ("delta", deltas)):
+        write_selection(frame, f"delta+s3://lake/delta-{dialect}", storage_options=given, **OPTIONS)
+        table = deltalake.DeltaTable(f"s3://lake/delta-{dialect}", storage_options=options).to_pyarrow_table()
+        assert set(table.filter(table.column("selected")).column("chunk_id").to_pylist()) == selected
+        assert read_table(f"delta+s3://lake/delta-{dialect}", storage_options=given).frame["selected"].sum() \
+            .compute() == len(selected)
+    s3fs.S3FileSystem.clear_instance_cache()  # none made here without credentials serves the next test
 
 
 def test_an_iceberg_table_on_s3_to_s3_parquet(s3, local_corpus, local_run, tmp_path):
