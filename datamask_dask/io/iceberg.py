@@ -154,6 +154,8 @@ def iceberg_pieces(catalog, identifier, snapshot_id=None, columns=None, row_filt
         if wanted is not None and table.snapshot_by_id(wanted) is None:
             raise OptionError(f"the Iceberg table {_identifier(identifier)} has no snapshot {wanted} (its "
                               f"current is {current and current.snapshot_id}): {fix}")
+    if row_filter is not None:
+        _check_row_filter(row_filter, table, case_sensitive)
     scan = table.scan(row_filter=row_filter if row_filter is not None else AlwaysTrue(),
                       selected_fields=tuple(columns) if columns is not None else ("*",),
                       case_sensitive=case_sensitive, snapshot_id=snapshot_id)
@@ -179,6 +181,27 @@ def iceberg_pieces(catalog, identifier, snapshot_id=None, columns=None, row_filt
     whole = row_filter is None and not any(task.delete_files for task in tasks)
     rows = [task.file.record_count for task in tasks] if whole else None
     return Pieces(schema, tasks, TaskReader(args, schema), source, rows)
+
+
+def _check_row_filter(row_filter, table, case_sensitive: bool) -> None:
+    """A row filter pyiceberg cannot read, or that names a column the table lacks or compares one with a
+    value of another type, refused in one line naming it (the parser's own error lists every token it
+    expected)."""
+    from pyiceberg.expressions.parser import parse
+    from pyiceberg.expressions.visitors import bind
+    from pyparsing import ParseException
+
+    said = f"row_filter (--row-filter) {row_filter!r}"
+    try:
+        expression = parse(row_filter) if isinstance(row_filter, str) else row_filter
+    except ParseException:
+        raise OptionError(f"{said} is not a filter pyiceberg reads: write it as, e.g., \"language = 'en' "
+                          "and quality_score > 0.5\"") from None
+    try:
+        bind(table.schema(), expression, case_sensitive)
+    except ValueError as error:
+        columns = ", ".join(field.name for field in table.schema().fields)
+        raise OptionError(f"{said}: {error} (the table's columns: {columns})") from None
 
 
 class TaskReader:

@@ -325,6 +325,17 @@ def test_iceberg_read_scan_tasks_pushdown_and_time_travel(catalog, iceberg_sourc
     assert iceberg_pieces(catalog, "ns.source", row_filter="chunk_id < 100").rows is None  # a bound only
 
 
+@pytest.mark.parametrize("row_filter, says", [
+    ("chunk_id = ", "is not a filter pyiceberg reads: write it as, e.g."),
+    ("lang = 'en'", "Could not find field with name lang, case_sensitive=True (the table's columns: "),
+    ("quality_score > 'high'", "Could not convert high into a double")])
+def test_a_row_filter_iceberg_cannot_apply_is_refused_in_one_line(catalog, iceberg_source, row_filter, says):
+    """Before the scan, naming the filter: pyiceberg's parser raised a page of the tokens it expected."""
+    with pytest.raises(OptionError, match=re.escape(f"row_filter (--row-filter) {row_filter!r}")) as raised:
+        iceberg_pieces(catalog, "ns.source", row_filter=row_filter)
+    assert says in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_iceberg_round_trip_by_uri(catalog, catalog_properties, iceberg_source, caplog):
     with caplog.at_level("WARNING", logger="pyiceberg"):
         report = select_table("iceberg://local/ns.source", "iceberg://local/out.selected", RATIO,
