@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import time
@@ -134,8 +135,26 @@ def _open(path, version=None, timestamp=None, storage_options=None, fix="change 
     if timestamp is not None:
         if version is not None:
             raise OptionError("pass version or timestamp, not both")
-        table.load_as_version(timestamp)
+        moment = _moment(timestamp)
+        first = min(commit["timestamp"] for commit in table.history())  # in ms; deltalake gives version 0
+        if moment.timestamp() * 1000 < first:
+            made = datetime.datetime.fromtimestamp(first / 1000, tz=datetime.UTC).isoformat()
+            raise OptionError(f"the Delta table {path} did not exist at {moment.isoformat()} (its first "
+                              f"version is of {made}): change ?timestamp= in the URI")
+        table.load_as_version(moment)
     return table
+
+
+def _moment(timestamp) -> datetime.datetime:
+    """A time-travel ``timestamp``: a datetime, or ISO 8601 text (a date, ``Z`` or an offset); without a
+    zone, UTC (as the commit log's times are)."""
+    if isinstance(timestamp, str):
+        try:
+            timestamp = datetime.datetime.fromisoformat(timestamp)
+        except ValueError:
+            raise OptionError(f"the timestamp {timestamp!r} is not an ISO 8601 time: give one such as "
+                              "2026-01-31, 2026-01-31T12:00:00Z or 2026-01-31T12:00:00+01:00") from None
+    return timestamp if timestamp.tzinfo is not None else timestamp.replace(tzinfo=datetime.UTC)
 
 
 def _paths(table) -> list[str]:

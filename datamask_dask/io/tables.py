@@ -77,24 +77,31 @@ def parse_table_uri(uri) -> TableURI:
             meant = f"delta://{os.path.abspath(location)}{'?' + query if query else ''}"
             raise OptionError(f"a local Delta table URI is delta:///absolute/path (three slashes), "
                               f"not {text} (for the folder {location} here: {meant})")
-        return TableURI(text, "delta", location, version=_int(params.get("version")),
+        return TableURI(text, "delta", location, version=_int(params, "version", text),
                         timestamp=params.get("timestamp"))
     if base.startswith("delta+"):
-        return TableURI(text, "delta", base[len("delta+"):], version=_int(params.get("version")),
+        return TableURI(text, "delta", base[len("delta+"):], version=_int(params, "version", text),
                         timestamp=params.get("timestamp"))
     if base.startswith("iceberg://"):
         catalog, _, identifier = base[len("iceberg://"):].partition("/")
         if not catalog or "." not in identifier:
             raise OptionError(f"an Iceberg table URI is iceberg://CATALOG/namespace.table, not {text}")
         return TableURI(text, "iceberg", identifier, catalog=catalog,
-                        snapshot_id=_int(params.get("snapshot_id")))
+                        snapshot_id=_int(params, "snapshot_id", text))
     if "://" in base and not base.startswith("file://"):
         return TableURI(text, "parquet", base)
     return TableURI(text, "parquet", base.removeprefix("file://"))
 
 
-def _int(value):
-    return None if value is None else int(value)
+def _int(params: dict, key: str, text: str) -> int | None:
+    """The URI's ``?key=N``, a whole number (None where it has none)."""
+    if key not in params:
+        return None
+    try:
+        return int(params[key])
+    except ValueError:
+        raise OptionError(f"?{key}={params[key]} in the table URI {text} is not a whole number: "
+                          f"give ?{key}=N") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -98,6 +98,15 @@ def test_delta_read_partitions_projection_and_time_travel(delta_source):
 
     when = datetime.datetime.fromtimestamp(stamp / 1000, tz=datetime.UTC)
     assert len(read_delta(delta_source, timestamp=when)) == FIRST
+    # as ISO 8601 text, a zone's offset or none (UTC); a time before the table or no time at all refused
+    naive = (when + datetime.timedelta(hours=2)).replace(tzinfo=None).isoformat()
+    assert read_table(f"delta://{delta_source}?timestamp={when.isoformat().replace('+00:00', 'Z')}",
+                      columns=["chunk_id"]).version == 0
+    assert read_table(f"delta://{delta_source}?timestamp={naive}", columns=["chunk_id"]).version == 1
+    with pytest.raises(OptionError, match=rf"^the Delta table {delta_source} did not exist at 2020-01-01T"):
+        read_table(f"delta://{delta_source}?timestamp=2020-01-01")
+    with pytest.raises(OptionError, match="^the timestamp 'yesterday' is not an ISO 8601 time"):
+        read_delta(delta_source, timestamp="yesterday")
 
 
 def test_delta_pieces_take_their_rows_from_the_log(delta_source, tmp_path):
@@ -462,6 +471,10 @@ def test_parse_table_uri():
     with pytest.raises(ValueError, match=r"not delta://t\?version=2 \(for the folder t here: "
                                          rf"delta://{re.escape(os.path.abspath('t'))}\?version=2\)"):
         parse_table_uri("delta://t?version=2")  # a relative path, written as if the URI took one
+    for uri, key in (("delta:///a/b?version=latest", "version"),
+                     ("iceberg://prod/ns.t?snapshot_id=x", "snapshot_id")):
+        with pytest.raises(OptionError, match=rf"^\?{key}=\w+ in the table URI .* is not a whole number"):
+            parse_table_uri(uri)
 
 
 def test_iceberg_output_keeps_the_reasons(catalog, catalog_properties, iceberg_source):
