@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
 from ..options import SelectOptions, chunk_rows, parse_budget
@@ -156,6 +158,11 @@ def schema_problems(meta, spec: SelectSpec) -> list[Problem]:
         adapters.check_embedding_type(meta[spec.embedding_column].dtype, spec.embedding_column, None)
     except InputDataError as exc:
         problems.append(Problem(str(exc), spec.embedding_column))
+    for name, kind, option in ((spec.id_column, "id", "id_column (--id-column)"), (spec.by, "group", "by")):
+        nested = getattr(meta[name].dtype, "pyarrow_dtype", None) if name in meta.columns else None
+        if nested is not None and pa.types.is_nested(nested):
+            problems.append(Problem(f"{kind} column {name!r} holds {nested} values, not single ones "
+                                    f"(integers or strings): name another column with {option}", name))
     numeric = [(name, "quality") for name, _ in spec.quality]
     numeric += [(spec.token_column, "token")] if spec.budget is not None else []
     for name, kind in numeric:

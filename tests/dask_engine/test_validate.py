@@ -136,6 +136,11 @@ def test_types_and_schema(corpus):
     groups = dd.from_pandas(corpus.assign(lang=np.where(np.arange(1600) == 900, None, "en")), npartitions=2)
     report = validate_table(groups, by="lang")
     assert "group column 'lang' has 1 null value(s) at rows [100]" in report.summary()
+    listed = dd.from_pandas(corpus.assign(pages=pd.arrays.ArrowExtensionArray(words)), npartitions=2)
+    for options, said in (({"id_column": "pages"}, "id column 'pages' holds list<item: string> values, not "
+                           "single ones (integers or strings): name another column with id_column"),
+                          ({"by": "pages"}, "group column 'pages' holds list<item: string> values")):
+        assert said in validate_table(listed, **options).summary()  # before any task
 
 
 @pytest.mark.parametrize(("options", "message"), [
