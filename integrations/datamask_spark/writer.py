@@ -49,7 +49,8 @@ RESULT_SCHEMA = "partition int, marker string"
 
 def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = False, resume: bool = True,
                     inputs=(), summary_rows: int = SAMPLE_ROWS, input_location: str | None = None,
-                    catalog_properties: dict | None = None, **options) -> dict:
+                    catalog_properties: dict | None = None, storage_options: dict | None = None,
+                    **options) -> dict:
     """Select a share of ``sdf``'s rows (DATAMASK) and write every row plus ``selected`` to ``path``.
 
     Parameters
@@ -70,6 +71,9 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
         The input's location for the run record (``input.location``).
     catalog_properties : dict, optional
         For an Iceberg output: its catalog's properties, as pyiceberg's ``load_catalog`` takes them.
+    storage_options : dict, optional
+        For an output on an object store: its credentials and endpoint, as for
+        :func:`datamask_dask.write_selection` (the executors write with them).
 
     Returns
     -------
@@ -101,7 +105,7 @@ def write_selection(sdf, path, ratio=None, *, config=None, overwrite: bool = Fal
 
     engine = SparkEngine(plan, tasks, arrow_schema(sdf))
     sink = open_sink(path, mode="overwrite" if overwrite else "error", inputs=[str(p) for p in inputs],
-                     catalog_properties=catalog_properties)
+                     catalog_properties=catalog_properties, storage_options=storage_options)
     return execute(engine, sink, resolved, resume=resume, summary_rows=summary_rows,
                    source={"location": input_location}).record
 

@@ -297,7 +297,8 @@ def test_an_iceberg_catalog_on_s3_takes_the_endpoint_from_the_environment(s3, s3
     assert set(selected) == _selected_ids(local_run)
 
 
-def test_the_spark_file_job_reads_and_writes_s3_without_a_hadoop_connector(s3, s3_corpus, local_run):
+def test_the_spark_file_job_reads_and_writes_s3_without_a_hadoop_connector(s3, s3_corpus, local_run,
+                                                                          local_corpus):
     pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
     from conftest import local_spark
     from datamask_spark.files import write_file_selection
@@ -307,6 +308,12 @@ def test_the_spark_file_job_reads_and_writes_s3_without_a_hadoop_connector(s3, s
     assert record["rows"] == 1800 and record["selected"] == 180
     assert _selected_ids("s3://lake/spark-out", s3) == _selected_ids(local_run)  # --engine dask's rows
     assert read_record(resolve("s3://lake/spark-out", s3))["engine"] == "spark"
+    # the DataFrame door's executors write with the storage options it is given, as Dask's door does
+    from datamask_spark import write_selection as spark_write_selection
+
+    spark_write_selection(local_spark().read.parquet(str(local_corpus)), "s3://lake/spark-frame-out",
+                          storage_options=s3, **OPTIONS)
+    assert _selected_ids("s3://lake/spark-frame-out", s3) == _selected_ids(local_run)
 
 
 def test_sample_and_report_commands_on_s3(s3, s3_corpus, capsys):
