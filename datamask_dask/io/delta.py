@@ -136,11 +136,12 @@ def _open(path, version=None, timestamp=None, storage_options=None, fix="change 
         if version is not None:
             raise OptionError("pass version or timestamp, not both")
         moment = _moment(timestamp)
-        first = min(commit["timestamp"] for commit in table.history())  # in ms; deltalake gives version 0
-        if moment.timestamp() * 1000 < first:
-            made = datetime.datetime.fromtimestamp(first / 1000, tz=datetime.UTC).isoformat()
-            raise OptionError(f"the Delta table {path} did not exist at {moment.isoformat()} (its first "
-                              f"version is of {made}): change ?timestamp= in the URI")
+        # in ms; deltalake would read the earliest version for a time before it
+        earliest = min(commit["timestamp"] for commit in table.history())
+        if moment.timestamp() * 1000 < earliest:
+            made = datetime.datetime.fromtimestamp(earliest / 1000, tz=datetime.UTC).isoformat()
+            raise OptionError(f"the Delta table {path} has no version as of {moment.isoformat()} (its "
+                              f"earliest readable one is of {made}): change ?timestamp= in the URI")
         table.load_as_version(moment)
     return table
 
