@@ -21,7 +21,7 @@ import pytest
 from conftest import FAST
 
 from datamask_dask.cli import main
-from datamask_dask.errors import OptionError
+from datamask_dask.errors import OptionError, StorageError
 from datamask_dask.io.output import UnsafeOutputError, lock_location, output_lock, read_record
 from datamask_dask.io.parquet import read_parquet
 from datamask_dask.io.sinks import write_parquet
@@ -308,12 +308,16 @@ def test_the_spark_file_job_reads_and_writes_s3_without_a_hadoop_connector(s3, s
     assert record["rows"] == 1800 and record["selected"] == 180
     assert _selected_ids("s3://lake/spark-out", s3) == _selected_ids(local_run)  # --engine dask's rows
     assert read_record(resolve("s3://lake/spark-out", s3))["engine"] == "spark"
-    # the DataFrame door's executors write with the storage options it is given, as Dask's door does
+    # the DataFrame door's sink takes the storage options it is given, as Dask's door does: an endpoint
+    # there that nothing serves is told before any Spark job, though the environment names a good one
     from datamask_spark import write_selection as spark_write_selection
 
-    spark_write_selection(local_spark().read.parquet(str(local_corpus)), "s3://lake/spark-frame-out",
-                          storage_options=s3, **OPTIONS)
-    assert _selected_ids("s3://lake/spark-frame-out", s3) == _selected_ids(local_run)
+    frame = local_spark().read.parquet(str(local_corpus))
+    with pytest.raises(StorageError, match="^s3://lake/spark-frame-out: cannot connect to the storage "
+                                           "endpoint http://127.0.0.1:9"):
+        spark_write_selection(frame, "s3://lake/spark-frame-out", **OPTIONS,
+                              storage_options={**s3, "endpoint_url": "http://127.0.0.1:9",
+                                               "config_kwargs": {"retries": {"max_attempts": 1}}})
 
 
 def test_sample_and_report_commands_on_s3(s3, s3_corpus, capsys):
