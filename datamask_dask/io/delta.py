@@ -34,7 +34,7 @@ from .output import RECORD_KEY, UnsafeOutputError, check_inputs, publish
 from .parquet import to_arrow, variable_lists
 from .pieces import Pieces, to_dask
 from .records import dumps, loads_record
-from .storage import reach, resolve
+from .storage import environment_endpoint, reach, resolve
 
 __all__ = ["DeltaSink", "delta_pieces", "delta_record", "read_delta", "write_delta"]
 
@@ -103,8 +103,7 @@ def _store(path, storage_options: dict | None) -> dict | None:
         elif key != "config_kwargs":  # botocore's retries and timeouts: deltalake has its own
             options[key] = value
     given = {str(key).lower(): value for key, value in options.items()}
-    endpoint = next((given[key] for key in _ENDPOINT_KEYS if key in given), None) \
-        or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = next((given[key] for key in _ENDPOINT_KEYS if key in given), None) or environment_endpoint()
     if (str(endpoint or "").startswith("http://") and not {"aws_allow_http", "allow_http"} & given.keys()
             and "AWS_ALLOW_HTTP" not in os.environ):
         options["AWS_ALLOW_HTTP"] = "true"

@@ -30,7 +30,7 @@ from .output import RECORD_KEY, UnsafeOutputError
 from .parquet import float_lists, to_arrow
 from .pieces import Pieces, to_dask
 from .records import dumps, loads_record
-from .storage import reach, resolve
+from .storage import environment_endpoint, reach, resolve
 
 TABLE_MARK = "datamask.output"  # the table property of the tables datamask created
 METRICS_MODE = "write.metadata.metrics.column"  # Iceberg's table property of a column's file statistics
@@ -63,7 +63,7 @@ def _environment_store(name: str, properties: dict) -> dict:
     from pyiceberg.utils.config import Config
 
     configured = {**(Config().get_catalog_config(name) or {}), **properties}
-    found = {"s3.endpoint": os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+    found = {"s3.endpoint": environment_endpoint(),
              "s3.region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")}
     return {key: value for key, value in found.items() if value and key not in configured}
 

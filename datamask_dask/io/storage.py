@@ -388,8 +388,13 @@ def _endpoint_of(location: Location) -> str | None:
     """The S3 endpoint ``location``'s filesystem talks to, where one is set."""
     fs = location.fs
     options = getattr(fs, "client_kwargs", None) or {}
-    return (getattr(fs, "endpoint_url", None) or options.get("endpoint_url")
-            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
+    return getattr(fs, "endpoint_url", None) or options.get("endpoint_url") or environment_endpoint()
+
+
+def environment_endpoint() -> str | None:
+    """The S3 endpoint the environment names, as boto3 reads it (``AWS_ENDPOINT_URL_S3``, else
+    ``AWS_ENDPOINT_URL``): the lakehouse libraries are given it where their own settings name none."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
 def _bucket(uri: str) -> str:

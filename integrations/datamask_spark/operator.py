@@ -146,8 +146,7 @@ def datamask_select(sdf, ratio: float | Mapping | None = None, *, config=None, *
     >>> out = sdf.transform(datamask_select, ratio=0.1, n_epochs=200)   # doctest: +SKIP
     >>> out.write.parquet("s3://bucket/selected/")                      # doctest: +SKIP
     """
-    spec, plan = plan_pass(sdf, resolve_options(config, ratio=ratio, **options))
-    warn_plan(plan, stacklevel=2)  # at the user's call
+    spec, plan = _warned_plan(sdf, ratio, config, options)
     return apply_plan(sdf, spec, plan)
 
 
@@ -160,8 +159,14 @@ def plan_selection(sdf, ratio: float | Mapping | None = None, *, config=None, **
     plan : dict
         What :func:`apply_plan` and :func:`~datamask_dask.partition.select.select_partition` follow.
     """
+    return _warned_plan(sdf, ratio, config, options)
+
+
+def _warned_plan(sdf, ratio, config, options: dict):
+    """:func:`plan_pass` of the options, warning of the plan (:func:`~datamask_dask.plan.reduce.warn_plan`)
+    at the line that called the public door."""
     spec, plan = plan_pass(sdf, resolve_options(config, ratio=ratio, **options))
-    warn_plan(plan, stacklevel=2)  # at the user's call
+    warn_plan(plan, stacklevel=3)
     return spec, plan
 
 

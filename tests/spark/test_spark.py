@@ -240,8 +240,10 @@ def test_groups_prune_and_token_budget_match_dask(spark, sdf, parquet_dir):
     budget = grouped.transform(datamask_select, budget_tokens=5000, **FAST).where("selected").toPandas()
     assert 5000 - 60 * 4 < budget["n_tokens"].sum() <= 5000
     # a group the table lacks is told as Dask's door tells it
-    with pytest.warns(DataMaskWarning, match=r"ratio names group\(s\) 'fr' that no row's 'lang' holds"):
+    unknown = r"ratio names group\(s\) 'fr' that no row's 'lang' holds"
+    with pytest.warns(DataMaskWarning, match=unknown) as caught:
         datamask_select(grouped, by="lang", ratio={"de": 0.2, "fr": 0.1}, **FAST)
+    assert [w.filename for w in caught if w.category is DataMaskWarning] == [__file__]  # the user's line
 
 
 @pytest.mark.slow
