@@ -217,6 +217,10 @@ def check_embedding_type(dtype, name, where: str | None) -> None:
             raise InputDataError(f"{at(where)}embedding column {name!r} has dtype {dtype}; expected a list "
                                  "or fixed-size list of floats (Arrow), or an object column of 1-d arrays")
         return
+    if pa.types.is_null(pa_type):
+        raise InputDataError(f"{at(where)}embedding column {name!r} has Arrow type null: it holds no vector, "
+                             "as pandas writes an empty or all-None column of objects. Write the table with "
+                             "the column typed (e.g. pyarrow.list_(pyarrow.float32()) in its schema)")
     if not (pa.types.is_list(pa_type) or pa.types.is_large_list(pa_type)
             or pa.types.is_fixed_size_list(pa_type)):
         blob = pa.types.is_binary(pa_type) or pa.types.is_large_binary(pa_type)

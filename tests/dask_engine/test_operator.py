@@ -573,6 +573,19 @@ def test_embeddings_stored_as_bytes_are_told_how_to_decode(corpus, tmp_path):
     assert selected["selected"].tolist() == original["selected"].tolist()
 
 
+def test_an_embedding_column_pandas_wrote_empty_is_told_as_such(tmp_path):
+    from datamask_dask.io.parquet import read_parquet
+
+    empty = pd.DataFrame({"chunk_id": pd.Series([], dtype="int64"),
+                          "feature_arr": pd.Series([], dtype=object),
+                          "quality_score": pd.Series([], dtype="float64")})
+    empty.to_parquet(tmp_path / "empty.parquet")  # its embedding column typed null
+    told = (r"^embedding column 'feature_arr' has Arrow type null: it holds no vector, as pandas writes an "
+            r"empty .* pyarrow\.list_")
+    with pytest.raises(InputDataError, match=told):
+        datamask_select(read_parquet(tmp_path / "empty.parquet"), ratio=0.1, **FAST)
+
+
 @pytest.mark.parametrize("ratio", [0, -0.1, 1.5, "0.1", True])
 def test_ratio_out_of_range(corpus, ratio):
     with pytest.raises(OptionError, match="ratio"):
