@@ -38,7 +38,8 @@ _TITLE = "datamask selection report: "  # also how an earlier report's page is k
 
 
 def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
-                 sample_rows: int = SAMPLE_ROWS, seed: int = 0, embed: bool = True) -> Path | str:
+                 sample_rows: int = SAMPLE_ROWS, seed: int = 0, embed: bool = True,
+                 text_column: str = "text") -> Path | str:
     """Write ``index.html`` and the figures' PNGs for the datamask output ``output_path`` into ``out_dir``.
 
     ``output_path``: a directory or single file written by :func:`datamask_dask.write_selection`
@@ -47,7 +48,8 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
     ``out_dir`` is created if missing (local or a URI) and may not lie inside ``output_path`` (the
     output holds only the files its run wrote). ``sample_rows`` rows of the output (drawn with
     ``seed``) make the quality histogram and the projection. ``embed`` inlines the images (base64)
-    so the HTML file stands alone; else the page links the PNGs next to it.
+    so the HTML file stands alone; else the page links the PNGs next to it. ``text_column``: the
+    column whose snippets the audit of an explained output shows beside its rows, where it has one.
 
     Returns the HTML page: a local path, or its URI on an object store.
     """
@@ -78,8 +80,8 @@ def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
         from .audit import audit, explained_columns, read_output
 
         options = summary.run.options
-        frame = read_output(output_path, explained_columns(options) + ["text"], summary.record)
-        audited = audit(frame, options, seed=seed)
+        frame = read_output(output_path, explained_columns(options) + [text_column], summary.record)
+        audited = audit(frame, options, seed=seed, text_column=text_column)
     with storage_errors(target, writing=True):
         page.write_bytes(_html(summary, sample, figures, embed, name, audited).encode("utf-8"))
     return Path(page.path) if page.local else page.uri

@@ -39,7 +39,13 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=at_least(0), default=0, dest="report_seed", help="seed of that sample")
     parser.add_argument("--no-embed", dest="embed", action="store_false",
                         help="link the PNG files from the page instead of inlining them")
+    _add_text_column(parser, "column whose snippets the audit of an explained output shows")
     return parser
+
+
+def _add_text_column(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
+                        help=f"{what}, where the output has it (default: text)")
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -49,7 +55,7 @@ def run_report(args: argparse.Namespace) -> int:
     out_dir = args.report_dir or default_out_dir(args.output)
     try:
         page = build_report(args.output, out_dir, sample_rows=args.sample_rows, seed=args.report_seed,
-                            embed=args.embed)
+                            embed=args.embed, text_column=args.text_column)
     except (OSError, ValueError, ImportError) as exc:
         print(f"datamask report: error: {exc}", file=sys.stderr)
         return 1
@@ -68,8 +74,7 @@ def add_explain_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("output", help="output directory or file of `datamask select --explain`, or its "
                         "Delta / Iceberg table URI")
     parser.add_argument("--id", dest="row_id", required=True, help="the row's id (the run's id column)")
-    parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
-                        help="column whose snippets are shown, where the output has it (default: text)")
+    _add_text_column(parser, "column whose snippets are shown")
     parser.add_argument("--neighbours", type=at_least(0), default=3,
                         help="show this many nearest selected rows by embedding (reads the selected rows' "
                         "embeddings; 0: none)")

@@ -383,6 +383,23 @@ def test_report_refuses_a_directory_inside_the_output(run, pages):
         build_report(out, out / "report")
 
 
+def test_the_audit_shows_the_text_column_named(tmp_path, capsys):
+    """An explained output whose text is not in a column called `text`: `--text-column` names it, as
+    for `datamask explain`, and the near-duplicate groups are shown with their snippets."""
+    pytest.importorskip("matplotlib", reason="the report needs matplotlib (pip install matplotlib)")
+    from datamask_dask.report.cli import report_command
+
+    corpus = _corpus().rename(columns={"text": "content"})
+    write_selection(dd.from_pandas(corpus, npartitions=2, sort=False), tmp_path / "out", 0.1,
+                    scheduler="threads", progress=False, explain=True, **FAST)
+    for flags, shown in (([], False), (["--text-column", "content"], True)):
+        report = tmp_path / f"report-{shown}"
+        assert report_command([str(tmp_path / "out"), "--out", str(report), *flags]) == 0, capsys.readouterr()
+        page = html.unescape((report / "index.html").read_text(encoding="utf-8"))
+        groups = page[page.index("id='audit-group-0'"):]
+        assert ("<td>document " in groups) is shown
+
+
 def test_report_cli(run, pages, tmp_path, capsys):
     from datamask_dask.report.cli import add_report_parser, report_command, run_report
 
