@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from .errors import OptionError
 from .learn.options import DataMaskOptions, check_value, option, options_of
 
+TEXT_COLUMN = "text"  # the documents' text column the text steps, explain and the report read by default
+
 MIN_BUDGET = 2**20  # bytes of memory_budget below which nothing useful fits
 
 

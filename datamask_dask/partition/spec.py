@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from ..errors import InputDataError, OptionError, Problem, problems_error
 from ..learn.options import DataMaskOptions
-from ..options import SelectOptions, chunk_rows, parse_budget
+from ..options import TEXT_COLUMN, SelectOptions, chunk_rows, parse_budget
 from ..plan.memory import MemoryPlan, check_memory, plan_memory, resolve_budget
 from . import adapters
 
@@ -136,9 +136,6 @@ def _plain(value, kind):
     if isinstance(value, Mapping):
         return {adapters.plain(k): kind(v) for k, v in value.items()}
     return None if value is None else kind(value)
-
-
-TEXT_COLUMN = "text"  # the text functions' default column (datamask_dask.text)
 
 
 def schema_problems(meta, spec: SelectSpec) -> list[Problem]:

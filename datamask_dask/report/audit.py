@@ -20,7 +20,7 @@ import pandas as pd
 from ..io.parquet import parquet_file, read_row_groups
 from ..io.storage import resolve
 from ..io.tables import parse_table_uri, read_table, table_record
-from ..options import SelectOptions
+from ..options import TEXT_COLUMN, SelectOptions
 from ..partition.adapters import is_numeric_dtype, plain
 from ..partition.explain import DUPLICATE_COLUMN, REASON_COLUMN, REASONS, SIMILARITY_COLUMN
 from ..run.record import RunRecord
@@ -197,7 +197,7 @@ def kept_rows(ids: np.ndarray, duplicate_of: np.ndarray) -> np.ndarray:
 
 
 def audit(frame: pd.DataFrame, options: SelectOptions, *, groups: int = 8, seed: int = 0,
-          text_column: str = "text") -> dict | None:
+          text_column: str = TEXT_COLUMN) -> dict | None:
     """Counts per reason, a sample of near-duplicate groups and how often the kept row is the best.
 
     Returns None when the output has no ``reason`` column (it was written without ``explain``).
@@ -260,7 +260,7 @@ def parse_id(text: str, dtype):
     return text
 
 
-def row_story(output, row_id: str, *, text_column: str = "text", neighbours: int = 3) -> dict:
+def row_story(output, row_id: str, *, text_column: str = TEXT_COLUMN, neighbours: int = 3) -> dict:
     """One row's story from an explained output: its reason and quality, its near-duplicate group
     (members, quality, estimated cosine, the kept row), its partition's quota and its quality rank
     there, the ``neighbours`` nearest selected rows by embedding (0: none, nothing more is read) and

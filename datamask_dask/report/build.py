@@ -26,6 +26,7 @@ from ..io.output import UnsafeOutputError
 from ..io.parquet import read_row_groups
 from ..io.storage import Location, reach, resolve, storage_errors
 from ..io.tables import parse_table_uri, read_table
+from ..options import TEXT_COLUMN
 from ..run.summary import YARDSTICK_ROWS, RunSummary, unit_rows
 from .audit import data_files, output_record, quality_of
 
@@ -39,7 +40,7 @@ _TITLE = "datamask selection report: "  # also how an earlier report's page is k
 
 def build_report(output_path: str | os.PathLike, out_dir: str | os.PathLike, *,
                  sample_rows: int = SAMPLE_ROWS, seed: int = 0, embed: bool = True,
-                 text_column: str = "text") -> Path | str:
+                 text_column: str = TEXT_COLUMN) -> Path | str:
     """Write ``index.html`` and the figures' PNGs for the datamask output ``output_path`` into ``out_dir``.
 
     ``output_path``: a directory or single file written by :func:`datamask_dask.write_selection`

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from ..arguments import at_least
+from ..options import TEXT_COLUMN
 
 
 def default_out_dir(output: str | Path) -> str:
@@ -44,7 +45,7 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_text_column(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument("--text-column", "--text_column", dest="text_column", default="text",
+    parser.add_argument("--text-column", "--text_column", dest="text_column", default=TEXT_COLUMN,
                         help=f"{what}, where the output has it (default: text)")
 
 

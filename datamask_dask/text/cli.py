@@ -19,6 +19,7 @@ import traceback
 
 from ..arguments import as_cli_message, at_least
 from ..errors import DataMaskError, OptionError
+from ..options import TEXT_COLUMN
 
 # Parts of a model's rows that finish often (progress, resume points) while each part's fixed costs
 # (a task, a file) stay small; the heuristic scores far faster, so its parts are larger.
@@ -31,7 +32,7 @@ def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
     parser.add_argument("--input", required=True, help="parquet file or directory")
     parser.add_argument("--output", required=True, help="parquet directory to write (input columns plus one)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--text-column", "--text_column", default="text",
+    parser.add_argument("--text-column", "--text_column", default=TEXT_COLUMN,
                         help="column with the documents' text (default: text)")
     parser.add_argument("--output-column", "--output_column", default=output_default,
                         help=f"name of the new column (default: {output_default})")

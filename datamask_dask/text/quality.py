@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputDataError, OptionError
+from ..options import TEXT_COLUMN
 from ._common import cached_model, check_text_meta, partition_name, resolve_device, text_values
 
 #: Common English function words (Gopher's eight first); prose has ~30-50% of them, code and lists few.
@@ -202,7 +203,7 @@ def _score_partition(part: pd.DataFrame, text_column: str, output_column: str, k
     return out
 
 
-def score_quality(ddf, text_column: str = "text", scorer="heuristic",
+def score_quality(ddf, text_column: str = TEXT_COLUMN, scorer="heuristic",
                   output_column: str = "quality_score", batch_size: int = 32, device: str = "auto",
                   max_tokens: int = 512):
     """Add a float64 quality column computed from ``text_column``, lazily (see the module doc).
