@@ -175,11 +175,7 @@ def plan_pass(sdf, options: SelectOptions):
     ``sdf``."""
     spec = spec_from_spark(sdf, options)
     plan = make_plan(*plan_inputs(sdf, spec), spec)
-
-    def read(task):
-        return map_in_arrow(sdf, task.columns, task, task.output)
-
-    return spec, spark_pending(plan, arrow_schema(sdf), read)
+    return spec, spark_pending(plan, arrow_schema(sdf), reader(sdf))
 
 
 def require_spark(sdf, caller: str = "datamask_select") -> None:
@@ -345,10 +341,7 @@ def probe_dimension(sdf, column: str) -> int | None:
 
 def spark_packs(sdf, plan: Plan, todo=None) -> dict:
     """:func:`learn_packs` over the Spark partitions of ``sdf``."""
-    def read(task):
-        return map_in_arrow(sdf, task.columns, task, task.output)
-
-    return learn_packs(plan, arrow_schema(sdf), read, todo)
+    return learn_packs(plan, arrow_schema(sdf), reader(sdf), todo)
 
 
 def spark_pending(plan: Plan, schema: pa.Schema, read) -> Plan:
@@ -702,6 +695,12 @@ def arrow_schema(sdf) -> pa.Schema:
 def empty_frame(schema: pa.Schema) -> pd.DataFrame:
     """An empty pandas frame with Arrow dtypes (the ``meta`` the core validates against)."""
     return to_pandas(schema.empty_table())
+
+
+def reader(sdf):
+    """The ``read`` of :func:`learn_packs` over ``sdf``: a task's columns of each partition, as the task
+    maps them."""
+    return lambda task: map_in_arrow(sdf, task.columns, task, task.output)
 
 
 def map_in_arrow(sdf, columns: list[str], function, schema):
