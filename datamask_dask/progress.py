@@ -33,15 +33,10 @@ from dask.callbacks import Callback
 from dask.diagnostics import ProgressBar
 
 from . import telemetry
-from .errors import SMALLER_TASKS, WorkerMemoryError, worker_deaths_explained
+from .errors import WorkerMemoryError, worker_deaths_explained
 
 #: Characters of the bar, and seconds between two draws.
 WIDTH, DRAW_INTERVAL = 40, 0.1
-#: Seconds a worker may stay paused with work it will not start before the job fails: Dask pauses a
-#: worker whose process passes its pause share of the memory limit, and memory held outside the tasks'
-#: results (the allocator's, a library's) may never fall back, so the job would wait for ever.
-STALL_SECONDS = 60.0
-_STALL_LOOK = 1.0  # seconds between two looks at the workers
 _log = logging.getLogger("datamask_dask.progress")
 
 
@@ -136,9 +131,11 @@ def _compute(*collections, scheduler=None, progress: bool | None = None, kept: l
 
 def _wait(client, futures: list, bar=None, on_done=None) -> None:
     """Until every future is done or failed: ``on_done(number)`` once for each that finishes, and the bar
-    (if any) redrawn meanwhile. Where a worker stays paused (:class:`_Stalls`), the futures are
-    cancelled and :class:`~datamask_dask.errors.WorkerMemoryError` says what to change."""
-    started, finished, stalls = time.perf_counter(), set(), _Stalls(client)
+    (if any) redrawn meanwhile. Where a worker stays paused (:class:`~datamask_dask.stalls.Stalls`), the
+    futures are cancelled and :class:`~datamask_dask.errors.WorkerMemoryError` says what to change."""
+    from .stalls import Stalls, scheduler_workers
+
+    started, finished, stalls = time.perf_counter(), set(), Stalls(lambda: scheduler_workers(client))
     while True:
         for number, future in enumerate(futures):
             if number not in finished and future.done():
@@ -149,63 +146,11 @@ def _wait(client, futures: list, bar=None, on_done=None) -> None:
             bar._draw_bar(len(finished) / len(futures) if futures else 1.0, time.perf_counter() - started)
         if len(finished) == len(futures):
             return
-        try:
-            stalls.look()
-        except WorkerMemoryError:
+        stalled = stalls.look()
+        if stalled is not None:
             client.cancel(futures)
-            raise
+            raise WorkerMemoryError(stalled[1])
         time.sleep(DRAW_INTERVAL)
-
-
-class _Stalls:
-    """Whether a computation on ``client`` has stopped for want of memory: a worker that Dask paused,
-    running nothing, while it holds tasks to run (or while every worker is paused), for
-    ``STALL_SECONDS`` on end. Dask's scheduler neither moves those tasks nor gives up on them."""
-
-    def __init__(self, client):
-        self.client, self.since, self.looked = client, {}, time.monotonic()
-
-    def look(self) -> None:
-        now = time.monotonic()
-        if now - self.looked < _STALL_LOOK:
-            return
-        self.looked = now
-        try:
-            try:
-                workers = self.client.scheduler_info(n_workers=-1)["workers"]
-            except TypeError:  # a distributed that lists every worker without being asked
-                workers = self.client.scheduler_info()["workers"]
-        except Exception:  # the scheduler did not answer: the futures will say what became of it
-            return
-        idle = {address for address, worker in workers.items()
-                if worker.get("status") == "paused" and not _tasks(worker).get("executing")}
-        every = bool(workers) and len(idle) == len(workers)
-        stuck = {address for address in idle if every or _waiting(workers[address])}
-        self.since = {address: self.since.get(address, now) for address in stuck}
-        for address, since in self.since.items():
-            if now - since >= STALL_SECONDS:
-                raise WorkerMemoryError(_stall_message(address, workers[address], now - since))
-
-
-def _tasks(worker: dict) -> dict:
-    return (worker.get("metrics") or {}).get("task_counts") or {}
-
-
-def _waiting(worker: dict) -> int:
-    """Tasks a worker holds that it has yet to run (or fetch the inputs of)."""
-    return sum(count for state, count in _tasks(worker).items()
-               if state in ("ready", "constrained", "waiting", "fetch", "flight", "missing"))
-
-
-def _stall_message(address: str, worker: dict, seconds: float) -> str:
-    from dask.utils import format_bytes
-
-    held, limit = (worker.get("metrics") or {}).get("memory") or 0, worker.get("memory_limit") or 0
-    pause = dask.config.get("distributed.worker.memory.pause", False)
-    where = f", past the {float(pause):.0%} at which Dask pauses a worker" if pause else ""
-    return (f"worker {address} has been paused for {seconds:.0f} s with tasks it will not start: its process "
-            f"holds {format_bytes(held)} of its {format_bytes(limit)} memory limit{where}, and the job would "
-            f"wait for ever. To make the tasks fit: {SMALLER_TASKS}")
 
 
 class _Bar(ProgressBar):

@@ -220,6 +220,11 @@ def apply_plan(ddf, spec: SelectSpec, plan, *, scheduler=None):
 def _apply_plan(ddf, spec: SelectSpec, plan, scheduler):
     import dask.dataframe as dd
 
+    client = progress_bars.client_of(scheduler)
+    if client is not None:  # the select pass is the user's to compute: the scheduler watches its stalls
+        from ..stalls import watch_stalls
+
+        watch_stalls(client)
     if isinstance(plan, Delayed):  # as every pass is computed: the local schedulers' BLAS on a thread a task
         plan = progress_bars.compute(plan, scheduler=scheduler, progress=False)[0]
     plan, routes = settle(ddf, plan, scheduler=scheduler, progress=False)

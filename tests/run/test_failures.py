@@ -86,6 +86,40 @@ def test_bad_data_fails_in_the_plan_pass_before_anything_is_written(tmp_path, so
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no work directory: no partition was learned
 
 
+def _hold(limit: int, dask_worker=None) -> int:
+    """In a worker (a task, or ``client.run``): fill its process to 90% of its memory limit, and keep it
+    (no task's result holds it)."""
+    import psutil
+    from distributed import get_worker
+
+    room = int(0.9 * limit) - psutil.Process().memory_info().rss
+    (dask_worker or get_worker()).held = np.ones(max(room, 0), dtype=np.uint8)
+    return room
+
+
+def _ended(job) -> list[BaseException]:
+    """What ``job()`` raised, once it ended (it must within a minute)."""
+    import threading
+
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            job()
+        except Exception as exc:
+            caught.append(exc)
+
+    waiting = threading.Thread(target=run, daemon=True)
+    waiting.start()
+    waiting.join(60)
+    assert not waiting.is_alive(), "the job is still waiting on the paused worker"
+    return caught
+
+
+STALLED = (r"worker tcp://.* has been paused for \d+ s with tasks it will not start: its process holds .* of "
+           r"its 1\.00 GiB memory limit.*more memory \(memory_limit=\)")
+
+
 @pytest.mark.slow
 def test_a_worker_paused_for_good_fails_the_job_naming_it(monkeypatch):
     """A worker whose process stays past Dask's pause share of its memory limit (memory no task result
@@ -93,43 +127,52 @@ def test_a_worker_paused_for_good_fails_the_job_naming_it(monkeypatch):
     waits for ever: the computation fails after STALL_SECONDS, naming the worker, what it holds and
     what to change, and its futures are cancelled."""
     import re
-    import threading
 
     import dask
     from distributed import Client, LocalCluster
 
-    from datamask_dask import progress
+    from datamask_dask import progress, stalls
     from datamask_dask.errors import WorkerMemoryError
 
-    def hold(limit: int) -> int:  # in the worker: fill its process to 90% of its limit, and keep it
-        import psutil
-        from distributed import get_worker
-
-        room = int(0.9 * limit) - psutil.Process().memory_info().rss
-        get_worker().held = np.ones(max(room, 0), dtype=np.uint8)
-        return room
-
-    monkeypatch.setattr(progress, "STALL_SECONDS", 3.0)
+    monkeypatch.setattr(stalls, "STALL_SECONDS", 3.0)
     limit = 1 << 30
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit,
                       dashboard_address=":0") as local, Client(local, set_as_default=False) as client:
-        held = dask.delayed(hold)(limit)
+        held = dask.delayed(_hold)(limit)
         after = dask.delayed(lambda room: room)(held)  # the worker's next task, which it never starts
-        caught: list[BaseException] = []
-
-        def job() -> None:
-            try:
-                progress.compute(after, scheduler=client, progress=False)
-            except Exception as exc:
-                caught.append(exc)
-
-        waiting = threading.Thread(target=job, daemon=True)
-        waiting.start()
-        waiting.join(60)
-        assert not waiting.is_alive(), "the job is still waiting on the paused worker"
+        caught = _ended(lambda: progress.compute(after, scheduler=client, progress=False))
         status = client.run_on_scheduler(lambda dask_scheduler: [ws.status.name for ws in
                                                                   dask_scheduler.workers.values()])
     assert status == ["paused"]  # paused it stays: the job, not Dask, ended the wait
     assert len(caught) == 1 and isinstance(caught[0], WorkerMemoryError), caught
-    assert re.search(r"worker tcp://.* has been paused for \d+ s with tasks it will not start: its process "
-                     r"holds .* of its 1\.00 GiB memory limit.*more memory \(memory_limit=\)", str(caught[0]))
+    assert re.search(STALLED, str(caught[0]))
+
+
+@pytest.mark.slow
+def test_a_users_own_compute_on_a_worker_paused_for_good_fails_naming_it(monkeypatch):
+    """The select pass of ``datamask_select`` is the user's to compute, outside the package's waits: on a
+    worker paused for good after the plan, the scheduler's stall watch fails the selection's tasks with
+    the same error, where Dask would wait for ever."""
+    import re
+    import time
+
+    from distributed import Client, LocalCluster
+
+    from datamask_dask import datamask_select, stalls
+    from datamask_dask.errors import WorkerMemoryError
+
+    monkeypatch.setattr(stalls, "STALL_SECONDS", 3.0)
+    limit = 1 << 30
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=limit,
+                      dashboard_address=":0") as local, Client(local, set_as_default=False) as client:
+        frame = dd.from_pandas(make_corpus(2000, 16, seed=3), npartitions=2, sort=False)
+        out = datamask_select(frame, scheduler=client, **OPTIONS)  # the plan pass runs on the worker
+        client.run(_hold, limit)
+        deadline = time.monotonic() + 30
+        while client.run_on_scheduler(lambda dask_scheduler: [ws.status.name for ws in
+                                                              dask_scheduler.workers.values()]) != ["paused"]:
+            assert time.monotonic() < deadline, "the worker did not pause"
+            time.sleep(0.1)
+        caught = _ended(lambda: out.compute(scheduler=client))
+    assert len(caught) == 1 and isinstance(caught[0], WorkerMemoryError), caught
+    assert re.search(STALLED, str(caught[0]))
