@@ -133,9 +133,10 @@ def _wait(client, futures: list, bar=None, on_done=None) -> None:
     """Until every future is done or failed: ``on_done(number)`` once for each that finishes, and the bar
     (if any) redrawn meanwhile. Where a worker stays paused (:class:`~datamask_dask.stalls.Stalls`), the
     futures are cancelled and :class:`~datamask_dask.errors.WorkerMemoryError` says what to change."""
-    from .stalls import Stalls, scheduler_workers
+    from .stalls import Stalls, every_worker
 
-    started, finished, stalls = time.perf_counter(), set(), Stalls(lambda: scheduler_workers(client))
+    stalls = Stalls(lambda: every_worker(client.scheduler_info))
+    started, finished = time.perf_counter(), set()
     while True:
         for number, future in enumerate(futures):
             if number not in finished and future.done():

@@ -63,13 +63,14 @@ class Stalls:
         return None
 
 
-def scheduler_workers(client) -> dict | None:
-    """``client``'s workers as its scheduler describes them, or None where it did not answer."""
+def every_worker(describe) -> dict | None:
+    """Every worker as ``describe`` (``Client.scheduler_info``, ``Scheduler.identity``) gives them, or
+    None where the scheduler did not answer."""
     try:
         try:
-            return client.scheduler_info(n_workers=-1)["workers"]
+            return describe(n_workers=-1)["workers"]
         except TypeError:  # a distributed that lists every worker without being asked
-            return client.scheduler_info()["workers"]
+            return describe()["workers"]
     except Exception:
         return None
 
@@ -96,7 +97,7 @@ class StallWatch(SchedulerPlugin):
         from tornado.ioloop import PeriodicCallback
 
         self.scheduler = scheduler
-        self.stalls = Stalls(lambda: scheduler.identity(n_workers=-1)["workers"], self.seconds)
+        self.stalls = Stalls(lambda: every_worker(scheduler.identity), self.seconds)
         self.callback = PeriodicCallback(self.look, _LOOK * 1000)
         self.callback.start()
 
@@ -104,9 +105,13 @@ class StallWatch(SchedulerPlugin):
         self.callback.stop()
 
     def look(self) -> None:
-        stalled = self.stalls.look()
-        if stalled is not None:
-            self.fail(*stalled)
+        try:
+            stalled = self.stalls.look()
+            if stalled is not None:
+                self.fail(*stalled)
+        except Exception:  # a distributed whose scheduler differs: the watch ends, never the scheduler
+            _log.warning("the stall watch stopped", exc_info=True)
+            self.callback.stop()
 
     def fail(self, address: str, message: str) -> None:
         from distributed.core import error_message
