@@ -29,7 +29,7 @@ from .errors import SMALLER_TASKS, WorkerMemoryError
 #: Seconds a worker may stay paused with work it will not start before the job fails.
 STALL_SECONDS = 60.0
 _LOOK = 1.0  # seconds between two looks at the workers
-_log = logging.getLogger("datamask_dask.progress")
+_log = logging.getLogger(__name__)
 
 
 class Stalls:
