@@ -152,7 +152,7 @@ def test_a_worker_paused_for_good_fails_the_job_naming_it(monkeypatch):
 def test_a_users_own_compute_on_a_worker_paused_for_good_fails_naming_it(monkeypatch):
     """The select pass of ``datamask_select`` is the user's to compute, outside the package's waits: on a
     worker paused for good after the plan, the scheduler's stall watch fails the selection's tasks with
-    the same error, where Dask would wait for ever."""
+    the same error, where Dask would wait for ever; another computation's task it leaves waiting."""
     import re
     import time
 
@@ -174,5 +174,8 @@ def test_a_users_own_compute_on_a_worker_paused_for_good_fails_naming_it(monkeyp
             assert time.monotonic() < deadline, "the worker did not pause"
             time.sleep(0.1)
         caught = _ended(lambda: out.compute(scheduler=client))
+        other = client.submit(sum, [1, 2])  # another computation's task: the watch leaves it to Dask
+        time.sleep(stalls.STALL_SECONDS + 2)
+        assert other.status == "pending"
     assert len(caught) == 1 and isinstance(caught[0], WorkerMemoryError), caught
     assert re.search(STALLED, str(caught[0]))
