@@ -46,7 +46,7 @@ def add_report_parser(subparsers) -> argparse.ArgumentParser:
 
 def _add_text_column(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--text-column", "--text_column", dest="text_column", default=TEXT_COLUMN,
-                        help=f"{what}, where the output has it (default: text)")
+                        help=f"{what}, where the output has it (default: {TEXT_COLUMN})")
 
 
 def run_report(args: argparse.Namespace) -> int:

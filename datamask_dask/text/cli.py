@@ -33,7 +33,7 @@ def _common(parser: argparse.ArgumentParser, output_default: str) -> None:
     parser.add_argument("--output", required=True, help="parquet directory to write (input columns plus one)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument("--text-column", "--text_column", default=TEXT_COLUMN,
-                        help="column with the documents' text (default: text)")
+                        help=f"column with the documents' text (default: {TEXT_COLUMN})")
     parser.add_argument("--output-column", "--output_column", default=output_default,
                         help=f"name of the new column (default: {output_default})")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
