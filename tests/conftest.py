@@ -20,6 +20,17 @@ from datamask_dask.sample_data import make_corpus
 FAST = {"n_epochs": 20, "n_rollout": 8}
 
 
+#: Fixtures that start a Spark session, a server or a cluster: a test that takes one is slow (pyproject's
+#: ``slow`` marker), so that ``-m "not slow"`` stays the fast subset without each test having to say so.
+SLOW_FIXTURES = frozenset({"spark", "client", "s3", "cluster", "clusters", "small_workers"})
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def unlisted(frame):
     """``frame`` as a Dask DataFrame whose rows Dask does not list (as a filtered or persisted frame's):
     the plan wires its near-duplicate search by its partitions alone (``operator.listed_rows``)."""

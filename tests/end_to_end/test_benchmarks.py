@@ -228,6 +228,7 @@ def test_the_wall_account_counts_every_second_once_shares_overlaps_and_names_the
     assert table["rows"][-1][2:] == ["total (wall)", "10.00", "100%"]
 
 
+@pytest.mark.slow  # a cluster
 def test_a_pipeline_jobs_wall_account_adds_up_to_its_wall_time(tmp_path):
     import jobs
     import tables
@@ -245,6 +246,7 @@ def _hold(megabytes: int) -> int:
     return int(block[::4096].sum())
 
 
+@pytest.mark.slow  # a cluster
 def test_a_tasks_own_peak_counts_what_it_allocates_and_not_what_the_worker_held_before(tmp_path, monkeypatch):
     from distributed import Client, LocalCluster
     from task_peaks import collected

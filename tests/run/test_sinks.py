@@ -103,7 +103,7 @@ class Case:
         return len(deltalake.DeltaTable(uri).history())
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])  # the S3 server: slow
 def storage(request, tmp_path):
     """Where outputs go: a local folder, or a fresh prefix of the S3 server's bucket."""
     if request.param == "local":
