@@ -116,6 +116,12 @@ def _ended(job) -> list[BaseException]:
     return caught
 
 
+def _statuses(client) -> list[str]:
+    """Each worker's status as the scheduler has it (``"running"``, ``"paused"``, ...)."""
+    return client.run_on_scheduler(lambda dask_scheduler: [ws.status.name for ws in
+                                                            dask_scheduler.workers.values()])
+
+
 STALLED = (r"worker tcp://.* has been paused for \d+ s with tasks it will not start: its process holds .* of "
            r"its 1\.00 GiB memory limit.*more memory \(memory_limit=\)")
 
@@ -141,8 +147,7 @@ def test_a_worker_paused_for_good_fails_the_job_naming_it(monkeypatch):
         held = dask.delayed(_hold)(limit)
         after = dask.delayed(lambda room: room)(held)  # the worker's next task, which it never starts
         caught = _ended(lambda: progress.compute(after, scheduler=client, progress=False))
-        status = client.run_on_scheduler(lambda dask_scheduler: [ws.status.name for ws in
-                                                                  dask_scheduler.workers.values()])
+        status = _statuses(client)
     assert status == ["paused"]  # paused it stays: the job, not Dask, ended the wait
     assert len(caught) == 1 and isinstance(caught[0], WorkerMemoryError), caught
     assert re.search(STALLED, str(caught[0]))
@@ -169,8 +174,7 @@ def test_a_users_own_compute_on_a_worker_paused_for_good_fails_naming_it(monkeyp
         out = datamask_select(frame, scheduler=client, **OPTIONS)  # the plan pass runs on the worker
         client.run(_hold, limit)
         deadline = time.monotonic() + 30
-        while client.run_on_scheduler(lambda dask_scheduler: [ws.status.name for ws in
-                                                              dask_scheduler.workers.values()]) != ["paused"]:
+        while _statuses(client) != ["paused"]:
             assert time.monotonic() < deadline, "the worker did not pause"
             time.sleep(0.1)
         caught = _ended(lambda: out.compute(scheduler=client))
