@@ -59,8 +59,8 @@ CURVE_SPAN = 4  # a region's curve reaches this many times its share of the quot
 PAIR_ITERATIONS = 200  # Frank-Wolfe steps of the Pair_simi shares (share_pairs)
 STEP_SEARCH, GOLDEN = 40, (5 ** 0.5 - 1) / 2  # golden-section steps of each Frank-Wolfe step's length
 _TIE = 1e-5  # products this close to the best centroid's are compared again in float64
-_BLOCK = 8192  # rows whose products are held at once
-_PRODUCTS = 1 << 24  # and at most this many products of rows with one region's areas
+_BLOCK = 8192  # rows whose products with the centroids are held at once
+_PRODUCTS = 1 << 19  # products of rows with a region's areas held at once: within a core's cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,13 +198,12 @@ def locate(embeddings: np.ndarray, centroids: np.ndarray, areas: np.ndarray, are
     """Each unit row's area: the most similar of the areas of its ``searched`` most similar regions
     (a row near a region's border often has its nearest area across it). Compared in float32; areas
     within ``_TIE`` of a row's best are compared again by an exact float64 sum, so that every worker
-    routes a row alike (ties: the lower area). Rows are routed a block at a time, so that a block's
-    products with a region's areas stay under ``_PRODUCTS`` (with all of a partition's rows at once,
-    they would be gigabytes)."""
-    step = max(1, min(_BLOCK, _PRODUCTS // max(1, int(np.bincount(area_region).max(initial=1)))))
+    routes a row alike (ties: the lower area). Rows are routed a block at a time, and a block's rows
+    meet a region's areas a few at a time: at most ``_PRODUCTS`` products are held (with all of a
+    partition's rows at once, they would be gigabytes)."""
     return np.concatenate([np.zeros(0, dtype=np.int64)] + [
-        _locate_block(np.asarray(embeddings[start:start + step], dtype=np.float32), centroids, areas,
-                      area_region, searched) for start in range(0, len(embeddings), step)])
+        _locate_block(np.asarray(embeddings[start:start + _BLOCK], dtype=np.float32), centroids, areas,
+                      area_region, searched) for start in range(0, len(embeddings), _BLOCK)])
 
 
 def _locate_block(rows: np.ndarray, centroids: np.ndarray, areas: np.ndarray, area_region: np.ndarray,
@@ -223,18 +222,24 @@ def _locate_block(rows: np.ndarray, centroids: np.ndarray, areas: np.ndarray, ar
     best = np.full(n, -np.inf, dtype=np.float32)
     out = np.zeros(n, dtype=np.int64)
     tied = np.zeros(n, dtype=bool)  # another area may be within _TIE of the row's best: settled below
+    # a few askers' products at a time, in one buffer: each pass over them reads the cache, not memory
+    buffer = np.empty(_PRODUCTS, dtype=np.float32)
     for r in range(count):
-        asking, mine = askers[asked[r]:asked[r + 1]], by_region[owned[r]:owned[r + 1]]
-        if not asking.size or not mine.size:
+        mine = by_region[owned[r]:owned[r + 1]]
+        if not mine.size:
             continue
-        products = rows[asking] @ areas[mine].T
-        top = products.argmax(axis=1)
-        value = products[np.arange(asking.size), top]
-        products[np.arange(asking.size), top] = -np.inf  # the runner-up: one more pass, not a count
-        held = best[asking]
-        tied[asking] |= (np.abs(value - held) <= _TIE) | (products.max(axis=1) >= value - _TIE)
-        better = (value > held) | ((value == held) & (mine[top] < out[asking]))
-        best[asking[better]], out[asking[better]] = value[better], mine[top][better]
+        step, columns = max(1, _PRODUCTS // mine.size), np.ascontiguousarray(areas[mine].T)
+        for start in range(asked[r], asked[r + 1], step):
+            asking = askers[start:min(start + step, asked[r + 1])]
+            products = buffer[:asking.size * mine.size].reshape(asking.size, mine.size)
+            np.matmul(rows[asking], columns, out=products)
+            top = products.argmax(axis=1)
+            value = products[np.arange(asking.size), top]
+            products[np.arange(asking.size), top] = -np.inf  # the runner-up: one more pass, not a count
+            held = best[asking]
+            tied[asking] |= (np.abs(value - held) <= _TIE) | (products.max(axis=1) >= value - _TIE)
+            better = (value > held) | ((value == held) & (mine[top] < out[asking]))
+            best[asking[better]], out[asking[better]] = value[better], mine[top][better]
     exact_best = np.full(n, -np.inf)
     for r in range(count):  # the tied rows again, over every area they searched, by exact float64 sums
         asking = askers[asked[r]:asked[r + 1]]
