@@ -253,6 +253,16 @@ def test_an_empty_directory_is_written_into(source, tmp_path):
     assert (target / "_datamask_run.json").is_file()
 
 
+@pytest.fixture
+def terminal_ctrl_c():
+    """Python's own Ctrl-C handler for the test, as under a terminal: a suite started in the background or
+    by nohup ignores SIGINT, and its processes, the command's included, would inherit that (a handled
+    signal is reset to the default in an exec'd child, an ignored one stays ignored)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _interrupted(source, target, when) -> tuple[int, str]:
     """``datamask select --n-workers 2`` in its own process group, sent a terminal's Ctrl-C (SIGINT to
     the whole group, workers included) once ``when(stderr so far)`` holds; its exit code and stderr."""
@@ -277,6 +287,7 @@ def _interrupted(source, target, when) -> tuple[int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("terminal_ctrl_c")
 def test_ctrl_c_is_one_line_and_counts_what_is_kept(tmp_path, corpus):
     source = tmp_path / "in"
     write_parquet(dd.from_pandas(make_corpus(8000, 16, seed=3), npartitions=8, sort=False), source)
@@ -291,6 +302,7 @@ def test_ctrl_c_is_one_line_and_counts_what_is_kept(tmp_path, corpus):
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the swallowed Ctrl-C
 @pytest.mark.parametrize("resent", [False, True])
+@pytest.mark.usefixtures("terminal_ctrl_c")
 def test_a_ctrl_c_that_python_swallowed_is_sent_again(resent):
     """A Ctrl-C that lands in a garbage collector's callback (Dask registers one) is swallowed by
     Python, and without the command's hook the job runs on to its end."""
