@@ -76,7 +76,7 @@ def test_summary_has_every_field_after_local_cluster_run(run):
     report, out = run
     summary = RunSummary.read(out)
     record = summary.record
-    assert record == read_record(out)
+    assert record == read_record(out) == json.loads(summary.to_json())
     assert report.summary is not None and report.summary["run_id"] == record["run_id"]
     for key in ("settings", "seed", "versions", "input", "rows", "selected", "partitions", "phases", "stages",
                 "summary"):
